@@ -1,0 +1,30 @@
+// Subcommands of the colocated-rl executable. Each register_* adds its subcommand and flags to
+// the CLI11 app and returns the function that runs it after parsing.
+#pragma once
+
+#include <functional>
+
+#include "engine/engine_config.h"
+
+namespace CLI {
+class App;
+}
+
+namespace crl::app {
+
+using Runner = std::function<int()>;
+
+Runner register_make_model(CLI::App& app);
+Runner register_generate(CLI::App& app);
+Runner register_bench(CLI::App& app);
+
+// Engine flags shared by generate, serve and bench (--model, --dtype, --kv-memory, ...).
+struct EngineFlags {
+  engine::EngineConfig config;
+  std::string kv_memory = "256MiB";
+  // Resolves --model (the embedded default when empty) and --kv-memory into `config`.
+  engine::EngineConfig resolve();
+};
+void add_engine_flags(CLI::App& cmd, EngineFlags& flags);
+
+}  // namespace crl::app

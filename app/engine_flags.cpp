@@ -1,0 +1,35 @@
+#include <CLI/CLI.hpp>
+
+#include "app/commands.h"
+#include "common/units.h"
+#include "engine/model/model_cache.h"
+
+namespace crl::app {
+
+void add_engine_flags(CLI::App& cmd, EngineFlags& f) {
+  auto& c = f.config;
+  cmd.add_option("--model", c.model_dir,
+                 "Hugging Face model directory (default: the embedded default model)");
+  cmd.add_option("--dtype", c.dtype, "compute dtype: float32 or bfloat16")->capture_default_str();
+  cmd.add_option("--kv-memory", f.kv_memory, "KV cache pool size, e.g. 512MiB")->capture_default_str();
+  cmd.add_option("--kv-blocks", c.num_kv_blocks, "KV pool size in blocks (overrides --kv-memory)");
+  cmd.add_option("--block-size", c.block_size, "tokens per KV block")->capture_default_str();
+  cmd.add_option("--max-batched-tokens", c.max_batched_tokens, "token budget of one engine step")
+      ->capture_default_str();
+  cmd.add_option("--max-seqs", c.max_seqs, "sequences in the running batch at most")->capture_default_str();
+  cmd.add_option("--max-model-len", c.max_model_len, "context length (0 = the model's)");
+  cmd.add_flag("!--no-prefix-caching", c.enable_prefix_caching, "disable prefix caching");
+  cmd.add_flag("--deterministic", c.deterministic,
+               "batch-invariant logits (bit-identical whatever the batch; slower)");
+  cmd.add_option("--threads", c.num_threads, "intra-op CPU threads (0 = libtorch default)");
+  cmd.add_option("--engine-seed", c.seed, "seed for requests that bring none");
+}
+
+engine::EngineConfig EngineFlags::resolve() {
+  engine::EngineConfig c = config;
+  if (c.model_dir.empty()) c.model_dir = engine::ensure_preset_model("default");
+  c.kv_memory_bytes = parse_bytes(kv_memory);
+  return c;
+}
+
+}  // namespace crl::app

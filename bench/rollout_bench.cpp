@@ -1,0 +1,345 @@
+#include "bench/rollout_bench.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <random>
+
+#include "common/units.h"
+#include "engine/llm_engine.h"
+#include "engine/model/model_cache.h"
+
+namespace crl::bench {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+std::pair<int64_t, int64_t> parse_range(const std::string& text) {
+  auto dots = text.find("..");
+  try {
+    if (dots == std::string::npos) {
+      int64_t v = std::stoll(text);
+      return {v, v};
+    }
+    return {std::stoll(text.substr(0, dots)), std::stoll(text.substr(dots + 2))};
+  } catch (const std::exception&) {
+    throw std::invalid_argument("invalid length '" + text + "': use L or A..B");
+  }
+}
+
+struct Workload {
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<int32_t> output_lens;
+};
+
+Workload make_workload(const RolloutBenchOptions& o, int64_t vocab) {
+  std::mt19937_64 rng(o.seed);
+  auto [pa, pb] = parse_range(o.prompt_len);
+  auto [oa, ob] = parse_range(o.output_len);
+  std::uniform_int_distribution<int64_t> plen(pa, pb), olen(oa, ob), tok(4, vocab - 1);
+  Workload w;
+  for (int32_t i = 0; i < o.prompts; ++i) {
+    std::vector<int32_t> p(plen(rng));
+    for (auto& t : p) t = static_cast<int32_t>(tok(rng));
+    w.prompts.push_back(std::move(p));
+    w.output_lens.push_back(static_cast<int32_t>(olen(rng)));
+  }
+  return w;
+}
+
+engine::EngineConfig engine_config(const RolloutBenchOptions& o, const std::string& model_dir) {
+  engine::EngineConfig c;
+  c.model_dir = model_dir;
+  c.dtype = o.dtype;
+  c.kv_memory_bytes = parse_bytes(o.kv_memory);
+  c.max_seqs = o.max_seqs;
+  c.max_batched_tokens = o.max_batched_tokens;
+  c.seed = o.seed;
+  return c;
+}
+
+// The requests of one mode: shared prompts (n per request) or n independent requests.
+std::vector<engine::GenerateRequest> make_requests(const Workload& w, int32_t n, bool share,
+                                                   int32_t output_scale_div = 1) {
+  std::vector<engine::GenerateRequest> reqs;
+  for (size_t i = 0; i < w.prompts.size(); ++i) {
+    engine::GenerateRequest r;
+    r.prompt_token_ids = w.prompts[i];
+    r.params.temperature = 1.0;
+    r.params.ignore_eos = true;
+    r.params.max_tokens = std::max(1, w.output_lens[i] / output_scale_div);
+    r.params.seed = 1000 + i;
+    if (share) {
+      r.params.n = n;
+      reqs.push_back(r);
+    } else {
+      for (int32_t k = 0; k < n; ++k) {
+        r.params.seed = 1000 + i * 1000 + k;
+        reqs.push_back(r);
+      }
+    }
+  }
+  return reqs;
+}
+
+struct RunStats {
+  double seconds = 0, gen_tok_s = 0, total_tok_s = 0, samples_s = 0, kv_util = 0;
+  int64_t generated = 0, prompt_computed = 0, preemptions = 0;
+};
+
+RunStats run_batch(engine::LlmEngine& eng, std::vector<engine::GenerateRequest> reqs) {
+  const engine::EngineStats before = eng.stats();
+  const int32_t total_blocks = eng.runner().num_blocks();
+  int64_t samples = 0;
+  for (const auto& r : reqs) samples += r.params.n;
+  auto t0 = Clock::now();
+  eng.generate(std::move(reqs));
+  RunStats s;
+  s.seconds = since(t0);
+  const engine::EngineStats& after = eng.stats();
+  s.generated = after.generated_tokens - before.generated_tokens;
+  s.prompt_computed = after.prompt_tokens_computed - before.prompt_tokens_computed;
+  s.preemptions = after.preemptions - before.preemptions;
+  s.gen_tok_s = s.generated / s.seconds;
+  s.total_tok_s = (s.generated + s.prompt_computed) / s.seconds;
+  s.samples_s = samples / s.seconds;
+  s.kv_util = static_cast<double>(after.max_used_blocks) / total_blocks;
+  return s;
+}
+
+// Matmul GFLOP/s over the model's linear shapes at `rows` rows (what decode at that batch runs).
+double measure_matmul_gflops(const engine::ModelConfig& c, at::ScalarType dtype, int64_t rows) {
+  const int64_t h = c.hidden_size, q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
+  std::vector<std::pair<int64_t, int64_t>> shapes = {{q, h}, {kv, h}, {kv, h}, {h, q},
+                                                     {c.intermediate_size, h},
+                                                     {c.intermediate_size, h},
+                                                     {h, c.intermediate_size}};
+  std::vector<at::Tensor> ws, xs;
+  double flops = 0;
+  for (auto [out, in] : shapes) {
+    ws.push_back(at::randn({out, in}).to(dtype));
+    xs.push_back(at::randn({rows, in}).to(dtype));
+    flops += 2.0 * rows * out * in;
+  }
+  std::vector<double> times;
+  for (int it = 0; it < 12; ++it) {
+    auto t0 = Clock::now();
+    for (size_t i = 0; i < ws.size(); ++i) at::linear(xs[i], ws[i]);
+    if (it >= 2) times.push_back(since(t0));
+  }
+  return flops / median(times) / 1e9;
+}
+
+// Streaming read bandwidth in GB/s (sum over a buffer far larger than the caches).
+double measure_bandwidth_gbs() {
+  auto buf = at::ones({int64_t{256} << 20}, at::kFloat);  // 1 GiB
+  std::vector<double> times;
+  for (int it = 0; it < 5; ++it) {
+    auto t0 = Clock::now();
+    volatile float s = buf.sum().item<float>();
+    (void)s;
+    if (it >= 1) times.push_back(since(t0));
+  }
+  return buf.numel() * 4.0 / median(times) / 1e9;
+}
+
+// Median decode step time with exactly `batch` running sequences of context ~ctx.
+double measure_decode_step(engine::LlmEngine& eng, int32_t batch, int32_t ctx, int64_t vocab) {
+  std::mt19937_64 rng(99);
+  std::uniform_int_distribution<int64_t> tok(4, vocab - 1);
+  for (int32_t i = 0; i < batch; ++i) {
+    engine::GenerateRequest r;
+    r.prompt_token_ids.resize(ctx);
+    for (auto& t : r.prompt_token_ids) t = static_cast<int32_t>(tok(rng));
+    r.params.max_tokens = 40;
+    r.params.ignore_eos = true;
+    r.params.seed = i;
+    eng.add_request(std::move(r));
+  }
+  std::vector<double> times;
+  while (eng.has_unfinished()) {
+    const int64_t before = eng.stats().prompt_tokens_computed;
+    auto t0 = Clock::now();
+    eng.step();
+    const double dt = since(t0);
+    const bool pure_decode = eng.stats().prompt_tokens_computed == before;
+    if (pure_decode && static_cast<int32_t>(eng.scheduler().num_running()) == batch) times.push_back(dt);
+  }
+  return median(times);
+}
+
+}  // namespace
+
+void add_rollout_flags(CLI::App& cmd, RolloutBenchOptions& o) {
+  cmd.add_option("--model", o.model_dir, "model directory (default: --shape from the cache)");
+  cmd.add_option("--shape", o.shape, "default, smollm2-135m, qwen2-0.5b")->capture_default_str();
+  cmd.add_option("--dtype", o.dtype, "float32 or bfloat16")->capture_default_str();
+  cmd.add_option("--prompts", o.prompts, "prompts per batch")->capture_default_str();
+  cmd.add_option("--n", o.n, "samples per prompt")->capture_default_str();
+  cmd.add_option("--prompt-len", o.prompt_len, "L or A..B (uniform)")->capture_default_str();
+  cmd.add_option("--output-len", o.output_len, "L or A..B (uniform)")->capture_default_str();
+  cmd.add_option("--repeats", o.repeats, "timed repeats per mode (median)")->capture_default_str();
+  cmd.add_option("--threads", o.threads, "intra-op threads")->capture_default_str();
+  cmd.add_option("--max-seqs", o.max_seqs, "engine sequence cap")->capture_default_str();
+  cmd.add_option("--max-batched-tokens", o.max_batched_tokens, "engine token budget")->capture_default_str();
+  cmd.add_option("--kv-memory", o.kv_memory, "KV pool size")->capture_default_str();
+  cmd.add_option("--modes", o.modes, "continuous, static, no-share, deterministic")->capture_default_str();
+  cmd.add_flag("!--no-probes", o.probes, "skip the decode/prefill probes");
+  cmd.add_option("--decode-batch", o.decode_batch, "concurrency of the decode probe")->capture_default_str();
+  cmd.add_option("--seed", o.seed, "workload seed")->capture_default_str();
+  cmd.add_option("--json-out", o.json_out, "append the JSON result line to this file");
+}
+
+int run_rollout_bench(const RolloutBenchOptions& o) {
+  at::set_num_threads(o.threads);
+  const std::string model_dir =
+      o.model_dir.empty() ? engine::ensure_preset_model(o.shape, "float32") : o.model_dir;
+  nlohmann::json result = {{"bench", "rollout"}, {"model", o.model_dir.empty() ? o.shape : o.model_dir},
+                           {"dtype", o.dtype}, {"threads", o.threads}, {"prompts", o.prompts},
+                           {"n", o.n}, {"prompt_len", o.prompt_len}, {"output_len", o.output_len},
+                           {"repeats", o.repeats}};
+  std::cout << fmt::format("rollout bench: {} ({}), {} prompts x {} samples, prompt {} tokens, "
+                           "output {} tokens, {} threads, {} repeats (medians)\n",
+                           o.model_dir.empty() ? o.shape : o.model_dir, o.dtype, o.prompts, o.n,
+                           o.prompt_len, o.output_len, o.threads, o.repeats);
+  std::cout << fmt::format("{:<11} {:>9} {:>11} {:>11} {:>10} {:>9} {:>9} {:>8}\n", "mode",
+                           "time_s", "gen_tok/s", "total_tok/s", "samples/s", "prefill", "kv_util",
+                           "preempt");
+  nlohmann::json modes = nlohmann::json::object();
+  for (const auto& mode : o.modes) {
+    if (mode != "continuous" && mode != "static" && mode != "no-share" && mode != "deterministic") {
+      throw std::invalid_argument("unknown bench mode '" + mode + "'");
+    }
+    engine::EngineConfig c = engine_config(o, model_dir);
+    c.static_batching = mode == "static";
+    c.deterministic = mode == "deterministic";
+    c.enable_prefix_caching = mode != "no-share";
+    engine::LlmEngine eng(c);
+    const Workload w = make_workload(o, eng.model_config().vocab_size);
+    run_batch(eng, make_requests(w, 1, true, 8));  // warmup
+    std::vector<RunStats> runs;
+    for (int32_t r = 0; r < o.repeats; ++r) {
+      eng.bump_weight_version();  // no prefix-cache carry-over between repeats
+      runs.push_back(run_batch(eng, make_requests(w, o.n, mode != "no-share")));
+    }
+    auto med = [&](auto field) {
+      std::vector<double> v;
+      for (const auto& s : runs) v.push_back(static_cast<double>(s.*field));
+      return median(v);
+    };
+    nlohmann::json m = {{"seconds", med(&RunStats::seconds)},
+                        {"gen_tok_s", med(&RunStats::gen_tok_s)},
+                        {"total_tok_s", med(&RunStats::total_tok_s)},
+                        {"samples_s", med(&RunStats::samples_s)},
+                        {"prefill_tokens", med(&RunStats::prompt_computed)},
+                        {"generated_tokens", med(&RunStats::generated)},
+                        {"kv_util", med(&RunStats::kv_util)},
+                        {"preemptions", med(&RunStats::preemptions)},
+                        {"peak_rss_bytes", peak_rss_bytes()}};
+    modes[mode] = m;
+    std::cout << fmt::format("{:<11} {:>9.2f} {:>11.1f} {:>11.1f} {:>10.2f} {:>9.0f} {:>9.2f} {:>8.0f}\n",
+                             mode, m["seconds"].get<double>(), m["gen_tok_s"].get<double>(),
+                             m["total_tok_s"].get<double>(), m["samples_s"].get<double>(),
+                             m["prefill_tokens"].get<double>(), m["kv_util"].get<double>(),
+                             m["preemptions"].get<double>());
+  }
+  result["modes"] = modes;
+  if (modes.contains("continuous") && modes.contains("deterministic")) {
+    result["deterministic_cost"] = modes["continuous"]["gen_tok_s"].get<double>() /
+                                   modes["deterministic"]["gen_tok_s"].get<double>();
+  }
+  if (modes.contains("continuous") && modes.contains("static")) {
+    result["continuous_vs_static"] = modes["continuous"]["gen_tok_s"].get<double>() /
+                                     modes["static"]["gen_tok_s"].get<double>();
+  }
+  if (modes.contains("continuous") && modes.contains("no-share")) {
+    result["continuous_vs_no_share"] = modes["continuous"]["gen_tok_s"].get<double>() /
+                                       modes["no-share"]["gen_tok_s"].get<double>();
+  }
+
+  if (o.probes) {
+    engine::EngineConfig c = engine_config(o, model_dir);
+    c.max_seqs = std::max(o.decode_batch, 1);
+    engine::LlmEngine eng(c);
+    const auto& mc = eng.model_config();
+    const at::ScalarType dt = engine::parse_dtype(o.dtype);
+    const int64_t h = mc.hidden_size, q = mc.num_heads * mc.head_dim, kv = mc.num_kv_heads * mc.head_dim;
+    const double linear_params = static_cast<double>(mc.num_layers) *
+                                 (h * q * 2 + h * kv * 2 + 3.0 * h * mc.intermediate_size) +
+                                 static_cast<double>(mc.vocab_size) * h;
+    const double weight_bytes = static_cast<double>(mc.num_params()) * c10::elementSize(dt);
+    const double step_b = measure_decode_step(eng, o.decode_batch, 128, mc.vocab_size);
+    const double step_1 = measure_decode_step(eng, 1, 128, mc.vocab_size);
+    const double mm_b = measure_matmul_gflops(mc, dt, o.decode_batch);
+    const double bw = measure_bandwidth_gbs();
+    const double decode_gflops = 2.0 * linear_params * o.decode_batch / step_b / 1e9;
+    // Prefill probe: 8 prompts of 512 tokens, one output token each.
+    std::vector<engine::GenerateRequest> pre;
+    std::mt19937_64 rng(5);
+    std::uniform_int_distribution<int64_t> tok(4, mc.vocab_size - 1);
+    for (int i = 0; i < 8; ++i) {
+      engine::GenerateRequest r;
+      r.prompt_token_ids.resize(512);
+      for (auto& t : r.prompt_token_ids) t = static_cast<int32_t>(tok(rng));
+      r.params.max_tokens = 1;
+      pre.push_back(std::move(r));
+    }
+    eng.bump_weight_version();
+    auto t0 = Clock::now();
+    eng.generate(pre);
+    const double prefill_tok_s = 8 * 512 / since(t0);
+    const double bound_1 = weight_bytes / (bw * 1e9);
+    nlohmann::json p = {{"decode_batch", o.decode_batch},
+                        {"decode_step_s", step_b},
+                        {"decode_tok_s", o.decode_batch / step_b},
+                        {"decode_gflops", decode_gflops},
+                        {"matmul_gflops_same_shapes", mm_b},
+                        {"decode_vs_matmul", decode_gflops / mm_b},
+                        {"batch1_step_s", step_1},
+                        {"batch1_tok_s", 1.0 / step_1},
+                        {"weight_bytes", weight_bytes},
+                        {"bandwidth_gbs", bw},
+                        {"batch1_bandwidth_bound_s", bound_1},
+                        {"batch1_vs_bound", step_1 / bound_1},
+                        {"prefill_tok_s", prefill_tok_s}};
+    result["probes"] = p;
+    std::cout << fmt::format(
+        "decode @{} seqs: {:.1f} ms/step, {:.1f} tok/s, {:.1f} GFLOP/s = {:.0f}% of measured "
+        "matmul ({:.1f} GFLOP/s)\n",
+        o.decode_batch, step_b * 1e3, o.decode_batch / step_b, decode_gflops,
+        100 * decode_gflops / mm_b, mm_b);
+    std::cout << fmt::format(
+        "decode @1 seq: {:.1f} ms/step ({:.1f} tok/s); bandwidth bound {:.1f} ms ({:.2f} GB "
+        "weights at {:.1f} GB/s) -> {:.2f}x the bound\n",
+        step_1 * 1e3, 1 / step_1, bound_1 * 1e3, weight_bytes / 1e9, bw, step_1 / bound_1);
+    std::cout << fmt::format("prefill: {:.0f} tok/s (8 x 512-token prompts)\n", prefill_tok_s);
+  }
+  result["peak_rss_bytes"] = peak_rss_bytes();
+  std::cout << result.dump() << "\n";
+  if (!o.json_out.empty()) {
+    std::ofstream(o.json_out, std::ios::app) << result.dump() << "\n";
+  }
+  return 0;
+}
+
+}  // namespace crl::bench

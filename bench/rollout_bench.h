@@ -1,0 +1,47 @@
+// `colocated-rl bench rollout`: rollout throughput of the engine against its baselines, in one run.
+//
+// Workload: P prompts x n samples, prompt and output lengths fixed or uniform in a range, random
+// prompt token ids, temperature 1, ignore_eos (outputs run to their drawn length). Modes:
+//   continuous — the engine as shipped (continuous batching, prompt blocks shared by the n samples);
+//   static     — baseline: waves of requests, every sequence decodes until its wave's slowest;
+//   no-share   — baseline: the n samples as n independent requests, prefix caching off;
+//   deterministic — continuous with batch-invariant logits (measures what that mode costs).
+// Probes: decode step time at fixed concurrency (1 and --decode-batch sequences) against the
+// machine's measured matmul throughput and memory bandwidth, and prefill throughput.
+// Prints a table and one JSON line; medians over --repeats after a warmup.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace CLI {
+class App;
+}
+
+namespace crl::bench {
+
+struct RolloutBenchOptions {
+  std::string model_dir;                  // empty: generate --shape into the cache
+  std::string shape = "default";          // preset used when model_dir is empty
+  std::string dtype = "float32";
+  int32_t prompts = 32;
+  int32_t n = 4;
+  std::string prompt_len = "32..128";     // "L" or "A..B"
+  std::string output_len = "16..256";
+  int32_t repeats = 3;
+  int32_t threads = 2;
+  int32_t max_seqs = 128;
+  int64_t max_batched_tokens = 1024;
+  std::string kv_memory = "2GiB";
+  std::vector<std::string> modes = {"continuous", "static", "no-share", "deterministic"};
+  bool probes = true;                     // decode/prefill probes and machine roofline
+  int32_t decode_batch = 64;
+  uint64_t seed = 7;
+  std::string json_out;                   // also append the JSON line to this file
+};
+
+void add_rollout_flags(CLI::App& cmd, RolloutBenchOptions& opts);
+int run_rollout_bench(const RolloutBenchOptions& opts);
+
+}  // namespace crl::bench

@@ -1,0 +1,18 @@
+// Parsing of human-readable sizes for flags such as --kv-memory.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace crl {
+
+// Parses "512MiB", "1GiB", "2G", "300M", "4096" (bytes). Throws std::invalid_argument naming the text.
+int64_t parse_bytes(const std::string& text);
+
+// "1.50 GiB" style rendering for logs.
+std::string format_bytes(double bytes);
+
+// Peak resident set size of this process in bytes (getrusage).
+int64_t peak_rss_bytes();
+
+}  // namespace crl

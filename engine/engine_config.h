@@ -1,0 +1,43 @@
+// EngineConfig: everything needed to build an LlmEngine.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace crl::engine {
+
+struct EngineConfig {
+  // Hugging Face model directory (config.json, *.safetensors, tokenizer.model).
+  std::string model_dir;
+  // Compute dtype: "float32" or "bfloat16".
+  std::string dtype = "float32";
+  // "cpu" or "cuda[:i]".
+  std::string device = "cpu";
+  // Bytes of the KV block pool (K and V, all layers).
+  int64_t kv_memory_bytes = int64_t{256} << 20;
+  // Blocks in the KV pool; overrides kv_memory_bytes when > 0.
+  int32_t num_kv_blocks = 0;
+  // Tokens per KV block.
+  int32_t block_size = 16;
+  // Token budget of one engine step (prefill chunks + decodes).
+  int64_t max_batched_tokens = 1024;
+  // Sequences in the running batch at most.
+  int32_t max_seqs = 256;
+  // Context length (prompt + output); 0 = the model's max_position_embeddings.
+  int64_t max_model_len = 0;
+  // Reuse KV of full blocks across requests with equal prefixes.
+  bool enable_prefix_caching = true;
+  // Batch-invariant logits (fixed-shape row tiles); slower, see Transformer.
+  bool deterministic = false;
+  // Baseline only: static batching (waves, padded to the slowest sequence).
+  bool static_batching = false;
+  // Seed for requests that bring none.
+  uint64_t seed = 0;
+  // Intra-op threads (0 = leave libtorch's default).
+  int32_t num_threads = 0;
+
+  // Throws std::invalid_argument naming the field and value.
+  void validate() const;
+};
+
+}  // namespace crl::engine

@@ -1,0 +1,478 @@
+#include "engine/llm_engine.h"
+
+#include <ATen/core/grad_mode.h>
+#include <ATen/Parallel.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+#include <unordered_set>
+
+#include "common/check.h"
+#include "engine/sampler.h"
+
+namespace crl::engine {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// tokenizer_config.json's add_bos_token when present; else Llama adds BOS and Qwen2 does not.
+bool read_add_bos(const std::string& dir, const ModelConfig& config) {
+  bool add = config.bos_token_id >= 0 && config.model_type != "qwen2";
+  std::ifstream in(dir + "/tokenizer_config.json");
+  if (!in) return add;
+  auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_object() && j.contains("add_bos_token") && j["add_bos_token"].is_boolean()) {
+    add = j["add_bos_token"].get<bool>() && config.bos_token_id >= 0;
+  }
+  return add;
+}
+
+}  // namespace
+
+void EngineConfig::validate() const {
+  auto bad = [](const std::string& field, const std::string& v, const char* rule) {
+    throw std::invalid_argument("invalid engine setting '" + field + "': " + v + " (" + rule + ")");
+  };
+  if (dtype != "float32" && dtype != "bfloat16" && dtype != "fp32" && dtype != "bf16")
+    bad("dtype", dtype, "float32 or bfloat16");
+  if (kv_memory_bytes <= 0 && num_kv_blocks <= 0)
+    bad("kv_memory_bytes", std::to_string(kv_memory_bytes), "must be > 0");
+  if (block_size < 1 || block_size > 1024)
+    bad("block_size", std::to_string(block_size), "must be in [1, 1024]");
+  if (max_batched_tokens < 1)
+    bad("max_batched_tokens", std::to_string(max_batched_tokens), "must be >= 1");
+  if (max_seqs < 1) bad("max_seqs", std::to_string(max_seqs), "must be >= 1");
+  if (max_model_len < 0) bad("max_model_len", std::to_string(max_model_len), "must be >= 0");
+  if (num_threads < 0) bad("num_threads", std::to_string(num_threads), "must be >= 0");
+}
+
+struct LlmEngine::Inbox {
+  std::mutex mu;
+  std::deque<GenerateRequest> adds;         // guarded by mu
+  std::vector<std::string> aborts;          // guarded by mu
+  std::unordered_set<std::string> live_ids; // guarded by mu
+  int64_t next_id = 0;                      // guarded by mu
+};
+
+LlmEngine::LlmEngine(const EngineConfig& config) : config_(config), inbox_(std::make_unique<Inbox>()) {
+  config_.validate();
+  if (config_.num_threads > 0) at::set_num_threads(config_.num_threads);
+  TransformerOptions opts;
+  opts.dtype = parse_dtype(config_.dtype);
+  opts.device = at::Device(config_.device);
+  opts.deterministic = config_.deterministic;
+  model_ = std::make_unique<Transformer>(Transformer::load(config_.model_dir, opts));
+  const ModelConfig& mc = model_->config();
+
+  const std::string tok_path = config_.model_dir + "/tokenizer.model";
+  if (std::filesystem::exists(tok_path)) tokenizer_ = std::make_unique<Tokenizer>(tok_path);
+  for (int64_t id : mc.eos_token_ids) eos_ids_.push_back(static_cast<int32_t>(id));
+  if (eos_ids_.empty() && tokenizer_ && tokenizer_->eos_id() >= 0) eos_ids_.push_back(tokenizer_->eos_id());
+  add_bos_ = read_add_bos(config_.model_dir, mc);
+
+  max_model_len_ = config_.max_model_len > 0 ? config_.max_model_len : mc.max_position_embeddings;
+  if (max_model_len_ > mc.max_position_embeddings) {
+    throw std::invalid_argument("invalid engine setting 'max_model_len': " +
+                                std::to_string(max_model_len_) + " (the model supports " +
+                                std::to_string(mc.max_position_embeddings) + " positions)");
+  }
+  int32_t num_blocks = config_.num_kv_blocks;
+  if (num_blocks <= 0) {
+    const int64_t per_block = ModelRunner::block_bytes(mc, opts.dtype, config_.block_size);
+    num_blocks = static_cast<int32_t>(config_.kv_memory_bytes / per_block);
+    if (num_blocks < 1) {
+      throw std::invalid_argument("invalid engine setting 'kv_memory_bytes': " +
+                                  std::to_string(config_.kv_memory_bytes) +
+                                  " holds no KV block (one block needs " +
+                                  std::to_string(per_block) + " bytes)");
+    }
+  }
+  SchedulerConfig sc;
+  sc.block_size = config_.block_size;
+  sc.num_blocks = num_blocks;
+  sc.max_batched_tokens = config_.max_batched_tokens;
+  sc.max_seqs = config_.max_seqs;
+  sc.enable_prefix_caching = config_.enable_prefix_caching;
+  sc.static_batching = config_.static_batching;
+  scheduler_ = std::make_unique<Scheduler>(sc);
+  runner_ = std::make_unique<ModelRunner>(*model_, config_.block_size, num_blocks);
+}
+
+LlmEngine::~LlmEngine() = default;
+
+std::string LlmEngine::add_request(GenerateRequest request) {
+  const int64_t vocab = model_->config().vocab_size;
+  request.params.validate(vocab);
+  if (request.prompt_token_ids.empty()) {
+    if (!tokenizer_) {
+      throw std::invalid_argument("this model has no tokenizer.model: send the prompt as token ids");
+    }
+    if (add_bos_) request.prompt_token_ids.push_back(static_cast<int32_t>(model_->config().bos_token_id));
+    auto ids = tokenizer_->encode(request.prompt);
+    request.prompt_token_ids.insert(request.prompt_token_ids.end(), ids.begin(), ids.end());
+  }
+  if (request.prompt_token_ids.empty()) throw std::invalid_argument("the prompt is empty");
+  for (int32_t id : request.prompt_token_ids) {
+    if (id < 0 || id >= vocab) {
+      throw std::invalid_argument("prompt token id " + std::to_string(id) +
+                                  " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+    }
+  }
+  const int64_t prompt_len = static_cast<int64_t>(request.prompt_token_ids.size());
+  const int64_t total = prompt_len + request.params.max_tokens;
+  if (total > max_model_len_) {
+    throw std::invalid_argument("prompt (" + std::to_string(prompt_len) + " tokens) + max_tokens (" +
+                                std::to_string(request.params.max_tokens) +
+                                ") exceeds the context length " + std::to_string(max_model_len_));
+  }
+  if (scheduler_->blocks_for(total) > scheduler_->config().num_blocks) {
+    throw std::invalid_argument("prompt + max_tokens (" + std::to_string(total) +
+                                " tokens) does not fit the KV pool (" +
+                                std::to_string(scheduler_->config().num_blocks) + " blocks of " +
+                                std::to_string(config_.block_size) + " tokens)");
+  }
+  std::lock_guard<std::mutex> lock(inbox_->mu);
+  if (request.request_id.empty()) request.request_id = "req-" + std::to_string(inbox_->next_id++);
+  if (!inbox_->live_ids.insert(request.request_id).second) {
+    throw std::invalid_argument("request id '" + request.request_id + "' is already in use");
+  }
+  std::string id = request.request_id;
+  inbox_->adds.push_back(std::move(request));
+  return id;
+}
+
+void LlmEngine::abort(const std::string& request_id) {
+  std::lock_guard<std::mutex> lock(inbox_->mu);
+  inbox_->aborts.push_back(request_id);
+}
+
+bool LlmEngine::has_unfinished() const {
+  {
+    std::lock_guard<std::mutex> lock(inbox_->mu);
+    if (!inbox_->adds.empty() || !inbox_->aborts.empty()) return true;
+  }
+  return !requests_.empty();
+}
+
+void LlmEngine::drain_inbox() {
+  std::deque<GenerateRequest> adds;
+  std::vector<std::string> aborts;
+  {
+    std::lock_guard<std::mutex> lock(inbox_->mu);
+    adds.swap(inbox_->adds);
+    aborts.swap(inbox_->aborts);
+  }
+  for (auto& r : adds) admit(std::move(r));
+  for (const auto& id : aborts) abort_now(id);
+}
+
+void LlmEngine::admit(GenerateRequest&& r) {
+  auto req = std::make_unique<Request>();
+  req->id = r.request_id;
+  req->arrival = next_arrival_++;
+  req->params = std::move(r.params);
+  req->prompt = std::move(r.prompt_token_ids);
+  // Requests without a seed get a distinct one derived from the engine seed and arrival order.
+  req->seed = req->params.seed ? *req->params.seed
+                               : config_.seed * 0x9e3779b97f4a7c15ULL + static_cast<uint64_t>(req->arrival) + 1;
+  if (req->params.min_tokens > 0) {
+    if (!req->params.ignore_eos) req->banned_until_min_tokens = eos_ids_;
+    for (int32_t id : req->params.stop_token_ids) req->banned_until_min_tokens.push_back(id);
+  }
+  auto seq = std::make_unique<Sequence>();
+  seq->seq_id = next_seq_id_++;
+  seq->request = req.get();
+  seq->tokens = req->prompt;
+  scheduler_->add(seq.get());
+  req->seqs.push_back(std::move(seq));
+  requests_[req->id] = std::move(req);
+}
+
+void LlmEngine::abort_now(const std::string& id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  for (auto& s : it->second->seqs) {
+    if (!s->is_finished()) finish_sequence(s.get(), FinishReason::kAbort);
+  }
+}
+
+void LlmEngine::finish_sequence(Sequence* seq, FinishReason reason) {
+  seq->finish_reason = reason;
+  seq->status = SeqStatus::kFinished;
+  seq->padding = false;
+  scheduler_->remove(seq);
+}
+
+void LlmEngine::end_padding(Sequence* seq) {
+  seq->tokens.resize(seq->prompt_len() + seq->raw_logprobs.size());
+  finish_sequence(seq, seq->finish_reason);
+}
+
+bool LlmEngine::check_stop(Sequence* seq, int32_t token) {
+  const SamplingParams& p = seq->request->params;
+  const int64_t generated = seq->num_generated();
+  if (generated > p.min_tokens || p.min_tokens == 0) {
+    for (int32_t id : p.stop_token_ids) {
+      if (id == token) {
+        seq->stop_token = token;
+        return true;
+      }
+    }
+    if (!p.ignore_eos) {
+      for (int32_t id : eos_ids_) {
+        if (id == token) {
+          seq->stop_token = token;
+          return true;
+        }
+      }
+    }
+  }
+  if (!p.stop.empty() && tokenizer_ && generated >= std::max(p.min_tokens, 1)) {
+    std::vector<int32_t> gen(seq->tokens.begin() + seq->prompt_len(), seq->tokens.end());
+    std::string text = tokenizer_->decode(gen, p.skip_special_tokens);
+    size_t best = std::string::npos;
+    const std::string* which = nullptr;
+    for (const auto& s : p.stop) {
+      size_t at = text.find(s);
+      if (at != std::string::npos && at < best) {
+        best = at;
+        which = &s;
+      }
+    }
+    if (which) {
+      seq->stop_string = *which;
+      seq->text = text.substr(0, best);
+      return true;
+    }
+  }
+  return false;
+}
+
+void LlmEngine::compute_prompt_logprobs(const ScheduledSeq& s, const at::Tensor& hidden, int64_t row) {
+  Request* req = s.seq->request;
+  const int64_t prompt_len = s.seq->prompt_len();
+  // Position p predicts prompt[p + 1]; only prompt positions before the last one have a target.
+  const int64_t end = std::min(s.start + s.num_tokens, prompt_len - 1);
+  // Positions already recorded (a recompute after preemption) are skipped.
+  const int64_t begin = std::max<int64_t>(s.start, static_cast<int64_t>(req->prompt_logprobs.size()));
+  constexpr int64_t kTile = 64;  // never materialise full-vocabulary logits for a whole prompt
+  for (int64_t p = begin; p < end; p += kTile) {
+    const int64_t n = std::min(kTile, end - p);
+    auto logits = model_->compute_logits(hidden.narrow(0, row + (p - s.start), n)).to(at::kCPU);
+    std::vector<int32_t> targets(req->prompt.begin() + p + 1, req->prompt.begin() + p + 1 + n);
+    auto lp = token_logprobs(logits.contiguous(), targets, *req->params.prompt_logprobs);
+    for (auto& [value, top] : lp) {
+      req->prompt_logprobs.push_back(value);
+      req->prompt_top_logprobs.push_back(std::move(top));
+    }
+  }
+}
+
+std::vector<RequestOutput> LlmEngine::step() {
+  at::NoGradGuard no_grad;
+  drain_inbox();
+  std::unordered_set<Request*> touched;
+  for (auto& [id, req] : requests_) {
+    if (req->is_finished()) touched.insert(req.get());  // aborted in drain_inbox
+  }
+
+  SchedulerOutput batch = scheduler_->schedule(weight_version_);
+  stats_.preemptions = scheduler_->num_preemptions();
+  stats_.prefix_hit_tokens = scheduler_->num_prefix_hit_tokens();
+  if (!batch.empty()) {
+    stats_.steps++;
+    stats_.max_used_blocks = std::max(stats_.max_used_blocks, scheduler_->allocator().num_used_blocks());
+    auto t0 = std::chrono::steady_clock::now();
+    ForwardOutput fwd = runner_->execute(batch);
+    scheduler_->complete_step(batch, weight_version_);
+
+    // Prompt log-probs, and the rows that sample a next token.
+    std::vector<int64_t> sample_rows;
+    std::vector<const ScheduledSeq*> samplers;
+    for (size_t i = 0; i < batch.seqs.size(); ++i) {
+      const ScheduledSeq& s = batch.seqs[i];
+      const int64_t prompt_part = std::max<int64_t>(0, std::min(s.start + s.num_tokens, s.seq->prompt_len()) - s.start);
+      stats_.prompt_tokens_computed += prompt_part;
+      if (s.seq->request->params.prompt_logprobs && s.start < s.seq->prompt_len() - 1) {
+        compute_prompt_logprobs(s, fwd.hidden, fwd.row_start[i]);
+      }
+      if (s.sample) {
+        sample_rows.push_back(fwd.row_start[i] + s.num_tokens - 1);
+        samplers.push_back(&s);
+      }
+    }
+    if (!samplers.empty()) {
+      auto idx = at::tensor(sample_rows, at::kLong).to(fwd.hidden.device());
+      auto logits = model_->compute_logits(fwd.hidden.index_select(0, idx)).to(at::kCPU).contiguous();
+      stats_.forward_seconds += seconds_since(t0);
+      auto t1 = std::chrono::steady_clock::now();
+
+      // One sampling row per sample; an unforked parent of an n > 1 request draws all n.
+      std::vector<SampleRow> rows;
+      std::vector<Sequence*> targets;  // nullptr = a child to create for sample index rows[i]
+      for (size_t i = 0; i < samplers.size(); ++i) {
+        Sequence* seq = samplers[i]->seq;
+        Request* req = seq->request;
+        const bool fork = !req->forked && req->params.n > 1;
+        const int32_t count = fork ? req->params.n : 1;
+        for (int32_t k = 0; k < count; ++k) {
+          SampleRow r;
+          r.logits_row = static_cast<int64_t>(i);
+          r.params = &req->params;
+          r.seed = req->seed;
+          r.sample_index = fork ? k : seq->sample_index;
+          r.position = static_cast<int64_t>(seq->tokens.size());
+          r.banned = seq->num_generated() < req->params.min_tokens ? &req->banned_until_min_tokens : nullptr;
+          rows.push_back(r);
+          targets.push_back(k == 0 ? seq : nullptr);
+        }
+      }
+      if (observer_) {
+        for (size_t i = 0; i < samplers.size(); ++i) {
+          const Sequence* seq = samplers[i]->seq;
+          observer_(seq->request->id, seq->sample_index, static_cast<int64_t>(seq->tokens.size()),
+                    logits[static_cast<int64_t>(i)]);
+        }
+      }
+      std::vector<SampleResult> results = sample_tokens(logits, rows);
+      stats_.sample_seconds += seconds_since(t1);
+
+      // Create the children first, while the parent still holds its blocks and prompt state.
+      std::vector<Sequence*> seq_of_row(rows.size(), nullptr);
+      Sequence* parent = nullptr;
+      for (size_t i = 0; i < rows.size(); ++i) {
+        if (targets[i]) {
+          parent = seq_of_row[i] = targets[i];
+          continue;
+        }
+        Request* req = parent->request;
+        auto child = std::make_unique<Sequence>();
+        child->seq_id = next_seq_id_++;
+        child->request = req;
+        child->sample_index = rows[i].sample_index;
+        child->tokens = parent->tokens;
+        scheduler_->fork(*parent, child.get());
+        seq_of_row[i] = child.get();
+        req->seqs.push_back(std::move(child));
+      }
+      for (size_t i = 0; i < rows.size(); ++i) {
+        Sequence* seq = seq_of_row[i];
+        const SampleResult& res = results[i];
+        seq->tokens.push_back(res.token);
+        touched.insert(seq->request);
+        if (seq->padding) {  // static-batching baseline: the token is discarded
+          if (static_cast<int64_t>(seq->tokens.size()) >= max_model_len_) end_padding(seq);
+          continue;
+        }
+        stats_.generated_tokens++;
+        seq->raw_logprobs.push_back(res.raw_logprob);
+        seq->processed_logprobs.push_back(res.processed_logprob);
+        if (seq->request->params.logprobs > 0) seq->top_logprobs.push_back(res.top_logprobs);
+        FinishReason reason = FinishReason::kNone;
+        if (check_stop(seq, res.token)) {
+          reason = FinishReason::kStop;
+        } else if (seq->num_generated() >= seq->request->params.max_tokens ||
+                   static_cast<int64_t>(seq->tokens.size()) >= max_model_len_) {
+          reason = FinishReason::kLength;
+        }
+        if (reason == FinishReason::kNone) continue;
+        seq->finish_reason = reason;
+        if (config_.static_batching && static_cast<int64_t>(seq->tokens.size()) < max_model_len_) {
+          seq->padding = true;  // keeps decoding until its wave ends
+        } else {
+          finish_sequence(seq, reason);
+        }
+      }
+      // n > 1 requests fork once, after the parent's first sample.
+      for (const auto* s : samplers) s->seq->request->forked = true;
+    } else {
+      stats_.forward_seconds += seconds_since(t0);
+    }
+  }
+
+  // Static batching: the wave ends when every running sequence is padding.
+  if (config_.static_batching && scheduler_->num_running() > 0) {
+    bool all_padding = true;
+    for (const Sequence* s : scheduler_->running()) all_padding = all_padding && s->padding;
+    if (all_padding) {
+      std::vector<Sequence*> wave(scheduler_->running().begin(), scheduler_->running().end());
+      for (Sequence* s : wave) end_padding(s);
+    }
+  }
+
+  std::vector<RequestOutput> outputs;
+  std::vector<std::string> done;
+  for (Request* req : touched) {
+    outputs.push_back(make_output(*req));
+    if (outputs.back().finished) done.push_back(req->id);
+  }
+  if (!done.empty()) {
+    std::lock_guard<std::mutex> lock(inbox_->mu);
+    for (const auto& id : done) {
+      inbox_->live_ids.erase(id);
+      requests_.erase(id);
+    }
+  }
+  return outputs;
+}
+
+RequestOutput LlmEngine::make_output(const Request& req) const {
+  RequestOutput out;
+  out.request_id = req.id;
+  out.prompt_token_ids = req.prompt;
+  out.prompt_logprobs = req.prompt_logprobs;
+  out.prompt_top_logprobs = req.prompt_top_logprobs;
+  out.finished = req.is_finished();
+  out.weight_version = weight_version_;
+  for (const auto& s : req.seqs) {
+    CompletionOutput c;
+    c.index = s->sample_index;
+    const int64_t generated = static_cast<int64_t>(s->raw_logprobs.size());
+    c.token_ids.assign(s->tokens.begin() + s->prompt_len(), s->tokens.begin() + s->prompt_len() + generated);
+    c.raw_logprobs = s->raw_logprobs;
+    c.processed_logprobs = s->processed_logprobs;
+    c.top_logprobs = s->top_logprobs;
+    c.finish_reason = s->is_finished() ? s->finish_reason : FinishReason::kNone;
+    c.stop_token = s->stop_token;
+    c.stop_string = s->stop_string;
+    if (s->stop_string) {
+      c.text = s->text;
+    } else if (tokenizer_ && (s->is_finished() || out.finished)) {
+      c.text = tokenizer_->decode(c.token_ids, req.params.skip_special_tokens);
+    }
+    out.num_cached_tokens = std::max(out.num_cached_tokens, s->num_cached_prompt_tokens);
+    out.outputs.push_back(std::move(c));
+  }
+  std::sort(out.outputs.begin(), out.outputs.end(),
+            [](const CompletionOutput& a, const CompletionOutput& b) { return a.index < b.index; });
+  return out;
+}
+
+std::vector<RequestOutput> LlmEngine::generate(std::vector<GenerateRequest> requests) {
+  std::vector<std::string> ids;
+  ids.reserve(requests.size());
+  for (auto& r : requests) ids.push_back(add_request(std::move(r)));
+  std::unordered_map<std::string, RequestOutput> finished;
+  while (finished.size() < ids.size()) {
+    for (auto& out : step()) {
+      if (out.finished) finished[out.request_id] = std::move(out);
+    }
+  }
+  std::vector<RequestOutput> outs;
+  for (const auto& id : ids) outs.push_back(std::move(finished[id]));
+  return outs;
+}
+
+void LlmEngine::bump_weight_version() {
+  weight_version_++;
+  scheduler_->reset_prefix_cache();
+}
+
+}  // namespace crl::engine

@@ -1,0 +1,147 @@
+// LlmEngine: the embedded generation API (add_request / step / abort / generate).
+//
+// Orchestrates Scheduler (policy, blocks), ModelRunner (KV tensors, forward) and the sampler;
+// owns the Transformer and the Tokenizer.
+//
+// Thread safety: add_request() and abort() may be called from any thread (they go through a
+// mutex-guarded inbox that step() drains). step(), generate() and every other method belong to
+// one engine thread.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "engine/engine_config.h"
+#include "engine/model/transformer.h"
+#include "engine/model_runner.h"
+#include "engine/sampling_params.h"
+#include "engine/scheduler.h"
+#include "engine/sequence.h"
+#include "engine/tokenizer.h"
+
+namespace crl::engine {
+
+struct GenerateRequest {
+  // Unique id; empty = the engine assigns one.
+  std::string request_id;
+  // Text prompt, used when prompt_token_ids is empty (BOS added when the model wants one).
+  std::string prompt;
+  // Token-in: the prompt as ids, used as given.
+  std::vector<int32_t> prompt_token_ids;
+  SamplingParams params;
+};
+
+struct CompletionOutput {
+  int32_t index = 0;
+  std::vector<int32_t> token_ids;
+  std::string text;
+  std::vector<float> raw_logprobs;
+  std::vector<float> processed_logprobs;
+  std::vector<std::vector<std::pair<int32_t, float>>> top_logprobs;
+  FinishReason finish_reason = FinishReason::kNone;
+  std::optional<int32_t> stop_token;
+  std::optional<std::string> stop_string;
+};
+
+struct RequestOutput {
+  std::string request_id;
+  std::vector<int32_t> prompt_token_ids;
+  std::vector<float> prompt_logprobs;  // entry i: log p(prompt[i + 1] | prompt[..i])
+  std::vector<std::vector<std::pair<int32_t, float>>> prompt_top_logprobs;
+  std::vector<CompletionOutput> outputs;  // one per sample, by index
+  bool finished = false;
+  int64_t weight_version = 0;
+  int64_t num_cached_tokens = 0;  // prompt tokens served by the prefix cache
+};
+
+struct EngineStats {
+  int64_t steps = 0;
+  int64_t prompt_tokens_computed = 0;  // prefill tokens actually run (cache hits excluded)
+  int64_t generated_tokens = 0;
+  int64_t preemptions = 0;
+  int64_t prefix_hit_tokens = 0;
+  int32_t max_used_blocks = 0;
+  double forward_seconds = 0;
+  double sample_seconds = 0;
+};
+
+// Called on the engine thread with each row of logits the engine samples from: the request,
+// the sample index of the sequence, the position of the sampled token, and logits [vocab] float32.
+using LogitsObserver = std::function<void(const std::string& request_id, int32_t sample_index,
+                                          int64_t position, const at::Tensor& logits)>;
+
+class LlmEngine {
+ public:
+  explicit LlmEngine(const EngineConfig& config);
+  ~LlmEngine();
+  LlmEngine(const LlmEngine&) = delete;
+  LlmEngine& operator=(const LlmEngine&) = delete;
+
+  // Validates and queues a request; returns its id. Throws std::invalid_argument for bad
+  // parameters, an empty prompt, out-of-vocabulary ids, or prompt + max_tokens over the context.
+  std::string add_request(GenerateRequest request);
+  // Aborts a request in any state; its blocks are freed at the next step. Unknown ids are ignored.
+  void abort(const std::string& request_id);
+
+  // Runs one scheduling + forward + sampling step. Returns an output for every request that
+  // produced tokens or finished in this step (cumulative token lists).
+  std::vector<RequestOutput> step();
+  bool has_unfinished() const;
+
+  // Adds the requests, steps until all of them finished, returns their outputs in order.
+  std::vector<RequestOutput> generate(std::vector<GenerateRequest> requests);
+
+  // Debug/test hook: observe every sampled logits row (empty function = off).
+  void set_logits_observer(LogitsObserver observer) { observer_ = std::move(observer); }
+
+  // New weights were installed: bump the version and drop prefix-cache entries.
+  void bump_weight_version();
+  int64_t weight_version() const { return weight_version_; }
+
+  const ModelConfig& model_config() const { return model_->config(); }
+  Transformer& model() { return *model_; }
+  const Tokenizer* tokenizer() const { return tokenizer_.get(); }
+  const Scheduler& scheduler() const { return *scheduler_; }
+  const ModelRunner& runner() const { return *runner_; }
+  const EngineStats& stats() const { return stats_; }
+  const EngineConfig& config() const { return config_; }
+  int64_t max_model_len() const { return max_model_len_; }
+  const std::vector<int32_t>& eos_token_ids() const { return eos_ids_; }
+
+ private:
+  struct Inbox;
+  void drain_inbox();
+  void admit(GenerateRequest&& request);
+  void finish_sequence(Sequence* seq, FinishReason reason);
+  bool check_stop(Sequence* seq, int32_t token);
+  void end_padding(Sequence* seq);
+  void compute_prompt_logprobs(const ScheduledSeq& s, const at::Tensor& hidden, int64_t row);
+  RequestOutput make_output(const Request& req) const;
+  void abort_now(const std::string& id);
+
+  EngineConfig config_;
+  std::unique_ptr<Transformer> model_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<ModelRunner> runner_;
+  std::vector<int32_t> eos_ids_;
+  bool add_bos_ = false;
+  int64_t max_model_len_ = 0;
+  int64_t weight_version_ = 0;
+  int64_t next_arrival_ = 0;
+  int64_t next_seq_id_ = 0;
+  std::unordered_map<std::string, std::unique_ptr<Request>> requests_;
+  EngineStats stats_;
+  LogitsObserver observer_;
+  std::unique_ptr<Inbox> inbox_;
+};
+
+}  // namespace crl::engine

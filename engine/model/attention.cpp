@@ -1,0 +1,42 @@
+#include "engine/model/attention.h"
+
+#include <cmath>
+
+#include "common/check.h"
+
+namespace crl::engine {
+
+DenseCausalAttention::DenseCausalAttention(std::vector<int64_t> seq_lens)
+    : seq_lens_(std::move(seq_lens)) {}
+
+at::Tensor DenseCausalAttention::attend(int64_t layer, const at::Tensor& q, const at::Tensor& k,
+                                        const at::Tensor& v) {
+  const int64_t heads = q.size(1);
+  const int64_t kv_heads = k.size(1);
+  const int64_t head_dim = q.size(2);
+  CRL_CHECK(heads % kv_heads == 0, "heads ", heads, " kv_heads ", kv_heads);
+  const int64_t group = heads / kv_heads;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  std::vector<at::Tensor> outs;
+  outs.reserve(seq_lens_.size());
+  int64_t start = 0;
+  for (int64_t len : seq_lens_) {
+    auto qs = q.narrow(0, start, len).transpose(0, 1).to(at::kFloat);  // [H, L, D]
+    auto ks = k.narrow(0, start, len).transpose(0, 1).to(at::kFloat);  // [KV, L, D]
+    auto vs = v.narrow(0, start, len).transpose(0, 1).to(at::kFloat);
+    if (group > 1) {
+      ks = ks.repeat_interleave(group, 0);
+      vs = vs.repeat_interleave(group, 0);
+    }
+    auto scores = at::matmul(qs, ks.transpose(1, 2)) * scale;  // [H, L, L]
+    auto mask = at::ones({len, len}, q.options().dtype(at::kBool)).triu(1);
+    scores = scores.masked_fill(mask, -std::numeric_limits<float>::infinity());
+    auto probs = at::softmax(scores, -1);
+    outs.push_back(at::matmul(probs, vs).transpose(0, 1).to(q.scalar_type()));  // [L, H, D]
+    start += len;
+  }
+  CRL_CHECK(start == q.size(0), "seq_lens sum ", start, " != rows ", q.size(0));
+  return outs.size() == 1 ? outs[0] : at::cat(outs, 0);
+}
+
+}  // namespace crl::engine

@@ -1,0 +1,38 @@
+// AttentionBackend: how a Transformer layer turns (q, k, v) of the current tokens into attention
+// output. The model code is written once and parameterised by the backend:
+//   DenseCausalAttention — packed full sequences (cu_seqlens), plain differentiable libtorch ops; the
+//                          trainer and the no-cache reference forward use it;
+//   PagedKvAttention     — (engine/model_runner.h) writes K/V into the paged cache and attends
+//                          through block tables.
+// Passed explicitly to every forward (no global per-step state).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace crl::engine {
+
+class AttentionBackend {
+ public:
+  virtual ~AttentionBackend() = default;
+  // q: [T, num_heads, head_dim], k, v: [T, num_kv_heads, head_dim] after RoPE, for layer `layer`.
+  // Returns [T, num_heads, head_dim].
+  virtual at::Tensor attend(int64_t layer, const at::Tensor& q, const at::Tensor& k,
+                            const at::Tensor& v) = 0;
+};
+
+// Causal self-attention over packed sequences: rows [cu[i], cu[i+1]) form sequence i, positions
+// start at 0. Scores are computed in float32. Differentiable.
+class DenseCausalAttention : public AttentionBackend {
+ public:
+  explicit DenseCausalAttention(std::vector<int64_t> seq_lens);
+  at::Tensor attend(int64_t layer, const at::Tensor& q, const at::Tensor& k,
+                    const at::Tensor& v) override;
+
+ private:
+  std::vector<int64_t> seq_lens_;
+};
+
+}  // namespace crl::engine

@@ -1,0 +1,91 @@
+// Transformer: the Llama-family decoder (RMSNorm, RoPE with linear/llama3 scaling, GQA, SwiGLU,
+// optional qkv bias, tied embeddings), written once for the engine and the trainer.
+//
+// Owns: its weights as plain at::Tensors in model_param_specs() order (the trainer may set
+// requires_grad on them; weight sync may replace them with views of its bucket buffers through
+// set_parameter). Forward works on a packed batch of T tokens with explicit positions; attention
+// is delegated to an AttentionBackend, so the same code runs paged (engine) or dense (trainer).
+//
+// Deterministic mode: every row-wise part of the network (norms, projections, MLP, lm_head) runs
+// on fixed-size tiles of kDeterministicTile rows (the last tile zero-padded), so every kernel sees
+// the same shapes whatever the batch and a token's logits do not depend on the other tokens in the
+// batch, on chunking or on prefix-cache hits. Elementwise ops and the attention kernels are
+// already row-independent.
+//
+// Thread safety: forward is const on the weights; one caller at a time per backend.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/model/attention.h"
+#include "engine/model/config.h"
+#include "engine/model/weight_loader.h"
+
+namespace crl::engine {
+
+struct TransformerOptions {
+  // Compute dtype: float32 or bfloat16 (weights are converted to it).
+  at::ScalarType dtype = at::kFloat;
+  // Device the weights live on.
+  at::Device device = at::kCPU;
+  // Batch-invariant row-wise computation (see the class comment).
+  bool deterministic = false;
+};
+
+class Transformer {
+ public:
+  static constexpr int64_t kDeterministicTile = 32;
+
+  // `weights` must match model_param_specs(config) in names and shapes (checked, naming the tensor).
+  Transformer(ModelConfig config, NamedTensors weights, TransformerOptions options);
+  // Loads config.json and the safetensors checkpoint from a Hugging Face directory.
+  static Transformer load(const std::string& dir, TransformerOptions options);
+
+  // tokens, positions: [T] int64. Returns the final-normed hidden states [T, hidden] (compute dtype).
+  at::Tensor forward_hidden(const at::Tensor& tokens, const at::Tensor& positions,
+                            AttentionBackend& attention) const;
+  // hidden: [R, hidden] -> logits [R, vocab] float32.
+  at::Tensor compute_logits(const at::Tensor& hidden) const;
+
+  // Full forward over packed, independent sequences (positions restart at 0 for each): logits
+  // [sum(lens), vocab] float32. The no-cache reference and the trainer's forward.
+  at::Tensor forward_packed(const at::Tensor& tokens, const std::vector<int64_t>& seq_lens) const;
+
+  const ModelConfig& config() const { return config_; }
+  const TransformerOptions& options() const { return options_; }
+  // Parameters in model_param_specs order (embedding first; lm_head last unless tied).
+  const NamedTensors& named_parameters() const { return params_; }
+  // Replaces parameter `name` by `value` (same shape and dtype, e.g. a view into a sync bucket).
+  void set_parameter(const std::string& name, const at::Tensor& value);
+  // Enables or disables deterministic (batch-invariant) mode.
+  void set_deterministic(bool on) { options_.deterministic = on; }
+
+ private:
+  struct Layer {
+    at::Tensor input_norm, q_proj, k_proj, v_proj, o_proj, q_bias, k_bias, v_bias;
+    at::Tensor post_norm, gate_proj, up_proj, down_proj;
+  };
+
+  void bind_parameters();
+  at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight) const;
+  at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const;
+  // Applies fn to x [T, ...] whole, or in deterministic mode tile by tile (padded), concatenating.
+  template <typename Fn>
+  at::Tensor map_rows(const at::Tensor& x, Fn&& fn) const;
+
+  ModelConfig config_;
+  TransformerOptions options_;
+  NamedTensors params_;
+  at::Tensor embed_, final_norm_, lm_head_;
+  std::vector<Layer> layers_;
+  at::Tensor rope_cos_, rope_sin_;  // [max_positions, head_dim / 2] float32
+};
+
+// RoPE inverse frequencies [head_dim / 2] for the config's rope_theta and rope_scaling.
+at::Tensor rope_inv_freq(const ModelConfig& config);
+
+}  // namespace crl::engine

@@ -1,0 +1,191 @@
+#include "engine/model/weight_loader.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+
+#include "engine/model/safetensors.h"
+
+namespace crl::engine {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr const char* kSingleFile = "model.safetensors";
+constexpr const char* kIndexFile = "model.safetensors.index.json";
+
+std::string shape_str(at::IntArrayRef shape) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
+  os << "]";
+  return os.str();
+}
+
+// Reads the index's weight_map (tensor name -> shard file name). Throws naming the index file.
+std::map<std::string, std::string> read_index(const std::string& index_path) {
+  std::ifstream in(index_path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot open checkpoint index " + index_path);
+  std::ostringstream os;
+  os << in.rdbuf();
+  json j;
+  try {
+    j = json::parse(os.str());
+  } catch (const json::exception& e) {
+    throw std::runtime_error("checkpoint index " + index_path + " is not valid JSON: " + e.what());
+  }
+  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
+    throw std::runtime_error("checkpoint index " + index_path + " has no 'weight_map' object");
+  }
+  std::map<std::string, std::string> weight_map;
+  for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+    if (!it->is_string()) {
+      throw std::runtime_error("checkpoint index " + index_path + ": weight_map entry for '" +
+                               it.key() + "' is not a file name");
+    }
+    const std::string shard = it->get<std::string>();
+    const fs::path p(shard);
+    if (shard.empty() || p.is_absolute() || p.has_parent_path()) {
+      throw std::runtime_error("checkpoint index " + index_path + ": shard name '" + shard +
+                               "' for tensor '" + it.key() + "' is not a plain file name");
+    }
+    weight_map[it.key()] = shard;
+  }
+  return weight_map;
+}
+
+// Atomically replaces `path` with `text` (temp file, fsync, rename).
+void write_text_atomic(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw std::runtime_error("cannot create " + tmp + ": " + std::strerror(errno));
+  bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  ok = ok && ::fsync(fd) == 0;
+  ok = (::close(fd) == 0) && ok;
+  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    throw std::runtime_error("cannot write " + path + ": " + std::strerror(err));
+  }
+}
+
+}  // namespace
+
+NamedTensors load_checkpoint(const std::string& dir, const std::vector<ParamSpec>& specs,
+                             at::ScalarType dtype) {
+  const std::string single_path = (fs::path(dir) / kSingleFile).string();
+  const std::string index_path = (fs::path(dir) / kIndexFile).string();
+
+  // Tensor name -> file path; empty when everything lives in the single file.
+  std::map<std::string, std::string> weight_map;
+  const bool single = fs::is_regular_file(single_path);
+  if (!single) {
+    if (!fs::is_regular_file(index_path)) {
+      throw std::runtime_error("no checkpoint in directory " + dir + ": expected " + kSingleFile +
+                               " or " + kIndexFile);
+    }
+    for (const auto& [name, shard] : read_index(index_path)) {
+      const std::string shard_path = (fs::path(dir) / shard).string();
+      if (!fs::is_regular_file(shard_path)) {
+        throw std::runtime_error("checkpoint index " + index_path + " names shard " + shard_path +
+                                 " (for tensor '" + name + "'), which does not exist");
+      }
+      weight_map[name] = shard_path;
+    }
+  }
+
+  std::map<std::string, std::unique_ptr<SafetensorsFile>> open_files;
+  auto get_file = [&](const std::string& path) -> const SafetensorsFile& {
+    auto& f = open_files[path];
+    if (!f) f = SafetensorsFile::open(path);
+    return *f;
+  };
+
+  NamedTensors out;
+  out.reserve(specs.size());
+  for (const ParamSpec& spec : specs) {
+    std::string path;
+    if (single) {
+      path = single_path;
+    } else {
+      auto it = weight_map.find(spec.name);
+      if (it == weight_map.end()) {
+        std::set<std::string> shards;
+        for (const auto& kv : weight_map) shards.insert(kv.second);
+        std::string searched;
+        for (const auto& s : shards) searched += (searched.empty() ? "" : ", ") + s;
+        throw std::runtime_error("checkpoint is missing tensor '" + spec.name + "': not in " +
+                                 index_path + " (shards: " + searched + ")");
+      }
+      path = it->second;
+    }
+    const SafetensorsFile& file = get_file(path);
+    auto info = file.tensors().find(spec.name);
+    if (info == file.tensors().end()) {
+      throw std::runtime_error("checkpoint is missing tensor '" + spec.name + "' (searched " +
+                               path + (single ? "" : ", named by " + index_path) + ")");
+    }
+    if (info->second.shape != spec.shape) {
+      throw std::runtime_error("tensor '" + spec.name + "' in " + path + " has shape " +
+                               shape_str(info->second.shape) + ", expected " +
+                               shape_str(spec.shape));
+    }
+    out.emplace_back(spec.name, file.load(spec.name, dtype));
+  }
+  return out;
+}
+
+void save_checkpoint(const std::string& dir, const NamedTensors& tensors, int64_t max_shard_bytes) {
+  fs::create_directories(dir);
+  const std::string single_path = (fs::path(dir) / kSingleFile).string();
+  const std::string index_path = (fs::path(dir) / kIndexFile).string();
+  const std::map<std::string, std::string> metadata = {{"format", "pt"}};
+
+  // Greedy in input order: a new shard starts when the next tensor would overflow the current one.
+  std::vector<NamedTensors> shards(1);
+  int64_t shard_bytes = 0;
+  int64_t total_bytes = 0;
+  for (const auto& [name, t] : tensors) {
+    const int64_t nbytes = t.numel() * static_cast<int64_t>(t.element_size());
+    if (max_shard_bytes > 0 && !shards.back().empty() && shard_bytes + nbytes > max_shard_bytes) {
+      shards.emplace_back();
+      shard_bytes = 0;
+    }
+    shards.back().emplace_back(name, t);
+    shard_bytes += nbytes;
+    total_bytes += nbytes;
+  }
+
+  std::error_code ec;
+  if (shards.size() == 1) {
+    write_safetensors(single_path, tensors, metadata);
+    fs::remove(index_path, ec);  // a stale index must not describe this checkpoint
+    return;
+  }
+
+  const size_t n = shards.size();
+  json weight_map = json::object();
+  for (size_t i = 0; i < n; ++i) {
+    char name[64];
+    std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", i + 1, n);
+    write_safetensors((fs::path(dir) / name).string(), shards[i], metadata);
+    for (const auto& kv : shards[i]) weight_map[kv.first] = name;
+  }
+  json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
+  write_text_atomic(index_path, index.dump(2) + "\n");
+  fs::remove(single_path, ec);  // load_checkpoint prefers the single file; drop a stale one
+}
+
+}  // namespace crl::engine

@@ -1,0 +1,28 @@
+// Loads a Hugging Face checkpoint directory into named tensors matching a list of ParamSpecs.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/model/config.h"
+
+namespace crl::engine {
+
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+// Reads <dir>/model.safetensors, or <dir>/model.safetensors.index.json and its shards, and returns
+// one tensor per spec, in spec order, converted to `dtype` (CPU). Errors (std::runtime_error) name
+// the file and tensor: a missing file, a bad index, a missing tensor, a shape mismatch, an
+// unsupported stored dtype, a corrupt or truncated file.
+NamedTensors load_checkpoint(const std::string& dir, const std::vector<ParamSpec>& specs,
+                             at::ScalarType dtype);
+
+// Writes named tensors as <dir>/model.safetensors (or, when max_shard_bytes > 0 and they do not fit
+// one shard, as model-0000k-of-0000n.safetensors plus model.safetensors.index.json). Atomic per file.
+void save_checkpoint(const std::string& dir, const NamedTensors& tensors,
+                     int64_t max_shard_bytes = 0);
+
+}  // namespace crl::engine

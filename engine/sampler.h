@@ -1,0 +1,55 @@
+// Sampler: turns one row of logits per sample into a token, with RL-grade log-probs.
+//
+// For each row it computes
+//   raw log-prob:       log_softmax(logits)[token] at temperature 1 over the full vocabulary (what a
+//                       trainer computes for the same token);
+//   processed log-prob: log p(token) under the distribution actually sampled from, i.e. after
+//                       banned ids (min_tokens), temperature, top_k, top_p and min_p, renormalised
+//                       (0 for greedy);
+//   top log-probs:      the `logprobs` most likely tokens by raw log-prob, when asked.
+// Filter order: banned ids -> temperature -> top_k -> top_p -> min_p.
+// Randomness: one uniform per row from a counter-based hash of (seed, sample_index, position),
+// then an inverse-CDF draw over token ids in ascending order: no global RNG state, so results do
+// not depend on batch composition or order.
+//
+// Thread safety: stateless; callable from any thread.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "engine/sampling_params.h"
+
+namespace crl::engine {
+
+struct SampleRow {
+  int64_t logits_row = 0;                       // row of the logits tensor to sample from
+  const SamplingParams* params = nullptr;       // not owned
+  uint64_t seed = 0;                            // the request's effective seed
+  int32_t sample_index = 0;                     // which of the n samples
+  int64_t position = 0;                         // position of the token being sampled
+  const std::vector<int32_t>* banned = nullptr; // ids masked for this row (min_tokens), may be null
+};
+
+struct SampleResult {
+  int32_t token = 0;
+  float raw_logprob = 0;
+  float processed_logprob = 0;
+  std::vector<std::pair<int32_t, float>> top_logprobs;  // raw, most likely first
+};
+
+// logits: [R, V] float32, contiguous, CPU. One result per row, in order; rows run in parallel.
+std::vector<SampleResult> sample_tokens(const at::Tensor& logits, const std::vector<SampleRow>& rows);
+
+// The uniform in [0, 1) used for (seed, sample_index, position). Exposed for tests.
+double sample_uniform(uint64_t seed, int32_t sample_index, int64_t position);
+
+// Raw log-probs of `tokens` under each row of `logits` ([R, V] float32) plus the top `k` per row,
+// computed row by row (used for prompt log-probs). Returns pairs (logprob of token, top-k list).
+std::vector<std::pair<float, std::vector<std::pair<int32_t, float>>>> token_logprobs(
+    const at::Tensor& logits, const std::vector<int32_t>& tokens, int32_t k);
+
+}  // namespace crl::engine

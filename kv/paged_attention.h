@@ -1,0 +1,57 @@
+// Paged attention: K/V live in a block pool and are read through per-sequence block tables.
+//
+// Cache layout per layer: k_cache, v_cache [num_blocks, block_size, num_kv_heads, head_dim], the
+// model's compute dtype (float32 or bfloat16). A token at position p of a sequence lives in slot
+// block_table[p / block_size] * block_size + p % block_size.
+//
+// A batch holds S sequences with q_len[s] new (query) tokens each, packed into T rows. Query token j
+// of sequence s sits at absolute position context_len[s] - q_len[s] + j and attends causally to
+// positions [0, that position]. Each row's result is computed independently of every other row
+// with a fixed reduction order (ascending positions), so outputs are batch-invariant.
+//
+// paged_attention.cpp validates and dispatches on device; paged_attention_cpu.cpp is the reference
+// kernel; paged_attention_cuda.cu is built only with CRL_WITH_CUDA.
+#pragma once
+
+#include <ATen/ATen.h>
+
+namespace crl::kv {
+
+struct PagedAttentionMetadata {
+  at::Tensor slot_mapping;   // [T] int64: cache slot of each new token
+  at::Tensor query_start;    // [S + 1] int32: cumulative q_len (row offsets into the packed batch)
+  at::Tensor context_lens;   // [S] int32: tokens in the cache for each sequence after this step
+  at::Tensor block_tables;   // [S, max_blocks_per_seq] int32 (unused entries arbitrary)
+  int64_t max_query_len = 0;
+  int64_t max_context_len = 0;
+};
+
+// Writes k, v [T, num_kv_heads, head_dim] into the caches at slot_mapping [T].
+void write_kv_cache(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& k,
+                    const at::Tensor& v, const at::Tensor& slot_mapping);
+
+// q: [T, num_heads, head_dim] (num_heads a multiple of num_kv_heads, GQA). Returns [T, num_heads,
+// head_dim] in q's dtype; accumulation is float32. Throws std::invalid_argument on shape/dtype or
+// device mismatches, naming the argument.
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                           const PagedAttentionMetadata& meta, double scale);
+
+// Copies whole blocks src[i] -> dst[i] in both caches of every layer (copy-on-write).
+// caches: [num_layers] pairs as a [2, L, num_blocks, ...] tensor; pairs is [P, 2] int64.
+void copy_blocks(at::Tensor& kv_cache, const at::Tensor& block_pairs);
+
+namespace detail {
+// Device implementations, called by the dispatchers after validation.
+void write_kv_cache_cpu(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& k,
+                        const at::Tensor& v, const at::Tensor& slot_mapping);
+at::Tensor paged_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache,
+                               const at::Tensor& v_cache, const PagedAttentionMetadata& meta,
+                               double scale);
+void write_kv_cache_cuda(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& k,
+                         const at::Tensor& v, const at::Tensor& slot_mapping);
+at::Tensor paged_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache,
+                                const at::Tensor& v_cache, const PagedAttentionMetadata& meta,
+                                double scale);
+}  // namespace detail
+
+}  // namespace crl::kv

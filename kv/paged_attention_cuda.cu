@@ -1,0 +1,227 @@
+// CUDA kernels for paged attention (contract in kv/paged_attention.h), built only with
+// CRL_WITH_CUDA. Inputs were validated by the dispatcher in paged_attention.cpp; metadata values on
+// the GPU are trusted (checking them would need a device sync per call).
+//
+// paged_attention: one thread block per (row, query head), kWarps warps. Warp w walks positions
+// w, w + kWarps, ... of the row's context; for each position the lanes split head_dim (lane l holds
+// d = l, l + 32, ...), the dot product is a butterfly warp sum (every lane ends with the same
+// value), and the warp keeps its own online softmax (max, sum, accumulator). The warps' states are
+// merged in warp order at the end. The reduction order depends only on the row's own data, so
+// results are batch-invariant and deterministic (not bit-identical to the CPU kernel).
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_bf16.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "kv/paged_attention.h"
+
+namespace crl::kv::detail {
+
+namespace {
+
+constexpr int kWarpSize = 32;
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * kWarpSize;
+constexpr int kMaxPerLane = 8;  // head_dim <= kMaxPerLane * kWarpSize = 256
+
+__device__ __forceinline__ float load_float(const float* p) { return *p; }
+__device__ __forceinline__ float load_float(const __nv_bfloat16* p) { return __bfloat162float(*p); }
+__device__ __forceinline__ void store_float(float x, float* p) { *p = x; }
+__device__ __forceinline__ void store_float(float x, __nv_bfloat16* p) {
+  *p = __float2bfloat16_rn(x);
+}
+
+__device__ __forceinline__ float warp_sum(float x) {
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    x += __shfl_xor_sync(0xffffffffu, x, offset);
+  }
+  return x;
+}
+
+template <typename T>
+__global__ void paged_attention_kernel(T* __restrict__ out, const T* __restrict__ q,
+                                       const T* __restrict__ k_cache, const T* __restrict__ v_cache,
+                                       const int32_t* __restrict__ query_start,
+                                       const int32_t* __restrict__ context_lens,
+                                       const int32_t* __restrict__ block_tables, int num_seqs,
+                                       int num_heads, int num_kv_heads, int head_dim,
+                                       int block_size, int max_blocks, float scale) {
+  const int row = blockIdx.x;
+  const int head = blockIdx.y;
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+
+  // The row's sequence: the last s with query_start[s] <= row (sequences with no rows are skipped).
+  int lo = 0, hi = num_seqs - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (query_start[mid] <= row) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const int seq = lo;
+  const int q0 = query_start[seq];
+  const int q_len = query_start[seq + 1] - q0;
+  const int n = context_lens[seq] - q_len + (row - q0) + 1;  // attended positions
+  const int kv_head = head / (num_heads / num_kv_heads);
+  const int32_t* table = block_tables + static_cast<int64_t>(seq) * max_blocks;
+
+  float qr[kMaxPerLane];
+  const T* q_row = q + (static_cast<int64_t>(row) * num_heads + head) * head_dim;
+#pragma unroll
+  for (int k = 0; k < kMaxPerLane; ++k) {
+    const int d = lane + k * kWarpSize;
+    qr[k] = d < head_dim ? load_float(q_row + d) : 0.0f;
+  }
+
+  float m = -INFINITY;
+  float l = 0.0f;
+  float acc[kMaxPerLane];
+#pragma unroll
+  for (int k = 0; k < kMaxPerLane; ++k) acc[k] = 0.0f;
+
+  for (int pos = warp; pos < n; pos += kWarps) {
+    const int64_t slot =
+        static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size;
+    const int64_t off = (slot * num_kv_heads + kv_head) * head_dim;
+    float partial = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kMaxPerLane; ++k) {
+      const int d = lane + k * kWarpSize;
+      if (d < head_dim) partial += qr[k] * load_float(k_cache + off + d);
+    }
+    const float score = warp_sum(partial) * scale;
+    const float m_new = fmaxf(m, score);
+    const float corr = expf(m - m_new);  // 0 while m is -inf
+    const float p = expf(score - m_new);
+    l = l * corr + p;
+#pragma unroll
+    for (int k = 0; k < kMaxPerLane; ++k) {
+      const int d = lane + k * kWarpSize;
+      if (d < head_dim) acc[k] = acc[k] * corr + p * load_float(v_cache + off + d);
+    }
+    m = m_new;
+  }
+
+  __shared__ float warp_m[kWarps];
+  __shared__ float warp_l[kWarps];
+  __shared__ float warp_acc[kWarps][kMaxPerLane * kWarpSize];
+  if (lane == 0) {
+    warp_m[warp] = m;
+    warp_l[warp] = l;
+  }
+#pragma unroll
+  for (int k = 0; k < kMaxPerLane; ++k) warp_acc[warp][k * kWarpSize + lane] = acc[k];
+  __syncthreads();
+
+  if (warp == 0) {
+    float m_all = -INFINITY;
+    for (int w = 0; w < kWarps; ++w) m_all = fmaxf(m_all, warp_m[w]);
+    float l_all = 0.0f;
+    float o[kMaxPerLane];
+#pragma unroll
+    for (int k = 0; k < kMaxPerLane; ++k) o[k] = 0.0f;
+    for (int w = 0; w < kWarps; ++w) {
+      // A warp that saw no position has m = -inf and contributes nothing.
+      const float c = warp_m[w] == -INFINITY ? 0.0f : expf(warp_m[w] - m_all);
+      l_all += warp_l[w] * c;
+#pragma unroll
+      for (int k = 0; k < kMaxPerLane; ++k) o[k] += warp_acc[w][k * kWarpSize + lane] * c;
+    }
+    T* out_row = out + (static_cast<int64_t>(row) * num_heads + head) * head_dim;
+#pragma unroll
+    for (int k = 0; k < kMaxPerLane; ++k) {
+      const int d = lane + k * kWarpSize;
+      if (d < head_dim) store_float(o[k] / l_all, out_row + d);
+    }
+  }
+}
+
+// One thread block per token: copies its k and v rows ([num_kv_heads * head_dim]) into its slot.
+template <typename T>
+__global__ void write_kv_cache_kernel(T* __restrict__ k_cache, T* __restrict__ v_cache,
+                                      const T* __restrict__ k, const T* __restrict__ v,
+                                      const int64_t* __restrict__ slot_mapping, int64_t row_elems,
+                                      int64_t num_slots) {
+  const int64_t t = blockIdx.x;
+  const int64_t slot = slot_mapping[t];
+  if (slot < 0 || slot >= num_slots) return;  // unchecked on the GPU: never write out of bounds
+  for (int64_t i = threadIdx.x; i < row_elems; i += blockDim.x) {
+    k_cache[slot * row_elems + i] = k[t * row_elems + i];
+    v_cache[slot * row_elems + i] = v[t * row_elems + i];
+  }
+}
+
+template <typename T, typename AtT>
+void launch_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
+                      const at::Tensor& v_cache, const PagedAttentionMetadata& meta, float scale,
+                      cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(q.size(0)), static_cast<unsigned>(q.size(1)));
+  paged_attention_kernel<T><<<grid, kThreads, 0, stream>>>(
+      reinterpret_cast<T*>(out.data_ptr<AtT>()), reinterpret_cast<const T*>(q.data_ptr<AtT>()),
+      reinterpret_cast<const T*>(k_cache.data_ptr<AtT>()),
+      reinterpret_cast<const T*>(v_cache.data_ptr<AtT>()), meta.query_start.data_ptr<int32_t>(),
+      meta.context_lens.data_ptr<int32_t>(), meta.block_tables.data_ptr<int32_t>(),
+      static_cast<int>(meta.context_lens.size(0)), static_cast<int>(q.size(1)),
+      static_cast<int>(k_cache.size(2)), static_cast<int>(q.size(2)),
+      static_cast<int>(k_cache.size(1)), static_cast<int>(meta.block_tables.size(1)), scale);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename T, typename AtT>
+void launch_write(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& k,
+                  const at::Tensor& v, const at::Tensor& slot_mapping, cudaStream_t stream) {
+  const int64_t row_elems = k.size(1) * k.size(2);
+  const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
+  write_kv_cache_kernel<T><<<static_cast<unsigned>(k.size(0)), kThreads, 0, stream>>>(
+      reinterpret_cast<T*>(k_cache.data_ptr<AtT>()), reinterpret_cast<T*>(v_cache.data_ptr<AtT>()),
+      reinterpret_cast<const T*>(k.data_ptr<AtT>()), reinterpret_cast<const T*>(v.data_ptr<AtT>()),
+      slot_mapping.data_ptr<int64_t>(), row_elems, num_slots);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+at::Tensor paged_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache,
+                                const at::Tensor& v_cache, const PagedAttentionMetadata& meta,
+                                double scale) {
+  if (q.size(2) > kMaxPerLane * kWarpSize) {
+    throw std::invalid_argument("paged_attention: head_dim " + std::to_string(q.size(2)) +
+                                " exceeds the CUDA kernel's limit of " +
+                                std::to_string(kMaxPerLane * kWarpSize));
+  }
+  if (q.size(1) > 65535) {
+    throw std::invalid_argument("paged_attention: num_heads " + std::to_string(q.size(1)) +
+                                " exceeds the CUDA grid limit of 65535");
+  }
+  const c10::cuda::CUDAGuard device_guard(q.device());
+  at::Tensor out = at::empty_like(q);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  if (q.scalar_type() == at::kBFloat16) {
+    launch_attention<__nv_bfloat16, at::BFloat16>(out, q, k_cache, v_cache, meta,
+                                                  static_cast<float>(scale), stream);
+  } else {
+    launch_attention<float, float>(out, q, k_cache, v_cache, meta, static_cast<float>(scale),
+                                   stream);
+  }
+  return out;
+}
+
+void write_kv_cache_cuda(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& k,
+                         const at::Tensor& v, const at::Tensor& slot_mapping) {
+  const c10::cuda::CUDAGuard device_guard(k_cache.device());
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  if (k_cache.scalar_type() == at::kBFloat16) {
+    launch_write<__nv_bfloat16, at::BFloat16>(k_cache, v_cache, k, v, slot_mapping, stream);
+  } else {
+    launch_write<float, float>(k_cache, v_cache, k, v, slot_mapping, stream);
+  }
+}
+
+}  // namespace crl::kv::detail

@@ -1,0 +1,338 @@
+// End-to-end engine tests against the plain full-sequence forward (no KV cache).
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+
+#include "engine/llm_engine.h"
+#include "tests/engine/test_model.h"
+#include "tests/test_utils.h"
+
+namespace crl::engine {
+namespace {
+
+using LogitsKey = std::pair<std::string, int64_t>;  // (request id, position of the sampled token)
+
+std::vector<int32_t> random_tokens(std::mt19937& rng, int n) {
+  std::uniform_int_distribution<int> d(4, 500);
+  std::vector<int32_t> out(n);
+  for (auto& t : out) t = d(rng);
+  return out;
+}
+
+GenerateRequest greedy(const std::string& id, std::vector<int32_t> prompt, int max_tokens) {
+  GenerateRequest r;
+  r.request_id = id;
+  r.prompt_token_ids = std::move(prompt);
+  r.params.temperature = 0;
+  r.params.max_tokens = max_tokens;
+  r.params.ignore_eos = true;
+  return r;
+}
+
+// Reference: logits of the last position of `tokens` from a full forward with no cache.
+at::Tensor full_forward_last(const Transformer& model, const std::vector<int32_t>& tokens) {
+  std::vector<int64_t> ids(tokens.begin(), tokens.end());
+  auto logits = model.forward_packed(at::tensor(ids, at::kLong), {static_cast<int64_t>(ids.size())});
+  return logits[logits.size(0) - 1];
+}
+
+// Steps the engine, adding `arrivals[k]` before step k; returns every final output by id.
+std::map<std::string, RequestOutput> run_with_arrivals(
+    LlmEngine& eng, std::map<int, std::vector<GenerateRequest>> arrivals) {
+  std::map<std::string, RequestOutput> done;
+  for (int step = 0; step < 10000; ++step) {
+    auto it = arrivals.find(step);
+    if (it != arrivals.end()) {
+      for (auto& r : it->second) eng.add_request(r);
+      arrivals.erase(it);
+    }
+    for (auto& out : eng.step()) {
+      if (out.finished) done[out.request_id] = out;
+    }
+    if (arrivals.empty() && !eng.has_unfinished()) break;
+  }
+  return done;
+}
+
+class EngineVsFullForwardTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(EngineVsFullForwardTest, PagedContinuousBatchingMatchesFullForwardAtEveryStep) {
+  EngineConfig cfg = test::test_engine_config(GetParam());
+  cfg.max_batched_tokens = 16;  // 37-token prompts are prefilled in chunks
+  LlmEngine eng(cfg);
+  std::map<LogitsKey, at::Tensor> seen;
+  eng.set_logits_observer([&](const std::string& id, int32_t, int64_t pos, const at::Tensor& l) {
+    seen[{id, pos}] = l.clone();
+  });
+  std::mt19937 rng(1);
+  auto a = random_tokens(rng, 37);
+  auto c = std::vector<int32_t>(a.begin(), a.begin() + 24);  // shares 6 full blocks with a
+  auto tail = random_tokens(rng, 9);
+  c.insert(c.end(), tail.begin(), tail.end());
+  std::map<int, std::vector<GenerateRequest>> arrivals;
+  arrivals[0] = {greedy("a", a, 10)};
+  arrivals[2] = {greedy("b", random_tokens(rng, 5), 12), greedy("d", random_tokens(rng, 21), 9)};
+  arrivals[5] = {greedy("c", c, 8)};
+  auto done = run_with_arrivals(eng, std::move(arrivals));
+  ASSERT_EQ(done.size(), 4u);
+  EXPECT_GT(eng.stats().prefix_hit_tokens, 0) << "request c should reuse a's prompt blocks";
+  EXPECT_GE(done["c"].num_cached_tokens, 24);
+
+  for (auto& [id, out] : done) {
+    const auto& gen = out.outputs.at(0).token_ids;
+    std::vector<int32_t> tokens = out.prompt_token_ids;
+    for (size_t i = 0; i < gen.size(); ++i) {
+      auto ref = full_forward_last(eng.model(), tokens);
+      const int64_t pos = static_cast<int64_t>(tokens.size());
+      ASSERT_TRUE(seen.count({id, pos})) << id << " @" << pos;
+      test::expect_tensor_near(seen[{id, pos}], ref, 1e-4);
+      EXPECT_EQ(ref.argmax().item<int64_t>(), gen[i]) << "request " << id << " token " << i;
+      tokens.push_back(gen[i]);
+    }
+  }
+  EXPECT_EQ(eng.scheduler().allocator().num_free_blocks(), cfg.num_kv_blocks);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, EngineVsFullForwardTest,
+                         ::testing::Values("llama", "qwen2", "llama3"));
+
+TEST(LlmEngineTest, DeterministicModeLogitsAreBitIdenticalWhateverTheBatch) {
+  std::mt19937 rng(2);
+  auto x = random_tokens(rng, 30);
+  auto sharer = std::vector<int32_t>(x.begin(), x.begin() + 20);
+  auto extra = random_tokens(rng, 7);
+  sharer.insert(sharer.end(), extra.begin(), extra.end());
+
+  auto collect = [&](EngineConfig cfg, std::map<int, std::vector<GenerateRequest>> arrivals) {
+    cfg.deterministic = true;
+    LlmEngine eng(cfg);
+    std::map<int64_t, at::Tensor> logits;
+    eng.set_logits_observer([&](const std::string& id, int32_t, int64_t pos, const at::Tensor& l) {
+      if (id == "x") logits[pos] = l.clone();
+    });
+    auto done = run_with_arrivals(eng, std::move(arrivals));
+    return std::make_pair(logits, done["x"].outputs.at(0).token_ids);
+  };
+  EngineConfig alone_cfg = test::test_engine_config();
+  alone_cfg.max_batched_tokens = 64;
+  auto [alone, alone_tokens] = collect(alone_cfg, {{0, {greedy("x", x, 12)}}});
+
+  EngineConfig busy_cfg = test::test_engine_config();
+  busy_cfg.max_batched_tokens = 7;  // different chunking
+  std::map<int, std::vector<GenerateRequest>> arrivals;
+  arrivals[0] = {greedy("s", sharer, 4), greedy("o1", random_tokens(rng, 13), 20)};
+  arrivals[6] = {greedy("x", x, 12), greedy("o2", random_tokens(rng, 3), 15)};
+  arrivals[9] = {greedy("o3", random_tokens(rng, 40), 6)};
+  auto [busy, busy_tokens] = collect(busy_cfg, std::move(arrivals));
+
+  EXPECT_EQ(alone_tokens, busy_tokens);
+  ASSERT_EQ(alone.size(), busy.size());
+  for (auto& [pos, l] : alone) test::expect_tensor_equal(busy[pos], l);
+}
+
+TEST(LlmEngineTest, SamplesShareThePromptBlocksUntilCopyOnWrite) {
+  EngineConfig cfg = test::test_engine_config();
+  LlmEngine eng(cfg);
+  std::mt19937 rng(3);
+  GenerateRequest r;
+  r.prompt_token_ids = random_tokens(rng, 18);  // 4 full blocks + 2 tokens in a fifth
+  r.params.n = 4;
+  r.params.max_tokens = 6;
+  r.params.ignore_eos = true;
+  r.params.seed = 9;
+  eng.add_request(r);
+  const auto& alloc = eng.scheduler().allocator();
+  eng.step();  // prefill + first sample of each of the 4 samples, then the fork
+  EXPECT_EQ(eng.scheduler().num_running(), 4u);
+  EXPECT_EQ(alloc.num_used_blocks(), 5) << "the 4 samples share the prompt's 5 blocks";
+  eng.step();  // 3 samples copy the shared partial block; the last one owns the original
+  EXPECT_EQ(alloc.num_used_blocks(), 8);
+  std::vector<RequestOutput> outs;
+  while (eng.has_unfinished()) {
+    for (auto& o : eng.step()) {
+      if (o.finished) outs.push_back(o);
+    }
+  }
+  ASSERT_EQ(outs.size(), 1u);
+  ASSERT_EQ(outs[0].outputs.size(), 4u);
+  EXPECT_NE(outs[0].outputs[0].token_ids, outs[0].outputs[1].token_ids);
+  EXPECT_EQ(alloc.num_free_blocks(), alloc.num_blocks());
+  alloc.check_invariants();
+}
+
+TEST(LlmEngineTest, PreemptionUnderATinyPoolGivesTheSameGreedyOutput) {
+  std::mt19937 rng(4);
+  std::vector<GenerateRequest> reqs;
+  for (int i = 0; i < 6; ++i) reqs.push_back(greedy("r" + std::to_string(i), random_tokens(rng, 20), 20));
+  EngineConfig ample = test::test_engine_config();
+  EngineConfig tiny = ample;
+  tiny.num_kv_blocks = 14;  // one sequence needs 10 blocks at the end
+  LlmEngine a(ample), t(tiny);
+  auto out_a = a.generate(reqs);
+  auto out_t = t.generate(reqs);
+  EXPECT_GT(t.stats().preemptions, 0);
+  EXPECT_EQ(a.stats().preemptions, 0);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(out_a[i].outputs[0].token_ids, out_t[i].outputs[0].token_ids) << "request " << i;
+  }
+  EXPECT_EQ(t.scheduler().allocator().num_free_blocks(), tiny.num_kv_blocks);
+  t.scheduler().allocator().check_invariants();
+}
+
+TEST(LlmEngineTest, RawLogprobsEqualLogSoftmaxOfTheFullForward) {
+  EngineConfig cfg = test::test_engine_config("qwen2");
+  LlmEngine eng(cfg);
+  std::mt19937 rng(5);
+  GenerateRequest r;
+  r.prompt_token_ids = random_tokens(rng, 11);
+  r.params.n = 3;
+  r.params.temperature = 0.8;
+  r.params.top_k = 20;
+  r.params.top_p = 0.9;
+  r.params.max_tokens = 8;
+  r.params.ignore_eos = true;
+  r.params.seed = 1;
+  r.params.logprobs = 3;
+  auto out = eng.generate({r})[0];
+  ASSERT_EQ(out.outputs.size(), 3u);
+  for (const auto& c : out.outputs) {
+    std::vector<int32_t> tokens = out.prompt_token_ids;
+    ASSERT_EQ(c.raw_logprobs.size(), c.token_ids.size());
+    ASSERT_EQ(c.top_logprobs.size(), c.token_ids.size());
+    for (size_t i = 0; i < c.token_ids.size(); ++i) {
+      auto lp = at::log_softmax(full_forward_last(eng.model(), tokens), -1);
+      EXPECT_NEAR(c.raw_logprobs[i], lp[c.token_ids[i]].item<float>(), 1e-4);
+      EXPECT_LE(c.processed_logprobs[i], 0.0f);
+      EXPECT_EQ(c.top_logprobs[i].size(), 3u);
+      EXPECT_NEAR(c.top_logprobs[i][0].second, lp.max().item<float>(), 1e-4);
+      tokens.push_back(c.token_ids[i]);
+    }
+  }
+}
+
+TEST(LlmEngineTest, PromptLogprobsEqualTheFullForwardAcrossChunks) {
+  EngineConfig cfg = test::test_engine_config();
+  cfg.max_batched_tokens = 8;
+  LlmEngine eng(cfg);
+  std::mt19937 rng(6);
+  GenerateRequest r = greedy("p", random_tokens(rng, 29), 2);
+  r.params.prompt_logprobs = 2;
+  auto out = eng.generate({r})[0];
+  std::vector<int64_t> ids(out.prompt_token_ids.begin(), out.prompt_token_ids.end());
+  auto lp = at::log_softmax(eng.model().forward_packed(at::tensor(ids, at::kLong), {29}), -1);
+  ASSERT_EQ(out.prompt_logprobs.size(), 28u);
+  for (int64_t p = 0; p < 28; ++p) {
+    EXPECT_NEAR(out.prompt_logprobs[p], lp[p][ids[p + 1]].item<float>(), 1e-4) << "position " << p;
+    EXPECT_EQ(out.prompt_top_logprobs[p].size(), 2u);
+  }
+}
+
+TEST(LlmEngineTest, SeededSamplingIsReproducibleAndIndependentOfTheBatch) {
+  std::mt19937 rng(7);
+  GenerateRequest r;
+  r.request_id = "x";
+  r.prompt_token_ids = random_tokens(rng, 9);
+  r.params.n = 2;
+  r.params.temperature = 1.0;
+  r.params.max_tokens = 16;
+  r.params.ignore_eos = true;
+  r.params.seed = 77;
+  EngineConfig cfg = test::test_engine_config();
+  cfg.deterministic = true;
+  LlmEngine alone(cfg);
+  auto a = alone.generate({r})[0];
+  LlmEngine busy(cfg);
+  std::map<int, std::vector<GenerateRequest>> arrivals;
+  arrivals[0] = {greedy("o1", random_tokens(rng, 25), 10)};
+  arrivals[3] = {r, greedy("o2", random_tokens(rng, 6), 30)};
+  auto b = run_with_arrivals(busy, std::move(arrivals))["x"];
+  ASSERT_EQ(a.outputs.size(), 2u);
+  ASSERT_EQ(b.outputs.size(), 2u);
+  EXPECT_EQ(a.outputs[0].token_ids, b.outputs[0].token_ids);
+  EXPECT_EQ(a.outputs[1].token_ids, b.outputs[1].token_ids);
+  EXPECT_NE(a.outputs[0].token_ids, a.outputs[1].token_ids) << "samples need distinct streams";
+}
+
+TEST(LlmEngineTest, StopTokensStopStringsAndLengthsFinishAsDocumented) {
+  EngineConfig cfg = test::test_engine_config();
+  LlmEngine eng(cfg);
+  std::mt19937 rng(8);
+  auto prompt = random_tokens(rng, 6);
+  auto base = eng.generate({greedy("base", prompt, 12)})[0].outputs[0];
+  EXPECT_EQ(base.finish_reason, FinishReason::kLength);
+  ASSERT_EQ(base.token_ids.size(), 12u);
+
+  auto by_token = greedy("tok", prompt, 12);
+  by_token.params.stop_token_ids = {base.token_ids[4]};
+  auto t = eng.generate({by_token})[0].outputs[0];
+  EXPECT_EQ(t.finish_reason, FinishReason::kStop);
+  ASSERT_TRUE(t.stop_token.has_value());
+  EXPECT_EQ(t.token_ids.back(), base.token_ids[4]);
+  EXPECT_LE(t.token_ids.size(), 5u);
+
+  auto min_tok = by_token;
+  min_tok.request_id = "min";
+  min_tok.params.min_tokens = 8;
+  auto m = eng.generate({min_tok})[0].outputs[0];
+  EXPECT_GE(m.token_ids.size(), 8u);
+
+  ASSERT_GE(base.text.size(), 6u);
+  auto by_string = greedy("str", prompt, 12);
+  const std::string stop = base.text.substr(base.text.size() / 2, 3);
+  by_string.params.stop = {stop};
+  auto s = eng.generate({by_string})[0].outputs[0];
+  EXPECT_EQ(s.finish_reason, FinishReason::kStop);
+  ASSERT_TRUE(s.stop_string.has_value());
+  EXPECT_EQ(s.text.find(stop), std::string::npos);
+  EXPECT_EQ(base.text.rfind(s.text, 0), 0u) << "the cut text is a prefix of the full text";
+}
+
+TEST(LlmEngineTest, RejectsBadRequestsWithClearErrors) {
+  EngineConfig cfg = test::test_engine_config();
+  cfg.max_model_len = 64;
+  LlmEngine eng(cfg);
+  std::mt19937 rng(9);
+  ASSERT_THROWS_WITH(eng.add_request(greedy("long", random_tokens(rng, 60), 10)),
+                     std::invalid_argument, "exceeds the context length 64");
+  ASSERT_THROWS_WITH(eng.add_request(greedy("vocab", {1, 2, 100000}, 4)), std::invalid_argument,
+                     "outside the vocabulary");
+  auto bad = greedy("bad", {5, 6}, 4);
+  bad.params.top_p = 1.5;
+  ASSERT_THROWS_WITH(eng.add_request(bad), std::invalid_argument, "top_p");
+  eng.add_request(greedy("dup", {5, 6}, 4));
+  ASSERT_THROWS_WITH(eng.add_request(greedy("dup", {5, 6}, 4)), std::invalid_argument, "already in use");
+  EngineConfig small = test::test_engine_config();
+  small.num_kv_blocks = 3;
+  LlmEngine tiny(small);
+  ASSERT_THROWS_WITH(tiny.add_request(greedy("big", random_tokens(rng, 10), 10)),
+                     std::invalid_argument, "does not fit the KV pool");
+}
+
+TEST(LlmEngineTest, AbortFreesBlocksInEveryState) {
+  EngineConfig cfg = test::test_engine_config();
+  cfg.num_kv_blocks = 24;
+  cfg.max_batched_tokens = 8;
+  LlmEngine eng(cfg);
+  std::mt19937 rng(10);
+  for (int i = 0; i < 5; ++i) eng.add_request(greedy("r" + std::to_string(i), random_tokens(rng, 19), 40));
+  eng.add_request(greedy("waiting", random_tokens(rng, 5), 5));
+  eng.step();
+  eng.step();  // r0 is mid chunked prefill, others wait
+  eng.abort("waiting");
+  eng.abort("r0");
+  int64_t preempted_seen = 0;
+  for (int i = 0; i < 200 && eng.has_unfinished(); ++i) {
+    eng.step();
+    preempted_seen = eng.stats().preemptions;
+    if (i == 30) eng.abort("r1");   // decoding (or preempted)
+    if (preempted_seen > 0) eng.abort("r4");
+  }
+  while (eng.has_unfinished()) eng.step();
+  EXPECT_EQ(eng.scheduler().allocator().num_free_blocks(), 24);
+  eng.scheduler().allocator().check_invariants();
+}
+
+}  // namespace
+}  // namespace crl::engine

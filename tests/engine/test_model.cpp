@@ -1,0 +1,65 @@
+#include "tests/engine/test_model.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "engine/model/model_cache.h"
+#include "engine/model/model_writer.h"
+
+namespace crl::test {
+
+namespace fs = std::filesystem;
+
+std::string test_model_dir(const std::string& variant) {
+  const std::string dir = engine::cache_dir() + "/test-models/" + variant;
+  if (fs::exists(dir + "/config.json")) return dir;
+  engine::ModelConfig c = engine::preset_config("default");
+  c.num_layers = 3;
+  c.max_position_embeddings = 512;
+  if (variant == "qwen2") {
+    c.model_type = "qwen2";
+    c.attention_bias = true;
+    c.tie_word_embeddings = false;
+    c.rope_theta = 1e6;
+  } else if (variant == "llama3") {
+    c.tie_word_embeddings = false;
+    c.num_heads = 6;
+    c.hidden_size = 192;
+    c.head_dim = 32;
+    c.rope_scaling = engine::RopeScaling::kLlama3;
+    c.rope_factor = 8.0;
+    c.rope_low_freq_factor = 1.0;
+    c.rope_high_freq_factor = 4.0;
+    c.rope_original_max_position = 64;
+  } else if (variant != "llama") {
+    throw std::invalid_argument("unknown test model variant " + variant);
+  }
+  auto weights = engine::random_init_weights(c, /*seed=*/42, at::kFloat);
+  for (auto& [name, t] : weights) {
+    if (t.dim() == 2) t.mul_(4.0);                 // sharper logits
+    if (name.find(".bias") != std::string::npos) t.normal_(0.0, 0.5);  // non-zero biases
+  }
+  const std::string tmp = dir + ".tmp." + std::to_string(::getpid());
+  fs::remove_all(tmp);
+  engine::write_model_dir(tmp, c, weights, engine::ensure_default_tokenizer());
+  std::error_code ec;
+  fs::rename(tmp, dir, ec);
+  if (ec) fs::remove_all(tmp);
+  return dir;
+}
+
+engine::EngineConfig test_engine_config(const std::string& variant) {
+  engine::EngineConfig c;
+  c.model_dir = test_model_dir(variant);
+  c.dtype = "float32";
+  c.block_size = 4;
+  c.num_kv_blocks = 256;
+  c.max_batched_tokens = 64;
+  c.max_seqs = 16;
+  c.num_threads = 1;
+  c.seed = 5;
+  return c;
+}
+
+}  // namespace crl::test

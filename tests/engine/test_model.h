@@ -1,0 +1,21 @@
+// Small generated models for engine tests, cached under $CRL_CACHE_DIR/test-models.
+#pragma once
+
+#include <string>
+
+#include "engine/engine_config.h"
+
+namespace crl::test {
+
+// Variants:
+//   "llama"  — tied embeddings, no bias, plain RoPE, 3 layers, GQA 4/2;
+//   "qwen2"  — qkv bias, untied lm_head, rope_theta 1e6;
+//   "llama3" — untied, llama3 rope scaling, GQA 6/2 heads.
+// Weights are scaled up from the usual init so logits are well separated (greedy ties would make
+// token-exact comparisons fragile). Created once; concurrent processes publish atomically.
+std::string test_model_dir(const std::string& variant = "llama");
+
+// An engine config for a test model: float32, 1 thread, block size 4, small pools.
+engine::EngineConfig test_engine_config(const std::string& variant = "llama");
+
+}  // namespace crl::test

@@ -1,0 +1,42 @@
+#include "tests/test_utils.h"
+
+#include <cstdlib>
+#include <filesystem>
+
+namespace crl::test {
+
+void expect_tensor_near(const at::Tensor& a, const at::Tensor& b, double atol, double rtol) {
+  ASSERT_EQ(a.sizes(), b.sizes());
+  auto af = a.to(at::kDouble);
+  auto bf = b.to(at::kDouble);
+  auto diff = (af - bf).abs();
+  auto tol = atol + rtol * bf.abs();
+  auto bad = diff > tol;
+  if (bad.any().item<bool>()) {
+    auto idx = bad.flatten().nonzero()[0].item<int64_t>();
+    ADD_FAILURE() << "tensors differ: max |a-b| = " << diff.max().item<double>() << " (atol " << atol
+                  << "), first bad flat index " << idx << ": " << af.flatten()[idx].item<double>()
+                  << " vs " << bf.flatten()[idx].item<double>();
+  }
+}
+
+void expect_tensor_equal(const at::Tensor& a, const at::Tensor& b) {
+  ASSERT_EQ(a.scalar_type(), b.scalar_type());
+  ASSERT_EQ(a.sizes(), b.sizes());
+  EXPECT_TRUE(at::equal(a, b)) << "tensors are not bit-identical: max |a-b| = "
+                               << (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+}
+
+TempDir::TempDir() {
+  std::string tmpl = (std::filesystem::temp_directory_path() / "crl_test_XXXXXX").string();
+  char* p = mkdtemp(tmpl.data());
+  if (!p) throw std::runtime_error("mkdtemp failed");
+  path_ = p;
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+}  // namespace crl::test

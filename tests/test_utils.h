@@ -1,0 +1,46 @@
+// Helpers shared by the tests (STYLE.md §15).
+#pragma once
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace crl::test {
+
+// Expects a and b to have the same shape and |a - b| <= atol + rtol * |b| everywhere.
+void expect_tensor_near(const at::Tensor& a, const at::Tensor& b, double atol, double rtol = 0.0);
+
+// Expects a and b to be bit-identical (same dtype, shape and bytes).
+void expect_tensor_equal(const at::Tensor& a, const at::Tensor& b);
+
+// A fresh empty directory under the system temp dir, removed by the destructor.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+}  // namespace crl::test
+
+// ASSERT_THROWS_WITH(stmt, ExceptionType, "substring"): stmt throws ExceptionType whose what()
+// contains the substring.
+#define ASSERT_THROWS_WITH(stmt, etype, substr)                                        \
+  do {                                                                                 \
+    bool crl_thrown_ = false;                                                          \
+    try {                                                                              \
+      stmt;                                                                            \
+    } catch (const etype& e) {                                                         \
+      crl_thrown_ = true;                                                              \
+      EXPECT_NE(std::string(e.what()).find(substr), std::string::npos)                 \
+          << "message was: " << e.what();                                              \
+    }                                                                                  \
+    ASSERT_TRUE(crl_thrown_) << "expected " #etype " from " #stmt;                     \
+  } while (0)
