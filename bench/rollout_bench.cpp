@@ -150,9 +150,11 @@ double measure_matmul_gflops(const engine::ModelConfig& c, at::ScalarType dtype,
   return flops / median(times) / 1e9;
 }
 
-// Streaming read bandwidth in GB/s (sum over a buffer far larger than the caches).
-double measure_bandwidth_gbs() {
-  auto buf = at::ones({int64_t{256} << 20}, at::kFloat);  // 1 GiB
+// Streaming read bandwidth in GB/s: a sum over a buffer of `bytes` (at least 256 MiB, far larger
+// than the caches), read the way a decode step reads its weights.
+double measure_bandwidth_gbs(double bytes) {
+  const int64_t n = std::max<int64_t>(static_cast<int64_t>(bytes / 4), int64_t{64} << 20);
+  auto buf = at::ones({n}, at::kFloat);
   std::vector<double> times;
   for (int it = 0; it < 5; ++it) {
     auto t0 = Clock::now();
@@ -291,7 +293,7 @@ int run_rollout_bench(const RolloutBenchOptions& o) {
     const double step_b = measure_decode_step(eng, o.decode_batch, 128, mc.vocab_size);
     const double step_1 = measure_decode_step(eng, 1, 128, mc.vocab_size);
     const double mm_b = measure_matmul_gflops(mc, dt, o.decode_batch);
-    const double bw = measure_bandwidth_gbs();
+    const double bw = measure_bandwidth_gbs(weight_bytes);
     const double decode_gflops = 2.0 * linear_params * o.decode_batch / step_b / 1e9;
     // Prefill probe: 8 prompts of 512 tokens, one output token each.
     std::vector<engine::GenerateRequest> pre;

@@ -210,6 +210,17 @@ void LlmEngine::finish_sequence(Sequence* seq, FinishReason reason) {
   scheduler_->remove(seq);
 }
 
+std::string LlmEngine::detokenize(const std::vector<int32_t>& ids, bool skip_special) const {
+  // A model's vocabulary may be larger than its tokenizer's (padded embeddings): such ids have
+  // no text.
+  std::vector<int32_t> known;
+  known.reserve(ids.size());
+  for (int32_t id : ids) {
+    if (id >= 0 && id < tokenizer_->vocab_size()) known.push_back(id);
+  }
+  return tokenizer_->decode(known, skip_special);
+}
+
 void LlmEngine::end_padding(Sequence* seq) {
   seq->tokens.resize(seq->prompt_len() + seq->raw_logprobs.size());
   finish_sequence(seq, seq->finish_reason);
@@ -236,7 +247,7 @@ bool LlmEngine::check_stop(Sequence* seq, int32_t token) {
   }
   if (!p.stop.empty() && tokenizer_ && generated >= std::max(p.min_tokens, 1)) {
     std::vector<int32_t> gen(seq->tokens.begin() + seq->prompt_len(), seq->tokens.end());
-    std::string text = tokenizer_->decode(gen, p.skip_special_tokens);
+    std::string text = detokenize(gen, p.skip_special_tokens);
     size_t best = std::string::npos;
     const std::string* which = nullptr;
     for (const auto& s : p.stop) {
@@ -445,7 +456,7 @@ RequestOutput LlmEngine::make_output(const Request& req) const {
     if (s->stop_string) {
       c.text = s->text;
     } else if (tokenizer_ && (s->is_finished() || out.finished)) {
-      c.text = tokenizer_->decode(c.token_ids, req.params.skip_special_tokens);
+      c.text = detokenize(c.token_ids, req.params.skip_special_tokens);
     }
     out.num_cached_tokens = std::max(out.num_cached_tokens, s->num_cached_prompt_tokens);
     out.outputs.push_back(std::move(c));

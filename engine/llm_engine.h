@@ -123,6 +123,8 @@ class LlmEngine {
   void finish_sequence(Sequence* seq, FinishReason reason);
   bool check_stop(Sequence* seq, int32_t token);
   void end_padding(Sequence* seq);
+  // Text of `ids`; ids beyond the tokenizer's vocabulary have none. REQUIRES: a tokenizer.
+  std::string detokenize(const std::vector<int32_t>& ids, bool skip_special) const;
   void compute_prompt_logprobs(const ScheduledSeq& s, const at::Tensor& hidden, int64_t row);
   RequestOutput make_output(const Request& req) const;
   void abort_now(const std::string& id);

@@ -5,6 +5,7 @@
 #include <unordered_map>
 
 #include "common/check.h"
+#include "engine/model/linear.h"
 
 namespace crl::engine {
 
@@ -182,9 +183,9 @@ at::Tensor Transformer::forward_hidden(const at::Tensor& tokens, const at::Tenso
         sn = at::cat({sn, at::zeros({rows - len, sn.size(1)}, sn.options())}, 0);
       }
       auto n = rms_norm(x, l.input_norm);
-      auto q = at::linear(n, l.q_proj, l.q_bias).view({rows, c.num_heads, c.head_dim});
-      auto k = at::linear(n, l.k_proj, l.k_bias).view({rows, c.num_kv_heads, c.head_dim});
-      auto v = at::linear(n, l.v_proj, l.v_bias);
+      auto q = apply_linear(n, l.q_proj, l.q_bias).view({rows, c.num_heads, c.head_dim});
+      auto k = apply_linear(n, l.k_proj, l.k_bias).view({rows, c.num_kv_heads, c.head_dim});
+      auto v = apply_linear(n, l.v_proj, l.v_bias);
       q = apply_rope(q, cs, sn).reshape({rows, q_dim});
       k = apply_rope(k, cs, sn).reshape({rows, kv_dim});
       return at::cat({q, k, v}, 1);
@@ -199,10 +200,10 @@ at::Tensor Transformer::forward_hidden(const at::Tensor& tokens, const at::Tenso
     h = map_rows(hx, [&](const at::Tensor& x, int64_t, int64_t) {
       auto resid = x.narrow(1, 0, c.hidden_size);
       auto a = x.narrow(1, c.hidden_size, q_dim);
-      auto h2 = resid + at::linear(a, l.o_proj);
+      auto h2 = resid + apply_linear(a, l.o_proj);
       auto n = rms_norm(h2, l.post_norm);
-      auto mlp = at::silu(at::linear(n, l.gate_proj)) * at::linear(n, l.up_proj);
-      return h2 + at::linear(mlp, l.down_proj);
+      auto mlp = at::silu(apply_linear(n, l.gate_proj)) * apply_linear(n, l.up_proj);
+      return h2 + apply_linear(mlp, l.down_proj);
     });
   }
   return map_rows(h, [&](const at::Tensor& x, int64_t, int64_t) { return rms_norm(x, final_norm_); });
@@ -210,7 +211,7 @@ at::Tensor Transformer::forward_hidden(const at::Tensor& tokens, const at::Tenso
 
 at::Tensor Transformer::compute_logits(const at::Tensor& hidden) const {
   return map_rows(hidden, [&](const at::Tensor& x, int64_t, int64_t) {
-    return at::linear(x, lm_head_).to(at::kFloat);
+    return apply_linear(x, lm_head_).to(at::kFloat);
   });
 }
 
