@@ -72,6 +72,7 @@ nlohmann::json request_output_to_json(const engine::RequestOutput& out,
   j["prompt_token_ids"] = out.prompt_token_ids;
   j["num_cached_tokens"] = out.num_cached_tokens;
   j["weight_version"] = out.weight_version;
+  j["first_weight_version"] = out.first_weight_version;
   if (!out.prompt_logprobs.empty()) j["prompt_logprobs"] = out.prompt_logprobs;
   auto outputs = nlohmann::json::array();
   for (const auto& c : out.outputs) {

@@ -139,7 +139,11 @@ std::string LlmEngine::add_request(GenerateRequest request) {
                                 std::to_string(config_.block_size) + " tokens)");
   }
   std::lock_guard<std::mutex> lock(inbox_->mu);
-  if (request.request_id.empty()) request.request_id = "req-" + std::to_string(inbox_->next_id++);
+  if (request.request_id.empty()) {
+    do {  // skip ids a caller chose explicitly
+      request.request_id = "req-" + std::to_string(inbox_->next_id++);
+    } while (inbox_->live_ids.count(request.request_id));
+  }
   if (!inbox_->live_ids.insert(request.request_id).second) {
     throw std::invalid_argument("request id '" + request.request_id + "' is already in use");
   }
@@ -199,7 +203,8 @@ void LlmEngine::abort_now(const std::string& id) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
   for (auto& s : it->second->seqs) {
-    if (!s->is_finished()) finish_sequence(s.get(), FinishReason::kAbort);
+    if (s->padding) end_padding(s.get());  // already finished; only decoding as filler
+    else if (!s->is_finished()) finish_sequence(s.get(), FinishReason::kAbort);
   }
 }
 
@@ -245,16 +250,22 @@ bool LlmEngine::check_stop(Sequence* seq, int32_t token) {
       }
     }
   }
-  if (!p.stop.empty() && tokenizer_ && generated >= std::max(p.min_tokens, 1)) {
+  if (!p.stop.empty() && tokenizer_) {
     std::vector<int32_t> gen(seq->tokens.begin() + seq->prompt_len(), seq->tokens.end());
     std::string text = detokenize(gen, p.skip_special_tokens);
+    // Only text new since the last check can hold a stop string (with lookback for one that
+    // straddles tokens); text generated before min_tokens can never stop the sample.
+    const size_t checked = seq->stop_checked_chars;
+    seq->stop_checked_chars = text.size();
+    if (generated <= p.min_tokens && p.min_tokens > 0) return false;
     size_t best = std::string::npos;
     const std::string* which = nullptr;
-    for (const auto& s : p.stop) {
-      size_t at = text.find(s);
+    for (const auto& stop : p.stop) {
+      const size_t from = checked >= stop.size() ? checked - (stop.size() - 1) : 0;
+      const size_t at = text.find(stop, from);
       if (at != std::string::npos && at < best) {
         best = at;
-        which = &s;
+        which = &stop;
       }
     }
     if (which) {
@@ -295,6 +306,9 @@ std::vector<RequestOutput> LlmEngine::step() {
   }
 
   SchedulerOutput batch = scheduler_->schedule(weight_version_);
+  for (Sequence* s : batch.preempted) {
+    if (s->padding) end_padding(s);  // static baseline: never recompute filler
+  }
   stats_.preemptions = scheduler_->num_preemptions();
   stats_.prefix_hit_tokens = scheduler_->num_prefix_hit_tokens();
   if (!batch.empty()) {
@@ -383,6 +397,9 @@ std::vector<RequestOutput> LlmEngine::step() {
           continue;
         }
         stats_.generated_tokens++;
+        Request* owner = seq->request;
+        if (owner->first_weight_version < 0) owner->first_weight_version = weight_version_;
+        owner->last_weight_version = weight_version_;
         seq->raw_logprobs.push_back(res.raw_logprob);
         seq->processed_logprobs.push_back(res.processed_logprob);
         if (seq->request->params.logprobs > 0) seq->top_logprobs.push_back(res.top_logprobs);
@@ -441,7 +458,9 @@ RequestOutput LlmEngine::make_output(const Request& req) const {
   out.prompt_logprobs = req.prompt_logprobs;
   out.prompt_top_logprobs = req.prompt_top_logprobs;
   out.finished = req.is_finished();
-  out.weight_version = weight_version_;
+  out.weight_version = req.last_weight_version >= 0 ? req.last_weight_version : weight_version_;
+  out.first_weight_version =
+      req.first_weight_version >= 0 ? req.first_weight_version : out.weight_version;
   for (const auto& s : req.seqs) {
     CompletionOutput c;
     c.index = s->sample_index;
@@ -469,15 +488,22 @@ RequestOutput LlmEngine::make_output(const Request& req) const {
 std::vector<RequestOutput> LlmEngine::generate(std::vector<GenerateRequest> requests) {
   std::vector<std::string> ids;
   ids.reserve(requests.size());
-  for (auto& r : requests) ids.push_back(add_request(std::move(r)));
+  try {
+    for (auto& r : requests) ids.push_back(add_request(std::move(r)));
+  } catch (...) {
+    for (const auto& id : ids) abort(id);  // all or nothing
+    throw;
+  }
+  const std::unordered_set<std::string> mine(ids.begin(), ids.end());
   std::unordered_map<std::string, RequestOutput> finished;
   while (finished.size() < ids.size()) {
     for (auto& out : step()) {
-      if (out.finished) finished[out.request_id] = std::move(out);
+      if (out.finished && mine.count(out.request_id)) finished[out.request_id] = std::move(out);
     }
   }
   std::vector<RequestOutput> outs;
-  for (const auto& id : ids) outs.push_back(std::move(finished[id]));
+  outs.reserve(ids.size());
+  for (const auto& id : ids) outs.push_back(std::move(finished.at(id)));
   return outs;
 }
 

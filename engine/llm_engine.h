@@ -58,7 +58,9 @@ struct RequestOutput {
   std::vector<std::vector<std::pair<int32_t, float>>> prompt_top_logprobs;
   std::vector<CompletionOutput> outputs;  // one per sample, by index
   bool finished = false;
-  int64_t weight_version = 0;
+  int64_t weight_version = 0;        // weights that produced the latest token
+  int64_t first_weight_version = 0;  // weights that produced the first token (< weight_version
+                                     // when an update landed while the request ran)
   int64_t num_cached_tokens = 0;  // prompt tokens served by the prefix cache
 };
 
@@ -96,7 +98,9 @@ class LlmEngine {
   std::vector<RequestOutput> step();
   bool has_unfinished() const;
 
-  // Adds the requests, steps until all of them finished, returns their outputs in order.
+  // Adds the requests (all or none), steps until all of them finished, returns their outputs in
+  // order. It drives step() itself: outputs of other requests finishing meanwhile are not
+  // returned to anyone, so an engine shared with other submitters (the server) uses step().
   std::vector<RequestOutput> generate(std::vector<GenerateRequest> requests);
 
   // Debug/test hook: observe every sampled logits row (empty function = off).

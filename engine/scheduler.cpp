@@ -177,9 +177,13 @@ SchedulerOutput Scheduler::schedule(int64_t version) {
       if (s->num_generated() > 0 || s->padding) may_admit = false;
     }
   }
-  while (may_admit && !waiting_.empty() && budget > 0 &&
-         static_cast<int32_t>(running_.size()) < config_.max_seqs) {
+  while (may_admit && !waiting_.empty() && budget > 0) {
     Sequence* seq = waiting_.front();
+    // An unforked request will run n sequences after its first sample: count them all (a request
+    // with n > max_seqs is admitted alone).
+    const Request* req = seq->request;
+    const int32_t width = req->forked ? 1 : req->params.n;
+    if (!running_.empty() && static_cast<int32_t>(running_.size()) + width > config_.max_seqs) break;
     const int64_t cached = match_prefix(seq, version);
     const int64_t take = std::min(seq->num_uncomputed(), budget);
     if (!reserve(seq, seq->num_computed + take, out)) {

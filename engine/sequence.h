@@ -51,6 +51,7 @@ struct Sequence {
   std::optional<int32_t> stop_token;      // the stop token id that ended it
   std::optional<std::string> stop_string; // the stop string that ended it
   std::string text;                       // detokenized completion (stop string cut)
+  size_t stop_checked_chars = 0;          // completion text already searched for stop strings
   // Static-batching baseline only: finished, but keeps decoding as padding until its wave ends.
   bool padding = false;
 
@@ -72,7 +73,10 @@ struct Request {
   // Prompt log-probs: entry i is for prompt token i + 1 (the first token has none).
   std::vector<float> prompt_logprobs;
   std::vector<std::vector<std::pair<int32_t, float>>> prompt_top_logprobs;
-  int64_t weight_version = 0;             // weights that produced the output (set at finish)
+  // Weight versions that produced the first and the latest generated token (-1: none yet). They
+  // differ when an update landed mid-request (in-flight sequences keep their older KV).
+  int64_t first_weight_version = -1;
+  int64_t last_weight_version = -1;
 
   bool is_finished() const;
 };

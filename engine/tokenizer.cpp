@@ -24,6 +24,8 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include "common/file_util.h"
+
 // util::Status as sentencepiece 0.1.97 defines it (src/common.h / util.cc): a null Rep means OK.
 // Only what this file uses is defined; the library binds to its own definitions.
 namespace sentencepiece::util {
@@ -121,22 +123,6 @@ class LineIterator : public sentencepiece::SentenceIterator {
   std::string line_;
   bool done_ = false;
 };
-
-// Replaces `path` with `bytes` atomically: temp file in the same directory, fsync, rename.
-void write_file_atomic(const std::string& path, const std::string& bytes) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0)
-    throw std::runtime_error("tokenizer: cannot create " + tmp + ": " + std::strerror(errno));
-  bool ok = ::write(fd, bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size());
-  ok = ok && ::fsync(fd) == 0;
-  ok = (::close(fd) == 0) && ok;
-  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    throw std::runtime_error("tokenizer: cannot write " + path + ": " + std::strerror(err));
-  }
-}
 
 }  // namespace
 
@@ -261,12 +247,12 @@ void Tokenizer::train(const std::string& corpus_path, const std::string& model_p
   if (!load_status.ok()) {
     throw std::runtime_error("trained tokenizer does not load: " + load_status.ToString());
   }
-  write_file_atomic(model_prefix + ".model", model_bytes);
+  crl::write_file_atomic(model_prefix + ".model", model_bytes);
   std::ostringstream vocab;
   for (int i = 0; i < sp->GetPieceSize(); ++i) {
     vocab << sp->IdToPiece(i) << "\t" << sp->GetScore(i) << "\n";
   }
-  write_file_atomic(model_prefix + ".vocab", vocab.str());
+  crl::write_file_atomic(model_prefix + ".vocab", vocab.str());
 }
 
 }  // namespace crl::engine

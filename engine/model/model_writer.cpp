@@ -16,6 +16,7 @@
 #include <stdexcept>
 
 #include "common/check.h"
+#include "common/file_util.h"
 #include "engine/tokenizer.h"
 
 namespace crl::engine {
@@ -135,20 +136,6 @@ std::string arithmetic(Rng& rng) {
   return os.str();
 }
 
-// Replaces `path` with `bytes` atomically: temp file in the same directory, fsync, rename.
-void write_file_atomic(const std::string& path, const std::string& bytes) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw std::runtime_error("cannot create " + tmp + ": " + std::strerror(errno));
-  bool ok = ::write(fd, bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size());
-  ok = ok && ::fsync(fd) == 0;
-  ok = (::close(fd) == 0) && ok;
-  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    throw std::runtime_error("cannot write " + path + ": " + std::strerror(err));
-  }
-}
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -243,7 +230,7 @@ void write_model_dir(const std::string& dir, const ModelConfig& config, const Na
 
   fs::create_directories(dir);
   const fs::path root(dir);
-  write_file_atomic((root / "config.json").string(), model_config_to_json(config));
+  crl::write_file_atomic((root / "config.json").string(), model_config_to_json(config));
 
   json gen = {{"_from_model_config", true}};
   gen["bos_token_id"] = config.bos_token_id >= 0 ? json(config.bos_token_id) : json(nullptr);
@@ -254,10 +241,10 @@ void write_model_dir(const std::string& dir, const ModelConfig& config, const Na
   else
     gen["eos_token_id"] = config.eos_token_ids;
   if (tok.pad_id() >= 0) gen["pad_token_id"] = tok.pad_id();
-  write_file_atomic((root / "generation_config.json").string(), gen.dump(2) + "\n");
+  crl::write_file_atomic((root / "generation_config.json").string(), gen.dump(2) + "\n");
 
   save_checkpoint(dir, weights);
-  write_file_atomic((root / "tokenizer.model").string(), read_file(tokenizer_model_path));
+  crl::write_file_atomic((root / "tokenizer.model").string(), read_file(tokenizer_model_path));
 
   int32_t unk_id = -1;
   for (int32_t id = 0; id < tok.vocab_size() && unk_id < 0; ++id) {
@@ -276,7 +263,7 @@ void write_model_dir(const std::string& dir, const ModelConfig& config, const Na
       {"model_max_length", config.max_position_embeddings},
       {"clean_up_tokenization_spaces", false},
   };
-  write_file_atomic((root / "tokenizer_config.json").string(), tok_config.dump(2) + "\n");
+  crl::write_file_atomic((root / "tokenizer_config.json").string(), tok_config.dump(2) + "\n");
 }
 
 }  // namespace crl::engine

@@ -15,6 +15,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "common/file_util.h"
 #include "engine/model/safetensors.h"
 
 namespace crl::engine {
@@ -66,20 +67,6 @@ std::map<std::string, std::string> read_index(const std::string& index_path) {
   return weight_map;
 }
 
-// Atomically replaces `path` with `text` (temp file, fsync, rename).
-void write_text_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw std::runtime_error("cannot create " + tmp + ": " + std::strerror(errno));
-  bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-  ok = ok && ::fsync(fd) == 0;
-  ok = (::close(fd) == 0) && ok;
-  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    throw std::runtime_error("cannot write " + path + ": " + std::strerror(err));
-  }
-}
 
 }  // namespace
 
@@ -184,7 +171,7 @@ void save_checkpoint(const std::string& dir, const NamedTensors& tensors, int64_
     for (const auto& kv : shards[i]) weight_map[kv.first] = name;
   }
   json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
-  write_text_atomic(index_path, index.dump(2) + "\n");
+  crl::write_file_atomic(index_path, index.dump(2) + "\n");
   fs::remove(single_path, ec);  // load_checkpoint prefers the single file; drop a stale one
 }
 
