@@ -73,6 +73,7 @@ nlohmann::json request_output_to_json(const engine::RequestOutput& out,
   j["num_cached_tokens"] = out.num_cached_tokens;
   j["weight_version"] = out.weight_version;
   j["first_weight_version"] = out.first_weight_version;
+  if (!out.error.empty()) j["error"] = out.error;
   if (!out.prompt_logprobs.empty()) j["prompt_logprobs"] = out.prompt_logprobs;
   auto outputs = nlohmann::json::array();
   for (const auto& c : out.outputs) {

@@ -297,6 +297,133 @@ void LlmEngine::compute_prompt_logprobs(const ScheduledSeq& s, const at::Tensor&
   }
 }
 
+void LlmEngine::fail_batch(const SchedulerOutput& batch, const std::string& what,
+                           std::unordered_set<Request*>& touched) {
+  for (const ScheduledSeq& s : batch.seqs) {
+    Request* req = s.seq->request;
+    if (req->error.empty()) req->error = "engine step failed: " + what;
+    for (auto& seq : req->seqs) {
+      if (seq->padding) end_padding(seq.get());
+      else if (!seq->is_finished()) finish_sequence(seq.get(), FinishReason::kAbort);
+    }
+    touched.insert(req);
+  }
+}
+
+void LlmEngine::run_batch(const SchedulerOutput& batch, std::unordered_set<Request*>& touched) {
+  stats_.steps++;
+  stats_.max_used_blocks = std::max(stats_.max_used_blocks, scheduler_->allocator().num_used_blocks());
+  auto t0 = std::chrono::steady_clock::now();
+  ForwardOutput fwd = runner_->execute(batch);
+  scheduler_->complete_step(batch, weight_version_);
+
+  // Prompt log-probs, and the rows that sample a next token.
+  std::vector<int64_t> sample_rows;
+  std::vector<const ScheduledSeq*> samplers;
+  for (size_t i = 0; i < batch.seqs.size(); ++i) {
+    const ScheduledSeq& s = batch.seqs[i];
+    const int64_t prompt_part = std::max<int64_t>(0, std::min(s.start + s.num_tokens, s.seq->prompt_len()) - s.start);
+    stats_.prompt_tokens_computed += prompt_part;
+    if (s.seq->request->params.prompt_logprobs && s.start < s.seq->prompt_len() - 1) {
+      compute_prompt_logprobs(s, fwd.hidden, fwd.row_start[i]);
+    }
+    if (s.sample) {
+      sample_rows.push_back(fwd.row_start[i] + s.num_tokens - 1);
+      samplers.push_back(&s);
+    }
+  }
+  if (!samplers.empty()) {
+    auto idx = at::tensor(sample_rows, at::kLong).to(fwd.hidden.device());
+    auto logits = model_->compute_logits(fwd.hidden.index_select(0, idx)).to(at::kCPU).contiguous();
+    stats_.forward_seconds += seconds_since(t0);
+    auto t1 = std::chrono::steady_clock::now();
+
+    // One sampling row per sample; an unforked parent of an n > 1 request draws all n.
+    std::vector<SampleRow> rows;
+    std::vector<Sequence*> targets;  // nullptr = a child to create for sample index rows[i]
+    for (size_t i = 0; i < samplers.size(); ++i) {
+      Sequence* seq = samplers[i]->seq;
+      Request* req = seq->request;
+      const bool fork = !req->forked && req->params.n > 1;
+      const int32_t count = fork ? req->params.n : 1;
+      for (int32_t k = 0; k < count; ++k) {
+        SampleRow r;
+        r.logits_row = static_cast<int64_t>(i);
+        r.params = &req->params;
+        r.seed = req->seed;
+        r.sample_index = fork ? k : seq->sample_index;
+        r.position = static_cast<int64_t>(seq->tokens.size());
+        r.banned = seq->num_generated() < req->params.min_tokens ? &req->banned_until_min_tokens : nullptr;
+        rows.push_back(r);
+        targets.push_back(k == 0 ? seq : nullptr);
+      }
+    }
+    if (observer_) {
+      for (size_t i = 0; i < samplers.size(); ++i) {
+        const Sequence* seq = samplers[i]->seq;
+        observer_(seq->request->id, seq->sample_index, static_cast<int64_t>(seq->tokens.size()),
+                  logits[static_cast<int64_t>(i)]);
+      }
+    }
+    std::vector<SampleResult> results = sample_tokens(logits, rows);
+    stats_.sample_seconds += seconds_since(t1);
+
+    // Create the children first, while the parent still holds its blocks and prompt state.
+    std::vector<Sequence*> seq_of_row(rows.size(), nullptr);
+    Sequence* parent = nullptr;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      if (targets[i]) {
+        parent = seq_of_row[i] = targets[i];
+        continue;
+      }
+      Request* req = parent->request;
+      auto child = std::make_unique<Sequence>();
+      child->seq_id = next_seq_id_++;
+      child->request = req;
+      child->sample_index = rows[i].sample_index;
+      child->tokens = parent->tokens;
+      scheduler_->fork(*parent, child.get());
+      seq_of_row[i] = child.get();
+      req->seqs.push_back(std::move(child));
+    }
+    for (size_t i = 0; i < rows.size(); ++i) {
+      Sequence* seq = seq_of_row[i];
+      const SampleResult& res = results[i];
+      seq->tokens.push_back(res.token);
+      touched.insert(seq->request);
+      if (seq->padding) {  // static-batching baseline: the token is discarded
+        if (static_cast<int64_t>(seq->tokens.size()) >= max_model_len_) end_padding(seq);
+        continue;
+      }
+      stats_.generated_tokens++;
+      Request* owner = seq->request;
+      if (owner->first_weight_version < 0) owner->first_weight_version = weight_version_;
+      owner->last_weight_version = weight_version_;
+      seq->raw_logprobs.push_back(res.raw_logprob);
+      seq->processed_logprobs.push_back(res.processed_logprob);
+      if (seq->request->params.logprobs > 0) seq->top_logprobs.push_back(res.top_logprobs);
+      FinishReason reason = FinishReason::kNone;
+      if (check_stop(seq, res.token)) {
+        reason = FinishReason::kStop;
+      } else if (seq->num_generated() >= seq->request->params.max_tokens ||
+                 static_cast<int64_t>(seq->tokens.size()) >= max_model_len_) {
+        reason = FinishReason::kLength;
+      }
+      if (reason == FinishReason::kNone) continue;
+      seq->finish_reason = reason;
+      if (config_.static_batching && static_cast<int64_t>(seq->tokens.size()) < max_model_len_) {
+        seq->padding = true;  // keeps decoding until its wave ends
+      } else {
+        finish_sequence(seq, reason);
+      }
+    }
+    // n > 1 requests fork once, after the parent's first sample.
+    for (const auto* s : samplers) s->seq->request->forked = true;
+  } else {
+    stats_.forward_seconds += seconds_since(t0);
+  }
+}
+
 std::vector<RequestOutput> LlmEngine::step() {
   at::NoGradGuard no_grad;
   drain_inbox();
@@ -312,116 +439,11 @@ std::vector<RequestOutput> LlmEngine::step() {
   stats_.preemptions = scheduler_->num_preemptions();
   stats_.prefix_hit_tokens = scheduler_->num_prefix_hit_tokens();
   if (!batch.empty()) {
-    stats_.steps++;
-    stats_.max_used_blocks = std::max(stats_.max_used_blocks, scheduler_->allocator().num_used_blocks());
-    auto t0 = std::chrono::steady_clock::now();
-    ForwardOutput fwd = runner_->execute(batch);
-    scheduler_->complete_step(batch, weight_version_);
-
-    // Prompt log-probs, and the rows that sample a next token.
-    std::vector<int64_t> sample_rows;
-    std::vector<const ScheduledSeq*> samplers;
-    for (size_t i = 0; i < batch.seqs.size(); ++i) {
-      const ScheduledSeq& s = batch.seqs[i];
-      const int64_t prompt_part = std::max<int64_t>(0, std::min(s.start + s.num_tokens, s.seq->prompt_len()) - s.start);
-      stats_.prompt_tokens_computed += prompt_part;
-      if (s.seq->request->params.prompt_logprobs && s.start < s.seq->prompt_len() - 1) {
-        compute_prompt_logprobs(s, fwd.hidden, fwd.row_start[i]);
-      }
-      if (s.sample) {
-        sample_rows.push_back(fwd.row_start[i] + s.num_tokens - 1);
-        samplers.push_back(&s);
-      }
-    }
-    if (!samplers.empty()) {
-      auto idx = at::tensor(sample_rows, at::kLong).to(fwd.hidden.device());
-      auto logits = model_->compute_logits(fwd.hidden.index_select(0, idx)).to(at::kCPU).contiguous();
-      stats_.forward_seconds += seconds_since(t0);
-      auto t1 = std::chrono::steady_clock::now();
-
-      // One sampling row per sample; an unforked parent of an n > 1 request draws all n.
-      std::vector<SampleRow> rows;
-      std::vector<Sequence*> targets;  // nullptr = a child to create for sample index rows[i]
-      for (size_t i = 0; i < samplers.size(); ++i) {
-        Sequence* seq = samplers[i]->seq;
-        Request* req = seq->request;
-        const bool fork = !req->forked && req->params.n > 1;
-        const int32_t count = fork ? req->params.n : 1;
-        for (int32_t k = 0; k < count; ++k) {
-          SampleRow r;
-          r.logits_row = static_cast<int64_t>(i);
-          r.params = &req->params;
-          r.seed = req->seed;
-          r.sample_index = fork ? k : seq->sample_index;
-          r.position = static_cast<int64_t>(seq->tokens.size());
-          r.banned = seq->num_generated() < req->params.min_tokens ? &req->banned_until_min_tokens : nullptr;
-          rows.push_back(r);
-          targets.push_back(k == 0 ? seq : nullptr);
-        }
-      }
-      if (observer_) {
-        for (size_t i = 0; i < samplers.size(); ++i) {
-          const Sequence* seq = samplers[i]->seq;
-          observer_(seq->request->id, seq->sample_index, static_cast<int64_t>(seq->tokens.size()),
-                    logits[static_cast<int64_t>(i)]);
-        }
-      }
-      std::vector<SampleResult> results = sample_tokens(logits, rows);
-      stats_.sample_seconds += seconds_since(t1);
-
-      // Create the children first, while the parent still holds its blocks and prompt state.
-      std::vector<Sequence*> seq_of_row(rows.size(), nullptr);
-      Sequence* parent = nullptr;
-      for (size_t i = 0; i < rows.size(); ++i) {
-        if (targets[i]) {
-          parent = seq_of_row[i] = targets[i];
-          continue;
-        }
-        Request* req = parent->request;
-        auto child = std::make_unique<Sequence>();
-        child->seq_id = next_seq_id_++;
-        child->request = req;
-        child->sample_index = rows[i].sample_index;
-        child->tokens = parent->tokens;
-        scheduler_->fork(*parent, child.get());
-        seq_of_row[i] = child.get();
-        req->seqs.push_back(std::move(child));
-      }
-      for (size_t i = 0; i < rows.size(); ++i) {
-        Sequence* seq = seq_of_row[i];
-        const SampleResult& res = results[i];
-        seq->tokens.push_back(res.token);
-        touched.insert(seq->request);
-        if (seq->padding) {  // static-batching baseline: the token is discarded
-          if (static_cast<int64_t>(seq->tokens.size()) >= max_model_len_) end_padding(seq);
-          continue;
-        }
-        stats_.generated_tokens++;
-        Request* owner = seq->request;
-        if (owner->first_weight_version < 0) owner->first_weight_version = weight_version_;
-        owner->last_weight_version = weight_version_;
-        seq->raw_logprobs.push_back(res.raw_logprob);
-        seq->processed_logprobs.push_back(res.processed_logprob);
-        if (seq->request->params.logprobs > 0) seq->top_logprobs.push_back(res.top_logprobs);
-        FinishReason reason = FinishReason::kNone;
-        if (check_stop(seq, res.token)) {
-          reason = FinishReason::kStop;
-        } else if (seq->num_generated() >= seq->request->params.max_tokens ||
-                   static_cast<int64_t>(seq->tokens.size()) >= max_model_len_) {
-          reason = FinishReason::kLength;
-        }
-        if (reason == FinishReason::kNone) continue;
-        seq->finish_reason = reason;
-        if (config_.static_batching && static_cast<int64_t>(seq->tokens.size()) < max_model_len_) {
-          seq->padding = true;  // keeps decoding until its wave ends
-        } else {
-          finish_sequence(seq, reason);
-        }
-      }
-      // n > 1 requests fork once, after the parent's first sample.
-      for (const auto* s : samplers) s->seq->request->forked = true;
-    } else {
-      stats_.forward_seconds += seconds_since(t0);
+    try {
+      run_batch(batch, touched);
+    } catch (const std::exception& e) {
+      // A failed forward or sampling step fails the requests in this batch, not the engine.
+      fail_batch(batch, e.what(), touched);
     }
   }
 
@@ -458,6 +480,7 @@ RequestOutput LlmEngine::make_output(const Request& req) const {
   out.prompt_logprobs = req.prompt_logprobs;
   out.prompt_top_logprobs = req.prompt_top_logprobs;
   out.finished = req.is_finished();
+  out.error = req.error;
   out.weight_version = req.last_weight_version >= 0 ? req.last_weight_version : weight_version_;
   out.first_weight_version =
       req.first_weight_version >= 0 ? req.first_weight_version : out.weight_version;

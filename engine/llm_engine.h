@@ -16,6 +16,7 @@
 #include <random>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -58,6 +59,7 @@ struct RequestOutput {
   std::vector<std::vector<std::pair<int32_t, float>>> prompt_top_logprobs;
   std::vector<CompletionOutput> outputs;  // one per sample, by index
   bool finished = false;
+  std::string error;                 // set when the engine failed this request (finish: abort)
   int64_t weight_version = 0;        // weights that produced the latest token
   int64_t first_weight_version = 0;  // weights that produced the first token (< weight_version
                                      // when an update landed while the request ran)
@@ -123,6 +125,11 @@ class LlmEngine {
  private:
   struct Inbox;
   void drain_inbox();
+  // Forward, prompt log-probs, sampling and bookkeeping of one scheduled batch.
+  void run_batch(const SchedulerOutput& batch, std::unordered_set<Request*>& touched);
+  // Finishes every request in `batch` with FinishReason::kAbort and `what` as its error.
+  void fail_batch(const SchedulerOutput& batch, const std::string& what,
+                  std::unordered_set<Request*>& touched);
   void admit(GenerateRequest&& request);
   void finish_sequence(Sequence* seq, FinishReason reason);
   bool check_stop(Sequence* seq, int32_t token);

@@ -75,6 +75,7 @@ struct Request {
   std::vector<std::vector<std::pair<int32_t, float>>> prompt_top_logprobs;
   // Weight versions that produced the first and the latest generated token (-1: none yet). They
   // differ when an update landed mid-request (in-flight sequences keep their older KV).
+  std::string error;                      // why the engine failed this request, if it did
   int64_t first_weight_version = -1;
   int64_t last_weight_version = -1;
 

@@ -336,3 +336,32 @@ TEST(LlmEngineTest, AbortFreesBlocksInEveryState) {
 
 }  // namespace
 }  // namespace crl::engine
+
+namespace crl::engine {
+namespace {
+
+TEST(LlmEngineTest, AFailedStepFailsOnlyItsRequestsAndTheEngineCarriesOn) {
+  EngineConfig cfg = test::test_engine_config();
+  LlmEngine eng(cfg);
+  std::mt19937 rng(11);
+  at::Tensor norm;
+  for (const auto& [name, t] : eng.model().named_parameters()) {
+    if (name == "model.norm.weight") norm = t;
+  }
+  ASSERT_TRUE(norm.defined());
+  const at::Tensor saved = norm.clone();
+  norm.fill_(std::numeric_limits<float>::quiet_NaN());  // every logit becomes NaN
+  auto bad = eng.generate({greedy("bad", random_tokens(rng, 9), 5)})[0];
+  EXPECT_TRUE(bad.finished);
+  EXPECT_NE(bad.error.find("engine step failed"), std::string::npos) << bad.error;
+  EXPECT_EQ(bad.outputs.at(0).finish_reason, FinishReason::kAbort);
+  EXPECT_EQ(eng.scheduler().allocator().num_free_blocks(), cfg.num_kv_blocks);
+
+  norm.copy_(saved);
+  auto good = eng.generate({greedy("good", random_tokens(rng, 9), 5)})[0];
+  EXPECT_TRUE(good.error.empty());
+  EXPECT_EQ(good.outputs.at(0).token_ids.size(), 5u);
+}
+
+}  // namespace
+}  // namespace crl::engine
