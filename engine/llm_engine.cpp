@@ -530,6 +530,11 @@ std::vector<RequestOutput> LlmEngine::generate(std::vector<GenerateRequest> requ
   return outs;
 }
 
+WeightBuffers& LlmEngine::attach_weight_buffers(int64_t bucket_bytes) {
+  if (!weight_buffers_) weight_buffers_ = std::make_unique<WeightBuffers>(*model_, bucket_bytes);
+  return *weight_buffers_;
+}
+
 void LlmEngine::bump_weight_version() {
   weight_version_++;
   scheduler_->reset_prefix_cache();

@@ -27,6 +27,7 @@
 #include "engine/scheduler.h"
 #include "engine/sequence.h"
 #include "engine/tokenizer.h"
+#include "engine/weight_buffers.h"
 
 namespace crl::engine {
 
@@ -108,6 +109,11 @@ class LlmEngine {
   // Debug/test hook: observe every sampled logits row (empty function = off).
   void set_logits_observer(LogitsObserver observer) { observer_ = std::move(observer); }
 
+  // Moves the weights into sync buckets (once; later calls return the same buffers) so updates
+  // are received in place. Engine thread only; see WeightBuffers for the write contract.
+  WeightBuffers& attach_weight_buffers(int64_t bucket_bytes);
+  WeightBuffers* weight_buffers() { return weight_buffers_.get(); }
+
   // New weights were installed: bump the version and drop prefix-cache entries.
   void bump_weight_version();
   int64_t weight_version() const { return weight_version_; }
@@ -145,6 +151,7 @@ class LlmEngine {
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<WeightBuffers> weight_buffers_;
   std::vector<int32_t> eos_ids_;
   bool add_bos_ = false;
   int64_t max_model_len_ = 0;

@@ -115,6 +115,26 @@ void Transformer::set_parameter(const std::string& name, const at::Tensor& value
   throw std::invalid_argument("set_parameter: the model has no weight named '" + name + "'");
 }
 
+void Transformer::set_parameters(const NamedTensors& values) {
+  if (values.size() != params_.size()) {
+    throw std::invalid_argument("set_parameters: got " + std::to_string(values.size()) +
+                                " tensors, the model has " + std::to_string(params_.size()));
+  }
+  for (size_t i = 0; i < values.size(); ++i) {
+    const auto& [name, t] = params_[i];
+    const auto& [new_name, v] = values[i];
+    if (new_name != name || v.sizes() != t.sizes() || v.scalar_type() != t.scalar_type() ||
+        v.device() != t.device()) {
+      throw std::invalid_argument("set_parameters: tensor " + std::to_string(i) + " is '" +
+                                  new_name + "' " + c10::str(v.sizes()) + " " +
+                                  c10::str(v.scalar_type()) + ", expected '" + name + "' " +
+                                  c10::str(t.sizes()) + " " + c10::str(t.scalar_type()));
+    }
+  }
+  for (size_t i = 0; i < values.size(); ++i) params_[i].second = values[i].second;
+  bind_parameters();
+}
+
 at::Tensor Transformer::rms_norm(const at::Tensor& x, const at::Tensor& weight) const {
   auto xf = x.to(at::kFloat);
   auto var = xf.pow(2).mean(-1, /*keepdim=*/true);

@@ -61,6 +61,9 @@ class Transformer {
   const NamedTensors& named_parameters() const { return params_; }
   // Replaces parameter `name` by `value` (same shape and dtype, e.g. a view into a sync bucket).
   void set_parameter(const std::string& name, const at::Tensor& value);
+  // Replaces every parameter at once; `values` in named_parameters() order, same names, shapes,
+  // dtypes and device (throws std::invalid_argument naming the first mismatch).
+  void set_parameters(const NamedTensors& values);
   // Enables or disables deterministic (batch-invariant) mode.
   void set_deterministic(bool on) { options_.deterministic = on; }
 

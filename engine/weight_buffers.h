@@ -1,0 +1,44 @@
+// WeightBuffers: the engine's weights moved into sync buckets, so a weight update is received in
+// place (DESIGN.md §3): one collective per bucket writes straight into the live weights, with no
+// staging copy and no per-tensor load call.
+//
+// Construction plans a sync::WeightLayout over the model's parameters (HF names and order, the
+// engine's compute dtype), allocates the buckets on the model's device, copies the current weights
+// in and rebinds every model parameter to its view of the buckets.
+//
+// Contract: bucket memory may be written only between two engine steps, by the engine thread (or
+// while the engine is paused); afterwards call LlmEngine::bump_weight_version() so prefix-cache
+// entries made by the old weights are never reused.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "sync/weight_layout.h"
+
+namespace crl::engine {
+
+class Transformer;
+
+class WeightBuffers {
+ public:
+  // REQUIRES: `model` outlives this object. bucket_bytes: the sync bucket cap.
+  WeightBuffers(Transformer& model, int64_t bucket_bytes);
+  WeightBuffers(const WeightBuffers&) = delete;
+  WeightBuffers& operator=(const WeightBuffers&) = delete;
+
+  const sync::WeightLayout& layout() const { return layout_; }
+  // Receive targets: one contiguous uint8 tensor per bucket of layout().buckets().
+  std::vector<at::Tensor>& buckets() { return buckets_; }
+
+ private:
+  sync::WeightLayout layout_;
+  std::vector<at::Tensor> buckets_;
+};
+
+// The sync specs of a model's parameters, in model_param_specs order, in the model's dtype.
+std::vector<sync::TensorSpec> weight_specs(const Transformer& model);
+
+}  // namespace crl::engine
