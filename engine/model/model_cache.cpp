@@ -117,6 +117,12 @@ void make_model(const std::string& dir, const ModelConfig& config, uint64_t seed
   c.torch_dtype = dtype_name(stored);
   const std::string tok = ensure_default_tokenizer();
   const fs::path target = fs::absolute(dir);
+  // Never wipe a directory that is not a model: only an empty one or an earlier model is replaced.
+  if (fs::exists(target) && !fs::is_empty(target) && !fs::exists(target / "config.json")) {
+    throw std::invalid_argument("make-model: " + target.string() +
+                                " exists and is not a model directory (no config.json); "
+                                "refusing to replace it");
+  }
   if (target.has_parent_path()) fs::create_directories(target.parent_path());
   const std::string tmp = unique_tmp(target.string());
   fs::remove_all(tmp);

@@ -25,7 +25,9 @@ std::vector<std::string> preset_names();
 std::string ensure_default_tokenizer();
 
 // Writes a model with `config`, random weights from `seed` stored as `dtype`, and the default
-// tokenizer, into `dir` (atomically: temp dir + rename; an existing dir is replaced).
+// tokenizer, into `dir` (atomically: temp dir + rename). An existing empty directory or model
+// directory (one with config.json) is replaced; any other existing directory is refused
+// (std::invalid_argument), so a mistyped --out never wipes unrelated files.
 void make_model(const std::string& dir, const ModelConfig& config, uint64_t seed,
                 const std::string& dtype);
 
