@@ -4,12 +4,15 @@
 
 #include <unistd.h>
 
+#include <csignal>
+
 #include <cstdlib>
 #include <exception>
 #include <iostream>
 #include <map>
 
 #include "app/commands.h"
+#include "app/launcher.h"
 
 // libgomp reads its spin settings once, when it is loaded. Its default (spin ~300k iterations
 // before sleeping) makes idle OpenMP threads compete with OpenBLAS's own threads for the cores:
@@ -24,6 +27,9 @@ void tune_openmp_spin(char** argv) {
 
 int main(int argc, char** argv) {
   tune_openmp_spin(argv);
+  crl::app::set_process_args(argc, argv);
+  // A peer that died closes its sockets: report that as the failed collective, not as SIGPIPE.
+  signal(SIGPIPE, SIG_IGN);
   CLI::App app{"colocated-rl: RL post-training of LLMs with colocated generation engines"};
   app.require_subcommand(1);
   std::map<CLI::App*, crl::app::Runner> runners;
@@ -36,6 +42,7 @@ int main(int argc, char** argv) {
   add(crl::app::register_make_model);
   add(crl::app::register_generate);
   add(crl::app::register_bench);
+  add(crl::app::register_sync_check);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

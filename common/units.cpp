@@ -5,6 +5,9 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <stdexcept>
 
 namespace crl {
@@ -45,6 +48,30 @@ int64_t peak_rss_bytes() {
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
   return static_cast<int64_t>(ru.ru_maxrss) * 1024;
+}
+
+namespace {
+int64_t proc_status_kib(const char* field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  size_t n = std::strlen(field);
+  while (std::getline(in, line)) {
+    if (line.compare(0, n, field) == 0 && line.size() > n && line[n] == ':') {
+      return std::atoll(line.c_str() + n + 1);
+    }
+  }
+  return 0;
+}
+}  // namespace
+
+int64_t current_rss_bytes() { return proc_status_kib("VmRSS") * 1024; }
+int64_t rss_high_water_bytes() { return proc_status_kib("VmHWM") * 1024; }
+
+bool reset_rss_high_water() {
+  std::ofstream out("/proc/self/clear_refs");
+  out << "5";
+  out.flush();
+  return static_cast<bool>(out);
 }
 
 }  // namespace crl

@@ -15,4 +15,11 @@ std::string format_bytes(double bytes);
 // Peak resident set size of this process in bytes (getrusage).
 int64_t peak_rss_bytes();
 
+// Current and high-water resident set size from /proc/self/status (VmRSS, VmHWM); 0 when unknown.
+int64_t current_rss_bytes();
+int64_t rss_high_water_bytes();
+// Resets the high-water mark to the current RSS (/proc/self/clear_refs "5"), so the peak of one
+// phase can be measured; false where the kernel does not allow it.
+bool reset_rss_high_water();
+
 }  // namespace crl

@@ -13,6 +13,12 @@ std::vector<sync::TensorSpec> weight_specs(const Transformer& model) {
   return specs;
 }
 
+std::vector<sync::TensorSpec> weight_specs(const Transformer& model, at::ScalarType dtype) {
+  auto specs = weight_specs(model);
+  for (auto& s : specs) s.dtype = dtype;
+  return specs;
+}
+
 WeightBuffers::WeightBuffers(Transformer& model, int64_t bucket_bytes)
     : layout_(sync::WeightLayout::plan(weight_specs(model), bucket_bytes)) {
   const at::Device device = model.options().device;

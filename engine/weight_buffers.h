@@ -40,5 +40,8 @@ class WeightBuffers {
 
 // The sync specs of a model's parameters, in model_param_specs order, in the model's dtype.
 std::vector<sync::TensorSpec> weight_specs(const Transformer& model);
+// The same with every tensor in `dtype`: the trainer's view of the engine's layout (fp32 masters
+// sent to a bf16 engine).
+std::vector<sync::TensorSpec> weight_specs(const Transformer& model, at::ScalarType dtype);
 
 }  // namespace crl::engine

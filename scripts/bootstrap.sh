@@ -4,7 +4,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config
-  libtorch-dev libopenblas0-pthread
+  libtorch-dev libopenblas0-pthread libgloo-dev
   libsentencepiece-dev libcpp-httplib-dev nlohmann-json3-dev
   libcli11-dev libspdlog-dev libfmt-dev
   libgtest-dev libbenchmark-dev

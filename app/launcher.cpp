@@ -1,0 +1,259 @@
+#include "app/launcher.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/check.h"
+#include "common/file_util.h"
+#include "sync/groups.h"
+#include "sync/store.h"
+
+extern char** environ;
+
+namespace crl::app {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::vector<std::string> g_args;
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+void on_stop_signal(int sig) { g_stop_signal = sig; }
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string s = ss.str();
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+// Runs the body in this process (a rank) and exits with its code.
+[[noreturn]] void run_rank(const sync::RankEnv& env, const RankBody& body) {
+  int code = 1;
+  std::string error;
+  try {
+    code = body(env);
+  } catch (const std::exception& e) {
+    error = e.what();
+  } catch (...) {
+    error = "unknown exception";
+  }
+  if (!error.empty()) {
+    spdlog::error("rank {}: {}", env.rank, error);
+    if (!env.error_file.empty()) {
+      try {
+        write_file_atomic(env.error_file, error + "\n");
+      } catch (...) {
+      }
+    }
+    code = 1;
+  }
+  spdlog::default_logger()->flush();
+  std::fflush(nullptr);
+  // Destructors of communicators whose peers died can block: leave without them.
+  std::_Exit(code);
+}
+
+struct Child {
+  pid_t pid = -1;
+  sync::RankEnv env;
+  bool running = false;
+  int status = 0;
+};
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return fmt::format("exit code {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    return fmt::format("killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
+  }
+  return "ended";
+}
+
+bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
+
+pid_t spawn(const std::vector<std::string>& args, const std::vector<std::string>& env,
+            pid_t parent) {
+  // Everything exec needs is built before fork: the child only makes async-signal-safe calls.
+  std::vector<char*> argv, envp;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error(fmt::format("fork failed: {}", std::strerror(errno)));
+  if (pid == 0) {
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(1);  // the launcher died before prctl
+    syscall(SYS_close_range, 3U, ~0U, 0U);
+    execve("/proc/self/exe", argv.data(), envp.data());
+    _exit(127);
+  }
+  setpgid(pid, pid);  // also from the parent: no race with an early kill
+  return pid;
+}
+
+}  // namespace
+
+void set_process_args(int argc, char** argv) { g_args.assign(argv, argv + argc); }
+
+int run_distributed(const LaunchOptions& options, const RankBody& body) {
+  auto penv = sync::process_env();
+  if (auto spawned = sync::rank_env_from_launcher(penv)) run_rank(*spawned, body);
+
+  int per_node = options.infer_per_node + options.train_per_node;
+  if (options.infer_per_node < 1 || options.train_per_node < 1) {
+    CRL_INVALID("--gpus-infer and --gpus-train must be >= 1 (got ", options.infer_per_node, " and ",
+                options.train_per_node, ")");
+  }
+  sync::DistEnv d = sync::resolve_dist_env(per_node, penv);
+
+  if (!d.spawn) {
+    // srun/mpirun started every rank: world rank 0 hosts the store, nobody spawns.
+    sync::StorePtr server;
+    if (d.rank == 0) server = sync::host_store(d.master_port, options.timeout);
+    sync::RankEnv env{d.rank, d.world_size(), d.local_rank, d.local_world_size, d.node_rank,
+                      d.nnodes, d.master_addr, d.master_port, ""};
+    run_rank(env, body);
+  }
+
+  sync::StorePtr server;
+  int port = d.master_port;
+  if (d.node_rank == 0) {
+    server = sync::host_store(d.master_port, options.timeout);
+    port = sync::store_port(server);
+  }
+  char dir_template[] = "/tmp/colocated-rl-XXXXXX";
+  if (!mkdtemp(dir_template)) {
+    throw std::runtime_error(fmt::format("mkdtemp failed: {}", std::strerror(errno)));
+  }
+  std::string error_dir = dir_template;
+
+  // The ranks share the node's cores unless the user said otherwise.
+  std::vector<std::string> base_env;
+  for (char** e = environ; *e; ++e) {
+    if (std::strncmp(*e, "CRL_", 4) != 0) base_env.emplace_back(*e);
+  }
+  if (!std::getenv("OMP_NUM_THREADS")) {
+    unsigned hw = std::max(1U, std::thread::hardware_concurrency());
+    base_env.push_back(fmt::format("OMP_NUM_THREADS={}", std::max(1U, hw / per_node)));
+  }
+
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+
+  sync::Topology topo{d.nnodes, options.infer_per_node, options.train_per_node};
+  std::vector<Child> children(per_node);
+  pid_t self = getpid();
+  for (int l = 0; l < per_node; ++l) {
+    Child& c = children[l];
+    c.env = sync::RankEnv{d.node_rank * per_node + l, d.world_size(), l, per_node, d.node_rank,
+                          d.nnodes, d.master_addr, port,
+                          fmt::format("{}/rank{}.err", error_dir, d.node_rank * per_node + l)};
+    auto env = base_env;
+    for (auto& a : sync::rank_env_assignments(c.env)) env.push_back(a);
+    c.pid = spawn(g_args, env, self);
+    c.running = true;
+  }
+  spdlog::info("launcher: node {}/{} started {} ranks ({} infer + {} train), store {}:{}",
+               d.node_rank, d.nnodes, per_node, options.infer_per_node, options.train_per_node,
+               d.master_addr, port);
+
+  auto running = [&] {
+    int n = 0;
+    for (auto& c : children) n += c.running;
+    return n;
+  };
+  auto reap = [&] {
+    int st = 0;
+    pid_t pid;
+    while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
+      for (auto& c : children) {
+        if (c.pid == pid) {
+          c.running = false;
+          c.status = st;
+        }
+      }
+    }
+  };
+  auto kill_all = [&](int sig) {
+    for (auto& c : children) {
+      if (c.running) kill(-c.pid, sig);
+    }
+  };
+
+  int first_failed = -1;
+  Clock::time_point kill_at = Clock::time_point::max();
+  bool killed = false;
+  while (running() > 0) {
+    reap();
+    if (first_failed < 0) {
+      for (int l = 0; l < per_node; ++l) {
+        if (!children[l].running && failed(children[l].status)) {
+          first_failed = l;
+          // Peers blocked in a collective with the failed rank fail on their own within the
+          // timeout, naming the op; then whatever is left is killed.
+          kill_at = Clock::now() + options.timeout + std::chrono::seconds(1);
+          break;
+        }
+      }
+    }
+    if (g_stop_signal && !killed) {
+      spdlog::warn("launcher: signal {}, stopping the ranks", static_cast<int>(g_stop_signal));
+      kill_all(SIGTERM);
+      kill_at = std::min(kill_at, Clock::now() + std::chrono::seconds(3));
+      killed = true;
+    }
+    if (Clock::now() >= kill_at) {
+      kill_all(SIGKILL);
+      kill_at = Clock::time_point::max();
+    }
+    if (running() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+
+  int code = 0;
+  std::string report;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int l = 0; l < per_node; ++l) {
+      // The first failure first, then the others.
+      if ((pass == 0) != (l == first_failed)) continue;
+      const Child& c = children[l];
+      if (!failed(c.status)) continue;
+      code = 1;
+      std::string err = read_text(c.env.error_file);
+      report += fmt::format("\n  {} {}{}{}", topo.describe(c.env.rank), describe_status(c.status),
+                            err.empty() ? "" : ": ", err);
+    }
+  }
+  for (auto& c : children) std::remove(c.env.error_file.c_str());
+  rmdir(error_dir.c_str());
+  if (code != 0) {
+    spdlog::error("launcher: the job failed; first failure first:{}", report);
+  }
+  if (g_stop_signal) return 128 + g_stop_signal;
+  return code;
+}
+
+}  // namespace crl::app

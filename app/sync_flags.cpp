@@ -1,0 +1,47 @@
+#include "app/sync_flags.h"
+
+#include <CLI/CLI.hpp>
+
+#include "common/check.h"
+
+namespace crl::app {
+
+std::chrono::milliseconds DistFlags::timeout() const {
+  if (!(timeout_s > 0)) CRL_INVALID("--timeout must be > 0 seconds, got ", timeout_s);
+  return std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+}
+
+int64_t DistFlags::bucket_bytes() const {
+  if (!(bucket_mb > 0)) CRL_INVALID("--sync-bucket-mb must be > 0, got ", bucket_mb);
+  return static_cast<int64_t>(bucket_mb * (1 << 20));
+}
+
+sync::WeightSyncOptions DistFlags::sync_options() const {
+  sync::WeightSyncOptions o;
+  o.mode = sync::parse_sync_mode(sync_mode);
+  o.inflight = inflight;
+  o.verify = verify;
+  if (inflight < 1) CRL_INVALID("--sync-inflight must be >= 1, got ", inflight);
+  return o;
+}
+
+void add_dist_flags(CLI::App& cmd, DistFlags& f, bool with_sync) {
+  cmd.add_option("--gpus-infer", f.infer, "infer ranks (engines) per node")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd.add_option("--gpus-train", f.train, "train ranks per node")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd.add_option("--timeout", f.timeout_s,
+                 "seconds any collective or rendezvous may take before the job fails naming it")
+      ->capture_default_str();
+  if (!with_sync) return;
+  cmd.add_option("--sync-bucket-mb", f.bucket_mb, "weight-sync bucket cap in MiB")
+      ->capture_default_str();
+  cmd.add_option("--sync-mode", f.sync_mode,
+                 "bucket, or per-tensor (the OpenRLHF-style baseline, for benchmarks)")
+      ->capture_default_str();
+  cmd.add_option("--sync-inflight", f.inflight, "send buffers in flight per sender")
+      ->capture_default_str();
+  cmd.add_flag("--sync-verify", f.verify, "compare a checksum per bucket after every sync");
+}
+
+}  // namespace crl::app

@@ -1,0 +1,35 @@
+// Flags shared by every distributed subcommand: the rank counts, the weight-sync knobs and the
+// collective timeout.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include "sync/weight_sync.h"
+
+namespace CLI {
+class App;
+}
+
+namespace crl::app {
+
+struct DistFlags {
+  int infer = 1;
+  int train = 1;
+  double timeout_s = 60;
+  double bucket_mb = 256;
+  std::string sync_mode = "bucket";
+  int inflight = 2;
+  bool verify = false;
+
+  std::chrono::milliseconds timeout() const;
+  int64_t bucket_bytes() const;
+  sync::WeightSyncOptions sync_options() const;
+};
+
+// --gpus-infer, --gpus-train, --timeout; with_sync adds --sync-bucket-mb, --sync-mode,
+// --sync-inflight, --sync-verify.
+void add_dist_flags(CLI::App& cmd, DistFlags& flags, bool with_sync);
+
+}  // namespace crl::app

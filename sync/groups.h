@@ -1,0 +1,77 @@
+// Rendezvous and the job's groups: world, train, infer and the node-local sync groups (DESIGN.md §2).
+//
+// Rank layout: world rank = node * (I + T) + local rank; local ranks [0, I) are infer ranks and
+// [I, I + T) train ranks, so training and generation share every node.
+//
+//   world      every rank
+//   train      every train rank (gradient all-reduce)
+//   infer      every infer rank (engine collectives, prompt sharding)
+//   sync       one per node: the node's T train + I infer ranks (rollout transport)
+//   sync_root  one per node and train rank t: {train t, the node's infer ranks}, the train rank is
+//              group rank 0. Weight bucket b is broadcast over root b mod T, so the node's train
+//              ranks send in parallel and no weight byte crosses nodes.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sync/communicator.h"
+#include "sync/dist_env.h"
+#include "sync/store.h"
+
+namespace crl::sync {
+
+enum class Role { kInfer, kTrain };
+const char* role_name(Role r);
+
+struct Topology {
+  int nnodes = 1;
+  int infer_per_node = 1;
+  int train_per_node = 1;
+
+  int ranks_per_node() const { return infer_per_node + train_per_node; }
+  int world_size() const { return nnodes * ranks_per_node(); }
+  int node_of(int world_rank) const { return world_rank / ranks_per_node(); }
+  int local_of(int world_rank) const { return world_rank % ranks_per_node(); }
+  Role role_of(int world_rank) const {
+    return local_of(world_rank) < infer_per_node ? Role::kInfer : Role::kTrain;
+  }
+  // Index among the node's train (or infer) ranks.
+  int role_index(int world_rank) const {
+    int l = local_of(world_rank);
+    return l < infer_per_node ? l : l - infer_per_node;
+  }
+  // "rank 5 (node 1, train 0)".
+  std::string describe(int world_rank) const;
+};
+
+// The rendezvous: connects to the store, announces this rank and waits until every rank has
+// (deadline `timeout`: the error names the ranks that never joined), then builds the world
+// communicator with `backend` ("gloo", or "nccl" where built).
+struct World {
+  StorePtr store;
+  RankEnv env;
+  std::unique_ptr<Communicator> comm;
+};
+World join_world(const RankEnv& env, std::chrono::milliseconds timeout,
+                 const std::string& backend = "gloo");
+
+struct Groups {
+  Topology topo;
+  int world_rank = 0;
+  Role role = Role::kInfer;
+  int node = 0;
+  std::unique_ptr<Communicator> world;
+  std::unique_ptr<Communicator> train;  // null on infer ranks
+  std::unique_ptr<Communicator> infer;  // null on train ranks
+  std::unique_ptr<Communicator> sync;
+  // Index t: the node's sync_root group of train rank t; on a train rank only its own is set.
+  std::vector<std::unique_ptr<Communicator>> sync_roots;
+};
+
+// Splits `world` into the groups above. Collective over the world.
+Groups make_groups(std::unique_ptr<Communicator> world, const Topology& topo);
+
+}  // namespace crl::sync

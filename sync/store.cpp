@@ -1,0 +1,79 @@
+#include "sync/store.h"
+
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <fmt/format.h>
+
+#include <thread>
+
+namespace crl::sync {
+
+StorePtr host_store(int port, std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<uint16_t>(port);
+  opts.isServer = true;
+  opts.waitWorkers = false;
+  // The server's own client connects with a timeout counted in whole seconds.
+  opts.timeout = std::max(timeout, std::chrono::milliseconds(1000));
+  try {
+    return c10::make_intrusive<c10d::TCPStore>("0.0.0.0", opts);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(fmt::format("cannot host the rendezvous store on port {}: {}", port,
+                                         e.what()));
+  }
+}
+
+int store_port(const StorePtr& store) {
+  auto* tcp = dynamic_cast<c10d::TCPStore*>(store.get());
+  return tcp ? tcp->getPort() : 0;
+}
+
+StorePtr connect_store(const std::string& addr, int port, std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<uint16_t>(port);
+  opts.isServer = false;
+  opts.waitWorkers = false;
+  // The client's connect retries are counted in whole seconds.
+  opts.timeout = std::max(timeout, std::chrono::milliseconds(1000));
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(addr, opts);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(fmt::format(
+        "rendezvous: cannot reach the store at {}:{} within {} ms (is MASTER_ADDR/MASTER_PORT "
+        "node 0's, and is node 0 running?): {}",
+        addr, port, opts.timeout.count(), e.what()));
+  }
+}
+
+void store_set(const StorePtr& store, const std::string& key, const std::string& value) {
+  store->set(key, std::vector<uint8_t>(value.begin(), value.end()));
+}
+
+bool store_has(const StorePtr& store, const std::string& key) { return store->check({key}); }
+
+std::vector<std::string> wait_keys(const StorePtr& store, const std::vector<std::string>& keys,
+                                   Clock::time_point deadline) {
+  std::vector<std::string> missing = keys;
+  auto pause = std::chrono::microseconds(200);
+  while (true) {
+    std::vector<std::string> still;
+    for (const auto& k : missing) {
+      if (!store->check({k})) still.push_back(k);
+    }
+    missing.swap(still);
+    if (missing.empty() || Clock::now() >= deadline) return missing;
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(20000));
+  }
+}
+
+std::string store_get(const StorePtr& store, const std::string& key, Clock::time_point deadline,
+                      const std::string& what) {
+  if (!wait_keys(store, {key}, deadline).empty()) {
+    throw std::runtime_error(fmt::format("{}: store key '{}' was not set in time", what, key));
+  }
+  auto v = store->get(key);
+  return std::string(v.begin(), v.end());
+}
+
+}  // namespace crl::sync

@@ -1,0 +1,36 @@
+// The rendezvous store (libtorch c10d TCPStore) and deadline-bound helpers around it.
+//
+// c10d's blocking Store::wait/get leave a TCPStore client out of step after a timeout, so every
+// wait here polls check() until its deadline and throws an error that names what was missing.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace crl::sync {
+
+using StorePtr = c10::intrusive_ptr<c10d::Store>;
+using Clock = std::chrono::steady_clock;
+
+// A TCPStore server on `port` (0: any free port) on all interfaces; the caller is a client too.
+StorePtr host_store(int port, std::chrono::milliseconds timeout);
+// The port a store from host_store() listens on.
+int store_port(const StorePtr& store);
+// A client of the store at addr:port; throws std::runtime_error naming the address when it cannot
+// connect within `timeout`.
+StorePtr connect_store(const std::string& addr, int port, std::chrono::milliseconds timeout);
+
+void store_set(const StorePtr& store, const std::string& key, const std::string& value);
+// Returns the missing keys (empty when all are present by the deadline).
+std::vector<std::string> wait_keys(const StorePtr& store, const std::vector<std::string>& keys,
+                                   Clock::time_point deadline);
+// Gets `key` once it exists; throws std::runtime_error "<what>: key ... not set after N ms".
+std::string store_get(const StorePtr& store, const std::string& key, Clock::time_point deadline,
+                      const std::string& what);
+bool store_has(const StorePtr& store, const std::string& key);
+
+}  // namespace crl::sync

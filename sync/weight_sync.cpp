@@ -1,0 +1,341 @@
+#include "sync/weight_sync.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <stdexcept>
+
+#include "common/check.h"
+
+namespace crl::sync {
+namespace {
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+at::ScalarType dtype_from_name(const std::string& s) {
+  for (auto t : {at::kFloat, at::kBFloat16, at::kHalf, at::kDouble, at::kByte, at::kChar,
+                 at::kShort, at::kInt, at::kLong, at::kBool}) {
+    if (s == c10::toString(t)) return t;
+  }
+  throw std::invalid_argument("unknown dtype '" + s + "' in a weight layout");
+}
+
+int64_t total_ops(const Groups& g) {
+  int64_t n = 0;
+  for (const auto& c : g.sync_roots) {
+    if (c) n += c->op_count();
+  }
+  return n;
+}
+
+}  // namespace
+
+SyncMode parse_sync_mode(const std::string& s) {
+  if (s == "bucket") return SyncMode::kBucket;
+  if (s == "per-tensor") return SyncMode::kPerTensor;
+  if (s == "raw") return SyncMode::kRaw;
+  CRL_INVALID("unknown sync mode '", s, "' (bucket, per-tensor or raw)");
+}
+
+const char* sync_mode_name(SyncMode m) {
+  switch (m) {
+    case SyncMode::kBucket: return "bucket";
+    case SyncMode::kPerTensor: return "per-tensor";
+    case SyncMode::kRaw: return "raw";
+  }
+  return "?";
+}
+
+uint64_t checksum_bytes(const at::Tensor& t) {
+  CRL_CHECK(t.is_contiguous() && t.device().is_cpu(), "checksum needs a contiguous CPU tensor");
+  const auto* p = static_cast<const unsigned char*>(t.data_ptr());
+  int64_t n = t.numel() * static_cast<int64_t>(t.element_size());
+  // Four independent multiply-xor lanes over 8-byte words, then the tail byte by byte.
+  constexpr uint64_t kPrime = 0x100000001b3ULL;
+  uint64_t h[4] = {0xcbf29ce484222325ULL, 0x84222325cbf29ce4ULL, 0x9e3779b97f4a7c15ULL,
+                   0xc2b2ae3d27d4eb4fULL};
+  int64_t words = n / 32 * 4;
+  for (int64_t i = 0; i < words; i += 4) {
+    for (int l = 0; l < 4; ++l) {
+      uint64_t w;
+      std::memcpy(&w, p + (i + l) * 8, 8);
+      h[l] = (h[l] ^ w) * kPrime;
+      h[l] ^= h[l] >> 29;
+    }
+  }
+  uint64_t out = h[0] ^ (h[1] * 3) ^ (h[2] * 5) ^ (h[3] * 7);
+  for (int64_t i = words * 8; i < n; ++i) out = (out ^ p[i]) * kPrime;
+  return out ^ static_cast<uint64_t>(n);
+}
+
+std::string layout_to_json(const WeightLayout& layout) {
+  nlohmann::json specs = nlohmann::json::array();
+  for (const auto& s : layout.specs()) {
+    specs.push_back({s.name, s.shape, c10::toString(s.dtype)});
+  }
+  nlohmann::json j = {{"bucket_bytes", layout.bucket_bytes()},
+                      {"alignment", layout.alignment()},
+                      {"hash", fmt::format("{:016x}", layout.hash())},
+                      {"specs", specs}};
+  return j.dump();
+}
+
+WeightLayout layout_from_json(const std::string& text) {
+  auto j = nlohmann::json::parse(text);
+  std::vector<TensorSpec> specs;
+  for (const auto& s : j.at("specs")) {
+    specs.push_back(TensorSpec{s.at(0).get<std::string>(), s.at(1).get<std::vector<int64_t>>(),
+                               dtype_from_name(s.at(2).get<std::string>())});
+  }
+  return WeightLayout::plan(std::move(specs), j.at("bucket_bytes").get<int64_t>(),
+                            j.at("alignment").get<int64_t>());
+}
+
+WeightSync::WeightSync(Groups& groups, const StorePtr& store, const WeightLayout& layout,
+                       WeightSyncOptions options)
+    : groups_(groups), store_(store), layout_(layout), options_(options) {
+  if (options_.inflight < 1) CRL_INVALID("sync in-flight buffers must be >= 1");
+  Communicator& sync = *groups_.sync;
+  // Agree on the layout once: every member publishes it and compares every other's hash.
+  store_set(store_, key(fmt::format("layout/{}", sync.rank())), layout_to_json(layout_));
+  auto deadline = Clock::now() + sync.timeout();
+  for (int r = 0; r < sync.size(); ++r) {
+    if (r == sync.rank()) continue;
+    int world = sync.info().world_ranks[r];
+    std::string other_json = store_get(
+        store_, key(fmt::format("layout/{}", r)), deadline,
+        fmt::format("weight sync setup: op=layout-exchange group={} rank={} waited for {}",
+                    sync.name(), sync.rank(), groups_.topo.describe(world)));
+    WeightLayout other = layout_from_json(other_json);
+    if (other.hash() != layout_.hash()) {
+      auto diff = layout_.first_difference(other);
+      throw std::runtime_error(fmt::format(
+          "weight layout mismatch at setup between {} (this) and {} (other): {}",
+          groups_.topo.describe(groups_.world_rank), groups_.topo.describe(world),
+          diff.value_or(fmt::format("hashes differ ({:016x} vs {:016x})", layout_.hash(),
+                                    other.hash()))));
+    }
+  }
+}
+
+std::string WeightSync::key(const std::string& what) const {
+  return fmt::format("wsync/node{}/{}", groups_.node, what);
+}
+
+int WeightSync::root_of_bucket(int64_t bucket) const {
+  return static_cast<int>(bucket % groups_.topo.train_per_node);
+}
+
+Communicator& WeightSync::root_group(int t) const {
+  const auto& c = groups_.sync_roots.at(t);
+  CRL_CHECK(c, "this rank is not in sync root group ", t);
+  return *c;
+}
+
+void WeightSync::announce(int64_t version) {
+  store_set(store_, key(fmt::format("v{}/ready/{}", version, groups_.topo.role_index(
+                                                                 groups_.world_rank))),
+            "1");
+}
+
+bool WeightSync::ready(int64_t version) const {
+  int senders = options_.mode == SyncMode::kBucket ? groups_.topo.train_per_node : 1;
+  for (int t = 0; t < senders; ++t) {
+    if (!store_has(store_, key(fmt::format("v{}/ready/{}", version, t)))) return false;
+  }
+  return true;
+}
+
+void WeightSync::publish_checksum(int64_t version, int64_t bucket, const at::Tensor& bytes) {
+  store_set(store_, key(fmt::format("v{}/sum/{}", version, bucket)),
+            std::to_string(checksum_bytes(bytes)));
+}
+
+void WeightSync::verify_buckets(int64_t version, const std::vector<at::Tensor>& buckets,
+                                SyncStats& stats) {
+  auto deadline = Clock::now() + groups_.sync->timeout();
+  for (const auto& b : layout_.buckets()) {
+    std::string want = store_get(store_, key(fmt::format("v{}/sum/{}", version, b.index)),
+                                 deadline, fmt::format("--sync-verify of version {}", version));
+    auto got = checksum_bytes(buckets[b.index].narrow(0, 0, b.nbytes));
+    if (std::to_string(got) != want) {
+      const auto& first = layout_.specs()[b.entries.front().tensor];
+      const auto& last = layout_.specs()[b.entries.back().tensor];
+      throw std::runtime_error(fmt::format(
+          "--sync-verify: version {} bucket {} ({} bytes, tensors {} .. {}) received on {} "
+          "differs from what train rank {} of node {} sent (checksum {:x} vs {})",
+          version, b.index, b.nbytes, first.name, last.name,
+          groups_.topo.describe(groups_.world_rank), root_of_bucket(b.index), groups_.node, got,
+          want));
+    }
+  }
+  stats.verified = true;
+}
+
+SyncStats WeightSync::send(const std::vector<at::Tensor>& tensors, int64_t version) {
+  CRL_CHECK(groups_.role == Role::kTrain, "send() on an infer rank");
+  if (tensors.size() != layout_.specs().size()) {
+    CRL_INVALID("weight sync: ", tensors.size(), " tensors for a layout of ",
+                layout_.specs().size());
+  }
+  SyncStats st;
+  st.version = version;
+  int t = groups_.topo.role_index(groups_.world_rank);
+  int64_t ops0 = total_ops(groups_);
+
+  if (options_.mode == SyncMode::kPerTensor) {
+    if (t != 0) return st;  // the baseline sends everything from the node's first train rank
+    announce(version);
+    auto t0 = Clock::now();
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const auto& spec = layout_.specs()[i];
+      auto p0 = Clock::now();
+      at::Tensor buf = tensors[i].to(spec.dtype).contiguous();
+      st.pack_s += seconds_since(p0);
+      root_group(0).broadcast(buf, 0);
+      st.bytes += spec.nbytes();
+      st.extra_bytes = std::max<int64_t>(st.extra_bytes, spec.nbytes());
+    }
+    st.transfer_s = seconds_since(t0);
+    st.collectives = total_ops(groups_) - ops0;
+    return st;
+  }
+  CRL_CHECK(options_.mode == SyncMode::kBucket, "use raw_broadcast() for the raw baseline");
+
+  announce(version);
+  int n = options_.inflight;
+  if (static_cast<int>(send_buffers_.size()) < n) send_buffers_.resize(n);
+  std::deque<std::unique_ptr<Work>> inflight;
+  int k = 0;
+  auto t0 = Clock::now();
+  for (const auto& b : layout_.buckets()) {
+    if (root_of_bucket(b.index) != t) continue;
+    if (static_cast<int>(inflight.size()) == n) {
+      inflight.front()->wait();
+      inflight.pop_front();
+    }
+    at::Tensor& buf = send_buffers_[k % n];
+    if (!buf.defined() || buf.numel() < b.nbytes) {
+      buf = at::empty({layout_.max_bucket_nbytes()}, at::TensorOptions().dtype(at::kByte));
+    }
+    auto p0 = Clock::now();
+    layout_.pack(tensors, b.index, buf);
+    st.pack_s += seconds_since(p0);
+    at::Tensor dst = buf.narrow(0, 0, b.nbytes);
+    if (options_.verify) publish_checksum(version, b.index, dst);
+    inflight.push_back(root_group(t).broadcast_async(dst, 0));
+    if (options_.on_bucket_posted) options_.on_bucket_posted(b.index);
+    st.bytes += b.nbytes;
+    ++k;
+  }
+  while (!inflight.empty()) {
+    inflight.front()->wait();
+    inflight.pop_front();
+  }
+  st.transfer_s = seconds_since(t0);
+  for (const auto& buf : send_buffers_) {
+    if (buf.defined()) st.extra_bytes += buf.numel();
+  }
+  st.collectives = total_ops(groups_) - ops0;
+  return st;
+}
+
+SyncStats WeightSync::send_buckets(const std::vector<at::Tensor>& buckets, int64_t version) {
+  CRL_CHECK(groups_.role == Role::kTrain, "send_buckets() on an infer rank");
+  CRL_CHECK(options_.mode == SyncMode::kBucket, "send_buckets() is bucket mode only");
+  if (buckets.size() != layout_.buckets().size()) {
+    CRL_INVALID("weight sync: ", buckets.size(), " buckets for a layout of ",
+                layout_.buckets().size());
+  }
+  SyncStats st;
+  st.version = version;
+  int t = groups_.topo.role_index(groups_.world_rank);
+  int64_t ops0 = total_ops(groups_);
+  announce(version);
+  std::vector<std::unique_ptr<Work>> works;
+  auto t0 = Clock::now();
+  for (const auto& b : layout_.buckets()) {
+    if (root_of_bucket(b.index) != t) continue;
+    at::Tensor src = buckets[b.index].narrow(0, 0, b.nbytes);
+    if (options_.verify) publish_checksum(version, b.index, src);
+    works.push_back(root_group(t).broadcast_async(src, 0));
+    if (options_.on_bucket_posted) options_.on_bucket_posted(b.index);
+    st.bytes += b.nbytes;
+  }
+  wait_all(works);
+  st.transfer_s = seconds_since(t0);
+  st.collectives = total_ops(groups_) - ops0;
+  return st;
+}
+
+SyncStats WeightSync::receive(std::vector<at::Tensor>& buckets, int64_t version,
+                              const LoadFn& load) {
+  CRL_CHECK(groups_.role == Role::kInfer, "receive() on a train rank");
+  if (buckets.size() != layout_.buckets().size()) {
+    CRL_INVALID("weight sync: ", buckets.size(), " receive buckets for a layout of ",
+                layout_.buckets().size());
+  }
+  SyncStats st;
+  st.version = version;
+  int64_t ops0 = total_ops(groups_);
+  auto t0 = Clock::now();
+  if (options_.mode == SyncMode::kPerTensor) {
+    std::vector<at::Tensor> views;
+    if (!load) views = layout_.views(buckets);
+    for (size_t i = 0; i < layout_.specs().size(); ++i) {
+      const auto& spec = layout_.specs()[i];
+      at::Tensor tmp = at::empty(spec.shape, at::TensorOptions().dtype(spec.dtype));
+      root_group(0).broadcast(tmp, 0);
+      auto l0 = Clock::now();
+      if (load) {
+        load(static_cast<int64_t>(i), tmp);
+      } else {
+        views[i].copy_(tmp);
+      }
+      st.load_s += seconds_since(l0);
+      st.bytes += spec.nbytes();
+      st.extra_bytes = std::max<int64_t>(st.extra_bytes, spec.nbytes());
+    }
+  } else {
+    CRL_CHECK(options_.mode == SyncMode::kBucket, "use raw_broadcast() for the raw baseline");
+    std::vector<std::unique_ptr<Work>> works;
+    for (const auto& b : layout_.buckets()) {
+      at::Tensor& dst = buckets[b.index];
+      if (!dst.is_contiguous() || dst.scalar_type() != at::kByte || dst.numel() < b.nbytes) {
+        CRL_INVALID("weight sync: receive bucket ", b.index, " must be contiguous uint8 of ",
+                    b.nbytes, " bytes");
+      }
+      works.push_back(root_group(root_of_bucket(b.index)).broadcast_async(
+          dst.narrow(0, 0, b.nbytes), 0));
+      st.bytes += b.nbytes;
+    }
+    wait_all(works);
+  }
+  st.transfer_s = seconds_since(t0);
+  st.collectives = total_ops(groups_) - ops0;
+  if (options_.verify && options_.mode == SyncMode::kBucket) verify_buckets(version, buckets, st);
+  return st;
+}
+
+SyncStats WeightSync::raw_broadcast(at::Tensor flat, int64_t version) {
+  SyncStats st;
+  st.version = version;
+  bool sender = groups_.role == Role::kTrain;
+  if (sender && groups_.topo.role_index(groups_.world_rank) != 0) return st;
+  int64_t ops0 = total_ops(groups_);
+  if (sender) announce(version);
+  auto t0 = Clock::now();
+  root_group(0).broadcast(flat, 0);
+  st.transfer_s = seconds_since(t0);
+  st.bytes = flat.numel() * static_cast<int64_t>(flat.element_size());
+  st.collectives = total_ops(groups_) - ops0;
+  return st;
+}
+
+}  // namespace crl::sync

@@ -1,0 +1,116 @@
+// WeightSync: whole-model weight updates from the train ranks into the engines (DESIGN.md §3).
+//
+// Setup (constructor, collective over the node's sync group through the store): every member
+// publishes its WeightLayout; a hash mismatch fails on every member with an error naming the first
+// differing tensor. After that one sync of version v is, per bucket b, one broadcast rooted at the
+// node's train rank b mod T (group sync_roots[b mod T]) straight into the engine's bucket buffers.
+//
+//   sender (train rank t)  fills a send buffer per bucket (casting from the trainer's tensors)
+//                          with `inflight` buffers so packing bucket k+1 overlaps sending bucket k;
+//                          or sends straight from flat storage already in the layout.
+//   receiver (infer rank)  posts every bucket's broadcast into its live weight buckets at once:
+//                          no staging copy, no per-tensor load call, no extra memory.
+//
+// The engine calls receive() between two steps and bumps its weight version afterwards; ready()
+// tells it, without blocking, that the senders have started version v, so it keeps generating
+// until then and its pause is the transfer itself.
+//
+// Modes other than kBucket exist only as benchmark baselines: kPerTensor is one broadcast plus one
+// load call per tensor from the node's first train rank (as OpenRLHF did), kRaw is one broadcast of
+// one flat buffer of the layout's byte count.
+//
+// --sync-verify: after a sync every sender publishes a checksum per bucket it sent and every
+// receiver compares its received bytes with it; a mismatch names the bucket and its tensors.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "sync/groups.h"
+#include "sync/store.h"
+#include "sync/weight_layout.h"
+
+namespace crl::sync {
+
+enum class SyncMode { kBucket, kPerTensor, kRaw };
+SyncMode parse_sync_mode(const std::string& s);  // "bucket", "per-tensor", "raw"
+const char* sync_mode_name(SyncMode m);
+
+struct WeightSyncOptions {
+  SyncMode mode = SyncMode::kBucket;
+  int inflight = 2;     // sender buffers in flight (>= 1)
+  bool verify = false;  // per-bucket checksums compared after each sync
+  // Fault-injection hook for tests: called by a sender after it posted each bucket.
+  std::function<void(int64_t bucket)> on_bucket_posted;
+};
+
+struct SyncStats {
+  int64_t version = 0;
+  int64_t bytes = 0;             // payload bytes this rank sent or received
+  int64_t collectives = 0;       // collective calls this rank issued
+  double transfer_s = 0;         // first op posted -> last op completed (this rank)
+  double pack_s = 0;             // sender: filling/casting send buffers
+  double load_s = 0;             // per-tensor receiver: the load calls
+  int64_t extra_bytes = 0;       // buffers this sync allocated (send buffers, staging)
+  bool verified = false;         // checksums compared and equal
+};
+
+// Called by a per-tensor receiver with each received tensor (the "load_weights" call).
+using LoadFn = std::function<void(int64_t tensor_index, const at::Tensor& received)>;
+
+class WeightSync {
+ public:
+  // REQUIRES: groups, store and layout outlive this object. Throws std::runtime_error naming the
+  // first differing tensor when the node's members disagree on the layout.
+  WeightSync(Groups& groups, const StorePtr& store, const WeightLayout& layout,
+             WeightSyncOptions options);
+
+  const WeightLayout& layout() const { return layout_; }
+  const WeightSyncOptions& options() const { return options_; }
+  // Train rank t of the node sends bucket b iff b % T == t.
+  int root_of_bucket(int64_t bucket) const;
+
+  // Train ranks. `tensors`: one per spec in spec order, spec shapes, any floating dtype (cast to
+  // the layout's dtype while packing).
+  SyncStats send(const std::vector<at::Tensor>& tensors, int64_t version);
+  // Train ranks, dtypes already equal: `buckets` are the layout's flat buffers (as from
+  // allocate_buckets, e.g. the trainer's parameters live in them); sent without a copy.
+  SyncStats send_buckets(const std::vector<at::Tensor>& buckets, int64_t version);
+
+  // Infer ranks. True once every sender of the node has started `version` (non-blocking).
+  bool ready(int64_t version) const;
+  // Receives `version` into `buckets` (the engine's live weight buckets) in place. In per-tensor
+  // mode each tensor is received into a temporary and handed to `load` (default: copied into its
+  // view of `buckets`).
+  SyncStats receive(std::vector<at::Tensor>& buckets, int64_t version, const LoadFn& load = {});
+
+  // Benchmark baseline kRaw, both sides: one broadcast of `flat` (layout total bytes) from the
+  // node's first train rank.
+  SyncStats raw_broadcast(at::Tensor flat, int64_t version);
+
+ private:
+  Communicator& root_group(int t) const;
+  void announce(int64_t version);
+  void publish_checksum(int64_t version, int64_t bucket, const at::Tensor& bytes);
+  void verify_buckets(int64_t version, const std::vector<at::Tensor>& buckets, SyncStats& stats);
+  std::string key(const std::string& what) const;
+
+  Groups& groups_;
+  StorePtr store_;
+  const WeightLayout& layout_;
+  WeightSyncOptions options_;
+  std::vector<at::Tensor> send_buffers_;
+};
+
+// 64-bit checksum of a contiguous tensor's bytes (order-sensitive; equal bytes, equal sums).
+uint64_t checksum_bytes(const at::Tensor& t);
+
+// The layout as one line of JSON (specs, bucket_bytes, alignment), and back.
+std::string layout_to_json(const WeightLayout& layout);
+WeightLayout layout_from_json(const std::string& json);
+
+}  // namespace crl::sync

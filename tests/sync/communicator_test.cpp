@@ -1,0 +1,225 @@
+// Gloo communicator and groups with every rank a thread of this process (c10d allows it): ops,
+// splits, deadlines and their errors.
+#include "sync/communicator.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "sync/gloo_communicator.h"
+#include "sync/groups.h"
+#include "sync/store.h"
+#include "sync/weight_sync.h"
+
+namespace crl::sync {
+namespace {
+
+using std::chrono::milliseconds;
+
+// Runs body(rank, world communicator, store) on `n` threads; returns each thread's error ("" = ok).
+std::vector<std::string> run_ranks(int n, milliseconds timeout,
+                                   const std::function<void(int, std::unique_ptr<Communicator>&,
+                                                            const StorePtr&)>& body) {
+  static int job = 0;
+  std::string prefix = "job" + std::to_string(job++);
+  StorePtr server = host_store(0, timeout);
+  int port = store_port(server);
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        StorePtr store = connect_store("127.0.0.1", port, timeout);
+        GroupInfo info;
+        info.name = "world";
+        info.rank = r;
+        info.timeout = timeout;
+        for (int i = 0; i < n; ++i) info.world_ranks.push_back(i);
+        auto comm = make_gloo_communicator(store, prefix, info, "127.0.0.1");
+        body(r, comm, store);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+TEST(CommunicatorTest, BroadcastAllReduceSendRecvBarrier) {
+  auto errors = run_ranks(3, milliseconds(10000), [](int r, auto& comm, const StorePtr&) {
+    at::Tensor b = r == 1 ? at::arange(10, at::kFloat) : at::zeros({10}, at::kFloat);
+    comm->broadcast(b, 1);
+    EXPECT_TRUE(b.equal(at::arange(10, at::kFloat)));
+    at::Tensor s = at::full({4}, static_cast<double>(r + 1), at::kDouble);
+    comm->all_reduce(s);
+    EXPECT_TRUE(s.equal(at::full({4}, 6.0, at::kDouble)));
+    at::Tensor m = at::full({2}, static_cast<int64_t>(r), at::kLong);
+    comm->all_reduce(m, ReduceOp::kMax);
+    EXPECT_EQ(m[0].item<int64_t>(), 2);
+    // bf16 moves as raw bytes.
+    at::Tensor h = r == 0 ? at::linspace(-1, 1, 7).to(at::kBFloat16) : at::zeros({7}, at::kBFloat16);
+    comm->broadcast(h, 0);
+    EXPECT_TRUE(h.equal(at::linspace(-1, 1, 7).to(at::kBFloat16)));
+    if (r == 0) comm->send(at::arange(5, at::kInt), 2);
+    if (r == 2) {
+      at::Tensor got = at::zeros({5}, at::kInt);
+      comm->recv(got, 0);
+      EXPECT_TRUE(got.equal(at::arange(5, at::kInt)));
+    }
+    comm->barrier();
+    EXPECT_EQ(comm->op_count(), r == 1 ? 5 : 6);
+  });
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+}
+
+TEST(CommunicatorTest, SplitOrdersByKeyAndSkipsNegativeColors) {
+  auto errors = run_ranks(4, milliseconds(10000), [](int r, auto& comm, const StorePtr&) {
+    // Evens and odds, reversed order by key; rank 3 opts out.
+    int color = r == 3 ? -1 : r % 2;
+    auto child = comm->split(color, 10 - r, "half");
+    if (r == 3) {
+      EXPECT_EQ(child, nullptr);
+      return;
+    }
+    ASSERT_NE(child, nullptr);
+    if (r % 2 == 0) {
+      EXPECT_EQ(child->size(), 2);
+      EXPECT_EQ(child->info().world_ranks, (std::vector<int>{2, 0}));
+      EXPECT_EQ(child->rank(), r == 2 ? 0 : 1);
+      at::Tensor t = at::full({3}, static_cast<float>(r), at::kFloat);
+      child->all_reduce(t);
+      EXPECT_EQ(t[0].item<float>(), 2.0f);
+    } else {
+      EXPECT_EQ(child->size(), 1);
+    }
+  });
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+}
+
+TEST(CommunicatorTest, MissingPeerFailsAtTheDeadlineNamingOpGroupRanksAndBytes) {
+  auto errors = run_ranks(2, milliseconds(1500), [](int r, auto& comm, const StorePtr&) {
+    if (r == 1) {  // alive but never calls the broadcast
+      std::this_thread::sleep_for(milliseconds(2500));
+      return;
+    }
+    at::Tensor t = at::zeros({256}, at::kFloat);
+    auto b0 = std::chrono::steady_clock::now();
+    try {
+      comm->broadcast(t, 1);
+    } catch (const CollectiveError&) {
+      double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - b0).count();
+      EXPECT_GE(s, 1.4);  // not before the deadline...
+      EXPECT_LT(s, 2.4);  // ...and not long after it
+      throw;
+    }
+  });
+  ASSERT_NE(errors[0], "");
+  EXPECT_TRUE(errors[0].find("Timed out") != std::string::npos ||
+              errors[0].find("deadline") != std::string::npos)
+      << errors[0];
+  for (const char* part : {"op=broadcast", "group=world", "rank=0/2", "members=world[0, 1]",
+                           "root=1 (world 1)", "bytes=1024", "timeout=1500ms"}) {
+    EXPECT_NE(errors[0].find(part), std::string::npos) << part << " not in: " << errors[0];
+  }
+}
+
+TEST(CommunicatorTest, AbortedCommunicatorRefusesFurtherOps) {
+  auto errors = run_ranks(2, milliseconds(800), [](int r, auto& comm, const StorePtr&) {
+    if (r == 1) {
+      std::this_thread::sleep_for(milliseconds(1500));
+      return;
+    }
+    at::Tensor t = at::zeros({4}, at::kFloat);
+    EXPECT_THROW(comm->all_reduce(t), CollectiveError);
+    EXPECT_TRUE(comm->aborted());
+    try {
+      comm->barrier();
+      ADD_FAILURE() << "barrier on an aborted communicator";
+    } catch (const CollectiveError& e) {
+      EXPECT_NE(std::string(e.what()).find("aborted"), std::string::npos);
+    }
+  });
+  EXPECT_EQ(errors[0], "");
+}
+
+// Weight sync in-process: 2 train + 2 infer threads on one node, fp32 masters into bf16 buckets,
+// several buckets per root. Bit-identity against a local cast, and the collective count.
+TEST(WeightSyncTest, BucketSyncIsBitIdenticalAndOneCollectivePerBucket) {
+  std::vector<TensorSpec> specs;
+  for (int i = 0; i < 9; ++i) {
+    specs.push_back({"w" + std::to_string(i), {33, 17 + i}, at::kBFloat16});
+  }
+  auto layout = WeightLayout::plan(specs, 4096);
+  ASSERT_GE(layout.buckets().size(), 4u);
+  std::vector<at::Tensor> masters;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    masters.push_back(at::randn(specs[i].shape, at::kFloat));
+  }
+  Topology topo{1, 2, 2};
+  auto errors = run_ranks(4, milliseconds(10000), [&](int r, auto& comm, const StorePtr& store) {
+    Groups g = make_groups(std::move(comm), topo);
+    WeightSyncOptions o;
+    o.verify = true;
+    WeightSync ws(g, store, layout, o);
+    if (g.role == Role::kTrain) {
+      auto st = ws.send(masters, 1);
+      EXPECT_GT(st.collectives, 0);
+      EXPECT_LE(st.extra_bytes, 2 * layout.max_bucket_nbytes());
+      store_set(store, "colls/" + std::to_string(r), std::to_string(st.collectives));
+    } else {
+      auto buckets = layout.allocate_buckets(at::TensorOptions());
+      auto st = ws.receive(buckets, 1);
+      EXPECT_TRUE(st.verified);
+      EXPECT_EQ(st.collectives, static_cast<int64_t>(layout.buckets().size()));
+      EXPECT_EQ(st.extra_bytes, 0);
+      auto views = layout.views(buckets);
+      for (size_t i = 0; i < views.size(); ++i) {
+        EXPECT_TRUE(views[i].equal(masters[i].to(at::kBFloat16))) << specs[i].name;
+      }
+    }
+  });
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+}
+
+TEST(WeightSyncTest, LayoutMismatchNamesTheFirstDifferingTensor) {
+  std::vector<TensorSpec> a = {{"x", {4, 4}, at::kFloat}, {"y", {8}, at::kFloat}};
+  std::vector<TensorSpec> b = {{"x", {4, 4}, at::kFloat}, {"y", {9}, at::kFloat}};
+  auto la = WeightLayout::plan(a, 1 << 20);
+  auto lb = WeightLayout::plan(b, 1 << 20);
+  Topology topo{1, 1, 1};
+  auto errors = run_ranks(2, milliseconds(5000), [&](int r, auto& comm, const StorePtr& store) {
+    Groups g = make_groups(std::move(comm), topo);
+    WeightSync ws(g, store, g.role == Role::kTrain ? lb : la, WeightSyncOptions{});
+  });
+  for (const auto& e : errors) {
+    EXPECT_NE(e.find("weight layout mismatch at setup"), std::string::npos) << e;
+    EXPECT_NE(e.find("y [9]"), std::string::npos) << e;
+  }
+}
+
+TEST(WeightSyncTest, LayoutJsonRoundTripsToTheSameHash) {
+  std::vector<TensorSpec> specs = {{"a.weight", {3, 5}, at::kBFloat16}, {"b", {}, at::kFloat}};
+  auto l = WeightLayout::plan(specs, 1000, 64);
+  auto back = layout_from_json(layout_to_json(l));
+  EXPECT_EQ(back.hash(), l.hash());
+  EXPECT_FALSE(back.first_difference(l).has_value());
+}
+
+TEST(WeightSyncTest, ChecksumSeesEveryByte) {
+  at::Tensor t = at::zeros({1000}, at::kByte);
+  uint64_t base = checksum_bytes(t);
+  for (int64_t i : {0, 7, 31, 32, 999}) {
+    at::Tensor u = t.clone();
+    u[i] = 1;
+    EXPECT_NE(checksum_bytes(u), base) << i;
+  }
+  EXPECT_NE(checksum_bytes(t.narrow(0, 0, 999)), base);
+}
+
+}  // namespace
+}  // namespace crl::sync
