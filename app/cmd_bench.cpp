@@ -1,18 +1,177 @@
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
 
 #include "app/commands.h"
+#include "app/launcher.h"
 #include "bench/rollout_bench.h"
+#include "bench/sync_job.h"
+#include "common/check.h"
+#include "common/units.h"
+#include "engine/model/config.h"
+#include "engine/model/model_cache.h"
+
+extern char** environ;
 
 namespace crl::app {
+namespace {
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+struct SyncBenchFlags {
+  std::string shapes = "default,smollm2-135m,qwen2-0.5b,qwen2-1.5b";
+  std::string dtypes = "float32,bfloat16";
+  std::string topologies = "1-1,1-3,2-2";
+  int repeats = 5;
+  double bucket_mb = 256;
+  double timeout_s = 300;
+  std::string results = "sync_bench.jsonl";
+};
+
+int64_t mem_available_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return 0;
+}
+
+// Rough peak of one cell: fp32 masters per train rank, the engine (load + weights) per infer
+// rank, and the raw baseline's flat buffers.
+int64_t estimate_cell_bytes(const std::string& shape, const std::string& dtype, int t, int i) {
+  int64_t params = 0;
+  for (const auto& p : engine::model_param_specs(engine::preset_config(shape))) {
+    int64_t n = 1;
+    for (auto d : p.shape) n *= d;
+    params += n;
+  }
+  int64_t esize = dtype == "float32" ? 4 : 2;
+  return t * 4 * params + i * 2 * esize * params + (i + 1) * esize * params;
+}
+
+int run_sync_bench(const SyncBenchFlags& f) {
+  auto shapes = split_list(f.shapes), dtypes = split_list(f.dtypes),
+       topos = split_list(f.topologies);
+  if (shapes.empty() || dtypes.empty() || topos.empty()) {
+    CRL_INVALID("bench sync: --shapes, --dtypes and --topologies need at least one entry");
+  }
+  std::vector<std::pair<int, int>> tis;
+  for (const auto& t : topos) {
+    int tr = 0, in = 0;
+    char c = 0;
+    if (std::sscanf(t.c_str(), "%d%c%d", &tr, &c, &in) != 3 || c != '-' || tr < 1 || in < 1) {
+      CRL_INVALID("bench sync: topology '", t, "' is not TRAIN-INFER, e.g. 1-3");
+    }
+    tis.emplace_back(tr, in);
+  }
+  for (const auto& d : dtypes) engine::parse_dtype(d);
+  for (const auto& s : shapes) engine::preset_config(s);
+  auto timeout = std::chrono::milliseconds(static_cast<int64_t>(f.timeout_s * 1000));
+
+  if (shapes.size() == 1 && dtypes.size() == 1 && tis.size() == 1) {
+    bench::SyncBenchOptions o;
+    o.shape = shapes[0];
+    o.engine_dtype = dtypes[0];
+    o.train_per_node = tis[0].first;
+    o.infer_per_node = tis[0].second;
+    o.repeats = f.repeats;
+    o.bucket_bytes = static_cast<int64_t>(f.bucket_mb * (1 << 20));
+    o.timeout = timeout;
+    o.results_file = f.results;
+    engine::ensure_preset_model(o.shape, "bfloat16");  // once, before the ranks start
+    LaunchOptions lo{o.infer_per_node, o.train_per_node, timeout};
+    return run_distributed(lo, [o](const sync::RankEnv& env) {
+      return bench::run_sync_bench_rank(env, o);
+    });
+  }
+
+  // The matrix: one job per cell, one after the other, each its own launcher.
+  std::remove(f.results.c_str());
+  int failures = 0;
+  for (const auto& shape : shapes) {
+    for (const auto& dtype : dtypes) {
+      for (auto [t, i] : tis) {
+        int64_t need = estimate_cell_bytes(shape, dtype, t, i);
+        int64_t have = mem_available_bytes();
+        std::string topo = fmt::format("{}->{}", t, i);
+        if (have > 0 && need > have * 85 / 100) {
+          nlohmann::json skip = {{"shape", shape}, {"dtype", dtype}, {"topology", topo},
+                                 {"skipped", fmt::format("needs ~{}, {} available",
+                                                         format_bytes(need), format_bytes(have))}};
+          std::ofstream(f.results, std::ios::app) << skip.dump() << "\n";
+          spdlog::warn("bench sync: skipping {} {} {}: {}", shape, dtype, topo,
+                       skip["skipped"].get<std::string>());
+          continue;
+        }
+        spdlog::info("bench sync: {} {} train {} -> infer {}", shape, dtype, t, i);
+        std::vector<std::string> args = {
+            "/proc/self/exe", "bench", "sync", "--shapes", shape, "--dtypes", dtype,
+            "--topologies", fmt::format("{}-{}", t, i), "--repeats", std::to_string(f.repeats),
+            "--sync-bucket-mb", std::to_string(f.bucket_mb), "--timeout",
+            std::to_string(f.timeout_s), "--results", f.results};
+        std::vector<char*> argv;
+        for (auto& a : args) argv.push_back(a.data());
+        argv.push_back(nullptr);
+        pid_t pid = 0;
+        if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), environ) != 0) {
+          throw std::runtime_error("bench sync: cannot spawn a cell");
+        }
+        int st = 0;
+        waitpid(pid, &st, 0);
+        if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
+          ++failures;
+          spdlog::error("bench sync: cell {} {} {} failed", shape, dtype, topo);
+        }
+      }
+    }
+  }
+  fmt::print("{}", bench::format_sync_bench_table(f.results));
+  fmt::print("(medians of {} after a warm-up; time = slowest receiver; rows also in {})\n",
+             f.repeats, f.results);
+  return failures ? 1 : 0;
+}
+
+}  // namespace
 
 Runner register_bench(CLI::App& app) {
   auto opts = std::make_shared<bench::RolloutBenchOptions>();
+  auto sf = std::make_shared<SyncBenchFlags>();
   auto* cmd = app.add_subcommand("bench", "benchmarks");
   cmd->require_subcommand(1);
   auto* rollout = cmd->add_subcommand("rollout", "rollout (generation) throughput against baselines");
   bench::add_rollout_flags(*rollout, *opts);
-  return [opts, rollout]() {
+  auto* sync = cmd->add_subcommand(
+      "sync", "weight sync: bucket mode vs the per-tensor baseline vs one raw broadcast");
+  sync->add_option("--shapes", sf->shapes, "model presets, comma-separated")->capture_default_str();
+  sync->add_option("--dtypes", sf->dtypes, "engine dtypes, comma-separated")->capture_default_str();
+  sync->add_option("--topologies", sf->topologies, "TRAIN-INFER rank counts, comma-separated")
+      ->capture_default_str();
+  sync->add_option("--repeats", sf->repeats, "timed syncs per mode (medians)")->capture_default_str();
+  sync->add_option("--sync-bucket-mb", sf->bucket_mb, "bucket cap in MiB")->capture_default_str();
+  sync->add_option("--timeout", sf->timeout_s, "collective timeout in seconds")->capture_default_str();
+  sync->add_option("--results", sf->results, "JSONL file the rows go to")->capture_default_str();
+  return [opts, rollout, sync, sf]() {
     if (rollout->parsed()) return bench::run_rollout_bench(*opts);
+    if (sync->parsed()) return run_sync_bench(*sf);
     return 1;
   };
 }

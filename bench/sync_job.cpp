@@ -152,6 +152,7 @@ int run_sync_check_rank(const sync::RankEnv& env, const SyncJobOptions& o) {
   const bool reporter = train ? (topo.role_index(env.rank) == 0) : false;
 
   std::unique_ptr<engine::Transformer> trainer;
+  std::vector<at::Tensor> trainer_buckets;  // set when the trainer sends from flat storage
   std::unique_ptr<engine::LlmEngine> eng;
   std::unique_ptr<sync::WeightLayout> layout;
   if (train) {
@@ -163,6 +164,19 @@ int run_sync_check_rank(const sync::RankEnv& env, const SyncJobOptions& o) {
       specs.at(2).shape.at(0) += 1;  // as if this rank had loaded a different checkpoint
     }
     layout = std::make_unique<sync::WeightLayout>(sync::WeightLayout::plan(specs, o.bucket_bytes));
+    if (edtype == at::kFloat && fault.kind != "layout-mismatch") {
+      // Same dtype on both sides: the trainer's parameters move into the layout's buckets (as
+      // the engine's do) and are sent from that flat storage without a copy.
+      trainer_buckets = layout->allocate_buckets(at::TensorOptions());
+      std::vector<at::Tensor> current = tensors_of(trainer->named_parameters());
+      for (size_t b = 0; b < layout->buckets().size(); ++b) {
+        layout->pack(current, static_cast<int64_t>(b), trainer_buckets[b]);
+      }
+      auto views = layout->views(trainer_buckets);
+      engine::NamedTensors rebound;
+      for (size_t i = 0; i < views.size(); ++i) rebound.emplace_back(specs[i].name, views[i]);
+      trainer->set_parameters(rebound);
+    }
   } else {
     eng = std::make_unique<engine::LlmEngine>(o.engine);
     layout = std::make_unique<sync::WeightLayout>(eng->attach_weight_buffers(o.bucket_bytes).layout());
@@ -191,7 +205,8 @@ int run_sync_check_rank(const sync::RankEnv& env, const SyncJobOptions& o) {
         }
         sync::store_set(world.store, fmt::format("check/v{}", v), sums.dump());
       }
-      auto st = ws.send(masters, v);
+      bool flat = !trainer_buckets.empty() && o.sync.mode == sync::SyncMode::kBucket;
+      auto st = flat ? ws.send_buckets(trainer_buckets, v) : ws.send(masters, v);
       row = stats_json(st);
     } else {
       generate_until_ready(*eng, ws, v, o.timeout, /*keep_busy=*/true);
@@ -257,7 +272,7 @@ int run_sync_check_rank(const sync::RankEnv& env, const SyncJobOptions& o) {
              "sync", "bytes", "colls", "transfer ms", "GB/s", "pause ms", "extra RSS",
              "identical");
   for (int v = 1; v <= o.syncs; ++v) {
-    int64_t train_colls = 0;
+    std::vector<int64_t> train_colls(topo.nnodes, 0);  // per node: they share the buckets
     for (const auto& r : all) {
       const json& s = r["syncs"][v - 1];
       bool infer = r["role"] == "infer";
@@ -280,10 +295,12 @@ int run_sync_check_rank(const sync::RankEnv& env, const SyncJobOptions& o) {
                      s["differ"].dump());
         }
       } else {
-        train_colls += s["collectives"].get<int64_t>();
+        train_colls[topo.node_of(r["rank"].get<int>())] += s["collectives"].get<int64_t>();
       }
     }
-    if (o.sync.mode == sync::SyncMode::kBucket) colls_ok &= train_colls == buckets;
+    for (int64_t c : train_colls) {
+      if (o.sync.mode == sync::SyncMode::kBucket) colls_ok &= c == buckets;
+    }
   }
   bool greedy = true;
   for (const auto& r : all) {
@@ -303,7 +320,227 @@ int run_sync_check_rank(const sync::RankEnv& env, const SyncJobOptions& o) {
   ok &= memory_ok;
   fmt::print("sync-check: {}\n", ok ? "PASS" : "FAIL");
   std::fflush(stdout);
-  return ok ? 0 : 1;
+  if (!ok) throw std::runtime_error("sync-check failed (see the table above)");
+  return 0;
+}
+
+namespace {
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+void wait_ready_idle(const sync::WeightSync& ws, int64_t version, std::chrono::milliseconds timeout) {
+  auto deadline = Clock::now() + timeout;
+  while (!ws.ready(version)) {
+    if (Clock::now() > deadline) {
+      throw std::runtime_error(fmt::format("bench sync: version {} never became ready", version));
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
+}  // namespace
+
+int run_sync_bench_rank(const sync::RankEnv& env, const SyncBenchOptions& o) {
+  sync::World world = sync::join_world(env, o.timeout);
+  sync::Topology topo{env.nnodes, o.infer_per_node, o.train_per_node};
+  sync::Groups groups = sync::make_groups(std::move(world.comm), topo);
+  const bool train = groups.role == sync::Role::kTrain;
+  const bool first_train = train && topo.role_index(env.rank) == 0;
+  const at::ScalarType edtype = engine::parse_dtype(o.engine_dtype);
+  engine::ModelConfig cfg = engine::preset_config(o.shape);
+
+  std::vector<at::Tensor> masters;
+  std::unique_ptr<engine::LlmEngine> eng;
+  std::unique_ptr<sync::WeightLayout> layout;
+  std::vector<at::Tensor> flat_masters;  // the trainer's parameters as bucket storage
+  if (train) {
+    std::vector<sync::TensorSpec> specs;
+    for (const auto& p : engine::model_param_specs(cfg)) specs.push_back({p.name, p.shape, edtype});
+    layout = std::make_unique<sync::WeightLayout>(sync::WeightLayout::plan(specs, o.bucket_bytes));
+    if (edtype == at::kFloat) {
+      // Same dtype on both sides: the fp32 masters live in the layout's buckets and are sent
+      // from there without a copy.
+      flat_masters = layout->allocate_buckets(at::TensorOptions());
+      masters = layout->views(flat_masters);
+      for (auto& m : masters) m.normal_(0, 0.02);
+    } else {
+      for (const auto& sp : specs) masters.push_back(at::randn(sp.shape, at::kFloat).mul_(0.02));
+    }
+  } else {
+    engine::EngineConfig ec;
+    ec.model_dir = engine::ensure_preset_model(o.shape, "bfloat16");
+    ec.dtype = o.engine_dtype;
+    ec.num_kv_blocks = 64;
+    ec.max_model_len = 256;
+    eng = std::make_unique<engine::LlmEngine>(ec);
+    layout = std::make_unique<sync::WeightLayout>(eng->attach_weight_buffers(o.bucket_bytes).layout());
+  }
+  sync::WeightSyncOptions bucket_opts;
+  sync::WeightSyncOptions pt_opts;
+  pt_opts.mode = sync::SyncMode::kPerTensor;
+  sync::WeightSync ws(groups, world.store, *layout, bucket_opts);
+  sync::WeightSync ws_pt(groups, world.store, *layout, pt_opts);
+  // The raw baseline's flat buffers exist outside the timed region, on its sender and receivers.
+  at::Tensor flat;
+  if (!train || first_train) {
+    flat = at::empty({layout->total_bytes()}, at::TensorOptions().dtype(at::kByte));
+    flat.zero_();
+  }
+
+  json rows = json::array();
+  int64_t v = 0;
+  for (auto mode : {sync::SyncMode::kBucket, sync::SyncMode::kPerTensor, sync::SyncMode::kRaw}) {
+    for (int rep = -1; rep < o.repeats; ++rep) {  // rep -1: warm-up, not recorded
+      groups.world->barrier();
+      ++v;
+      sync::SyncStats st;
+      double pause = 0;
+      int64_t extra_rss = 0;
+      if (train) {
+        if (mode == sync::SyncMode::kBucket) {
+          st = flat_masters.empty() ? ws.send(masters, v) : ws.send_buckets(flat_masters, v);
+        }
+        if (mode == sync::SyncMode::kPerTensor) st = ws_pt.send(masters, v);
+        if (mode == sync::SyncMode::kRaw && first_train) st = ws.raw_broadcast(flat, v);
+      } else {
+        wait_ready_idle(mode == sync::SyncMode::kBucket ? ws : ws_pt, v, o.timeout);
+        reset_rss_high_water();
+        int64_t rss0 = current_rss_bytes();
+        auto p0 = Clock::now();
+        if (mode == sync::SyncMode::kBucket) {
+          st = ws.receive(eng->weight_buffers()->buckets(), v);
+        } else if (mode == sync::SyncMode::kPerTensor) {
+          // OpenRLHF's loop: receive one tensor, then one load_weights call for it.
+          const auto& params = eng->model().named_parameters();
+          st = ws_pt.receive(eng->weight_buffers()->buckets(), v,
+                             [&](int64_t i, const at::Tensor& t) { params[i].second.copy_(t); });
+        } else {
+          st = ws.raw_broadcast(flat, v);
+        }
+        eng->bump_weight_version();
+        pause = seconds_since(p0);
+        extra_rss = std::max<int64_t>(0, rss_high_water_bytes() - rss0);
+      }
+      if (rep < 0) continue;
+      json row = stats_json(st);
+      row["mode"] = sync::sync_mode_name(mode);
+      row["pause_s"] = pause;
+      row["extra_rss"] = extra_rss;
+      rows.push_back(row);
+    }
+  }
+  sync::store_set(world.store, fmt::format("bench/{}", env.rank), rows.dump());
+  if (env.rank != 0) return 0;
+
+  json all = gather_reports(world.store, "bench", env.world_size, o.timeout);
+  int64_t params = 0;
+  for (const auto& p : engine::model_param_specs(cfg)) {
+    int64_t n = 1;
+    for (auto d : p.shape) n *= d;
+    params += n;
+  }
+  json cells = json::array();
+  for (const char* mode : {"bucket", "per-tensor", "raw"}) {
+    std::vector<double> times, pauses;
+    int64_t recv_extra = 0, send_extra = 0, colls = 0, bytes = 0;
+    for (int rep = 0; rep < o.repeats; ++rep) {
+      double t = 0, p = 0;
+      for (int r = 0; r < env.world_size; ++r) {
+        int idx = 0;
+        for (const auto& row : all[r]) {
+          if (row["mode"] != mode) continue;
+          if (idx++ != rep) continue;
+          if (topo.role_of(r) == sync::Role::kInfer) {
+            t = std::max(t, row["transfer_s"].get<double>());
+            p = std::max(p, row["pause_s"].get<double>());
+            recv_extra = std::max(recv_extra, row["extra_rss"].get<int64_t>());
+            colls = row["collectives"].get<int64_t>();
+            bytes = row["bytes"].get<int64_t>();
+          } else {
+            send_extra = std::max(send_extra, row["extra_bytes"].get<int64_t>());
+          }
+        }
+      }
+      times.push_back(t);
+      pauses.push_back(p);
+    }
+    double tm = median(times);
+    json cell = {{"shape", o.shape},
+                 {"params", params},
+                 {"dtype", o.engine_dtype},
+                 {"topology", fmt::format("{}->{}", o.train_per_node, o.infer_per_node)},
+                 {"mode", mode},
+                 {"bytes", bytes},
+                 {"buckets", layout->buckets().size()},
+                 {"collectives", colls},
+                 {"time_ms", tm * 1e3},
+                 {"gb_s", tm > 0 ? bytes / tm / 1e9 : 0},
+                 {"pause_ms", median(pauses) * 1e3},
+                 {"recv_extra", recv_extra},
+                 {"send_extra", send_extra},
+                 {"repeats", o.repeats}};
+    cells.push_back(cell);
+  }
+  std::string text;
+  for (const auto& c : cells) text += c.dump() + "\n";
+  if (!o.results_file.empty()) {
+    std::ofstream out(o.results_file, std::ios::app);
+    out << text;
+  }
+  std::fflush(stdout);
+  return 0;
+}
+
+std::string format_sync_bench_table(const std::string& results_file) {
+  std::ifstream in(results_file);
+  std::vector<json> rows;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.empty()) rows.push_back(json::parse(line));
+  }
+  auto find = [&](const json& r, const char* mode) -> const json* {
+    for (const auto& x : rows) {
+      if (x["shape"] == r["shape"] && x["dtype"] == r["dtype"] &&
+          x["topology"] == r["topology"] && x["mode"] == mode) {
+        return &x;
+      }
+    }
+    return nullptr;
+  };
+  std::string out = fmt::format(
+      "| model | params | dtype | train->infer | mode | MB | colls | time ms | GB/s per receiver "
+      "| pause ms | pause/transfer | vs raw | per-tensor/bucket | recv extra | send extra |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const auto& r : rows) {
+    if (r.contains("skipped")) {
+      out += fmt::format("| {} | | {} | {} | skipped: {} | | | | | | | | | | |\n",
+                         r["shape"].get<std::string>(), r["dtype"].get<std::string>(),
+                         r["topology"].get<std::string>(), r["skipped"].get<std::string>());
+      continue;
+    }
+    const json* raw = find(r, "raw");
+    const json* pt = find(r, "per-tensor");
+    double t = r["time_ms"].get<double>();
+    bool bucket = r["mode"] == "bucket";
+    out += fmt::format(
+        "| {} | {:.0f}M | {} | {} | {} | {:.1f} | {} | {:.1f} | {:.2f} | {} | {} | {} | {} | {} | "
+        "{} |\n",
+        r["shape"].get<std::string>(), r["params"].get<double>() / 1e6,
+        r["dtype"].get<std::string>(), r["topology"].get<std::string>(),
+        r["mode"].get<std::string>(), r["bytes"].get<double>() / 1e6,
+        r["collectives"].get<int64_t>(), t, r["gb_s"].get<double>(),
+        r["mode"] == "raw" ? "-" : fmt::format("{:.1f}", r["pause_ms"].get<double>()),
+        r["mode"] == "raw" ? "-" : fmt::format("{:.2f}", r["pause_ms"].get<double>() / t),
+        raw && t > 0 ? fmt::format("{:.2f}x", t / (*raw)["time_ms"].get<double>()) : "-",
+        bucket && pt ? fmt::format("{:.1f}x", (*pt)["time_ms"].get<double>() / t) : "-",
+        format_bytes(r["recv_extra"].get<double>()), format_bytes(r["send_extra"].get<double>()));
+  }
+  return out;
 }
 
 }  // namespace crl::bench
