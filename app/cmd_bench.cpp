@@ -42,6 +42,7 @@ struct SyncBenchFlags {
   double bucket_mb = 256;
   double timeout_s = 300;
   std::string results = "sync_bench.jsonl";
+  std::string device = "cpu";
 };
 
 int64_t mem_available_bytes() {
@@ -97,6 +98,7 @@ int run_sync_bench(const SyncBenchFlags& f) {
     o.bucket_bytes = static_cast<int64_t>(f.bucket_mb * (1 << 20));
     o.timeout = timeout;
     o.results_file = f.results;
+    o.device = f.device;
     engine::ensure_preset_model(o.shape, "bfloat16");  // once, before the ranks start
     LaunchOptions lo{o.infer_per_node, o.train_per_node, timeout};
     return run_distributed(lo, [o](const sync::RankEnv& env) {
@@ -127,7 +129,7 @@ int run_sync_bench(const SyncBenchFlags& f) {
             "/proc/self/exe", "bench", "sync", "--shapes", shape, "--dtypes", dtype,
             "--topologies", fmt::format("{}-{}", t, i), "--repeats", std::to_string(f.repeats),
             "--sync-bucket-mb", std::to_string(f.bucket_mb), "--timeout",
-            std::to_string(f.timeout_s), "--results", f.results};
+            std::to_string(f.timeout_s), "--results", f.results, "--device", f.device};
         std::vector<char*> argv;
         for (auto& a : args) argv.push_back(a.data());
         argv.push_back(nullptr);
@@ -169,6 +171,8 @@ Runner register_bench(CLI::App& app) {
   sync->add_option("--sync-bucket-mb", sf->bucket_mb, "bucket cap in MiB")->capture_default_str();
   sync->add_option("--timeout", sf->timeout_s, "collective timeout in seconds")->capture_default_str();
   sync->add_option("--results", sf->results, "JSONL file the rows go to")->capture_default_str();
+  sync->add_option("--device", sf->device, "cpu (Gloo) or cuda (one GPU per rank, NCCL)")
+      ->capture_default_str();
   return [opts, rollout, sync, sf]() {
     if (rollout->parsed()) return bench::run_rollout_bench(*opts);
     if (sync->parsed()) return run_sync_bench(*sf);

@@ -37,6 +37,7 @@ Runner register_sync_check(CLI::App& app) {
     o.timeout = f->dist.timeout();
     o.syncs = f->syncs;
     o.fault = f->fault;
+    o.comm_backend = f->dist.backend;
     LaunchOptions lo{f->dist.infer, f->dist.train, o.timeout};
     return run_distributed(lo, [o](const sync::RankEnv& env) {
       return bench::run_sync_check_rank(env, o);

@@ -11,6 +11,8 @@ void add_engine_flags(CLI::App& cmd, EngineFlags& f) {
   cmd.add_option("--model", c.model_dir,
                  "Hugging Face model directory (default: the embedded default model)");
   cmd.add_option("--dtype", c.dtype, "compute dtype: float32 or bfloat16")->capture_default_str();
+  cmd.add_option("--device", c.device, "cpu, or cuda (a distributed job gives each rank its own)")
+      ->capture_default_str();
   cmd.add_option("--kv-memory", f.kv_memory, "KV cache pool size, e.g. 512MiB")->capture_default_str();
   cmd.add_option("--kv-blocks", c.num_kv_blocks, "KV pool size in blocks (overrides --kv-memory)");
   cmd.add_option("--block-size", c.block_size, "tokens per KV block")->capture_default_str();

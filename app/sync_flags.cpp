@@ -33,6 +33,9 @@ void add_dist_flags(CLI::App& cmd, DistFlags& f, bool with_sync) {
   cmd.add_option("--timeout", f.timeout_s,
                  "seconds any collective or rendezvous may take before the job fails naming it")
       ->capture_default_str();
+  cmd.add_option("--comm-backend", f.backend,
+                 "auto (NCCL for CUDA weights when usable, else Gloo), gloo or nccl")
+      ->capture_default_str();
   if (!with_sync) return;
   cmd.add_option("--sync-bucket-mb", f.bucket_mb, "weight-sync bucket cap in MiB")
       ->capture_default_str();

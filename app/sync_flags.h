@@ -22,6 +22,7 @@ struct DistFlags {
   std::string sync_mode = "bucket";
   int inflight = 2;
   bool verify = false;
+  std::string backend = "auto";
 
   std::chrono::milliseconds timeout() const;
   int64_t bucket_bytes() const;

@@ -21,6 +21,7 @@
 #include "engine/model/transformer.h"
 #include "engine/weight_buffers.h"
 #include "sync/groups.h"
+#include "sync/nccl_communicator.h"
 #include "sync/weight_sync.h"
 
 namespace crl::bench {
@@ -144,7 +145,15 @@ json stats_json(const sync::SyncStats& s) {
 int run_sync_check_rank(const sync::RankEnv& env, const SyncJobOptions& o) {
   Fault fault = parse_fault(o.fault);
   if (fault.kind == "never-join" && fault.rank == env.rank) never_join();
-  sync::World world = sync::join_world(env, o.timeout);
+  engine::EngineConfig engine_config = o.engine;
+  const bool cuda = engine_config.device.rfind("cuda", 0) == 0;
+  const std::string backend = sync::resolve_comm_backend(o.comm_backend, cuda);
+  if (cuda) {
+    // One device per rank: local rank mod the device count.
+    engine_config.device = fmt::format("cuda:{}", sync::select_cuda_device(env.local_rank));
+  }
+  const at::Device device(engine_config.device);
+  sync::World world = sync::join_world(env, o.timeout, backend);
   sync::Topology topo{env.nnodes, o.infer_per_node, o.train_per_node};
   sync::Groups groups = sync::make_groups(std::move(world.comm), topo);
   const bool train = groups.role == sync::Role::kTrain;
@@ -158,6 +167,7 @@ int run_sync_check_rank(const sync::RankEnv& env, const SyncJobOptions& o) {
   if (train) {
     engine::TransformerOptions to;
     to.dtype = at::kFloat;
+    to.device = device;
     trainer = std::make_unique<engine::Transformer>(engine::Transformer::load(o.engine.model_dir, to));
     auto specs = engine::weight_specs(*trainer, edtype);
     if (fault.kind == "layout-mismatch" && fault.rank == env.rank) {
@@ -167,7 +177,7 @@ int run_sync_check_rank(const sync::RankEnv& env, const SyncJobOptions& o) {
     if (edtype == at::kFloat && fault.kind != "layout-mismatch") {
       // Same dtype on both sides: the trainer's parameters move into the layout's buckets (as
       // the engine's do) and are sent from that flat storage without a copy.
-      trainer_buckets = layout->allocate_buckets(at::TensorOptions());
+      trainer_buckets = layout->allocate_buckets(at::TensorOptions().device(device));
       std::vector<at::Tensor> current = tensors_of(trainer->named_parameters());
       for (size_t b = 0; b < layout->buckets().size(); ++b) {
         layout->pack(current, static_cast<int64_t>(b), trainer_buckets[b]);
@@ -178,7 +188,7 @@ int run_sync_check_rank(const sync::RankEnv& env, const SyncJobOptions& o) {
       trainer->set_parameters(rebound);
     }
   } else {
-    eng = std::make_unique<engine::LlmEngine>(o.engine);
+    eng = std::make_unique<engine::LlmEngine>(engine_config);
     layout = std::make_unique<sync::WeightLayout>(eng->attach_weight_buffers(o.bucket_bytes).layout());
   }
   sync::WeightSyncOptions so = o.sync;
@@ -201,7 +211,7 @@ int run_sync_check_rank(const sync::RankEnv& env, const SyncJobOptions& o) {
       if (reporter && groups.node == 0) {
         json sums = json::array();
         for (const auto& m : masters) {
-          sums.push_back(std::to_string(sync::checksum_bytes(m.to(edtype).contiguous())));
+          sums.push_back(std::to_string(sync::checksum_bytes(m.to(edtype).contiguous().cpu())));
         }
         sync::store_set(world.store, fmt::format("check/v{}", v), sums.dump());
       }
@@ -223,7 +233,7 @@ int run_sync_check_rank(const sync::RankEnv& env, const SyncJobOptions& o) {
       auto views = layout->views(eng->weight_buffers()->buckets());
       std::vector<std::string> differ;
       for (size_t i = 0; i < views.size(); ++i) {
-        if (std::to_string(sync::checksum_bytes(views[i])) != want[i].get<std::string>()) {
+        if (std::to_string(sync::checksum_bytes(views[i].cpu())) != want[i].get<std::string>()) {
           differ.push_back(layout->specs()[i].name);
         }
       }
@@ -346,7 +356,12 @@ void wait_ready_idle(const sync::WeightSync& ws, int64_t version, std::chrono::m
 }  // namespace
 
 int run_sync_bench_rank(const sync::RankEnv& env, const SyncBenchOptions& o) {
-  sync::World world = sync::join_world(env, o.timeout);
+  const bool cuda = o.device.rfind("cuda", 0) == 0;
+  std::string device_name = "cpu";
+  if (cuda) device_name = fmt::format("cuda:{}", sync::select_cuda_device(env.local_rank));
+  const at::Device device(device_name);
+  const auto on_device = at::TensorOptions().device(device);
+  sync::World world = sync::join_world(env, o.timeout, sync::resolve_comm_backend("auto", cuda));
   sync::Topology topo{env.nnodes, o.infer_per_node, o.train_per_node};
   sync::Groups groups = sync::make_groups(std::move(world.comm), topo);
   const bool train = groups.role == sync::Role::kTrain;
@@ -365,16 +380,19 @@ int run_sync_bench_rank(const sync::RankEnv& env, const SyncBenchOptions& o) {
     if (edtype == at::kFloat) {
       // Same dtype on both sides: the fp32 masters live in the layout's buckets and are sent
       // from there without a copy.
-      flat_masters = layout->allocate_buckets(at::TensorOptions());
+      flat_masters = layout->allocate_buckets(on_device);
       masters = layout->views(flat_masters);
       for (auto& m : masters) m.normal_(0, 0.02);
     } else {
-      for (const auto& sp : specs) masters.push_back(at::randn(sp.shape, at::kFloat).mul_(0.02));
+      for (const auto& sp : specs) {
+        masters.push_back(at::randn(sp.shape, on_device.dtype(at::kFloat)).mul_(0.02));
+      }
     }
   } else {
     engine::EngineConfig ec;
     ec.model_dir = engine::ensure_preset_model(o.shape, "bfloat16");
     ec.dtype = o.engine_dtype;
+    ec.device = device_name;
     ec.num_kv_blocks = 64;
     ec.max_model_len = 256;
     eng = std::make_unique<engine::LlmEngine>(ec);
@@ -388,7 +406,7 @@ int run_sync_bench_rank(const sync::RankEnv& env, const SyncBenchOptions& o) {
   // The raw baseline's flat buffers exist outside the timed region, on its sender and receivers.
   at::Tensor flat;
   if (!train || first_train) {
-    flat = at::empty({layout->total_bytes()}, at::TensorOptions().dtype(at::kByte));
+    flat = at::empty({layout->total_bytes()}, on_device.dtype(at::kByte));
     flat.zero_();
   }
 

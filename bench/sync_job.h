@@ -25,6 +25,7 @@ struct SyncJobOptions {
   int64_t bucket_bytes = int64_t{256} << 20;
   sync::WeightSyncOptions sync;
   std::chrono::milliseconds timeout{60000};
+  std::string comm_backend = "auto";
   int syncs = 3;
   // Test-only fault injection: "never-join:R", "die-mid-sync:R", "layout-mismatch:R" (world rank R).
   std::string fault;
@@ -39,6 +40,7 @@ int run_sync_check_rank(const sync::RankEnv& env, const SyncJobOptions& options)
 struct SyncBenchOptions {
   std::string shape = "default";  // preset (engine/model/model_cache)
   std::string engine_dtype = "float32";
+  std::string device = "cpu";  // "cuda": each rank on its own GPU, NCCL
   int infer_per_node = 1;
   int train_per_node = 1;
   int64_t bucket_bytes = int64_t{256} << 20;

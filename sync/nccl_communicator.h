@@ -19,6 +19,13 @@ namespace crl::sync {
 // True when this build has the NCCL backend and libnccl + a CUDA device can be loaded.
 bool nccl_available(std::string* why_not = nullptr);
 
+// Makes device (local_rank mod the device count) current for this process; returns it.
+int select_cuda_device(int local_rank);
+
+// "gloo" or "nccl" for --comm-backend: "auto" is nccl when the tensors live on CUDA and NCCL is
+// usable, gloo otherwise. An explicit "nccl" that cannot work is an error naming why.
+std::string resolve_comm_backend(const std::string& requested, bool cuda_tensors);
+
 // Every member calls it with the same `prefix` and its own `info`; uses the current CUDA device.
 // Throws CollectiveError when NCCL is unavailable or the group cannot form before the deadline.
 std::unique_ptr<Communicator> make_nccl_communicator(const StorePtr& store,

@@ -52,8 +52,8 @@ const char* sync_mode_name(SyncMode m) {
   return "?";
 }
 
-uint64_t checksum_bytes(const at::Tensor& t) {
-  CRL_CHECK(t.is_contiguous() && t.device().is_cpu(), "checksum needs a contiguous CPU tensor");
+uint64_t checksum_bytes(const at::Tensor& tensor) {
+  at::Tensor t = tensor.device().is_cpu() ? tensor.contiguous() : tensor.cpu().contiguous();
   const auto* p = static_cast<const unsigned char*>(t.data_ptr());
   int64_t n = t.numel() * static_cast<int64_t>(t.element_size());
   // Four independent multiply-xor lanes over 8-byte words, then the tail byte by byte.
@@ -222,7 +222,9 @@ SyncStats WeightSync::send(const std::vector<at::Tensor>& tensors, int64_t versi
     }
     at::Tensor& buf = send_buffers_[k % n];
     if (!buf.defined() || buf.numel() < b.nbytes) {
-      buf = at::empty({layout_.max_bucket_nbytes()}, at::TensorOptions().dtype(at::kByte));
+      // On the trainer's device: casting happens there, and NCCL sends from it.
+      buf = at::empty({layout_.max_bucket_nbytes()},
+                      at::TensorOptions().dtype(at::kByte).device(tensors.front().device()));
     }
     auto p0 = Clock::now();
     layout_.pack(tensors, b.index, buf);
@@ -290,7 +292,8 @@ SyncStats WeightSync::receive(std::vector<at::Tensor>& buckets, int64_t version,
     if (!load) views = layout_.views(buckets);
     for (size_t i = 0; i < layout_.specs().size(); ++i) {
       const auto& spec = layout_.specs()[i];
-      at::Tensor tmp = at::empty(spec.shape, at::TensorOptions().dtype(spec.dtype));
+      at::Tensor tmp =
+          at::empty(spec.shape, at::TensorOptions().dtype(spec.dtype).device(buckets[0].device()));
       root_group(0).broadcast(tmp, 0);
       auto l0 = Clock::now();
       if (load) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "sync/gloo_communicator.h"
+#include "sync/nccl_communicator.h"
 #include "sync/groups.h"
 #include "sync/store.h"
 #include "sync/weight_sync.h"
@@ -219,6 +220,36 @@ TEST(WeightSyncTest, ChecksumSeesEveryByte) {
     EXPECT_NE(checksum_bytes(u), base) << i;
   }
   EXPECT_NE(checksum_bytes(t.narrow(0, 0, 999)), base);
+}
+
+}  // namespace
+}  // namespace crl::sync
+
+namespace crl::sync {
+namespace {
+
+TEST(CommBackendTest, AutoPicksGlooForCpuTensorsAndRefusesImpossibleChoices) {
+  EXPECT_EQ(resolve_comm_backend("auto", false), "gloo");
+  EXPECT_EQ(resolve_comm_backend("gloo", false), "gloo");
+  EXPECT_THROW(resolve_comm_backend("nccl", false), std::invalid_argument);
+  EXPECT_THROW(resolve_comm_backend("gloo", true), std::invalid_argument);
+  EXPECT_THROW(resolve_comm_backend("mpi", false), std::invalid_argument);
+}
+
+TEST(CommBackendTest, NcclWithoutADeviceIsAClearError) {
+  std::string why;
+  if (nccl_available(&why)) GTEST_SKIP() << "a CUDA device and NCCL are present";
+  EXPECT_FALSE(why.empty());
+  GroupInfo info;
+  info.name = "world";
+  info.world_ranks = {0};
+  info.timeout = std::chrono::milliseconds(1000);
+  try {
+    make_nccl_communicator(StorePtr(), "x", info);
+    ADD_FAILURE() << "no error";
+  } catch (const CollectiveError& e) {
+    EXPECT_NE(std::string(e.what()).find("NCCL"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
