@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
   };
   add(crl::app::register_make_model);
   add(crl::app::register_generate);
+  add(crl::app::register_serve);
   add(crl::app::register_bench);
   try {
     app.parse(argc, argv);
