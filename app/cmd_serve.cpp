@@ -48,7 +48,7 @@ Runner register_serve(CLI::App& app) {
     std::cout << "listening on http://" << f->server.host << ":" << port << std::endl;
     srv.engine_loop().wait_ready();
     spdlog::info("model loaded: {} (KV pool {} blocks x {} tokens)", srv.model_name(),
-                 srv.engine_loop().gauges().kv_blocks_total, config.block_size);
+                 srv.engine_loop().engine().runner().num_blocks(), config.block_size);
     while (!g_stop_signal) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     spdlog::info("signal {}: stopping", static_cast<int>(g_stop_signal));
     srv.stop();

@@ -82,6 +82,7 @@ void EngineLoop::load() {
     error = e.what();
     if (error.empty()) error = "engine failed to load";
   }
+  if (error.empty()) publish_gauges();  // so the pool size shows as soon as it is ready
   std::lock_guard<std::mutex> lock(mu_);
   if (error.empty()) {
     loaded_ = true;
@@ -111,7 +112,6 @@ std::string EngineLoop::load_error() const {
 void EngineLoop::run() {
   load();
   if (!ready()) return;
-  publish_gauges();
   bool busy = false;  // the engine has unfinished work
   while (true) {
     std::deque<std::packaged_task<void(engine::LlmEngine&)>> tasks;

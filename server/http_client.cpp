@@ -26,6 +26,7 @@ HttpClient::HttpClient(const std::string& base_url, double read_timeout_s) : imp
   const auto us = static_cast<int64_t>(read_timeout_s * 1e6);
   impl_->client->set_read_timeout(static_cast<time_t>(us / 1000000), static_cast<time_t>(us % 1000000));
   impl_->client->set_tcp_nodelay(true);
+  impl_->client->set_keep_alive(true);  // one connection for many requests, as real clients do
 }
 
 HttpClient::~HttpClient() = default;
