@@ -125,6 +125,7 @@ void EngineLoop::run() {
       work_pending_ = false;
     }
     for (auto& task : tasks) task(*engine_);  // a packaged_task keeps fn's exception
+    if (!tasks.empty()) publish_gauges();     // e.g. a new weight version shows at once
     if (between) {
       try {
         between(*engine_);

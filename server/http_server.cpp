@@ -122,11 +122,13 @@ HttpServer::HttpServer(HttpServerOptions options) : impl_(std::make_unique<Impl>
 HttpServer::~HttpServer() { stop(); }
 
 void HttpServer::route(const std::string& method, const std::string& path, HttpHandler handler) {
-  auto wrapped = [handler = std::move(handler)](const httplib::Request& req, httplib::Response& res) {
+  // `body` is null for GET: then req.body is used.
+  auto serve = [handler = std::move(handler)](const httplib::Request& req, httplib::Response& res,
+                                              std::string* body) {
     HttpRequest r;
     r.method = req.method;
     r.path = req.path;
-    r.body = req.body;
+    r.body = body ? std::move(*body) : req.body;
     for (const auto& [k, v] : req.headers) r.headers.emplace(lower(k), v);
     auto fd = std::make_shared<int>(-2);  // -2: not looked up yet
     const int local_port = req.local_port;
@@ -162,9 +164,25 @@ void HttpServer::route(const std::string& method, const std::string& path, HttpH
         });
   };
   if (method == "GET") {
-    impl_->svr.Get(path, wrapped);
+    impl_->svr.Get(path, [serve](const httplib::Request& req, httplib::Response& res) {
+      serve(req, res, nullptr);
+    });
   } else if (method == "POST") {
-    impl_->svr.Post(path, wrapped);
+    // Read the body ourselves: httplib caps bodies it reads as form data (curl's default
+    // Content-Type) at 8 KiB; this way only max_body_bytes applies, whatever the Content-Type.
+    impl_->svr.Post(path, [serve](const httplib::Request& req, httplib::Response& res,
+                                  const httplib::ContentReader& reader) {
+      std::string body;
+      const bool ok = reader([&body](const char* data, size_t size) {
+        body.append(data, size);
+        return true;
+      });
+      if (!ok) {  // httplib set 413 (too large) or 400; the error handler writes the body
+        if (res.status < 400) res.status = 400;
+        return;
+      }
+      serve(req, res, &body);
+    });
   } else {
     throw std::invalid_argument("HttpServer::route: unsupported method " + method);
   }
