@@ -125,7 +125,6 @@ void EngineLoop::run() {
       work_pending_ = false;
     }
     for (auto& task : tasks) task(*engine_);  // a packaged_task keeps fn's exception
-    if (!tasks.empty()) publish_gauges();     // e.g. a new weight version shows at once
     if (between) {
       try {
         between(*engine_);
@@ -310,7 +309,12 @@ void EngineLoop::abort(const std::vector<std::string>& ids) {
 }
 
 std::future<void> EngineLoop::post(std::function<void(engine::LlmEngine&)> fn) {
-  std::packaged_task<void(engine::LlmEngine&)> task(std::move(fn));
+  // Gauges are published before the future is ready: a new weight version shows at once.
+  std::packaged_task<void(engine::LlmEngine&)> task(
+      [this, fn = std::move(fn)](engine::LlmEngine& e) {
+        fn(e);
+        publish_gauges();
+      });
   auto future = task.get_future();
   std::lock_guard<std::mutex> lock(mu_);
   if (stopping_) {
