@@ -13,6 +13,7 @@
 #include "app/commands.h"
 #include "app/launcher.h"
 #include "bench/rollout_bench.h"
+#include "bench/serve_bench.h"
 #include "bench/sync_job.h"
 #include "common/check.h"
 #include "common/units.h"
@@ -173,8 +174,13 @@ Runner register_bench(CLI::App& app) {
   sync->add_option("--results", sf->results, "JSONL file the rows go to")->capture_default_str();
   sync->add_option("--device", sf->device, "cpu (Gloo) or cuda (one GPU per rank, NCCL)")
       ->capture_default_str();
-  return [opts, rollout, sync, sf]() {
+  auto serve_opts = std::make_shared<bench::ServeBenchOptions>();
+  auto* serve = cmd->add_subcommand("serve", "HTTP API: requests/s, TTFT and inter-token latency at "
+                                             "several client counts (from a separate process)");
+  bench::add_serve_bench_flags(*serve, *serve_opts);
+  return [opts, rollout, sync, sf, serve_opts, serve]() {
     if (rollout->parsed()) return bench::run_rollout_bench(*opts);
+    if (serve->parsed()) return bench::run_serve_bench(*serve_opts);
     if (sync->parsed()) return run_sync_bench(*sf);
     return 1;
   };

@@ -16,6 +16,7 @@ using Runner = std::function<int()>;
 
 Runner register_make_model(CLI::App& app);
 Runner register_generate(CLI::App& app);
+Runner register_serve(CLI::App& app);
 Runner register_bench(CLI::App& app);
 Runner register_sync_check(CLI::App& app);
 

@@ -41,6 +41,7 @@ int main(int argc, char** argv) {
   };
   add(crl::app::register_make_model);
   add(crl::app::register_generate);
+  add(crl::app::register_serve);
   add(crl::app::register_bench);
   add(crl::app::register_sync_check);
   try {

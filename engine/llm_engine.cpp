@@ -107,17 +107,37 @@ LlmEngine::LlmEngine(const EngineConfig& config) : config_(config), inbox_(std::
 
 LlmEngine::~LlmEngine() = default;
 
+std::vector<int32_t> LlmEngine::encode_prompt(const std::string& text) const {
+  if (!tokenizer_) {
+    throw std::invalid_argument("this model has no tokenizer.model: send the prompt as token ids");
+  }
+  std::vector<int32_t> out;
+  if (add_bos_) out.push_back(static_cast<int32_t>(model_->config().bos_token_id));
+  auto ids = tokenizer_->encode(text);
+  out.insert(out.end(), ids.begin(), ids.end());
+  return out;
+}
+
 std::string LlmEngine::add_request(GenerateRequest request) {
+  validate_request(request);
+  std::lock_guard<std::mutex> lock(inbox_->mu);
+  if (request.request_id.empty()) {
+    do {  // skip ids a caller chose explicitly
+      request.request_id = "req-" + std::to_string(inbox_->next_id++);
+    } while (inbox_->live_ids.count(request.request_id));
+  }
+  if (!inbox_->live_ids.insert(request.request_id).second) {
+    throw std::invalid_argument("request id '" + request.request_id + "' is already in use");
+  }
+  std::string id = request.request_id;
+  inbox_->adds.push_back(std::move(request));
+  return id;
+}
+
+void LlmEngine::validate_request(GenerateRequest& request) const {
   const int64_t vocab = model_->config().vocab_size;
   request.params.validate(vocab);
-  if (request.prompt_token_ids.empty()) {
-    if (!tokenizer_) {
-      throw std::invalid_argument("this model has no tokenizer.model: send the prompt as token ids");
-    }
-    if (add_bos_) request.prompt_token_ids.push_back(static_cast<int32_t>(model_->config().bos_token_id));
-    auto ids = tokenizer_->encode(request.prompt);
-    request.prompt_token_ids.insert(request.prompt_token_ids.end(), ids.begin(), ids.end());
-  }
+  if (request.prompt_token_ids.empty()) request.prompt_token_ids = encode_prompt(request.prompt);
   if (request.prompt_token_ids.empty()) throw std::invalid_argument("the prompt is empty");
   for (int32_t id : request.prompt_token_ids) {
     if (id < 0 || id >= vocab) {
@@ -138,18 +158,6 @@ std::string LlmEngine::add_request(GenerateRequest request) {
                                 std::to_string(scheduler_->config().num_blocks) + " blocks of " +
                                 std::to_string(config_.block_size) + " tokens)");
   }
-  std::lock_guard<std::mutex> lock(inbox_->mu);
-  if (request.request_id.empty()) {
-    do {  // skip ids a caller chose explicitly
-      request.request_id = "req-" + std::to_string(inbox_->next_id++);
-    } while (inbox_->live_ids.count(request.request_id));
-  }
-  if (!inbox_->live_ids.insert(request.request_id).second) {
-    throw std::invalid_argument("request id '" + request.request_id + "' is already in use");
-  }
-  std::string id = request.request_id;
-  inbox_->adds.push_back(std::move(request));
-  return id;
 }
 
 void LlmEngine::abort(const std::string& request_id) {
@@ -539,5 +547,7 @@ void LlmEngine::bump_weight_version() {
   weight_version_++;
   scheduler_->reset_prefix_cache();
 }
+
+void LlmEngine::reset_prefix_cache() { scheduler_->reset_prefix_cache(); }
 
 }  // namespace crl::engine

@@ -93,6 +93,13 @@ class LlmEngine {
   // Validates and queues a request; returns its id. Throws std::invalid_argument for bad
   // parameters, an empty prompt, out-of-vocabulary ids, or prompt + max_tokens over the context.
   std::string add_request(GenerateRequest request);
+  // The checks of add_request without queuing anything: tokenizes a text prompt into
+  // request.prompt_token_ids (BOS added when the model wants one) and throws what add_request
+  // would throw (except for a duplicate id). Any thread: it reads only immutable state.
+  void validate_request(GenerateRequest& request) const;
+  // A text prompt as the engine tokenizes it (BOS first when the model wants one). Any thread.
+  // Throws std::invalid_argument when the model has no tokenizer.
+  std::vector<int32_t> encode_prompt(const std::string& text) const;
   // Aborts a request in any state; its blocks are freed at the next step. Unknown ids are ignored.
   void abort(const std::string& request_id);
 
@@ -116,6 +123,8 @@ class LlmEngine {
 
   // New weights were installed: bump the version and drop prefix-cache entries.
   void bump_weight_version();
+  // Forgets every prefix-cache entry (blocks in use are untouched). Engine thread only.
+  void reset_prefix_cache();
   int64_t weight_version() const { return weight_version_; }
 
   const ModelConfig& model_config() const { return model_->config(); }

@@ -1,0 +1,59 @@
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <iostream>
+#include <thread>
+
+#include "app/commands.h"
+#include "server/api_server.h"
+
+namespace crl::app {
+
+namespace {
+
+volatile std::sig_atomic_t g_stop_signal = 0;
+void on_stop_signal(int sig) { g_stop_signal = sig; }
+
+}  // namespace
+
+Runner register_serve(CLI::App& app) {
+  struct Flags {
+    EngineFlags engine;
+    server::ServerOptions server;
+  };
+  auto f = std::make_shared<Flags>();
+  auto* cmd = app.add_subcommand("serve", "serve the engine over an OpenAI-compatible HTTP API");
+  add_engine_flags(*cmd, f->engine);
+  auto& s = f->server;
+  cmd->add_option("--host", s.host, "address to bind (0.0.0.0: every interface)")->capture_default_str();
+  cmd->add_option("--port", s.port, "port to bind (0: any free port)")->capture_default_str();
+  cmd->add_option("--served-model-name", s.served_model_name,
+                  "model name in the API (default: the model directory's name)");
+  cmd->add_option("--max-concurrent-requests", s.max_concurrent_requests,
+                  "completion requests in flight at most; more get 429")
+      ->capture_default_str();
+  cmd->add_option("--http-threads", s.http_threads, "HTTP worker threads")->capture_default_str();
+  cmd->add_option("--max-body-bytes", s.max_body_bytes, "larger request bodies get 413")
+      ->capture_default_str();
+  return [f]() {
+    engine::EngineConfig config = f->engine.resolve();
+    server::Server srv(config, f->server);
+    std::signal(SIGINT, on_stop_signal);
+    std::signal(SIGTERM, on_stop_signal);
+    const int port = srv.start();
+    // One line on stdout with the bound port, for scripts and `bench serve` (port 0).
+    std::cout << "listening on http://" << f->server.host << ":" << port << std::endl;
+    srv.engine_loop().wait_ready();
+    spdlog::info("model loaded: {} (KV pool {} blocks x {} tokens)", srv.model_name(),
+                 srv.engine_loop().engine().runner().num_blocks(), config.block_size);
+    while (!g_stop_signal) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    spdlog::info("signal {}: stopping", static_cast<int>(g_stop_signal));
+    srv.stop();
+    return 0;
+  };
+}
+
+}  // namespace crl::app

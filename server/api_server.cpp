@@ -1,0 +1,449 @@
+#include "server/api_server.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <ctime>
+#include <filesystem>
+
+#include "server/completion_render.h"
+
+namespace crl::server {
+
+namespace {
+
+using json = nlohmann::json;
+constexpr auto kPollInterval = std::chrono::milliseconds(20);
+constexpr int kClientClosedRequest = 499;  // nginx's status for "client went away"
+
+HttpResponse json_response(int status, const json& body) {
+  HttpResponse r;
+  r.status = status;
+  r.body = dump_json(body);
+  return r;
+}
+
+HttpResponse error_response(int status, const std::string& message, const std::string& param = "",
+                            const std::string& code = "") {
+  return json_response(status, error_json(status, message, param, code));
+}
+
+std::string default_model_name(const std::string& dir) {
+  std::string d = dir;
+  while (d.size() > 1 && d.back() == '/') d.pop_back();
+  const std::string name = std::filesystem::path(d).filename().string();
+  return name.empty() ? "model" : name;
+}
+
+// Decrements the in-flight count when the last holder (handler or stream) lets go.
+class InFlightSlot {
+ public:
+  explicit InFlightSlot(std::atomic<int>& count) : count_(count) {}
+  ~InFlightSlot() { count_--; }
+  InFlightSlot(const InFlightSlot&) = delete;
+  InFlightSlot& operator=(const InFlightSlot&) = delete;
+
+ private:
+  std::atomic<int>& count_;
+};
+
+}  // namespace
+
+Server::Server(engine::EngineConfig config, ServerOptions options)
+    : Server(std::make_shared<EngineLoop>(std::move(config)), std::move(options)) {
+  owns_loop_ = true;
+}
+
+Server::Server(std::shared_ptr<EngineLoop> loop, ServerOptions options)
+    : options_(std::move(options)),
+      loop_(std::move(loop)),
+      http_([&] {
+        HttpServerOptions h;
+        h.threads = options_.http_threads;
+        h.max_body_bytes = options_.max_body_bytes;
+        h.error_body = [](int status) {
+          std::string message = "request failed";
+          std::string code;
+          if (status == 404) message = "no such endpoint", code = "not_found";
+          if (status == 405) message = "method not allowed";
+          if (status == 413) message = "the request body is too large", code = "payload_too_large";
+          if (status == 400) message = "malformed HTTP request";
+          if (status >= 500) message = "internal server error";
+          return dump_json(error_json(status, message, "", code));
+        };
+        return h;
+      }()) {
+  const std::string& dir = loop_->config().model_dir;
+  model_name_ = options_.served_model_name.empty() ? default_model_name(dir) : options_.served_model_name;
+  chat_ = ChatTemplate::from_model_dir(dir);
+  http_.route("POST", "/v1/completions", [this](const HttpRequest& r) {
+    return guarded_completion(r, Endpoint::kCompletions);
+  });
+  http_.route("POST", "/v1/chat/completions",
+              [this](const HttpRequest& r) { return guarded_completion(r, Endpoint::kChat); });
+  http_.route("GET", "/v1/models", guarded(&Server::handle_models));
+  http_.route("GET", "/health", guarded(&Server::handle_health));
+  http_.route("GET", "/metrics", guarded(&Server::handle_metrics));
+  http_.route("POST", "/tokenize", guarded(&Server::handle_tokenize));
+  http_.route("POST", "/detokenize", guarded(&Server::handle_detokenize));
+  http_.route("POST", "/pause", guarded(&Server::handle_pause));
+  http_.route("POST", "/resume", guarded(&Server::handle_resume));
+  http_.route("GET", "/is_paused", guarded(&Server::handle_is_paused));
+  http_.route("POST", "/reset_prefix_cache", guarded(&Server::handle_reset_prefix_cache));
+}
+
+Server::~Server() { stop(); }
+
+int Server::start() {
+  loop_->start();
+  const int port = http_.start(options_.host, options_.port);
+  spdlog::info("serving {} on http://{}:{} (chat template: {})", model_name_, options_.host, port,
+               chat_.name());
+  return port;
+}
+
+void Server::stop() {
+  if (stopping_.exchange(true)) return;
+  // Handlers poll stopping_ and return; then the HTTP workers can be joined.
+  http_.stop();
+  if (owns_loop_) loop_->stop();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Plumbing
+
+HttpHandler Server::guarded(HttpResponse (Server::*handler)(const HttpRequest&)) {
+  return [this, handler](const HttpRequest& req) {
+    HttpResponse res;
+    try {
+      res = (this->*handler)(req);
+    } catch (const ApiError& e) {
+      res = error_response(e.status(), e.what(), e.param(), e.code());
+    } catch (const std::exception& e) {
+      spdlog::error("{} {}: {}", req.method, req.path, e.what());
+      res = error_response(500, std::string("internal error: ") + e.what());
+    } catch (...) {
+      res = error_response(500, "internal error");
+    }
+    loop_->metrics().record_http_status(res.status);
+    return res;
+  };
+}
+
+HttpResponse Server::guarded_completion(const HttpRequest& req, Endpoint endpoint) {
+  HttpResponse res;
+  try {
+    res = handle_completion(req, endpoint);
+  } catch (const ApiError& e) {
+    res = error_response(e.status(), e.what(), e.param(), e.code());
+    if (e.status() == 429) res.headers.emplace_back("Retry-After", std::to_string(options_.retry_after_seconds));
+  } catch (const std::exception& e) {
+    spdlog::error("{} {}: {}", req.method, req.path, e.what());
+    res = error_response(500, std::string("internal error: ") + e.what());
+  } catch (...) {
+    res = error_response(500, "internal error");
+  }
+  loop_->metrics().record_http_status(res.status);
+  return res;
+}
+
+void Server::require_ready() const {
+  if (loop_->ready()) return;
+  const std::string err = loop_->load_error();
+  throw ApiError(503, err.empty() ? "the model is still loading" : "the model failed to load: " + err);
+}
+
+std::vector<int32_t> Server::encode_chat(const std::string& text) const {
+  const engine::LlmEngine& eng = loop_->engine();
+  const engine::Tokenizer* tok = eng.tokenizer();
+  if (!tok) throw ApiError(400, "this model has no tokenizer: use /v1/completions with token ids");
+  std::call_once(specials_once_, [&] {
+    for (int32_t id = 0; id < tok->vocab_size(); ++id) {
+      if (!tok->is_special(id)) continue;
+      std::string piece = tok->id_to_piece(id);
+      if (piece.size() > 2 && piece.front() == '<' && piece.back() == '>') specials_.emplace_back(piece, id);
+    }
+  });
+  std::vector<int32_t> ids = eng.encode_prompt("");  // BOS when the model wants one
+  size_t at = 0;
+  while (at < text.size()) {
+    size_t best = std::string::npos;
+    const std::pair<std::string, int32_t>* which = nullptr;
+    for (const auto& s : specials_) {
+      const size_t f = text.find(s.first, at);
+      if (f != std::string::npos && (f < best || (f == best && s.first.size() > which->first.size()))) {
+        best = f;
+        which = &s;
+      }
+    }
+    const size_t end = which ? best : text.size();
+    if (end > at) {
+      auto part = tok->encode(text.substr(at, end - at));
+      ids.insert(ids.end(), part.begin(), part.end());
+    }
+    if (!which) break;
+    ids.push_back(which->second);
+    at = best + which->first.size();
+  }
+  return ids;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Completions
+
+HttpResponse Server::handle_completion(const HttpRequest& req, Endpoint endpoint) {
+  require_ready();
+  const json body = parse_json_object(req.body);
+  CompletionJob job = parse_completion_request(body, endpoint, options_.limits, chat_);
+  if (!job.model.empty() && job.model != model_name_) {
+    throw ApiError(400, "the model '" + job.model + "' does not exist (this server serves '" +
+                            model_name_ + "')", "model", "model_not_found");
+  }
+  const engine::LlmEngine& eng = loop_->engine();
+
+  // Requests, tokenized and validated here so a bad one is a 400 before anything is queued.
+  const uint64_t serial = next_id_++;
+  const std::string id = fmt::format("{}-{:x}{:06x}", endpoint == Endpoint::kChat ? "chatcmpl" : "cmpl",
+                                     static_cast<uint64_t>(std::time(nullptr)), serial);
+  std::vector<engine::GenerateRequest> requests;
+  std::vector<std::string> echo_texts;
+  for (size_t i = 0; i < job.prompts.size(); ++i) {
+    const PromptInput& p = job.prompts[i];
+    engine::GenerateRequest r;
+    r.request_id = id + "-" + std::to_string(i);
+    r.params = job.params;
+    try {
+      if (!p.is_text) {
+        r.prompt_token_ids = p.token_ids;
+      } else if (endpoint == Endpoint::kChat) {
+        r.prompt_token_ids = encode_chat(p.text);
+      } else {
+        r.prompt_token_ids = eng.encode_prompt(p.text);
+      }
+      if (endpoint == Endpoint::kChat && !job.max_tokens_given) {  // the rest of the context
+        const int64_t room = eng.max_model_len() - static_cast<int64_t>(r.prompt_token_ids.size());
+        r.params.max_tokens = static_cast<int32_t>(std::max<int64_t>(1, room));
+        r.params.min_tokens = std::min(r.params.min_tokens, r.params.max_tokens);
+      }
+      eng.validate_request(r);
+    } catch (const std::invalid_argument& e) {
+      throw ApiError(400, e.what(), param_from_message(e.what()));
+    }
+    if (job.echo) {
+      echo_texts.push_back(p.is_text ? p.text
+                                     : (eng.tokenizer() ? eng.tokenizer()->decode(p.token_ids) : ""));
+    }
+    requests.push_back(std::move(r));
+  }
+
+  if (++in_flight_ > options_.max_concurrent_requests) {
+    in_flight_--;
+    throw ApiError(429, "too many requests in flight (" + std::to_string(options_.max_concurrent_requests) +
+                            "): retry later", "", "rate_limit_exceeded");
+  }
+  auto slot = std::make_shared<InFlightSlot>(in_flight_);
+  std::shared_ptr<RequestChannel> channel;
+  try {
+    channel = loop_->submit(std::move(requests));
+  } catch (const std::invalid_argument& e) {
+    throw ApiError(400, e.what(), param_from_message(e.what()));
+  } catch (const std::runtime_error& e) {
+    throw ApiError(503, e.what());
+  }
+  const std::vector<std::string> ids = channel->ids();
+  auto renderer = std::make_shared<CompletionRenderer>(job, id, model_name_,
+                                                       static_cast<int64_t>(std::time(nullptr)),
+                                                       eng.tokenizer(), std::move(echo_texts));
+  EngineLoop* loop = loop_.get();
+
+  if (job.stream) {
+    HttpResponse res;
+    res.content_type = "text/event-stream";
+    res.headers.emplace_back("Cache-Control", "no-cache");
+    res.headers.emplace_back("X-Weight-Version", std::to_string(loop->gauges().weight_version));
+    res.stream = [this, channel, renderer, loop, ids](ChunkSink& sink) {
+      uint64_t seen = 0;
+      auto last_check = std::chrono::steady_clock::now();
+      while (true) {
+        RequestChannel::Snapshot snap = channel->wait(seen, kPollInterval);
+        if (snap.version != seen) {
+          seen = snap.version;
+          const std::string events = renderer->stream_update(snap);
+          if (!events.empty() && !sink.write(events)) break;
+        }
+        // A write to a closed connection can still succeed once: look at the socket too.
+        if (std::chrono::steady_clock::now() - last_check >= kPollInterval) {
+          last_check = std::chrono::steady_clock::now();
+          if (!snap.all_finished && !sink.is_alive()) break;
+        }
+        if (snap.all_finished) return sink.write(renderer->stream_end(snap));
+        if (stopping_) break;
+      }
+      loop->abort(ids);  // the client left (or the server stops): free the KV blocks now
+      return false;
+    };
+    // Also covers a client that left before the stream started. Aborting a finished request is
+    // a no-op; the slot is released with the last reference.
+    res.on_close = [loop, ids, slot]() { loop->abort(ids); };
+    return res;
+  }
+
+  uint64_t seen = 0;
+  RequestChannel::Snapshot snap;
+  auto last_check = std::chrono::steady_clock::now();
+  while (true) {
+    snap = channel->wait(seen, kPollInterval);
+    if (snap.all_finished) break;
+    // Outputs may arrive every step, so look at the socket by the clock, not only when idle.
+    if (std::chrono::steady_clock::now() - last_check >= kPollInterval) {
+      last_check = std::chrono::steady_clock::now();
+      if (req.is_connection_alive && !req.is_connection_alive()) {
+        loop->abort(ids);
+        return error_response(kClientClosedRequest, "the client closed the connection");
+      }
+    }
+    if (stopping_) {
+      loop->abort(ids);
+      throw ApiError(503, "the server is shutting down");
+    }
+    seen = snap.version;
+  }
+  HttpResponse res = json_response(200, renderer->response(snap));
+  res.headers.emplace_back("X-Weight-Version", std::to_string(CompletionRenderer::weight_version(snap)));
+  return res;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Other endpoints
+
+HttpResponse Server::handle_models(const HttpRequest&) {
+  json model = {{"id", model_name_},
+                {"object", "model"},
+                {"created", static_cast<int64_t>(std::time(nullptr))},
+                {"owned_by", "colocated-rl"},
+                {"root", loop_->config().model_dir},
+                {"max_model_len", loop_->ready() ? loop_->engine().max_model_len() : 0},
+                {"weight_version", loop_->gauges().weight_version}};
+  return json_response(200, {{"object", "list"}, {"data", json::array({model})}});
+}
+
+HttpResponse Server::handle_health(const HttpRequest&) {
+  if (loop_->ready()) {
+    HttpResponse r = json_response(200, {{"status", "ok"}, {"weight_version", loop_->gauges().weight_version}});
+    return r;
+  }
+  const std::string err = loop_->load_error();
+  if (!err.empty()) return json_response(503, {{"status", "error"}, {"message", err}});
+  return json_response(503, {{"status", "loading"}});
+}
+
+HttpResponse Server::handle_metrics(const HttpRequest&) {
+  HttpResponse r;
+  r.content_type = "text/plain; version=0.0.4";
+  r.body = loop_->metrics().render(loop_->gauges(), model_name_);
+  return r;
+}
+
+HttpResponse Server::handle_tokenize(const HttpRequest& req) {
+  require_ready();
+  const json body = parse_json_object(req.body);
+  const engine::LlmEngine& eng = loop_->engine();
+  bool add_special = true;
+  if (body.contains("add_special_tokens") && !body["add_special_tokens"].is_null()) {
+    if (!body["add_special_tokens"].is_boolean()) {
+      throw ApiError(400, "'add_special_tokens' must be a boolean", "add_special_tokens", "invalid_type");
+    }
+    add_special = body["add_special_tokens"].get<bool>();
+  }
+  std::vector<int32_t> ids;
+  try {
+    if (body.contains("messages")) {
+      std::string text;
+      try {
+        text = chat_.render(parse_messages(body["messages"]));
+      } catch (const std::invalid_argument& e) {
+        throw ApiError(400, e.what(), "messages");
+      }
+      ids = encode_chat(text);
+    } else if (body.contains("prompt") && body["prompt"].is_string()) {
+      ids = eng.encode_prompt(body["prompt"].get<std::string>());
+    } else {
+      throw ApiError(400, "'prompt' (a string) or 'messages' is required", "prompt");
+    }
+  } catch (const std::invalid_argument& e) {
+    throw ApiError(400, e.what());
+  }
+  if (!add_special) {
+    const std::vector<int32_t> bos = eng.encode_prompt("");
+    if (!bos.empty() && !ids.empty() && ids.front() == bos.front()) ids.erase(ids.begin());
+  }
+  return json_response(200, {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", eng.max_model_len()}});
+}
+
+HttpResponse Server::handle_detokenize(const HttpRequest& req) {
+  require_ready();
+  const json body = parse_json_object(req.body);
+  if (!body.contains("tokens") || !body["tokens"].is_array()) {
+    throw ApiError(400, "'tokens' (a list of token ids) is required", "tokens", "invalid_type");
+  }
+  const engine::Tokenizer* tok = loop_->engine().tokenizer();
+  if (!tok) throw ApiError(400, "this model has no tokenizer");
+  std::vector<int32_t> ids;
+  for (const auto& t : body["tokens"]) {
+    if (!t.is_number_integer()) throw ApiError(400, "'tokens' must hold integers", "tokens", "invalid_type");
+    const int64_t v = t.get<int64_t>();
+    if (v < 0 || v >= tok->vocab_size()) {
+      throw ApiError(400, "token id " + t.dump() + " is outside the vocabulary [0, " +
+                              std::to_string(tok->vocab_size()) + ")", "tokens", "out_of_range");
+    }
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  return json_response(200, {{"prompt", tok->decode(ids)}});
+}
+
+HttpResponse Server::handle_pause(const HttpRequest& req) {
+  require_ready();
+  PauseMode mode = PauseMode::kAbort;
+  double timeout_s = 600;
+  if (!req.body.empty()) {
+    const json body = parse_json_object(req.body);
+    if (body.contains("mode") && !body["mode"].is_null()) {
+      if (!body["mode"].is_string()) throw ApiError(400, "'mode' must be a string", "mode", "invalid_type");
+      const std::string m = body["mode"].get<std::string>();
+      if (m == "wait") {
+        mode = PauseMode::kWait;
+      } else if (m != "abort") {
+        throw ApiError(400, "'mode' must be \"abort\" or \"wait\", got \"" + m + "\"", "mode");
+      }
+    }
+    if (body.contains("timeout") && !body["timeout"].is_null()) {
+      if (!body["timeout"].is_number() || body["timeout"].get<double>() < 0) {
+        throw ApiError(400, "'timeout' must be a number of seconds >= 0", "timeout");
+      }
+      timeout_s = body["timeout"].get<double>();
+    }
+  }
+  const bool drained = loop_->pause(
+      mode, std::chrono::milliseconds(static_cast<int64_t>(std::min(timeout_s, 86400.0) * 1000)));
+  return json_response(200, {{"paused", true}, {"drained", drained},
+                             {"mode", mode == PauseMode::kWait ? "wait" : "abort"}});
+}
+
+HttpResponse Server::handle_resume(const HttpRequest&) {
+  require_ready();
+  loop_->resume();
+  return json_response(200, {{"paused", false}});
+}
+
+HttpResponse Server::handle_is_paused(const HttpRequest&) {
+  return json_response(200, {{"is_paused", loop_->paused()}});
+}
+
+HttpResponse Server::handle_reset_prefix_cache(const HttpRequest&) {
+  require_ready();
+  loop_->post([](engine::LlmEngine& e) { e.reset_prefix_cache(); }).get();
+  return json_response(200, {{"status", "ok"}});
+}
+
+}  // namespace crl::server

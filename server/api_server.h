@@ -1,0 +1,111 @@
+// Server: the OpenAI-compatible HTTP API over one EngineLoop (DESIGN.md §6).
+//
+// Endpoints:
+//   POST /v1/completions, /v1/chat/completions   (stream: SSE chunks, then "data: [DONE]")
+//   GET  /v1/models, /health (503 while the model loads), /metrics (Prometheus text)
+//   POST /tokenize, /detokenize
+//   POST /pause {"mode": "abort"|"wait"}, /resume, /reset_prefix_cache; GET /is_paused
+// Every completion response carries the weight version that produced it: "weight_version" in
+// the body and in every stream chunk, and the X-Weight-Version header (for a stream, the version
+// when it started). Errors are OpenAI error objects with 4xx codes (413 for an oversize body,
+// 429 + Retry-After when max_concurrent_requests completions are in flight). A client that
+// disconnects aborts its requests at once, so their KV blocks are freed by the next step.
+//
+// Using it from the RL loop: build an EngineLoop (it owns the engine and its thread), hand it to
+// Server, and apply weight updates with loop->post([](LlmEngine& e) { ...; e.bump_weight_version(); }),
+// which runs between two engine steps.
+//
+// Thread safety: start()/stop() from one thread; everything else runs on server threads.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/engine_config.h"
+#include "server/api_types.h"
+#include "server/chat_template.h"
+#include "server/engine_loop.h"
+#include "server/http_server.h"
+
+namespace crl::server {
+
+struct ServerOptions {
+  // Address to bind; 0.0.0.0 serves every interface.
+  std::string host = "127.0.0.1";
+  // Port to bind; 0 picks a free one (see Server::port()).
+  int port = 8000;
+  // Model name in /v1/models and responses; empty: the model directory's name.
+  std::string served_model_name;
+  // HTTP worker threads; every open request (streams included) holds one.
+  int http_threads = 128;
+  // Completion requests in flight at most; more get 429 with Retry-After.
+  int max_concurrent_requests = 96;
+  // Seconds a 429 tells the client to wait.
+  int retry_after_seconds = 1;
+  // Request bodies over this size get 413.
+  size_t max_body_bytes = size_t{8} << 20;
+  ApiLimits limits;
+};
+
+class Server {
+ public:
+  // Serves a new engine built from `config` (loaded on the engine thread after start()).
+  Server(engine::EngineConfig config, ServerOptions options);
+  // Serves an engine loop owned with someone else (the RL loop); start() starts it if needed.
+  Server(std::shared_ptr<EngineLoop> loop, ServerOptions options);
+  ~Server();  // stop()
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Starts the engine loop and the HTTP server; returns the bound port. /health answers 503
+  // until the engine is loaded (EngineLoop::wait_ready() blocks until then).
+  int start();
+  // Ends open requests, stops HTTP, then the engine loop if this server created it.
+  void stop();
+
+  int port() const { return http_.port(); }
+  const std::string& model_name() const { return model_name_; }
+  EngineLoop& engine_loop() { return *loop_; }
+  const ChatTemplate& chat_template() const { return chat_; }
+
+ private:
+  HttpResponse handle_completion(const HttpRequest& req, Endpoint endpoint);
+  // handle_completion with guarded()'s error handling (plus Retry-After on 429).
+  HttpResponse guarded_completion(const HttpRequest& req, Endpoint endpoint);
+  HttpResponse handle_models(const HttpRequest& req);
+  HttpResponse handle_health(const HttpRequest& req);
+  HttpResponse handle_metrics(const HttpRequest& req);
+  HttpResponse handle_tokenize(const HttpRequest& req);
+  HttpResponse handle_detokenize(const HttpRequest& req);
+  HttpResponse handle_pause(const HttpRequest& req);
+  HttpResponse handle_resume(const HttpRequest& req);
+  HttpResponse handle_is_paused(const HttpRequest& req);
+  HttpResponse handle_reset_prefix_cache(const HttpRequest& req);
+
+  // Wraps a handler: catches everything into an error response and counts the status.
+  HttpHandler guarded(HttpResponse (Server::*handler)(const HttpRequest&));
+  // Throws ApiError(503) while the engine is not loaded.
+  void require_ready() const;
+  // Token ids of a chat prompt: control pieces written as text (</s>, <s>) become their ids.
+  std::vector<int32_t> encode_chat(const std::string& text) const;
+
+  ServerOptions options_;
+  std::shared_ptr<EngineLoop> loop_;
+  bool owns_loop_ = false;
+  std::string model_name_;
+  ChatTemplate chat_;
+  HttpServer http_;
+  std::atomic<int> in_flight_{0};
+  std::atomic<bool> stopping_{false};
+  std::atomic<uint64_t> next_id_{0};
+  mutable std::once_flag specials_once_;
+  mutable std::vector<std::pair<std::string, int32_t>> specials_;  // control piece -> id
+};
+
+}  // namespace crl::server

@@ -1,0 +1,83 @@
+// OpenAI-style request parsing and error objects for the HTTP API (no engine, no httplib).
+//
+// parse_completion_request() type-checks every field it knows and throws ApiError (400) naming
+// the field; unknown fields are ignored, as OpenAI does.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "engine/sampling_params.h"
+#include "server/chat_template.h"
+
+namespace crl::server {
+
+// An error returned to the client as {"error": {"message", "type", "param", "code"}}.
+class ApiError : public std::runtime_error {
+ public:
+  ApiError(int status, const std::string& message, std::string param = "", std::string code = "");
+  int status() const { return status_; }
+  const std::string& param() const { return param_; }
+  const std::string& code() const { return code_; }
+
+ private:
+  int status_;
+  std::string param_;
+  std::string code_;
+};
+
+// The OpenAI error object for `status` (type from the status: invalid_request_error for 4xx,
+// server_error for 5xx; empty param/code become null).
+nlohmann::json error_json(int status, const std::string& message, const std::string& param = "",
+                          const std::string& code = "");
+
+enum class Endpoint { kCompletions, kChat };
+
+// One prompt of a request: text, or token ids (token-in).
+struct PromptInput {
+  bool is_text = true;
+  std::string text;
+  std::vector<int32_t> token_ids;
+};
+
+struct ApiLimits {
+  int32_t max_n = 64;         // samples per prompt
+  int32_t max_prompts = 64;   // prompts in one /v1/completions request
+  int32_t max_tokens = 1 << 20;
+};
+
+struct CompletionJob {
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::string model;                   // empty when the request named none
+  std::vector<PromptInput> prompts;    // chat: one, the rendered conversation
+  engine::SamplingParams params;       // shared by every prompt
+  bool max_tokens_given = false;       // chat without max_tokens: the rest of the context
+  bool stream = false;
+  bool include_usage = false;          // stream_options.include_usage
+  bool echo = false;                   // completions: the prompt text before the completion
+  bool return_token_ids = false;       // token-out: prompt and completion token ids
+  bool logprobs = false;               // return log-probs of the sampled tokens
+  int32_t top_logprobs = 0;            // and this many alternatives at each position
+};
+
+// Parses a /v1/completions or /v1/chat/completions body. Chat messages are rendered with
+// `chat` into one text prompt. Throws ApiError(400).
+CompletionJob parse_completion_request(const nlohmann::json& body, Endpoint endpoint,
+                                       const ApiLimits& limits, const ChatTemplate& chat);
+
+// The body as a JSON object; throws ApiError(400) for malformed JSON or another type.
+nlohmann::json parse_json_object(const std::string& body);
+
+// Chat messages of a body's "messages" field; throws ApiError(400).
+std::vector<ChatMessage> parse_messages(const nlohmann::json& messages);
+
+// The field name quoted in an engine validation message ("invalid sampling parameter 'n': ...");
+// empty when none.
+std::string param_from_message(const std::string& message);
+
+}  // namespace crl::server

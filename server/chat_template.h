@@ -1,0 +1,52 @@
+// ChatTemplate: renders chat messages into a prompt, for the common checkpoint families.
+//
+// No Jinja engine: the family is recognised by a pattern in tokenizer_config.json's
+// "chat_template" and rendered by hand (with the generation prompt appended):
+//   ChatML (Qwen...)   "<|im_start|>"       <|im_start|>{role}\n{content}<|im_end|>\n ...
+//                                           <|im_start|>assistant\n; a default system message
+//                                           written in the template is used when none is given
+//   Llama-3            "<|start_header_id|>" <|start_header_id|>{role}<|end_header_id|>\n\n
+//                                           {content|trim}<|eot_id|> ... then the assistant header
+//   Llama-2            "[INST]" + "<<SYS>>"  [INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST]
+//                                           {assistant} </s><s>[INST] {user} [/INST]
+//   Mistral            "[INST]"             [INST] {system\n\n}{user} [/INST]{assistant}</s>[INST] ...
+//   plain (default, no or unrecognised template)
+//                                           "{System|User|Assistant}: {content}\n" per message,
+//                                           then "Assistant:"
+// The BOS token is not written: the engine adds it when the model wants one. Special tokens
+// written in the text (</s>, <|im_start|>, ...) are mapped to their ids by the server's encoder.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace crl::server {
+
+struct ChatMessage {
+  std::string role;  // system, user, assistant (developer is read as system, tool as user)
+  std::string content;
+};
+
+enum class ChatFormat { kPlain, kChatML, kLlama3, kLlama2, kMistral };
+
+class ChatTemplate {
+ public:
+  ChatTemplate() = default;
+  // Recognises the family of a Jinja chat template's text.
+  static ChatTemplate detect(const std::string& jinja_template);
+  // Reads <dir>/tokenizer_config.json's chat_template (a string, or a list of {name, template}
+  // where "default" is used); plain when there is none.
+  static ChatTemplate from_model_dir(const std::string& dir);
+
+  ChatFormat format() const { return format_; }
+  const char* name() const;
+  // The prompt for `messages`, ending with the assistant's turn opened. Throws
+  // std::invalid_argument for an empty list or an unknown role.
+  std::string render(const std::vector<ChatMessage>& messages) const;
+
+ private:
+  ChatFormat format_ = ChatFormat::kPlain;
+  std::string default_system_;  // ChatML: the system message the template adds when none is given
+};
+
+}  // namespace crl::server

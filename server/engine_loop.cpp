@@ -1,0 +1,400 @@
+#include "server/engine_loop.h"
+
+#include <ATen/Parallel.h>
+#include <spdlog/spdlog.h>
+
+#include <stdexcept>
+#include <unordered_set>
+
+namespace crl::server {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+int64_t generated_tokens(const engine::RequestOutput& out) {
+  int64_t n = 0;
+  for (const auto& c : out.outputs) n += static_cast<int64_t>(c.token_ids.size());
+  return n;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// RequestChannel
+
+RequestChannel::RequestChannel(std::vector<std::string> ids)
+    : ids_(std::move(ids)), outputs_(ids_.size()) {}
+
+RequestChannel::Snapshot RequestChannel::wait(uint64_t seen, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, timeout, [&] { return version_ != seen; });
+  Snapshot s;
+  s.outputs = outputs_;
+  s.version = version_;
+  s.all_finished = num_finished_ == outputs_.size();
+  return s;
+}
+
+void RequestChannel::publish(size_t index, engine::RequestOutput out) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (index >= outputs_.size()) return;
+    auto& slot = outputs_[index];
+    if (slot && slot->finished) return;  // a finished request never changes again
+    if (out.finished) num_finished_++;
+    slot = std::move(out);
+    version_++;
+  }
+  cv_.notify_all();
+}
+
+// ---------------------------------------------------------------------------------------------
+// EngineLoop
+
+EngineLoop::EngineLoop(engine::EngineConfig config) : config_(std::move(config)) {}
+
+EngineLoop::EngineLoop(std::unique_ptr<engine::LlmEngine> engine)
+    : config_(engine->config()), engine_(std::move(engine)) {}
+
+EngineLoop::~EngineLoop() { stop(); }
+
+void EngineLoop::start() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (started_) return;
+  started_ = true;
+  thread_ = std::thread([this] { run(); });
+}
+
+void EngineLoop::load() {
+  std::string error;
+  try {
+    if (!engine_) {
+      engine_ = std::make_unique<engine::LlmEngine>(config_);  // sets this thread's thread count
+    } else if (config_.num_threads > 0) {
+      at::set_num_threads(config_.num_threads);  // built on another thread: apply it here too
+    }
+  } catch (const std::exception& e) {
+    error = e.what();
+    if (error.empty()) error = "engine failed to load";
+  }
+  if (error.empty()) publish_gauges();  // so the pool size shows as soon as it is ready
+  std::lock_guard<std::mutex> lock(mu_);
+  if (error.empty()) {
+    loaded_ = true;
+  } else {
+    load_error_ = error;
+  }
+  cv_.notify_all();
+}
+
+bool EngineLoop::ready() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return loaded_;
+}
+
+void EngineLoop::wait_ready() const {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return loaded_ || !load_error_.empty() || stopping_; });
+  if (!load_error_.empty()) throw std::runtime_error(load_error_);
+  if (!loaded_) throw std::runtime_error("engine loop stopped before the engine was loaded");
+}
+
+std::string EngineLoop::load_error() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return load_error_;
+}
+
+void EngineLoop::run() {
+  load();
+  if (!ready()) return;
+  bool busy = false;  // the engine has unfinished work
+  while (true) {
+    std::deque<std::packaged_task<void(engine::LlmEngine&)>> tasks;
+    std::function<void(engine::LlmEngine&)> between;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || busy || work_pending_ || !tasks_.empty(); });
+      if (stopping_) break;
+      tasks.swap(tasks_);
+      between = between_steps_;
+      work_pending_ = false;
+    }
+    for (auto& task : tasks) task(*engine_);  // a packaged_task keeps fn's exception
+    if (between) {
+      try {
+        between(*engine_);
+      } catch (const std::exception& e) {
+        spdlog::error("engine loop: between-steps hook failed: {}", e.what());
+      }
+    }
+    if (engine_->has_unfinished()) {
+      try {
+        auto outputs = engine_->step();
+        deliver(outputs);
+      } catch (const std::exception& e) {
+        // step() already fails only the batch on a forward error; anything else is a bug: fail
+        // every request in flight rather than leave its client waiting.
+        spdlog::error("engine loop: step failed: {}", e.what());
+        std::lock_guard<std::mutex> lock(mu_);
+        for (auto& [id, route] : routes_) {
+          if (route.admitted) engine_->abort(id);
+        }
+      }
+    }
+    busy = engine_->has_unfinished();
+    publish_gauges();
+  }
+}
+
+void EngineLoop::deliver(std::vector<engine::RequestOutput>& outputs) {
+  const auto now = Clock::now();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& out : outputs) {
+    auto it = routes_.find(out.request_id);
+    if (it == routes_.end()) continue;  // not submitted through this loop
+    Route& route = it->second;
+    const int64_t tokens = generated_tokens(out);
+    if (tokens > route.tokens_seen) {
+      if (route.tokens_seen == 0) {
+        metrics_.record_first_token(seconds_between(route.arrival, now));
+      } else {
+        metrics_.record_inter_token(seconds_between(route.last_token, now));
+      }
+      route.last_token = now;
+      route.tokens_seen = tokens;
+    }
+    auto channel = route.channel;
+    const size_t index = route.index;
+    if (out.finished) {
+      std::string reason = "abort";
+      if (!out.error.empty()) {
+        reason = "error";
+      } else if (!out.outputs.empty()) {
+        reason = engine::finish_reason_name(out.outputs[0].finish_reason);
+        for (const auto& c : out.outputs) {
+          if (c.finish_reason == engine::FinishReason::kAbort) reason = "abort";
+        }
+      }
+      metrics_.record_finished(static_cast<int64_t>(out.prompt_token_ids.size()), tokens, reason,
+                               seconds_between(route.arrival, now));
+      routes_.erase(it);
+      if (--admitted_ == 0) cv_.notify_all();  // pause() may be waiting for this
+    }
+    channel->publish(index, std::move(out));
+  }
+}
+
+void EngineLoop::publish_gauges() {
+  EngineGauges g;
+  const auto& sched = engine_->scheduler();
+  std::unordered_set<const engine::Request*> running;
+  for (const engine::Sequence* s : sched.running()) running.insert(s->request);
+  g.running_requests = static_cast<int64_t>(running.size());
+  g.waiting_requests = static_cast<int64_t>(sched.num_waiting());
+  g.kv_blocks_total = sched.allocator().num_blocks();
+  g.kv_blocks_used = sched.allocator().num_used_blocks();
+  g.weight_version = engine_->weight_version();
+  g.num_preemptions = engine_->stats().preemptions;
+  g.prefix_cache_hit_tokens = engine_->stats().prefix_hit_tokens;
+  g.steps = engine_->stats().steps;
+  g.loaded = true;
+  std::lock_guard<std::mutex> lock(mu_);
+  gauges_ = g;
+}
+
+EngineGauges EngineLoop::gauges() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  EngineGauges g = gauges_;
+  g.waiting_requests += static_cast<int64_t>(held_.size());
+  g.paused = paused_;
+  g.loaded = loaded_;
+  return g;
+}
+
+void EngineLoop::fail_unadmitted(const engine::GenerateRequest& request, const std::string& error) {
+  auto it = routes_.find(request.request_id);
+  if (it == routes_.end()) return;
+  engine::RequestOutput out;
+  out.request_id = request.request_id;
+  out.prompt_token_ids = request.prompt_token_ids;
+  out.finished = true;
+  out.error = error;
+  out.weight_version = out.first_weight_version = gauges_.weight_version;
+  for (int32_t k = 0; k < request.params.n; ++k) {
+    engine::CompletionOutput c;
+    c.index = k;
+    c.finish_reason = engine::FinishReason::kAbort;
+    out.outputs.push_back(std::move(c));
+  }
+  metrics_.record_finished(static_cast<int64_t>(request.prompt_token_ids.size()), 0,
+                           error.empty() ? "abort" : "error",
+                           seconds_between(it->second.arrival, Clock::now()));
+  auto channel = it->second.channel;
+  const size_t index = it->second.index;
+  routes_.erase(it);
+  channel->publish(index, std::move(out));
+}
+
+std::shared_ptr<RequestChannel> EngineLoop::submit(std::vector<engine::GenerateRequest> requests) {
+  std::vector<std::string> ids;
+  for (const auto& r : requests) {
+    if (r.request_id.empty()) throw std::invalid_argument("EngineLoop::submit: empty request id");
+    ids.push_back(r.request_id);
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  if (stopping_) throw std::runtime_error("the engine is stopping");
+  if (!loaded_) {
+    throw std::runtime_error(load_error_.empty() ? "the engine is still loading"
+                                                 : "the engine failed to load: " + load_error_);
+  }
+  std::unordered_set<std::string> unique;
+  for (const auto& id : ids) {
+    if (routes_.count(id) || !unique.insert(id).second) {
+      throw std::invalid_argument("request id '" + id + "' is already in use");
+    }
+  }
+  auto channel = std::make_shared<RequestChannel>(ids);
+  if (!paused_) {
+    size_t added = 0;
+    try {
+      for (; added < requests.size(); ++added) engine_->add_request(requests[added]);
+    } catch (...) {
+      for (size_t i = 0; i < added; ++i) engine_->abort(ids[i]);  // all or none
+      throw;
+    }
+  }
+  const auto now = Clock::now();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    Route r;
+    r.channel = channel;
+    r.index = i;
+    r.arrival = r.last_token = now;
+    r.admitted = !paused_;
+    routes_.emplace(ids[i], std::move(r));
+  }
+  if (paused_) {
+    for (auto& r : requests) held_.push_back(std::move(r));
+  } else {
+    admitted_ += static_cast<int64_t>(ids.size());
+  }
+  work_pending_ = true;
+  cv_.notify_all();
+  return channel;
+}
+
+void EngineLoop::abort(const std::vector<std::string>& ids) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& id : ids) {
+    auto it = routes_.find(id);
+    if (it == routes_.end()) continue;
+    if (it->second.admitted) {
+      if (engine_) engine_->abort(id);
+      continue;
+    }
+    for (auto h = held_.begin(); h != held_.end(); ++h) {
+      if (h->request_id != id) continue;
+      engine::GenerateRequest request = std::move(*h);
+      held_.erase(h);
+      fail_unadmitted(request, "");
+      break;
+    }
+  }
+  work_pending_ = true;
+  cv_.notify_all();
+}
+
+std::future<void> EngineLoop::post(std::function<void(engine::LlmEngine&)> fn) {
+  // Gauges are published before the future is ready: a new weight version shows at once.
+  std::packaged_task<void(engine::LlmEngine&)> task(
+      [this, fn = std::move(fn)](engine::LlmEngine& e) {
+        fn(e);
+        publish_gauges();
+      });
+  auto future = task.get_future();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_) {
+    std::promise<void> failed;
+    failed.set_exception(std::make_exception_ptr(std::runtime_error("the engine loop is stopped")));
+    return failed.get_future();
+  }
+  tasks_.push_back(std::move(task));
+  cv_.notify_all();
+  return future;
+}
+
+void EngineLoop::set_between_steps(std::function<void(engine::LlmEngine&)> fn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  between_steps_ = std::move(fn);
+}
+
+bool EngineLoop::pause(PauseMode mode, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  paused_ = true;
+  if (mode == PauseMode::kAbort && engine_) {
+    for (auto& [id, route] : routes_) {
+      if (route.admitted) engine_->abort(id);
+    }
+    work_pending_ = true;
+  }
+  cv_.notify_all();
+  return cv_.wait_for(lock, timeout, [&] { return admitted_ == 0 || stopping_; });
+}
+
+void EngineLoop::resume() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!paused_) return;
+  paused_ = false;
+  std::deque<engine::GenerateRequest> held;
+  held.swap(held_);
+  for (auto& r : held) {
+    auto it = routes_.find(r.request_id);
+    if (it == routes_.end()) continue;
+    try {
+      engine_->add_request(r);
+      it->second.admitted = true;
+      admitted_++;
+    } catch (const std::exception& e) {
+      fail_unadmitted(r, e.what());
+    }
+  }
+  work_pending_ = true;
+  cv_.notify_all();
+}
+
+bool EngineLoop::paused() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return paused_;
+}
+
+void EngineLoop::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+    cv_.notify_all();
+  }
+  if (thread_.joinable()) thread_.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  // Nobody steps the engine any more: end every open request so no reader waits forever.
+  std::vector<engine::GenerateRequest> open;
+  for (auto& r : held_) open.push_back(std::move(r));
+  held_.clear();
+  for (auto& [id, route] : routes_) {
+    if (!route.admitted) continue;
+    engine::GenerateRequest r;
+    r.request_id = id;
+    r.params.n = 1;
+    open.push_back(std::move(r));
+  }
+  for (auto& r : open) fail_unadmitted(r, "the engine stopped");
+  admitted_ = 0;
+  tasks_.clear();  // an unrun packaged_task's future throws std::future_error (broken promise)
+  cv_.notify_all();
+}
+
+}  // namespace crl::server

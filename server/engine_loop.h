@@ -1,0 +1,161 @@
+// EngineLoop: one engine thread that owns an LlmEngine and steps it for many submitters.
+//
+// Submitters (HTTP handler threads, later the RL loop's rollout code) call submit(), which
+// queues the requests in the engine's thread-safe inbox and returns a RequestChannel; the engine
+// thread loops step() and publishes every output into the channel of its request. Nothing but
+// the engine thread touches the engine after start(), except its const, thread-safe parts
+// (tokenizer, config, validate_request) through engine().
+//
+// Work between steps: post(fn) runs fn(engine) on the engine thread before the next step (a
+// weight update lands there and calls bump_weight_version(); the future says when it is done),
+// and set_between_steps(fn) installs a hook called before every step.
+//
+// Pause: pause() closes admission (requests submitted meanwhile are held, not refused) and, in
+// kAbort mode, aborts every request in flight; it returns once the engine has nothing in flight.
+// resume() admits the held requests.
+//
+// Thread safety: every public method may be called from any thread, except that the functions
+// given to post()/set_between_steps() run on the engine thread and must not call pause().
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/engine_config.h"
+#include "engine/llm_engine.h"
+#include "server/metrics.h"
+
+namespace crl::server {
+
+// The outputs of the engine requests of one submission (index i = the i-th request submitted),
+// filled by the engine thread. Each slot holds the latest cumulative output of its request.
+class RequestChannel {
+ public:
+  explicit RequestChannel(std::vector<std::string> ids);
+  RequestChannel(const RequestChannel&) = delete;
+  RequestChannel& operator=(const RequestChannel&) = delete;
+
+  struct Snapshot {
+    std::vector<std::optional<engine::RequestOutput>> outputs;  // nullopt: nothing yet
+    uint64_t version = 0;  // increases with every publish
+    bool all_finished = false;
+  };
+  // Waits until something newer than `seen` was published or `timeout` passed; returns the
+  // latest state (version == seen when nothing new came).
+  Snapshot wait(uint64_t seen, std::chrono::milliseconds timeout);
+
+  const std::vector<std::string>& ids() const { return ids_; }
+
+  // Engine side: stores the latest output of request `index` and wakes the reader.
+  void publish(size_t index, engine::RequestOutput out);
+
+ private:
+  const std::vector<std::string> ids_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::optional<engine::RequestOutput>> outputs_;  // guarded by mu_
+  uint64_t version_ = 0;                                       // guarded by mu_
+  size_t num_finished_ = 0;                                    // guarded by mu_
+};
+
+enum class PauseMode { kAbort, kWait };
+
+class EngineLoop {
+ public:
+  // Builds the engine from `config` on the engine thread (its thread settings apply there) and
+  // then steps it. ready() turns true once it is built; load_error() says why it failed.
+  explicit EngineLoop(engine::EngineConfig config);
+  // Steps an engine built elsewhere; from start() on only the engine thread touches it.
+  explicit EngineLoop(std::unique_ptr<engine::LlmEngine> engine);
+  ~EngineLoop();  // stop()
+  EngineLoop(const EngineLoop&) = delete;
+  EngineLoop& operator=(const EngineLoop&) = delete;
+
+  void start();
+  // Fails every request still in flight or held ("the engine stopped"), stops and joins the
+  // thread. The futures of tasks posted but not run throw std::future_error (broken promise).
+  void stop();
+
+  // The engine's configuration (model directory, limits); fixed at construction.
+  const engine::EngineConfig& config() const { return config_; }
+  bool ready() const;
+  // Blocks until the engine is built; throws std::runtime_error with the load error.
+  void wait_ready() const;
+  std::string load_error() const;
+
+  // The engine, for its thread-safe const parts only (tokenizer, config, validate_request,
+  // encode_prompt). REQUIRES: ready().
+  const engine::LlmEngine& engine() const { return *engine_; }
+
+  // Queues `requests` (all or none) and returns the channel their outputs go to. Request ids
+  // must be unique and non-empty. Throws std::invalid_argument as LlmEngine::add_request does,
+  // std::runtime_error when the engine is not ready or stopping.
+  std::shared_ptr<RequestChannel> submit(std::vector<engine::GenerateRequest> requests);
+  // Aborts requests in any state (held ones included); unknown ids are ignored.
+  void abort(const std::vector<std::string>& ids);
+
+  // Runs fn(engine) on the engine thread before the next step. The future holds fn's exception.
+  std::future<void> post(std::function<void(engine::LlmEngine&)> fn);
+  // Installs a hook called on the engine thread before every step (empty function = none).
+  void set_between_steps(std::function<void(engine::LlmEngine&)> fn);
+
+  // Closes admission; kAbort also aborts every request in flight. Returns when nothing is in
+  // flight, or false when `timeout` passed first (admission stays closed either way).
+  bool pause(PauseMode mode, std::chrono::milliseconds timeout = std::chrono::hours(24));
+  void resume();
+  bool paused() const;
+
+  EngineGauges gauges() const;
+  ServerMetrics& metrics() { return metrics_; }
+
+ private:
+  struct Route {
+    std::shared_ptr<RequestChannel> channel;
+    size_t index = 0;
+    std::chrono::steady_clock::time_point arrival;
+    std::chrono::steady_clock::time_point last_token;
+    int64_t tokens_seen = 0;
+    bool admitted = false;  // in the engine (not held)
+  };
+
+  void run();
+  void load();
+  // Engine thread: routes outputs to their channels and records latency metrics.
+  void deliver(std::vector<engine::RequestOutput>& outputs);
+  void publish_gauges();
+  // Publishes a finished, aborted output for a request that never reached the engine.
+  void fail_unadmitted(const engine::GenerateRequest& request, const std::string& error);
+
+  engine::EngineConfig config_;
+  std::unique_ptr<engine::LlmEngine> engine_;
+  std::thread thread_;
+  ServerMetrics metrics_;
+
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;       // engine thread wake-up, readiness, pause drained
+  bool loaded_ = false;                      // guarded by mu_
+  std::string load_error_;                   // guarded by mu_
+  bool started_ = false;                     // guarded by mu_
+  bool stopping_ = false;                    // guarded by mu_
+  bool paused_ = false;                      // guarded by mu_
+  int64_t admitted_ = 0;                     // routes in the engine; guarded by mu_
+  std::unordered_map<std::string, Route> routes_;           // guarded by mu_
+  std::deque<engine::GenerateRequest> held_;                // guarded by mu_
+  std::deque<std::packaged_task<void(engine::LlmEngine&)>> tasks_;  // guarded by mu_
+  std::function<void(engine::LlmEngine&)> between_steps_;  // guarded by mu_
+  EngineGauges gauges_;                                     // guarded by mu_
+  bool work_pending_ = false;  // a submit/abort since the engine thread last looked; guarded by mu_
+};
+
+}  // namespace crl::server
