@@ -131,15 +131,15 @@ int run_distributed(const LaunchOptions& options, const RankBody& body) {
   if (!d.spawn) {
     // srun/mpirun started every rank: world rank 0 hosts the store, nobody spawns.
     sync::StorePtr server;
-    if (d.rank == 0) server = sync::host_store(d.master_port, options.timeout);
-    sync::RankEnv env{d.rank, d.world_size(), d.local_rank, d.local_world_size, d.node_rank,
-                      d.nnodes, d.master_addr, d.master_port, ""};
+    if (d.rank == 0 && !d.agent_store) server = sync::host_store(d.master_port, options.timeout);
+    sync::RankEnv env{d.rank,   d.world_size(),  d.local_rank,  d.local_world_size, d.node_rank,
+                      d.nnodes, d.master_addr,   d.master_port, "",                 d.store_prefix};
     run_rank(env, body);
   }
 
   sync::StorePtr server;
   int port = d.master_port;
-  if (d.node_rank == 0) {
+  if (d.node_rank == 0 && !d.agent_store) {
     server = sync::host_store(d.master_port, options.timeout);
     port = sync::store_port(server);
   }
@@ -171,7 +171,8 @@ int run_distributed(const LaunchOptions& options, const RankBody& body) {
     Child& c = children[l];
     c.env = sync::RankEnv{d.node_rank * per_node + l, d.world_size(), l, per_node, d.node_rank,
                           d.nnodes, d.master_addr, port,
-                          fmt::format("{}/rank{}.err", error_dir, d.node_rank * per_node + l)};
+                          fmt::format("{}/rank{}.err", error_dir, d.node_rank * per_node + l),
+                          d.store_prefix};
     auto env = base_env;
     for (auto& a : sync::rank_env_assignments(c.env)) env.push_back(a);
     c.pid = spawn(g_args, env, self);

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <atomic>
 #include <exception>
 
 namespace crl::sync {
@@ -20,7 +21,14 @@ std::string Communicator::describe_op(const std::string& op, int64_t bytes, int 
   return s;
 }
 
+namespace {
+std::atomic<bool> g_process_failed{false};
+}  // namespace
+
+bool Communicator::process_failed() { return g_process_failed.load(); }
+
 void Communicator::fail(const std::string& what, const std::string& op_description) {
+  g_process_failed = true;
   aborted_ = true;
   abort_reason_ = what + ": " + op_description;
   throw CollectiveError(abort_reason_);

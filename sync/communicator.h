@@ -11,7 +11,12 @@
 // group ordered by (key, parent rank); a negative color returns nullptr.
 //
 // Async ops return a Work; the tensor must stay alive and untouched until wait() returns. Ops on
-// one communicator run in issue order on every rank (the same order on all of them).
+// one communicator run in issue order on every rank (the same order on all of them), so an op's
+// deadline counts from when it can run: the later of its issue and the previous op's completion.
+//
+// After any CollectiveError in the process, communicators are never destroyed cleanly (a clean
+// Gloo/NCCL teardown waits on the broken peers): their destructors leak or abort instead, so the
+// rank reaches its exit at once.
 //
 // Thread safety: one thread issues ops on a communicator; different communicators may be used
 // from different threads.
@@ -19,6 +24,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -87,6 +93,17 @@ class Communicator {
   // Throws CollectiveError "<what>: <describe_op>" and marks the communicator aborted.
   [[noreturn]] void fail(const std::string& what, const std::string& op_description);
 
+  // Deadline of an op issued at `issued`: timeout after the later of `issued` and the completion of
+  // the previous op waited for. note_done() records a completion.
+  std::chrono::steady_clock::time_point deadline_for(
+      std::chrono::steady_clock::time_point issued) const {
+    return std::max(issued, last_done_) + info_.timeout;
+  }
+  void note_done() { last_done_ = std::chrono::steady_clock::now(); }
+
+  // True once any communicator of this process failed (see the class comment).
+  static bool process_failed();
+
  protected:
   explicit Communicator(GroupInfo info) : info_(std::move(info)) {}
   // Throws if the communicator was aborted; counts the op.
@@ -97,6 +114,7 @@ class Communicator {
   bool aborted_ = false;
   std::string abort_reason_;
   int64_t op_count_ = 0;
+  std::chrono::steady_clock::time_point last_done_{};
 };
 
 // Waits for every work in order; the first failure propagates after the rest were waited for

@@ -45,11 +45,17 @@ std::optional<int> opt_int(const EnvLookup& env, const std::string& name, int mi
   return parse_int(env, name, min_value);
 }
 
-// Slurm writes tasks per node as "4" or "4(x2)" or "4,2": the first count.
+// The step's tasks per node ("4" or "4(x2)"); the job-level SLURM_NTASKS_PER_NODE may be stale
+// inside an srun step, so it comes last. Uneven layouts ("4,2") cannot be a block layout.
 std::optional<int> slurm_tasks_per_node(const EnvLookup& env) {
-  auto v = env("SLURM_NTASKS_PER_NODE");
+  auto v = env("SLURM_STEP_TASKS_PER_NODE");
   if (!v) v = env("SLURM_TASKS_PER_NODE");
+  if (!v) v = env("SLURM_NTASKS_PER_NODE");
   if (!v) return std::nullopt;
+  if (v->find(',') != std::string::npos) {
+    CRL_INVALID("Slurm tasks per node '", *v, "' differ between nodes; every node must run the "
+                "same number of tasks");
+  }
   size_t used = 0;
   int x = 0;
   try {
@@ -101,8 +107,13 @@ DistEnv resolve_dist_env(int ranks_per_node, const EnvLookup& env) {
     if (pr->rank >= pr->world) {
       CRL_INVALID(pr->names, ": rank ", pr->rank, " is not below the world size ", pr->world);
     }
-    // Without a local size, a world of exactly I+T tasks per node is rank mode when it divides.
-    int local = pr->local_size.value_or(pr->world % ranks_per_node == 0 ? ranks_per_node : 1);
+    // Without a local size only the unambiguous cases are guessed: one process (a launcher) or
+    // exactly one node's ranks.
+    if (!pr->local_size && pr->world != 1 && pr->world != ranks_per_node) {
+      CRL_INVALID(pr->names, ": the tasks per node are not set, so it is unclear whether each of "
+                  "the ", pr->world, " processes is a rank or a node launcher; set the local size");
+    }
+    int local = pr->local_size.value_or(pr->world == ranks_per_node ? ranks_per_node : 1);
     d.source = pr->source;
     if (local == ranks_per_node) {
       if (pr->world % ranks_per_node != 0) {
@@ -140,10 +151,14 @@ DistEnv resolve_dist_env(int ranks_per_node, const EnvLookup& env) {
 
   if (auto a = env("MASTER_ADDR")) {
     d.master_addr = *a;
-  } else if (auto s = env("SLURM_LAUNCH_NODE_IPADDR"); s && d.source == "slurm") {
-    d.master_addr = *s;
   } else if (d.nnodes > 1) {
-    CRL_INVALID("a ", d.nnodes, "-node job needs MASTER_ADDR (the address of node 0)");
+    CRL_INVALID("a ", d.nnodes, "-node job needs MASTER_ADDR (the address of node 0; under Slurm: "
+                "export MASTER_ADDR=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1))");
+  }
+  // torchrun's agent already serves a TCPStore on MASTER_PORT: use it instead of hosting one.
+  if (env("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True") {
+    d.agent_store = true;
+    d.store_prefix = "crl/" + env("TORCHELASTIC_RUN_ID").value_or("run") + "/";
   }
   if (env("MASTER_PORT")) {
     d.master_port = parse_int(env, "MASTER_PORT", 1);
@@ -157,7 +172,8 @@ DistEnv resolve_dist_env(int ranks_per_node, const EnvLookup& env) {
 std::optional<RankEnv> rank_env_from_launcher(const EnvLookup& env) {
   if (!env("CRL_RANK")) return std::nullopt;
   for (const char* name : kRankVars) {
-    if (!env(name) && std::string(name) != "CRL_ERROR_FILE") {
+    if (!env(name) && std::string(name) != "CRL_ERROR_FILE" &&
+        std::string(name) != "CRL_STORE_PREFIX") {
       CRL_INVALID("spawned rank: environment variable ", name, " is missing");
     }
   }
@@ -171,6 +187,7 @@ std::optional<RankEnv> rank_env_from_launcher(const EnvLookup& env) {
   r.master_addr = *env("CRL_MASTER_ADDR");
   r.master_port = parse_int(env, "CRL_MASTER_PORT", 1);
   r.error_file = env("CRL_ERROR_FILE").value_or("");
+  r.store_prefix = env("CRL_STORE_PREFIX").value_or("");
   if (r.rank >= r.world_size || r.local_rank >= r.local_world_size ||
       r.world_size != r.nnodes * r.local_world_size) {
     CRL_INVALID("spawned rank: inconsistent CRL_* variables (rank ", r.rank, " of ", r.world_size,
@@ -188,7 +205,8 @@ std::vector<std::string> rank_env_assignments(const RankEnv& r) {
           "CRL_NNODES=" + std::to_string(r.nnodes),
           "CRL_MASTER_ADDR=" + r.master_addr,
           "CRL_MASTER_PORT=" + std::to_string(r.master_port),
-          "CRL_ERROR_FILE=" + r.error_file};
+          "CRL_ERROR_FILE=" + r.error_file,
+          "CRL_STORE_PREFIX=" + r.store_prefix};
 }
 
 }  // namespace crl::sync

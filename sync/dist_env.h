@@ -11,8 +11,9 @@
 //             _LOCAL_SIZE. The local size decides: == I+T is rank mode, == 1 is node mode with
 //             node = that rank.
 //   per-node  NNODES/NODE_RANK (torchrun), SLURM_NNODES/SLURM_NODEID.
-//   master    MASTER_ADDR/MASTER_PORT; Slurm falls back to SLURM_LAUNCH_NODE_IPADDR. A single
-//             node defaults to 127.0.0.1 and a free port.
+//   master    MASTER_ADDR/MASTER_PORT (required with several nodes). A single node defaults to
+//             127.0.0.1 and a free port. Under torchrun (TORCHELASTIC_USE_AGENT_STORE=True) the
+//             agent's store on MASTER_PORT is used rather than hosting one.
 // Ranks spawned by our launcher get CRL_* variables (kRankVars) and read them with from_launcher().
 #pragma once
 
@@ -40,6 +41,9 @@ struct DistEnv {
   int rank = 0;
   int local_rank = 0;
   std::string source;  // which variables decided, for logs: "torchrun", "slurm", "openmpi", "default"
+  // torchrun's agent hosts the store on MASTER_PORT: nobody hosts one, keys get store_prefix.
+  bool agent_store = false;
+  std::string store_prefix;
 
   int world_size() const { return nnodes * local_world_size; }
 };
@@ -59,12 +63,14 @@ struct RankEnv {
   std::string master_addr;
   int master_port = 0;
   std::string error_file;  // where a failing rank writes its error for the launcher
+  std::string store_prefix;  // prepended to every store key (a shared agent store)
 };
 
 // Names of the variables from_launcher() reads.
 inline const char* const kRankVars[] = {"CRL_RANK",      "CRL_WORLD_SIZE",  "CRL_LOCAL_RANK",
                                         "CRL_LOCAL_WORLD_SIZE", "CRL_NODE_RANK", "CRL_NNODES",
-                                        "CRL_MASTER_ADDR", "CRL_MASTER_PORT", "CRL_ERROR_FILE"};
+                                        "CRL_MASTER_ADDR", "CRL_MASTER_PORT", "CRL_ERROR_FILE",
+                                        "CRL_STORE_PREFIX"};
 
 // nullopt when CRL_RANK is unset (this process is not a spawned rank).
 std::optional<RankEnv> rank_env_from_launcher(const EnvLookup& env);

@@ -20,8 +20,8 @@ class GlooCommunicator;
 class GlooWork : public Work {
  public:
   GlooWork(GlooCommunicator* comm, c10::intrusive_ptr<c10d::Work> work, std::string what,
-           Clock::time_point deadline, bool point_to_point)
-      : comm_(comm), work_(std::move(work)), what_(std::move(what)), deadline_(deadline),
+           Clock::time_point issued, bool point_to_point)
+      : comm_(comm), work_(std::move(work)), what_(std::move(what)), issued_(issued),
         point_to_point_(point_to_point) {}
   void wait() override;
 
@@ -29,7 +29,7 @@ class GlooWork : public Work {
   GlooCommunicator* comm_;
   c10::intrusive_ptr<c10d::Work> work_;
   std::string what_;
-  Clock::time_point deadline_;
+  Clock::time_point issued_;
   bool point_to_point_;
   bool done_ = false;
 };
@@ -53,6 +53,12 @@ class GlooCommunicator : public Communicator {
                        first_line(e.what())),
            what);
     }
+  }
+
+  ~GlooCommunicator() override {
+    // ~ProcessGroupGloo drains its queue, each queued op waiting out its Gloo timeout on a broken
+    // peer: after a failure the group is leaked and the rank exits without it.
+    if (Communicator::process_failed()) (void)pg_.release();
   }
 
   std::string backend() const override { return "gloo"; }
@@ -136,8 +142,16 @@ class GlooCommunicator : public Communicator {
                                               std::move(child), bind_addr_);
   }
 
-  void wait_work(c10d::Work& work, const std::string& what, Clock::time_point deadline,
+  void wait_work(c10d::Work& work, const std::string& what, Clock::time_point issued,
                  bool point_to_point) {
+    // A small grace over Gloo's own timeout lets its (more specific) error win.
+    auto deadline = deadline_for(issued) + std::chrono::milliseconds(250);
+    wait_until(work, what, deadline, point_to_point);
+    note_done();
+  }
+
+  void wait_until(c10d::Work& work, const std::string& what, Clock::time_point deadline,
+                  bool point_to_point) {
     if (point_to_point) {
       // Gloo's send/recv works complete only inside wait(): give it the time that is left.
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
@@ -174,9 +188,8 @@ class GlooCommunicator : public Communicator {
   template <typename Fn>
   std::unique_ptr<Work> issue(Fn&& fn, std::string what, bool point_to_point = false) {
     try {
-      // A small grace over Gloo's own timeout lets its (more specific) error win.
-      auto deadline = Clock::now() + info_.timeout + std::chrono::milliseconds(250);
-      return std::make_unique<GlooWork>(this, fn(), std::move(what), deadline, point_to_point);
+      return std::make_unique<GlooWork>(this, fn(), std::move(what), Clock::now(),
+                                        point_to_point);
     } catch (const std::exception& e) {
       fail(fmt::format("failed to start: {}", first_line(e.what())), what);
     }
@@ -221,7 +234,7 @@ class GlooCommunicator : public Communicator {
 void GlooWork::wait() {
   if (done_) return;
   done_ = true;
-  comm_->wait_work(*work_, what_, deadline_, point_to_point_);
+  comm_->wait_work(*work_, what_, issued_, point_to_point_);
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "sync/groups.h"
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -21,6 +23,9 @@ World join_world(const RankEnv& env, std::chrono::milliseconds timeout,
   World w;
   w.env = env;
   w.store = connect_store(env.master_addr, env.master_port, timeout);
+  if (!env.store_prefix.empty()) {
+    w.store = c10::make_intrusive<c10d::PrefixStore>(env.store_prefix, w.store);
+  }
   auto deadline = Clock::now() + timeout;
   store_set(w.store, fmt::format("rdzv/joined/{}", env.rank), "1");
   std::vector<std::string> keys;

@@ -43,8 +43,9 @@ TEST(DistEnvTest, OneTorchrunProcessPerRankIsRankMode) {
 
 TEST(DistEnvTest, SlurmOneTaskPerNodeIsANodeLauncher) {
   DistEnv d = resolve_dist_env(
-      4, map_env({{"SLURM_NTASKS", "3"}, {"SLURM_PROCID", "2"}, {"SLURM_NTASKS_PER_NODE", "1"},
-                  {"SLURM_LAUNCH_NODE_IPADDR", "10.1.1.1"}, {"MASTER_PORT", "4000"}}));
+      4, map_env({{"SLURM_NTASKS", "3"}, {"SLURM_PROCID", "2"}, {"SLURM_STEP_TASKS_PER_NODE", "1"},
+                  {"SLURM_NTASKS_PER_NODE", "4"},  // job-level, stale inside this step
+                  {"MASTER_ADDR", "10.1.1.1"}, {"MASTER_PORT", "4000"}}));
   EXPECT_TRUE(d.spawn);
   EXPECT_EQ(d.nnodes, 3);
   EXPECT_EQ(d.node_rank, 2);
@@ -61,6 +62,16 @@ TEST(DistEnvTest, SlurmTasksPerNodeFormatWithRepeatCount) {
   EXPECT_EQ(d.rank, 3);
   EXPECT_EQ(d.node_rank, 1);
   EXPECT_EQ(d.local_rank, 1);
+}
+
+TEST(DistEnvTest, TorchrunAgentStoreIsUsedNotHosted) {
+  DistEnv d = resolve_dist_env(
+      2, map_env({{"WORLD_SIZE", "2"}, {"RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"},
+                  {"MASTER_ADDR", "h"}, {"MASTER_PORT", "29400"},
+                  {"TORCHELASTIC_USE_AGENT_STORE", "True"}, {"TORCHELASTIC_RUN_ID", "abc"}}));
+  EXPECT_FALSE(d.spawn);
+  EXPECT_TRUE(d.agent_store);
+  EXPECT_EQ(d.store_prefix, "crl/abc/");
 }
 
 TEST(DistEnvTest, OpenMpiRankMode) {
@@ -93,11 +104,18 @@ TEST(DistEnvTest, ContradictionsAreClearErrors) {
                 .find("3 tasks per node"),
             std::string::npos);
   EXPECT_NE(message(4, {{"NNODES", "two"}}).find("NNODES=two"), std::string::npos);
+  EXPECT_NE(message(2, {{"SLURM_NTASKS", "6"}, {"SLURM_PROCID", "0"},
+                        {"SLURM_TASKS_PER_NODE", "4,2"}, {"MASTER_PORT", "1"}})
+                .find("differ between nodes"),
+            std::string::npos);
+  EXPECT_NE(message(2, {{"WORLD_SIZE", "4"}, {"RANK", "0"}, {"MASTER_PORT", "1"}})
+                .find("local size"),
+            std::string::npos);
   EXPECT_NE(message(4, {{"MASTER_PORT", "70000"}}).find("MASTER_PORT"), std::string::npos);
 }
 
 TEST(DistEnvTest, LauncherVariablesRoundTrip) {
-  RankEnv r{5, 8, 1, 4, 1, 2, "10.0.0.1", 29500, "/tmp/e"};
+  RankEnv r{5, 8, 1, 4, 1, 2, "10.0.0.1", 29500, "/tmp/e", "crl/x/"};
   std::map<std::string, std::string> vars;
   for (const auto& a : rank_env_assignments(r)) {
     auto eq = a.find('=');
@@ -109,6 +127,7 @@ TEST(DistEnvTest, LauncherVariablesRoundTrip) {
   EXPECT_EQ(back->node_rank, 1);
   EXPECT_EQ(back->master_addr, "10.0.0.1");
   EXPECT_EQ(back->error_file, "/tmp/e");
+  EXPECT_EQ(back->store_prefix, "crl/x/");
   EXPECT_FALSE(rank_env_from_launcher(map_env({})).has_value());
   vars["CRL_RANK"] = "9";
   EXPECT_THROW(rank_env_from_launcher(map_env(vars)), std::invalid_argument);
