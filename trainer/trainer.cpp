@@ -194,6 +194,10 @@ at::Tensor Trainer::forward_logprobs(const engine::Transformer& model, const Mic
 
 LossMetrics Trainer::accumulate(const MicroBatch& b, LossKind kind, double scale) {
   b.validate();
+  if (b.num_tokens() > options_.micro_batch_tokens) {
+    CRL_INVALID("micro-batch of ", b.num_tokens(), " tokens exceeds micro_batch_tokens ",
+                options_.micro_batch_tokens);
+  }
   Impl& s = *impl_;
   at::Tensor rows = loss_rows(b);
   s.bind_compute_weights();

@@ -87,6 +87,16 @@ TEST(CheckpointTest, ResumeContinuesExactlyAsIfNeverStoppedAndTheEngineLoadsIt) 
                             check.master_weights()[1].second.detach());
 }
 
+TEST(CheckpointTest, AFreshTrainerSavesAndResumesAtStepZero) {
+  test::TempDir dir;
+  Trainer t(test::test_model_dir(), options());
+  save_checkpoint(t, dir.file("c0"), "");  // no tokenizer: token-id prompts only
+  Trainer back(dir.file("c0"), options());
+  EXPECT_EQ(load_trainer_state(back, dir.file("c0")).step, 0);
+  EXPECT_EQ(back.step(), 0);
+  test::expect_tensor_equal(back.master_weights()[0].second, t.master_weights()[0].second);
+}
+
 TEST(CheckpointTest, RefusesToReplaceADirectoryThatIsNotACheckpoint) {
   test::TempDir dir;
   std::filesystem::create_directories(dir.file("precious"));

@@ -197,5 +197,57 @@ TEST(TrainerTest, Bf16ComputeKeepsFp32MastersAndLowersTheSftLoss) {
                             t.master_weights()[0].second.detach().to(at::kBFloat16));
 }
 
+TEST(TrainerTest, KlToTheFrozenReferenceStartsAtZeroAndGrowsAsThePolicyMoves) {
+  engine::EngineConfig cfg = test::test_engine_config();
+  engine::LlmEngine eng(cfg);
+  auto mbs = engine_rollouts(eng, 3, 4, 6, 1 << 20, 31);
+  TrainerOptions o;
+  o.schedule.lr = 2e-3;
+  o.grpo.kl_coef = 0.1;
+  Trainer t(cfg.model_dir, o);
+  StepStats first = t.train_step(mbs, LossKind::kGrpo);
+  EXPECT_EQ(first.loss.kl, 0.0);
+  StepStats later;
+  for (int i = 0; i < 3; ++i) later = t.train_step(mbs, LossKind::kGrpo);
+  EXPECT_GT(later.loss.kl, 0.0);
+  EXPECT_GT(later.loss.clip_fraction, 0.0) << "the policy moved away from the engine's";
+  EXPECT_GT(later.loss.logprob_gap_max, 1e-3);
+}
+
+TEST(TrainerTest, MicroBatchesOverTheTokenCapAreRejected) {
+  engine::EngineConfig cfg = test::test_engine_config();
+  engine::LlmEngine eng(cfg);
+  auto mbs = engine_rollouts(eng, 2, 2, 6, 1 << 20, 41);
+  TrainerOptions o;
+  o.micro_batch_tokens = 16;
+  Trainer t(cfg.model_dir, o);
+  ASSERT_THROWS_WITH(t.train_step(mbs, LossKind::kGrpo), std::invalid_argument,
+                     "exceeds micro_batch_tokens 16");
+}
+
+TEST(TrainerTest, WeightsLandInTheEnginesSyncBucketsInPlace) {
+  engine::EngineConfig cfg = test::test_engine_config();
+  engine::LlmEngine eng(cfg);
+  engine::WeightBuffers& wb = eng.attach_weight_buffers(256 * 1024);
+  auto mbs = engine_rollouts(eng, 2, 4, 6, 1 << 20, 51);
+  TrainerOptions o;
+  o.schedule.lr = 1e-3;
+  Trainer t(cfg.model_dir, o);
+  t.train_step(mbs, LossKind::kGrpo);
+  const at::Tensor bucket0 = wb.buckets()[0].clone();
+  t.copy_weights_to(eng.model());
+  eng.bump_weight_version();
+  EXPECT_FALSE(at::equal(bucket0, wb.buckets()[0])) << "the update must land in the buckets";
+  for (size_t i = 0; i < t.master_weights().size(); ++i) {
+    test::expect_tensor_equal(eng.model().named_parameters()[i].second,
+                              t.master_weights()[i].second.detach());
+  }
+  // The engine now samples from the trainer's weights: the gap to them is small again.
+  auto fresh = engine_rollouts(eng, 2, 2, 6, 1 << 20, 52);
+  auto gap = (t.compute_logprobs(fresh[0]) - loss_old(fresh[0])).abs();
+  EXPECT_LT(gap.max().item<float>(), 1e-4);
+  EXPECT_EQ(eng.weight_version(), 1);
+}
+
 }  // namespace
 }  // namespace crl::trainer
