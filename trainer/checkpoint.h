@@ -38,6 +38,8 @@ CheckpointState read_checkpoint_state(const std::string& dir);
 
 // Resume: restores optimizer state and step into `trainer`, which must have been created from
 // the same checkpoint directory (Trainer(dir, options)). Returns the checkpoint's state.
+// With kl_coef > 0, create that trainer with options.reference_model_dir set to the original
+// reference (an empty one would make the checkpoint itself the reference).
 CheckpointState load_trainer_state(Trainer& trainer, const std::string& dir);
 
 }  // namespace crl::trainer
