@@ -1,0 +1,111 @@
+#include "trainer/checkpoint.h"
+
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "engine/llm_engine.h"
+#include "tests/engine/test_model.h"
+#include "tests/test_utils.h"
+
+namespace crl::trainer {
+namespace {
+
+// A seeded batch of SFT-style sequences over the test model's vocabulary.
+std::vector<MicroBatch> batch(uint64_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> tok(4, 500);
+  std::vector<SampleGroup> groups;
+  for (int i = 0; i < 3; ++i) {
+    SampleGroup g;
+    g.prompt_ids = {2, tok(rng), tok(rng)};
+    for (int k = 0; k < 2; ++k) {
+      Sample s;
+      for (int j = 0; j < 5; ++j) {
+        s.completion_ids.push_back(tok(rng));
+        s.logprobs.push_back(-6.0f + 0.1f * j);
+      }
+      s.reward = k;
+      g.samples.push_back(s);
+    }
+    groups.push_back(g);
+  }
+  compute_group_advantages(groups);
+  return pack_micro_batches(groups, 24);
+}
+
+TrainerOptions options() {
+  TrainerOptions o;
+  o.schedule.lr = 2e-3;
+  o.schedule.warmup_steps = 2;
+  o.schedule.total_steps = 6;
+  o.weight_decay = 0.05;
+  return o;
+}
+
+TEST(CheckpointTest, ResumeContinuesExactlyAsIfNeverStoppedAndTheEngineLoadsIt) {
+  const std::string model = test::test_model_dir();
+  test::TempDir dir;
+  const std::string ckpt = dir.file("ckpt");
+
+  Trainer straight(model, options());
+  for (uint64_t s = 0; s < 4; ++s) straight.train_step(batch(s), LossKind::kGrpo);
+
+  {
+    Trainer first(model, options());
+    for (uint64_t s = 0; s < 2; ++s) first.train_step(batch(s), LossKind::kGrpo);
+    save_checkpoint(first, ckpt, model + "/tokenizer.model", {{"cursor", 2}});
+    save_checkpoint(first, ckpt, model + "/tokenizer.model", {{"cursor", 2}});  // replaces it
+  }
+  EXPECT_FALSE(std::filesystem::exists(ckpt + ".tmp." + std::to_string(::getpid())));
+  Trainer resumed(ckpt, options());
+  CheckpointState st = load_trainer_state(resumed, ckpt);
+  EXPECT_EQ(st.step, 2);
+  EXPECT_EQ(st.extra["cursor"], 2);
+  EXPECT_EQ(resumed.step(), 2);
+  for (uint64_t s = 2; s < 4; ++s) resumed.train_step(batch(s), LossKind::kGrpo);
+  for (size_t i = 0; i < straight.master_weights().size(); ++i) {
+    test::expect_tensor_near(resumed.master_weights()[i].second, straight.master_weights()[i].second,
+                             1e-6);
+  }
+
+  engine::EngineConfig cfg = test::test_engine_config();
+  cfg.model_dir = ckpt;
+  engine::LlmEngine eng(cfg);
+  engine::GenerateRequest r;
+  r.prompt = "Question: what is 3 plus 4? Answer:";
+  r.params.max_tokens = 4;
+  r.params.temperature = 0;
+  auto out = eng.generate({r});
+  EXPECT_EQ(out[0].outputs[0].token_ids.size() > 0, true);
+  Trainer check(ckpt, options());
+  test::expect_tensor_equal(eng.model().named_parameters()[1].second,
+                            check.master_weights()[1].second.detach());
+}
+
+TEST(CheckpointTest, AFreshTrainerSavesAndResumesAtStepZero) {
+  test::TempDir dir;
+  Trainer t(test::test_model_dir(), options());
+  save_checkpoint(t, dir.file("c0"), "");  // no tokenizer: token-id prompts only
+  Trainer back(dir.file("c0"), options());
+  EXPECT_EQ(load_trainer_state(back, dir.file("c0")).step, 0);
+  EXPECT_EQ(back.step(), 0);
+  test::expect_tensor_equal(back.master_weights()[0].second, t.master_weights()[0].second);
+}
+
+TEST(CheckpointTest, RefusesToReplaceADirectoryThatIsNotACheckpoint) {
+  test::TempDir dir;
+  std::filesystem::create_directories(dir.file("precious"));
+  std::ofstream(dir.file("precious/notes.txt")) << "keep";
+  Trainer t(test::test_model_dir(), options());
+  ASSERT_THROWS_WITH(save_checkpoint(t, dir.file("precious"), ""), std::invalid_argument,
+                     "refusing to replace it");
+  EXPECT_TRUE(std::filesystem::exists(dir.file("precious/notes.txt")));
+}
+
+}  // namespace
+}  // namespace crl::trainer

@@ -1,0 +1,120 @@
+#include "trainer/loss.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "engine/sampler.h"
+#include "tests/test_utils.h"
+#include "trainer/lr_schedule.h"
+
+namespace crl::trainer {
+namespace {
+
+at::Tensor f(std::vector<float> v) { return at::tensor(v, at::kFloat); }
+
+TEST(GrpoLossTest, OnPolicyLossIsMinusMeanAdvantageAndItsGradientIsAOverN) {
+  auto old = f({-1.0f, -2.0f, -0.5f});
+  auto lp = old.clone().requires_grad_(true);
+  auto adv = f({1.0f, -2.0f, 0.5f});
+  LossOutput out = grpo_loss(lp, old, adv, at::Tensor(), GrpoOptions{});
+  EXPECT_NEAR(out.metrics.loss, -(1.0 - 2.0 + 0.5) / 3, 1e-7);
+  EXPECT_EQ(out.metrics.clip_fraction, 0.0);
+  EXPECT_EQ(out.metrics.logprob_gap_max, 0.0);
+  out.loss.backward();
+  test::expect_tensor_near(lp.grad(), -adv / 3, 1e-7);
+}
+
+TEST(GrpoLossTest, RatiosOutsideTheClipRangeStopTheGradientAndCount) {
+  auto old = f({0.0f, 0.0f, 0.0f, 0.0f}).log_softmax(0);
+  // ratios 1.5, 0.5, 1.5, 0.5 with advantages +, -, -, +: the first two are clipped.
+  auto lp = (old + f({std::log(1.5f), std::log(0.5f), std::log(1.5f), std::log(0.5f)}))
+                .detach()
+                .requires_grad_(true);
+  auto adv = f({1.0f, -1.0f, -1.0f, 1.0f});
+  GrpoOptions o;
+  LossOutput out = grpo_loss(lp, old, adv, at::Tensor(), o);
+  EXPECT_DOUBLE_EQ(out.metrics.clip_fraction, 1.0);  // every |r - 1| = 0.5 > 0.2
+  out.loss.backward();
+  auto g = lp.grad();
+  EXPECT_EQ(g[0].item<float>(), 0.0f);  // r > 1 + eps with A > 0: clipped
+  EXPECT_EQ(g[1].item<float>(), 0.0f);  // r < 1 - eps with A < 0: clipped
+  EXPECT_NEAR(g[2].item<float>(), 1.5f / 4, 1e-6);   // -(r * A) / N, d/dlp = -r*A/N
+  EXPECT_NEAR(g[3].item<float>(), -0.5f / 4, 1e-6);
+  EXPECT_NEAR(out.metrics.logprob_gap_max, std::log(2.0), 1e-6);
+}
+
+TEST(GrpoLossTest, K3KlIsZeroAtTheReferenceAndPositiveAway) {
+  auto lp = f({-1.0f, -2.0f}).requires_grad_(true);
+  GrpoOptions o;
+  o.kl_coef = 0.5;
+  auto same = grpo_loss(lp, lp.detach(), f({0, 0}), lp.detach(), o);
+  EXPECT_EQ(same.metrics.kl, 0.0);
+  auto ref = f({-1.5f, -1.0f});
+  auto away = grpo_loss(lp, lp.detach(), f({0, 0}), ref, o);
+  double want = 0;
+  for (int i = 0; i < 2; ++i) {
+    const double d = ref[i].item<double>() - lp[i].item<double>();
+    want += std::exp(d) - d - 1;
+  }
+  EXPECT_NEAR(away.metrics.kl, want / 2, 1e-6);
+  EXPECT_NEAR(away.metrics.loss, 0.5 * want / 2, 1e-6);
+}
+
+TEST(GrpoLossTest, TruncatedImportanceSamplingWeightsByTheCappedTrainerEngineRatio) {
+  auto engine_lp = f({-1.0f, -1.0f});
+  auto lp = f({-0.5f, -1.2f}).requires_grad_(true);  // weights e^0.5 (capped to 1.2), e^-0.2
+  auto adv = f({1.0f, 1.0f});
+  GrpoOptions o;
+  o.tis_cap = 1.2;
+  LossOutput out = grpo_loss(lp, engine_lp, adv, at::Tensor(), o);
+  const double w0 = 1.2, w1 = std::exp(-0.2);
+  EXPECT_NEAR(out.metrics.loss, -(w0 + w1) / 2, 1e-6);
+  out.loss.backward();
+  EXPECT_NEAR(lp.grad()[0].item<double>(), -w0 / 2, 1e-6);
+  EXPECT_NEAR(lp.grad()[1].item<double>(), -w1 / 2, 1e-6);
+}
+
+TEST(GrpoLossTest, SftLossIsMeanNegativeLogLikelihood) {
+  auto lp = f({-1.0f, -3.0f}).requires_grad_(true);
+  LossOutput out = sft_loss(lp, at::Tensor());
+  EXPECT_DOUBLE_EQ(out.metrics.loss, 2.0);
+  EXPECT_EQ(out.metrics.logprob_gap_max, 0.0);
+}
+
+TEST(GrpoLossTest, TargetLogprobsMatchTheEngineSamplerBitForBitWithLogSoftmaxGradient) {
+  at::manual_seed(3);
+  auto logits = (at::randn({5, 300}) * 4).requires_grad_(true);
+  auto targets = at::tensor(std::vector<int64_t>{0, 17, 299, 5, 100}, at::kLong);
+  auto lp = target_logprobs(logits, targets, /*match_engine=*/true);
+  auto ref = engine::token_logprobs(logits.detach(), {0, 17, 299, 5, 100}, 0);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(lp[i].item<float>(), ref[i].first) << i;
+  auto plain = target_logprobs(logits, targets, /*match_engine=*/false);
+  test::expect_tensor_near(lp.detach(), plain.detach(), 1e-5);
+  (lp * at::arange(5, at::kFloat)).sum().backward();
+  auto g_match = logits.grad().clone();
+  logits.mutable_grad().zero_();
+  (plain * at::arange(5, at::kFloat)).sum().backward();
+  test::expect_tensor_equal(g_match, logits.grad());
+}
+
+TEST(LrScheduleTest, WarmupThenCosineToTheFloor) {
+  LrSchedule s;
+  s.lr = 1.0;
+  s.warmup_steps = 4;
+  s.total_steps = 14;
+  s.min_lr = 0.1;
+  EXPECT_DOUBLE_EQ(lr_at(s, 0), 0.25);
+  EXPECT_DOUBLE_EQ(lr_at(s, 3), 1.0);
+  EXPECT_DOUBLE_EQ(lr_at(s, 4), 1.0);
+  EXPECT_NEAR(lr_at(s, 9), 0.55, 1e-12);  // halfway
+  EXPECT_NEAR(lr_at(s, 14), 0.1, 1e-12);
+  EXPECT_NEAR(lr_at(s, 100), 0.1, 1e-12);
+  s.total_steps = 0;
+  EXPECT_DOUBLE_EQ(lr_at(s, 50), 1.0);
+  s.min_lr = 2.0;
+  ASSERT_THROWS_WITH(s.validate(), std::invalid_argument, "min_lr");
+}
+
+}  // namespace
+}  // namespace crl::trainer

@@ -1,0 +1,92 @@
+#include "trainer/micro_batch.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/test_utils.h"
+
+namespace crl::trainer {
+namespace {
+
+SampleGroup group(std::vector<int32_t> prompt, std::vector<std::vector<int32_t>> completions,
+                  std::vector<double> rewards) {
+  SampleGroup g;
+  g.prompt_ids = std::move(prompt);
+  for (size_t i = 0; i < completions.size(); ++i) {
+    Sample s;
+    s.completion_ids = completions[i];
+    for (size_t j = 0; j < completions[i].size(); ++j) s.logprobs.push_back(-0.5f - 0.1f * j);
+    s.reward = rewards[i];
+    g.samples.push_back(std::move(s));
+  }
+  return g;
+}
+
+TEST(MicroBatchTest, GroupAdvantagesAreNormalisedPerGroup) {
+  std::vector<SampleGroup> groups = {group({1}, {{5}, {6}, {7}, {8}}, {1, 0, 0, 1}),
+                                     group({2}, {{5}, {6}}, {3, 3}), group({3}, {{5}}, {1})};
+  compute_group_advantages(groups, 0.0);
+  const double s = std::sqrt(1.0 / 3.0);  // Bessel-corrected std of {1, 0, 0, 1}
+  EXPECT_NEAR(groups[0].samples[0].advantage, 0.5 / s, 1e-12);
+  EXPECT_NEAR(groups[0].samples[1].advantage, -0.5 / s, 1e-12);
+  EXPECT_EQ(groups[1].samples[0].advantage, 0.0);  // equal rewards: no signal, even with eps 0
+  EXPECT_EQ(groups[2].samples[0].advantage, 0.0);  // a group of one
+}
+
+TEST(MicroBatchTest, PackerConcatenatesWholeSequencesUnderTheTokenCap) {
+  std::vector<SampleGroup> groups = {group({1, 2, 3}, {{10, 11}, {12, 13, 14}}, {1, 0}),
+                                     group({4, 5}, {{20}, {}, {21, 22, 23, 24}}, {0, 1, 1})};
+  compute_group_advantages(groups);
+  auto mbs = pack_micro_batches(groups, 8, /*weight_version=*/7);
+  // Sequences: 5, 6, 3, (empty completion skipped), 6 tokens -> [5], [6], [3], [6] under a cap of 8.
+  ASSERT_EQ(mbs.size(), 4u);
+  EXPECT_EQ(mbs[0].seq_lens, (std::vector<int64_t>{5}));
+  EXPECT_EQ(mbs[2].seq_lens, (std::vector<int64_t>{3}));
+  auto big = pack_micro_batches(groups, 64);
+  ASSERT_EQ(big.size(), 1u);
+  const MicroBatch& mb = big[0];
+  EXPECT_EQ(mb.seq_lens, (std::vector<int64_t>{5, 6, 3, 6}));
+  EXPECT_EQ(mb.num_tokens(), 20);
+  EXPECT_EQ(mb.num_loss_tokens(), 2 + 3 + 1 + 4);
+  std::vector<int64_t> want = {1, 2, 3, 10, 11, 1, 2, 3, 12, 13, 14, 4, 5, 20, 4, 5, 21, 22, 23, 24};
+  test::expect_tensor_equal(mb.tokens, at::tensor(want, at::kLong));
+  EXPECT_EQ(mb.loss_mask[2].item<float>(), 0.0f);
+  EXPECT_EQ(mb.loss_mask[3].item<float>(), 1.0f);
+  EXPECT_FLOAT_EQ(mb.old_logprobs[4].item<float>(), -0.6f);
+  EXPECT_FLOAT_EQ(mb.advantages[3].item<float>(), static_cast<float>(groups[0].samples[0].advantage));
+  EXPECT_EQ(mb.advantages[0].item<float>(), 0.0f);
+  test::expect_tensor_equal(mb.cu_seqlens(), at::tensor(std::vector<int64_t>{0, 5, 11, 14, 20}, at::kLong));
+  EXPECT_EQ(mbs[0].weight_version, 7);
+}
+
+TEST(MicroBatchTest, PackerRejectsASequenceLongerThanTheCapAndMismatchedLogprobs) {
+  std::vector<SampleGroup> groups = {group({1, 2, 3}, {{10, 11, 12}}, {1})};
+  ASSERT_THROWS_WITH(pack_micro_batches(groups, 5), std::invalid_argument, "exceeds micro_batch_tokens 5");
+  groups[0].samples[0].logprobs.pop_back();
+  ASSERT_THROWS_WITH(pack_micro_batches(groups, 64), std::invalid_argument, "log-probs");
+}
+
+TEST(MicroBatchTest, SerializationRoundTripsEveryFieldInOneByteTensor) {
+  std::vector<SampleGroup> groups = {group({1, 2, 3}, {{10, 11}, {12, 13, 14}}, {1, 0}),
+                                     group({4, 5}, {{20}, {21, 22, 23, 24}}, {0, 1})};
+  compute_group_advantages(groups);
+  MicroBatch mb = pack_micro_batches(groups, 64, 3)[0];
+  at::Tensor bytes = serialize_micro_batch(mb);
+  EXPECT_EQ(bytes.scalar_type(), at::kByte);
+  EXPECT_EQ(bytes.dim(), 1);
+  MicroBatch back = deserialize_micro_batch(bytes);
+  EXPECT_EQ(back.seq_lens, mb.seq_lens);
+  EXPECT_EQ(back.weight_version, 3);
+  test::expect_tensor_equal(back.tokens, mb.tokens);
+  test::expect_tensor_equal(back.loss_mask, mb.loss_mask);
+  test::expect_tensor_equal(back.old_logprobs, mb.old_logprobs);
+  test::expect_tensor_equal(back.advantages, mb.advantages);
+
+  ASSERT_THROWS_WITH(deserialize_micro_batch(bytes.narrow(0, 0, bytes.size(0) - 4)),
+                     std::invalid_argument, "does not match");
+  at::Tensor bad = bytes.clone();
+  bad[0] = 0;
+  ASSERT_THROWS_WITH(deserialize_micro_batch(bad), std::invalid_argument, "bad magic");
+}
+
+}  // namespace
+}  // namespace crl::trainer

@@ -1,0 +1,100 @@
+#include "trainer/checkpoint.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+
+#include "common/check.h"
+#include "common/file_util.h"
+#include "engine/model/model_writer.h"
+#include "engine/model/safetensors.h"
+
+namespace crl::trainer {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+constexpr int kFormat = 1;
+}
+
+void save_checkpoint(const Trainer& trainer, const std::string& dir,
+                     const std::string& tokenizer_model_path, const json& extra) {
+  const fs::path target = fs::absolute(dir);
+  if (fs::exists(target) && !fs::is_empty(target) && !fs::exists(target / "trainer_state.json")) {
+    CRL_INVALID("save_checkpoint: ", target.string(),
+                " exists and is not a checkpoint (no trainer_state.json); refusing to replace it");
+  }
+  if (target.has_parent_path()) fs::create_directories(target.parent_path());
+  const std::string pid = std::to_string(::getpid());
+  const fs::path tmp = target.string() + ".tmp." + pid;
+  fs::remove_all(tmp);
+
+  engine::NamedTensors weights;
+  for (const auto& [name, m] : trainer.master_weights()) {
+    weights.emplace_back(name, m.detach().to(at::kCPU, at::kFloat).contiguous());
+  }
+  engine::ModelConfig config = trainer.config();
+  config.torch_dtype = "float32";
+  if (!tokenizer_model_path.empty()) {
+    engine::write_model_dir(tmp.string(), config, weights, tokenizer_model_path);
+  } else {
+    fs::create_directories(tmp);
+    crl::write_file_atomic((tmp / "config.json").string(), engine::model_config_to_json(config));
+    engine::save_checkpoint(tmp.string(), weights);
+  }
+
+  int64_t adam_step = 0;
+  engine::NamedTensors opt = trainer.optimizer_state(&adam_step);
+  engine::write_safetensors((tmp / "optimizer.safetensors").string(), opt);
+  json state = {{"format", kFormat},
+                {"step", trainer.step()},
+                {"adam_step", adam_step},
+                {"reference_model_dir", trainer.options().reference_model_dir},
+                {"extra", extra}};
+  crl::write_file_atomic((tmp / "trainer_state.json").string(), state.dump(2) + "\n");
+
+  const fs::path old = target.string() + ".old." + pid;
+  std::error_code ec;
+  if (fs::exists(target)) {
+    fs::remove_all(old);
+    fs::rename(target, old, ec);
+    if (ec) throw std::runtime_error("cannot move " + target.string() + " aside: " + ec.message());
+  }
+  fs::rename(tmp, target, ec);
+  if (ec) throw std::runtime_error("cannot publish checkpoint " + target.string() + ": " + ec.message());
+  fs::remove_all(old);
+}
+
+CheckpointState read_checkpoint_state(const std::string& dir) {
+  const std::string path = dir + "/trainer_state.json";
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot open " + path);
+  json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer() ||
+      j.value("format", 0) != kFormat) {
+    throw std::runtime_error(path + ": not a format-" + std::to_string(kFormat) +
+                             " trainer state (needs integer \"step\")");
+  }
+  CheckpointState s;
+  s.step = j["step"].get<int64_t>();
+  s.reference_model_dir = j.value("reference_model_dir", std::string());
+  s.extra = j.value("extra", json::object());
+  return s;
+}
+
+CheckpointState load_trainer_state(Trainer& trainer, const std::string& dir) {
+  CheckpointState s = read_checkpoint_state(dir);
+  std::ifstream in(dir + "/trainer_state.json");
+  const json j = json::parse(in);
+  const int64_t adam_step = j.value("adam_step", int64_t{0});
+  engine::NamedTensors opt;
+  auto file = engine::SafetensorsFile::open(dir + "/optimizer.safetensors");
+  for (const auto& [name, info] : file->tensors()) opt.emplace_back(name, file->load(name, at::kFloat));
+  trainer.load_optimizer_state(opt, adam_step, s.step);
+  return s;
+}
+
+}  // namespace crl::trainer

@@ -1,0 +1,45 @@
+// Training checkpoints: a Hugging Face model directory the engine loads as is, plus the optimizer
+// state and step needed to resume (DESIGN.md §5).
+//
+// Layout of a checkpoint directory:
+//   config.json, generation_config.json, model.safetensors   the fp32 master weights (engine/
+//   tokenizer.model, tokenizer_config.json                   model/model_writer's layout)
+//   optimizer.safetensors   AdamW exp_avg/<param> and exp_avg_sq/<param>, float32
+//   trainer_state.json      {"format": 1, "step", "adam_step", "reference_model_dir", "extra"}
+// The directory is written under <dir>.tmp.<pid> and renamed into place; an existing <dir> is
+// first renamed aside and removed after the new one is in place, so a reader sees either the old
+// or the new checkpoint, never a partial one.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+
+#include "trainer/trainer.h"
+
+namespace crl::trainer {
+
+// Writes `trainer`'s masters, optimizer state and step to `dir` (atomically, see above).
+// tokenizer_model_path: copied in (empty = none; the engine then takes token-id prompts only).
+// extra: caller state kept verbatim in trainer_state.json (e.g. the data cursor).
+void save_checkpoint(const Trainer& trainer, const std::string& dir,
+                     const std::string& tokenizer_model_path,
+                     const nlohmann::json& extra = nlohmann::json::object());
+
+struct CheckpointState {
+  int64_t step = 0;                 // optimizer steps taken
+  std::string reference_model_dir;  // as the saving trainer had it
+  nlohmann::json extra;             // the caller's state
+};
+
+// Reads trainer_state.json of a checkpoint. Throws std::runtime_error naming the file.
+CheckpointState read_checkpoint_state(const std::string& dir);
+
+// Resume: restores optimizer state and step into `trainer`, which must have been created from
+// the same checkpoint directory (Trainer(dir, options)). Returns the checkpoint's state.
+// With kl_coef > 0, create that trainer with options.reference_model_dir set to the original
+// reference (an empty one would make the checkpoint itself the reference).
+CheckpointState load_trainer_state(Trainer& trainer, const std::string& dir);
+
+}  // namespace crl::trainer

@@ -1,0 +1,117 @@
+#include "trainer/loss.h"
+
+#include <ATen/core/grad_mode.h>
+
+#include <string>
+#include <vector>
+
+#include "common/check.h"
+#include "engine/sampler.h"
+
+namespace crl::trainer {
+
+void GrpoOptions::validate() const {
+  auto bad = [](const char* field, double v, const char* rule) {
+    CRL_INVALID("invalid GRPO setting '", field, "': ", v, " (", rule, ")");
+  };
+  if (!(clip_low >= 0 && clip_low < 1)) bad("clip_low", clip_low, "must be in [0, 1)");
+  if (!(clip_high >= 0)) bad("clip_high", clip_high, "must be >= 0");
+  if (!(kl_coef >= 0)) bad("kl_coef", kl_coef, "must be >= 0");
+  if (!(tis_cap >= 0)) bad("tis_cap", tis_cap, "must be >= 0 (0 = off)");
+}
+
+namespace {
+
+void check_tokens(const at::Tensor& x, const char* name, int64_t n) {
+  CRL_CHECK(x.defined() && x.dim() == 1 && x.size(0) == n, name, " must be [", n, "], got ",
+            x.defined() ? c10::str(x.sizes()) : std::string("undefined"));
+}
+
+void fill_gap(LossMetrics& m, const at::Tensor& logprobs, const at::Tensor& old_logprobs) {
+  if (!old_logprobs.defined() || logprobs.size(0) == 0) return;
+  auto gap = (old_logprobs.to(at::kDouble) - logprobs.detach().to(at::kDouble)).abs();
+  m.logprob_gap_max = gap.max().item<double>();
+  m.logprob_gap_mean = gap.mean().item<double>();
+}
+
+}  // namespace
+
+LossOutput grpo_loss(const at::Tensor& logprobs, const at::Tensor& old_logprobs,
+                     const at::Tensor& advantages, const at::Tensor& ref_logprobs,
+                     const GrpoOptions& o) {
+  const int64_t n = logprobs.size(0);
+  check_tokens(logprobs, "logprobs", n);
+  check_tokens(old_logprobs, "old_logprobs", n);
+  check_tokens(advantages, "advantages", n);
+  LossOutput out;
+  out.metrics.num_tokens = n;
+  if (n == 0) {
+    out.loss = logprobs.sum();  // zero, keeps the graph
+    return out;
+  }
+  at::Tensor old = old_logprobs;
+  at::Tensor weight;
+  if (o.tis_cap > 0) {
+    old = logprobs.detach();
+    weight = at::exp(old - old_logprobs).clamp_max(o.tis_cap);
+  }
+  auto ratio = at::exp(logprobs - old);
+  auto unclipped = ratio * advantages;
+  auto clipped = ratio.clamp(1.0 - o.clip_low, 1.0 + o.clip_high) * advantages;
+  auto per_token = -at::min(unclipped, clipped);
+  if (weight.defined()) per_token = per_token * weight;
+  at::Tensor kl;
+  if (o.kl_coef > 0) {
+    check_tokens(ref_logprobs, "ref_logprobs", n);
+    auto d = ref_logprobs - logprobs;
+    kl = at::exp(d) - d - 1.0;
+    per_token = per_token + o.kl_coef * kl;
+  }
+  out.loss = per_token.mean();
+  {
+    at::NoGradGuard no_grad;
+    out.metrics.loss = out.loss.item<double>();
+    out.metrics.kl = kl.defined() ? kl.mean().item<double>() : 0.0;
+    const double lo = 1.0 - o.clip_low, hi = 1.0 + o.clip_high;
+    auto r = ratio.detach();
+    out.metrics.clip_fraction = ((r < lo).logical_or(r > hi)).to(at::kDouble).mean().item<double>();
+    fill_gap(out.metrics, logprobs, old_logprobs);
+  }
+  return out;
+}
+
+LossOutput sft_loss(const at::Tensor& logprobs, const at::Tensor& old_logprobs) {
+  const int64_t n = logprobs.size(0);
+  LossOutput out;
+  out.metrics.num_tokens = n;
+  out.loss = n == 0 ? logprobs.sum() : -logprobs.mean();
+  at::NoGradGuard no_grad;
+  out.metrics.loss = out.loss.item<double>();
+  if (old_logprobs.defined()) {
+    check_tokens(old_logprobs, "old_logprobs", n);
+    fill_gap(out.metrics, logprobs, old_logprobs);
+  }
+  return out;
+}
+
+at::Tensor target_logprobs(const at::Tensor& logits, const at::Tensor& targets, bool match_engine) {
+  CRL_CHECK(logits.dim() == 2 && targets.dim() == 1 && logits.size(0) == targets.size(0),
+            "target_logprobs: logits ", logits.sizes(), " targets ", targets.sizes());
+  auto ls = at::log_softmax(logits, -1).gather(1, targets.unsqueeze(1)).squeeze(1);
+  if (!match_engine || !logits.is_cpu() || logits.size(0) == 0) return ls;
+  at::Tensor exact;
+  {
+    at::NoGradGuard no_grad;
+    auto t64 = targets.to(at::kLong).contiguous();
+    std::vector<int32_t> ids(t64.data_ptr<int64_t>(), t64.data_ptr<int64_t>() + t64.size(0));
+    auto rows = engine::token_logprobs(logits.detach().to(at::kFloat).contiguous(), ids, 0);
+    std::vector<float> values;
+    values.reserve(rows.size());
+    for (const auto& r : rows) values.push_back(r.first);
+    exact = at::tensor(values, at::kFloat);
+  }
+  // Exactly `exact` in value (x - x == 0), log_softmax's gradient.
+  return exact + (ls - ls.detach());
+}
+
+}  // namespace crl::trainer

@@ -1,0 +1,67 @@
+// RL and SFT losses over the loss tokens of a micro-batch (pure tensor functions).
+//
+// Every per-token argument is [N] float32 over the N loss (completion) tokens of one micro-batch,
+// in token order; losses are token-level means over those N tokens.
+//
+// GRPO / PPO-clip (DESIGN.md §5 step 4), per token with ratio r = exp(logp - old):
+//   pg  = -min(r * A, clip(r, 1 - clip_low, 1 + clip_high) * A)
+//   old = the engine's raw log-prob of the token (the behaviour policy).
+// Truncated importance sampling (tis_cap > 0), for the engine/trainer mismatch: the trainer's own
+// log-prob at the current weights (detached) becomes `old`, and each token's pg is weighted by
+// min(exp(old_trainer - old_engine), tis_cap). One optimizer step per rollout batch is assumed
+// (the weights that sampled are the weights the trainer starts from).
+// KL to a frozen reference (kl_coef > 0), k3 estimator: exp(ref - logp) - (ref - logp) - 1.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+namespace crl::trainer {
+
+struct GrpoOptions {
+  // Lower clip range: the ratio is clipped below at 1 - clip_low.
+  double clip_low = 0.2;
+  // Upper clip range: the ratio is clipped above at 1 + clip_high.
+  double clip_high = 0.2;
+  // Weight of the k3 KL to the reference model (0 = no reference model).
+  double kl_coef = 0.0;
+  // Truncated importance-sampling cap C (0 = off).
+  double tis_cap = 0.0;
+
+  // Throws std::invalid_argument naming the field and value.
+  void validate() const;
+};
+
+// Scalars of one loss evaluation (sums are combined by the trainer over micro-batches).
+struct LossMetrics {
+  double loss = 0;           // token-mean loss
+  double kl = 0;             // token-mean k3 KL to the reference (0 without one)
+  double clip_fraction = 0;  // fraction of tokens with |r - 1| beyond the clip range
+  double logprob_gap_max = 0;   // max |engine raw logprob - trainer logprob|
+  double logprob_gap_mean = 0;  // mean of the same
+  int64_t num_tokens = 0;       // N
+};
+
+struct LossOutput {
+  at::Tensor loss;  // scalar, differentiable
+  LossMetrics metrics;
+};
+
+// logprobs: trainer log-probs (with grad); old_logprobs: engine raw log-probs; advantages: per
+// token; ref_logprobs: reference model log-probs, undefined when kl_coef == 0.
+LossOutput grpo_loss(const at::Tensor& logprobs, const at::Tensor& old_logprobs,
+                     const at::Tensor& advantages, const at::Tensor& ref_logprobs,
+                     const GrpoOptions& options);
+
+// Cross-entropy on completion tokens: -mean(logprobs). old_logprobs may be undefined (no gap
+// metric then).
+LossOutput sft_loss(const at::Tensor& logprobs, const at::Tensor& old_logprobs);
+
+// Log-probs [N] of `targets` [N] under `logits` [N, V] float32, differentiable through log_softmax.
+// When match_engine is set (CPU logits), the *values* are the engine sampler's raw log-probs
+// (engine::token_logprobs: same max, exp polynomial and summation order), bit for bit, while the
+// gradient is log_softmax's: value = engine + (ls - ls.detach()).
+at::Tensor target_logprobs(const at::Tensor& logits, const at::Tensor& targets, bool match_engine);
+
+}  // namespace crl::trainer

@@ -1,0 +1,217 @@
+#include "trainer/tasks.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <random>
+#include <regex>
+#include <sstream>
+#include <stdexcept>
+
+#include "common/check.h"
+
+namespace crl::trainer {
+
+using nlohmann::json;
+
+RewardKind parse_reward_kind(const std::string& name) {
+  if (name == "exact") return RewardKind::kExact;
+  if (name == "numeric") return RewardKind::kNumeric;
+  if (name == "regex") return RewardKind::kRegex;
+  if (name == "format") return RewardKind::kFormat;
+  CRL_INVALID("unknown reward '", name, "' (known: exact, numeric, regex, format)");
+}
+
+std::string reward_kind_name(RewardKind kind) {
+  switch (kind) {
+    case RewardKind::kExact: return "exact";
+    case RewardKind::kNumeric: return "numeric";
+    case RewardKind::kRegex: return "regex";
+    case RewardKind::kFormat: return "format";
+  }
+  return "?";
+}
+
+namespace {
+
+std::string trim(const std::string& s) {
+  const char* ws = " \t\r\n\f\v";
+  const size_t b = s.find_first_not_of(ws);
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(ws) - b + 1);
+}
+
+// The first number in s (optional sign, digits, optional fraction), if any.
+bool first_number(const std::string& s, double* out) {
+  static const std::regex kNumber(R"([-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?)");
+  std::smatch m;
+  if (!std::regex_search(s, m, kNumber)) return false;
+  *out = std::strtod(m.str(0).c_str(), nullptr);
+  return std::isfinite(*out);
+}
+
+// Parses the whole of s as a number.
+bool whole_number(const std::string& s, double* out) {
+  const std::string t = trim(s);
+  if (t.empty()) return false;
+  char* end = nullptr;
+  *out = std::strtod(t.c_str(), &end);
+  return end == t.c_str() + t.size() && std::isfinite(*out);
+}
+
+std::regex compile(const std::string& pattern, const char* what) {
+  try {
+    return std::regex(pattern, std::regex::ECMAScript);
+  } catch (const std::regex_error& e) {
+    CRL_INVALID("bad ", what, " regex '", pattern, "': ", e.what());
+  }
+}
+
+}  // namespace
+
+std::string extract_answer(const std::string& completion) {
+  return trim(completion.substr(0, completion.find('\n')));
+}
+
+RewardResult score_completion(const RewardOptions& o, const std::string& completion,
+                              const std::string& answer) {
+  const std::string got = extract_answer(completion);
+  RewardResult r;
+  r.well_formed = std::regex_match(got, compile(o.format_regex, "format"));
+  switch (o.kind) {
+    case RewardKind::kExact:
+      r.correct = got == trim(answer);
+      break;
+    case RewardKind::kNumeric: {
+      double a = 0, b = 0;
+      r.correct = first_number(got, &a) && whole_number(answer, &b) &&
+                  std::abs(a - b) <= 1e-6 * std::max(1.0, std::abs(b));
+      break;
+    }
+    case RewardKind::kRegex:
+      r.correct = std::regex_match(got, compile(answer, "answer"));
+      break;
+    case RewardKind::kFormat:
+      r.correct = r.well_formed;
+      break;
+  }
+  r.reward = r.correct ? 1.0 : 0.0;
+  if (o.kind != RewardKind::kFormat && r.well_formed) r.reward += o.format_weight;
+  return r;
+}
+
+std::vector<TaskRow> load_task_jsonl(const std::string& path, const RewardOptions& reward) {
+  compile(reward.format_regex, "format");
+  std::ifstream in(path);
+  if (!in) CRL_INVALID("cannot read task data ", path);
+  std::vector<TaskRow> rows;
+  std::vector<std::string> errors;
+  int64_t num_errors = 0;
+  auto bad = [&](int64_t line, const std::string& why) {
+    if (++num_errors <= 20) errors.push_back(path + ":" + std::to_string(line) + ": " + why);
+  };
+  std::string text;
+  for (int64_t line = 1; std::getline(in, text); ++line) {
+    if (trim(text).empty()) continue;
+    json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) {
+      bad(line, "invalid JSON");
+      continue;
+    }
+    if (!j.is_object()) {
+      bad(line, "expected a JSON object with \"prompt\" and \"answer\"");
+      continue;
+    }
+    if (!j.contains("prompt")) {
+      bad(line, "missing field \"prompt\"");
+      continue;
+    }
+    if (!j["prompt"].is_string()) {
+      bad(line, std::string("\"prompt\" must be a string, got ") + j["prompt"].type_name());
+      continue;
+    }
+    if (!j.contains("answer")) {
+      bad(line, "missing field \"answer\"");
+      continue;
+    }
+    const json& a = j["answer"];
+    if (!a.is_string() && !a.is_number()) {
+      bad(line, std::string("\"answer\" must be a string or a number, got ") + a.type_name());
+      continue;
+    }
+    TaskRow row;
+    row.prompt = j["prompt"].get<std::string>();
+    row.answer = a.is_string() ? a.get<std::string>() : a.dump();
+    row.line = line;
+    if (trim(row.prompt).empty()) {
+      bad(line, "\"prompt\" is empty");
+      continue;
+    }
+    if (reward.kind == RewardKind::kNumeric) {
+      double v = 0;
+      if (!whole_number(row.answer, &v)) {
+        bad(line, "\"answer\" " + json(row.answer).dump() + " is not a number (reward numeric)");
+        continue;
+      }
+    } else if (reward.kind == RewardKind::kRegex) {
+      try {
+        compile(row.answer, "answer");
+      } catch (const std::invalid_argument& e) {
+        bad(line, e.what());
+        continue;
+      }
+    }
+    rows.push_back(std::move(row));
+  }
+  if (num_errors > 0) {
+    std::ostringstream os;
+    os << num_errors << " bad row" << (num_errors > 1 ? "s" : "") << " in " << path << ":";
+    for (const auto& e : errors) os << "\n" << e;
+    if (num_errors > 20) os << "\n(" << num_errors - 20 << " more)";
+    throw std::invalid_argument(os.str());
+  }
+  if (rows.empty()) CRL_INVALID(path, ": no task rows");
+  return rows;
+}
+
+TaskSplit split_task(std::vector<TaskRow> rows, int64_t eval_rows, uint64_t seed) {
+  const int64_t n = static_cast<int64_t>(rows.size());
+  if (eval_rows < 0 || eval_rows > n / 2) {
+    CRL_INVALID("eval split of ", eval_rows, " rows out of ", n, " (at most half may be held out)");
+  }
+  std::mt19937_64 rng(seed);
+  for (int64_t i = n - 1; i > 0; --i) {  // Fisher-Yates with a fully specified draw
+    const int64_t j = static_cast<int64_t>(rng() % static_cast<uint64_t>(i + 1));
+    std::swap(rows[i], rows[j]);
+  }
+  TaskSplit s;
+  s.eval.assign(rows.begin(), rows.begin() + eval_rows);
+  s.train.assign(rows.begin() + eval_rows, rows.end());
+  return s;
+}
+
+std::vector<TaskRow> default_task_rows(int64_t count, uint64_t seed) {
+  // Words of engine/model/model_writer.cpp's default corpus that the default tokenizer keeps as
+  // single pieces ("▁red"), so an answer of k words is k tokens.
+  static const char* const kWords[] = {"red",   "big",   "old",   "green", "small", "quick",
+                                       "lazy",  "dark",  "happy", "young", "bright", "quiet",
+                                       "tree",  "river", "book",  "Leo"};
+  constexpr int64_t kNumWords = sizeof(kWords) / sizeof(kWords[0]);
+  std::mt19937_64 rng(seed);
+  std::vector<TaskRow> rows;
+  rows.reserve(count);
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t len = 2 + static_cast<int64_t>(rng() % 3);
+    std::string words;
+    for (int64_t w = 0; w < len; ++w) {
+      words += (w ? " " : "") + std::string(kWords[rng() % kNumWords]);
+    }
+    rows.push_back({"Copy: " + words + ". Answer:", words, 0});
+  }
+  return rows;
+}
+
+}  // namespace crl::trainer

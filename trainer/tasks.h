@@ -1,0 +1,79 @@
+// Tasks: prompt/answer rows (from --data FILE.jsonl or the built-in default task), a held-out
+// eval split, and verifiable rewards.
+//
+// Data file: one JSON object per line, {"prompt": string, "answer": string or number}; other keys
+// are ignored and blank lines skipped. Every bad row (invalid JSON, missing field, wrong type,
+// empty prompt, and for the chosen reward an answer it cannot use: a bad regex, a non-number) is
+// reported as FILE:LINE: reason, and loading fails: a run never starts on garbage.
+//
+// Rewards score the *answer part* of a completion: its text up to the first newline, trimmed.
+//   exact    1 if it equals the answer (both trimmed);
+//   numeric  1 if its first number equals the answer's number (|a - b| <= 1e-6 * max(1, |b|));
+//   regex    1 if the whole answer part matches the row's answer as an ECMAScript regex;
+//   format   1 if it matches RewardOptions::format_regex (no correctness check).
+// format_weight > 0 adds that much for a well-formed answer to the exact/numeric/regex reward.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace crl::trainer {
+
+struct TaskRow {
+  std::string prompt;
+  std::string answer;
+  int64_t line = 0;  // 1-based line in the data file (0 for generated rows)
+};
+
+enum class RewardKind { kExact, kNumeric, kRegex, kFormat };
+
+// "exact" | "numeric" | "regex" | "format"; throws std::invalid_argument listing them.
+RewardKind parse_reward_kind(const std::string& name);
+std::string reward_kind_name(RewardKind kind);
+
+struct RewardOptions {
+  // How correctness is judged.
+  RewardKind kind = RewardKind::kExact;
+  // A well-formed answer part matches this whole (ECMAScript).
+  std::string format_regex = R"(\S(.*\S)?)";
+  // Bonus for a well-formed answer part, added to exact/numeric/regex rewards (0 = off).
+  double format_weight = 0.0;
+};
+
+struct RewardResult {
+  double reward = 0;
+  bool correct = false;      // the accuracy criterion (format for kFormat)
+  bool well_formed = false;
+};
+
+// The completion's text up to the first '\n', with surrounding whitespace removed.
+std::string extract_answer(const std::string& completion);
+
+// Scores one completion against a row's answer. Throws std::invalid_argument on a bad regex.
+RewardResult score_completion(const RewardOptions& options, const std::string& completion,
+                              const std::string& answer);
+
+// Reads a JSONL task file. Throws std::invalid_argument whose message lists every bad row as
+// "path:line: reason" (the first 20, then a count), or names the file when it cannot be read or
+// has no rows.
+std::vector<TaskRow> load_task_jsonl(const std::string& path, const RewardOptions& reward = {});
+
+struct TaskSplit {
+  std::vector<TaskRow> train;
+  std::vector<TaskRow> eval;  // held out: never trained on
+};
+
+// Shuffles (seeded) and holds out `eval_rows` rows (at most half the rows).
+TaskSplit split_task(std::vector<TaskRow> rows, int64_t eval_rows, uint64_t seed);
+
+// The built-in default task for the embedded default model: copy a short list of words.
+//   prompt: "Copy: red tree big. Answer:"   answer: "red tree big"
+// 2 to 4 words out of 16 that the default tokenizer (trained on the project's corpus, see
+// engine/model/model_writer.cpp) keeps as single pieces, so an answer of k words is k tokens and
+// the completion is k tokens + EOS. Its digits, by contrast, are split ("12" -> "▁", "1", "2").
+// Held-out rows are unseen word combinations: the model has to learn to copy, not memorise.
+// Deterministic in `seed`. Exact-match reward.
+std::vector<TaskRow> default_task_rows(int64_t count, uint64_t seed);
+
+}  // namespace crl::trainer
