@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <cstring>
+#include <vector>
 
 #include <cstdlib>
 #include <exception>
@@ -27,6 +29,15 @@ void tune_openmp_spin(char** argv) {
 
 int main(int argc, char** argv) {
   tune_openmp_spin(argv);
+  // `colocated-rl --gpus-infer I --gpus-train T ...` (flags, no subcommand) is the RL job.
+  std::vector<char*> args(argv, argv + argc);
+  static char train[] = "train";
+  if (argc > 1 && std::strncmp(argv[1], "--", 2) == 0 && std::strcmp(argv[1], "--help") != 0) {
+    args.insert(args.begin() + 1, train);
+  }
+  argc = static_cast<int>(args.size());
+  args.push_back(nullptr);
+  argv = args.data();
   crl::app::set_process_args(argc, argv);
   // A peer that died closes its sockets: report that as the failed collective, not as SIGPIPE.
   signal(SIGPIPE, SIG_IGN);
@@ -44,6 +55,7 @@ int main(int argc, char** argv) {
   add(crl::app::register_serve);
   add(crl::app::register_bench);
   add(crl::app::register_sync_check);
+  add(crl::app::register_train);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -23,32 +23,6 @@ double since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// Cycles through a seeded permutation of the train rows, reshuffling at each epoch.
-class RowSampler {
- public:
-  RowSampler(int64_t n, uint64_t seed) : order_(n), rng_(seed) {
-    for (int64_t i = 0; i < n; ++i) order_[i] = i;
-    shuffle();
-  }
-  int64_t next() {
-    if (pos_ == static_cast<int64_t>(order_.size())) {
-      shuffle();
-      pos_ = 0;
-    }
-    return order_[pos_++];
-  }
-
- private:
-  void shuffle() {
-    for (int64_t i = static_cast<int64_t>(order_.size()) - 1; i > 0; --i) {
-      std::swap(order_[i], order_[rng_() % static_cast<uint64_t>(i + 1)]);
-    }
-  }
-  std::vector<int64_t> order_;
-  std::mt19937_64 rng_;
-  int64_t pos_ = 0;
-};
-
 double held_out_accuracy(engine::LlmEngine& eng, const std::vector<TaskRow>& rows,
                          const RewardOptions& reward, int32_t max_tokens) {
   if (rows.empty()) return 0;

@@ -214,4 +214,24 @@ std::vector<TaskRow> default_task_rows(int64_t count, uint64_t seed) {
   return rows;
 }
 
+RowSampler::RowSampler(int64_t n, uint64_t seed) : order_(n), rng_(seed) {
+  for (int64_t i = 0; i < n; ++i) order_[i] = i;
+  shuffle();
+}
+
+int64_t RowSampler::next() {
+  if (pos_ == static_cast<int64_t>(order_.size())) {
+    shuffle();
+    pos_ = 0;
+  }
+  ++drawn_;
+  return order_[pos_++];
+}
+
+void RowSampler::shuffle() {
+  for (int64_t i = static_cast<int64_t>(order_.size()) - 1; i > 0; --i) {
+    std::swap(order_[i], order_[rng_() % static_cast<uint64_t>(i + 1)]);
+  }
+}
+
 }  // namespace crl::trainer

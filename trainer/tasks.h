@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -75,5 +76,22 @@ TaskSplit split_task(std::vector<TaskRow> rows, int64_t eval_rows, uint64_t seed
 // Held-out rows are unseen word combinations: the model has to learn to copy, not memorise.
 // Deterministic in `seed`. Exact-match reward.
 std::vector<TaskRow> default_task_rows(int64_t count, uint64_t seed);
+
+// Cycles through a seeded permutation of [0, n), reshuffling at each epoch: which train row comes
+// next. Every rank of a job builds the same one and draws in the same order, so they agree on the
+// prompts of a step without exchanging them; drawn() is the data cursor a checkpoint keeps.
+class RowSampler {
+ public:
+  RowSampler(int64_t n, uint64_t seed);
+  int64_t next();
+  int64_t drawn() const { return drawn_; }
+
+ private:
+  void shuffle();
+  std::vector<int64_t> order_;
+  std::mt19937_64 rng_;
+  int64_t pos_ = 0;
+  int64_t drawn_ = 0;
+};
 
 }  // namespace crl::trainer

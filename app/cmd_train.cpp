@@ -1,0 +1,108 @@
+// colocated-rl [train] --gpus-infer I --gpus-train T ...: the RL job (the project's main job).
+#include <CLI/CLI.hpp>
+
+#include "app/commands.h"
+#include "app/launcher.h"
+#include "app/rl_job.h"
+#include "app/sync_flags.h"
+#include "common/units.h"
+#include "engine/model/model_cache.h"
+
+namespace crl::app {
+
+Runner register_train(CLI::App& app) {
+  struct Flags {
+    RlJobOptions o;
+    DistFlags dist;
+    std::string kv_memory = "64MiB";
+    std::string reward = "exact";
+    std::string train_dtype;
+    double lr = 1e-4;
+    double rollout_timeout_s = 1800;
+  };
+  auto f = std::make_shared<Flags>();
+  f->dist.timeout_s = 300;
+  auto& o = f->o;
+  o.trainer.micro_batch_tokens = 2048;
+  o.trainer.max_grad_norm = 1.0;
+  auto* cmd = app.add_subcommand(
+      "train", "GRPO post-training with colocated engines (the default command: "
+               "`colocated-rl --gpus-infer I --gpus-train T` runs it)");
+  add_dist_flags(*cmd, f->dist, /*with_sync=*/true);
+  cmd->add_option("--model", o.model_dir, "Hugging Face model directory (default: the embedded one)");
+  cmd->add_option("--dtype", o.engine_dtype, "engine compute dtype: float32 or bfloat16")
+      ->capture_default_str();
+  cmd->add_option("--train-dtype", f->train_dtype,
+                  "trainer compute dtype (masters stay fp32; default: the engine's)");
+  cmd->add_option("--kv-memory", f->kv_memory, "KV cache pool per engine")->capture_default_str();
+  cmd->add_flag("--deterministic", o.deterministic,
+                "batch-invariant engine and matching trainer: log-prob gap exactly 0");
+  cmd->add_option("--data", o.data_path,
+                  "JSONL rows {\"prompt\", \"answer\"} (default: the built-in copy task)");
+  cmd->add_option("--reward", f->reward, "exact, numeric, regex or format")->capture_default_str();
+  cmd->add_option("--format-weight", o.reward.format_weight,
+                  "bonus for a well-formed answer (added to the correctness reward)");
+  cmd->add_option("--eval-rows", o.eval_rows, "held-out rows, never trained on")->capture_default_str();
+  cmd->add_option("--seed", o.seed, "seed of the split, prompt order and sampling")->capture_default_str();
+  cmd->add_option("--sft-steps", o.sft_steps, "SFT warm-up steps before GRPO (0 = none)")
+      ->capture_default_str();
+  cmd->add_option("--sft-rows", o.sft_rows_per_step, "rows per SFT step")->capture_default_str();
+  cmd->add_option("--sft-lr", o.sft_lr, "SFT learning rate")->capture_default_str();
+  cmd->add_option("--steps", o.steps, "GRPO steps")->capture_default_str();
+  cmd->add_option("--prompts-per-step", o.prompts_per_step, "prompts per GRPO step (all engines)")
+      ->capture_default_str();
+  cmd->add_option("--n-samples", o.samples_per_prompt, "samples per prompt (a GRPO group)")
+      ->capture_default_str();
+  cmd->add_option("--temperature", o.temperature, "rollout sampling temperature")->capture_default_str();
+  cmd->add_option("--max-tokens", o.max_tokens, "generated tokens per sample at most")
+      ->capture_default_str();
+  cmd->add_option("--lr", f->lr, "GRPO peak learning rate")->capture_default_str();
+  cmd->add_option("--warmup-steps", o.trainer.schedule.warmup_steps, "linear warmup steps");
+  cmd->add_option("--min-lr", o.trainer.schedule.min_lr, "cosine floor (cosine over --steps)");
+  cmd->add_option("--weight-decay", o.trainer.weight_decay, "AdamW weight decay (matrices)")
+      ->capture_default_str();
+  cmd->add_option("--max-grad-norm", o.trainer.max_grad_norm, "gradient clipping (0 = off)")
+      ->capture_default_str();
+  cmd->add_option("--micro-batch-tokens", o.trainer.micro_batch_tokens,
+                  "tokens per packed micro-batch")->capture_default_str();
+  cmd->add_option("--kl-coef", o.trainer.grpo.kl_coef, "k3 KL to the initial model (0 = off)")
+      ->capture_default_str();
+  cmd->add_option("--tis-cap", o.trainer.grpo.tis_cap,
+                  "truncated importance-sampling cap for engine/trainer mismatch (0 = off)");
+  cmd->add_option("--clip", o.trainer.grpo.clip_low, "PPO ratio clip range")->capture_default_str();
+  cmd->add_option("--eval-every", o.eval_every, "held-out evaluation every N steps")
+      ->capture_default_str();
+  cmd->add_option("--metrics", o.metrics_path, "JSONL metrics file, one line per step");
+  cmd->add_option("--save-dir", o.save_dir, "checkpoints go to DIR/step-N (HF layout + optimizer)");
+  cmd->add_option("--save-every", o.save_every, "checkpoint every N steps (and at the end)");
+  cmd->add_option("--resume", o.resume_dir, "continue from a checkpoint directory");
+  cmd->add_option("--rollout-timeout", f->rollout_timeout_s,
+                  "seconds a train rank waits for one step's rollouts")->capture_default_str();
+  cmd->add_option("--inject-fault", o.fault, "tests only: die-at-step:RANK:STEP")->group("");
+  return [f]() {
+    RlJobOptions o = f->o;
+    o.infer_per_node = f->dist.infer;
+    o.train_per_node = f->dist.train;
+    if (o.model_dir.empty()) o.model_dir = engine::ensure_preset_model("default");
+    o.kv_memory_bytes = parse_bytes(f->kv_memory);
+    o.reward.kind = trainer::parse_reward_kind(f->reward);
+    o.trainer.dtype = f->train_dtype.empty() ? o.engine_dtype : f->train_dtype;
+    o.trainer.schedule.lr = f->lr;
+    if (o.trainer.schedule.min_lr > 0) o.trainer.schedule.total_steps = o.steps;
+    o.trainer.grpo.clip_high = o.trainer.grpo.clip_low;
+    o.trainer.validate();
+    o.timeout = f->dist.timeout();
+    o.rollout_timeout = std::chrono::milliseconds(static_cast<int64_t>(f->rollout_timeout_s * 1000));
+    o.bucket_bytes = f->dist.bucket_bytes();
+    o.sync = f->dist.sync_options();
+    if (o.steps < 0 || o.prompts_per_step < 1 || o.samples_per_prompt < 1 || o.max_tokens < 1) {
+      throw std::invalid_argument("--steps >= 0, --prompts-per-step, --n-samples and --max-tokens >= 1");
+    }
+    // Bad data fails here, in the launcher, before any rank starts.
+    if (!o.data_path.empty()) trainer::load_task_jsonl(o.data_path, o.reward);
+    LaunchOptions lo{o.infer_per_node, o.train_per_node, o.timeout};
+    return run_distributed(lo, [o](const sync::RankEnv& env) { return run_rl_rank(env, o); });
+  };
+}
+
+}  // namespace crl::app
