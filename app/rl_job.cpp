@@ -659,7 +659,10 @@ void report(Job& j, const sync::StorePtr& store) {
 }  // namespace
 
 int run_rl_rank(const sync::RankEnv& env, const RlJobOptions& o) {
-  Job j{o, env, sync::join_world(env, o.timeout), {}, {}, {}};
+  // Shared with world rank 0's reporter thread, which may outlive a failing main thread for the
+  // moment it takes the rank to exit.
+  std::shared_ptr<Job> jp(new Job{o, env, sync::join_world(env, o.timeout), {}, {}, {}});
+  Job& j = *jp;
   sync::Topology topo{env.nnodes, o.infer_per_node, o.train_per_node};
   j.g = sync::make_groups(std::move(j.world.comm), topo);
   j.infer_total = topo.nnodes * topo.infer_per_node;
@@ -688,17 +691,17 @@ int run_rl_rank(const sync::RankEnv& env, const RlJobOptions& o) {
     InferRank rank(j);
     if (env.rank == 0) {
       // World rank 0 reports while its engine works: the report reads the store only.
-      std::exception_ptr err;
       // Its own store connection: the engine thread polls the store meanwhile.
       sync::StorePtr store = sync::connect_store(env.master_addr, env.master_port, o.timeout);
       if (!env.store_prefix.empty()) {
         store = c10::make_intrusive<c10d::PrefixStore>(env.store_prefix, store);
       }
-      std::thread reporter([&] {
+      auto err_p = std::make_shared<std::exception_ptr>();
+      std::thread reporter([jp, store, err_p] {
         try {
-          report(j, store);
+          report(*jp, store);
         } catch (...) {
-          err = std::current_exception();
+          *err_p = std::current_exception();
         }
       });
       try {
@@ -708,7 +711,7 @@ int run_rl_rank(const sync::RankEnv& env, const RlJobOptions& o) {
         throw;
       }
       reporter.join();
-      if (err) std::rethrow_exception(err);
+      if (*err_p) std::rethrow_exception(*err_p);
     } else {
       rank.run();
     }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs a multi-process colocated-rl job and checks how it ended.
 #   run_job.sh pass|fail MAX_SECONDS REGEX -- command...
-# pass: exit code 0; fail: non-zero. In both cases the output must match REGEX (grep -E), the job
+# pass: exit code 0; fail: non-zero. In both cases the output must match REGEX (grep -E; several
+# patterns separated by ' ;; ' must each match some line, in any order), the job
 # must end within MAX_SECONDS, and no process of the job may outlive it (found by an environment
 # marker that only the job's processes carry).
 set -u
@@ -16,7 +17,7 @@ elapsed=$(echo "$(date +%s.%N) - $start" | bc)
 sleep 0.3
 survivors=""
 for p in /proc/[0-9]*; do
-  if tr '\0' '\n' <"$p/environ" 2>/dev/null | grep -qx "TEST_JOB_MARKER=$marker"; then
+  if { tr '\0' '\n' <"$p/environ"; } 2>/dev/null | grep -qx "TEST_JOB_MARKER=$marker"; then
     survivors="$survivors ${p#/proc/}"
   fi
 done
@@ -30,9 +31,14 @@ fail() {
 }
 [ "$expect" = pass ] && [ $rc -ne 0 ] && fail "expected exit code 0"
 [ "$expect" = fail ] && [ $rc -eq 0 ] && fail "expected a non-zero exit code"
-grep -Eq "$regex" "$log" || fail "output does not match /$regex/"
+rest=$regex
+while [ -n "$rest" ]; do
+  pattern=${rest%% ;; *}
+  if [ "$pattern" = "$rest" ]; then rest=""; else rest=${rest#* ;; }; fi
+  grep -Eq -- "$pattern" "$log" || fail "output does not match /$pattern/"
+done
 [ -n "$survivors" ] && fail "processes outlived the job:$survivors"
 if [ "$(echo "$elapsed > $max" | bc)" = 1 ]; then fail "took longer than ${max}s"; fi
-grep -E "$regex" "$log" | head -3
+grep -E -- "${regex%% ;; *}" "$log" | head -3
 echo "ok: exit code $rc in ${elapsed}s, no process left"
 rm -f "$log"
