@@ -76,6 +76,9 @@ Runner register_train(CLI::App& app) {
   cmd->add_option("--save-dir", o.save_dir, "checkpoints go to DIR/step-N (HF layout + optimizer)");
   cmd->add_option("--save-every", o.save_every, "checkpoint every N steps (and at the end)");
   cmd->add_option("--resume", o.resume_dir, "continue from a checkpoint directory");
+  cmd->add_option("--serve-port", o.serve_port,
+                  "serve the OpenAI API during training: infer rank k on PORT + k (0: any port)");
+  cmd->add_option("--serve-host", o.serve_host, "address the API binds")->capture_default_str();
   cmd->add_option("--rollout-timeout", f->rollout_timeout_s,
                   "seconds a train rank waits for one step's rollouts")->capture_default_str();
   cmd->add_option("--inject-fault", o.fault, "tests only: die-at-step:RANK:STEP")->group("");

@@ -19,6 +19,8 @@
 #include "engine/llm_engine.h"
 #include "engine/model/config.h"
 #include "engine/tokenizer.h"
+#include "server/api_server.h"
+#include "server/engine_loop.h"
 #include "sync/groups.h"
 #include "sync/weight_layout.h"
 #include "trainer/checkpoint.h"
@@ -133,14 +135,34 @@ class InferRank {
     ec.seed = o_.seed;
     ec.kv_memory_bytes = o_.kv_memory_bytes;
     ec.max_seqs = std::max<int32_t>(256, o_.prompts_per_step * o_.samples_per_prompt);
-    eng_ = std::make_unique<engine::LlmEngine>(ec);
-    CRL_CHECK(eng_->tokenizer(), "the RL job needs a model with tokenizer.model");
+    auto eng = std::make_unique<engine::LlmEngine>(ec);
+    CRL_CHECK(eng->tokenizer(), "the RL job needs a model with tokenizer.model");
     layout_ = std::make_unique<sync::WeightLayout>(
-        eng_->attach_weight_buffers(o_.bucket_bytes).layout());
+        eng->attach_weight_buffers(o_.bucket_bytes).layout());
+    buckets_ = &eng->weight_buffers()->buckets();  // touched on the engine thread only
     ws_ = std::make_unique<sync::WeightSync>(j_.g, j_.world.store, *layout_, o_.sync);
     for (size_t i = 0; i < j_.split.eval.size(); ++i) {
       if (static_cast<int>(i % j_.infer_total) == j_.role_global) eval_rows_.push_back(i);
     }
+    // One engine thread steps the engine for the rollouts and, with --serve-port, for HTTP
+    // clients in the same continuous batch; weight updates are posted to it between two steps.
+    loop_ = std::make_shared<server::EngineLoop>(std::move(eng));
+    loop_->start();
+    if (o_.serve_port >= 0) {
+      server::ServerOptions so;
+      so.host = o_.serve_host;
+      so.port = o_.serve_port == 0 ? 0 : o_.serve_port + j_.role_global;
+      server_ = std::make_unique<server::Server>(loop_, so);
+      int port = server_->start();
+      fmt::print("rank {}: serving the OpenAI API during training on http://{}:{}\n", j_.env.rank,
+                 o_.serve_host, port);
+      std::fflush(stdout);
+    }
+  }
+
+  ~InferRank() {
+    if (server_) server_->stop();
+    loop_->stop();
   }
 
   // Held-out accuracy over every infer rank's share (greedy), summed over the infer group.
@@ -154,14 +176,13 @@ class InferRank {
       reqs.push_back(std::move(q));
     }
     double correct = 0;
-    if (!reqs.empty()) {
-      auto outs = eng_->generate(std::move(reqs));
-      for (size_t k = 0; k < outs.size(); ++k) {
-        correct += trainer::score_completion(o_.reward, outs[k].outputs.at(0).text,
-                                             j_.split.eval[eval_rows_[k]].answer)
-                       .correct;
-      }
-    }
+    for (size_t k = 0; k < reqs.size(); ++k) reqs[k].request_id = fmt::format("eval{}-{}", evals_, k);
+    ++evals_;
+    run_requests(std::move(reqs), [&](size_t k, const engine::RequestOutput& out) {
+      correct += trainer::score_completion(o_.reward, out.outputs.at(0).text,
+                                           j_.split.eval[eval_rows_[k]].answer)
+                     .correct;
+    });
     at::Tensor t = at::tensor({correct, static_cast<double>(eval_rows_.size())}, at::kDouble);
     j_.g.infer->all_reduce(t);
     return t[1].item<double>() > 0 ? t[0].item<double>() / t[1].item<double>() : 0.0;
@@ -178,16 +199,54 @@ class InferRank {
       }
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
-    auto t0 = Clock::now();
-    ws_->receive(eng_->weight_buffers()->buckets(), version);
-    eng_->bump_weight_version();
-    return since(t0);
+    double pause = 0;
+    loop_->post([&](engine::LlmEngine& e) {
+          auto t0 = Clock::now();
+          ws_->receive(*buckets_, version);
+          e.bump_weight_version();
+          pause = since(t0);
+        })
+        .get();
+    version_ = version;
+    return pause;
+  }
+
+  // Submits `reqs` to the engine loop and calls on_finished(index, output) once per request as
+  // each finishes; returns when all did. A failed request fails the step.
+  void run_requests(std::vector<engine::GenerateRequest> reqs,
+                    const std::function<void(size_t, const engine::RequestOutput&)>& on_finished) {
+    if (reqs.empty()) return;
+    auto ch = loop_->submit(std::move(reqs));
+    std::vector<bool> seen(ch->ids().size(), false);
+    size_t finished = 0;
+    uint64_t version = 0;
+    auto deadline = j_.rollout_deadline();
+    while (finished < seen.size()) {
+      auto snap = ch->wait(version, std::chrono::milliseconds(200));
+      version = snap.version;
+      for (size_t i = 0; i < seen.size(); ++i) {
+        if (seen[i] || !snap.outputs[i] || !snap.outputs[i]->finished) continue;
+        seen[i] = true;
+        ++finished;
+        if (!snap.outputs[i]->error.empty()) {
+          throw std::runtime_error("request " + ch->ids()[i] + " failed: " +
+                                   snap.outputs[i]->error);
+        }
+        on_finished(i, *snap.outputs[i]);
+      }
+      if (finished < seen.size() && Clock::now() > deadline) {
+        throw std::runtime_error(fmt::format("{} of {} requests unfinished after {} s",
+                                             seen.size() - finished, seen.size(),
+                                             o_.rollout_timeout.count() / 1000));
+      }
+    }
   }
 
   void run() {
     json start = {{"phase", "start"}, {"accuracy", evaluate()}, {"elapsed_s", since(j_.t0)}};
     if (j_.env.rank == 0) put_json(j_.world.store, j_.key("eval/start"), start);
     int64_t version = j_.start_step;
+    version_ = version;
     if (!j_.resumed && o_.sft_steps > 0) {
       for (int64_t s = 0; s < o_.sft_steps; ++s) j_.draw(o_.sft_rows_per_step);
       receive(++version);
@@ -199,7 +258,7 @@ class InferRank {
       if (fault.rank == j_.env.rank && fault.step == step + 1) std::raise(SIGKILL);
       json m = rollout(step);
       m["sync_s"] = receive(++version);
-      m["weight_version"] = eng_->weight_version();
+      m["weight_version"] = version_;
       if ((o_.eval_every > 0 && (step + 1) % o_.eval_every == 0) || step + 1 == o_.steps) {
         m["eval_accuracy"] = evaluate();
       }
@@ -214,14 +273,15 @@ class InferRank {
   json rollout(int64_t step) {
     auto t_start = Clock::now();
     std::vector<int64_t> picked = j_.draw(o_.prompts_per_step);
-    const auto& tok = *eng_->tokenizer();
+    const auto& tok = *loop_->engine().tokenizer();
     std::vector<int64_t> cost;
     for (int64_t r : picked) {
       cost.push_back(static_cast<int64_t>(tok.encode(j_.split.train[r].prompt).size()) +
                      int64_t{o_.samples_per_prompt} * o_.max_tokens);
     }
     std::vector<int> owner = shard_by_cost(cost, j_.infer_total);
-    std::map<std::string, int64_t> row_of;  // request id -> task row
+    std::vector<int64_t> row_of;  // submission index -> task row
+    std::vector<engine::GenerateRequest> reqs;
     for (size_t i = 0; i < picked.size(); ++i) {
       if (owner[i] != j_.role_global) continue;
       engine::GenerateRequest q;
@@ -231,24 +291,17 @@ class InferRank {
       q.params.temperature = o_.temperature;
       q.params.max_tokens = o_.max_tokens;
       q.params.seed = o_.seed * 1000003 + static_cast<uint64_t>(step) * 1009 + i;
-      row_of[q.request_id] = picked[i];
-      eng_->add_request(std::move(q));
+      row_of.push_back(picked[i]);
+      reqs.push_back(std::move(q));
     }
     std::vector<trainer::SampleGroup> pending;
     int64_t pending_tokens = 0, gen_tokens = 0, correct = 0, samples = 0, sent_bytes = 0;
     double rsum = 0, rsq = 0;
-    size_t finished = 0;
-    while (finished < row_of.size()) {
-      for (auto& out : eng_->step()) {
-        if (!out.finished) continue;
-        ++finished;
-        if (!out.error.empty()) {
-          throw std::runtime_error("rollout request " + out.request_id + " failed: " + out.error);
-        }
-        const trainer::TaskRow& row = j_.split.train[row_of.at(out.request_id)];
+    run_requests(std::move(reqs), [&](size_t index, const engine::RequestOutput& out) {
+        const trainer::TaskRow& row = j_.split.train[row_of[index]];
         trainer::SampleGroup grp;
         grp.prompt_ids.assign(out.prompt_token_ids.begin(), out.prompt_token_ids.end());
-        grp.prompt_index = row_of.at(out.request_id);
+        grp.prompt_index = row_of[index];
         for (const auto& c : out.outputs) {
           auto rr = trainer::score_completion(o_.reward, c.text, row.answer);
           trainer::Sample smp;
@@ -269,8 +322,7 @@ class InferRank {
           sent_bytes += flush(pending, step);
           pending_tokens = 0;
         }
-      }
-    }
+    });
     double gen_s = since(t_start);
     sent_bytes += flush(pending, step);
     // End of this step's stream to every train rank of the node.
@@ -300,8 +352,7 @@ class InferRank {
   // Packs and sends every pending group; each micro-batch goes to the next train rank of the node.
   int64_t flush(std::vector<trainer::SampleGroup>& pending, int64_t step) {
     if (pending.empty()) return 0;
-    auto batches = trainer::pack_micro_batches(pending, o_.trainer.micro_batch_tokens,
-                                               eng_->weight_version());
+    auto batches = trainer::pack_micro_batches(pending, o_.trainer.micro_batch_tokens, version_);
     pending.clear();
     int64_t bytes = 0;
     for (auto& mb : batches) {
@@ -318,7 +369,11 @@ class InferRank {
 
   Job& j_;
   const RlJobOptions& o_;
-  std::unique_ptr<engine::LlmEngine> eng_;
+  std::shared_ptr<server::EngineLoop> loop_;
+  std::unique_ptr<server::Server> server_;
+  std::vector<at::Tensor>* buckets_ = nullptr;
+  int64_t version_ = 0;  // weights the engine runs (mirrors the engine's weight_version)
+  int64_t evals_ = 0;
   std::unique_ptr<sync::WeightLayout> layout_;
   std::unique_ptr<sync::WeightSync> ws_;
   std::vector<size_t> eval_rows_;

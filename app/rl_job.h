@@ -61,6 +61,11 @@ struct RlJobOptions {
   int64_t save_every = 0;
   std::string resume_dir;
 
+  // --serve-port: infer rank k serves the OpenAI API on port + k (0: any free port) during
+  // training, its HTTP requests in the same continuous batch as the rollouts; -1: off.
+  int serve_port = -1;
+  std::string serve_host = "127.0.0.1";
+
   std::chrono::milliseconds timeout{300000};
   std::chrono::milliseconds rollout_timeout{1800000};
   int64_t bucket_bytes = int64_t{256} << 20;
