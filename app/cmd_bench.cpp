@@ -3,10 +3,12 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include <fcntl.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -153,6 +155,102 @@ int run_sync_bench(const SyncBenchFlags& f) {
   return failures ? 1 : 0;
 }
 
+struct E2eFlags {
+  bool on = false;
+  std::string shapes = "default,smollm2-135m";
+  std::string topologies = "1-1,2-2";
+  int steps = 4;
+  int prompts = 8;
+  int n = 4;
+  int max_tokens = 16;
+  std::string results = "rl_bench.jsonl";
+};
+
+double median_of(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+// End-to-end: the real RL job (launcher, engines, trainers, weight sync) for a few GRPO steps per
+// (model, topology) cell; steps/s after the first step and the median per-phase breakdown, read
+// from the job's own JSONL metrics.
+int run_e2e_bench(const E2eFlags& f) {
+  std::remove(f.results.c_str());
+  fmt::print("| model | train+infer ranks | steps | steps/s | generate s | wait s | train s | "
+             "sync ms | gen tok/s | train tok/s |\n|---|---|---|---|---|---|---|---|---|---|\n");
+  std::fflush(stdout);
+  int failures = 0;
+  for (const auto& shape : split_list(f.shapes)) {
+    std::string model = engine::ensure_preset_model(shape);
+    for (const auto& topo : split_list(f.topologies)) {
+      int t = 0, i = 0;
+      char c = 0;
+      if (std::sscanf(topo.c_str(), "%d%c%d", &t, &c, &i) != 3 || c != '-' || t < 1 || i < 1) {
+        CRL_INVALID("bench rollout --end-to-end: topology '", topo, "' is not TRAIN-INFER");
+      }
+      std::string metrics = f.results + ".steps.jsonl";
+      std::vector<std::string> args = {
+          "/proc/self/exe", "train", "--gpus-infer", std::to_string(i), "--gpus-train",
+          std::to_string(t), "--model", model, "--steps", std::to_string(f.steps),
+          "--sft-steps", "0", "--prompts-per-step", std::to_string(f.prompts), "--n-samples",
+          std::to_string(f.n), "--max-tokens", std::to_string(f.max_tokens), "--eval-every", "0",
+          "--eval-rows", "8", "--metrics", metrics, "--timeout", "900"};
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      pid_t pid = 0;
+      posix_spawn_file_actions_t fa;
+      posix_spawn_file_actions_init(&fa);
+      posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+      int rc = posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, argv.data(), environ);
+      posix_spawn_file_actions_destroy(&fa);
+      if (rc != 0) throw std::runtime_error("bench rollout --end-to-end: cannot spawn the job");
+      int st = 0;
+      waitpid(pid, &st, 0);
+      if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
+        ++failures;
+        fmt::print("| {} | {}+{} | failed | | | | | | | |\n", shape, t, i);
+        continue;
+      }
+      std::ifstream in(metrics);
+      std::string line;
+      std::vector<nlohmann::json> rows;
+      while (std::getline(in, line)) {
+        if (!line.empty()) rows.push_back(nlohmann::json::parse(line));
+      }
+      std::vector<double> gen, wait, train, sync, gts, tts;
+      for (size_t k = 1; k < rows.size(); ++k) {  // the first step warms up
+        gen.push_back(rows[k]["time_generate_s"].get<double>());
+        wait.push_back(rows[k]["time_wait_rollouts_s"].get<double>());
+        train.push_back(rows[k]["time_train_s"].get<double>());
+        sync.push_back(rows[k]["time_sync_s"].get<double>() * 1e3);
+        gts.push_back(rows[k]["gen_tok_s"].get<double>());
+        tts.push_back(rows[k]["train_tok_s"].get<double>());
+      }
+      double span = rows.size() > 1 ? rows.back()["elapsed_s"].get<double>() -
+                                          rows.front()["elapsed_s"].get<double>()
+                                    : 0;
+      double sps = span > 0 ? (rows.size() - 1) / span : 0;
+      nlohmann::json cell = {{"shape", shape},          {"train", t},
+                             {"infer", i},              {"steps", rows.size()},
+                             {"steps_per_s", sps},      {"generate_s", median_of(gen)},
+                             {"wait_s", median_of(wait)}, {"train_s", median_of(train)},
+                             {"sync_ms", median_of(sync)}, {"gen_tok_s", median_of(gts)},
+                             {"train_tok_s", median_of(tts)}};
+      std::ofstream(f.results, std::ios::app) << cell.dump() << "\n";
+      fmt::print("| {} | {}+{} | {} | {:.3f} | {:.2f} | {:.2f} | {:.2f} | {:.1f} | {:.0f} | {:.0f} |\n",
+                 shape, t, i, rows.size(), sps, median_of(gen), median_of(wait), median_of(train),
+                 median_of(sync), median_of(gts), median_of(tts));
+      std::fflush(stdout);
+      std::remove(metrics.c_str());
+    }
+  }
+  fmt::print("(medians over steps 2..{}; {} prompts x {} samples, <= {} new tokens; rows in {})\n",
+             f.steps, f.prompts, f.n, f.max_tokens, f.results);
+  return failures ? 1 : 0;
+}
+
 }  // namespace
 
 Runner register_bench(CLI::App& app) {
@@ -162,6 +260,21 @@ Runner register_bench(CLI::App& app) {
   cmd->require_subcommand(1);
   auto* rollout = cmd->add_subcommand("rollout", "rollout (generation) throughput against baselines");
   bench::add_rollout_flags(*rollout, *opts);
+  auto e2e = std::make_shared<E2eFlags>();
+  rollout->add_flag("--end-to-end", e2e->on,
+                    "the whole RL job instead (engines + trainers + weight sync): steps/s and "
+                    "the per-phase breakdown");
+  rollout->add_option("--e2e-shapes", e2e->shapes, "end-to-end: model presets")->capture_default_str();
+  rollout->add_option("--e2e-topologies", e2e->topologies, "end-to-end: TRAIN-INFER ranks")
+      ->capture_default_str();
+  rollout->add_option("--e2e-steps", e2e->steps, "end-to-end: GRPO steps per cell")
+      ->capture_default_str();
+  rollout->add_option("--e2e-prompts", e2e->prompts, "end-to-end: prompts per step")
+      ->capture_default_str();
+  rollout->add_option("--e2e-n", e2e->n, "end-to-end: samples per prompt")->capture_default_str();
+  rollout->add_option("--e2e-max-tokens", e2e->max_tokens, "end-to-end: new tokens per sample")
+      ->capture_default_str();
+  rollout->add_option("--e2e-results", e2e->results, "end-to-end: JSONL rows")->capture_default_str();
   auto* sync = cmd->add_subcommand(
       "sync", "weight sync: bucket mode vs the per-tensor baseline vs one raw broadcast");
   sync->add_option("--shapes", sf->shapes, "model presets, comma-separated")->capture_default_str();
@@ -178,8 +291,8 @@ Runner register_bench(CLI::App& app) {
   auto* serve = cmd->add_subcommand("serve", "HTTP API: requests/s, TTFT and inter-token latency at "
                                              "several client counts (from a separate process)");
   bench::add_serve_bench_flags(*serve, *serve_opts);
-  return [opts, rollout, sync, sf, serve_opts, serve]() {
-    if (rollout->parsed()) return bench::run_rollout_bench(*opts);
+  return [opts, rollout, sync, sf, serve_opts, serve, e2e]() {
+    if (rollout->parsed()) return e2e->on ? run_e2e_bench(*e2e) : bench::run_rollout_bench(*opts);
     if (serve->parsed()) return bench::run_serve_bench(*serve_opts);
     if (sync->parsed()) return run_sync_bench(*sf);
     return 1;

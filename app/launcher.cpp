@@ -214,6 +214,10 @@ int run_distributed(const LaunchOptions& options, const RankBody& body) {
       for (int l = 0; l < per_node; ++l) {
         if (!children[l].running && failed(children[l].status)) {
           first_failed = l;
+          std::string err = read_text(children[l].env.error_file);
+          spdlog::error("launcher: {} {}{}{}; the other ranks get {} s to fail on their own",
+                        topo.describe(children[l].env.rank), describe_status(children[l].status),
+                        err.empty() ? "" : ": ", err, options.timeout.count() / 1000 + 1);
           // Peers blocked in a collective with the failed rank fail on their own within the
           // timeout, naming the op; then whatever is left is killed.
           kill_at = Clock::now() + options.timeout + std::chrono::seconds(1);

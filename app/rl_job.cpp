@@ -148,6 +148,7 @@ class InferRank {
     // clients in the same continuous batch; weight updates are posted to it between two steps.
     loop_ = std::make_shared<server::EngineLoop>(std::move(eng));
     loop_->start();
+    loop_->wait_ready();
     if (o_.serve_port >= 0) {
       server::ServerOptions so;
       so.host = o_.serve_host;
