@@ -472,15 +472,11 @@ class TrainRank {
       for (size_t i = 0; i < picked.size(); ++i) {
         if (static_cast<int>(i % j_.train_total) != j_.role_global) continue;
         const auto& row = j_.split.train[picked[i]];
-        trainer::SampleGroup g;
-        if (cfg.bos_token_id >= 0) g.prompt_ids.push_back(static_cast<int32_t>(cfg.bos_token_id));
-        for (int32_t id : tok.encode(row.prompt)) g.prompt_ids.push_back(id);
-        trainer::Sample smp;
-        smp.completion_ids = tok.encode(row.answer);
-        smp.completion_ids.push_back(static_cast<int32_t>(cfg.eos_token_ids.at(0)));
-        smp.logprobs.assign(smp.completion_ids.size(), 0.0f);
-        g.samples.push_back(std::move(smp));
-        groups.push_back(std::move(g));
+        std::vector<int32_t> prompt;
+        if (cfg.bos_token_id >= 0) prompt.push_back(static_cast<int32_t>(cfg.bos_token_id));
+        for (int32_t id : tok.encode(row.prompt)) prompt.push_back(id);
+        groups.push_back(trainer::sft_group(std::move(prompt), tok.encode(row.answer),
+                                            static_cast<int32_t>(cfg.eos_token_ids.at(0))));
       }
       auto batches = trainer::pack_micro_batches(groups, so.micro_batch_tokens);
       sft->zero_grad();

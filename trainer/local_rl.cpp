@@ -112,15 +112,10 @@ LocalRlResult run_local_rl(const LocalRlOptions& o) {
       std::vector<SampleGroup> groups;
       for (int32_t i = 0; i < o.sft_rows_per_step; ++i) {
         const TaskRow& r = split.train[rows_sampler.next()];
-        SampleGroup g;
-        if (bos >= 0) g.prompt_ids.push_back(bos);
-        for (int32_t id : tok.encode(r.prompt)) g.prompt_ids.push_back(id);
-        Sample s;
-        s.completion_ids = tok.encode(r.answer);
-        s.completion_ids.push_back(eos);
-        s.logprobs.assign(s.completion_ids.size(), 0.0f);
-        g.samples.push_back(std::move(s));
-        groups.push_back(std::move(g));
+        std::vector<int32_t> prompt;
+        if (bos >= 0) prompt.push_back(bos);
+        for (int32_t id : tok.encode(r.prompt)) prompt.push_back(id);
+        groups.push_back(sft_group(std::move(prompt), tok.encode(r.answer), eos));
       }
       auto batches = pack_micro_batches(groups, sft_opts.micro_batch_tokens);
       StepStats st = sft.train_step(batches, LossKind::kSft);

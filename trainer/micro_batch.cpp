@@ -8,6 +8,18 @@
 
 namespace crl::trainer {
 
+SampleGroup sft_group(std::vector<int32_t> prompt_ids, const std::vector<int32_t>& answer_ids,
+                      int32_t eos) {
+  SampleGroup g;
+  g.prompt_ids = std::move(prompt_ids);
+  Sample s;
+  s.completion_ids = answer_ids;
+  s.completion_ids.push_back(eos);
+  s.logprobs.assign(s.completion_ids.size(), 0.0f);
+  g.samples.push_back(std::move(s));
+  return g;
+}
+
 void compute_group_advantages(std::vector<SampleGroup>& groups, double eps) {
   for (auto& g : groups) {
     const size_t n = g.samples.size();

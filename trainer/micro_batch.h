@@ -41,6 +41,11 @@ struct SampleGroup {
 // correction (as TRL's GRPO); a group of one sample, or of equal rewards, gets advantage 0.
 void compute_group_advantages(std::vector<SampleGroup>& groups, double eps = 1e-4);
 
+// A teacher-forced SFT example as a one-sample group: `prompt_ids` (BOS included by the caller),
+// then `answer_ids` followed by `eos` as the completion; log-probs 0 (the SFT loss ignores them).
+SampleGroup sft_group(std::vector<int32_t> prompt_ids, const std::vector<int32_t>& answer_ids,
+                      int32_t eos);
+
 struct MicroBatch {
   at::Tensor tokens;              // [T] int64: prompt + completion of each sequence, concatenated
   std::vector<int64_t> seq_lens;  // [S]: tokens per sequence, sum == T
