@@ -7,6 +7,7 @@
 #include "app/sync_flags.h"
 #include "common/units.h"
 #include "engine/model/model_cache.h"
+#include "sync/nccl_communicator.h"
 
 namespace crl::app {
 
@@ -74,7 +75,8 @@ Runner register_train(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--metrics", o.metrics_path, "JSONL metrics file, one line per step");
   cmd->add_option("--save-dir", o.save_dir, "checkpoints go to DIR/step-N (HF layout + optimizer)");
-  cmd->add_option("--save-every", o.save_every, "checkpoint every N steps (and at the end)");
+  cmd->add_option("--save-every", o.save_every,
+                  "checkpoint every N steps; with --save-dir there is always one at the end");
   cmd->add_option("--resume", o.resume_dir, "continue from a checkpoint directory");
   cmd->add_option("--serve-port", o.serve_port,
                   "serve the OpenAI API during training: infer rank k on PORT + k (0: any port)");
@@ -98,6 +100,15 @@ Runner register_train(CLI::App& app) {
     o.rollout_timeout = std::chrono::milliseconds(static_cast<int64_t>(f->rollout_timeout_s * 1000));
     o.bucket_bytes = f->dist.bucket_bytes();
     o.sync = f->dist.sync_options();
+    if (o.sync.mode == sync::SyncMode::kRaw) {
+      throw std::invalid_argument("--sync-mode raw is a benchmark baseline; use bucket or per-tensor");
+    }
+    // The job runs on CPU tensors (Gloo); an explicit --comm-backend nccl is refused here.
+    sync::resolve_comm_backend(f->dist.backend, /*cuda_tensors=*/false);
+    if (o.trainer.micro_batch_tokens <= o.max_tokens) {
+      throw std::invalid_argument("--micro-batch-tokens must exceed --max-tokens (a sequence never "
+                                  "splits across micro-batches)");
+    }
     if (o.steps < 0 || o.prompts_per_step < 1 || o.samples_per_prompt < 1 || o.max_tokens < 1) {
       throw std::invalid_argument("--steps >= 0, --prompts-per-step, --n-samples and --max-tokens >= 1");
     }

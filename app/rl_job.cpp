@@ -191,6 +191,13 @@ class InferRank {
 
   // Waits (idle) until the train ranks started `version`, then receives it between two steps.
   double receive(int64_t version) {
+    // Senders start a version only once every engine of the node waits for it, so a broadcast's
+    // deadline never covers an engine still busy (start eval, a slow step).
+    const int me = j_.g.topo.role_index(j_.env.rank);
+    sync::store_set(j_.world.store, j_.key(fmt::format("want/n{}/v{}/i{}", j_.g.node, version, me)),
+                    "1");
+    // The senders read version - 1's keys before sending it, and it arrived: they can go.
+    j_.world.store->deleteKey(j_.key(fmt::format("want/n{}/v{}/i{}", j_.g.node, version - 1, me)));
     auto deadline = j_.rollout_deadline();
     while (!ws_->ready(version)) {
       if (Clock::now() > deadline) {
@@ -248,6 +255,9 @@ class InferRank {
     if (j_.env.rank == 0) put_json(j_.world.store, j_.key("eval/start"), start);
     int64_t version = j_.start_step;
     version_ = version;
+    if (j_.resumed) {
+      loop_->post([version](engine::LlmEngine& e) { e.set_weight_version(version); }).get();
+    }
     if (!j_.resumed && o_.sft_steps > 0) {
       for (int64_t s = 0; s < o_.sft_steps; ++s) j_.draw(o_.sft_rows_per_step);
       receive(++version);
@@ -357,10 +367,19 @@ class InferRank {
     pending.clear();
     int64_t bytes = 0;
     for (auto& mb : batches) {
+      // Infer ranks start at different train ranks, so small steps spread over all of them.
+      if (rr_ < 0) rr_ = j_.g.topo.role_index(j_.env.rank);
       int t = static_cast<int>(rr_++ % j_.g.topo.train_per_node);
       at::Tensor buf = trainer::serialize_micro_batch(mb);
       // Announce the size, then one send: the train rank posts the matching recv when it sees it.
       sync::store_set(j_.world.store, msg_key(step, t, next_msg_[t]++), std::to_string(buf.numel()));
+      // At most kMaxInFlight micro-batches wait on their train ranks: infer-rank memory stays
+      // bounded by a few micro-batches, not by the step's rollouts.
+      while (sends_.size() >= kMaxInFlight) {
+        sends_.front()->wait();
+        sends_.erase(sends_.begin());
+        in_flight_.erase(in_flight_.begin());
+      }
       sends_.push_back(j_.g.sync->send_async(buf, /*sync rank of train t=*/t));
       in_flight_.push_back(buf);
       bytes += buf.numel();
@@ -381,7 +400,8 @@ class InferRank {
   std::vector<std::unique_ptr<sync::Work>> sends_;
   std::vector<at::Tensor> in_flight_;
   std::map<int, int64_t> next_msg_;
-  int64_t rr_ = 0;
+  int64_t rr_ = -1;  // round-robin cursor over the node's train ranks (starts at this rank's index)
+  static constexpr size_t kMaxInFlight = 4;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -398,6 +418,15 @@ class TrainRank {
     topts.dp_world_size = j_.train_total;
     std::unique_ptr<trainer::Trainer> tr;
     if (j_.resumed) {
+      if (topts.grpo.kl_coef > 0) {
+        if (o_.sft_steps > 0) {
+          throw std::invalid_argument(
+              "--resume with --kl-coef > 0 after an SFT warm-up: the KL reference (the warmed-up "
+              "weights) is not in the checkpoint; resume with --sft-steps 0 to use --model as the "
+              "reference");
+        }
+        topts.reference_model_dir = o_.model_dir;  // the run's reference: its initial model
+      }
       tr = std::make_unique<trainer::Trainer>(o_.resume_dir, topts);
       trainer::load_trainer_state(*tr, o_.resume_dir);
     } else {
@@ -422,14 +451,18 @@ class TrainRank {
       j_.draw(o_.prompts_per_step);  // keep the data cursor in step with the infer ranks
       json m = train_step(*tr, step);
       m["sync_send_s"] = send(*tr, ++version);
-      if (j_.role_global == 0 && o_.save_every > 0 && !o_.save_dir.empty() &&
-          ((step + 1) % o_.save_every == 0 || step + 1 == o_.steps)) {
-        auto t0 = Clock::now();
-        std::string dir = fmt::format("{}/step-{}", o_.save_dir, step + 1);
-        trainer::save_checkpoint(*tr, dir, o_.model_dir + "/tokenizer.model",
-                                 {{"rows_drawn", j_.rows->drawn()}, {"phase", "grpo"}});
-        m["checkpoint"] = dir;
-        m["checkpoint_s"] = since(t0);
+      bool save = !o_.save_dir.empty() &&
+                  ((o_.save_every > 0 && (step + 1) % o_.save_every == 0) || step + 1 == o_.steps);
+      if (save) {
+        if (j_.role_global == 0) {
+          auto t0 = Clock::now();
+          std::string dir = fmt::format("{}/step-{}", o_.save_dir, step + 1);
+          trainer::save_checkpoint(*tr, dir, o_.model_dir + "/tokenizer.model",
+                                   {{"rows_drawn", j_.rows->drawn()}, {"phase", "grpo"}});
+          m["checkpoint"] = dir;
+          m["checkpoint_s"] = since(t0);
+        }
+        store_barrier(fmt::format("checkpoint-s{}", step));  // a slow write is not a dead rank
       }
       put_json(j_.world.store, j_.key(fmt::format("m/s{}/r{}", step, j_.env.rank)), m);
     }
@@ -437,17 +470,47 @@ class TrainRank {
 
  private:
   trainer::GradAllReduce all_reduce_hook() {
-    // The trainer's loss is a mean over this rank's micro-batches: accumulate() runs with scale 1
-    // as they stream in, and the count is known only at the end, so the hook divides first.
+    // The step's loss is the mean over every loss token of every train rank. Micro-batches stream
+    // in, so each is accumulated with scale = its loss-token count (a token sum); the hook learns
+    // the global count N and scales by dp / N before the SUM all-reduce (the trainer divides by
+    // dp after it). Micro-batch sizes and per-rank counts then do not change the weighting.
     return [this](std::vector<at::Tensor>& grads) {
+      at::Tensor n = at::full({1}, static_cast<double>(local_loss_tokens_), at::kDouble);
+      j_.g.train->all_reduce(n);
+      double total = n.item<double>();
       for (auto& gb : grads) {
-        if (local_batches_ > 1) gb.div_(static_cast<double>(local_batches_));
+        if (total > 0) gb.mul_(static_cast<double>(j_.train_total) / total);
         j_.g.train->all_reduce(gb);
       }
     };
   }
 
+  // A barrier through the store with the rollout deadline: collectives after it then start
+  // together, so a slow node or a checkpoint write is not mistaken for a dead peer.
+  void store_barrier(const std::string& name) {
+    sync::store_set(j_.world.store, j_.key(fmt::format("bar/{}/t{}", name, j_.role_global)), "1");
+    std::vector<std::string> keys;
+    for (int t = 0; t < j_.train_total; ++t) keys.push_back(j_.key(fmt::format("bar/{}/t{}", name, t)));
+    auto missing = sync::wait_keys(j_.world.store, keys, j_.rollout_deadline());
+    if (!missing.empty()) {
+      throw std::runtime_error(fmt::format("train ranks did not reach '{}' within {} s: {}", name,
+                                           o_.rollout_timeout.count() / 1000,
+                                           fmt::join(missing, ", ")));
+    }
+    // Everyone passed the previous barrier before reaching this one: its key can go.
+    if (!last_barrier_.empty()) j_.world.store->deleteKey(last_barrier_);
+    last_barrier_ = j_.key(fmt::format("bar/{}/t{}", name, j_.role_global));
+  }
+
   double send(trainer::Trainer& tr, int64_t version) {
+    std::vector<std::string> want;
+    for (int i = 0; i < j_.g.topo.infer_per_node; ++i) {
+      want.push_back(j_.key(fmt::format("want/n{}/v{}/i{}", j_.g.node, version, i)));
+    }
+    if (!sync::wait_keys(j_.world.store, want, j_.rollout_deadline()).empty()) {
+      throw std::runtime_error(fmt::format("the engines of node {} never asked for weights "
+                                           "version {}", j_.g.node, version));
+    }
     std::vector<at::Tensor> masters;
     for (const auto& [name, t] : tr.master_weights()) masters.push_back(t.detach());
     auto st = ws_->send(masters, version);
@@ -480,8 +543,11 @@ class TrainRank {
       }
       auto batches = trainer::pack_micro_batches(groups, so.micro_batch_tokens);
       sft->zero_grad();
-      for (const auto& mb : batches) sft->accumulate(mb, trainer::LossKind::kSft, 1.0);
-      local_batches_ = static_cast<int64_t>(batches.size());
+      local_loss_tokens_ = 0;
+      for (const auto& mb : batches) {
+        sft->accumulate(mb, trainer::LossKind::kSft, static_cast<double>(mb.num_loss_tokens()));
+        local_loss_tokens_ += mb.num_loss_tokens();
+      }
       auto st = sft->finish_step();
       if (j_.role_global == 0 && ((s + 1) % 20 == 0 || s + 1 == o_.sft_steps)) {
         spdlog::info("sft step {}/{} | grad norm {:.3g} lr {:.1e} | {:.1f} s", s + 1,
@@ -506,6 +572,7 @@ class TrainRank {
     int64_t tokens = 0, bytes = 0;
     double wait_s = 0, compute_s = 0;
     tr.zero_grad();
+    local_loss_tokens_ = 0;
     auto deadline = j_.rollout_deadline();
     auto pause = std::chrono::microseconds(100);
     while (remaining > 0) {
@@ -532,7 +599,9 @@ class TrainRank {
         auto c0 = Clock::now();
         trainer::MicroBatch mb = trainer::deserialize_micro_batch(buf);
         buf = at::Tensor();
-        parts.push_back(tr.accumulate(mb, trainer::LossKind::kGrpo, 1.0));
+        parts.push_back(tr.accumulate(mb, trainer::LossKind::kGrpo,
+                                      static_cast<double>(mb.num_loss_tokens())));
+        local_loss_tokens_ += mb.num_loss_tokens();
         tokens += mb.num_tokens();
         compute_s += since(c0);
       }
@@ -555,6 +624,13 @@ class TrainRank {
       }
     }
     local_batches_ = static_cast<int64_t>(parts.size());
+    double w0 = 0;
+    {
+      auto b0 = Clock::now();
+      store_barrier(fmt::format("rollouts-s{}", step));  // every node's rollouts are in
+      w0 = since(b0);
+    }
+    wait_s += w0;
     auto c0 = Clock::now();
     auto st = tr.finish_step();
     compute_s += since(c0);
@@ -582,6 +658,8 @@ class TrainRank {
   std::unique_ptr<sync::WeightLayout> layout_;
   std::unique_ptr<sync::WeightSync> ws_;
   int64_t local_batches_ = 0;
+  int64_t local_loss_tokens_ = 0;
+  std::string last_barrier_;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -591,7 +669,7 @@ void report(Job& j, const sync::StorePtr& store) {
   const auto& o = j.o;
   std::ofstream metrics;
   if (!o.metrics_path.empty()) {
-    metrics.open(o.metrics_path, std::ios::trunc);
+    metrics.open(o.metrics_path, j.resumed ? std::ios::app : std::ios::trunc);
     if (!metrics) throw std::runtime_error("cannot open the metrics file " + o.metrics_path);
   }
   auto start = get_json(store, j.key("eval/start"), j.rollout_deadline(), "start eval");
@@ -612,8 +690,10 @@ void report(Job& j, const sync::StorePtr& store) {
   for (int64_t step = j.start_step; step < o.steps; ++step) {
     std::vector<json> ms;
     for (int r = 0; r < j.env.world_size; ++r) {
-      ms.push_back(get_json(store, j.key(fmt::format("m/s{}/r{}", step, r)),
-                            j.rollout_deadline(), fmt::format("step {} metrics of rank {}", step + 1, r)));
+      std::string k = j.key(fmt::format("m/s{}/r{}", step, r));
+      ms.push_back(get_json(store, k, j.rollout_deadline(),
+                            fmt::format("step {} metrics of rank {}", step + 1, r)));
+      store->deleteKey(k);
     }
     trainer::StepMetrics m;
     m.step = step + 1;
@@ -635,6 +715,7 @@ void report(Job& j, const sync::StorePtr& store) {
         if (x.contains("eval_accuracy")) m.eval_accuracy = x["eval_accuracy"].get<double>();
         m.elapsed_s = std::max(m.elapsed_s, x["elapsed_s"].get<double>());
       } else {
+        if (x["micro_batches"].get<int64_t>() == 0) continue;  // nothing to average
         ++trains;
         loss += x["loss"].get<double>();
         kl += x["kl"].get<double>();

@@ -543,6 +543,11 @@ WeightBuffers& LlmEngine::attach_weight_buffers(int64_t bucket_bytes) {
   return *weight_buffers_;
 }
 
+void LlmEngine::set_weight_version(int64_t v) {
+  weight_version_ = v;
+  scheduler_->reset_prefix_cache();
+}
+
 void LlmEngine::bump_weight_version() {
   weight_version_++;
   scheduler_->reset_prefix_cache();

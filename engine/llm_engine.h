@@ -123,6 +123,8 @@ class LlmEngine {
 
   // New weights were installed: bump the version and drop prefix-cache entries.
   void bump_weight_version();
+  // Resumed runs: the weights loaded are version `v` (as bump_weight_version(), without a bump).
+  void set_weight_version(int64_t v);
   // Forgets every prefix-cache entry (blocks in use are untouched). Engine thread only.
   void reset_prefix_cache();
   int64_t weight_version() const { return weight_version_; }

@@ -158,7 +158,9 @@ DistEnv resolve_dist_env(int ranks_per_node, const EnvLookup& env) {
   // torchrun's agent already serves a TCPStore on MASTER_PORT: use it instead of hosting one.
   if (env("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True") {
     d.agent_store = true;
-    d.store_prefix = "crl/" + env("TORCHELASTIC_RUN_ID").value_or("run") + "/";
+    // A restarted attempt must not see the failed attempt's keys in the agent's store.
+    d.store_prefix = "crl/" + env("TORCHELASTIC_RUN_ID").value_or("run") + "/attempt" +
+                     env("TORCHELASTIC_RESTART_COUNT").value_or("0") + "/";
   }
   if (env("MASTER_PORT")) {
     d.master_port = parse_int(env, "MASTER_PORT", 1);

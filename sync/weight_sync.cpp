@@ -139,9 +139,17 @@ Communicator& WeightSync::root_group(int t) const {
 }
 
 void WeightSync::announce(int64_t version) {
-  store_set(store_, key(fmt::format("v{}/ready/{}", version, groups_.topo.role_index(
-                                                                 groups_.world_rank))),
-            "1");
+  int t = groups_.topo.role_index(groups_.world_rank);
+  // Receivers passed ready(version - 1) before this sender could finish version - 1, and they
+  // verified version - 2 before posting version - 1: those keys can go (not version - 1's
+  // checksums, which a receiver may still be reading).
+  store_->deleteKey(key(fmt::format("v{}/ready/{}", version - 1, t)));
+  for (const auto& b : layout_.buckets()) {
+    if (root_of_bucket(b.index) == t) {
+      store_->deleteKey(key(fmt::format("v{}/sum/{}", version - 2, b.index)));
+    }
+  }
+  store_set(store_, key(fmt::format("v{}/ready/{}", version, t)), "1");
 }
 
 bool WeightSync::ready(int64_t version) const {

@@ -71,7 +71,7 @@ TEST(DistEnvTest, TorchrunAgentStoreIsUsedNotHosted) {
                   {"TORCHELASTIC_USE_AGENT_STORE", "True"}, {"TORCHELASTIC_RUN_ID", "abc"}}));
   EXPECT_FALSE(d.spawn);
   EXPECT_TRUE(d.agent_store);
-  EXPECT_EQ(d.store_prefix, "crl/abc/");
+  EXPECT_EQ(d.store_prefix, "crl/abc/attempt0/");
 }
 
 TEST(DistEnvTest, OpenMpiRankMode) {
