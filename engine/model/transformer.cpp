@@ -1,10 +1,13 @@
 #include "engine/model/transformer.h"
 
+#include <ATen/Parallel.h>
+
 #include <cmath>
 #include <stdexcept>
 #include <unordered_map>
 
 #include "common/check.h"
+#include "engine/model/deterministic_ops.h"
 #include "engine/model/linear.h"
 
 namespace crl::engine {
@@ -33,6 +36,7 @@ at::Tensor rope_inv_freq(const ModelConfig& c) {
 Transformer::Transformer(ModelConfig config, NamedTensors weights, TransformerOptions options)
     : config_(std::move(config)), options_(options), params_(std::move(weights)) {
   config_.validate();
+  set_deterministic(options_.deterministic);
   if (options_.dtype != at::kFloat && options_.dtype != at::kBFloat16) {
     throw std::invalid_argument("model compute dtype must be float32 or bfloat16, got " +
                                 dtype_name(options_.dtype));
@@ -59,12 +63,28 @@ Transformer::Transformer(ModelConfig config, NamedTensors weights, TransformerOp
   }
   bind_parameters();
 
+  // The RoPE tables [max_pos, head_dim / 2]: the float32 angle pos * inv_freq as HF and vLLM form
+  // it, then cos and sin from the C library in double, rounded once. (libtorch's vectorised cos
+  // and sin depend on the CPU's vector width; these tables do not, as deterministic mode needs.)
   const int64_t max_pos = config_.max_position_embeddings;
-  auto inv_freq = rope_inv_freq(config_);
-  auto pos = at::arange(0, max_pos, at::kFloat);
-  auto freqs = at::outer(pos, inv_freq);  // [max_pos, head_dim / 2]
-  rope_cos_ = freqs.cos().to(options_.device);
-  rope_sin_ = freqs.sin().to(options_.device);
+  const at::Tensor inv_freq = rope_inv_freq(config_).contiguous();
+  const int64_t half = inv_freq.numel();
+  const float* inv = inv_freq.data_ptr<float>();
+  at::Tensor cos_table = at::empty({max_pos, half}, at::kFloat);
+  at::Tensor sin_table = at::empty({max_pos, half}, at::kFloat);
+  float* cp = cos_table.data_ptr<float>();
+  float* sp = sin_table.data_ptr<float>();
+  at::parallel_for(0, max_pos, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      for (int64_t i = 0; i < half; ++i) {
+        const double angle = static_cast<float>(p) * inv[i];  // float32 product, as HF
+        cp[p * half + i] = static_cast<float>(std::cos(angle));
+        sp[p * half + i] = static_cast<float>(std::sin(angle));
+      }
+    }
+  });
+  rope_cos_ = cos_table.to(options_.device);
+  rope_sin_ = sin_table.to(options_.device);
 }
 
 Transformer Transformer::load(const std::string& dir, TransformerOptions options) {
@@ -135,11 +155,28 @@ void Transformer::set_parameters(const NamedTensors& values) {
   bind_parameters();
 }
 
+void Transformer::set_deterministic(bool on) {
+  if (on && !options_.device.is_cpu()) {
+    throw std::invalid_argument("deterministic mode runs the project's CPU kernels; it is not "
+                                "available on " + options_.device.str());
+  }
+  options_.deterministic = on;
+}
+
 at::Tensor Transformer::rms_norm(const at::Tensor& x, const at::Tensor& weight) const {
-  auto xf = x.to(at::kFloat);
-  auto var = xf.pow(2).mean(-1, /*keepdim=*/true);
-  auto normed = (xf * at::rsqrt(var + config_.rms_norm_eps)).to(x.scalar_type());
-  return normed * weight;
+  if (options_.deterministic) return det_rms_norm(x, weight, config_.rms_norm_eps);
+  return aten_rms_norm(x, weight, config_.rms_norm_eps);
+}
+
+at::Tensor Transformer::linear(const at::Tensor& x, const at::Tensor& weight,
+                               const at::Tensor& bias) const {
+  if (options_.deterministic) return det_linear(x, weight, bias);
+  return apply_linear(x, weight, bias);
+}
+
+at::Tensor Transformer::silu_mul(const at::Tensor& gate, const at::Tensor& up) const {
+  if (options_.deterministic) return det_silu_mul(gate, up);
+  return at::silu(gate) * up;
 }
 
 at::Tensor Transformer::apply_rope(const at::Tensor& x, const at::Tensor& cos,
@@ -153,32 +190,11 @@ at::Tensor Transformer::apply_rope(const at::Tensor& x, const at::Tensor& cos,
   return at::cat({x1 * c - x2 * s, x2 * c + x1 * s}, -1);
 }
 
-template <typename Fn>
-at::Tensor Transformer::map_rows(const at::Tensor& x, Fn&& fn) const {
-  const int64_t rows = x.size(0);
-  if (!options_.deterministic) return fn(x, int64_t{0}, rows);
-  constexpr int64_t tile = kDeterministicTile;
-  std::vector<at::Tensor> outs;
-  for (int64_t start = 0; start < rows; start += tile) {
-    const int64_t len = std::min(tile, rows - start);
-    at::Tensor piece = x.narrow(0, start, len);
-    if (len < tile) {
-      std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-      shape[0] = tile - len;
-      piece = at::cat({piece, at::zeros(shape, x.options())}, 0);
-    }
-    outs.push_back(fn(piece, start, len).narrow(0, 0, len));
-  }
-  if (outs.empty()) return fn(x, int64_t{0}, rows);
-  return outs.size() == 1 ? outs[0] : at::cat(outs, 0);
-}
-
 at::Tensor Transformer::forward_hidden(const at::Tensor& tokens, const at::Tensor& positions,
                                        AttentionBackend& attention) const {
   const auto& c = config_;
   const int64_t t = tokens.size(0);
   const int64_t q_dim = c.num_heads * c.head_dim;
-  const int64_t kv_dim = c.num_kv_heads * c.head_dim;
   if (t > 0) {
     auto max_pos = positions.max().item<int64_t>();
     if (max_pos >= c.max_position_embeddings) {
@@ -193,46 +209,23 @@ at::Tensor Transformer::forward_hidden(const at::Tensor& tokens, const at::Tenso
 
   for (int64_t li = 0; li < c.num_layers; ++li) {
     const Layer& l = layers_[li];
-    // Stage A (row-wise): norm, q/k/v projections, RoPE. Returns [t, q_dim + 2 * kv_dim].
-    auto qkv = map_rows(h, [&](const at::Tensor& x, int64_t start, int64_t len) {
-      const int64_t rows = x.size(0);
-      auto cs = cos.narrow(0, start, len);
-      auto sn = sin.narrow(0, start, len);
-      if (rows > len) {
-        cs = at::cat({cs, at::zeros({rows - len, cs.size(1)}, cs.options())}, 0);
-        sn = at::cat({sn, at::zeros({rows - len, sn.size(1)}, sn.options())}, 0);
-      }
-      auto n = rms_norm(x, l.input_norm);
-      auto q = apply_linear(n, l.q_proj, l.q_bias).view({rows, c.num_heads, c.head_dim});
-      auto k = apply_linear(n, l.k_proj, l.k_bias).view({rows, c.num_kv_heads, c.head_dim});
-      auto v = apply_linear(n, l.v_proj, l.v_bias);
-      q = apply_rope(q, cs, sn).reshape({rows, q_dim});
-      k = apply_rope(k, cs, sn).reshape({rows, kv_dim});
-      return at::cat({q, k, v}, 1);
-    });
-    auto q = qkv.narrow(1, 0, q_dim).view({t, c.num_heads, c.head_dim});
-    auto k = qkv.narrow(1, q_dim, kv_dim).view({t, c.num_kv_heads, c.head_dim});
-    auto v = qkv.narrow(1, q_dim + kv_dim, kv_dim).view({t, c.num_kv_heads, c.head_dim});
+    auto n = rms_norm(h, l.input_norm);
+    auto q = linear(n, l.q_proj, l.q_bias).view({t, c.num_heads, c.head_dim});
+    auto k = linear(n, l.k_proj, l.k_bias).view({t, c.num_kv_heads, c.head_dim});
+    auto v = linear(n, l.v_proj, l.v_bias).view({t, c.num_kv_heads, c.head_dim});
+    q = apply_rope(q, cos, sin);
+    k = apply_rope(k, cos, sin);
     auto attn = attention.attend(li, q.contiguous(), k.contiguous(), v.contiguous())
                     .reshape({t, q_dim});
-    // Stage B (row-wise): output projection, residual, MLP, residual.
-    auto hx = at::cat({h, attn}, 1);
-    h = map_rows(hx, [&](const at::Tensor& x, int64_t, int64_t) {
-      auto resid = x.narrow(1, 0, c.hidden_size);
-      auto a = x.narrow(1, c.hidden_size, q_dim);
-      auto h2 = resid + apply_linear(a, l.o_proj);
-      auto n = rms_norm(h2, l.post_norm);
-      auto mlp = at::silu(apply_linear(n, l.gate_proj)) * apply_linear(n, l.up_proj);
-      return h2 + apply_linear(mlp, l.down_proj);
-    });
+    auto h2 = h + linear(attn, l.o_proj);
+    auto n2 = rms_norm(h2, l.post_norm);
+    h = h2 + linear(silu_mul(linear(n2, l.gate_proj), linear(n2, l.up_proj)), l.down_proj);
   }
-  return map_rows(h, [&](const at::Tensor& x, int64_t, int64_t) { return rms_norm(x, final_norm_); });
+  return rms_norm(h, final_norm_);
 }
 
 at::Tensor Transformer::compute_logits(const at::Tensor& hidden) const {
-  return map_rows(hidden, [&](const at::Tensor& x, int64_t, int64_t) {
-    return apply_linear(x, lm_head_).to(at::kFloat);
-  });
+  return linear(hidden, lm_head_).to(at::kFloat);
 }
 
 at::Tensor Transformer::forward_packed(const at::Tensor& tokens,

@@ -6,11 +6,12 @@
 // set_parameter). Forward works on a packed batch of T tokens with explicit positions; attention
 // is delegated to an AttentionBackend, so the same code runs paged (engine) or dense (trainer).
 //
-// Deterministic mode: every row-wise part of the network (norms, projections, MLP, lm_head) runs
-// on fixed-size tiles of kDeterministicTile rows (the last tile zero-padded), so every kernel sees
-// the same shapes whatever the batch and a token's logits do not depend on the other tokens in the
-// batch, on chunking or on prefix-cache hits. Elementwise ops and the attention kernels are
-// already row-independent.
+// Deterministic mode (CPU only): the row-wise parts of the network (norms, projections, the SiLU
+// gate, lm_head) run on the project's batch-invariant kernels (engine/kernels/batch_invariant.h),
+// which compute every row with a reduction order fixed by their code; the remaining ops are
+// elementwise or row-gathers, and the attention backends compute each row on its own. A token's
+// logits then do not depend on the other tokens in the batch, on chunking or on prefix-cache hits,
+// nor on which CPU kernel path (AVX-512, AVX2, scalar) runs.
 //
 // Thread safety: forward is const on the weights; one caller at a time per backend.
 #pragma once
@@ -38,8 +39,6 @@ struct TransformerOptions {
 
 class Transformer {
  public:
-  static constexpr int64_t kDeterministicTile = 32;
-
   // `weights` must match model_param_specs(config) in names and shapes (checked, naming the tensor).
   Transformer(ModelConfig config, NamedTensors weights, TransformerOptions options);
   // Loads config.json and the safetensors checkpoint from a Hugging Face directory.
@@ -64,8 +63,8 @@ class Transformer {
   // Replaces every parameter at once; `values` in named_parameters() order, same names, shapes,
   // dtypes and device (throws std::invalid_argument naming the first mismatch).
   void set_parameters(const NamedTensors& values);
-  // Enables or disables deterministic (batch-invariant) mode.
-  void set_deterministic(bool on) { options_.deterministic = on; }
+  // Enables or disables deterministic (batch-invariant) mode (CPU only: throws on another device).
+  void set_deterministic(bool on);
 
  private:
   struct Layer {
@@ -74,11 +73,11 @@ class Transformer {
   };
 
   void bind_parameters();
+  // The row-wise ops, through the batch-invariant kernels in deterministic mode.
   at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight) const;
+  at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {}) const;
+  at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) const;
   at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const;
-  // Applies fn to x [T, ...] whole, or in deterministic mode tile by tile (padded), concatenating.
-  template <typename Fn>
-  at::Tensor map_rows(const at::Tensor& x, Fn&& fn) const;
 
   ModelConfig config_;
   TransformerOptions options_;

@@ -7,6 +7,7 @@
 
 #include "engine/llm_engine.h"
 #include "tests/engine/test_model.h"
+#include "engine/kernels/cpu_isa.h"
 #include "tests/test_utils.h"
 
 namespace crl::engine {
@@ -130,6 +131,33 @@ TEST(LlmEngineTest, DeterministicModeLogitsAreBitIdenticalWhateverTheBatch) {
   EXPECT_EQ(alone_tokens, busy_tokens);
   ASSERT_EQ(alone.size(), busy.size());
   for (auto& [pos, l] : alone) test::expect_tensor_equal(busy[pos], l);
+}
+
+// Deterministic mode owes its guarantee to the project's kernels, not to the CPU: every kernel
+// path this CPU can run (scalar, AVX2, AVX-512) gives the same logits, bit for bit.
+TEST(LlmEngineTest, DeterministicModeLogitsAreTheSameOnEveryKernelPath) {
+  std::mt19937 rng(5);
+  const auto prompt = random_tokens(rng, 21);
+  const auto other = random_tokens(rng, 9);
+  std::vector<std::map<int64_t, at::Tensor>> runs;
+  for (kernels::CpuIsa isa : kernels::supported_cpu_isas()) {
+    kernels::ScopedCpuIsa path(isa);
+    EngineConfig cfg = test::test_engine_config();
+    cfg.deterministic = true;
+    cfg.max_batched_tokens = 16;
+    LlmEngine eng(cfg);
+    std::map<int64_t, at::Tensor> logits;
+    eng.set_logits_observer([&](const std::string& id, int32_t, int64_t pos, const at::Tensor& l) {
+      if (id == "x") logits[pos] = l.clone();
+    });
+    eng.generate({greedy("x", prompt, 6), greedy("y", other, 8)});
+    runs.push_back(std::move(logits));
+  }
+  for (size_t i = 1; i < runs.size(); ++i) {
+    SCOPED_TRACE(kernels::cpu_isa_name(kernels::supported_cpu_isas()[i]));
+    ASSERT_EQ(runs[i].size(), runs[0].size());
+    for (auto& [pos, l] : runs[0]) test::expect_tensor_equal(runs[i][pos], l);
+  }
 }
 
 TEST(LlmEngineTest, SamplesShareThePromptBlocksUntilCopyOnWrite) {

@@ -1,0 +1,31 @@
+// Batch-invariant CPU kernels: the project's own linear, RMSNorm and SiLU-gate, used by
+// deterministic mode (DESIGN.md §8) in the engine and in the trainer's forward.
+//
+// Contract: every output element is computed by a fixed sequence of float32 operations that
+// depends only on its own row (or element) and the weights: not on the number of rows, the row's
+// position in the batch, its neighbours, the thread count, or which instruction-set path runs
+// (AVX-512, AVX2 or scalar; engine/kernels/cpu_isa.h). So a token's activations are bit-identical
+// whatever batch it is computed in, and identical on every x86-64 CPU that runs the same build.
+// The exact formulas are in engine/kernels/bi_kernels.h. None of these record autograd history
+// (engine/model/deterministic_ops.h adds it).
+//
+// Inputs: CPU, float32 or bfloat16, contiguous where stated; outputs in the input dtype.
+// Thread safety: reentrant; they parallelise internally with at::parallel_for.
+#pragma once
+
+#include <ATen/ATen.h>
+
+namespace crl::engine::kernels {
+
+// y = x w^T + b. x: [M, K], weight: [N, K] (same dtype as x), bias: [N] or undefined. y: [M, N].
+at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});
+
+// HF RMSNorm over the last dimension: y = (x * rsqrt(mean(x^2) + eps)).to(dtype) * weight.
+// x: [..., H], weight: [H], same dtype.
+at::Tensor bi_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+// silu(gate) * up, elementwise (the SwiGLU gate), both rounded to the dtype as at::silu and mul do.
+// gate, up: same shape and dtype.
+at::Tensor bi_silu_mul(const at::Tensor& gate, const at::Tensor& up);
+
+}  // namespace crl::engine::kernels

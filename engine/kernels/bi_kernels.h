@@ -1,0 +1,64 @@
+// Internal to engine/kernels: the raw batch-invariant kernels, one table per instruction set.
+//
+// The canonical arithmetic (every table computes exactly this, so all give the same bits):
+//   linear:   y[m, n] = out(c + b[n]) (or out(c) without bias), where c is the chain
+//             c = 0; for k = 0 .. K-1: c = fma(x[m, k], w[n, k], c)   (float32, in this order)
+//             and out() rounds to the output dtype (bfloat16: round to nearest even; NaN -> 0x7FC0).
+//   rms_norm: s = 16 lane sums, lane l adding x[i]*x[i] (mul, then add) for i = l, l + 16, ...;
+//             lanes folded l += l + w for w = 8, 4, 2, 1; r = 1 / sqrt(s / H + eps);
+//             y[i] = out(out(x[i] * r) * w[i]).
+//   silu_mul: y[i] = out(out(g[i] / (1 + exp_crl(-g[i]))) * u[i]), exp_crl the Cephes polynomial
+//             in bi_rowwise_impl.h.
+// bfloat16 inputs are widened exactly; all arithmetic is float32.
+//
+// The ISA translation units include no ATen and no STL templates (an inline function compiled
+// with AVX-512 flags could otherwise be the copy the linker keeps for the whole program); their
+// code has internal linkage and works on raw pointers. Scratch memory comes from the caller.
+#pragma once
+
+#include <cstdint>
+
+namespace crl::engine::kernels::detail {
+
+struct GemmArgs {
+  const float* x;     // [m, k] float32, row stride ldx
+  int64_t ldx;
+  const void* w;      // [n, k] row-major, float32 or bfloat16 (w_bf16)
+  bool w_bf16;
+  const float* bias;  // [n] float32, or null
+  void* y;            // [m, n], float32 or bfloat16 (y_bf16), row stride ldy
+  int64_t ldy;
+  bool y_bf16;
+  int64_t m, n, k;
+};
+
+struct RowArgs {
+  const void* x;  // rms_norm: [rows, h] input; silu_mul: gate
+  const void* w;  // rms_norm: [h] weight; silu_mul: up (same shape as x)
+  void* y;        // output, same shape and dtype as x
+  bool bf16;      // dtype of x, w and y: bfloat16 (else float32)
+  int64_t h;      // row length
+  float eps;      // rms_norm epsilon
+};
+
+struct KernelTable {
+  const char* name;
+  int64_t nr;  // output columns per panel
+  int64_t mr;  // rows per micro-tile
+  int64_t kc;  // depth of one packed panel block
+  // Outputs of rows [m0, m1) x panels [p0, p1) (panel p = columns [p * nr, p * nr + nr)).
+  // REQUIRES: k > 0. scratch: kc * nr + (m1 - m0) * (p1 - p0) * nr floats.
+  void (*gemm)(const GemmArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1, float* scratch);
+  // Rows [r0, r1) of rms_norm.
+  void (*rms_norm)(const RowArgs& a, int64_t r0, int64_t r1);
+  // Elements [i0, i1) of the flattened silu_mul.
+  void (*silu_mul)(const RowArgs& a, int64_t i0, int64_t i1);
+};
+
+extern const KernelTable kScalarKernels;
+#if defined(__x86_64__)
+extern const KernelTable kAvx2Kernels;
+extern const KernelTable kAvx512Kernels;
+#endif
+
+}  // namespace crl::engine::kernels::detail

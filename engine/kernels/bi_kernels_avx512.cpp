@@ -1,0 +1,183 @@
+// AVX-512 batch-invariant kernels (AVX512F/BW/VL + FMA), built with those flags and
+// -ffp-contract=off (engine/CMakeLists.txt); chosen at run time by engine/kernels/cpu_isa.
+//
+// GEMM: the weight matrix is walked in panels of kNr = 32 output columns and blocks of kKc depths.
+// Each (panel, depth block) is packed, transposed 16 x 16 in registers, into pw[kk][32] so that
+// one depth step is two vector loads; a micro-tile of up to kMr = 12 rows keeps 24 accumulators
+// (one per row and 16 columns) and adds x[row, k] * w[n, k] with one FMA per k in ascending order,
+// which is exactly the canonical chain of bi_kernels.h. Partial chains between depth blocks are
+// kept in float32 scratch, so blocking changes no bit.
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "engine/kernels/bi_kernels.h"
+
+namespace crl::engine::kernels::detail {
+namespace {
+
+#include "engine/kernels/bi_rowwise_impl.h"
+
+constexpr int64_t kNr = 32;
+constexpr int64_t kMr = 12;
+constexpr int64_t kKc = 384;
+
+inline __mmask16 first_n(int64_t count) {
+  return count >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << count) - 1u);
+}
+
+// Up to 16 consecutive weights of row `row` from depth k0, widened to float (zeros past count).
+inline __m512 load_w(const GemmArgs& a, int64_t row, int64_t k0, int64_t count) {
+  const __mmask16 m = first_n(count);
+  if (a.w_bf16) {
+    const uint16_t* p = static_cast<const uint16_t*>(a.w) + row * a.k + k0;
+    const __m256i h = _mm256_maskz_loadu_epi16(m, p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  return _mm512_maskz_loadu_ps(m, static_cast<const float*>(a.w) + row * a.k + k0);
+}
+
+// In-place transpose of a 16 x 16 float block held as 16 row vectors.
+inline void transpose16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  __m512 s[16];  // s[4b + c], 128-bit lane L: column 4L + c of rows 4b .. 4b + 3
+  for (int b = 0; b < 4; ++b) {
+    const __m512d t0 = _mm512_castps_pd(t[4 * b]);
+    const __m512d t1 = _mm512_castps_pd(t[4 * b + 1]);
+    const __m512d t2 = _mm512_castps_pd(t[4 * b + 2]);
+    const __m512d t3 = _mm512_castps_pd(t[4 * b + 3]);
+    s[4 * b + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2));
+    s[4 * b + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2));
+    s[4 * b + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
+    s[4 * b + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512 x0 = _mm512_shuffle_f32x4(s[c], s[4 + c], 0x44);
+    const __m512 x1 = _mm512_shuffle_f32x4(s[c], s[4 + c], 0xEE);
+    const __m512 x2 = _mm512_shuffle_f32x4(s[8 + c], s[12 + c], 0x44);
+    const __m512 x3 = _mm512_shuffle_f32x4(s[8 + c], s[12 + c], 0xEE);
+    r[c] = _mm512_shuffle_f32x4(x0, x2, 0x88);
+    r[4 + c] = _mm512_shuffle_f32x4(x0, x2, 0xDD);
+    r[8 + c] = _mm512_shuffle_f32x4(x1, x3, 0x88);
+    r[12 + c] = _mm512_shuffle_f32x4(x1, x3, 0xDD);
+  }
+}
+
+// pw[kk * kNr + j] = w[n0 + j, kb + kk] for kk < kc, j < kNr (zero for columns past `cols`).
+void pack_panel(const GemmArgs& a, int64_t n0, int64_t cols, int64_t kb, int64_t kc, float* pw) {
+  for (int64_t k0 = 0; k0 < kc; k0 += 16) {
+    const int64_t kcnt = kc - k0 < 16 ? kc - k0 : 16;
+    for (int64_t half = 0; half < kNr / 16; ++half) {
+      __m512 r[16];
+      for (int j = 0; j < 16; ++j) {
+        const int64_t col = half * 16 + j;
+        r[j] = col < cols ? load_w(a, n0 + col, kb + k0, kcnt) : _mm512_setzero_ps();
+      }
+      transpose16(r);
+      float* dst = pw + k0 * kNr + half * 16;
+      if (kcnt == 16) {
+        for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + i * kNr, r[i]);
+      } else {
+        for (int i = 0; i < kcnt; ++i) _mm512_storeu_ps(dst + i * kNr, r[i]);
+      }
+    }
+  }
+}
+
+// Round to nearest even bfloat16 (as float_to_bf16), 16 lanes.
+inline __m256i to_bf16(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+  r = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), r, _mm512_set1_epi32(0x7FC0));
+  return _mm512_cvtepi32_epi16(r);
+}
+
+inline void store16(const GemmArgs& a, int64_t row, int64_t n0, __m512 v) {
+  if (a.bias != nullptr) v = _mm512_add_ps(v, _mm512_loadu_ps(a.bias + n0));
+  if (a.y_bf16) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(a.y) + row * a.ldy + n0),
+                        to_bf16(v));
+  } else {
+    _mm512_storeu_ps(static_cast<float*>(a.y) + row * a.ldy + n0, v);
+  }
+}
+
+// One micro-tile: rows [row0, row0 + MR) x the panel's 32 columns over one depth block.
+// x points at (row0, kb); acc at the tile's float32 partial chains ([MR][kNr]).
+template <int MR>
+void tile(const GemmArgs& a, const float* x, const float* pw, int64_t kc, float* acc, bool first,
+          bool last, int64_t row0, int64_t n0, int64_t cols) {
+  // The accumulators must stay in registers: every loop over them is unrolled (a run-time index
+  // would keep them in memory), and the finished chains go through `acc` before the output.
+  __m512 c0[MR], c1[MR];
+#pragma GCC unroll 12
+  for (int i = 0; i < MR; ++i) {
+    c0[i] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + i * kNr);
+    c1[i] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + i * kNr + 16);
+  }
+  const int64_t ldx = a.ldx;
+  for (int64_t kk = 0; kk < kc; ++kk) {
+    const __m512 w0 = _mm512_loadu_ps(pw + kk * kNr);
+    const __m512 w1 = _mm512_loadu_ps(pw + kk * kNr + 16);
+#pragma GCC unroll 12
+    for (int i = 0; i < MR; ++i) {
+      const __m512 b = _mm512_set1_ps(x[i * ldx + kk]);
+      c0[i] = _mm512_fmadd_ps(b, w0, c0[i]);
+      c1[i] = _mm512_fmadd_ps(b, w1, c1[i]);
+    }
+  }
+#pragma GCC unroll 12
+  for (int i = 0; i < MR; ++i) {
+    _mm512_storeu_ps(acc + i * kNr, c0[i]);
+    _mm512_storeu_ps(acc + i * kNr + 16, c1[i]);
+  }
+  if (!last) return;
+  for (int i = 0; i < MR; ++i) {
+    const float* chains = acc + i * kNr;
+    if (cols == kNr) {
+      store16(a, row0 + i, n0, _mm512_loadu_ps(chains));
+      store16(a, row0 + i, n0 + 16, _mm512_loadu_ps(chains + 16));
+    } else {
+      store_outputs(a, row0 + i, n0, cols, chains);
+    }
+  }
+}
+
+using TileFn = void (*)(const GemmArgs&, const float*, const float*, int64_t, float*, bool, bool,
+                        int64_t, int64_t, int64_t);
+constexpr TileFn kTiles[kMr + 1] = {nullptr,  tile<1>, tile<2>, tile<3>,  tile<4>,  tile<5>, tile<6>,
+                                    tile<7>,  tile<8>, tile<9>, tile<10>, tile<11>, tile<12>};
+
+void gemm(const GemmArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1, float* scratch) {
+  float* pw = scratch;                 // [kKc][kNr] packed panel block
+  float* acc = scratch + kKc * kNr;    // [p1 - p0][m1 - m0][kNr] partial chains
+  const int64_t rows = m1 - m0;
+  for (int64_t kb = 0; kb < a.k; kb += kKc) {
+    const int64_t kc = a.k - kb < kKc ? a.k - kb : kKc;
+    const bool first = kb == 0;
+    const bool last = kb + kc == a.k;
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t n0 = p * kNr;
+      const int64_t cols = a.n - n0 < kNr ? a.n - n0 : kNr;
+      pack_panel(a, n0, cols, kb, kc, pw);
+      float* pacc = acc + (p - p0) * rows * kNr;
+      for (int64_t r = m0; r < m1; r += kMr) {
+        const int64_t mr = m1 - r < kMr ? m1 - r : kMr;
+        kTiles[mr](a, a.x + r * a.ldx + kb, pw, kc, pacc + (r - m0) * kNr, first, last, r, n0, cols);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+const KernelTable kAvx512Kernels = {"avx512", kNr, kMr, kKc, gemm, rms_norm_rows, silu_mul};
+
+}  // namespace crl::engine::kernels::detail

@@ -1,0 +1,164 @@
+// The batch-invariant kernels of deterministic mode (engine/kernels): every instruction-set path
+// gives the scalar reference's bits, a row's output does not depend on the batch around it or on
+// the thread count, the values match libtorch's within rounding, and the autograd wrappers train.
+#include "engine/kernels/batch_invariant.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "engine/kernels/cpu_isa.h"
+#include "engine/model/deterministic_ops.h"
+#include "tests/test_utils.h"
+
+namespace crl::engine::kernels {
+namespace {
+
+struct Shape {
+  int64_t m, n, k;
+};
+
+// Odd sizes on purpose: column tails of every panel width, depths past one packed block (384).
+const std::vector<Shape> kShapes = {{1, 1, 1},   {3, 37, 19},   {13, 100, 385},
+                                    {12, 32, 16}, {50, 576, 576}, {130, 33, 800}};
+
+std::string label(at::ScalarType dt, const Shape& s) {
+  return std::string(dt == at::kFloat ? "f32" : "bf16") + " m=" + std::to_string(s.m) +
+         " n=" + std::to_string(s.n) + " k=" + std::to_string(s.k);
+}
+
+TEST(BatchInvariantTest, EveryKernelPathGivesTheScalarReferenceBits) {
+  ASSERT_GE(supported_cpu_isas().size(), 1u);
+  at::manual_seed(11);
+  for (auto dt : {at::kFloat, at::kBFloat16}) {
+    for (const Shape& s : kShapes) {
+      const auto x = at::randn({s.m, s.k}).to(dt);
+      const auto w = at::randn({s.n, s.k}).to(dt);
+      const auto b = at::randn({s.n}).to(dt);
+      const auto g = (at::randn({s.m, s.n}) * 6).to(dt);
+      at::Tensor lin, lin_nobias, norm, gate;
+      {
+        ScopedCpuIsa scalar(CpuIsa::kScalar);
+        lin = bi_linear(x, w, b);
+        lin_nobias = bi_linear(x, w);
+        norm = bi_rms_norm(x, w[0], 1e-6);
+        gate = bi_silu_mul(g, g.flip(1));
+      }
+      for (CpuIsa isa : supported_cpu_isas()) {
+        SCOPED_TRACE(std::string(cpu_isa_name(isa)) + " " + label(dt, s));
+        ScopedCpuIsa path(isa);
+        test::expect_tensor_equal(bi_linear(x, w, b), lin);
+        test::expect_tensor_equal(bi_linear(x, w), lin_nobias);
+        test::expect_tensor_equal(bi_rms_norm(x, w[0], 1e-6), norm);
+        test::expect_tensor_equal(bi_silu_mul(g, g.flip(1)), gate);
+      }
+    }
+  }
+}
+
+TEST(BatchInvariantTest, ValuesMatchLibtorchWithinRounding) {
+  at::manual_seed(12);
+  for (CpuIsa isa : supported_cpu_isas()) {
+    ScopedCpuIsa path(isa);
+    for (const Shape& s : kShapes) {
+      SCOPED_TRACE(std::string(cpu_isa_name(isa)) + " " + label(at::kFloat, s));
+      const auto x = at::randn({s.m, s.k});
+      const auto w = at::randn({s.n, s.k});
+      const auto b = at::randn({s.n});
+      const double tol = 1e-5 * std::sqrt(static_cast<double>(s.k)) * 4;
+      test::expect_tensor_near(bi_linear(x, w, b), at::linear(x, w, b), tol, 1e-5);
+      const auto nw = at::rand({s.k}) + 0.5;
+      test::expect_tensor_near(bi_rms_norm(x, nw, 1e-6), aten_rms_norm(x, nw, 1e-6), 1e-5, 1e-5);
+      const auto g = at::randn({s.m, s.k}) * 8;
+      test::expect_tensor_near(bi_silu_mul(g, x), at::silu(g) * x, 1e-5, 1e-5);
+      // bfloat16: within one bf16 rounding of the float32 result.
+      const auto xb = x.to(at::kBFloat16), wb = w.to(at::kBFloat16), bb = b.to(at::kBFloat16);
+      const auto ref = at::linear(xb.to(at::kFloat), wb.to(at::kFloat), bb.to(at::kFloat));
+      const auto got = bi_linear(xb, wb, bb);
+      ASSERT_EQ(got.scalar_type(), at::kBFloat16);
+      test::expect_tensor_near(got.to(at::kFloat), ref, tol, 1.0 / 128);
+    }
+  }
+}
+
+// A row's output must not depend on how many rows are computed with it, where it sits, what its
+// neighbours hold, or how many threads run: the property deterministic mode is built on.
+TEST(BatchInvariantTest, ARowsOutputIgnoresBatchSizePositionNeighboursAndThreads) {
+  at::manual_seed(13);
+  const int64_t threads = at::get_num_threads();
+  for (CpuIsa isa : supported_cpu_isas()) {
+    ScopedCpuIsa path(isa);
+    for (auto dt : {at::kFloat, at::kBFloat16}) {
+      // Model sizes on the vector paths; the slow scalar reference (whose bits the first test
+      // shows every path reproduces) gets the small shape only.
+      std::vector<std::pair<int64_t, int64_t>> shapes = {{130, 897}};
+      if (isa != CpuIsa::kScalar) shapes.insert(shapes.end(), {{1536, 576}, {576, 1536}});
+      for (auto [n, k] : shapes) {
+        SCOPED_TRACE(std::string(cpu_isa_name(isa)) + " n=" + std::to_string(n) + " k=" +
+                     std::to_string(k));
+        const auto w = at::randn({n, k}).to(dt);
+        const auto b = at::randn({n}).to(dt);
+        const auto nw = (at::rand({k}) + 0.5).to(dt);
+        const auto row = at::randn({1, k}).to(dt);
+        const auto lin_alone = bi_linear(row, w, b);
+        const auto norm_alone = bi_rms_norm(row, nw, 1e-5);
+        const auto gate_alone = bi_silu_mul(row, row * 2);
+        for (auto [rows, pos] : {std::pair<int64_t, int64_t>{2, 1}, {7, 3}, {13, 12}, {64, 40},
+                                 {131, 130}, {300, 250}}) {
+          auto x = at::randn({rows, k}).to(dt);
+          x.narrow(0, pos, 1).copy_(row);
+          for (int64_t t : {int64_t{1}, threads}) {
+            at::set_num_threads(static_cast<int>(t));
+            test::expect_tensor_equal(bi_linear(x, w, b).narrow(0, pos, 1), lin_alone);
+            test::expect_tensor_equal(bi_rms_norm(x, nw, 1e-5).narrow(0, pos, 1), norm_alone);
+            test::expect_tensor_equal(bi_silu_mul(x, x * 2).narrow(0, pos, 1), gate_alone);
+          }
+          at::set_num_threads(static_cast<int>(threads));
+        }
+      }
+    }
+  }
+}
+
+TEST(BatchInvariantTest, AutogradWrappersKeepTheKernelValuesAndLibtorchGradients) {
+  at::manual_seed(14);
+  auto x = at::randn({9, 40}).requires_grad_(true);
+  auto w = at::randn({24, 40}).requires_grad_(true);
+  auto b = at::randn({24}).requires_grad_(true);
+  auto nw = (at::rand({24}) + 0.5).requires_grad_(true);
+  auto y = det_silu_mul(det_rms_norm(det_linear(x, w, b), nw, 1e-6), det_linear(x, w, b));
+  {
+    at::NoGradGuard no_grad;
+    auto lin = bi_linear(x, w, b);
+    test::expect_tensor_equal(y.detach(), bi_silu_mul(bi_rms_norm(lin, nw, 1e-6), lin));
+  }
+  y.pow(2).sum().backward();
+  std::vector<at::Tensor> det_grads = {x.grad().clone(), w.grad().clone(), b.grad().clone(),
+                                       nw.grad().clone()};
+  for (auto* t : {&x, &w, &b, &nw}) t->mutable_grad().reset();
+  auto lin = at::linear(x, w, b);
+  auto ref = at::silu(aten_rms_norm(lin, nw, 1e-6)) * lin;
+  ref.pow(2).sum().backward();
+  const std::vector<at::Tensor> ref_grads = {x.grad(), w.grad(), b.grad(), nw.grad()};
+  for (size_t i = 0; i < ref_grads.size(); ++i) {
+    SCOPED_TRACE("gradient " + std::to_string(i));
+    test::expect_tensor_near(det_grads[i], ref_grads[i], 1e-3, 1e-3);
+  }
+}
+
+TEST(BatchInvariantTest, BadInputsAreClearErrors) {
+  ASSERT_THROWS_WITH(bi_linear(at::randn({2, 3}), at::randn({4, 5})), std::exception, "do not match");
+  ASSERT_THROWS_WITH(bi_linear(at::randn({2, 3}), at::randn({4, 3}).to(at::kBFloat16)), std::exception,
+                     "weight BFloat16");
+  ASSERT_THROWS_WITH(bi_linear(at::randn({2, 3}).to(at::kDouble), at::randn({4, 3})), std::exception,
+                     "float32 or bfloat16");
+  ASSERT_THROWS_WITH(parse_cpu_isa("sse9"), std::invalid_argument, "unknown CPU kernel path 'sse9'");
+  EXPECT_EQ(parse_cpu_isa("avx2"), CpuIsa::kAvx2);
+  EXPECT_NE(describe_cpu().find("kernels: "), std::string::npos);
+}
+
+}  // namespace
+}  // namespace crl::engine::kernels
