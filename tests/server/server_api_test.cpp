@@ -331,7 +331,13 @@ TEST_F(ServerApiTest, DisconnectedClientsAbortTheirRequests) {
   const std::string aborted =
       "vllm:request_success_total{model_name=\"tiny\",finished_reason=\"abort\"}";
   const double aborts0 = served_->metric(aborted);
-  // Long generations: 8 samples x 480 tokens take far longer than the client waits.
+  // Long generations: 8 samples x 480 tokens, with every engine step slowed to at least 2 ms so
+  // they take far longer than the client waits on any CPU.
+  served_->server.engine_loop().set_between_steps(
+      [](engine::LlmEngine&) { std::this_thread::sleep_for(std::chrono::milliseconds(2)); });
+  struct Restore {
+    ~Restore() { served_->server.engine_loop().set_between_steps(nullptr); }
+  } restore;
   json body = {{"prompt", "Tell me a long story"}, {"max_tokens", 480}, {"n", 8}, {"ignore_eos", true}};
 
   {  // Non-streaming: the client's read times out and it closes the connection.
@@ -376,8 +382,13 @@ TEST_F(ServerApiTest, PauseAbortWaitAndResume) {
   // While paused a request is held, not refused; resume admits it.
   std::pair<int, std::string> held;
   std::thread t2([&] { held = served_->post("/v1/completions", {{"prompt", "later"}, {"max_tokens", 2}}); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (served_->metric("vllm:num_requests_waiting") < 1 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // held, not admitted a moment later
   EXPECT_EQ(served_->metric("vllm:num_requests_waiting"), 1);
+  EXPECT_EQ(served_->metric("vllm:num_requests_running"), 0);
   auto resumed = served_->post("/resume", json::object());
   EXPECT_EQ(resumed.first, 200);
   t2.join();
