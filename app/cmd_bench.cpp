@@ -46,7 +46,15 @@ struct SyncBenchFlags {
   double timeout_s = 300;
   std::string results = "sync_bench.jsonl";
   std::string device = "cpu";
+  bool matrix_cell = false;  // a cell spawned by the matrix below: append, print nothing
 };
+
+void print_sync_bench_table(const SyncBenchFlags& f) {
+  fmt::print("{}", bench::format_sync_bench_table(f.results));
+  fmt::print("(medians of {} after a warm-up; time = slowest receiver; rows also in {})\n",
+             f.repeats, f.results);
+  std::fflush(stdout);
+}
 
 int64_t mem_available_bytes() {
   std::ifstream in("/proc/meminfo");
@@ -103,10 +111,14 @@ int run_sync_bench(const SyncBenchFlags& f) {
     o.results_file = f.results;
     o.device = f.device;
     engine::ensure_preset_model(o.shape, "bfloat16");  // once, before the ranks start
+    if (!f.matrix_cell) std::remove(f.results.c_str());
     LaunchOptions lo{o.infer_per_node, o.train_per_node, timeout};
-    return run_distributed(lo, [o](const sync::RankEnv& env) {
+    int rc = run_distributed(lo, [o](const sync::RankEnv& env) {
       return bench::run_sync_bench_rank(env, o);
     });
+    // Only the launcher of the node whose rank 0 wrote the rows has them to print.
+    if (rc == 0 && !f.matrix_cell && std::ifstream(f.results).good()) print_sync_bench_table(f);
+    return rc;
   }
 
   // The matrix: one job per cell, one after the other, each its own launcher.
@@ -132,7 +144,8 @@ int run_sync_bench(const SyncBenchFlags& f) {
             "/proc/self/exe", "bench", "sync", "--shapes", shape, "--dtypes", dtype,
             "--topologies", fmt::format("{}-{}", t, i), "--repeats", std::to_string(f.repeats),
             "--sync-bucket-mb", std::to_string(f.bucket_mb), "--timeout",
-            std::to_string(f.timeout_s), "--results", f.results, "--device", f.device};
+            std::to_string(f.timeout_s), "--results", f.results, "--device", f.device,
+            "--matrix-cell"};
         std::vector<char*> argv;
         for (auto& a : args) argv.push_back(a.data());
         argv.push_back(nullptr);
@@ -149,9 +162,7 @@ int run_sync_bench(const SyncBenchFlags& f) {
       }
     }
   }
-  fmt::print("{}", bench::format_sync_bench_table(f.results));
-  fmt::print("(medians of {} after a warm-up; time = slowest receiver; rows also in {})\n",
-             f.repeats, f.results);
+  print_sync_bench_table(f);
   return failures ? 1 : 0;
 }
 
@@ -287,6 +298,7 @@ Runner register_bench(CLI::App& app) {
   sync->add_option("--results", sf->results, "JSONL file the rows go to")->capture_default_str();
   sync->add_option("--device", sf->device, "cpu (Gloo) or cuda (one GPU per rank, NCCL)")
       ->capture_default_str();
+  sync->add_flag("--matrix-cell", sf->matrix_cell, "internal: one cell of a matrix run")->group("");
   auto serve_opts = std::make_shared<bench::ServeBenchOptions>();
   auto* serve = cmd->add_subcommand("serve", "HTTP API: requests/s, TTFT and inter-token latency at "
                                              "several client counts (from a separate process)");

@@ -43,7 +43,9 @@ Runner register_train(CLI::App& app) {
   cmd->add_option("--reward", f->reward, "exact, numeric, regex or format")->capture_default_str();
   cmd->add_option("--format-weight", o.reward.format_weight,
                   "bonus for a well-formed answer (added to the correctness reward)");
-  cmd->add_option("--eval-rows", o.eval_rows, "held-out rows, never trained on")->capture_default_str();
+  cmd->add_option("--eval-rows", o.eval_rows,
+                  "held-out rows, never trained on (default: a fifth of the rows, at most 128)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--seed", o.seed, "seed of the split, prompt order and sampling")->capture_default_str();
   cmd->add_option("--sft-steps", o.sft_steps, "SFT warm-up steps before GRPO (0 = none)")
       ->capture_default_str();

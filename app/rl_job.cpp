@@ -672,6 +672,15 @@ void report(Job& j, const sync::StorePtr& store) {
     metrics.open(o.metrics_path, j.resumed ? std::ios::app : std::ios::trunc);
     if (!metrics) throw std::runtime_error("cannot open the metrics file " + o.metrics_path);
   }
+  if (!j.resumed) {
+    fmt::print("data: {} rows ({}): {} held out for evaluation{}, {} for training\n",
+               j.split.eval.size() + j.split.train.size(),
+               o.data_path.empty() ? std::string("built-in copy task") : o.data_path,
+               j.split.eval.size(),
+               o.eval_rows < 0 ? " (default: a fifth, at most 128; --eval-rows sets it)" : "",
+               j.split.train.size());
+    std::fflush(stdout);
+  }
   auto start = get_json(store, j.key("eval/start"), j.rollout_deadline(), "start eval");
   std::vector<std::pair<std::string, double>> evals = {
       {"start", start["accuracy"].get<double>()}};

@@ -37,7 +37,7 @@ struct RlJobOptions {
   std::string data_path;      // empty: the built-in default task
   trainer::RewardOptions reward;
   int64_t default_task_rows = 4000;
-  int64_t eval_rows = 128;
+  int64_t eval_rows = -1;  // held-out rows; -1 = trainer::default_eval_rows
   uint64_t seed = 1;
 
   std::string engine_dtype = "float32";

@@ -32,7 +32,7 @@ struct LocalRlOptions {
   // Reward used to score completions.
   RewardOptions reward;
   // Held-out rows: never trained on, all of them scored (greedy) at every evaluation.
-  int64_t eval_rows = 128;
+  int64_t eval_rows = -1;  // held-out rows; -1 = trainer::default_eval_rows
   // Seed of the split, the prompt order and the sampling streams.
   uint64_t seed = 1;
 

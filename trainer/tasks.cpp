@@ -177,10 +177,17 @@ std::vector<TaskRow> load_task_jsonl(const std::string& path, const RewardOption
   return rows;
 }
 
+int64_t default_eval_rows(int64_t num_rows) {
+  return std::min<int64_t>(128, std::max<int64_t>(num_rows / 5, num_rows >= 2 ? 1 : 0));
+}
+
 TaskSplit split_task(std::vector<TaskRow> rows, int64_t eval_rows, uint64_t seed) {
   const int64_t n = static_cast<int64_t>(rows.size());
-  if (eval_rows < 0 || eval_rows > n / 2) {
-    CRL_INVALID("eval split of ", eval_rows, " rows out of ", n, " (at most half may be held out)");
+  if (eval_rows < 0) eval_rows = default_eval_rows(n);
+  if (eval_rows > n / 2) {
+    CRL_INVALID("--eval-rows ", eval_rows, " holds out more than half of the ", n,
+                " task rows; use --eval-rows ", n / 2, " or fewer (or leave it out: the default "
+                "holds out a fifth, at most 128)");
   }
   std::mt19937_64 rng(seed);
   for (int64_t i = n - 1; i > 0; --i) {  // Fisher-Yates with a fully specified draw

@@ -65,7 +65,12 @@ struct TaskSplit {
   std::vector<TaskRow> eval;  // held out: never trained on
 };
 
-// Shuffles (seeded) and holds out `eval_rows` rows (at most half the rows).
+// The held-out count used when none is given: a fifth of the rows, at least one (from two rows
+// on), at most 128.
+int64_t default_eval_rows(int64_t num_rows);
+
+// Shuffles (seeded) and holds out `eval_rows` rows (at most half the rows; negative = the
+// default above).
 TaskSplit split_task(std::vector<TaskRow> rows, int64_t eval_rows, uint64_t seed);
 
 // The built-in default task for the embedded default model: copy a short list of words.

@@ -88,7 +88,18 @@ TEST(TaskTest, EvalSplitIsHeldOutAndSeeded) {
   ASSERT_EQ(a.eval.size(), 20u);
   ASSERT_EQ(a.train.size(), 80u);
   for (size_t i = 0; i < a.eval.size(); ++i) EXPECT_EQ(a.eval[i].prompt, b.eval[i].prompt);
-  ASSERT_THROWS_WITH(split_task(rows, 60, 1), std::invalid_argument, "at most half");
+  ASSERT_THROWS_WITH(split_task(rows, 60, 1), std::invalid_argument,
+                     "--eval-rows 60 holds out more than half of the 100 task rows; use --eval-rows 50");
+}
+
+TEST(TaskTest, DefaultEvalSplitFitsTheData) {
+  // A small --data file must work without --eval-rows: a fifth, at least 1, at most 128.
+  EXPECT_EQ(split_task(default_task_rows(100, 3), -1, 9).eval.size(), 20u);
+  EXPECT_EQ(split_task(default_task_rows(4000, 3), -1, 9).eval.size(), 128u);
+  auto two = split_task(default_task_rows(2, 3), -1, 9);
+  EXPECT_EQ(two.eval.size(), 1u);
+  EXPECT_EQ(two.train.size(), 1u);
+  EXPECT_EQ(split_task(default_task_rows(1, 3), -1, 9).eval.size(), 0u);
 }
 
 TEST(TaskTest, DefaultTaskWordsAreSinglePiecesOfTheDefaultTokenizer) {
