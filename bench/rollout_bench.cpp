@@ -11,9 +11,12 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <memory>
+#include <optional>
 #include <random>
 
 #include "common/units.h"
+#include "engine/kernels/cpu_isa.h"
 #include "engine/llm_engine.h"
 #include "engine/model/model_cache.h"
 
@@ -75,6 +78,7 @@ engine::EngineConfig engine_config(const RolloutBenchOptions& o, const std::stri
   c.max_seqs = o.max_seqs;
   c.max_batched_tokens = o.max_batched_tokens;
   c.seed = o.seed;
+  c.device = o.device;
   return c;
 }
 
@@ -205,11 +209,17 @@ void add_rollout_flags(CLI::App& cmd, RolloutBenchOptions& o) {
   cmd.add_option("--max-seqs", o.max_seqs, "engine sequence cap")->capture_default_str();
   cmd.add_option("--max-batched-tokens", o.max_batched_tokens, "engine token budget")->capture_default_str();
   cmd.add_option("--kv-memory", o.kv_memory, "KV pool size")->capture_default_str();
-  cmd.add_option("--modes", o.modes, "continuous, static, no-share, deterministic")->capture_default_str();
+  cmd.add_option("--modes", o.modes, "comma-separated: continuous, static, no-share, deterministic")
+      ->delimiter(',')
+      ->capture_default_str();
   cmd.add_flag("!--no-probes", o.probes, "skip the decode/prefill probes");
   cmd.add_option("--decode-batch", o.decode_batch, "concurrency of the decode probe")->capture_default_str();
   cmd.add_option("--seed", o.seed, "workload seed")->capture_default_str();
   cmd.add_option("--json-out", o.json_out, "append the JSON result line to this file");
+  cmd.add_option("--device", o.device, "cpu or cuda (the probes run on the CPU only)")
+      ->capture_default_str();
+  cmd.add_option("--workload-out", o.workload_out,
+                 "write the workload (prompt ids, output lengths, n) as JSON for bench/hf_generate.py");
 }
 
 int run_rollout_bench(const RolloutBenchOptions& o) {
@@ -219,34 +229,56 @@ int run_rollout_bench(const RolloutBenchOptions& o) {
   nlohmann::json result = {{"bench", "rollout"}, {"model", o.model_dir.empty() ? o.shape : o.model_dir},
                            {"dtype", o.dtype}, {"threads", o.threads}, {"prompts", o.prompts},
                            {"n", o.n}, {"prompt_len", o.prompt_len}, {"output_len", o.output_len},
-                           {"repeats", o.repeats}};
+                           {"repeats", o.repeats}, {"device", o.device}};
   std::cout << fmt::format("rollout bench: {} ({}), {} prompts x {} samples, prompt {} tokens, "
                            "output {} tokens, {} threads, {} repeats (medians)\n",
                            o.model_dir.empty() ? o.shape : o.model_dir, o.dtype, o.prompts, o.n,
                            o.prompt_len, o.output_len, o.threads, o.repeats);
-  std::cout << fmt::format("{:<11} {:>9} {:>11} {:>11} {:>10} {:>9} {:>9} {:>8}\n", "mode",
+  engine::kernels::active_cpu_isa();  // chooses the path (CRL_CPU_ISA) before it is reported
+  std::cout << "cpu: " << engine::kernels::describe_cpu() << "\n";
+  result["cpu"] = engine::kernels::describe_cpu();
+  std::cout << fmt::format("{:<13} {:>9} {:>11} {:>11} {:>10} {:>9} {:>9} {:>8}\n", "mode",
                            "time_s", "gen_tok/s", "total_tok/s", "samples/s", "prefill", "kv_util",
                            "preempt");
-  nlohmann::json modes = nlohmann::json::object();
+  // One engine per mode, all alive, and the repeats interleaved (mode A, mode B, ..., then again)
+  // so that every mode sees the same machine state; ratios are medians of per-repeat ratios.
+  struct ModeRun {
+    std::string mode;
+    std::unique_ptr<engine::LlmEngine> eng;
+    Workload w;
+    std::vector<RunStats> runs;
+  };
+  std::vector<ModeRun> mode_runs;
   for (const auto& mode : o.modes) {
     if (mode != "continuous" && mode != "static" && mode != "no-share" && mode != "deterministic") {
-      throw std::invalid_argument("unknown bench mode '" + mode + "'");
+      throw std::invalid_argument("unknown bench mode '" + mode +
+                                  "' (expected continuous, static, no-share or deterministic)");
     }
     engine::EngineConfig c = engine_config(o, model_dir);
     c.static_batching = mode == "static";
     c.deterministic = mode == "deterministic";
     c.enable_prefix_caching = mode != "no-share";
-    engine::LlmEngine eng(c);
-    const Workload w = make_workload(o, eng.model_config().vocab_size);
-    run_batch(eng, make_requests(w, 1, true, 8));  // warmup
-    std::vector<RunStats> runs;
-    for (int32_t r = 0; r < o.repeats; ++r) {
-      eng.bump_weight_version();  // no prefix-cache carry-over between repeats
-      runs.push_back(run_batch(eng, make_requests(w, o.n, mode != "no-share")));
+    ModeRun m{mode, std::make_unique<engine::LlmEngine>(c), {}, {}};
+    m.w = make_workload(o, m.eng->model_config().vocab_size);
+    if (!o.workload_out.empty() && mode_runs.empty()) {
+      std::ofstream(o.workload_out) << nlohmann::json{{"prompts", m.w.prompts},
+                                                      {"output_lens", m.w.output_lens},
+                                                      {"n", o.n}}.dump();
     }
+    run_batch(*m.eng, make_requests(m.w, 1, true, 8));  // warmup
+    mode_runs.push_back(std::move(m));
+  }
+  for (int32_t r = 0; r < o.repeats; ++r) {
+    for (ModeRun& m : mode_runs) {
+      m.eng->bump_weight_version();  // no prefix-cache carry-over between repeats
+      m.runs.push_back(run_batch(*m.eng, make_requests(m.w, o.n, m.mode != "no-share")));
+    }
+  }
+  nlohmann::json modes = nlohmann::json::object();
+  for (const ModeRun& mr : mode_runs) {
     auto med = [&](auto field) {
       std::vector<double> v;
-      for (const auto& s : runs) v.push_back(static_cast<double>(s.*field));
+      for (const auto& s : mr.runs) v.push_back(static_cast<double>(s.*field));
       return median(v);
     };
     nlohmann::json m = {{"seconds", med(&RunStats::seconds)},
@@ -256,30 +288,43 @@ int run_rollout_bench(const RolloutBenchOptions& o) {
                         {"prefill_tokens", med(&RunStats::prompt_computed)},
                         {"generated_tokens", med(&RunStats::generated)},
                         {"kv_util", med(&RunStats::kv_util)},
-                        {"preemptions", med(&RunStats::preemptions)},
-                        {"peak_rss_bytes", peak_rss_bytes()}};
-    modes[mode] = m;
-    std::cout << fmt::format("{:<11} {:>9.2f} {:>11.1f} {:>11.1f} {:>10.2f} {:>9.0f} {:>9.2f} {:>8.0f}\n",
-                             mode, m["seconds"].get<double>(), m["gen_tok_s"].get<double>(),
+                        {"preemptions", med(&RunStats::preemptions)}};
+    modes[mr.mode] = m;
+    std::cout << fmt::format("{:<13} {:>9.2f} {:>11.1f} {:>11.1f} {:>10.2f} {:>9.0f} {:>9.2f} {:>8.0f}\n",
+                             mr.mode, m["seconds"].get<double>(), m["gen_tok_s"].get<double>(),
                              m["total_tok_s"].get<double>(), m["samples_s"].get<double>(),
                              m["prefill_tokens"].get<double>(), m["kv_util"].get<double>(),
                              m["preemptions"].get<double>());
   }
+  // Median over repeats of (time of `a`) / (time of `b`), the two run back to back.
+  auto paired_ratio = [&](const std::string& a, const std::string& b) -> std::optional<double> {
+    const ModeRun* ra = nullptr;
+    const ModeRun* rb = nullptr;
+    for (const ModeRun& m : mode_runs) {
+      if (m.mode == a) ra = &m;
+      if (m.mode == b) rb = &m;
+    }
+    if (ra == nullptr || rb == nullptr) return std::nullopt;
+    std::vector<double> v;
+    for (size_t i = 0; i < ra->runs.size(); ++i) v.push_back(ra->runs[i].seconds / rb->runs[i].seconds);
+    return median(v);
+  };
   result["modes"] = modes;
-  if (modes.contains("continuous") && modes.contains("deterministic")) {
-    result["deterministic_cost"] = modes["continuous"]["gen_tok_s"].get<double>() /
-                                   modes["deterministic"]["gen_tok_s"].get<double>();
-  }
-  if (modes.contains("continuous") && modes.contains("static")) {
-    result["continuous_vs_static"] = modes["continuous"]["gen_tok_s"].get<double>() /
-                                     modes["static"]["gen_tok_s"].get<double>();
-  }
-  if (modes.contains("continuous") && modes.contains("no-share")) {
-    result["continuous_vs_no_share"] = modes["continuous"]["gen_tok_s"].get<double>() /
-                                       modes["no-share"]["gen_tok_s"].get<double>();
+  const std::pair<const char*, std::pair<const char*, const char*>> ratios[] = {
+      {"deterministic_cost", {"deterministic", "continuous"}},
+      {"static_vs_continuous", {"static", "continuous"}},
+      {"no_share_vs_continuous", {"no-share", "continuous"}}};
+  for (const auto& [key, pair] : ratios) {
+    if (auto r = paired_ratio(pair.first, pair.second)) {
+      result[key] = *r;
+      std::cout << fmt::format("{}: time of {} / time of {} = {:.3f} (median of {} paired repeats)\n",
+                               key, pair.first, pair.second, *r, o.repeats);
+    }
   }
 
-  if (o.probes) {
+  if (o.probes && o.device != "cpu") {
+    std::cout << "(probes skipped: they measure the CPU)\n";
+  } else if (o.probes) {
     engine::EngineConfig c = engine_config(o, model_dir);
     c.max_seqs = std::max(o.decode_batch, 1);
     engine::LlmEngine eng(c);

@@ -8,7 +8,8 @@
 //   deterministic — continuous with batch-invariant logits (measures what that mode costs).
 // Probes: decode step time at fixed concurrency (1 and --decode-batch sequences) against the
 // machine's measured matmul throughput and memory bandwidth, and prefill throughput.
-// Prints a table and one JSON line; medians over --repeats after a warmup.
+// Prints a table and one JSON line; medians over --repeats after a warmup. --workload-out writes
+// the drawn workload so that bench/hf_generate.py runs Hugging Face generate on the same requests.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +40,8 @@ struct RolloutBenchOptions {
   int32_t decode_batch = 64;
   uint64_t seed = 7;
   std::string json_out;                   // also append the JSON line to this file
+  std::string device = "cpu";             // cpu or cuda (the probes are CPU-only)
+  std::string workload_out;               // write the workload (prompt ids, output lengths) as JSON
 };
 
 void add_rollout_flags(CLI::App& cmd, RolloutBenchOptions& opts);
