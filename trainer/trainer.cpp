@@ -1,13 +1,14 @@
 #include "trainer/trainer.h"
 
 #include <ATen/core/grad_mode.h>
-#include <c10/util/string_utils.h>
 #include <torch/optim/adamw.h>
 
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <sstream>
 #include <stdexcept>
+#include <type_traits>
 
 #include "common/check.h"
 #include "trainer/engine_matched_attention.h"
@@ -167,6 +168,20 @@ void Trainer::zero_grad() {
 
 namespace {
 
+// libtorch keys an optimizer's per-parameter state by the parameter's TensorImpl: 1.x by its
+// address printed as a string, 2.x by the address itself.
+template <class StateMap>
+typename StateMap::key_type optimizer_state_key(const StateMap&, const at::Tensor& p) {
+  using Key = typename StateMap::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream os;
+    os << p.unsafeGetTensorImpl();
+    return os.str();
+  } else {
+    return static_cast<Key>(p.unsafeGetTensorImpl());
+  }
+}
+
 // Row indices of the loss tokens (CPU int64).
 at::Tensor loss_rows(const MicroBatch& b) { return b.loss_mask.nonzero().squeeze(1); }
 
@@ -316,7 +331,7 @@ engine::NamedTensors Trainer::optimizer_state(int64_t* adam_step) const {
   *adam_step = 0;
   auto& state = impl_->optimizer->state();
   for (const auto& [name, m] : impl_->masters) {
-    auto it = state.find(c10::guts::to_string(m.unsafeGetTensorImpl()));
+    auto it = state.find(optimizer_state_key(state, m));
     if (it == state.end()) continue;
     auto& st = static_cast<torch::optim::AdamWParamState&>(*it->second);
     *adam_step = st.step();
@@ -346,7 +361,7 @@ void Trainer::load_optimizer_state(const engine::NamedTensors& saved, int64_t ad
       st->step(adam_step);
       st->exp_avg(get("exp_avg/" + name));
       st->exp_avg_sq(get("exp_avg_sq/" + name));
-      state[c10::guts::to_string(m.unsafeGetTensorImpl())] = std::move(st);
+      state[optimizer_state_key(state, m)] = std::move(st);
     }
   }
   step_ = step;

@@ -234,7 +234,8 @@ at::Tensor Transformer::forward_packed(const at::Tensor& tokens,
   for (int64_t len : seq_lens) pos.push_back(at::arange(len, at::kLong));
   auto positions = (pos.size() == 1 ? pos[0] : at::cat(pos, 0)).to(options_.device);
   DenseCausalAttention attention(seq_lens);
-  return compute_logits(forward_hidden(tokens, positions, attention));
+  // Token ids may come from the host (tests, the trainer's packed batches): gather on the device.
+  return compute_logits(forward_hidden(tokens.to(options_.device), positions, attention));
 }
 
 }  // namespace crl::engine
