@@ -99,6 +99,87 @@ TEST_P(EngineVsFullForwardTest, PagedContinuousBatchingMatchesFullForwardAtEvery
 INSTANTIATE_TEST_SUITE_P(Models, EngineVsFullForwardTest,
                          ::testing::Values("llama", "qwen2", "llama3"));
 
+// --- The CUDA path (ctest label `gpu`; skipped where no CUDA device is present). ---
+
+// fp32 on the device: the paged, continuously batched, chunked engine against the plain full
+// forward of the same device model (cuBLAS may pick other algorithms per shape: 2e-3).
+TEST(CudaEngineTest, PagedContinuousBatchingMatchesFullForwardOnCuda) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  for (const std::string variant : {"llama", "qwen2"}) {
+    SCOPED_TRACE(variant);
+    EngineConfig cfg = test::test_engine_config(variant);
+    cfg.device = "cuda";
+    cfg.max_batched_tokens = 16;
+    LlmEngine eng(cfg);
+    ASSERT_TRUE(eng.model().options().device.is_cuda());
+    std::map<LogitsKey, at::Tensor> seen;
+    eng.set_logits_observer([&](const std::string& id, int32_t, int64_t pos, const at::Tensor& l) {
+      seen[{id, pos}] = l.to(at::kCPU, at::kFloat, false, true);
+    });
+    std::mt19937 rng(3);
+    auto a = random_tokens(rng, 37);
+    std::map<int, std::vector<GenerateRequest>> arrivals;
+    arrivals[0] = {greedy("a", a, 8)};
+    arrivals[2] = {greedy("b", random_tokens(rng, 5), 10), greedy("c", random_tokens(rng, 21), 7)};
+    auto done = run_with_arrivals(eng, std::move(arrivals));
+    ASSERT_EQ(done.size(), 3u);
+    for (auto& [id, out] : done) {
+      const auto& gen = out.outputs.at(0).token_ids;
+      std::vector<int32_t> tokens = out.prompt_token_ids;
+      for (size_t i = 0; i < gen.size(); ++i) {
+        auto ref = full_forward_last(eng.model(), tokens).to(at::kCPU, at::kFloat);
+        const int64_t pos = static_cast<int64_t>(tokens.size());
+        ASSERT_TRUE(seen.count({id, pos})) << id << " @" << pos;
+        test::expect_tensor_near(seen[{id, pos}], ref, 2e-3);
+        EXPECT_EQ(ref.argmax().item<int64_t>(), gen[i]) << "request " << id << " token " << i;
+        tokens.push_back(gen[i]);
+      }
+    }
+    EXPECT_EQ(eng.scheduler().allocator().num_free_blocks(), cfg.num_kv_blocks);
+  }
+}
+
+// bf16 weights and KV on the device against the fp32 CPU full forward of the same checkpoint:
+// the relative error of each step's logits is that of bf16 (< 3e-2), never NaN.
+TEST(CudaEngineTest, Bf16EngineOnCudaTracksTheFp32CpuForward) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  EngineConfig cpu_cfg = test::test_engine_config("llama3");
+  LlmEngine cpu_eng(cpu_cfg);
+  EngineConfig cfg = cpu_cfg;
+  cfg.device = "cuda";
+  cfg.dtype = "bfloat16";
+  cfg.max_batched_tokens = 16;
+  LlmEngine eng(cfg);
+  std::map<LogitsKey, at::Tensor> seen;
+  eng.set_logits_observer([&](const std::string& id, int32_t, int64_t pos, const at::Tensor& l) {
+    seen[{id, pos}] = l.to(at::kCPU, at::kFloat, false, true);
+  });
+  std::mt19937 rng(5);
+  std::map<int, std::vector<GenerateRequest>> arrivals;
+  arrivals[0] = {greedy("a", random_tokens(rng, 30), 6), greedy("b", random_tokens(rng, 9), 6)};
+  auto done = run_with_arrivals(eng, std::move(arrivals));
+  ASSERT_EQ(done.size(), 2u);
+  for (auto& [id, out] : done) {
+    std::vector<int32_t> tokens = out.prompt_token_ids;
+    for (int32_t t : out.outputs.at(0).token_ids) {
+      auto ref = full_forward_last(cpu_eng.model(), tokens);
+      const auto& got = seen.at({id, static_cast<int64_t>(tokens.size())});
+      ASSERT_FALSE(got.isnan().any().item<bool>());
+      const double rel = (got - ref).norm().item<double>() / ref.norm().item<double>();
+      EXPECT_LT(rel, 3e-2) << id << " @" << tokens.size();
+      tokens.push_back(t);
+    }
+  }
+}
+
+TEST(CudaEngineTest, DeterministicModeOnCudaIsAClearError) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  EngineConfig cfg = test::test_engine_config();
+  cfg.device = "cuda";
+  cfg.deterministic = true;
+  ASSERT_THROWS_WITH(LlmEngine{cfg}, std::invalid_argument, "deterministic");
+}
+
 TEST(LlmEngineTest, DeterministicModeLogitsAreBitIdenticalWhateverTheBatch) {
   std::mt19937 rng(2);
   auto x = random_tokens(rng, 30);

@@ -2,6 +2,7 @@
 // splits, deadlines and their errors.
 #include "sync/communicator.h"
 
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -234,6 +235,31 @@ TEST(CommBackendTest, AutoPicksGlooForCpuTensorsAndRefusesImpossibleChoices) {
   EXPECT_THROW(resolve_comm_backend("nccl", false), std::invalid_argument);
   EXPECT_THROW(resolve_comm_backend("gloo", true), std::invalid_argument);
   EXPECT_THROW(resolve_comm_backend("mpi", false), std::invalid_argument);
+}
+
+// One NCCL rank on the one GPU (ctest label `gpu`): the communicator opens through the store,
+// runs broadcast, all-reduce and barrier, and names itself. Two ranks cannot share one GPU in
+// NCCL, so the multi-rank path stays unverified on a one-GPU machine.
+TEST(CudaNcclTest, OneRankCommunicatorRunsItsOps) {
+  std::string why;
+  if (!at::hasCUDA() || !nccl_available(&why)) GTEST_SKIP() << "no CUDA device or NCCL: " << why;
+  auto run = run_ranks(1, milliseconds(20000), [](int, std::unique_ptr<Communicator>&,
+                                                   const StorePtr& store) {
+    GroupInfo info;
+    info.name = "nccl-one";
+    info.rank = 0;
+    info.world_ranks = {0};
+    info.timeout = milliseconds(20000);
+    auto comm = make_nccl_communicator(store, "nccl-one", info);
+    EXPECT_EQ(comm->backend(), "nccl");
+    at::Tensor t = at::arange(1 << 20, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA));
+    at::Tensor ref = t.clone();
+    comm->broadcast_async(t, 0)->wait();
+    comm->all_reduce_async(t, ReduceOp::kSum)->wait();
+    comm->barrier();
+    EXPECT_TRUE(t.equal(ref));
+  });
+  EXPECT_EQ(run[0], "");
 }
 
 TEST(CommBackendTest, NcclWithoutADeviceIsAClearError) {

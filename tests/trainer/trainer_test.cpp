@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <condition_variable>
 #include <mutex>
 #include <random>
@@ -80,6 +81,26 @@ TEST(TrainerTest, LogprobGapIsExactlyZeroWhenEngineAndTrainerAreDeterministic) {
   StepStats st = trainer.train_step(mbs, LossKind::kGrpo);
   EXPECT_EQ(st.loss.logprob_gap_max, 0.0);
   EXPECT_EQ(st.loss.clip_fraction, 0.0);
+  EXPECT_GT(st.grad_norm, 0.0);
+}
+
+// The CUDA path (ctest label `gpu`): engine and trainer both on the device in fp32; their
+// log-probs of the engine's samples agree to cuBLAS's shape-dependent rounding, and a step trains.
+TEST(CudaTrainerTest, TrainerLogprobsMatchTheEngineOnCuda) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  engine::EngineConfig cfg = test::test_engine_config();
+  cfg.device = "cuda";
+  engine::LlmEngine eng(cfg);
+  TrainerOptions o;
+  o.device = "cuda";
+  Trainer trainer(cfg.model_dir, o);
+  auto mbs = engine_rollouts(eng, 4, 3, 10, 1 << 20, 11);
+  ASSERT_EQ(mbs.size(), 1u);
+  auto gap = (trainer.compute_logprobs(mbs[0]).to(at::kCPU) - loss_old(mbs[0]).to(at::kCPU)).abs();
+  EXPECT_LT(gap.max().item<float>(), 2e-3);
+  EXPECT_EQ(gap.size(0), 4 * 3 * 10);
+  StepStats st = trainer.train_step(mbs, LossKind::kGrpo);
+  EXPECT_TRUE(std::isfinite(st.grad_norm));
   EXPECT_GT(st.grad_norm, 0.0);
 }
 
