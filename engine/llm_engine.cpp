@@ -24,7 +24,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 // tokenizer_config.json's add_bos_token when present; else Llama adds BOS and Qwen2 does not.
 bool read_add_bos(const std::string& dir, const ModelConfig& config) {
-  bool add = config.bos_token_id >= 0 && config.model_type != "qwen2";
+  bool add = config.bos_token_id >= 0 && config.model_type != "qwen2" && config.model_type != "qwen3";
   std::ifstream in(dir + "/tokenizer_config.json");
   if (!in) return add;
   auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);

@@ -8,6 +8,7 @@ packages=(
   libsentencepiece-dev libcpp-httplib-dev nlohmann-json3-dev
   libcli11-dev libspdlog-dev libfmt-dev
   libgtest-dev libbenchmark-dev
+  python3-torch  # tests only: tests/engine/hf_reference.py, the independent reference forward
 )
 
 missing=()

@@ -7,11 +7,31 @@
 #include <ctime>
 #include <filesystem>
 
+#include "engine/model/config.h"
 #include "server/completion_render.h"
 
 namespace crl::server {
 
 namespace {
+
+// generation_config.json's sampling defaults, for requests that give none. A directory whose
+// config does not load is left to the engine, which reports it when it loads the model.
+void apply_generation_defaults(const std::string& dir, ApiLimits& limits) {
+  if (dir.empty() || !std::filesystem::exists(dir + "/config.json")) return;
+  engine::ModelConfig c;
+  try {
+    c = engine::load_model_config(dir);
+  } catch (const std::exception&) {
+    return;
+  }
+  if (c.default_temperature >= 0) limits.default_temperature = c.default_temperature;
+  if (c.default_top_p >= 0) limits.default_top_p = c.default_top_p;
+  if (c.default_top_k >= 0) limits.default_top_k = static_cast<int32_t>(c.default_top_k);
+  if (c.default_temperature >= 0 || c.default_top_p >= 0 || c.default_top_k >= 0) {
+    spdlog::info("sampling defaults from generation_config.json: temperature {}, top_p {}, top_k {}",
+                 limits.default_temperature, limits.default_top_p, limits.default_top_k);
+  }
+}
 
 using json = nlohmann::json;
 constexpr auto kPollInterval = std::chrono::milliseconds(20);
@@ -77,6 +97,7 @@ Server::Server(std::shared_ptr<EngineLoop> loop, ServerOptions options)
   const std::string& dir = loop_->config().model_dir;
   model_name_ = options_.served_model_name.empty() ? default_model_name(dir) : options_.served_model_name;
   chat_ = ChatTemplate::from_model_dir(dir);
+  apply_generation_defaults(dir, options_.limits);
   http_.route("POST", "/v1/completions", [this](const HttpRequest& r) {
     return guarded_completion(r, Endpoint::kCompletions);
   });

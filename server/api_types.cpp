@@ -213,9 +213,10 @@ CompletionJob parse_completion_request(const json& body, Endpoint endpoint,
   job.max_tokens_given = max_tokens.has_value();
   p.max_tokens = static_cast<int32_t>(max_tokens.value_or(16));  // OpenAI's completions default
   p.min_tokens = static_cast<int32_t>(opt_int(body, "min_tokens", 0, limits.max_tokens).value_or(0));
-  p.temperature = opt_number(body, "temperature").value_or(1.0);
-  p.top_p = opt_number(body, "top_p").value_or(1.0);
-  p.top_k = static_cast<int32_t>(opt_int(body, "top_k", -1, std::numeric_limits<int32_t>::max()).value_or(0));
+  p.temperature = opt_number(body, "temperature").value_or(limits.default_temperature);
+  p.top_p = opt_number(body, "top_p").value_or(limits.default_top_p);
+  p.top_k = static_cast<int32_t>(opt_int(body, "top_k", -1, std::numeric_limits<int32_t>::max())
+                                     .value_or(limits.default_top_k));
   p.min_p = opt_number(body, "min_p").value_or(0.0);
   if (has(body, "seed")) {
     const json& s = body["seed"];

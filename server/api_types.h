@@ -49,6 +49,11 @@ struct ApiLimits {
   int32_t max_n = 64;         // samples per prompt
   int32_t max_prompts = 64;   // prompts in one /v1/completions request
   int32_t max_tokens = 1 << 20;
+  // Sampling values for requests that give none: the model's generation_config.json defaults
+  // when it has them (as vLLM applies them), else OpenAI's.
+  double default_temperature = 1.0;
+  double default_top_p = 1.0;
+  int32_t default_top_k = 0;  // 0: off
 };
 
 struct CompletionJob {

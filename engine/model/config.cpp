@@ -158,9 +158,11 @@ void check_positive(const std::string& where, const char* field, double v) {
 
 // The checks behind ModelConfig::validate(), with `where` prefixed to every message.
 void check_config(const ModelConfig& c, const std::string& where) {
-  if (c.model_type != "llama" && c.model_type != "qwen2" && c.model_type != "mistral") {
-    CRL_INVALID(where, ": field 'model_type' must be one of llama, qwen2, mistral (got '",
-                c.model_type, "')");
+  if (c.model_type != "llama" && c.model_type != "qwen2" && c.model_type != "qwen3" &&
+      c.model_type != "mistral") {
+    CRL_INVALID(where, ": field 'model_type' must be one of llama, qwen2, qwen3, mistral (got '",
+                c.model_type, "'): other architectures (mixture-of-experts models among them) "
+                "are not supported");
   }
   check_positive(where, "vocab_size", c.vocab_size);
   check_positive(where, "hidden_size", c.hidden_size);
@@ -215,6 +217,32 @@ int64_t numel(const std::vector<int64_t>& shape) {
   return n;
 }
 
+// Settings that change the model's function in ways this engine does not implement: refused,
+// naming the field, rather than silently computing something else.
+void check_supported_settings(const FieldReader& r, const ModelConfig& c) {
+  for (const char* moe : {"num_experts", "num_local_experts", "n_routed_experts"}) {
+    if (r.has(moe) && r.at(moe).is_number() && r.at(moe).get<double>() > 0) {
+      r.fail(moe, "is " + r.at(moe).dump() + ": mixture-of-experts models are not supported");
+    }
+  }
+  // Qwen2/Qwen3 configs carry sliding_window but apply it only with use_sliding_window; Mistral
+  // applies sliding_window whenever it is set. Either way it matters only where a sequence can
+  // be longer than the window.
+  const bool window_on = c.model_type == "mistral" ? r.has("sliding_window")
+                                                   : r.get_bool("use_sliding_window", false);
+  if (window_on && r.has("sliding_window")) {
+    const int64_t w = r.get_int("sliding_window");
+    if (w < c.max_position_embeddings) {
+      r.fail("sliding_window", "is " + std::to_string(w) + ", shorter than max_position_embeddings (" +
+                                   std::to_string(c.max_position_embeddings) +
+                                   "): sliding-window attention is not supported");
+    }
+  }
+  if (r.has("hidden_act") && r.at("hidden_act") != "silu") {
+    r.fail("hidden_act", "is " + r.at("hidden_act").dump() + ": only silu is supported");
+  }
+}
+
 }  // namespace
 
 void ModelConfig::validate() const { check_config(*this, "model config"); }
@@ -255,6 +283,8 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   c.rope_theta = r.get_double("rope_theta", c.rope_theta);
   parse_rope_scaling(r, c);
   c.attention_bias = c.model_type == "qwen2" ? true : r.get_bool("attention_bias", false);
+  c.qk_norm = c.model_type == "qwen3";
+  check_supported_settings(r, c);
   c.tie_word_embeddings = r.get_bool("tie_word_embeddings", false);
   c.bos_token_id = r.get_int("bos_token_id", -1);
   c.eos_token_ids = r.get_id_list("eos_token_id");
@@ -288,6 +318,14 @@ ModelConfig load_model_config(const std::string& dir) {
     FieldReader r(g, where);
     if (r.has("bos_token_id")) c.bos_token_id = r.get_int("bos_token_id");
     if (r.has("eos_token_id")) c.eos_token_ids = r.get_id_list("eos_token_id");
+    // Default sampling values, applied where a request gives none (as vLLM does by default).
+    if (r.get_bool("do_sample", true)) {
+      if (r.has("temperature")) c.default_temperature = r.get_double("temperature", -1);
+      if (r.has("top_p")) c.default_top_p = r.get_double("top_p", -1);
+      if (r.has("top_k")) c.default_top_k = r.get_int("top_k");
+    } else {
+      c.default_temperature = 0;  // do_sample false: greedy
+    }
     check_config(c, config_path + " with " + where);
   }
   return c;
@@ -296,6 +334,7 @@ ModelConfig load_model_config(const std::string& dir) {
 std::string model_config_to_json(const ModelConfig& c) {
   json j;
   const char* arch = c.model_type == "qwen2"     ? "Qwen2ForCausalLM"
+                     : c.model_type == "qwen3"   ? "Qwen3ForCausalLM"
                      : c.model_type == "mistral" ? "MistralForCausalLM"
                                                  : "LlamaForCausalLM";
   j["architectures"] = json::array({arch});
@@ -357,6 +396,10 @@ std::vector<ParamSpec> model_param_specs(const ModelConfig& c) {
     specs.push_back({p + "self_attn.v_proj.weight", {kv_dim, h}});
     if (c.attention_bias) specs.push_back({p + "self_attn.v_proj.bias", {kv_dim}});
     specs.push_back({p + "self_attn.o_proj.weight", {h, q_dim}});
+    if (c.qk_norm) {
+      specs.push_back({p + "self_attn.q_norm.weight", {c.head_dim}});
+      specs.push_back({p + "self_attn.k_norm.weight", {c.head_dim}});
+    }
     specs.push_back({p + "post_attention_layernorm.weight", {h}});
     specs.push_back({p + "mlp.gate_proj.weight", {c.intermediate_size, h}});
     specs.push_back({p + "mlp.up_proj.weight", {c.intermediate_size, h}});

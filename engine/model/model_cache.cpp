@@ -41,7 +41,7 @@ std::string cache_dir() {
 }
 
 std::vector<std::string> preset_names() {
-  return {"default", "smollm2-135m", "qwen2-0.5b", "qwen2-1.5b"};
+  return {"default", "smollm2-135m", "qwen2-0.5b", "qwen2-1.5b", "qwen3-0.6b"};
 }
 
 ModelConfig preset_config(const std::string& name) {
@@ -82,6 +82,21 @@ ModelConfig preset_config(const std::string& name) {
     c.max_position_embeddings = 32768;
     c.rope_theta = 1000000.0;
     c.rms_norm_eps = 1e-6;
+  } else if (name == "qwen3-0.6b") {
+    c.model_type = "qwen3";
+    c.qk_norm = true;
+    c.tie_word_embeddings = true;
+    c.vocab_size = 151936;
+    c.hidden_size = 1024;
+    c.intermediate_size = 3072;
+    c.num_layers = 28;
+    c.num_heads = 16;
+    c.num_kv_heads = 8;
+    c.head_dim = 128;  // not hidden_size / num_heads
+    c.max_position_embeddings = 40960;
+    c.rope_theta = 1000000.0;
+    c.rms_norm_eps = 1e-6;
+    return c;
   } else {
     std::string known;
     for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;

@@ -115,6 +115,8 @@ void Transformer::bind_parameters() {
     l.q_bias = get(p + "self_attn.q_proj.bias");
     l.k_bias = get(p + "self_attn.k_proj.bias");
     l.v_bias = get(p + "self_attn.v_proj.bias");
+    l.q_norm = get(p + "self_attn.q_norm.weight");
+    l.k_norm = get(p + "self_attn.k_norm.weight");
     l.post_norm = get(p + "post_attention_layernorm.weight");
     l.gate_proj = get(p + "mlp.gate_proj.weight");
     l.up_proj = get(p + "mlp.up_proj.weight");
@@ -213,6 +215,12 @@ at::Tensor Transformer::forward_hidden(const at::Tensor& tokens, const at::Tenso
     auto q = linear(n, l.q_proj, l.q_bias).view({t, c.num_heads, c.head_dim});
     auto k = linear(n, l.k_proj, l.k_bias).view({t, c.num_kv_heads, c.head_dim});
     auto v = linear(n, l.v_proj, l.v_bias).view({t, c.num_kv_heads, c.head_dim});
+    if (c.qk_norm) {  // Qwen3: each head's q and k normalised over head_dim before RoPE
+      q = rms_norm(q.reshape({t * c.num_heads, c.head_dim}), l.q_norm)
+              .view({t, c.num_heads, c.head_dim});
+      k = rms_norm(k.reshape({t * c.num_kv_heads, c.head_dim}), l.k_norm)
+              .view({t, c.num_kv_heads, c.head_dim});
+    }
     q = apply_rope(q, cos, sin);
     k = apply_rope(k, cos, sin);
     auto attn = attention.attend(li, q.contiguous(), k.contiguous(), v.contiguous())

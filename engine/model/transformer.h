@@ -69,6 +69,7 @@ class Transformer {
  private:
   struct Layer {
     at::Tensor input_norm, q_proj, k_proj, v_proj, o_proj, q_bias, k_bias, v_bias;
+    at::Tensor q_norm, k_norm;  // Qwen3: per-head RMSNorm weights [head_dim]
     at::Tensor post_norm, gate_proj, up_proj, down_proj;
   };
 

@@ -267,7 +267,7 @@ TEST(ModelConfigTest, RejectsBadConfigsNamingSourceAndField) {
       {"num_key_value_heads", 3,
        "num_attention_heads' (4) must be divisible by num_key_value_heads (3)"},
       {"model_type", "gpt2",
-       "field 'model_type' must be one of llama, qwen2, mistral (got 'gpt2')"},
+       "field 'model_type' must be one of llama, qwen2, qwen3, mistral (got 'gpt2')"},
       {"model_type", nullptr, "missing required field 'model_type'"},
       {"eos_token_id", "eos", "field 'eos_token_id' must be an integer or a list"},
       {"eos_token_id", 300, "field 'eos_token_id' must be in [0, vocab_size=300)"},
@@ -276,6 +276,9 @@ TEST(ModelConfigTest, RejectsBadConfigsNamingSourceAndField) {
       {"rms_norm_eps", "small", "field 'rms_norm_eps' must be a number"},
       {"rms_norm_eps", -1.0, "field 'rms_norm_eps' must be a positive number"},
       {"tie_word_embeddings", 1, "field 'tie_word_embeddings' must be true or false"},
+      {"num_experts", 64, "field 'num_experts' is 64: mixture-of-experts models are not supported"},
+      {"num_local_experts", 8, "mixture-of-experts models are not supported"},
+      {"hidden_act", "gelu", "field 'hidden_act' is \"gelu\": only silu is supported"},
   };
   for (const Case& tc : cases) {
     SCOPED_TRACE(tc.field);
@@ -293,6 +296,64 @@ TEST(ModelConfigTest, RejectsBadConfigsNamingSourceAndField) {
   ASSERT_THROWS_WITH(parse(j), std::invalid_argument, "divisible by num_attention_heads");
   j["head_dim"] = 16;  // an explicit head_dim lifts that requirement
   EXPECT_EQ(parse(j).head_dim, 16);
+}
+
+TEST(ModelConfigTest, ParsesQwen3WithHeadDimFromTheConfigAndPerHeadNorms) {
+  // The shape of Qwen/Qwen3-0.6B's config.json.
+  json j = {{"architectures", {"Qwen3ForCausalLM"}}, {"model_type", "qwen3"},
+            {"vocab_size", 151936}, {"hidden_size", 1024}, {"intermediate_size", 3072},
+            {"num_hidden_layers", 28}, {"num_attention_heads", 16}, {"num_key_value_heads", 8},
+            {"head_dim", 128}, {"max_position_embeddings", 40960}, {"rms_norm_eps", 1e-6},
+            {"rope_theta", 1000000}, {"rope_scaling", nullptr}, {"attention_bias", false},
+            {"tie_word_embeddings", true}, {"use_sliding_window", false}, {"sliding_window", nullptr},
+            {"max_window_layers", 28}, {"hidden_act", "silu"}, {"bos_token_id", 151643},
+            {"eos_token_id", 151645}, {"torch_dtype", "bfloat16"}};
+  ModelConfig c = parse(j);
+  EXPECT_EQ(c.head_dim, 128);  // not hidden_size / num_attention_heads = 64
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_FALSE(c.attention_bias);
+  auto specs = model_param_specs(c);
+  int norms = 0;
+  for (const auto& s : specs) {
+    if (s.name.find("_norm.weight") != std::string::npos) {
+      EXPECT_EQ(s.shape, (std::vector<int64_t>{128})) << s.name;
+      ++norms;
+    }
+    if (s.name == "model.layers.0.self_attn.q_proj.weight") {
+      EXPECT_EQ(s.shape, (std::vector<int64_t>{16 * 128, 1024}));
+    }
+  }
+  EXPECT_EQ(norms, 2 * 28);
+  EXPECT_EQ(c.num_params(), 596049920);  // Qwen3-0.6B's parameter count, tied
+  // Round trip through config.json keeps the architecture.
+  ModelConfig back = parse_model_config(model_config_to_json(c), "round trip");
+  EXPECT_EQ(back.model_type, "qwen3");
+  EXPECT_TRUE(back.qk_norm);
+  EXPECT_EQ(back.head_dim, 128);
+
+  // A sliding window that takes effect is refused; one that cannot is not.
+  j["use_sliding_window"] = true;
+  j["sliding_window"] = 4096;
+  ASSERT_THROWS_WITH(parse(j), std::invalid_argument,
+                     "field 'sliding_window' is 4096, shorter than max_position_embeddings "
+                     "(40960): sliding-window attention is not supported");
+  j["sliding_window"] = 40960;
+  EXPECT_NO_THROW(parse(j));
+}
+
+TEST(ModelConfigTest, GenerationConfigGivesDefaultSamplingValues) {
+  test::TempDir dir;
+  std::ofstream(dir.file("config.json")) << base_json().dump();
+  ModelConfig c = load_model_config(dir.path());
+  EXPECT_LT(c.default_temperature, 0);  // none
+  std::ofstream(dir.file("generation_config.json"))
+      << R"({"do_sample": true, "temperature": 0.6, "top_p": 0.95, "top_k": 20, "eos_token_id": [3]})";
+  c = load_model_config(dir.path());
+  EXPECT_DOUBLE_EQ(c.default_temperature, 0.6);
+  EXPECT_DOUBLE_EQ(c.default_top_p, 0.95);
+  EXPECT_EQ(c.default_top_k, 20);
+  std::ofstream(dir.file("generation_config.json")) << R"({"do_sample": false, "temperature": 0.6})";
+  EXPECT_EQ(load_model_config(dir.path()).default_temperature, 0);  // greedy
 }
 
 TEST(ModelConfigTest, ValidateRejectsNonPositiveAndIndivisibleFields) {

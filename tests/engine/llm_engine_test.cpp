@@ -2,6 +2,9 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
 #include <map>
 #include <random>
 
@@ -96,8 +99,31 @@ TEST_P(EngineVsFullForwardTest, PagedContinuousBatchingMatchesFullForwardAtEvery
   EXPECT_EQ(eng.scheduler().allocator().num_free_blocks(), cfg.num_kv_blocks);
 }
 
+// The full forward against an independent float64 PyTorch forward of the same checkpoint
+// (tests/engine/hf_reference.py, written from the transformers definitions): each family's
+// architecture (Qwen3's per-head q/k norms and head_dim included) is what Hugging Face computes.
+TEST_P(EngineVsFullForwardTest, FullForwardMatchesAnIndependentPyTorchReference) {
+  EngineConfig cfg = test::test_engine_config(GetParam());
+  LlmEngine eng(cfg);
+  std::mt19937 rng(11);
+  auto ids = random_tokens(rng, 13);
+  std::string cmd = std::string("/usr/bin/python3 ") + CRL_SOURCE_DIR + "/tests/engine/hf_reference.py " +
+                    cfg.model_dir;
+  for (int32_t t : ids) cmd += " " + std::to_string(t);
+  std::string out;
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  ASSERT_EQ(::pclose(p), 0) << "the reference needs Debian's /usr/bin/python3 with torch (scripts/bootstrap.sh "
+                               "installs python3-torch): "
+                            << out.substr(0, 2000);
+  auto ref = at::tensor(nlohmann::json::parse(out).get<std::vector<double>>(), at::kDouble);
+  test::expect_tensor_near(full_forward_last(eng.model(), ids).to(at::kDouble), ref, 2e-3, 1e-4);
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, EngineVsFullForwardTest,
-                         ::testing::Values("llama", "qwen2", "llama3"));
+                         ::testing::Values("llama", "qwen2", "llama3", "qwen3"));
 
 // --- The CUDA path (ctest label `gpu`; skipped where no CUDA device is present). ---
 

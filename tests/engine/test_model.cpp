@@ -32,6 +32,10 @@ std::string test_model_dir(const std::string& variant) {
     c.rope_low_freq_factor = 1.0;
     c.rope_high_freq_factor = 4.0;
     c.rope_original_max_position = 64;
+  } else if (variant == "qwen3") {
+    c.model_type = "qwen3";
+    c.qk_norm = true;
+    c.head_dim = 48;  // not hidden_size / num_heads, as in the real Qwen3 models
   } else if (variant != "llama") {
     throw std::invalid_argument("unknown test model variant " + variant);
   }
@@ -39,6 +43,7 @@ std::string test_model_dir(const std::string& variant) {
   for (auto& [name, t] : weights) {
     if (t.dim() == 2) t.mul_(4.0);                 // sharper logits
     if (name.find(".bias") != std::string::npos) t.normal_(0.0, 0.5);  // non-zero biases
+    if (name.find("_norm.weight") != std::string::npos) t.uniform_(0.5, 1.5);  // not all ones
   }
   const std::string tmp = dir + ".tmp." + std::to_string(::getpid());
   fs::remove_all(tmp);

@@ -10,7 +10,8 @@ namespace crl::test {
 // Variants:
 //   "llama"  — tied embeddings, no bias, plain RoPE, 3 layers, GQA 4/2;
 //   "qwen2"  — qkv bias, untied lm_head, rope_theta 1e6;
-//   "llama3" — untied, llama3 rope scaling, GQA 6/2 heads.
+//   "llama3" — untied, llama3 rope scaling, GQA 6/2 heads;
+//   "qwen3"  — per-head q/k RMSNorm, head_dim 48 != hidden / heads, tied.
 // Weights are scaled up from the usual init so logits are well separated (greedy ties would make
 // token-exact comparisons fragile). Created once; concurrent processes publish atomically.
 std::string test_model_dir(const std::string& variant = "llama");

@@ -91,5 +91,24 @@ TEST(ServerApiTypesTest, ParsesPromptFormsAndRejectsWrongTypes) {
   EXPECT_EQ(param_from_message("invalid sampling parameter 'min_p': 2 (must be in [0, 1])"), "min_p");
 }
 
+TEST(ServerApiTypesTest, ModelSamplingDefaultsApplyOnlyWhereTheRequestGivesNone) {
+  ApiLimits limits;
+  limits.default_temperature = 0.6;  // as a generation_config.json sets them
+  limits.default_top_p = 0.95;
+  limits.default_top_k = 20;
+  ChatTemplate chat;
+  auto parse = [&](const char* body) {
+    return parse_completion_request(nlohmann::json::parse(body), Endpoint::kCompletions, limits, chat);
+  };
+  auto d = parse(R"({"prompt": "a"})").params;
+  EXPECT_DOUBLE_EQ(d.temperature, 0.6);
+  EXPECT_DOUBLE_EQ(d.top_p, 0.95);
+  EXPECT_EQ(d.top_k, 20);
+  auto own = parse(R"({"prompt": "a", "temperature": 0, "top_p": 1, "top_k": 0})").params;
+  EXPECT_DOUBLE_EQ(own.temperature, 0.0);
+  EXPECT_DOUBLE_EQ(own.top_p, 1.0);
+  EXPECT_EQ(own.top_k, 0);
+}
+
 }  // namespace
 }  // namespace crl::server
