@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <ctime>
+#include <optional>
 #include <filesystem>
 
 #include "engine/model/config.h"
@@ -96,7 +97,12 @@ Server::Server(std::shared_ptr<EngineLoop> loop, ServerOptions options)
       }()) {
   const std::string& dir = loop_->config().model_dir;
   model_name_ = options_.served_model_name.empty() ? default_model_name(dir) : options_.served_model_name;
-  chat_ = ChatTemplate::from_model_dir(dir);
+  try {
+    chat_ = text::ChatTemplate::from_model_dir(dir);
+  } catch (const std::exception& e) {  // serve completions; chat requests report it
+    chat_error_ = e.what();
+    spdlog::error("chat template of {} unusable: {}", dir, chat_error_);
+  }
   apply_generation_defaults(dir, options_.limits);
   http_.route("POST", "/v1/completions", [this](const HttpRequest& r) {
     return guarded_completion(r, Endpoint::kCompletions);
@@ -175,6 +181,13 @@ void Server::require_ready() const {
   throw ApiError(503, err.empty() ? "the model is still loading" : "the model failed to load: " + err);
 }
 
+void Server::require_chat_template() const {
+  if (!chat_error_.empty()) {
+    throw ApiError(400, "the model's chat template cannot be used: " + chat_error_, "messages",
+                   "chat_template_error");
+  }
+}
+
 std::vector<int32_t> Server::encode_chat(const std::string& text) const {
   const engine::LlmEngine& eng = loop_->engine();
   const engine::Tokenizer* tok = eng.tokenizer();
@@ -186,7 +199,9 @@ std::vector<int32_t> Server::encode_chat(const std::string& text) const {
       if (piece.size() > 2 && piece.front() == '<' && piece.back() == '>') specials_.emplace_back(piece, id);
     }
   });
-  std::vector<int32_t> ids = eng.encode_prompt("");  // BOS when the model wants one
+  // BOS when the model wants one, unless the model's template wrote it (as vLLM, which encodes
+  // a rendered chat template without adding special tokens).
+  std::vector<int32_t> ids = chat_.is_jinja() ? std::vector<int32_t>() : eng.encode_prompt("");
   size_t at = 0;
   while (at < text.size()) {
     size_t best = std::string::npos;
@@ -216,7 +231,13 @@ std::vector<int32_t> Server::encode_chat(const std::string& text) const {
 HttpResponse Server::handle_completion(const HttpRequest& req, Endpoint endpoint) {
   require_ready();
   const json body = parse_json_object(req.body);
-  CompletionJob job = parse_completion_request(body, endpoint, options_.limits, chat_);
+  std::optional<nlohmann::ordered_json> ordered;
+  if (endpoint == Endpoint::kChat) {
+    require_chat_template();
+    ordered = nlohmann::ordered_json::parse(req.body);  // key order kept for the template
+  }
+  CompletionJob job = parse_completion_request(body, endpoint, options_.limits, chat_,
+                                               ordered ? &*ordered : nullptr);
   if (!job.model.empty() && job.model != model_name_) {
     throw ApiError(400, "the model '" + job.model + "' does not exist (this server serves '" +
                             model_name_ + "')", "model", "model_not_found");
@@ -380,13 +401,8 @@ HttpResponse Server::handle_tokenize(const HttpRequest& req) {
   std::vector<int32_t> ids;
   try {
     if (body.contains("messages")) {
-      std::string text;
-      try {
-        text = chat_.render(parse_messages(body["messages"]));
-      } catch (const std::invalid_argument& e) {
-        throw ApiError(400, e.what(), "messages");
-      }
-      ids = encode_chat(text);
+      require_chat_template();
+      ids = encode_chat(render_chat(chat_, nlohmann::ordered_json::parse(req.body)));
     } else if (body.contains("prompt") && body["prompt"].is_string()) {
       ids = eng.encode_prompt(body["prompt"].get<std::string>());
     } else {

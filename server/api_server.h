@@ -28,8 +28,8 @@
 #include <vector>
 
 #include "engine/engine_config.h"
+#include "engine/text/chat_template.h"
 #include "server/api_types.h"
-#include "server/chat_template.h"
 #include "server/engine_loop.h"
 #include "server/http_server.h"
 
@@ -72,7 +72,9 @@ class Server {
   int port() const { return http_.port(); }
   const std::string& model_name() const { return model_name_; }
   EngineLoop& engine_loop() { return *loop_; }
-  const ChatTemplate& chat_template() const { return chat_; }
+  const text::ChatTemplate& chat_template() const { return chat_; }
+  // Why the model's chat template could not be loaded (chat requests then get 400); "" if fine.
+  const std::string& chat_template_error() const { return chat_error_; }
 
  private:
   HttpResponse handle_completion(const HttpRequest& req, Endpoint endpoint);
@@ -92,14 +94,18 @@ class Server {
   HttpHandler guarded(HttpResponse (Server::*handler)(const HttpRequest&));
   // Throws ApiError(503) while the engine is not loaded.
   void require_ready() const;
-  // Token ids of a chat prompt: control pieces written as text (</s>, <s>) become their ids.
+  // Throws ApiError(400) when the model's chat template failed to load.
+  void require_chat_template() const;
+  // Token ids of a chat prompt: control pieces written as text (</s>, <s>) become their ids. The
+  // model's own template writes its BOS itself; the built-in formats get the engine's.
   std::vector<int32_t> encode_chat(const std::string& text) const;
 
   ServerOptions options_;
   std::shared_ptr<EngineLoop> loop_;
   bool owns_loop_ = false;
   std::string model_name_;
-  ChatTemplate chat_;
+  text::ChatTemplate chat_;
+  std::string chat_error_;  // set when the model directory's chat template fails to load
   HttpServer http_;
   std::atomic<int> in_flight_{0};
   std::atomic<bool> stopping_{false};

@@ -3,13 +3,17 @@
 #include <cmath>
 #include <limits>
 
+#include "engine/text/jinja/error.h"
+
 namespace crl::server {
 
 namespace {
 
 using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
 
-const char* type_name(const json& v) {
+template <typename Json>
+const char* type_name(const Json& v) {
   if (v.is_null()) return "null";
   if (v.is_boolean()) return "boolean";
   if (v.is_number_integer()) return "integer";
@@ -19,7 +23,8 @@ const char* type_name(const json& v) {
   return "object";
 }
 
-[[noreturn]] void bad_type(const std::string& key, const char* expected, const json& v) {
+template <typename Json>
+[[noreturn]] void bad_type(const std::string& key, const char* expected, const Json& v) {
   throw ApiError(400, "'" + key + "' must be " + expected + ", got " + type_name(v), key,
                  "invalid_type");
 }
@@ -151,39 +156,126 @@ json parse_json_object(const std::string& body) {
   return j;
 }
 
-std::vector<ChatMessage> parse_messages(const json& messages) {
+ojson parse_messages(const ojson& messages) {
   if (!messages.is_array()) bad_type("messages", "a list of message objects", messages);
   if (messages.empty()) throw ApiError(400, "'messages' must not be empty", "messages");
-  std::vector<ChatMessage> out;
-  for (const auto& m : messages) {
+  ojson out = ojson::array();
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ojson& m = messages[i];
+    const std::string at = "messages[" + std::to_string(i) + "]";
     if (!m.is_object()) bad_type("messages", "a list of message objects", m);
     if (!m.contains("role") || !m["role"].is_string()) {
-      throw ApiError(400, "every message needs a string 'role'", "messages");
+      throw ApiError(400, "every message needs a string 'role' (" + at + ")", "messages");
     }
-    ChatMessage msg;
-    msg.role = m["role"].get<std::string>();
-    const json content = m.contains("content") ? m["content"] : json(nullptr);
-    if (content.is_string()) {
-      msg.content = content.get<std::string>();
+    const std::string role = m["role"].get<std::string>();
+    if (role != "system" && role != "developer" && role != "user" && role != "assistant" && role != "tool" &&
+        role != "ipython") {
+      throw ApiError(400, at + ": unknown role '" + role + "' (expected system, developer, user, assistant, tool "
+                     "or ipython)", "messages");
+    }
+    ojson msg = ojson::object();
+    msg["role"] = role;
+    const ojson content = m.contains("content") ? m["content"] : ojson(nullptr);
+    if (content.is_string() || content.is_null()) {
+      msg["content"] = content;
     } else if (content.is_array()) {  // [{"type": "text", "text": ...}, ...]
-      for (const auto& part : content) {
-        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+      std::string text;
+      for (size_t k = 0; k < content.size(); ++k) {
+        const ojson& part = content[k];
+        if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") ||
             !part["text"].is_string()) {
-          throw ApiError(400, "only text content parts ({\"type\": \"text\", \"text\": ...}) are "
-                              "supported", "messages");
+          throw ApiError(400, at + ".content[" + std::to_string(k) + "]: only text content parts "
+                         "({\"type\": \"text\", \"text\": ...}) are supported", "messages");
         }
-        msg.content += part["text"].get<std::string>();
+        text += (k ? "\n" : "") + part["text"].get<std::string>();
       }
-    } else if (!content.is_null()) {
-      bad_type("messages", "messages whose content is a string or a list of text parts", content);
+      msg["content"] = text;
+    } else {
+      bad_type("messages", "messages whose content is a string, a list of text parts or null", content);
+    }
+    for (const char* key : {"name", "tool_call_id", "reasoning_content"}) {
+      if (!m.contains(key) || m[key].is_null()) continue;
+      if (!m[key].is_string()) throw ApiError(400, at + "." + key + " must be a string", "messages", "invalid_type");
+      msg[key] = m[key];
+    }
+    if (m.contains("tool_calls") && !m["tool_calls"].is_null()) {
+      const ojson& calls = m["tool_calls"];
+      if (!calls.is_array()) throw ApiError(400, at + ".tool_calls must be a list", "messages", "invalid_type");
+      ojson parsed = ojson::array();
+      for (size_t k = 0; k < calls.size(); ++k) {
+        const std::string cat = at + ".tool_calls[" + std::to_string(k) + "]";
+        ojson call = calls[k];
+        if (!call.is_object() || !call.contains("function") || !call["function"].is_object() ||
+            !call["function"].contains("name") || !call["function"]["name"].is_string()) {
+          throw ApiError(400, cat + " must be {\"type\": \"function\", \"function\": {\"name\": ..., "
+                         "\"arguments\": ...}}", "messages", "invalid_type");
+        }
+        ojson& fn = call["function"];
+        if (!fn.contains("arguments") || fn["arguments"].is_null() ||
+            (fn["arguments"].is_string() && fn["arguments"].get<std::string>().empty())) {
+          fn["arguments"] = ojson::object();
+        } else if (fn["arguments"].is_string()) {
+          ojson args = ojson::parse(fn["arguments"].get<std::string>(), nullptr, /*allow_exceptions=*/false);
+          if (args.is_discarded()) {
+            throw ApiError(400, cat + ".function.arguments is not valid JSON", "messages", "invalid_json");
+          }
+          fn["arguments"] = std::move(args);
+        }
+        parsed.push_back(std::move(call));
+      }
+      msg["tool_calls"] = std::move(parsed);
     }
     out.push_back(std::move(msg));
   }
   return out;
 }
 
+std::string render_chat(const text::ChatTemplate& chat, const ojson& body) {
+  if (!body.contains("messages")) {
+    throw ApiError(400, "'messages' is required", "messages", "missing_required_parameter");
+  }
+  const ojson messages = parse_messages(body["messages"]);
+  text::ChatRenderOptions options;
+  auto flag = [&](const char* key, bool fallback) {
+    if (!body.contains(key) || body[key].is_null()) return fallback;
+    if (!body[key].is_boolean()) throw ApiError(400, std::string("'") + key + "' must be a boolean", key, "invalid_type");
+    return body[key].get<bool>();
+  };
+  options.continue_final_message = flag("continue_final_message", false);
+  options.add_generation_prompt = flag("add_generation_prompt", !options.continue_final_message);
+  if (options.continue_final_message && options.add_generation_prompt) {
+    throw ApiError(400, "'continue_final_message' and 'add_generation_prompt' cannot both be true",
+                   "continue_final_message");
+  }
+  if (body.contains("tools") && !body["tools"].is_null()) {
+    const ojson& tools = body["tools"];
+    if (!tools.is_array()) throw ApiError(400, "'tools' must be a list of tool objects", "tools", "invalid_type");
+    for (const auto& t : tools) {
+      if (!t.is_object()) throw ApiError(400, "'tools' must be a list of tool objects", "tools", "invalid_type");
+    }
+    if (!tools.empty()) options.tools = tools;
+  }
+  if (body.contains("chat_template_kwargs") && !body["chat_template_kwargs"].is_null()) {
+    if (!body["chat_template_kwargs"].is_object()) {
+      throw ApiError(400, "'chat_template_kwargs' must be an object", "chat_template_kwargs", "invalid_type");
+    }
+    options.kwargs = body["chat_template_kwargs"];
+  }
+  try {
+    return chat.render(messages, options);
+  } catch (const text::jinja::TemplateError& e) {
+    const bool raised = e.kind() == text::jinja::TemplateError::Kind::kRaised;
+    throw ApiError(400, raised ? "the chat template rejected the messages: " + e.message() + " (" + e.what() + ")"
+                               : std::string("the chat template failed on these messages: ") + e.what(),
+                   "messages", "chat_template_error");
+  } catch (const std::invalid_argument& e) {
+    throw ApiError(400, e.what(), "messages");
+  }
+}
+
 CompletionJob parse_completion_request(const json& body, Endpoint endpoint,
-                                       const ApiLimits& limits, const ChatTemplate& chat) {
+                                       const ApiLimits& limits, const text::ChatTemplate& chat,
+                                       const ojson* ordered_body) {
   CompletionJob job;
   job.endpoint = endpoint;
   if (has(body, "model")) {
@@ -193,15 +285,9 @@ CompletionJob parse_completion_request(const json& body, Endpoint endpoint,
   if (endpoint == Endpoint::kCompletions) {
     job.prompts = parse_prompt(body, limits);
   } else {
-    if (!body.contains("messages")) {
-      throw ApiError(400, "'messages' is required", "messages", "missing_required_parameter");
-    }
-    auto messages = parse_messages(body["messages"]);
-    try {
-      job.prompts.push_back({true, chat.render(messages), {}});
-    } catch (const std::invalid_argument& e) {
-      throw ApiError(400, e.what(), "messages");
-    }
+    const std::string prompt = ordered_body ? render_chat(chat, *ordered_body)
+                                            : render_chat(chat, ojson::parse(body.dump()));
+    job.prompts.push_back({true, prompt, {}});
   }
 
   engine::SamplingParams& p = job.params;

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "engine/sampling_params.h"
-#include "server/chat_template.h"
+#include "engine/text/chat_template.h"
 
 namespace crl::server {
 
@@ -71,15 +71,26 @@ struct CompletionJob {
 };
 
 // Parses a /v1/completions or /v1/chat/completions body. Chat messages are rendered with
-// `chat` into one text prompt. Throws ApiError(400).
+// `chat` into one text prompt (render_chat). `ordered_body`, the same body parsed keeping key
+// order, gives the chat fields their order (tool schemas are printed by the template as given);
+// without it they come from `body`. Throws ApiError(400).
 CompletionJob parse_completion_request(const nlohmann::json& body, Endpoint endpoint,
-                                       const ApiLimits& limits, const ChatTemplate& chat);
+                                       const ApiLimits& limits, const text::ChatTemplate& chat,
+                                       const nlohmann::ordered_json* ordered_body = nullptr);
 
 // The body as a JSON object; throws ApiError(400) for malformed JSON or another type.
 nlohmann::json parse_json_object(const std::string& body);
 
-// Chat messages of a body's "messages" field; throws ApiError(400).
-std::vector<ChatMessage> parse_messages(const nlohmann::json& messages);
+// The messages of a body's "messages" field as the chat template takes them: role, content (a
+// string; text parts {"type": "text", "text": ...} joined by newlines; null kept), and when
+// given name, tool_call_id, reasoning_content and tool_calls (whose JSON-string "arguments" are
+// parsed into objects, as vLLM does for templates). Throws ApiError(400).
+nlohmann::ordered_json parse_messages(const nlohmann::ordered_json& messages);
+
+// Renders a chat body (messages, tools, add_generation_prompt (default true),
+// continue_final_message, chat_template_kwargs) with `chat`. Bad fields, and a template that
+// fails or raises, are ApiError(400) with param "messages" (or the field).
+std::string render_chat(const text::ChatTemplate& chat, const nlohmann::ordered_json& body);
 
 // The field name quoted in an engine validation message ("invalid sampling parameter 'n': ...");
 // empty when none.

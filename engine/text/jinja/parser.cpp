@@ -351,47 +351,27 @@ class Parser {
     return c;
   }
 
-  ExprPtr parse_math1() {
-    ExprPtr left = parse_concat();
-    while (is_op("+") || is_op("-")) {
-      const std::string op = cur().text;
+  // A left-associative level: operands from `next`, joined by any of `ops`.
+  ExprPtr parse_level(std::initializer_list<const char*> ops, ExprPtr (Parser::*next)()) {
+    ExprPtr left = (this->*next)();
+    while (true) {
+      const char* op = nullptr;
+      for (const char* o : ops) {
+        if (is_op(o)) op = o;
+      }
+      if (!op) return left;
       const int line = cur().line;
       advance();
-      left = binary(Expr::Kind::kBinary, op, std::move(left), parse_concat(), line);
+      left = binary(Expr::Kind::kBinary, op, std::move(left), (this->*next)(), line);
     }
-    return left;
   }
 
-  ExprPtr parse_concat() {
-    ExprPtr left = parse_math2();
-    while (is_op("~")) {
-      const int line = cur().line;
-      advance();
-      left = binary(Expr::Kind::kBinary, "~", std::move(left), parse_math2(), line);
-    }
-    return left;
-  }
-
-  ExprPtr parse_math2() {
-    ExprPtr left = parse_pow();
-    while (is_op("*") || is_op("/") || is_op("//") || is_op("%")) {
-      const std::string op = cur().text;
-      const int line = cur().line;
-      advance();
-      left = binary(Expr::Kind::kBinary, op, std::move(left), parse_pow(), line);
-    }
-    return left;
-  }
-
-  ExprPtr parse_pow() {
-    ExprPtr left = parse_unary(true);
-    while (is_op("**")) {
-      const int line = cur().line;
-      advance();
-      left = binary(Expr::Kind::kBinary, "**", std::move(left), parse_unary(true), line);
-    }
-    return left;
-  }
+  // Jinja's precedence, loosest first: + -, then ~, then * / // %, then **.
+  ExprPtr parse_math1() { return parse_level({"+", "-"}, &Parser::parse_concat); }
+  ExprPtr parse_concat() { return parse_level({"~"}, &Parser::parse_math2); }
+  ExprPtr parse_math2() { return parse_level({"*", "/", "//", "%"}, &Parser::parse_pow); }
+  ExprPtr parse_pow() { return parse_level({"**"}, &Parser::parse_operand); }
+  ExprPtr parse_operand() { return parse_unary(true); }
 
   ExprPtr parse_unary(bool with_filter) {
     ExprPtr node;

@@ -1,7 +1,9 @@
-// ChatTemplate: renders chat messages into a prompt, for the common checkpoint families.
+// BuiltinChatTemplate: hand-written chat formats for the common checkpoint families.
 //
-// No Jinja engine: the family is recognised by a pattern in tokenizer_config.json's
-// "chat_template" and rendered by hand (with the generation prompt appended):
+// The fallback of engine/text/chat_template.h for model directories that carry no template
+// (their tokenizer_config.json has no chat_template): those render with kPlain. A family can be
+// recognised by a pattern in a Jinja template's text (detect()) and rendered by hand (with the
+// generation prompt appended):
 //   ChatML (Qwen...)   "<|im_start|>"       <|im_start|>{role}\n{content}<|im_end|>\n ...
 //                                           <|im_start|>assistant\n; a default system message
 //                                           written in the template is used when none is given
@@ -20,7 +22,7 @@
 #include <string>
 #include <vector>
 
-namespace crl::server {
+namespace crl::text {
 
 struct ChatMessage {
   std::string role;  // system, user, assistant (developer is read as system, tool as user)
@@ -29,14 +31,11 @@ struct ChatMessage {
 
 enum class ChatFormat { kPlain, kChatML, kLlama3, kLlama2, kMistral };
 
-class ChatTemplate {
+class BuiltinChatTemplate {
  public:
-  ChatTemplate() = default;
+  BuiltinChatTemplate() = default;
   // Recognises the family of a Jinja chat template's text.
-  static ChatTemplate detect(const std::string& jinja_template);
-  // Reads <dir>/tokenizer_config.json's chat_template (a string, or a list of {name, template}
-  // where "default" is used); plain when there is none.
-  static ChatTemplate from_model_dir(const std::string& dir);
+  static BuiltinChatTemplate detect(const std::string& jinja_template);
 
   ChatFormat format() const { return format_; }
   const char* name() const;
@@ -49,4 +48,4 @@ class ChatTemplate {
   std::string default_system_;  // ChatML: the system message the template adds when none is given
 };
 
-}  // namespace crl::server
+}  // namespace crl::text

@@ -1,11 +1,9 @@
-#include "server/chat_template.h"
+#include "engine/text/builtin_chat_template.h"
 
-#include <nlohmann/json.hpp>
-
-#include <fstream>
+#include <cctype>
 #include <stdexcept>
 
-namespace crl::server {
+namespace crl::text {
 
 namespace {
 
@@ -33,8 +31,8 @@ std::string capitalised(const std::string& role) {
 
 }  // namespace
 
-ChatTemplate ChatTemplate::detect(const std::string& t) {
-  ChatTemplate c;
+BuiltinChatTemplate BuiltinChatTemplate::detect(const std::string& t) {
+  BuiltinChatTemplate c;
   if (t.find("<|im_start|>") != std::string::npos) {
     c.format_ = ChatFormat::kChatML;
     // A literal default system turn, e.g. "<|im_start|>system\nYou are a helpful assistant.<|im_end|>".
@@ -57,25 +55,7 @@ ChatTemplate ChatTemplate::detect(const std::string& t) {
   return c;
 }
 
-ChatTemplate ChatTemplate::from_model_dir(const std::string& dir) {
-  std::ifstream in(dir + "/tokenizer_config.json");
-  if (!in) return ChatTemplate();
-  auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object() || !j.contains("chat_template")) return ChatTemplate();
-  const auto& t = j["chat_template"];
-  if (t.is_string()) return detect(t.get<std::string>());
-  if (t.is_array()) {
-    for (const auto& e : t) {
-      if (e.is_object() && e.value("name", "") == "default" && e.contains("template") &&
-          e["template"].is_string()) {
-        return detect(e["template"].get<std::string>());
-      }
-    }
-  }
-  return ChatTemplate();
-}
-
-const char* ChatTemplate::name() const {
+const char* BuiltinChatTemplate::name() const {
   switch (format_) {
     case ChatFormat::kChatML: return "chatml";
     case ChatFormat::kLlama3: return "llama3";
@@ -86,7 +66,7 @@ const char* ChatTemplate::name() const {
   return "plain";
 }
 
-std::string ChatTemplate::render(const std::vector<ChatMessage>& input) const {
+std::string BuiltinChatTemplate::render(const std::vector<ChatMessage>& input) const {
   if (input.empty()) throw std::invalid_argument("'messages' must not be empty");
   std::vector<ChatMessage> messages;
   for (const auto& m : input) messages.push_back({normalise_role(m.role), m.content});
@@ -145,4 +125,4 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& input) const {
   return out;
 }
 
-}  // namespace crl::server
+}  // namespace crl::text

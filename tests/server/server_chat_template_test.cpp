@@ -1,0 +1,89 @@
+// The chat endpoint with the model directory's own Jinja template (and a broken one).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "tests/engine/test_model.h"
+#include "tests/server/server_test_util.h"
+#include "tests/test_utils.h"
+
+namespace crl::test {
+namespace {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+// A copy of the test model (files linked) whose tokenizer_config.json carries `config`.
+std::string model_with_config(const TempDir& dir, const json& config) {
+  for (const auto& entry : fs::directory_iterator(test_model_dir("llama"))) {
+    if (entry.path().filename() == "tokenizer_config.json") continue;
+    fs::create_symlink(fs::absolute(entry.path()), fs::path(dir.path()) / entry.path().filename());
+  }
+  std::ofstream(dir.file("tokenizer_config.json")) << config.dump();
+  return dir.path();
+}
+
+engine::EngineConfig config_for(const std::string& model_dir) {
+  engine::EngineConfig c = test_engine_config("llama");
+  c.model_dir = model_dir;
+  return c;
+}
+
+TEST(ServerChatTemplateTest, ChatUsesTheModelsJinjaTemplateAndRequestFields) {
+  TempDir dir;
+  const json config = {{"chat_template",
+                        "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+                        "{% if tools %}tools: {{ tools|map(attribute='function.name')|join(',') }}\n{% endif %}"
+                        "{% if add_generation_prompt %}assistant:{% if think is false %} no thinking{% endif %}{% endif %}"}};
+  ServedModel served(config_for(model_with_config(dir, config)));
+  EXPECT_EQ(served.server.chat_template().name(), "jinja");
+  const json body = {{"messages", {{{"role", "user"}, {"content", "What is 3 plus 4?"}}}},
+                     {"tools", {{{"type", "function"}, {"function", {{"name", "add"}}}}}},
+                     {"chat_template_kwargs", {{"think", false}}}};
+  auto [ts, tb] = served.post("/tokenize", body);
+  ASSERT_EQ(ts, 200) << tb;
+  engine::LlmEngine reference(config_for(dir.path()));
+  // No BOS added by the server: the template decides what the prompt starts with.
+  EXPECT_EQ(json::parse(tb)["tokens"].get<std::vector<int32_t>>(),
+            reference.tokenizer()->encode("user: What is 3 plus 4?\ntools: add\nassistant: no thinking"));
+  json chat = body;
+  chat["max_tokens"] = 3;
+  auto [cs, cb] = served.post("/v1/chat/completions", chat);
+  ASSERT_EQ(cs, 200) << cb;
+  json no_gen = body;
+  no_gen["add_generation_prompt"] = false;
+  no_gen["continue_final_message"] = true;
+  auto [ns, nb] = served.post("/tokenize", no_gen);
+  ASSERT_EQ(ns, 200) << nb;
+  EXPECT_EQ(json::parse(nb)["tokens"].get<std::vector<int32_t>>(),
+            reference.tokenizer()->encode("user: What is 3 plus 4?"));
+}
+
+TEST(ServerChatTemplateTest, BrokenTemplateGives400NamingTheLineWhileCompletionsWork) {
+  TempDir dir;
+  ServedModel served(config_for(model_with_config(dir, {{"chat_template", "ok\n{{ messages | nosuch }}"}})));
+  EXPECT_NE(served.server.chat_template_error().find("line 2: unknown filter 'nosuch'"), std::string::npos)
+      << served.server.chat_template_error();
+  auto [cs, cb] = served.post("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "x"}}}}});
+  EXPECT_EQ(cs, 400);
+  const json error = json::parse(cb)["error"];
+  EXPECT_EQ(error["code"], "chat_template_error");
+  EXPECT_NE(error["message"].get<std::string>().find("tokenizer_config.json: chat_template' line 2"),
+            std::string::npos) << cb;
+  auto [ps, pb] = served.post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 2}});
+  EXPECT_EQ(ps, 200) << pb;
+}
+
+TEST(ServerChatTemplateTest, TemplateRaiseExceptionIs400) {
+  TempDir dir;
+  const json config = {{"chat_template",
+                        "{% if messages[0].role != 'system' %}{{ raise_exception('System message first!') }}{% endif %}x"}};
+  ServedModel served(config_for(model_with_config(dir, config)));
+  auto [cs, cb] = served.post("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "x"}}}}});
+  EXPECT_EQ(cs, 400) << cb;
+  EXPECT_NE(cb.find("System message first!"), std::string::npos) << cb;
+}
+
+}  // namespace
+}  // namespace crl::test
