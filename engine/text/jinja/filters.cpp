@@ -159,10 +159,10 @@ Value f_join(const Value& v, CallArgs& a) {
 Value f_map(const Value& v, CallArgs& a) {
   ValueList out;
   const ValueList items = iterate(v);
-  if (a.has(99, "attribute")) {
-    const Value attribute = a.get(99, "attribute");
-    const bool has_default = a.has(99, "default");
-    const Value dflt = a.get(99, "default");
+  if (a.has(CallArgs::kKeywordOnly, "attribute")) {
+    const Value attribute = a.get(CallArgs::kKeywordOnly, "attribute");
+    const bool has_default = a.has(CallArgs::kKeywordOnly, "default");
+    const Value dflt = a.get(CallArgs::kKeywordOnly, "default");
     for (const Value& item : items) {
       Value x = attribute_path(item, attribute);
       out.push_back(x.is_undefined() && has_default ? dflt : x);

@@ -221,8 +221,7 @@ class Lexer {
           if (c != m) continue;
           ++at;
         }
-        if (depth == 0 && at + 1 < src_.size() + 1 && src_.compare(at, 2, std::string{close_first, '}'}) == 0 &&
-            (m != '+' || is_block)) {
+        if (depth == 0 && src_.compare(at, 2, std::string{close_first, '}'}) == 0 && (m != '+' || is_block)) {
           pos_ = at + 2;
           push(is_block ? Token::Type::kBlockEnd : Token::Type::kVarEnd, is_block ? "%}" : "}}");
           after_tag_end(m == '-', m == '+', is_block);

@@ -12,7 +12,9 @@
 // defaults, filter and with blocks, raw, comments, whitespace control, namespace(), range(),
 // dict(), the usual filters and tests, and Python's str/dict/list methods that templates call.
 // Not supported (errors naming the line and construct): include/import/extends/block/call,
-// recursive loops, *args in calls, str.format specs.
+// recursive loops, *args in calls, str.format specs, tojson(separators=, ensure_ascii=True).
+// Known differences: upper/lower/title/capitalize change ASCII letters only; integers are 64-bit
+// (overflow is an error, not a bignum).
 //
 // Thread safety: a parsed Template is immutable; render() may run on many threads at once.
 #pragma once

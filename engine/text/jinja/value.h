@@ -113,7 +113,11 @@ struct CallArgs {
   ValueList positional;
   std::vector<std::pair<std::string, Value>> keyword;
 
-  // The argument at `index` or named `name`, else `fallback`; takes it (it is then not "unused").
+  // Index for get()/has() of an argument that can only be given by keyword.
+  static constexpr size_t kKeywordOnly = static_cast<size_t>(-1);
+
+  // The argument named `name`, else the one at `index`, else `fallback`. A keyword argument is
+  // taken out of `keyword`.
   Value get(size_t index, const char* name, Value fallback = Value());
   // True when it was given.
   bool has(size_t index, const char* name) const;
