@@ -35,7 +35,8 @@ BuiltinChatTemplate BuiltinChatTemplate::detect(const std::string& t) {
   BuiltinChatTemplate c;
   if (t.find("<|im_start|>") != std::string::npos) {
     c.format_ = ChatFormat::kChatML;
-    // A literal default system turn, e.g. "<|im_start|>system\nYou are a helpful assistant.<|im_end|>".
+    // A literal default system turn, e.g. "<|im_start|>system\nYou are a helpful
+    // assistant.<|im_end|>".
     const std::string open = "<|im_start|>system\n";
     for (size_t at = t.find(open); at != std::string::npos; at = t.find(open, at + 1)) {
       const size_t begin = at + open.size();
@@ -57,11 +58,16 @@ BuiltinChatTemplate BuiltinChatTemplate::detect(const std::string& t) {
 
 const char* BuiltinChatTemplate::name() const {
   switch (format_) {
-    case ChatFormat::kChatML: return "chatml";
-    case ChatFormat::kLlama3: return "llama3";
-    case ChatFormat::kLlama2: return "llama2";
-    case ChatFormat::kMistral: return "mistral";
-    case ChatFormat::kPlain: break;
+    case ChatFormat::kChatML:
+      return "chatml";
+    case ChatFormat::kLlama3:
+      return "llama3";
+    case ChatFormat::kLlama2:
+      return "llama2";
+    case ChatFormat::kMistral:
+      return "mistral";
+    case ChatFormat::kPlain:
+      break;
   }
   return "plain";
 }
@@ -76,13 +82,15 @@ std::string BuiltinChatTemplate::render(const std::vector<ChatMessage>& input) c
       if (messages[0].role != "system" && !default_system_.empty()) {
         out += "<|im_start|>system\n" + default_system_ + "<|im_end|>\n";
       }
-      for (const auto& m : messages) out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+      for (const auto& m : messages)
+        out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
       out += "<|im_start|>assistant\n";
       return out;
     }
     case ChatFormat::kLlama3: {
       for (const auto& m : messages) {
-        out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n" + trim(m.content) + "<|eot_id|>";
+        out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n" + trim(m.content) +
+               "<|eot_id|>";
       }
       out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
       return out;
@@ -118,7 +126,8 @@ std::string BuiltinChatTemplate::render(const std::vector<ChatMessage>& input) c
       }
       return out;
     }
-    case ChatFormat::kPlain: break;
+    case ChatFormat::kPlain:
+      break;
   }
   for (const auto& m : messages) out += capitalised(m.role) + ": " + m.content + "\n";
   out += "Assistant:";

@@ -11,8 +11,8 @@
 //                                           {content|trim}<|eot_id|> ... then the assistant header
 //   Llama-2            "[INST]" + "<<SYS>>"  [INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST]
 //                                           {assistant} </s><s>[INST] {user} [/INST]
-//   Mistral            "[INST]"             [INST] {system\n\n}{user} [/INST]{assistant}</s>[INST] ...
-//   plain (default, no or unrecognised template)
+//   Mistral            "[INST]"             [INST] {system\n\n}{user} [/INST]{assistant}</s>[INST]
+//   ... plain (default, no or unrecognised template)
 //                                           "{System|User|Assistant}: {content}\n" per message,
 //                                           then "Assistant:"
 // The BOS token is not written: the engine adds it when the model wants one. Special tokens

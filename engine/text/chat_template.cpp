@@ -19,12 +19,15 @@ const char kContinueTag[] = "CONTINUE_FINAL_MESSAGE_TAG ";
 [[noreturn]] void invalid(const std::string& message) { throw std::invalid_argument(message); }
 
 // A special token: a string, the AddedToken form {"content": ...}, or null (absent).
-std::optional<std::string> token_text(const ojson& config, const char* key, const std::string& origin) {
+std::optional<std::string> token_text(const ojson& config, const char* key,
+                                      const std::string& origin) {
   if (!config.contains(key) || config[key].is_null()) return std::nullopt;
   const ojson& v = config[key];
   if (v.is_string()) return v.get<std::string>();
-  if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
-  invalid(origin + ": '" + key + "' must be a string or an object with a string \"content\", got " + v.dump());
+  if (v.is_object() && v.contains("content") && v["content"].is_string())
+    return v["content"].get<std::string>();
+  invalid(origin + ": '" + key + "' must be a string or an object with a string \"content\", got " +
+          v.dump());
 }
 
 // The text of a message's content: a string, text parts joined by newlines (as vLLM does for
@@ -55,14 +58,16 @@ ChatTemplate ChatTemplate::builtin(const BuiltinChatTemplate& format) {
 ChatTemplate ChatTemplate::from_jinja(const std::string& source, const std::string& bos_token,
                                       const std::string& eos_token, const std::string& name) {
   ChatTemplate c;
-  c.templates_["default"] = std::make_shared<const jinja::Template>(jinja::Template::parse(source, name));
+  c.templates_["default"] =
+      std::make_shared<const jinja::Template>(jinja::Template::parse(source, name));
   if (!bos_token.empty()) c.special_tokens_["bos_token"] = bos_token;
   if (!eos_token.empty()) c.special_tokens_["eos_token"] = eos_token;
   return c;
 }
 
 ChatTemplate ChatTemplate::from_tokenizer_config(const ojson& config, const std::string& origin) {
-  if (!config.is_object()) invalid(origin + ": expected a JSON object, got " + std::string(config.type_name()));
+  if (!config.is_object())
+    invalid(origin + ": expected a JSON object, got " + std::string(config.type_name()));
   ChatTemplate c;
   for (const char* key : {"bos_token", "eos_token", "unk_token", "pad_token"}) {
     if (auto t = token_text(config, key, origin)) c.special_tokens_[key] = *t;
@@ -76,9 +81,10 @@ ChatTemplate ChatTemplate::from_tokenizer_config(const ojson& config, const std:
     for (size_t i = 0; i < t.size(); ++i) {
       const std::string path = origin + ": chat_template[" + std::to_string(i) + "]";
       const ojson& e = t[i];
-      if (!e.is_object() || !e.contains("name") || !e["name"].is_string() || !e.contains("template") ||
-          !e["template"].is_string()) {
-        invalid(path + " must be an object with string \"name\" and \"template\", got " + e.dump().substr(0, 200));
+      if (!e.is_object() || !e.contains("name") || !e["name"].is_string() ||
+          !e.contains("template") || !e["template"].is_string()) {
+        invalid(path + " must be an object with string \"name\" and \"template\", got " +
+                e.dump().substr(0, 200));
       }
       const std::string name = e["name"].get<std::string>();
       c.templates_[name] = std::make_shared<const jinja::Template>(
@@ -144,10 +150,12 @@ std::string ChatTemplate::render(const ojson& messages, const ChatRenderOptions&
   if (!options.kwargs.is_object()) invalid("'chat_template_kwargs' must be an object");
 
   if (!is_jinja()) {
-    if (options.continue_final_message) invalid("continue_final_message needs the model's own chat template");
+    if (options.continue_final_message)
+      invalid("continue_final_message needs the model's own chat template");
     std::vector<ChatMessage> plain;
     for (const auto& m : messages) {
-      plain.push_back({m["role"].get<std::string>(), m.contains("content") ? content_text(m["content"]) : ""});
+      plain.push_back(
+          {m["role"].get<std::string>(), m.contains("content") ? content_text(m["content"]) : ""});
     }
     return builtin_.render(plain);
   }
@@ -167,30 +175,36 @@ std::string ChatTemplate::render(const ojson& messages, const ChatRenderOptions&
   context["tools"] = options.tools;
   context["documents"] = nullptr;
   context["add_generation_prompt"] = options.add_generation_prompt;
-  for (auto it = special_tokens_.begin(); it != special_tokens_.end(); ++it) context[it.key()] = it.value();
+  for (auto it = special_tokens_.begin(); it != special_tokens_.end(); ++it)
+    context[it.key()] = it.value();
   for (auto it = options.kwargs.begin(); it != options.kwargs.end(); ++it) {
     if (it.key() == "messages" || it.key() == "tools" || it.key() == "documents" ||
         it.key() == "add_generation_prompt") {
-      invalid("'chat_template_kwargs' cannot set '" + it.key() + "' (it has its own request field)");
+      invalid("'chat_template_kwargs' cannot set '" + it.key() +
+              "' (it has its own request field)");
     }
     context[it.key()] = it.value();
   }
   jinja::RenderOptions render_options;
   render_options.now = options.now;
-  std::string out = select(options.tools.is_array() && !options.tools.empty()).render(context, render_options);
+  std::string out =
+      select(options.tools.is_array() && !options.tools.empty()).render(context, render_options);
   if (options.continue_final_message) {
     const std::string tag(kContinueTag);
     const std::string bare = tag.substr(0, tag.size() - 1);
     const size_t at = out.rfind(bare);
     if (at == std::string::npos) {
-      invalid("continue_final_message is set but the final message does not appear in the rendered chat "
-              "(the chat template drops or rewrites it)");
+      invalid(
+          "continue_final_message is set but the final message does not appear in the rendered "
+          "chat "
+          "(the chat template drops or rewrites it)");
     }
     if (out.compare(at, tag.size(), tag) == 0) {
       out.resize(at);
     } else {  // the template trimmed the message's trailing space
       out.resize(at);
-      while (!out.empty() && (out.back() == ' ' || out.back() == '\n' || out.back() == '\t' || out.back() == '\r')) {
+      while (!out.empty() && (out.back() == ' ' || out.back() == '\n' || out.back() == '\t' ||
+                              out.back() == '\r')) {
         out.pop_back();
       }
     }

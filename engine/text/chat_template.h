@@ -16,11 +16,10 @@
 // Thread safety: immutable after loading; render() may run on many threads at once.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <ctime>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 
@@ -57,10 +56,12 @@ class ChatTemplate {
   // (a template that does not parse).
   static ChatTemplate from_model_dir(const std::string& dir);
   // From a parsed tokenizer_config.json; `origin` names it in errors.
-  static ChatTemplate from_tokenizer_config(const nlohmann::ordered_json& config, const std::string& origin);
+  static ChatTemplate from_tokenizer_config(const nlohmann::ordered_json& config,
+                                            const std::string& origin);
   // One Jinja template with its special tokens ("" leaves a token undefined).
   static ChatTemplate from_jinja(const std::string& source, const std::string& bos_token = "",
-                                 const std::string& eos_token = "", const std::string& name = "chat_template");
+                                 const std::string& eos_token = "",
+                                 const std::string& name = "chat_template");
   // A built-in format (tests, and callers that want one explicitly).
   static ChatTemplate builtin(const BuiltinChatTemplate& format);
 
@@ -72,14 +73,17 @@ class ChatTemplate {
   // The prompt for `messages` (a JSON list of message objects). Throws std::invalid_argument for
   // bad messages or options and crl::text::jinja::TemplateError when the template fails
   // (raise_exception() in the template: kind kRaised, message() is its text).
-  std::string render(const nlohmann::ordered_json& messages, const ChatRenderOptions& options = {}) const;
+  std::string render(const nlohmann::ordered_json& messages,
+                     const ChatRenderOptions& options = {}) const;
 
  private:
   const jinja::Template& select(bool has_tools) const;
 
   BuiltinChatTemplate builtin_;
-  std::map<std::string, std::shared_ptr<const jinja::Template>> templates_;  // by name; "default" for a string
-  nlohmann::ordered_json special_tokens_ = nlohmann::ordered_json::object();  // bos_token, eos_token, ...
+  std::map<std::string, std::shared_ptr<const jinja::Template>>
+      templates_;  // by name; "default" for a string
+  nlohmann::ordered_json special_tokens_ =
+      nlohmann::ordered_json::object();  // bos_token, eos_token, ...
 };
 
 }  // namespace crl::text

@@ -27,9 +27,13 @@ Value attribute_path(const Value& v, const Value& path) {
   const std::string& p = path.as_string();
   while (true) {
     const size_t dot = p.find('.', start);
-    const std::string part = p.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
-    const bool digits = !part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
-    cur = digits ? get_item(cur, Value(static_cast<int64_t>(std::stoll(part)))) : get_item(cur, Value(part));
+    const std::string part =
+        p.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    const bool digits = !part.empty() && std::all_of(part.begin(), part.end(), [](char c) {
+      return std::isdigit(static_cast<unsigned char>(c));
+    });
+    cur = digits ? get_item(cur, Value(static_cast<int64_t>(std::stoll(part))))
+                 : get_item(cur, Value(part));
     if (dot == std::string::npos) return cur;
     start = dot + 1;
   }
@@ -44,18 +48,30 @@ std::string html_escape(const std::string& s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&#34;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&#34;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
 }
 
-// select/reject/selectattr/rejectattr: args are (test name, test args...) after `attr_args` attribute.
+// select/reject/selectattr/rejectattr: args are (test name, test args...) after `attr_args`
+// attribute.
 Value select_items(const Value& v, CallArgs& a, bool by_attribute, bool keep) {
   const ValueList items = iterate(v);
   Value attribute;
@@ -71,7 +87,8 @@ Value select_items(const Value& v, CallArgs& a, bool by_attribute, bool keep) {
     if (!a.positional[first].is_string()) type_error("the test name must be a string");
     test = a.positional[first].as_string();
     if (!is_test(test)) type_error("no test named '" + test + "'");
-    test_args.positional.assign(a.positional.begin() + static_cast<long>(first) + 1, a.positional.end());
+    test_args.positional.assign(a.positional.begin() + static_cast<long>(first) + 1,
+                                a.positional.end());
   }
   ValueList out;
   for (const Value& item : items) {
@@ -98,7 +115,8 @@ std::string printf_format(const std::string& fmt, const ValueList& args) {
     }
     size_t j = i + 1;
     std::string spec = "%";
-    while (j < fmt.size() && std::string("-+ 0#.0123456789").find(fmt[j]) != std::string::npos) spec += fmt[j++];
+    while (j < fmt.size() && std::string("-+ 0#.0123456789").find(fmt[j]) != std::string::npos)
+      spec += fmt[j++];
     if (j >= fmt.size()) type_error("incomplete format");
     const char conv = fmt[j];
     if (k >= args.size()) type_error("not enough arguments for format string");
@@ -106,17 +124,23 @@ std::string printf_format(const std::string& fmt, const ValueList& args) {
     char buf[128];
     if (conv == 's' || conv == 'r') {
       const std::string s = conv == 's' ? v.str() : v.repr();
-      out += spec == "%" ? s : (std::snprintf(buf, sizeof(buf), (spec + "s").c_str(), s.c_str()), std::string(buf));
+      out += spec == "%" ? s
+                         : (std::snprintf(buf, sizeof(buf), (spec + "s").c_str(), s.c_str()),
+                            std::string(buf));
     } else if (conv == 'd' || conv == 'i') {
-      if (!v.is_number()) type_error("%d format: a number is required, not " + std::string(v.type_name()));
-      std::snprintf(buf, sizeof(buf), (spec + "lld").c_str(), static_cast<long long>(v.is_float() ? std::trunc(v.as_double()) : v.as_int()));
+      if (!v.is_number())
+        type_error("%d format: a number is required, not " + std::string(v.type_name()));
+      std::snprintf(buf, sizeof(buf), (spec + "lld").c_str(),
+                    static_cast<long long>(v.is_float() ? std::trunc(v.as_double()) : v.as_int()));
       out += buf;
     } else if (conv == 'f' || conv == 'e' || conv == 'g') {
-      if (!v.is_number()) type_error("%f format: a number is required, not " + std::string(v.type_name()));
+      if (!v.is_number())
+        type_error("%f format: a number is required, not " + std::string(v.type_name()));
       std::snprintf(buf, sizeof(buf), (spec + conv).c_str(), v.as_double());
       out += buf;
     } else {
-      throw TemplateError(TemplateError::Kind::kUnsupported, std::string("format conversion '%") + conv + "' is not supported");
+      throw TemplateError(TemplateError::Kind::kUnsupported,
+                          std::string("format conversion '%") + conv + "' is not supported");
     }
     i = j;
   }
@@ -169,7 +193,8 @@ Value f_map(const Value& v, CallArgs& a) {
     }
     return Value::list(std::move(out));
   }
-  if (a.positional.empty() || !a.positional[0].is_string()) type_error("map() needs a filter name or attribute=");
+  if (a.positional.empty() || !a.positional[0].is_string())
+    type_error("map() needs a filter name or attribute=");
   const std::string filter = a.positional[0].as_string();
   if (!is_filter(filter)) type_error("no filter named '" + filter + "'");
   for (const Value& item : items) {
@@ -187,8 +212,10 @@ Value f_sort(const Value& v, CallArgs& a) {
   const Value attribute = a.get(2, "attribute", Value::none());
   ValueList items = iterate(v);
   std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
-    const Value kx = sort_key(attribute.is_none() ? x : attribute_path(x, attribute), case_sensitive);
-    const Value ky = sort_key(attribute.is_none() ? y : attribute_path(y, attribute), case_sensitive);
+    const Value kx =
+        sort_key(attribute.is_none() ? x : attribute_path(x, attribute), case_sensitive);
+    const Value ky =
+        sort_key(attribute.is_none() ? y : attribute_path(y, attribute), case_sensitive);
     return reverse ? less_than(ky, kx) : less_than(kx, ky);
   });
   return Value::list(std::move(items));
@@ -203,7 +230,8 @@ Value f_dictsort(const Value& v, CallArgs& a) {
   ValueList pairs;
   for (const auto& kv : v.as_items()) pairs.push_back(Value::tuple({kv.first, kv.second}));
   std::stable_sort(pairs.begin(), pairs.end(), [&](const Value& x, const Value& y) {
-    const Value kx = sort_key(x.as_list()[pos], case_sensitive), ky = sort_key(y.as_list()[pos], case_sensitive);
+    const Value kx = sort_key(x.as_list()[pos], case_sensitive),
+                ky = sort_key(y.as_list()[pos], case_sensitive);
     return reverse ? less_than(ky, kx) : less_than(kx, ky);
   });
   return Value::list(std::move(pairs));
@@ -214,8 +242,10 @@ Value f_unique(const Value& v, CallArgs& a) {
   const Value attribute = a.get(1, "attribute", Value::none());
   ValueList out, seen;
   for (const Value& item : iterate(v)) {
-    const Value key = sort_key(attribute.is_none() ? item : attribute_path(item, attribute), case_sensitive);
-    if (std::any_of(seen.begin(), seen.end(), [&](const Value& s) { return s.equals(key); })) continue;
+    const Value key =
+        sort_key(attribute.is_none() ? item : attribute_path(item, attribute), case_sensitive);
+    if (std::any_of(seen.begin(), seen.end(), [&](const Value& s) { return s.equals(key); }))
+      continue;
     seen.push_back(key);
     out.push_back(item);
   }
@@ -229,8 +259,10 @@ Value f_min_max(const Value& v, CallArgs& a, bool want_max) {
   if (items.empty()) return Value::undefined("No aggregated item, sequence was empty.");
   const Value* best = &items[0];
   for (const Value& item : items) {
-    const Value k = sort_key(attribute.is_none() ? item : attribute_path(item, attribute), case_sensitive);
-    const Value kb = sort_key(attribute.is_none() ? *best : attribute_path(*best, attribute), case_sensitive);
+    const Value k =
+        sort_key(attribute.is_none() ? item : attribute_path(item, attribute), case_sensitive);
+    const Value kb =
+        sort_key(attribute.is_none() ? *best : attribute_path(*best, attribute), case_sensitive);
     if (want_max ? less_than(kb, k) : less_than(k, kb)) best = &item;
   }
   return *best;
@@ -240,27 +272,35 @@ Value f_tojson(const Value& v, CallArgs& a) {
   const Value indent = a.get(1, "indent", Value::none());
   const bool sort_keys = a.get(4, "sort_keys", Value(false)).truthy();
   if (a.get(0, "ensure_ascii", Value(false)).truthy()) {
-    throw TemplateError(TemplateError::Kind::kUnsupported, "tojson(ensure_ascii=True) is not supported");
+    throw TemplateError(TemplateError::Kind::kUnsupported,
+                        "tojson(ensure_ascii=True) is not supported");
   }
   if (!a.get(2, "separators", Value::none()).is_none()) {
-    throw TemplateError(TemplateError::Kind::kUnsupported, "tojson(separators=...) is not supported");
+    throw TemplateError(TemplateError::Kind::kUnsupported,
+                        "tojson(separators=...) is not supported");
   }
-  if (!indent.is_none() && (!indent.is_number() || indent.is_float())) type_error("tojson: indent must be an integer");
-  return Value(v.to_json(indent.is_none() ? -1 : static_cast<int>(std::max<int64_t>(0, indent.as_int())), sort_keys));
+  if (!indent.is_none() && (!indent.is_number() || indent.is_float()))
+    type_error("tojson: indent must be an integer");
+  return Value(v.to_json(
+      indent.is_none() ? -1 : static_cast<int>(std::max<int64_t>(0, indent.as_int())), sort_keys));
 }
 
 Value f_indent(const Value& v, CallArgs& a) {
   const Value width = a.get(0, "width", Value(static_cast<int64_t>(4)));
   const bool first = a.get(1, "first", Value(false)).truthy();
   const bool blank = a.get(2, "blank", Value(false)).truthy();
-  const std::string pad = width.is_string() ? width.as_string() : std::string(static_cast<size_t>(std::max<int64_t>(0, width.as_int())), ' ');
+  const std::string pad =
+      width.is_string()
+          ? width.as_string()
+          : std::string(static_cast<size_t>(std::max<int64_t>(0, width.as_int())), ' ');
   const std::string s = v.str();
   std::string out;
   size_t start = 0;
   bool first_line = true;
   while (start <= s.size()) {
     const size_t nl = s.find('\n', start);
-    const std::string line = s.substr(start, nl == std::string::npos ? std::string::npos : nl - start);
+    const std::string line =
+        s.substr(start, nl == std::string::npos ? std::string::npos : nl - start);
     if ((!first_line || first) && (blank || !line.empty())) out += pad;
     out += line;
     if (nl == std::string::npos) break;
@@ -277,17 +317,23 @@ Value f_round(const Value& v, CallArgs& a) {
   const double scale = std::pow(10.0, static_cast<double>(precision));
   double x = v.as_double() * scale;
   const std::string m = method.str();
-  x = m == "ceil" ? std::ceil(x) : m == "floor" ? std::floor(x) : std::nearbyint(x);  // Python rounds half to even
+  x = m == "ceil"    ? std::ceil(x)
+      : m == "floor" ? std::floor(x)
+                     : std::nearbyint(x);  // Python rounds half to even
   return Value(x / scale);
 }
 
 Value f_int(const Value& v, CallArgs& a) {
   const Value dflt = a.get(0, "default", Value(static_cast<int64_t>(0)));
-  if (v.is_number()) return v.is_float() ? Value(static_cast<int64_t>(std::trunc(v.as_double()))) : Value(v.as_int());
+  if (v.is_number())
+    return v.is_float() ? Value(static_cast<int64_t>(std::trunc(v.as_double())))
+                        : Value(v.as_int());
   if (v.is_string()) {
     const std::string s = py_strip(v.as_string(), Value(), true, true);
     char* end = nullptr;
-    const long long n = std::strtoll(s.c_str(), &end, static_cast<int>(a.get(1, "base", Value(static_cast<int64_t>(10))).as_int()));
+    const long long n =
+        std::strtoll(s.c_str(), &end,
+                     static_cast<int>(a.get(1, "base", Value(static_cast<int64_t>(10))).as_int()));
     if (!s.empty() && end && *end == '\0') return Value(static_cast<int64_t>(n));
     const double d = std::strtod(s.c_str(), &end);
     if (!s.empty() && end && *end == '\0') return Value(static_cast<int64_t>(std::trunc(d)));
@@ -313,12 +359,14 @@ Value f_title(const Value& v, CallArgs&) {
   std::string out;
   bool start = true;
   for (char c : s) {
-    const bool sep = c == '-' || c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '(' || c == '{' || c == '[' || c == '<';
+    const bool sep = c == '-' || c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '(' ||
+                     c == '{' || c == '[' || c == '<';
     if (sep) {
       out += c;
       start = true;
     } else {
-      out += static_cast<char>(start ? std::toupper(static_cast<unsigned char>(c)) : std::tolower(static_cast<unsigned char>(c)));
+      out += static_cast<char>(start ? std::toupper(static_cast<unsigned char>(c))
+                                     : std::tolower(static_cast<unsigned char>(c)));
       start = false;
     }
   }
@@ -328,13 +376,15 @@ Value f_title(const Value& v, CallArgs&) {
 Value f_sum(const Value& v, CallArgs& a) {
   const Value attribute = a.get(0, "attribute", Value::none());
   Value total = a.get(1, "start", Value(static_cast<int64_t>(0)));
-  for (const Value& item : iterate(v)) total = binary_op("+", total, attribute.is_none() ? item : attribute_path(item, attribute));
+  for (const Value& item : iterate(v))
+    total = binary_op("+", total, attribute.is_none() ? item : attribute_path(item, attribute));
   return total;
 }
 
 Value f_items(const Value& v, CallArgs&) {
   if (v.is_undefined()) return Value::list({});
-  if (!v.is_mapping()) type_error("items filter needs a mapping, got " + std::string(v.type_name()));
+  if (!v.is_mapping())
+    type_error("items filter needs a mapping, got " + std::string(v.type_name()));
   ValueList out;
   for (const auto& kv : v.as_items()) out.push_back(Value::tuple({kv.first, kv.second}));
   return Value::list(std::move(out));
@@ -356,13 +406,19 @@ Value f_center(const Value& v, CallArgs& a) {
   const int64_t n = static_cast<int64_t>(utf8_length(s));
   if (width <= n) return Value(s);
   const int64_t total = width - n, left = total / 2 + (total & width & 1);
-  return Value(std::string(static_cast<size_t>(left), ' ') + s + std::string(static_cast<size_t>(total - left), ' '));
+  return Value(std::string(static_cast<size_t>(left), ' ') + s +
+               std::string(static_cast<size_t>(total - left), ' '));
 }
 
 const std::map<std::string, Filter>& filters() {
   static const std::map<std::string, Filter> m = {
-      {"abs", [](const Value& v, CallArgs&) { return v.is_float() ? Value(std::fabs(v.as_double())) : Value(static_cast<int64_t>(std::llabs(v.as_int()))); }},
-      {"attr", [](const Value& v, CallArgs& a) { return get_attribute(v, a.get(0, "name").str()); }},
+      {"abs",
+       [](const Value& v, CallArgs&) {
+         return v.is_float() ? Value(std::fabs(v.as_double()))
+                             : Value(static_cast<int64_t>(std::llabs(v.as_int())));
+       }},
+      {"attr",
+       [](const Value& v, CallArgs& a) { return get_attribute(v, a.get(0, "name").str()); }},
       {"capitalize", [](const Value& v, CallArgs&) { return Value(py_capitalize(v.str())); }},
       {"center", f_center},
       {"count", f_length},
@@ -373,7 +429,8 @@ const std::map<std::string, Filter>& filters() {
       {"escape", [](const Value& v, CallArgs&) { return Value(html_escape(v.str())); }},
       {"first", [](const Value& v, CallArgs&) { return f_first_last(v, true); }},
       {"float", f_float},
-      {"format", [](const Value& v, CallArgs& a) { return Value(printf_format(v.str(), a.positional)); }},
+      {"format",
+       [](const Value& v, CallArgs& a) { return Value(printf_format(v.str(), a.positional)); }},
       {"indent", f_indent},
       {"int", f_int},
       {"items", f_items},
@@ -388,7 +445,8 @@ const std::map<std::string, Filter>& filters() {
       {"reject", [](const Value& v, CallArgs& a) { return select_items(v, a, false, false); }},
       {"rejectattr", [](const Value& v, CallArgs& a) { return select_items(v, a, true, false); }},
       {"replace", f_replace},
-      {"reverse", [](const Value& v, CallArgs&) {
+      {"reverse",
+       [](const Value& v, CallArgs&) {
          const Value step(static_cast<int64_t>(-1));
          if (v.is_string()) return get_slice(v, nullptr, nullptr, &step);
          ValueList items = iterate(v);
@@ -404,7 +462,10 @@ const std::map<std::string, Filter>& filters() {
       {"sum", f_sum},
       {"title", f_title},
       {"tojson", f_tojson},
-      {"trim", [](const Value& v, CallArgs& a) { return Value(py_strip(v.str(), a.get(0, "chars", Value::none()), true, true)); }},
+      {"trim",
+       [](const Value& v, CallArgs& a) {
+         return Value(py_strip(v.str(), a.get(0, "chars", Value::none()), true, true));
+       }},
       {"unique", f_unique},
       {"upper", [](const Value& v, CallArgs&) { return Value(ascii_upper(v.str())); }},
       {"wordcount", f_wordcount},
@@ -429,18 +490,32 @@ const std::map<std::string, Test>& tests() {
       {"number", [](const Value& v, CallArgs&) { return v.is_number(); }},
       {"string", [](const Value& v, CallArgs&) { return v.is_string(); }},
       {"mapping", [](const Value& v, CallArgs&) { return v.is_dict(); }},
-      {"iterable", [](const Value& v, CallArgs&) { return v.is_list() || v.is_dict() || v.is_string() || v.is_undefined(); }},
-      {"sequence", [](const Value& v, CallArgs&) { return v.is_list() || v.is_dict() || v.is_string() || v.is_undefined(); }},
+      {"iterable",
+       [](const Value& v, CallArgs&) {
+         return v.is_list() || v.is_dict() || v.is_string() || v.is_undefined();
+       }},
+      {"sequence",
+       [](const Value& v, CallArgs&) {
+         return v.is_list() || v.is_dict() || v.is_string() || v.is_undefined();
+       }},
       {"callable", [](const Value& v, CallArgs&) { return v.is_callable(); }},
-      {"sameas", [](const Value& v, CallArgs& a) {
+      {"sameas",
+       [](const Value& v, CallArgs& a) {
          const Value o = a.get(0, "other");
-         return v.kind() == o.kind() && (v.is_none() || v.is_undefined() || v.equals(o)) && !(v.is_list() || v.is_dict());
+         return v.kind() == o.kind() && (v.is_none() || v.is_undefined() || v.equals(o)) &&
+                !(v.is_list() || v.is_dict());
        }},
       {"escaped", [](const Value&, CallArgs&) { return false; }},
-      {"in", [](const Value& v, CallArgs& a) { return binary_op("in", v, a.get(0, "seq")).truthy(); }},
-      {"divisibleby", [](const Value& v, CallArgs& a) { return binary_op("%", v, a.get(0, "num")).as_double() == 0.0; }},
-      {"even", [](const Value& v, CallArgs&) { return v.is_number() && !v.is_float() && v.as_int() % 2 == 0; }},
-      {"odd", [](const Value& v, CallArgs&) { return v.is_number() && !v.is_float() && v.as_int() % 2 != 0; }},
+      {"in",
+       [](const Value& v, CallArgs& a) { return binary_op("in", v, a.get(0, "seq")).truthy(); }},
+      {"divisibleby",
+       [](const Value& v, CallArgs& a) {
+         return binary_op("%", v, a.get(0, "num")).as_double() == 0.0;
+       }},
+      {"even", [](const Value& v,
+                  CallArgs&) { return v.is_number() && !v.is_float() && v.as_int() % 2 == 0; }},
+      {"odd", [](const Value& v,
+                 CallArgs&) { return v.is_number() && !v.is_float() && v.as_int() % 2 != 0; }},
       {"eq", [](const Value& v, CallArgs& a) { return compare_test(v, a, "=="); }},
       {"equalto", [](const Value& v, CallArgs& a) { return compare_test(v, a, "=="); }},
       {"==", [](const Value& v, CallArgs& a) { return compare_test(v, a, "=="); }},
@@ -456,9 +531,16 @@ const std::map<std::string, Test>& tests() {
       {">", [](const Value& v, CallArgs& a) { return compare_test(v, a, ">"); }},
       {"ge", [](const Value& v, CallArgs& a) { return compare_test(v, a, ">="); }},
       {">=", [](const Value& v, CallArgs& a) { return compare_test(v, a, ">="); }},
-      {"lower", [](const Value& v, CallArgs&) { return v.is_string() && ascii_lower(v.as_string()) == v.as_string(); }},
-      {"upper", [](const Value& v, CallArgs&) { return v.is_string() && ascii_upper(v.as_string()) == v.as_string(); }},
-      {"filter", [](const Value& v, CallArgs&) { return v.is_string() && is_filter(v.as_string()); }},
+      {"lower",
+       [](const Value& v, CallArgs&) {
+         return v.is_string() && ascii_lower(v.as_string()) == v.as_string();
+       }},
+      {"upper",
+       [](const Value& v, CallArgs&) {
+         return v.is_string() && ascii_upper(v.as_string()) == v.as_string();
+       }},
+      {"filter",
+       [](const Value& v, CallArgs&) { return v.is_string() && is_filter(v.as_string()); }},
       {"test", [](const Value& v, CallArgs&) { return v.is_string() && is_test(v.as_string()); }},
   };
   return m;

@@ -93,22 +93,27 @@ class Interpreter {
 
   Flow exec_node(const Node& n, std::string& out) {
     switch (n.kind) {
-      case Node::Kind::kText: out += n.text; return Flow::kNormal;
-      case Node::Kind::kOutput: out += eval(*n.expr).str(); return Flow::kNormal;
+      case Node::Kind::kText:
+        out += n.text;
+        return Flow::kNormal;
+      case Node::Kind::kOutput:
+        out += eval(*n.expr).str();
+        return Flow::kNormal;
       case Node::Kind::kIf:
         for (const auto& branch : n.branches) {
           if (eval(*branch.first).truthy()) return exec_list(branch.second, out);
         }
         return exec_list(n.else_body, out);
-      case Node::Kind::kFor: return exec_for(n, out);
+      case Node::Kind::kFor:
+        return exec_for(n, out);
       case Node::Kind::kSet: {
         Value v = eval(*n.expr);
         if (!n.attribute.empty()) {
           const Value target = lookup(n.targets[0]);
           if (!target.is_namespace()) {
             throw TemplateError(TemplateError::Kind::kRuntime,
-                                "cannot assign attribute '" + n.attribute + "' on '" + n.targets[0] +
-                                    "': only namespace() objects take attributes");
+                                "cannot assign attribute '" + n.attribute + "' on '" +
+                                    n.targets[0] + "': only namespace() objects take attributes");
           }
           target.set_attribute(n.attribute, std::move(v));
         } else {
@@ -122,15 +127,20 @@ class Interpreter {
         assign(n.targets[0], Value(std::move(body)));
         return Flow::kNormal;
       }
-      case Node::Kind::kMacro: assign(n.text, make_macro(n)); return Flow::kNormal;
+      case Node::Kind::kMacro:
+        assign(n.text, make_macro(n));
+        return Flow::kNormal;
       case Node::Kind::kBreak:
       case Node::Kind::kContinue:
         if (loop_depth_ == 0) {
-          throw TemplateError(TemplateError::Kind::kSyntax, std::string("'") +
-                              (n.kind == Node::Kind::kBreak ? "break" : "continue") + "' outside a for loop");
+          throw TemplateError(TemplateError::Kind::kSyntax,
+                              std::string("'") +
+                                  (n.kind == Node::Kind::kBreak ? "break" : "continue") +
+                                  "' outside a for loop");
         }
         return n.kind == Node::Kind::kBreak ? Flow::kBreak : Flow::kContinue;
-      case Node::Kind::kGeneration: return exec_list(n.body, out);
+      case Node::Kind::kGeneration:
+        return exec_list(n.body, out);
       case Node::Kind::kFilterBlock: {
         std::string body;
         exec_list(n.body, body);
@@ -186,7 +196,8 @@ class Interpreter {
       if (i + 1 < length) loop.emplace_back(Value("nextitem"), items[static_cast<size_t>(i + 1)]);
       loop.emplace_back(Value("cycle"), Value::function("loop.cycle", [i](CallArgs& a) {
                           if (a.positional.empty()) {
-                            throw TemplateError(TemplateError::Kind::kRuntime, "loop.cycle() needs at least one value");
+                            throw TemplateError(TemplateError::Kind::kRuntime,
+                                                "loop.cycle() needs at least one value");
                           }
                           return a.positional[static_cast<size_t>(i) % a.positional.size()];
                         }));
@@ -202,16 +213,18 @@ class Interpreter {
     return Value::function(n.text, [this, node](CallArgs& args) {
       if (++call_depth_ > kMaxDepth) {
         --call_depth_;
-        throw TemplateError(TemplateError::Kind::kRuntime, "macro '" + node->text + "' recursed too deeply");
+        throw TemplateError(TemplateError::Kind::kRuntime,
+                            "macro '" + node->text + "' recursed too deeply");
       }
       struct Depth {
         int& d;
         ~Depth() { --d; }
       } depth{call_depth_};
       if (args.positional.size() > node->params.size()) {
-        throw TemplateError(TemplateError::Kind::kRuntime, "macro '" + node->text + "' takes " +
-                            std::to_string(node->params.size()) + " arguments, " +
-                            std::to_string(args.positional.size()) + " given");
+        throw TemplateError(TemplateError::Kind::kRuntime,
+                            "macro '" + node->text + "' takes " +
+                                std::to_string(node->params.size()) + " arguments, " +
+                                std::to_string(args.positional.size()) + " given");
       }
       // A macro sees the top-level names and its parameters, not the caller's loop scopes.
       std::vector<std::shared_ptr<Scope>> saved;
@@ -234,8 +247,9 @@ class Interpreter {
         }
       }
       if (!args.keyword.empty()) {
-        throw TemplateError(TemplateError::Kind::kRuntime, "macro '" + node->text +
-                            "' takes no keyword argument '" + args.keyword[0].first + "'");
+        throw TemplateError(
+            TemplateError::Kind::kRuntime,
+            "macro '" + node->text + "' takes no keyword argument '" + args.keyword[0].first + "'");
       }
       std::string out;
       const int saved_loops = loop_depth_;
@@ -270,13 +284,16 @@ class Interpreter {
 
   Value eval_expr(const Expr& e) {
     switch (e.kind) {
-      case Expr::Kind::kLiteral: return e.value;
-      case Expr::Kind::kName: return lookup(e.name);
+      case Expr::Kind::kLiteral:
+        return e.value;
+      case Expr::Kind::kName:
+        return lookup(e.name);
       case Expr::Kind::kList:
       case Expr::Kind::kTuple: {
         ValueList items;
         for (const auto& a : e.args) items.push_back(eval(*a));
-        return e.kind == Expr::Kind::kTuple ? Value::tuple(std::move(items)) : Value::list(std::move(items));
+        return e.kind == Expr::Kind::kTuple ? Value::tuple(std::move(items))
+                                            : Value::list(std::move(items));
       }
       case Expr::Kind::kDict: {
         ValueItems items;
@@ -291,8 +308,10 @@ class Interpreter {
         }
         return Value::dict(std::move(items));
       }
-      case Expr::Kind::kAttr: return get_attribute(eval(*e.args[0]), e.name);
-      case Expr::Kind::kItem: return get_item(eval(*e.args[0]), eval(*e.args[1]));
+      case Expr::Kind::kAttr:
+        return get_attribute(eval(*e.args[0]), e.name);
+      case Expr::Kind::kItem:
+        return get_item(eval(*e.args[0]), eval(*e.args[1]));
       case Expr::Kind::kSlice: {
         const Value obj = eval(*e.args[0]);
         Value parts[3];
@@ -323,7 +342,8 @@ class Interpreter {
       case Expr::Kind::kUnary:
         if (e.name == "not") return Value(!eval(*e.args[0]).truthy());
         return unary_op(e.name, eval(*e.args[0]));
-      case Expr::Kind::kBinary: return binary_op(e.name, eval(*e.args[0]), eval(*e.args[1]));
+      case Expr::Kind::kBinary:
+        return binary_op(e.name, eval(*e.args[0]), eval(*e.args[1]));
       case Expr::Kind::kAnd: {
         Value a = eval(*e.args[0]);
         return a.truthy() ? eval(*e.args[1]) : a;
@@ -348,7 +368,8 @@ class Interpreter {
 
 }  // namespace
 
-std::string render_nodes(const NodeList& nodes, const Value& context, const RenderContext& options) {
+std::string render_nodes(const NodeList& nodes, const Value& context,
+                         const RenderContext& options) {
   Interpreter interpreter(context, options);
   return interpreter.run(nodes);
 }

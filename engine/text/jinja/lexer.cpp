@@ -9,7 +9,9 @@ namespace crl::text::jinja {
 
 namespace {
 
-bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+bool is_space(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+}
 
 std::string rstrip_all(const std::string& s) {
   size_t n = s.size();
@@ -100,7 +102,8 @@ class Lexer {
 
   size_t find_tag_open(size_t from) const {
     for (size_t i = from; i + 1 < src_.size(); ++i) {
-      if (src_[i] == '{' && (src_[i + 1] == '{' || src_[i + 1] == '%' || src_[i + 1] == '#')) return i;
+      if (src_[i] == '{' && (src_[i + 1] == '{' || src_[i + 1] == '%' || src_[i + 1] == '#'))
+        return i;
     }
     return src_.size();
   }
@@ -140,7 +143,8 @@ class Lexer {
     const size_t start = pos_;
     if (strip) {
       while (pos_ < src_.size() && is_space(src_[pos_])) ++pos_;
-    } else if (!plus && block_like && options_.trim_blocks && pos_ < src_.size() && src_[pos_] == '\n') {
+    } else if (!plus && block_like && options_.trim_blocks && pos_ < src_.size() &&
+               src_[pos_] == '\n') {
       ++pos_;
     }
     line_ += count_newlines(src_, start, pos_);
@@ -212,7 +216,9 @@ class Lexer {
         if (src_[pos_] == '\n') ++line_;
         ++pos_;
       }
-      if (pos_ >= src_.size()) fail(std::string("unterminated tag (") + (is_block ? "{% without %}" : "{{ without }}") + ")");
+      if (pos_ >= src_.size())
+        fail(std::string("unterminated tag (") + (is_block ? "{% without %}" : "{{ without }}") +
+             ")");
       const char c = src_[pos_];
       // End delimiter, possibly with a - or + marker.
       for (const char m : {'-', '+', '\0'}) {
@@ -221,7 +227,8 @@ class Lexer {
           if (c != m) continue;
           ++at;
         }
-        if (depth == 0 && src_.compare(at, 2, std::string{close_first, '}'}) == 0 && (m != '+' || is_block)) {
+        if (depth == 0 && src_.compare(at, 2, std::string{close_first, '}'}) == 0 &&
+            (m != '+' || is_block)) {
           pos_ = at + 2;
           push(is_block ? Token::Type::kBlockEnd : Token::Type::kVarEnd, is_block ? "%}" : "}}");
           after_tag_end(m == '-', m == '+', is_block);
@@ -230,7 +237,9 @@ class Lexer {
       }
       if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
         size_t e = pos_;
-        while (e < src_.size() && (std::isalnum(static_cast<unsigned char>(src_[e])) || src_[e] == '_')) ++e;
+        while (e < src_.size() &&
+               (std::isalnum(static_cast<unsigned char>(src_[e])) || src_[e] == '_'))
+          ++e;
         push(Token::Type::kName, src_.substr(pos_, e - pos_));
         pos_ = e;
       } else if (std::isdigit(static_cast<unsigned char>(c))) {
@@ -238,8 +247,9 @@ class Lexer {
       } else if (c == '\'' || c == '"') {
         lex_string(c);
       } else {
-        static const char* kOps[] = {"//", "**", "==", "!=", "<=", ">=", "+", "-", "*", "/", "%", "~", "|", ".", ",",
-                                     ":", "(", ")", "[", "]", "{", "}", "<", ">", "=", "!"};
+        static const char* kOps[] = {"//", "**", "==", "!=", "<=", ">=", "+", "-", "*",
+                                     "/",  "%",  "~",  "|",  ".",  ",",  ":", "(", ")",
+                                     "[",  "]",  "{",  "}",  "<",  ">",  "=", "!"};
         bool matched = false;
         for (const char* op : kOps) {
           const std::string o(op);
@@ -260,11 +270,15 @@ class Lexer {
   void lex_number() {
     size_t e = pos_;
     bool is_float = false;
-    while (e < src_.size() && (std::isdigit(static_cast<unsigned char>(src_[e])) || src_[e] == '_')) ++e;
-    if (e + 1 < src_.size() && src_[e] == '.' && std::isdigit(static_cast<unsigned char>(src_[e + 1]))) {
+    while (e < src_.size() && (std::isdigit(static_cast<unsigned char>(src_[e])) || src_[e] == '_'))
+      ++e;
+    if (e + 1 < src_.size() && src_[e] == '.' &&
+        std::isdigit(static_cast<unsigned char>(src_[e + 1]))) {
       is_float = true;
       ++e;
-      while (e < src_.size() && (std::isdigit(static_cast<unsigned char>(src_[e])) || src_[e] == '_')) ++e;
+      while (e < src_.size() &&
+             (std::isdigit(static_cast<unsigned char>(src_[e])) || src_[e] == '_'))
+        ++e;
     }
     if (e < src_.size() && (src_[e] == 'e' || src_[e] == 'E')) {
       size_t f = e + 1;
@@ -314,25 +328,49 @@ class Lexer {
       const char e = src_[i + 1];
       i += 2;
       switch (e) {
-        case 'n': out += '\n'; break;
-        case 't': out += '\t'; break;
-        case 'r': out += '\r'; break;
-        case '\\': out += '\\'; break;
-        case '\'': out += '\''; break;
-        case '"': out += '"'; break;
-        case 'a': out += '\a'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'v': out += '\v'; break;
-        case '\n': ++line_; break;  // line continuation
+        case 'n':
+          out += '\n';
+          break;
+        case 't':
+          out += '\t';
+          break;
+        case 'r':
+          out += '\r';
+          break;
+        case '\\':
+          out += '\\';
+          break;
+        case '\'':
+          out += '\'';
+          break;
+        case '"':
+          out += '"';
+          break;
+        case 'a':
+          out += '\a';
+          break;
+        case 'b':
+          out += '\b';
+          break;
+        case 'f':
+          out += '\f';
+          break;
+        case 'v':
+          out += '\v';
+          break;
+        case '\n':
+          ++line_;
+          break;  // line continuation
         case 'x':
         case 'u':
         case 'U': {
           const size_t n = e == 'x' ? 2 : e == 'u' ? 4 : 8;
-          if (i + n > src_.size()) fail("truncated \\" + std::string(1, e) + " escape in a string literal");
+          if (i + n > src_.size())
+            fail("truncated \\" + std::string(1, e) + " escape in a string literal");
           const std::string hex = src_.substr(i, n);
           for (char h : hex) {
-            if (!std::isxdigit(static_cast<unsigned char>(h))) fail("bad \\" + std::string(1, e) + " escape in a string literal");
+            if (!std::isxdigit(static_cast<unsigned char>(h)))
+              fail("bad \\" + std::string(1, e) + " escape in a string literal");
           }
           append_utf8(out, static_cast<uint32_t>(std::strtoul(hex.c_str(), nullptr, 16)));
           i += n;
@@ -341,7 +379,8 @@ class Lexer {
         default:
           if (e >= '0' && e <= '7') {  // octal, up to 3 digits
             uint32_t v = static_cast<uint32_t>(e - '0');
-            for (int k = 0; k < 2 && i < src_.size() && src_[i] >= '0' && src_[i] <= '7'; ++k) v = v * 8 + (src_[i++] - '0');
+            for (int k = 0; k < 2 && i < src_.size() && src_[i] >= '0' && src_[i] <= '7'; ++k)
+              v = v * 8 + (src_[i++] - '0');
             append_utf8(out, v);
           } else {
             out += '\\';

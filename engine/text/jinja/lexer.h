@@ -14,7 +14,19 @@
 namespace crl::text::jinja {
 
 struct Token {
-  enum class Type { kText, kVarBegin, kVarEnd, kBlockBegin, kBlockEnd, kName, kString, kInt, kFloat, kOp, kEof };
+  enum class Type {
+    kText,
+    kVarBegin,
+    kVarEnd,
+    kBlockBegin,
+    kBlockEnd,
+    kName,
+    kString,
+    kInt,
+    kFloat,
+    kOp,
+    kEof
+  };
   Type type = Type::kEof;
   std::string text;  // text, name, operator, or the unescaped string literal
   int64_t int_value = 0;

@@ -15,18 +15,21 @@ namespace {
 }
 
 bool is_py_space(const std::string& c) {
-  return c.size() == 1 && (c[0] == ' ' || c[0] == '\t' || c[0] == '\n' || c[0] == '\r' || c[0] == '\v' ||
-                           c[0] == '\f' || c[0] == '\x1c' || c[0] == '\x1d' || c[0] == '\x1e' || c[0] == '\x1f');
+  return c.size() == 1 &&
+         (c[0] == ' ' || c[0] == '\t' || c[0] == '\n' || c[0] == '\r' || c[0] == '\v' ||
+          c[0] == '\f' || c[0] == '\x1c' || c[0] == '\x1d' || c[0] == '\x1e' || c[0] == '\x1f');
 }
 
 const std::string& str_arg(const Value& v, const char* method) {
-  if (!v.is_string()) type_error(std::string(method) + "() argument must be str, not " + v.type_name());
+  if (!v.is_string())
+    type_error(std::string(method) + "() argument must be str, not " + v.type_name());
   return v.as_string();
 }
 
 int64_t int_arg(const Value& v, int64_t fallback) {
   if (v.is_undefined() || v.is_none()) return fallback;
-  if (!v.is_number() || v.is_float()) type_error(std::string("an integer argument is required, not ") + v.type_name());
+  if (!v.is_number() || v.is_float())
+    type_error(std::string("an integer argument is required, not ") + v.type_name());
   return v.as_int();
 }
 
@@ -35,7 +38,8 @@ bool affix_match(const std::string& s, const Value& affix, bool prefix) {
   auto one = [&](const Value& a) {
     const std::string& x = str_arg(a, prefix ? "startswith" : "endswith");
     if (x.size() > s.size()) return false;
-    return prefix ? s.compare(0, x.size(), x) == 0 : s.compare(s.size() - x.size(), x.size(), x) == 0;
+    return prefix ? s.compare(0, x.size(), x) == 0
+                  : s.compare(s.size() - x.size(), x.size(), x) == 0;
   };
   if (affix.is_list()) return std::any_of(affix.as_list().begin(), affix.as_list().end(), one);
   return one(affix);
@@ -46,8 +50,9 @@ std::string py_title(const std::string& s) {
   bool prev_cased = false;
   for (char& c : out) {
     const bool alpha = std::isalpha(static_cast<unsigned char>(c)) != 0;
-    if (alpha) c = static_cast<char>(prev_cased ? std::tolower(static_cast<unsigned char>(c))
-                                                : std::toupper(static_cast<unsigned char>(c)));
+    if (alpha)
+      c = static_cast<char>(prev_cased ? std::tolower(static_cast<unsigned char>(c))
+                                       : std::toupper(static_cast<unsigned char>(c)));
     prev_cased = alpha;
   }
   return out;
@@ -67,16 +72,20 @@ std::string py_format(const std::string& fmt, CallArgs& a) {
       ++i;
     } else if (c == '{') {
       const size_t end = fmt.find('}', i);
-      if (end == std::string::npos) type_error("str.format: single '{' encountered in format string");
+      if (end == std::string::npos)
+        type_error("str.format: single '{' encountered in format string");
       const std::string field = fmt.substr(i + 1, end - i - 1);
       if (field.find_first_of(":!") != std::string::npos) {
-        throw TemplateError(TemplateError::Kind::kUnsupported, "str.format: format specs and conversions are not supported");
+        throw TemplateError(TemplateError::Kind::kUnsupported,
+                            "str.format: format specs and conversions are not supported");
       }
       Value v;
       if (field.empty()) {
-        if (auto_index >= a.positional.size()) type_error("str.format: replacement index out of range");
+        if (auto_index >= a.positional.size())
+          type_error("str.format: replacement index out of range");
         v = a.positional[auto_index++];
-      } else if (std::all_of(field.begin(), field.end(), [](char d) { return std::isdigit(static_cast<unsigned char>(d)); })) {
+      } else if (std::all_of(field.begin(), field.end(),
+                             [](char d) { return std::isdigit(static_cast<unsigned char>(d)); })) {
         const size_t k = std::stoul(field);
         if (k >= a.positional.size()) type_error("str.format: replacement index out of range");
         v = a.positional[k];
@@ -111,14 +120,17 @@ std::optional<Value> string_method(const Value& self, const std::string& name) {
     };
   } else if (name == "split" || name == "rsplit") {
     f = [s, name](CallArgs& a) {
-      return Value::list(py_split(s, a.get(0, "sep"), int_arg(a.get(1, "maxsplit"), -1), name == "rsplit"));
+      return Value::list(
+          py_split(s, a.get(0, "sep"), int_arg(a.get(1, "maxsplit"), -1), name == "rsplit"));
     };
   } else if (name == "startswith" || name == "endswith") {
-    f = [s, name](CallArgs& a) { return Value(affix_match(s, a.get(0, "prefix"), name == "startswith")); };
+    f = [s, name](CallArgs& a) {
+      return Value(affix_match(s, a.get(0, "prefix"), name == "startswith"));
+    };
   } else if (name == "replace") {
     f = [s](CallArgs& a) {
-      return Value(py_replace(s, str_arg(a.get(0, "old"), "replace"), str_arg(a.get(1, "new"), "replace"),
-                              int_arg(a.get(2, "count"), -1)));
+      return Value(py_replace(s, str_arg(a.get(0, "old"), "replace"),
+                              str_arg(a.get(1, "new"), "replace"), int_arg(a.get(2, "count"), -1)));
     };
   } else if (name == "upper" || name == "lower" || name == "title" || name == "capitalize") {
     f = [s, name](CallArgs&) {
@@ -136,13 +148,15 @@ std::optional<Value> string_method(const Value& self, const std::string& name) {
       for (size_t i = 0; i < items.size(); ++i) out += (i ? s : "") + str_arg(items[i], "join");
       return Value(out);
     };
-  } else if (name == "find" || name == "rfind" || name == "index" || name == "rindex" || name == "count") {
+  } else if (name == "find" || name == "rfind" || name == "index" || name == "rindex" ||
+             name == "count") {
     f = [s, name](CallArgs& a) {
       const std::string& sub = str_arg(a.get(0, "sub"), name.c_str());
       if (name == "count") {
         if (sub.empty()) return Value(static_cast<int64_t>(utf8_length(s) + 1));
         int64_t n = 0;
-        for (size_t at = s.find(sub); at != std::string::npos; at = s.find(sub, at + sub.size())) ++n;
+        for (size_t at = s.find(sub); at != std::string::npos; at = s.find(sub, at + sub.size()))
+          ++n;
         return Value(n);
       }
       const size_t at = name[0] == 'r' ? s.rfind(sub) : s.find(sub);
@@ -243,8 +257,9 @@ std::optional<Value> list_method(const Value& self, const std::string& name) {
 }  // namespace
 
 std::optional<Value> bound_method(const Value& obj, const std::string& name) {
-  static const char* kMutating[] = {"append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse",
-                                    "update", "setdefault", "popitem", "add", "discard"};
+  static const char* kMutating[] = {"append",  "extend", "insert",  "pop",    "remove",
+                                    "clear",   "sort",   "reverse", "update", "setdefault",
+                                    "popitem", "add",    "discard"};
   if (obj.is_list() || obj.is_dict()) {
     for (const char* m : kMutating) {
       if (name == m && !(obj.is_dict() && obj.find(name))) {
@@ -279,7 +294,8 @@ std::string py_strip(const std::string& s, const Value& chars, bool left, bool r
   return out;
 }
 
-ValueList py_split(const std::string& s, const Value& sep_value, int64_t maxsplit, bool from_right) {
+ValueList py_split(const std::string& s, const Value& sep_value, int64_t maxsplit,
+                   bool from_right) {
   ValueList out;
   if (sep_value.is_undefined() || sep_value.is_none()) {  // runs of whitespace
     std::vector<std::string> words;
@@ -329,7 +345,8 @@ ValueList py_split(const std::string& s, const Value& sep_value, int64_t maxspli
   std::vector<std::string> parts;
   if (!from_right) {
     size_t start = 0;
-    for (size_t at = s.find(sep); at != std::string::npos && (maxsplit < 0 || static_cast<int64_t>(parts.size()) < maxsplit);
+    for (size_t at = s.find(sep);
+         at != std::string::npos && (maxsplit < 0 || static_cast<int64_t>(parts.size()) < maxsplit);
          at = s.find(sep, start)) {
       parts.push_back(s.substr(start, at - start));
       start = at + sep.size();
@@ -350,7 +367,8 @@ ValueList py_split(const std::string& s, const Value& sep_value, int64_t maxspli
   return out;
 }
 
-std::string py_replace(const std::string& s, const std::string& old, const std::string& with, int64_t count) {
+std::string py_replace(const std::string& s, const std::string& old, const std::string& with,
+                       int64_t count) {
   std::string out;
   if (old.empty()) {  // Python inserts `with` around every character
     const auto cs = utf8_chars(s);
@@ -364,7 +382,8 @@ std::string py_replace(const std::string& s, const std::string& old, const std::
   }
   size_t start = 0;
   int64_t n = 0;
-  for (size_t at = s.find(old); at != std::string::npos && (count < 0 || n < count); at = s.find(old, start)) {
+  for (size_t at = s.find(old); at != std::string::npos && (count < 0 || n < count);
+       at = s.find(old, start)) {
     out += s.substr(start, at - start) + with;
     start = at + old.size();
     ++n;

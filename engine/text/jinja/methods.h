@@ -17,7 +17,8 @@ std::optional<Value> bound_method(const Value& obj, const std::string& name);
 // Python's str methods used by filters too.
 std::string py_strip(const std::string& s, const Value& chars, bool left, bool right);
 ValueList py_split(const std::string& s, const Value& sep, int64_t maxsplit, bool from_right);
-std::string py_replace(const std::string& s, const std::string& old, const std::string& with, int64_t count);
+std::string py_replace(const std::string& s, const std::string& old, const std::string& with,
+                       int64_t count);
 std::string ascii_upper(std::string s);
 std::string ascii_lower(std::string s);
 std::string py_capitalize(const std::string& s);

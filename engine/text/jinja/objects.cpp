@@ -56,7 +56,8 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
     return Value(a.as_double() / b.as_double());
   }
   if (op == "//" || op == "%") {
-    if (b.as_double() == 0.0) type_error(op == "//" ? "integer division or modulo by zero" : "modulo by zero");
+    if (b.as_double() == 0.0)
+      type_error(op == "//" ? "integer division or modulo by zero" : "modulo by zero");
     if (ints) {
       const int64_t x = a.as_int(), y = b.as_int();
       int64_t q = x / y, r = x % y;
@@ -95,22 +96,27 @@ bool contains(const Value& container, const Value& item) {
   switch (container.kind()) {
     case Value::Kind::kString:
       if (!item.is_string()) {
-        type_error("'in <string>' requires string as left operand, not " + std::string(item.type_name()));
+        type_error("'in <string>' requires string as left operand, not " +
+                   std::string(item.type_name()));
       }
       return container.as_string().find(item.as_string()) != std::string::npos;
     case Value::Kind::kList:
       return std::any_of(container.as_list().begin(), container.as_list().end(),
                          [&](const Value& v) { return v.equals(item); });
-    case Value::Kind::kDict: return container.find(item) != nullptr;
-    case Value::Kind::kUndefined: return false;  // Jinja's Undefined iterates as empty
-    default: type_error("argument of type " + quoted_type(container) + " is not iterable");
+    case Value::Kind::kDict:
+      return container.find(item) != nullptr;
+    case Value::Kind::kUndefined:
+      return false;  // Jinja's Undefined iterates as empty
+    default:
+      type_error("argument of type " + quoted_type(container) + " is not iterable");
   }
 }
 
 }  // namespace
 
 [[noreturn]] void raise_undefined(const Value& v) {
-  throw TemplateError(TemplateError::Kind::kUndefined, v.name().empty() ? "a value is undefined" : v.name());
+  throw TemplateError(TemplateError::Kind::kUndefined,
+                      v.name().empty() ? "a value is undefined" : v.name());
 }
 
 Value get_attribute(const Value& obj, const std::string& name) {
@@ -125,7 +131,8 @@ Value get_attribute(const Value& obj, const std::string& name) {
     return Value::undefined("'dict object' has no attribute '" + name + "'");
   }
   if (obj.is_none()) return Value::undefined("'None' has no attribute '" + name + "'");
-  return Value::undefined(std::string("'") + obj.type_name() + " object' has no attribute '" + name + "'");
+  return Value::undefined(std::string("'") + obj.type_name() + " object' has no attribute '" +
+                          name + "'");
 }
 
 Value get_item(const Value& obj, const Value& key) {
@@ -140,25 +147,30 @@ Value get_item(const Value& obj, const Value& key) {
       const auto chars = utf8_chars(obj.as_string());
       if (normalise_index(i, chars.size())) return Value(chars[static_cast<size_t>(i)]);
     }
-    return Value::undefined(std::string(obj.type_name()) + " object has no element " + std::to_string(key.as_int()));
+    return Value::undefined(std::string(obj.type_name()) + " object has no element " +
+                            std::to_string(key.as_int()));
   }
   if (key.is_string()) {
-    if (obj.is_dict()) return Value::undefined("'dict object' has no attribute '" + key.as_string() + "'");
+    if (obj.is_dict())
+      return Value::undefined("'dict object' has no attribute '" + key.as_string() + "'");
     return get_attribute(obj, key.as_string());
   }
   if (obj.is_dict()) return Value::undefined("'dict object' has no attribute " + key.repr());
-  return Value::undefined(std::string("'") + obj.type_name() + " object' has no attribute " + key.repr());
+  return Value::undefined(std::string("'") + obj.type_name() + " object' has no attribute " +
+                          key.repr());
 }
 
 Value get_slice(const Value& obj, const Value* start, const Value* stop, const Value* step) {
   if (obj.is_undefined()) raise_undefined(obj);
-  if (!obj.is_list() && !obj.is_string()) type_error(quoted_type(obj) + " object is not subscriptable");
+  if (!obj.is_list() && !obj.is_string())
+    type_error(quoted_type(obj) + " object is not subscriptable");
   for (const Value* p : {start, stop, step}) {
     if (p && !p->is_none() && (!p->is_number() || p->is_float())) {
       type_error("slice indices must be integers or None");
     }
   }
-  const std::vector<std::string> chars = obj.is_string() ? utf8_chars(obj.as_string()) : std::vector<std::string>();
+  const std::vector<std::string> chars =
+      obj.is_string() ? utf8_chars(obj.as_string()) : std::vector<std::string>();
   const int64_t n = static_cast<int64_t>(obj.is_string() ? chars.size() : obj.as_list().size());
   const int64_t st = step && !step->is_none() ? step->as_int() : 1;
   if (st == 0) type_error("slice step cannot be zero");
@@ -185,8 +197,10 @@ Value get_slice(const Value& obj, const Value* start, const Value* stop, const V
 
 ValueList iterate(const Value& v) {
   switch (v.kind()) {
-    case Value::Kind::kUndefined: return {};
-    case Value::Kind::kList: return v.as_list();
+    case Value::Kind::kUndefined:
+      return {};
+    case Value::Kind::kList:
+      return v.as_list();
     case Value::Kind::kDict: {
       ValueList keys;
       for (const auto& kv : v.as_items()) keys.push_back(kv.first);
@@ -197,7 +211,8 @@ ValueList iterate(const Value& v) {
       for (auto& c : utf8_chars(v.as_string())) out.emplace_back(std::move(c));
       return out;
     }
-    default: type_error(quoted_type(v) + " object is not iterable");
+    default:
+      type_error(quoted_type(v) + " object is not iterable");
   }
 }
 
@@ -239,12 +254,16 @@ Value binary_op(const std::string& op, const Value& a, const Value& b) {
       out.insert(out.end(), b.as_list().begin(), b.as_list().end());
       return Value::list(std::move(out));
     }
-    if (a.is_string()) type_error("can only concatenate str (not \"" + std::string(b.type_name()) + "\") to str");
-    if (a.is_list()) type_error("can only concatenate list (not \"" + std::string(b.type_name()) + "\") to list");
+    if (a.is_string())
+      type_error("can only concatenate str (not \"" + std::string(b.type_name()) + "\") to str");
+    if (a.is_list())
+      type_error("can only concatenate list (not \"" + std::string(b.type_name()) + "\") to list");
   }
   if (op == "*") {
-    if ((a.is_string() || a.is_list()) && b.is_number() && !b.is_float()) return repeat(a, b.as_int());
-    if ((b.is_string() || b.is_list()) && a.is_number() && !a.is_float()) return repeat(b, a.as_int());
+    if ((a.is_string() || a.is_list()) && b.is_number() && !b.is_float())
+      return repeat(a, b.as_int());
+    if ((b.is_string() || b.is_list()) && a.is_number() && !a.is_float())
+      return repeat(b, a.as_int());
   }
   if (op == "%" && a.is_string()) {
     CallArgs args;
@@ -255,7 +274,8 @@ Value binary_op(const std::string& op, const Value& a, const Value& b) {
     }
     return apply_filter("format", a, args);
   }
-  type_error("unsupported operand type(s) for " + op + ": " + quoted_type(a) + " and " + quoted_type(b));
+  type_error("unsupported operand type(s) for " + op + ": " + quoted_type(a) + " and " +
+             quoted_type(b));
 }
 
 Value unary_op(const std::string& op, const Value& a) {
@@ -274,9 +294,11 @@ Value call_value(const Value& callee, CallArgs& args) {
 std::unordered_map<std::string, Value> make_globals(std::function<std::time_t()> now) {
   std::unordered_map<std::string, Value> g;
   g["range"] = Value::function("range", [](CallArgs& a) {
-    if (a.positional.empty() || a.positional.size() > 3) type_error("range expected 1 to 3 integer arguments");
+    if (a.positional.empty() || a.positional.size() > 3)
+      type_error("range expected 1 to 3 integer arguments");
     for (const Value& v : a.positional) {
-      if (!v.is_number() || v.is_float()) type_error("range() arguments must be integers, not " + quoted_type(v));
+      if (!v.is_number() || v.is_float())
+        type_error("range() arguments must be integers, not " + quoted_type(v));
     }
     int64_t start = 0, stop = 0, step = 1;
     if (a.positional.size() == 1) {
@@ -296,7 +318,8 @@ std::unordered_map<std::string, Value> make_globals(std::function<std::time_t()>
   });
   auto make_mapping = [](CallArgs& a, const char* what) {
     ValueItems items;
-    if (a.positional.size() > 1) type_error(std::string(what) + "() takes at most one positional argument");
+    if (a.positional.size() > 1)
+      type_error(std::string(what) + "() takes at most one positional argument");
     if (!a.positional.empty()) {
       if (!a.positional[0].is_mapping()) type_error(std::string(what) + "() takes a mapping");
       items = a.positional[0].as_items();
@@ -307,9 +330,11 @@ std::unordered_map<std::string, Value> make_globals(std::function<std::time_t()>
   g["namespace"] = Value::function("namespace", [make_mapping](CallArgs& a) {
     return Value::namespace_object(make_mapping(a, "namespace"));
   });
-  g["dict"] = Value::function("dict", [make_mapping](CallArgs& a) { return Value::dict(make_mapping(a, "dict")); });
+  g["dict"] = Value::function(
+      "dict", [make_mapping](CallArgs& a) { return Value::dict(make_mapping(a, "dict")); });
   g["raise_exception"] = Value::function("raise_exception", [](CallArgs& a) -> Value {
-    throw TemplateError(TemplateError::Kind::kRaised, a.positional.empty() ? "" : a.positional[0].str());
+    throw TemplateError(TemplateError::Kind::kRaised,
+                        a.positional.empty() ? "" : a.positional[0].str());
   });
   g["strftime_now"] = Value::function("strftime_now", [now](CallArgs& a) {
     const Value fmt = a.get(0, "format");

@@ -33,7 +33,9 @@ class Parser {
  private:
   // ---- token helpers
   const Token& cur() const { return toks_[pos_]; }
-  const Token& peek(size_t ahead = 1) const { return toks_[std::min(pos_ + ahead, toks_.size() - 1)]; }
+  const Token& peek(size_t ahead = 1) const {
+    return toks_[std::min(pos_ + ahead, toks_.size() - 1)];
+  }
   void advance() {
     if (pos_ + 1 < toks_.size()) ++pos_;
   }
@@ -49,18 +51,25 @@ class Parser {
     advance();
     return true;
   }
-  [[noreturn]] void fail(const std::string& message, TemplateError::Kind kind = TemplateError::Kind::kSyntax) const {
+  [[noreturn]] void fail(const std::string& message,
+                         TemplateError::Kind kind = TemplateError::Kind::kSyntax) const {
     throw TemplateError(kind, message, name_, cur().line);
   }
   std::string describe(const Token& t) const {
     switch (t.type) {
-      case T::kEof: return "end of template";
-      case T::kBlockEnd: return "'%}'";
-      case T::kVarEnd: return "'}}'";
-      case T::kString: return "string";
+      case T::kEof:
+        return "end of template";
+      case T::kBlockEnd:
+        return "'%}'";
+      case T::kVarEnd:
+        return "'}}'";
+      case T::kString:
+        return "string";
       case T::kInt:
-      case T::kFloat: return "number " + t.text;
-      default: return "'" + t.text + "'";
+      case T::kFloat:
+        return "number " + t.text;
+      default:
+        return "'" + t.text + "'";
     }
   }
   void expect_op(const char* op) {
@@ -73,7 +82,8 @@ class Parser {
     return n;
   }
   void expect_block_end(const std::string& tag) {
-    if (cur().type != T::kBlockEnd) fail("expected the end of the '" + tag + "' tag, got " + describe(cur()));
+    if (cur().type != T::kBlockEnd)
+      fail("expected the end of the '" + tag + "' tag, got " + describe(cur()));
     advance();
   }
 
@@ -147,7 +157,8 @@ class Parser {
       if (!skip_name("in")) fail("expected 'in' in the 'for' tag, got " + describe(cur()));
       n->expr = parse_tuple(false);
       if (skip_name("if")) n->filter = parse_expression(true);
-      if (is_name("recursive")) fail("'for ... recursive' loops are not supported", TemplateError::Kind::kUnsupported);
+      if (is_name("recursive"))
+        fail("'for ... recursive' loops are not supported", TemplateError::Kind::kUnsupported);
       expect_block_end("for");
       const std::string end = parse_body(n->body, {"else", "endfor"});
       if (end == "else") {
@@ -163,8 +174,11 @@ class Parser {
         n->expr = parse_tuple(true);
         expect_block_end("set");
       } else {
-        if (n->targets.size() != 1 || !n->attribute.empty()) fail("a block '{% set %}' takes one name");
-        if (is_op("|")) fail("filters on a block '{% set %}' are not supported", TemplateError::Kind::kUnsupported);
+        if (n->targets.size() != 1 || !n->attribute.empty())
+          fail("a block '{% set %}' takes one name");
+        if (is_op("|"))
+          fail("filters on a block '{% set %}' are not supported",
+               TemplateError::Kind::kUnsupported);
         n->kind = Node::Kind::kSetBlock;
         expect_block_end("set");
         parse_body(n->body, {"endset"});
@@ -214,13 +228,15 @@ class Parser {
       parse_body(n->body, {"endwith"});
       expect_block_end("endwith");
     } else {
-      static const char* kUnsupported[] = {"include", "import", "from", "extends", "block", "call", "autoescape",
-                                           "do", "trans", "pluralize"};
+      static const char* kUnsupported[] = {"include", "import",     "from", "extends", "block",
+                                           "call",    "autoescape", "do",   "trans",   "pluralize"};
       for (const char* u : kUnsupported) {
         if (tag == u) {
           pos_ -= 1;
-          fail("unsupported tag '" + tag + "' (chat templates may use if/elif/else, for, set, macro, "
-               "break/continue, filter, with, raw, generation)", TemplateError::Kind::kUnsupported);
+          fail("unsupported tag '" + tag +
+                   "' (chat templates may use if/elif/else, for, set, macro, "
+                   "break/continue, filter, with, raw, generation)",
+               TemplateError::Kind::kUnsupported);
         }
       }
       pos_ -= 1;
@@ -331,9 +347,11 @@ class Parser {
       if (!result) {
         result = binary(Expr::Kind::kBinary, op, std::move(left), std::move(right), line);
       } else {
-        ExprPtr prev_right = clone(result->kind == Expr::Kind::kAnd ? *result->args[1]->args[1] : *result->args[1]);
-        result = binary(Expr::Kind::kAnd, "and", std::move(result),
-                        binary(Expr::Kind::kBinary, op, std::move(prev_right), std::move(right), line), line);
+        ExprPtr prev_right =
+            clone(result->kind == Expr::Kind::kAnd ? *result->args[1]->args[1] : *result->args[1]);
+        result = binary(
+            Expr::Kind::kAnd, "and", std::move(result),
+            binary(Expr::Kind::kBinary, op, std::move(prev_right), std::move(right), line), line);
       }
     }
     return result ? std::move(result) : std::move(left);
@@ -506,7 +524,8 @@ class Parser {
   void parse_call_args(Expr& e) {
     expect_op("(");
     while (!is_op(")")) {
-      if (is_op("*") || is_op("**")) fail("*args and **kwargs in calls are not supported", TemplateError::Kind::kUnsupported);
+      if (is_op("*") || is_op("**"))
+        fail("*args and **kwargs in calls are not supported", TemplateError::Kind::kUnsupported);
       if (cur().type == T::kName && peek().type == T::kOp && peek().text == "=") {
         std::string key = cur().text;
         advance();

@@ -6,7 +6,8 @@
 
 namespace crl::text::jinja {
 
-Template Template::parse(const std::string& source, const std::string& name, const TemplateOptions& options) {
+Template Template::parse(const std::string& source, const std::string& name,
+                         const TemplateOptions& options) {
   LexerOptions lex;
   lex.trim_blocks = options.trim_blocks;
   lex.lstrip_blocks = options.lstrip_blocks;
@@ -25,7 +26,8 @@ std::string Template::render(const Value& context, const RenderOptions& options)
   return render_nodes(*nodes_, context, rc);
 }
 
-std::string Template::render(const nlohmann::ordered_json& context, const RenderOptions& options) const {
+std::string Template::render(const nlohmann::ordered_json& context,
+                             const RenderOptions& options) const {
   return render(Value::from_json(context), options);
 }
 

@@ -19,10 +19,9 @@
 // Thread safety: a parsed Template is immutable; render() may run on many threads at once.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <ctime>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 
@@ -56,7 +55,8 @@ class Template {
   // TemplateError naming the line: kRaised for the template's raise_exception(), kUndefined /
   // kRuntime for misuse of values.
   std::string render(const Value& context, const RenderOptions& options = {}) const;
-  std::string render(const nlohmann::ordered_json& context, const RenderOptions& options = {}) const;
+  std::string render(const nlohmann::ordered_json& context,
+                     const RenderOptions& options = {}) const;
 
   const std::string& name() const { return name_; }
   const std::string& source() const { return source_; }

@@ -15,13 +15,27 @@ void append_json_string(std::string& out, const std::string& s) {
   out += '"';
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default:
         if (c < 0x20) {
           char buf[8];
@@ -68,15 +82,25 @@ void append_json(std::string& out, const Value& v, int indent, bool sort_keys, i
     out.append(static_cast<size_t>(indent * d), ' ');
   };
   switch (v.kind()) {
-    case Value::Kind::kNone: out += "null"; return;
-    case Value::Kind::kBool: out += v.as_bool() ? "true" : "false"; return;
-    case Value::Kind::kInt: out += std::to_string(v.as_int()); return;
+    case Value::Kind::kNone:
+      out += "null";
+      return;
+    case Value::Kind::kBool:
+      out += v.as_bool() ? "true" : "false";
+      return;
+    case Value::Kind::kInt:
+      out += std::to_string(v.as_int());
+      return;
     case Value::Kind::kFloat: {
       const double d = v.as_double();
-      out += std::isnan(d) ? "NaN" : std::isinf(d) ? (d > 0 ? "Infinity" : "-Infinity") : float_repr(d);
+      out += std::isnan(d)   ? "NaN"
+             : std::isinf(d) ? (d > 0 ? "Infinity" : "-Infinity")
+                             : float_repr(d);
       return;
     }
-    case Value::Kind::kString: append_json_string(out, v.as_string()); return;
+    case Value::Kind::kString:
+      append_json_string(out, v.as_string());
+      return;
     case Value::Kind::kList: {
       const ValueList& items = v.as_list();
       if (items.empty()) {
@@ -102,8 +126,9 @@ void append_json(std::string& out, const Value& v, int indent, bool sort_keys, i
         return;
       }
       if (sort_keys) {
-        std::stable_sort(items.begin(), items.end(),
-                         [](const auto* a, const auto* b) { return a->first.str() < b->first.str(); });
+        std::stable_sort(items.begin(), items.end(), [](const auto* a, const auto* b) {
+          return a->first.str() < b->first.str();
+        });
       }
       out += '{';
       for (size_t i = 0; i < items.size(); ++i) {
@@ -117,9 +142,10 @@ void append_json(std::string& out, const Value& v, int indent, bool sort_keys, i
           append_json(k, key, -1, false, 0);
           append_json_string(out, k);
         } else {
-          throw TemplateError(TemplateError::Kind::kRuntime,
-                              std::string("tojson: keys must be str, int, float, bool or None, not ") +
-                                  key.type_name());
+          throw TemplateError(
+              TemplateError::Kind::kRuntime,
+              std::string("tojson: keys must be str, int, float, bool or None, not ") +
+                  key.type_name());
         }
         out += ": ";
         append_json(out, items[i]->second, indent, sort_keys, depth + 1);
@@ -133,7 +159,8 @@ void append_json(std::string& out, const Value& v, int indent, bool sort_keys, i
                           "tojson: an undefined value is not JSON serializable" +
                               (v.name().empty() ? std::string() : " (" + v.name() + ")"));
     case Value::Kind::kCallable:
-      throw TemplateError(TemplateError::Kind::kRuntime, "tojson: a function is not JSON serializable");
+      throw TemplateError(TemplateError::Kind::kRuntime,
+                          "tojson: a function is not JSON serializable");
   }
 }
 
@@ -158,7 +185,8 @@ Value value_from_json(const Json& j) {
   if (j.is_object()) {
     ValueItems items;
     items.reserve(j.size());
-    for (auto it = j.begin(); it != j.end(); ++it) items.emplace_back(Value(it.key()), value_from_json(it.value()));
+    for (auto it = j.begin(); it != j.end(); ++it)
+      items.emplace_back(Value(it.key()), value_from_json(it.value()));
     return Value::dict(std::move(items));
   }
   return Value::none();  // binary: not produced by JSON text
@@ -250,27 +278,41 @@ void Value::set_attribute(const std::string& key, Value v) const {
 bool Value::truthy() const {
   switch (kind_) {
     case Kind::kUndefined:
-    case Kind::kNone: return false;
-    case Kind::kBool: return b_;
-    case Kind::kInt: return i_ != 0;
-    case Kind::kFloat: return f_ != 0.0;
-    case Kind::kString: return !s_.empty();
-    case Kind::kList: return !list_->empty();
-    case Kind::kDict: return !items_->empty();
+    case Kind::kNone:
+      return false;
+    case Kind::kBool:
+      return b_;
+    case Kind::kInt:
+      return i_ != 0;
+    case Kind::kFloat:
+      return f_ != 0.0;
+    case Kind::kString:
+      return !s_.empty();
+    case Kind::kList:
+      return !list_->empty();
+    case Kind::kDict:
+      return !items_->empty();
     case Kind::kNamespace:
-    case Kind::kCallable: return true;
+    case Kind::kCallable:
+      return true;
   }
   return false;
 }
 
 std::string Value::str() const {
   switch (kind_) {
-    case Kind::kUndefined: return "";
-    case Kind::kNone: return "None";
-    case Kind::kBool: return b_ ? "True" : "False";
-    case Kind::kInt: return std::to_string(i_);
-    case Kind::kFloat: return float_repr(f_);
-    case Kind::kString: return s_;
+    case Kind::kUndefined:
+      return "";
+    case Kind::kNone:
+      return "None";
+    case Kind::kBool:
+      return b_ ? "True" : "False";
+    case Kind::kInt:
+      return std::to_string(i_);
+    case Kind::kFloat:
+      return float_repr(f_);
+    case Kind::kString:
+      return s_;
     case Kind::kList: {
       std::string out = tuple_ ? "(" : "[";
       for (size_t i = 0; i < list_->size(); ++i) out += (i ? ", " : "") + (*list_)[i].repr();
@@ -285,7 +327,8 @@ std::string Value::str() const {
       }
       return out + (kind_ == Kind::kNamespace ? "}>" : "}");
     }
-    case Kind::kCallable: return "<function " + s_ + ">";
+    case Kind::kCallable:
+      return "<function " + s_ + ">";
   }
   return "";
 }
@@ -294,16 +337,26 @@ std::string Value::repr() const { return kind_ == Kind::kString ? python_string_
 
 const char* Value::type_name() const {
   switch (kind_) {
-    case Kind::kUndefined: return "undefined";
-    case Kind::kNone: return "NoneType";
-    case Kind::kBool: return "bool";
-    case Kind::kInt: return "int";
-    case Kind::kFloat: return "float";
-    case Kind::kString: return "str";
-    case Kind::kList: return "list";
-    case Kind::kDict: return "dict";
-    case Kind::kNamespace: return "namespace";
-    case Kind::kCallable: return "function";
+    case Kind::kUndefined:
+      return "undefined";
+    case Kind::kNone:
+      return "NoneType";
+    case Kind::kBool:
+      return "bool";
+    case Kind::kInt:
+      return "int";
+    case Kind::kFloat:
+      return "float";
+    case Kind::kString:
+      return "str";
+    case Kind::kList:
+      return "list";
+    case Kind::kDict:
+      return "dict";
+    case Kind::kNamespace:
+      return "namespace";
+    case Kind::kCallable:
+      return "function";
   }
   return "?";
 }
@@ -322,8 +375,10 @@ bool Value::equals(const Value& o) const {
   if (kind_ != o.kind_) return false;
   switch (kind_) {
     case Kind::kUndefined:
-    case Kind::kNone: return true;
-    case Kind::kString: return s_ == o.s_;
+    case Kind::kNone:
+      return true;
+    case Kind::kString:
+      return s_ == o.s_;
     case Kind::kList: {
       if (list_->size() != o.list_->size()) return false;
       for (size_t i = 0; i < list_->size(); ++i) {
@@ -339,9 +394,12 @@ bool Value::equals(const Value& o) const {
       }
       return true;
     }
-    case Kind::kNamespace: return items_ == o.items_;
-    case Kind::kCallable: return fn_ == o.fn_;
-    default: return false;
+    case Kind::kNamespace:
+      return items_ == o.items_;
+    case Kind::kCallable:
+      return fn_ == o.fn_;
+    default:
+      return false;
   }
 }
 
@@ -389,9 +447,11 @@ std::string float_repr(double v) {
   std::string out;
   if (exp >= -4 && exp < 16) {
     if (exp >= 0) {
-      std::string int_part = digits.substr(0, std::min(digits.size(), static_cast<size_t>(exp + 1)));
+      std::string int_part =
+          digits.substr(0, std::min(digits.size(), static_cast<size_t>(exp + 1)));
       int_part.append(static_cast<size_t>(exp + 1) - int_part.size(), '0');
-      const std::string frac = digits.size() > static_cast<size_t>(exp + 1) ? digits.substr(exp + 1) : "0";
+      const std::string frac =
+          digits.size() > static_cast<size_t>(exp + 1) ? digits.substr(exp + 1) : "0";
       out = int_part + "." + frac;
     } else {
       out = "0." + std::string(static_cast<size_t>(-exp - 1), '0') + digits;

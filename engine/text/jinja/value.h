@@ -9,11 +9,10 @@
 // transformers' ImmutableSandboxedEnvironment), so copying a Value is cheap.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
@@ -29,7 +28,18 @@ using NativeFunction = std::function<Value(CallArgs& args)>;
 
 class Value {
  public:
-  enum class Kind { kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kDict, kNamespace, kCallable };
+  enum class Kind {
+    kUndefined,
+    kNone,
+    kBool,
+    kInt,
+    kFloat,
+    kString,
+    kList,
+    kDict,
+    kNamespace,
+    kCallable
+  };
 
   Value() = default;  // undefined
   static Value undefined(std::string hint = "");
@@ -58,7 +68,9 @@ class Value {
   bool is_bool() const { return kind_ == Kind::kBool; }
   bool is_int() const { return kind_ == Kind::kInt; }
   bool is_float() const { return kind_ == Kind::kFloat; }
-  bool is_number() const { return kind_ == Kind::kInt || kind_ == Kind::kFloat || kind_ == Kind::kBool; }
+  bool is_number() const {
+    return kind_ == Kind::kInt || kind_ == Kind::kFloat || kind_ == Kind::kBool;
+  }
   bool is_string() const { return kind_ == Kind::kString; }
   bool is_list() const { return kind_ == Kind::kList; }
   bool is_tuple() const { return kind_ == Kind::kList && tuple_; }
@@ -68,8 +80,8 @@ class Value {
   bool is_mapping() const { return kind_ == Kind::kDict || kind_ == Kind::kNamespace; }
 
   bool as_bool() const { return b_; }
-  int64_t as_int() const;     // bool and int
-  double as_double() const;   // bool, int and float
+  int64_t as_int() const;    // bool and int
+  double as_double() const;  // bool, int and float
   const std::string& as_string() const { return s_; }
   const ValueList& as_list() const { return *list_; }
   const ValueItems& as_items() const { return *items_; }

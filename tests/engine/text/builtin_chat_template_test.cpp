@@ -1,12 +1,12 @@
-#include <gtest/gtest.h>
-
 #include "engine/text/builtin_chat_template.h"
+
+#include <gtest/gtest.h>
 
 namespace crl::text {
 namespace {
 
-const std::vector<ChatMessage> kChat = {{"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello"},
-                                        {"user", "2+2?"}};
+const std::vector<ChatMessage> kChat = {
+    {"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello"}, {"user", "2+2?"}};
 
 TEST(BuiltinChatTemplateTest, RecognisesFamiliesByPattern) {
   // Excerpts of the real templates are enough: detection looks for the family's markers.
@@ -23,7 +23,8 @@ TEST(BuiltinChatTemplateTest, RecognisesFamiliesByPattern) {
             "<|im_start|>assistant\nHello<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n"
             "<|im_start|>assistant\n");
 
-  auto llama3 = BuiltinChatTemplate::detect("{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' }}");
+  auto llama3 = BuiltinChatTemplate::detect(
+      "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' }}");
   EXPECT_EQ(llama3.format(), ChatFormat::kLlama3);
   EXPECT_EQ(llama3.render({{"user", " Hi "}}),
             "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
@@ -40,7 +41,8 @@ TEST(BuiltinChatTemplateTest, RecognisesFamiliesByPattern) {
 
   auto plain = BuiltinChatTemplate::detect("{{ something else }}");
   EXPECT_EQ(plain.format(), ChatFormat::kPlain);
-  EXPECT_EQ(plain.render(kChat), "System: Be brief.\nUser: Hi\nAssistant: Hello\nUser: 2+2?\nAssistant:");
+  EXPECT_EQ(plain.render(kChat),
+            "System: Be brief.\nUser: Hi\nAssistant: Hello\nUser: 2+2?\nAssistant:");
   EXPECT_THROW(plain.render({{"wizard", "x"}}), std::invalid_argument);
   EXPECT_THROW(plain.render({}), std::invalid_argument);
 }

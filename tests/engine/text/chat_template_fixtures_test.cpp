@@ -36,7 +36,8 @@ std::vector<Case> all_cases() {
   std::vector<Case> out;
   const ojson& cases = fixture("expected.json")["cases"];
   for (size_t i = 0; i < cases.size(); ++i) {
-    out.push_back({cases[i]["template"].get<std::string>(), cases[i]["case"].get<std::string>(), i});
+    out.push_back(
+        {cases[i]["template"].get<std::string>(), cases[i]["case"].get<std::string>(), i});
   }
   return out;
 }
@@ -47,11 +48,14 @@ TEST_P(ChatTemplateFixtureTest, RendersLikePythonJinja2) {
   const ojson& c = fixture("expected.json")["cases"][GetParam().index];
   ojson config;
   for (const auto& t : fixture("templates.json")) {
-    if (t["name"] == c["template"]) config = {{"chat_template", t["template"]}, {"bos_token", t["bos_token"]},
-                                              {"eos_token", t["eos_token"]}};
+    if (t["name"] == c["template"])
+      config = {{"chat_template", t["template"]},
+                {"bos_token", t["bos_token"]},
+                {"eos_token", t["eos_token"]}};
   }
   ASSERT_TRUE(config.is_object()) << "no template " << c["template"];
-  const ChatTemplate chat = ChatTemplate::from_tokenizer_config(config, c["template"].get<std::string>());
+  const ChatTemplate chat =
+      ChatTemplate::from_tokenizer_config(config, c["template"].get<std::string>());
   ASSERT_TRUE(chat.is_jinja());
   const ojson& vars = c["variables"];
   ChatRenderOptions options;
@@ -100,9 +104,9 @@ TEST(ChatTemplateFixtureTest, CoversTheTemplatesTheIssueNames) {
   for (const auto& c : fixture("expected.json")["cases"]) {
     if (c.contains("expected")) ++renders[c["template"].get<std::string>()];
   }
-  for (const char* name : {"Llama-3.1-8B-Instruct", "Llama-3.2-3B-Instruct", "Qwen2.5-7B-Instruct", "Qwen3",
-                           "SmolLM2-Instruct", "Mistral-7B-Instruct-v0.3", "Mistral-Nemo-Instruct-2407",
-                           "DeepSeek-R1-Distill-Qwen-32B"}) {
+  for (const char* name : {"Llama-3.1-8B-Instruct", "Llama-3.2-3B-Instruct", "Qwen2.5-7B-Instruct",
+                           "Qwen3", "SmolLM2-Instruct", "Mistral-7B-Instruct-v0.3",
+                           "Mistral-Nemo-Instruct-2407", "DeepSeek-R1-Distill-Qwen-32B"}) {
     EXPECT_GE(renders[name], 8) << name;
   }
 }

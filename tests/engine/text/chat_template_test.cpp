@@ -44,7 +44,7 @@ TEST(ChatTemplateTest, RendersTheConfigTemplateWithAddedTokenForms) {
 TEST(ChatTemplateTest, NamedTemplatesPickToolUseWhenToolsAreGiven) {
   const ChatTemplate chat = ChatTemplate::from_tokenizer_config(ojson::parse(R"({"chat_template": [
       {"name": "default", "template": "default"}, {"name": "tool_use", "template": "tools={{ tools|length }}"}]})"),
-                                                               "cfg");
+                                                                "cfg");
   EXPECT_EQ(chat.render(kMessages), "default");
   ChatRenderOptions options;
   options.tools = ojson::parse(R"([{"type": "function", "function": {"name": "f"}}])");
@@ -64,7 +64,8 @@ TEST(ChatTemplateTest, ContinueFinalMessageCutsAfterTheLastMessage) {
   ChatRenderOptions options;
   options.add_generation_prompt = false;
   options.continue_final_message = true;
-  const ojson messages = ojson::parse(R"([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "The answer is"}])");
+  const ojson messages = ojson::parse(
+      R"([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "The answer is"}])");
   EXPECT_EQ(chat.render(messages, options), "<user>Hi</user><assistant>The answer is");
   options.add_generation_prompt = true;
   ASSERT_THROWS_WITH(chat.render(messages, options), std::invalid_argument, "cannot both be true");
@@ -74,17 +75,22 @@ TEST(ChatTemplateTest, MalformedConfigsNameTheFileAndJsonPath) {
   test::TempDir dir;
   const std::string config = dir.file("tokenizer_config.json");
   write(config, "{not json");
-  ASSERT_THROWS_WITH(ChatTemplate::from_model_dir(dir.path()), std::invalid_argument, config + ": invalid JSON");
+  ASSERT_THROWS_WITH(ChatTemplate::from_model_dir(dir.path()), std::invalid_argument,
+                     config + ": invalid JSON");
   write(config, R"({"chat_template": 3})");
   ASSERT_THROWS_WITH(ChatTemplate::from_model_dir(dir.path()), std::invalid_argument,
                      config + ": chat_template must be a string or a list");
-  write(config, R"({"chat_template": [{"name": "default", "template": "x"}, {"name": "tool_use"}]})");
-  ASSERT_THROWS_WITH(ChatTemplate::from_model_dir(dir.path()), std::invalid_argument, config + ": chat_template[1]");
+  write(config,
+        R"({"chat_template": [{"name": "default", "template": "x"}, {"name": "tool_use"}]})");
+  ASSERT_THROWS_WITH(ChatTemplate::from_model_dir(dir.path()), std::invalid_argument,
+                     config + ": chat_template[1]");
   write(config, R"({"bos_token": 5, "chat_template": "x"})");
-  ASSERT_THROWS_WITH(ChatTemplate::from_model_dir(dir.path()), std::invalid_argument, "'bos_token'");
+  ASSERT_THROWS_WITH(ChatTemplate::from_model_dir(dir.path()), std::invalid_argument,
+                     "'bos_token'");
   write(config, R"({"chat_template": "line 1\n{{ messages | frobnicate }}"})");
-  ASSERT_THROWS_WITH(ChatTemplate::from_model_dir(dir.path()), jinja::TemplateError,
-                     "template '" + config + ": chat_template' line 2: unknown filter 'frobnicate'");
+  ASSERT_THROWS_WITH(
+      ChatTemplate::from_model_dir(dir.path()), jinja::TemplateError,
+      "template '" + config + ": chat_template' line 2: unknown filter 'frobnicate'");
   write(config, R"({"chat_template": [{"name": "default", "template": "{% include 'x' %}"}]})");
   ASSERT_THROWS_WITH(ChatTemplate::from_model_dir(dir.path()), jinja::TemplateError,
                      "chat_template[0] (default)' line 1: unsupported tag 'include'");
@@ -93,10 +99,12 @@ TEST(ChatTemplateTest, MalformedConfigsNameTheFileAndJsonPath) {
 TEST(ChatTemplateTest, BadMessagesAndOptionsAreInvalidArguments) {
   const ChatTemplate chat = ChatTemplate::from_jinja("{{ messages|length }}");
   ASSERT_THROWS_WITH(chat.render(ojson::array()), std::invalid_argument, "must not be empty");
-  ASSERT_THROWS_WITH(chat.render(ojson::parse(R"([{"content": "x"}])")), std::invalid_argument, "'role'");
+  ASSERT_THROWS_WITH(chat.render(ojson::parse(R"([{"content": "x"}])")), std::invalid_argument,
+                     "'role'");
   ChatRenderOptions options;
   options.kwargs = {{"messages", 1}};
-  ASSERT_THROWS_WITH(chat.render(kMessages, options), std::invalid_argument, "cannot set 'messages'");
+  ASSERT_THROWS_WITH(chat.render(kMessages, options), std::invalid_argument,
+                     "cannot set 'messages'");
 }
 
 }  // namespace
