@@ -192,37 +192,12 @@ std::vector<int32_t> Server::encode_chat(const std::string& text) const {
   const engine::LlmEngine& eng = loop_->engine();
   const engine::Tokenizer* tok = eng.tokenizer();
   if (!tok) throw ApiError(400, "this model has no tokenizer: use /v1/completions with token ids");
-  std::call_once(specials_once_, [&] {
-    for (int32_t id = 0; id < tok->vocab_size(); ++id) {
-      if (!tok->is_special(id)) continue;
-      std::string piece = tok->id_to_piece(id);
-      if (piece.size() > 2 && piece.front() == '<' && piece.back() == '>') specials_.emplace_back(piece, id);
-    }
+  std::call_once(chat_encoder_once_, [&] {
+    // BOS when the model wants one, unless the model's template writes it.
+    chat_encoder_ = std::make_unique<text::ChatEncoder>(
+        *tok, chat_.is_jinja() ? std::vector<int32_t>() : eng.encode_prompt(""));
   });
-  // BOS when the model wants one, unless the model's template wrote it (as vLLM, which encodes
-  // a rendered chat template without adding special tokens).
-  std::vector<int32_t> ids = chat_.is_jinja() ? std::vector<int32_t>() : eng.encode_prompt("");
-  size_t at = 0;
-  while (at < text.size()) {
-    size_t best = std::string::npos;
-    const std::pair<std::string, int32_t>* which = nullptr;
-    for (const auto& s : specials_) {
-      const size_t f = text.find(s.first, at);
-      if (f != std::string::npos && (f < best || (f == best && s.first.size() > which->first.size()))) {
-        best = f;
-        which = &s;
-      }
-    }
-    const size_t end = which ? best : text.size();
-    if (end > at) {
-      auto part = tok->encode(text.substr(at, end - at));
-      ids.insert(ids.end(), part.begin(), part.end());
-    }
-    if (!which) break;
-    ids.push_back(which->second);
-    at = best + which->first.size();
-  }
-  return ids;
+  return chat_encoder_->encode(text);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "engine/engine_config.h"
+#include "engine/text/chat_encoder.h"
 #include "engine/text/chat_template.h"
 #include "server/api_types.h"
 #include "server/engine_loop.h"
@@ -96,8 +97,9 @@ class Server {
   void require_ready() const;
   // Throws ApiError(400) when the model's chat template failed to load.
   void require_chat_template() const;
-  // Token ids of a chat prompt: control pieces written as text (</s>, <s>) become their ids. The
-  // model's own template writes its BOS itself; the built-in formats get the engine's.
+  // Token ids of a chat prompt (text::ChatEncoder): control pieces written as text (</s>, <s>)
+  // become their ids. The model's own template writes its BOS itself; the built-in formats get
+  // the engine's.
   std::vector<int32_t> encode_chat(const std::string& text) const;
 
   ServerOptions options_;
@@ -110,8 +112,8 @@ class Server {
   std::atomic<int> in_flight_{0};
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> next_id_{0};
-  mutable std::once_flag specials_once_;
-  mutable std::vector<std::pair<std::string, int32_t>> specials_;  // control piece -> id
+  mutable std::once_flag chat_encoder_once_;
+  mutable std::unique_ptr<text::ChatEncoder> chat_encoder_;  // made at the first chat request
 };
 
 }  // namespace crl::server

@@ -60,6 +60,30 @@ TEST(ServerChatTemplateTest, ChatUsesTheModelsJinjaTemplateAndRequestFields) {
             reference.tokenizer()->encode("user: What is 3 plus 4?"));
 }
 
+TEST(ServerChatTemplateTest, TemplateThatWritesBosAndEosGetsTheirIdsOnce) {
+  TempDir dir;
+  const json config = {{"bos_token", "<s>"},
+                       {"eos_token", {{"content", "</s>"}, {"special", true}}},
+                       {"chat_template",
+                        "{{ bos_token }}{% for m in messages %}{{ m.role }}: {{ m.content }}"
+                        "{{ eos_token if m.role == 'assistant' }}\n{% endfor %}"
+                        "{% if add_generation_prompt %}assistant:{% endif %}"}};
+  ServedModel served(config_for(model_with_config(dir, config)));
+  const json body = {{"messages",
+                       {{{"role", "user"}, {"content", "hi"}},
+                        {{"role", "assistant"}, {"content", "ho"}},
+                        {{"role", "user"}, {"content", "2+2?"}}}}};
+  auto [ts, tb] = served.post("/tokenize", body);
+  ASSERT_EQ(ts, 200) << tb;
+  engine::LlmEngine reference(config_for(dir.path()));
+  const engine::Tokenizer& tok = *reference.tokenizer();
+  std::vector<int32_t> expected = {tok.bos_id()};  // written by the template, not added again
+  for (int32_t id : tok.encode("user: hi\nassistant: ho")) expected.push_back(id);
+  expected.push_back(tok.eos_id());
+  for (int32_t id : tok.encode("\nuser: 2+2?\nassistant:")) expected.push_back(id);
+  EXPECT_EQ(json::parse(tb)["tokens"].get<std::vector<int32_t>>(), expected);
+}
+
 TEST(ServerChatTemplateTest, BrokenTemplateGives400NamingTheLineWhileCompletionsWork) {
   TempDir dir;
   ServedModel served(config_for(model_with_config(dir, {{"chat_template", "ok\n{{ messages | nosuch }}"}})));

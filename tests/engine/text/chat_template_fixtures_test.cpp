@@ -42,6 +42,11 @@ std::vector<Case> all_cases() {
   return out;
 }
 
+// gtest prints a failing parameter with this instead of its bytes.
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.template_name << " / " << c.case_name << " (expected.json case " << c.index << ")";
+}
+
 class ChatTemplateFixtureTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(ChatTemplateFixtureTest, RendersLikePythonJinja2) {
