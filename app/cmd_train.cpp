@@ -39,7 +39,8 @@ Runner register_train(CLI::App& app) {
   cmd->add_flag("--deterministic", o.deterministic,
                 "batch-invariant engine and matching trainer: log-prob gap exactly 0");
   cmd->add_option("--data", o.data_path,
-                  "JSONL rows {\"prompt\", \"answer\"} (default: the built-in copy task)");
+                  "JSONL rows {\"prompt\", \"answer\"} or {\"messages\": [chat], \"answer\"} "
+                  "(a chat, rendered with the model's template; default: the built-in copy task)");
   cmd->add_option("--reward", f->reward, "exact, numeric, regex or format")->capture_default_str();
   cmd->add_option("--format-weight", o.reward.format_weight,
                   "bonus for a well-formed answer (added to the correctness reward)");
@@ -115,7 +116,7 @@ Runner register_train(CLI::App& app) {
       throw std::invalid_argument("--steps >= 0, --prompts-per-step, --n-samples and --max-tokens >= 1");
     }
     // Bad data fails here, in the launcher, before any rank starts.
-    if (!o.data_path.empty()) trainer::load_task_jsonl(o.data_path, o.reward);
+    if (!o.data_path.empty()) trainer::load_task_jsonl(o.data_path, o.reward, o.model_dir);
     LaunchOptions lo{o.infer_per_node, o.train_per_node, o.timeout};
     return run_distributed(lo, [o](const sync::RankEnv& env) { return run_rl_rank(env, o); });
   };

@@ -26,6 +26,7 @@
 #include "trainer/checkpoint.h"
 #include "trainer/metrics.h"
 #include "trainer/micro_batch.h"
+#include "trainer/prompt_encoder.h"
 
 namespace crl::app {
 namespace {
@@ -137,6 +138,7 @@ class InferRank {
     ec.max_seqs = std::max<int32_t>(256, o_.prompts_per_step * o_.samples_per_prompt);
     auto eng = std::make_unique<engine::LlmEngine>(ec);
     CRL_CHECK(eng->tokenizer(), "the RL job needs a model with tokenizer.model");
+    prompts_ = std::make_unique<trainer::PromptEncoder>(*eng->tokenizer(), eng->encode_prompt(""));
     layout_ = std::make_unique<sync::WeightLayout>(
         eng->attach_weight_buffers(o_.bucket_bytes).layout());
     buckets_ = &eng->weight_buffers()->buckets();  // touched on the engine thread only
@@ -171,7 +173,7 @@ class InferRank {
     std::vector<engine::GenerateRequest> reqs;
     for (size_t i : eval_rows_) {
       engine::GenerateRequest q;
-      q.prompt = j_.split.eval[i].prompt;
+      q.prompt_token_ids = prompts_->encode(j_.split.eval[i]);
       q.params.temperature = 0;
       q.params.max_tokens = o_.max_tokens;
       reqs.push_back(std::move(q));
@@ -284,10 +286,11 @@ class InferRank {
   json rollout(int64_t step) {
     auto t_start = Clock::now();
     std::vector<int64_t> picked = j_.draw(o_.prompts_per_step);
-    const auto& tok = *loop_->engine().tokenizer();
+    std::vector<std::vector<int32_t>> prompt_ids;
     std::vector<int64_t> cost;
     for (int64_t r : picked) {
-      cost.push_back(static_cast<int64_t>(tok.encode(j_.split.train[r].prompt).size()) +
+      prompt_ids.push_back(prompts_->encode(j_.split.train[r]));
+      cost.push_back(static_cast<int64_t>(prompt_ids.back().size()) +
                      int64_t{o_.samples_per_prompt} * o_.max_tokens);
     }
     std::vector<int> owner = shard_by_cost(cost, j_.infer_total);
@@ -297,7 +300,7 @@ class InferRank {
       if (owner[i] != j_.role_global) continue;
       engine::GenerateRequest q;
       q.request_id = fmt::format("s{}p{}", step, i);
-      q.prompt = j_.split.train[picked[i]].prompt;
+      q.prompt_token_ids = std::move(prompt_ids[i]);
       q.params.n = o_.samples_per_prompt;
       q.params.temperature = o_.temperature;
       q.params.max_tokens = o_.max_tokens;
@@ -392,6 +395,7 @@ class InferRank {
   std::shared_ptr<server::EngineLoop> loop_;
   std::unique_ptr<server::Server> server_;
   std::vector<at::Tensor>* buckets_ = nullptr;
+  std::unique_ptr<trainer::PromptEncoder> prompts_;  // over the engine's tokenizer
   int64_t version_ = 0;  // weights the engine runs (mirrors the engine's weight_version)
   int64_t evals_ = 0;
   std::unique_ptr<sync::WeightLayout> layout_;
@@ -529,16 +533,18 @@ class TrainRank {
     // The same tokenizer the engine uses, loaded from the model directory.
     engine::Tokenizer tok(o_.model_dir + "/tokenizer.model");
     auto cfg = engine::load_model_config(o_.model_dir);
+    // The same prompt ids the engines generate from (TODO(issue12-tokenizer): the engine's BOS
+    // rule, tokenizer_config.json's add_bos_token, instead of "whenever the model has one").
+    const trainer::PromptEncoder prompts(
+        tok, cfg.bos_token_id >= 0 ? std::vector<int32_t>{static_cast<int32_t>(cfg.bos_token_id)}
+                                   : std::vector<int32_t>());
     for (int64_t s = 0; s < o_.sft_steps; ++s) {
       std::vector<int64_t> picked = j_.draw(o_.sft_rows_per_step);
       std::vector<trainer::SampleGroup> groups;
       for (size_t i = 0; i < picked.size(); ++i) {
         if (static_cast<int>(i % j_.train_total) != j_.role_global) continue;
         const auto& row = j_.split.train[picked[i]];
-        std::vector<int32_t> prompt;
-        if (cfg.bos_token_id >= 0) prompt.push_back(static_cast<int32_t>(cfg.bos_token_id));
-        for (int32_t id : tok.encode(row.prompt)) prompt.push_back(id);
-        groups.push_back(trainer::sft_group(std::move(prompt), tok.encode(row.answer),
+        groups.push_back(trainer::sft_group(prompts.encode(row), tok.encode(row.answer),
                                             static_cast<int32_t>(cfg.eos_token_ids.at(0))));
       }
       auto batches = trainer::pack_micro_batches(groups, so.micro_batch_tokens);
@@ -814,7 +820,7 @@ int run_rl_rank(const sync::RankEnv& env, const RlJobOptions& o) {
                   topo.role_index(env.rank);
 
   auto rows = o.data_path.empty() ? trainer::default_task_rows(o.default_task_rows, o.seed)
-                                  : trainer::load_task_jsonl(o.data_path, o.reward);
+                                  : trainer::load_task_jsonl(o.data_path, o.reward, o.model_dir);
   j.split = trainer::split_task(std::move(rows), o.eval_rows, o.seed);
   if (j.split.train.empty()) CRL_INVALID("the task has no training rows after the held-out split");
   j.rows = std::make_unique<trainer::RowSampler>(static_cast<int64_t>(j.split.train.size()),

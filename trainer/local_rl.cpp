@@ -12,6 +12,7 @@
 #include "engine/llm_engine.h"
 #include "engine/model/model_cache.h"
 #include "trainer/checkpoint.h"
+#include "trainer/prompt_encoder.h"
 
 namespace crl::trainer {
 
@@ -23,13 +24,14 @@ double since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-double held_out_accuracy(engine::LlmEngine& eng, const std::vector<TaskRow>& rows,
-                         const RewardOptions& reward, int32_t max_tokens) {
+double held_out_accuracy(engine::LlmEngine& eng, const PromptEncoder& prompts,
+                         const std::vector<TaskRow>& rows, const RewardOptions& reward,
+                         int32_t max_tokens) {
   if (rows.empty()) return 0;
   std::vector<engine::GenerateRequest> reqs;
   for (const auto& r : rows) {
     engine::GenerateRequest q;
-    q.prompt = r.prompt;
+    q.prompt_token_ids = prompts.encode(r);
     q.params.temperature = 0;
     q.params.max_tokens = max_tokens;
     reqs.push_back(std::move(q));
@@ -58,7 +60,7 @@ LocalRlResult run_local_rl(const LocalRlOptions& o) {
   const std::string model_dir = o.model_dir.empty() ? engine::ensure_preset_model("default") : o.model_dir;
 
   std::vector<TaskRow> rows = o.data_path.empty() ? default_task_rows(o.default_task_rows, o.seed)
-                                                  : load_task_jsonl(o.data_path, o.reward);
+                                                  : load_task_jsonl(o.data_path, o.reward, model_dir);
   TaskSplit split = split_task(std::move(rows), o.eval_rows, o.seed);
   CRL_CHECK(!split.train.empty(), "no training rows");
 
@@ -72,7 +74,7 @@ LocalRlResult run_local_rl(const LocalRlOptions& o) {
   engine::LlmEngine eng(ec);
   CRL_CHECK(eng.tokenizer() != nullptr, "run_local_rl needs a model with tokenizer.model");
   const engine::Tokenizer& tok = *eng.tokenizer();
-  const int32_t bos = static_cast<int32_t>(eng.model_config().bos_token_id);
+  const PromptEncoder prompts(tok, eng.encode_prompt(""));  // rollouts and SFT alike
   CRL_CHECK(!eng.eos_token_ids().empty(), "run_local_rl needs an EOS token");
   const int32_t eos = eng.eos_token_ids()[0];
 
@@ -80,7 +82,7 @@ LocalRlResult run_local_rl(const LocalRlOptions& o) {
   std::unique_ptr<MetricsWriter> writer;
   if (!o.metrics_path.empty()) writer = std::make_unique<MetricsWriter>(o.metrics_path);
   auto evaluate = [&](const std::string& phase, int64_t step) {
-    const double acc = held_out_accuracy(eng, split.eval, o.reward, o.max_tokens);
+    const double acc = held_out_accuracy(eng, prompts, split.eval, o.reward, o.max_tokens);
     result.evals.push_back({phase, step, acc, since(t_start)});
     log(fmt_eval(phase, step, acc, since(t_start)));
     return acc;
@@ -112,10 +114,7 @@ LocalRlResult run_local_rl(const LocalRlOptions& o) {
       std::vector<SampleGroup> groups;
       for (int32_t i = 0; i < o.sft_rows_per_step; ++i) {
         const TaskRow& r = split.train[rows_sampler.next()];
-        std::vector<int32_t> prompt;
-        if (bos >= 0) prompt.push_back(bos);
-        for (int32_t id : tok.encode(r.prompt)) prompt.push_back(id);
-        groups.push_back(sft_group(std::move(prompt), tok.encode(r.answer), eos));
+        groups.push_back(sft_group(prompts.encode(r), tok.encode(r.answer), eos));
       }
       auto batches = pack_micro_batches(groups, sft_opts.micro_batch_tokens);
       StepStats st = sft.train_step(batches, LossKind::kSft);
@@ -153,7 +152,7 @@ LocalRlResult run_local_rl(const LocalRlOptions& o) {
       const TaskRow& r = split.train[rows_sampler.next()];
       picked.push_back(&r);
       engine::GenerateRequest q;
-      q.prompt = r.prompt;
+      q.prompt_token_ids = prompts.encode(r);
       q.params.n = o.samples_per_prompt;
       q.params.temperature = o.temperature;
       q.params.max_tokens = o.max_tokens;

@@ -6,16 +6,19 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <regex>
 #include <sstream>
 #include <stdexcept>
 
 #include "common/check.h"
+#include "engine/text/chat_template.h"
 
 namespace crl::trainer {
 
 using nlohmann::json;
+using ojson = nlohmann::ordered_json;
 
 RewardKind parse_reward_kind(const std::string& name) {
   if (name == "exact") return RewardKind::kExact;
@@ -62,6 +65,21 @@ bool whole_number(const std::string& s, double* out) {
   return end == t.c_str() + t.size() && std::isfinite(*out);
 }
 
+// The chat template "messages" rows are rendered with; `path`:`line` is the first such row.
+text::ChatTemplate load_chat_template(const std::string& model_dir, const std::string& path,
+                                      int64_t line) {
+  if (model_dir.empty()) {
+    CRL_INVALID(path, ":", line, ": a \"messages\" row needs the model's chat template, and no ",
+                "model directory was given");
+  }
+  try {
+    return text::ChatTemplate::from_model_dir(model_dir);
+  } catch (const std::exception& e) {
+    CRL_INVALID(path, ":", line, ": \"messages\" rows need the chat template of ", model_dir,
+                ", which does not load: ", e.what());
+  }
+}
+
 std::regex compile(const std::string& pattern, const char* what) {
   try {
     return std::regex(pattern, std::regex::ECMAScript);
@@ -103,8 +121,10 @@ RewardResult score_completion(const RewardOptions& o, const std::string& complet
   return r;
 }
 
-std::vector<TaskRow> load_task_jsonl(const std::string& path, const RewardOptions& reward) {
+std::vector<TaskRow> load_task_jsonl(const std::string& path, const RewardOptions& reward,
+                                     const std::string& model_dir) {
   compile(reward.format_regex, "format");
+  std::optional<text::ChatTemplate> chat;  // loaded at the first "messages" row
   std::ifstream in(path);
   if (!in) CRL_INVALID("cannot read task data ", path);
   std::vector<TaskRow> rows;
@@ -116,20 +136,26 @@ std::vector<TaskRow> load_task_jsonl(const std::string& path, const RewardOption
   std::string text;
   for (int64_t line = 1; std::getline(in, text); ++line) {
     if (trim(text).empty()) continue;
-    json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+    // Ordered: a template sees a message's keys in the order the file gives them.
+    ojson j = ojson::parse(text, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded()) {
       bad(line, "invalid JSON");
       continue;
     }
     if (!j.is_object()) {
-      bad(line, "expected a JSON object with \"prompt\" and \"answer\"");
+      bad(line, "expected a JSON object with \"prompt\" (or \"messages\") and \"answer\"");
       continue;
     }
-    if (!j.contains("prompt")) {
-      bad(line, "missing field \"prompt\"");
+    const bool has_messages = j.contains("messages");
+    if (j.contains("prompt") && has_messages) {
+      bad(line, "has both \"prompt\" and \"messages\" (give the prompt as text or as a chat)");
       continue;
     }
-    if (!j["prompt"].is_string()) {
+    if (!j.contains("prompt") && !has_messages) {
+      bad(line, "missing field \"prompt\" (or \"messages\", a chat)");
+      continue;
+    }
+    if (!has_messages && !j["prompt"].is_string()) {
       bad(line, std::string("\"prompt\" must be a string, got ") + j["prompt"].type_name());
       continue;
     }
@@ -137,17 +163,30 @@ std::vector<TaskRow> load_task_jsonl(const std::string& path, const RewardOption
       bad(line, "missing field \"answer\"");
       continue;
     }
-    const json& a = j["answer"];
+    const ojson& a = j["answer"];
     if (!a.is_string() && !a.is_number()) {
       bad(line, std::string("\"answer\" must be a string or a number, got ") + a.type_name());
       continue;
     }
     TaskRow row;
-    row.prompt = j["prompt"].get<std::string>();
     row.answer = a.is_string() ? a.get<std::string>() : a.dump();
     row.line = line;
+    if (has_messages) {
+      if (!chat) chat = load_chat_template(model_dir, path, line);
+      try {
+        text::ChatRenderOptions options;
+        options.add_generation_prompt = true;
+        row.prompt = chat->render(j["messages"], options);
+      } catch (const std::exception& e) {  // bad messages, or the template's raise_exception
+        bad(line, std::string("\"messages\": ") + e.what());
+        continue;
+      }
+      row.kind = chat->is_jinja() ? PromptKind::kChat : PromptKind::kBuiltinChat;
+    } else {
+      row.prompt = j["prompt"].get<std::string>();
+    }
     if (trim(row.prompt).empty()) {
-      bad(line, "\"prompt\" is empty");
+      bad(line, has_messages ? "\"messages\" render to an empty prompt" : "\"prompt\" is empty");
       continue;
     }
     if (reward.kind == RewardKind::kNumeric) {

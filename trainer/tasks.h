@@ -1,10 +1,13 @@
 // Tasks: prompt/answer rows (from --data FILE.jsonl or the built-in default task), a held-out
 // eval split, and verifiable rewards.
 //
-// Data file: one JSON object per line, {"prompt": string, "answer": string or number}; other keys
-// are ignored and blank lines skipped. Every bad row (invalid JSON, missing field, wrong type,
-// empty prompt, and for the chosen reward an answer it cannot use: a bad regex, a non-number) is
-// reported as FILE:LINE: reason, and loading fails: a run never starts on garbage.
+// Data file: one JSON object per line, {"prompt": string, "answer": string or number}, or
+// {"messages": [{"role": ..., "content": ...}, ...], "answer": ...}: a chat, rendered by the
+// model's chat template with add_generation_prompt (the prompt then ends where the assistant's
+// reply begins). Other keys are ignored and blank lines skipped. Every bad row (invalid JSON,
+// missing field, wrong type, empty prompt, both or neither of prompt and messages, a chat the
+// template rejects, and for the chosen reward an answer it cannot use: a bad regex, a non-number)
+// is reported as FILE:LINE: reason, and loading fails: a run never starts on garbage.
 //
 // Rewards score the *answer part* of a completion: its text up to the first newline, trimmed.
 //   exact    1 if it equals the answer (both trimmed);
@@ -21,10 +24,20 @@
 
 namespace crl::trainer {
 
+// How a row's prompt text becomes token ids (PromptEncoder).
+enum class PromptKind {
+  kText,         // a "prompt" row: the model's BOS when it adds one, then the tokenizer's ids
+  kChat,         // a "messages" row rendered by the model's template, which writes its own BOS:
+                 // the special tokens it writes as text become their ids, nothing is added
+  kBuiltinChat,  // a "messages" row rendered by a built-in format (the model has no template):
+                 // as kChat, after the model's BOS (as the server's chat endpoint does)
+};
+
 struct TaskRow {
-  std::string prompt;
+  std::string prompt;  // the prompt text; for a "messages" row, its chat-template render
   std::string answer;
   int64_t line = 0;  // 1-based line in the data file (0 for generated rows)
+  PromptKind kind = PromptKind::kText;
 };
 
 enum class RewardKind { kExact, kNumeric, kRegex, kFormat };
@@ -55,10 +68,13 @@ std::string extract_answer(const std::string& completion);
 RewardResult score_completion(const RewardOptions& options, const std::string& completion,
                               const std::string& answer);
 
-// Reads a JSONL task file. Throws std::invalid_argument whose message lists every bad row as
-// "path:line: reason" (the first 20, then a count), or names the file when it cannot be read or
-// has no rows.
-std::vector<TaskRow> load_task_jsonl(const std::string& path, const RewardOptions& reward = {});
+// Reads a JSONL task file. "messages" rows are rendered with the chat template of `model_dir`
+// (text::ChatTemplate::from_model_dir, loaded at the first such row). Throws
+// std::invalid_argument whose message lists every bad row as "path:line: reason" (the first 20,
+// then a count), or names the file when it cannot be read or has no rows, or the model directory
+// when its chat template does not load.
+std::vector<TaskRow> load_task_jsonl(const std::string& path, const RewardOptions& reward = {},
+                                     const std::string& model_dir = "");
 
 struct TaskSplit {
   std::vector<TaskRow> train;

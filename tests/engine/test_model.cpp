@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "engine/model/model_cache.h"
 #include "engine/model/model_writer.h"
@@ -65,6 +66,18 @@ engine::EngineConfig test_engine_config(const std::string& variant) {
   c.num_threads = 1;
   c.seed = 5;
   return c;
+}
+
+std::string test_model_with_tokenizer_config(const std::string& dir,
+                                             const std::string& tokenizer_config,
+                                             const std::string& variant) {
+  fs::create_directories(dir);
+  for (const auto& entry : fs::directory_iterator(test_model_dir(variant))) {
+    if (entry.path().filename() == "tokenizer_config.json") continue;
+    fs::create_symlink(fs::absolute(entry.path()), fs::path(dir) / entry.path().filename());
+  }
+  std::ofstream(dir + "/tokenizer_config.json") << tokenizer_config;
+  return dir;
 }
 
 }  // namespace crl::test

@@ -16,6 +16,12 @@ namespace crl::test {
 // token-exact comparisons fragile). Created once; concurrent processes publish atomically.
 std::string test_model_dir(const std::string& variant = "llama");
 
+// `dir` made a copy of test_model_dir(variant) (its files linked) whose tokenizer_config.json is
+// `tokenizer_config` (a JSON object): a model directory carrying a chat template. Returns `dir`.
+std::string test_model_with_tokenizer_config(const std::string& dir,
+                                             const std::string& tokenizer_config,
+                                             const std::string& variant = "llama");
+
 // An engine config for a test model: float32, 1 thread, block size 4, small pools.
 engine::EngineConfig test_engine_config(const std::string& variant = "llama");
 

@@ -1,27 +1,21 @@
 // The chat endpoint with the model directory's own Jinja template (and a broken one).
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <fstream>
 
 #include "tests/engine/test_model.h"
 #include "tests/server/server_test_util.h"
 #include "tests/test_utils.h"
+#include "trainer/prompt_encoder.h"
+#include "trainer/tasks.h"
 
 namespace crl::test {
 namespace {
 
 using json = nlohmann::json;
-namespace fs = std::filesystem;
 
-// A copy of the test model (files linked) whose tokenizer_config.json carries `config`.
 std::string model_with_config(const TempDir& dir, const json& config) {
-  for (const auto& entry : fs::directory_iterator(test_model_dir("llama"))) {
-    if (entry.path().filename() == "tokenizer_config.json") continue;
-    fs::create_symlink(fs::absolute(entry.path()), fs::path(dir.path()) / entry.path().filename());
-  }
-  std::ofstream(dir.file("tokenizer_config.json")) << config.dump();
-  return dir.path();
+  return test_model_with_tokenizer_config(dir.path(), config.dump());
 }
 
 engine::EngineConfig config_for(const std::string& model_dir) {
@@ -82,6 +76,30 @@ TEST(ServerChatTemplateTest, TemplateThatWritesBosAndEosGetsTheirIdsOnce) {
   expected.push_back(tok.eos_id());
   for (int32_t id : tok.encode("\nuser: 2+2?\nassistant:")) expected.push_back(id);
   EXPECT_EQ(json::parse(tb)["tokens"].get<std::vector<int32_t>>(), expected);
+}
+
+TEST(ServerChatTemplateTest, ChatEndpointAndMessagesDataRowsGiveAChatTheSameIds) {
+  TempDir dir;
+  const json config = {{"bos_token", "<s>"},
+                       {"eos_token", "</s>"},
+                       {"chat_template",
+                        "{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content }}"
+                        "{% if m.role == 'assistant' %}{{ eos_token }}{% endif %}{% endfor %}"
+                        "{% if add_generation_prompt %}<assistant>{% endif %}"}};
+  const std::string model = model_with_config(dir, config);
+  const json messages = json::parse(R"([{"role": "system", "content": "Be brief."},
+      {"role": "user", "content": "hi"}, {"role": "assistant", "content": "ho"},
+      {"role": "user", "content": "2+2?"}])");
+  std::ofstream(dir.file("data.jsonl")) << json({{"messages", messages}, {"answer", "4"}}) << "\n";
+  const auto rows = trainer::load_task_jsonl(dir.file("data.jsonl"), {}, model);
+  ASSERT_EQ(rows.size(), 1u);
+
+  ServedModel served(config_for(model));
+  auto [ts, tb] = served.post("/tokenize", {{"messages", messages}});
+  ASSERT_EQ(ts, 200) << tb;
+  engine::LlmEngine eng(config_for(model));  // the RL job's infer rank builds its encoder so
+  const trainer::PromptEncoder prompts(*eng.tokenizer(), eng.encode_prompt(""));
+  EXPECT_EQ(prompts.encode(rows[0]), json::parse(tb)["tokens"].get<std::vector<int32_t>>());
 }
 
 TEST(ServerChatTemplateTest, BrokenTemplateGives400NamingTheLineWhileCompletionsWork) {

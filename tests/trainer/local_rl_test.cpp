@@ -8,6 +8,7 @@
 #include <iostream>
 
 #include "engine/llm_engine.h"
+#include "tests/engine/test_model.h"
 #include "tests/test_utils.h"
 
 namespace crl::trainer {
@@ -81,6 +82,33 @@ TEST(LocalRlTest, DeterministicEngineAndTrainerAgreeExactlyAfterEveryUpdate) {
   LocalRlResult r = run_local_rl(o);
   ASSERT_EQ(r.grpo_steps.size(), 3u);
   for (const auto& m : r.grpo_steps) EXPECT_EQ(m.logprob_gap_max, 0.0) << "step " << m.step;
+}
+
+TEST(LocalRlTest, MessagesRowsTrainWithTheModelsChatTemplate) {
+  test::TempDir dir;
+  const std::string model = test::test_model_with_tokenizer_config(
+      dir.file("model"), R"({"bos_token": "<s>", "chat_template": "{{ bos_token }})"
+                         R"({% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %})"
+                         R"({% if add_generation_prompt %}assistant:{% endif %}"})");
+  {
+    std::ofstream data(dir.file("chat.jsonl"));
+    for (const char* words : {"red tree", "big book", "old river", "quick lazy", "dark young"}) {
+      data << R"({"messages": [{"role": "system", "content": "Copy the words."}, )"
+           << R"({"role": "user", "content": ")" << words << R"("}], "answer": ")" << words
+           << "\"}\n";
+    }
+  }
+  LocalRlOptions o = default_recipe(/*sft_steps=*/1, /*grpo_steps=*/1);
+  o.model_dir = model;
+  o.data_path = dir.file("chat.jsonl");
+  o.eval_rows = 1;
+  o.sft_rows_per_step = 2;
+  o.prompts_per_step = 2;
+  o.samples_per_prompt = 2;
+  o.max_tokens = 4;
+  LocalRlResult r = run_local_rl(o);
+  EXPECT_EQ(r.sft_steps.size(), 1u);
+  EXPECT_EQ(r.grpo_steps.size(), 1u);
 }
 
 // The measurement behind the README numbers (a few minutes): CRL_LONG_TESTS=1.

@@ -3,17 +3,55 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "engine/model/model_cache.h"
+#include "engine/text/chat_template.h"
 #include "engine/tokenizer.h"
+#include "tests/engine/test_model.h"
 #include "tests/test_utils.h"
 
 namespace crl::trainer {
 namespace {
 
+using ojson = nlohmann::ordered_json;
+
 void write(const std::string& path, const std::string& text) {
   std::ofstream(path) << text;
+}
+
+const ojson& chat_fixture(const std::string& file) {
+  static std::map<std::string, ojson> cache;
+  auto it = cache.find(file);
+  if (it == cache.end()) {
+    std::ifstream in(std::string(CRL_FIXTURES_DIR) + "/chat_templates/" + file);
+    it = cache.emplace(file, ojson::parse(in)).first;
+  }
+  return it->second;
+}
+
+// A test model directory whose tokenizer_config.json carries the real template `name` of the
+// fixtures (with its bos/eos tokens).
+std::string model_with_fixture_template(const test::TempDir& dir, const std::string& name) {
+  for (const auto& t : chat_fixture("templates.json")) {
+    if (t["name"] != name) continue;
+    const ojson config = {{"chat_template", t["template"]},
+                          {"bos_token", t["bos_token"]},
+                          {"eos_token", t["eos_token"]}};
+    return test::test_model_with_tokenizer_config(dir.file(name), config.dump());
+  }
+  ADD_FAILURE() << "no fixture template " << name;
+  return "";
+}
+
+// The fixtures' case `case_name` of template `name` (variables and python3-jinja2's render).
+const ojson& fixture_case(const std::string& name, const std::string& case_name) {
+  for (const auto& c : chat_fixture("expected.json")["cases"]) {
+    if (c["template"] == name && c["case"] == case_name) return c;
+  }
+  throw std::runtime_error("no fixture case " + name + " / " + case_name);
 }
 
 TEST(TaskTest, RewardsScoreTheFirstLineOfTheCompletion) {
@@ -79,6 +117,88 @@ TEST(TaskTest, BadRowsAreAllReportedWithFileAndLineAndNothingLoads) {
   ASSERT_EQ(rows.size(), 2u);
   EXPECT_EQ(rows[1].line, 2);
   ASSERT_THROWS_WITH(load_task_jsonl(dir.file("missing.jsonl")), std::invalid_argument, "missing.jsonl");
+}
+
+TEST(TaskTest, MessagesRowsRenderWithTheModelsTemplateLikePythonJinja2) {
+  test::TempDir dir;
+  for (const char* name : {"Llama-3.1-8B-Instruct", "Qwen2.5-7B-Instruct", "Qwen3",
+                           "SmolLM2-Instruct", "Mistral-7B-Instruct-v0.3",
+                           "DeepSeek-R1-Distill-Qwen-32B"}) {
+    SCOPED_TRACE(name);
+    const std::string model = model_with_fixture_template(dir, name);
+    // python3-jinja2's render of a system prompt and several turns with add_generation_prompt.
+    const ojson& c = fixture_case(name, "system_multi_turn_gen");
+    ASSERT_TRUE(c["variables"]["add_generation_prompt"].get<bool>());
+    const std::string path = dir.file(std::string(name) + ".jsonl");
+    write(path, ojson({{"prompt", "plain text"}, {"answer", "x"}}).dump() + "\n" +
+                    ojson({{"messages", c["variables"]["messages"]}, {"answer", 4}}).dump() + "\n");
+    const std::vector<TaskRow> rows = load_task_jsonl(path, {}, model);
+    ASSERT_EQ(rows.size(), 2u);
+    EXPECT_EQ(rows[0].kind, PromptKind::kText);
+    EXPECT_EQ(rows[0].prompt, "plain text");
+    EXPECT_EQ(rows[1].kind, PromptKind::kChat);
+    EXPECT_EQ(rows[1].prompt, c["expected"].get<std::string>());  // byte-equal
+    EXPECT_EQ(rows[1].answer, "4");
+    EXPECT_EQ(rows[1].line, 2);
+  }
+}
+
+TEST(TaskTest, MessagesRowsOfAModelWithoutTemplateUseTheBuiltinFormat) {
+  test::TempDir dir;
+  const std::string path = dir.file("data.jsonl");
+  const ojson messages = ojson::parse(R"([{"role": "user", "content": "2+2?"}])");
+  write(path, ojson({{"messages", messages}, {"answer", "4"}}).dump() + "\n");
+  const std::string model = test::test_model_dir("llama");
+  const std::vector<TaskRow> rows = load_task_jsonl(path, {}, model);
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].kind, PromptKind::kBuiltinChat);
+  EXPECT_EQ(rows[0].prompt, text::ChatTemplate::from_model_dir(model).render(messages));
+}
+
+TEST(TaskTest, BadMessagesRowsNameTheFileAndLine) {
+  test::TempDir dir;
+  // Mistral v0.1 raises unless roles alternate user/assistant.
+  const std::string model = model_with_fixture_template(dir, "Mistral-7B-Instruct-v0.1");
+  const std::string path = dir.file("chat.jsonl");
+  write(path,
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"answer\": \"1\"}\n"
+        "{\"prompt\": \"p\", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+        "\"answer\": \"1\"}\n"
+        "{\"answer\": \"1\"}\n"
+        "{\"messages\": \"hi\", \"answer\": \"1\"}\n"
+        "{\"messages\": [], \"answer\": \"1\"}\n"
+        "{\"messages\": [{\"content\": \"no role\"}], \"answer\": \"1\"}\n"
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}, "
+        "{\"role\": \"user\", \"content\": \"b\"}], \"answer\": \"1\"}\n"
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n");
+  try {
+    load_task_jsonl(path, {}, model);
+    FAIL() << "expected std::invalid_argument";
+  } catch (const std::invalid_argument& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("7 bad rows"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find(path + ":1:"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(path + ":2: has both \"prompt\" and \"messages\""), std::string::npos) << msg;
+    EXPECT_NE(msg.find(path + ":3: missing field \"prompt\" (or \"messages\", a chat)"),
+              std::string::npos) << msg;
+    EXPECT_NE(msg.find(path + ":4: \"messages\": 'messages' must be a list"), std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find(path + ":5: \"messages\": 'messages' must not be empty"), std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find(path + ":6: \"messages\": every message must be an object with a string 'role'"),
+              std::string::npos) << msg;
+    // The template's raise_exception, with its message.
+    EXPECT_NE(msg.find(path + ":7: \"messages\": "), std::string::npos) << msg;
+    EXPECT_NE(msg.find("Conversation roles must alternate user/assistant"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(path + ":8: missing field \"answer\""), std::string::npos) << msg;
+  }
+  // No model directory, or one whose template does not parse: named with the first chat row.
+  ASSERT_THROWS_WITH(load_task_jsonl(path, {}, ""), std::invalid_argument,
+                     path + ":1: a \"messages\" row needs the model's chat template");
+  const std::string broken = test::test_model_with_tokenizer_config(
+      dir.file("broken"), R"({"chat_template": "ok\n{% if %}"})");
+  ASSERT_THROWS_WITH(load_task_jsonl(path, {}, broken), std::invalid_argument,
+                     path + ":1: \"messages\" rows need the chat template of " + broken);
 }
 
 TEST(TaskTest, EvalSplitIsHeldOutAndSeeded) {

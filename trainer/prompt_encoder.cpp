@@ -1,0 +1,19 @@
+#include "trainer/prompt_encoder.h"
+
+#include "engine/tokenizer.h"
+
+namespace crl::trainer {
+
+PromptEncoder::PromptEncoder(const engine::Tokenizer& tokenizer, std::vector<int32_t> bos)
+    : tokenizer_(tokenizer), bos_(std::move(bos)), chat_(tokenizer) {}
+
+std::vector<int32_t> PromptEncoder::encode(const TaskRow& row) const {
+  if (row.kind == PromptKind::kChat) return chat_.encode(row.prompt);
+  std::vector<int32_t> ids = bos_;
+  const std::vector<int32_t> rest =
+      row.kind == PromptKind::kText ? tokenizer_.encode(row.prompt) : chat_.encode(row.prompt);
+  ids.insert(ids.end(), rest.begin(), rest.end());
+  return ids;
+}
+
+}  // namespace crl::trainer
