@@ -1,0 +1,33 @@
+// Decoders of Hugging Face tokenizer.json ("decoder": {...}): token strings -> text. Supported:
+// ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip, WordPiece, Sequence. Anything else fails
+// naming the type and the JSON path.
+//
+// The output is bytes as Hugging Face produces them: ByteLevel and ByteFallback turn byte sequences
+// that are not valid UTF-8 into U+FFFD exactly as Rust's String::from_utf8_lossy /
+// the ByteFallback decoder do, so decode() equals Hugging Face's decode() byte for byte.
+//
+// Thread safety: immutable after construction; decode_chain() may run on many threads at once.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/text/hf/json_path.h"
+
+namespace crl::text::hf {
+
+class Decoder {
+ public:
+  virtual ~Decoder() = default;
+  // Hugging Face's decode_chain: rewrites the token strings; the caller joins the result.
+  virtual void decode_chain(std::vector<std::string>& tokens) const = 0;
+};
+
+// The decoder described by `j` (tokenizer.json's "decoder", found at `at`); nullptr for JSON null
+// (tokens are joined as they are).
+std::unique_ptr<Decoder> make_decoder(const nlohmann::json& j, const JsonPath& at);
+
+}  // namespace crl::text::hf
