@@ -137,7 +137,7 @@ class InferRank {
     ec.kv_memory_bytes = o_.kv_memory_bytes;
     ec.max_seqs = std::max<int32_t>(256, o_.prompts_per_step * o_.samples_per_prompt);
     auto eng = std::make_unique<engine::LlmEngine>(ec);
-    CRL_CHECK(eng->tokenizer(), "the RL job needs a model with tokenizer.model");
+    CRL_CHECK(eng->tokenizer(), "the RL job needs a model with a tokenizer (tokenizer.json or tokenizer.model)");
     prompts_ = std::make_unique<trainer::PromptEncoder>(*eng->tokenizer(), eng->encode_prompt(""));
     layout_ = std::make_unique<sync::WeightLayout>(
         eng->attach_weight_buffers(o_.bucket_bytes).layout());
@@ -461,7 +461,7 @@ class TrainRank {
         if (j_.role_global == 0) {
           auto t0 = Clock::now();
           std::string dir = fmt::format("{}/step-{}", o_.save_dir, step + 1);
-          trainer::save_checkpoint(*tr, dir, o_.model_dir + "/tokenizer.model",
+          trainer::save_checkpoint(*tr, dir, o_.model_dir,
                                    {{"rows_drawn", j_.rows->drawn()}, {"phase", "grpo"}});
           m["checkpoint"] = dir;
           m["checkpoint_s"] = since(t0);
@@ -530,14 +530,13 @@ class TrainRank {
     so.grpo.kl_coef = 0;
     auto sft = std::make_unique<trainer::Trainer>(o_.model_dir, so);
     sft->set_grad_all_reduce(all_reduce_hook());
-    // The same tokenizer the engine uses, loaded from the model directory.
-    engine::Tokenizer tok(o_.model_dir + "/tokenizer.model");
+    // The same tokenizer the engine uses, loaded from the model directory, and the same prompt
+    // ids the engines generate from (the special tokens its encode_prompt adds to a prompt).
+    engine::Tokenizer tok(o_.model_dir);
     auto cfg = engine::load_model_config(o_.model_dir);
-    // The same prompt ids the engines generate from (TODO(issue12-tokenizer): the engine's BOS
-    // rule, tokenizer_config.json's add_bos_token, instead of "whenever the model has one").
-    const trainer::PromptEncoder prompts(
-        tok, cfg.bos_token_id >= 0 ? std::vector<int32_t>{static_cast<int32_t>(cfg.bos_token_id)}
-                                   : std::vector<int32_t>());
+    engine::EncodeOptions with_specials;
+    with_specials.add_special_tokens = true;
+    const trainer::PromptEncoder prompts(tok, tok.encode("", with_specials));
     for (int64_t s = 0; s < o_.sft_steps; ++s) {
       std::vector<int64_t> picked = j_.draw(o_.sft_rows_per_step);
       std::vector<trainer::SampleGroup> groups;

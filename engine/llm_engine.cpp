@@ -22,18 +22,6 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// tokenizer_config.json's add_bos_token when present; else Llama adds BOS and Qwen2 does not.
-bool read_add_bos(const std::string& dir, const ModelConfig& config) {
-  bool add = config.bos_token_id >= 0 && config.model_type != "qwen2" && config.model_type != "qwen3";
-  std::ifstream in(dir + "/tokenizer_config.json");
-  if (!in) return add;
-  auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (j.is_object() && j.contains("add_bos_token") && j["add_bos_token"].is_boolean()) {
-    add = j["add_bos_token"].get<bool>() && config.bos_token_id >= 0;
-  }
-  return add;
-}
-
 }  // namespace
 
 void EngineConfig::validate() const {
@@ -71,11 +59,10 @@ LlmEngine::LlmEngine(const EngineConfig& config) : config_(config), inbox_(std::
   model_ = std::make_unique<Transformer>(Transformer::load(config_.model_dir, opts));
   const ModelConfig& mc = model_->config();
 
-  const std::string tok_path = config_.model_dir + "/tokenizer.model";
-  if (std::filesystem::exists(tok_path)) tokenizer_ = std::make_unique<Tokenizer>(tok_path);
+  if (Tokenizer::dir_has_tokenizer(config_.model_dir))
+    tokenizer_ = std::make_unique<Tokenizer>(config_.model_dir);
   for (int64_t id : mc.eos_token_ids) eos_ids_.push_back(static_cast<int32_t>(id));
   if (eos_ids_.empty() && tokenizer_ && tokenizer_->eos_id() >= 0) eos_ids_.push_back(tokenizer_->eos_id());
-  add_bos_ = read_add_bos(config_.model_dir, mc);
 
   max_model_len_ = config_.max_model_len > 0 ? config_.max_model_len : mc.max_position_embeddings;
   if (max_model_len_ > mc.max_position_embeddings) {
@@ -109,13 +96,13 @@ LlmEngine::~LlmEngine() = default;
 
 std::vector<int32_t> LlmEngine::encode_prompt(const std::string& text) const {
   if (!tokenizer_) {
-    throw std::invalid_argument("this model has no tokenizer.model: send the prompt as token ids");
+    throw std::invalid_argument(
+        "this model has no tokenizer (tokenizer.json or tokenizer.model): send the prompt as token ids");
   }
-  std::vector<int32_t> out;
-  if (add_bos_) out.push_back(static_cast<int32_t>(model_->config().bos_token_id));
-  auto ids = tokenizer_->encode(text);
-  out.insert(out.end(), ids.begin(), ids.end());
-  return out;
+  // As vLLM and transformers' tokenizer(text): the model's special tokens (BOS) are added.
+  EncodeOptions options;
+  options.add_special_tokens = true;
+  return tokenizer_->encode(text, options);
 }
 
 std::string LlmEngine::add_request(GenerateRequest request) {

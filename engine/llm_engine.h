@@ -164,7 +164,6 @@ class LlmEngine {
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<WeightBuffers> weight_buffers_;
   std::vector<int32_t> eos_ids_;
-  bool add_bos_ = false;
   int64_t max_model_len_ = 0;
   int64_t weight_version_ = 0;
   int64_t next_arrival_ = 0;

@@ -23,8 +23,14 @@
 #include <sstream>
 #include <stdexcept>
 #include <unordered_map>
+#include <atomic>
+#include <thread>
+#include <algorithm>
+#include <nlohmann/json.hpp>
 
 #include "common/file_util.h"
+#include "engine/text/hf/hf_tokenizer.h"
+#include "engine/text/hf/json_path.h"
 
 // util::Status as sentencepiece 0.1.97 defines it (src/common.h / util.cc): a null Rep means OK.
 // Only what this file uses is defined; the library binds to its own definitions.
@@ -126,82 +132,281 @@ class LineIterator : public sentencepiece::SentenceIterator {
 
 }  // namespace
 
-struct Tokenizer::Impl {
-  std::unique_ptr<sentencepiece::SentencePieceProcessor> sp;
+// The loaded tokenizer: sentencepiece here, tokenizer.json in engine/text/hf/.
+class Tokenizer::Impl {
+ public:
+  virtual ~Impl() = default;
+  virtual std::vector<int32_t> encode(const std::string& text, const EncodeOptions& o) const = 0;
+  virtual std::string decode(const std::vector<int32_t>& ids, bool skip_special) const = 0;
+  virtual std::string id_to_piece(int32_t id) const = 0;
+  virtual int32_t piece_to_id(const std::string& piece) const = 0;
+  virtual int32_t vocab_size() const = 0;
+  virtual int32_t bos_id() const = 0;
+  virtual int32_t eos_id() const = 0;
+  virtual int32_t pad_id() const = 0;
+  virtual bool is_special(int32_t id) const = 0;
+  virtual std::string kind() const = 0;
   std::string path;
 };
 
-Tokenizer::Tokenizer(const std::string& model_path) : impl_(std::make_unique<Impl>()) {
-  impl_->path = model_path;
-  if (!std::filesystem::is_regular_file(model_path)) {
-    throw std::runtime_error("tokenizer model " + model_path + " does not exist");
+namespace {
+
+// tokenizer_config.json's add_bos_token / add_eos_token (absent: BOS yes, EOS no, as
+// transformers' LlamaTokenizer).
+void read_add_flags(const std::string& config_path, bool* add_bos, bool* add_eos) {
+  *add_bos = true;
+  *add_eos = false;
+  std::ifstream in(config_path);
+  if (!in) return;
+  auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object())
+    throw std::runtime_error(config_path + ": not a JSON object");
+  for (auto [key, flag] : {std::pair<const char*, bool*>{"add_bos_token", add_bos},
+                           std::pair<const char*, bool*>{"add_eos_token", add_eos}}) {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) continue;
+    if (!it->is_boolean()) throw std::runtime_error(config_path + ": " + key + ": expected true or false");
+    *flag = it->get<bool>();
   }
-  impl_->sp = SpmLibrary::get().new_processor();
-  const auto status = impl_->sp->Load(model_path);
-  if (!status.ok()) {
-    throw std::runtime_error("cannot load tokenizer model " + model_path + ": " +
-                             status.ToString());
+}
+
+void check_id(int32_t id, int32_t vocab) {
+  if (id < 0 || id >= vocab) {
+    throw std::invalid_argument("token id " + std::to_string(id) + " is out of range [0, " +
+                                std::to_string(vocab) + ")");
+  }
+}
+
+class SentencePieceImpl final : public Tokenizer::Impl {
+ public:
+  SentencePieceImpl(const std::string& model_path, const std::string& config_path) {
+    path = model_path;
+    sp_ = SpmLibrary::get().new_processor();
+    const auto status = sp_->Load(model_path);
+    if (!status.ok()) {
+      throw std::runtime_error("cannot load tokenizer model " + model_path + ": " +
+                               status.ToString());
+    }
+    read_add_flags(config_path, &add_bos_, &add_eos_);
+  }
+
+  std::vector<int32_t> encode(const std::string& text, const EncodeOptions& o) const override {
+    std::vector<int> ids;
+    const auto status = sp_->Encode(text, &ids);
+    if (!status.ok()) throw std::runtime_error("tokenizer encode failed: " + status.ToString());
+    std::vector<int32_t> out;
+    out.reserve(ids.size() + 2);
+    if (o.add_special_tokens && add_bos_ && bos_id() >= 0) out.push_back(bos_id());
+    out.insert(out.end(), ids.begin(), ids.end());
+    if (o.add_special_tokens && add_eos_ && eos_id() >= 0) out.push_back(eos_id());
+    return out;
+  }
+
+  std::string decode(const std::vector<int32_t>& ids, bool skip_special) const override {
+    const int32_t vocab = vocab_size();
+    for (int32_t id : ids) check_id(id, vocab);
+    // Runs of ordinary ids are decoded together (so merges and byte pieces join up); special ids
+    // are dropped, or rendered as their piece text when skip_special is false.
+    std::string text;
+    std::vector<int> run;
+    auto flush = [&] {
+      if (run.empty()) return;
+      std::string part;
+      const auto status = sp_->Decode(run, &part);
+      if (!status.ok()) throw std::runtime_error("tokenizer decode failed: " + status.ToString());
+      text += part;
+      run.clear();
+    };
+    for (int32_t id : ids) {
+      if (is_special(id)) {
+        if (skip_special) continue;
+        flush();
+        text += sp_->IdToPiece(id);
+      } else {
+        run.push_back(id);
+      }
+    }
+    flush();
+    return text;
+  }
+
+  std::string id_to_piece(int32_t id) const override {
+    check_id(id, vocab_size());
+    return sp_->IdToPiece(id);
+  }
+  int32_t piece_to_id(const std::string& piece) const override {
+    const int id = sp_->PieceToId(piece);
+    // sentencepiece answers unk for unknown pieces.
+    return (id == sp_->unk_id() && sp_->IdToPiece(id) != piece) ? -1 : id;
+  }
+  int32_t vocab_size() const override { return sp_->GetPieceSize(); }
+  int32_t bos_id() const override { return sp_->bos_id(); }
+  int32_t eos_id() const override { return sp_->eos_id(); }
+  int32_t pad_id() const override { return sp_->pad_id(); }
+  bool is_special(int32_t id) const override {
+    if (id < 0 || id >= vocab_size()) return false;
+    return sp_->IsControl(id) || sp_->IsUnknown(id);
+  }
+  std::string kind() const override { return "sentencepiece"; }
+
+ private:
+  std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
+  bool add_bos_ = true;
+  bool add_eos_ = false;
+};
+
+class HfJsonImpl final : public Tokenizer::Impl {
+ public:
+  HfJsonImpl(const std::string& json_path, const std::string& config_path)
+      : tok_(json_path, config_path) {
+    path = json_path;
+  }
+  std::vector<int32_t> encode(const std::string& text, const EncodeOptions& o) const override {
+    return tok_.encode(text, o.add_special_tokens, o.split_special_tokens);
+  }
+  std::string decode(const std::vector<int32_t>& ids, bool skip_special) const override {
+    return tok_.decode(ids, skip_special);
+  }
+  std::string id_to_piece(int32_t id) const override {
+    check_id(id, vocab_size());
+    return tok_.id_to_token(id);
+  }
+  int32_t piece_to_id(const std::string& piece) const override { return tok_.token_to_id(piece); }
+  int32_t vocab_size() const override { return tok_.vocab_size(); }
+  int32_t bos_id() const override { return tok_.bos_id(); }
+  int32_t eos_id() const override { return tok_.eos_id(); }
+  int32_t pad_id() const override { return tok_.pad_id(); }
+  bool is_special(int32_t id) const override { return tok_.is_special(id); }
+  std::string kind() const override { return "tokenizer.json"; }
+
+ private:
+  text::hf::HfTokenizer tok_;
+};
+
+}  // namespace
+
+std::string Tokenizer::tokenizer_file_in(const std::string& dir) {
+  for (const char* name : {"tokenizer.json", "tokenizer.model"}) {
+    const std::filesystem::path p = std::filesystem::path(dir) / name;
+    if (std::filesystem::is_regular_file(p)) return p.string();
+  }
+  return "";
+}
+
+bool Tokenizer::dir_has_tokenizer(const std::string& dir) { return !tokenizer_file_in(dir).empty(); }
+
+Tokenizer::Tokenizer(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::string file = path;
+  if (fs::is_directory(path)) {
+    file = tokenizer_file_in(path);
+    if (file.empty()) {
+      throw std::runtime_error("no tokenizer in " + path +
+                               " (expected tokenizer.json or tokenizer.model)");
+    }
+  } else if (!fs::is_regular_file(path)) {
+    throw std::runtime_error("tokenizer model " + path + " does not exist");
+  }
+  const std::string config = (fs::path(file).parent_path() / "tokenizer_config.json").string();
+  const bool is_json = fs::path(file).extension() == ".json";
+  try {
+    if (is_json)
+      impl_ = std::make_unique<HfJsonImpl>(file, config);
+    else
+      impl_ = std::make_unique<SentencePieceImpl>(file, config);
+  } catch (const text::hf::TokenizerFileError& e) {
+    throw std::runtime_error(std::string("cannot load tokenizer: ") + e.what());
   }
 }
 
 Tokenizer::~Tokenizer() = default;
 
-std::vector<int32_t> Tokenizer::encode(const std::string& text) const {
-  std::vector<int> ids;
-  const auto status = impl_->sp->Encode(text, &ids);
-  if (!status.ok()) throw std::runtime_error("tokenizer encode failed: " + status.ToString());
-  return std::vector<int32_t>(ids.begin(), ids.end());
+std::vector<int32_t> Tokenizer::encode(const std::string& text, const EncodeOptions& options) const {
+  return impl_->encode(text, options);
+}
+
+std::vector<std::vector<int32_t>> Tokenizer::encode_batch(const std::vector<std::string>& texts,
+                                                          const EncodeOptions& options,
+                                                          int num_threads) const {
+  std::vector<std::vector<int32_t>> out(texts.size());
+  size_t threads = num_threads > 0 ? static_cast<size_t>(num_threads)
+                                   : std::max(1u, std::thread::hardware_concurrency());
+  threads = std::min(threads, texts.size());
+  if (threads <= 1) {
+    for (size_t i = 0; i < texts.size(); ++i) out[i] = impl_->encode(texts[i], options);
+    return out;
+  }
+  // Texts are taken one at a time from a shared counter, so uneven lengths balance out.
+  std::atomic<size_t> next{0};
+  std::exception_ptr error;
+  std::mutex error_mu;
+  auto work = [&] {
+    try {
+      for (size_t i = next++; i < texts.size(); i = next++) out[i] = impl_->encode(texts[i], options);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(error_mu);
+      if (!error) error = std::current_exception();
+      next = texts.size();
+    }
+  };
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
+  return out;
 }
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const {
-  const int32_t vocab = vocab_size();
-  for (int32_t id : ids) {
-    if (id < 0 || id >= vocab) {
-      throw std::invalid_argument("token id " + std::to_string(id) + " is out of range [0, " +
-                                  std::to_string(vocab) + ")");
-    }
-  }
-  // Runs of ordinary ids are decoded together (so merges and byte pieces join up); special ids
-  // are dropped, or rendered as their piece text when skip_special_tokens is false.
-  std::string text;
-  std::vector<int> run;
-  auto flush = [&] {
-    if (run.empty()) return;
-    std::string part;
-    const auto status = impl_->sp->Decode(run, &part);
-    if (!status.ok()) throw std::runtime_error("tokenizer decode failed: " + status.ToString());
-    text += part;
-    run.clear();
+  return impl_->decode(ids, skip_special_tokens);
+}
+std::string Tokenizer::id_to_piece(int32_t id) const { return impl_->id_to_piece(id); }
+int32_t Tokenizer::piece_to_id(const std::string& piece) const { return impl_->piece_to_id(piece); }
+int32_t Tokenizer::vocab_size() const { return impl_->vocab_size(); }
+int32_t Tokenizer::bos_id() const { return impl_->bos_id(); }
+int32_t Tokenizer::eos_id() const { return impl_->eos_id(); }
+int32_t Tokenizer::pad_id() const { return impl_->pad_id(); }
+bool Tokenizer::is_special(int32_t id) const { return impl_->is_special(id); }
+std::string Tokenizer::kind() const { return impl_->kind(); }
+const std::string& Tokenizer::path() const { return impl_->path; }
+
+// DecodeStream: as tokenizers' DecodeStream, the ids since the last emitted boundary are decoded
+// together (so decoders that look at neighbours, e.g. Metaspace's leading space, stay right) and
+// the new text is what extends the previous decode, held back while it ends in U+FFFD.
+DecodeStream::DecodeStream(const Tokenizer& tokenizer, bool skip_special_tokens)
+    : tokenizer_(tokenizer), skip_special_(skip_special_tokens) {}
+
+std::string DecodeStream::step(int32_t id) {
+  static const std::string kReplacement = "\xEF\xBF\xBD";
+  auto ends_with_replacement = [](const std::string& s) {
+    return s.size() >= 3 && s.compare(s.size() - 3, 3, kReplacement) == 0;
   };
-  for (int32_t id : ids) {
-    if (is_special(id)) {
-      if (skip_special_tokens) continue;
-      flush();
-      text += impl_->sp->IdToPiece(id);
-    } else {
-      run.push_back(id);
-    }
+  ids_.push_back(id);
+  const std::vector<int32_t> window(ids_.begin() + static_cast<std::ptrdiff_t>(prefix_start_),
+                                    ids_.end());
+  const std::string text = tokenizer_.decode(window, skip_special_);
+  if (text.size() <= prefix_text_.size() || ends_with_replacement(text) ||
+      text.compare(0, prefix_text_.size(), prefix_text_) != 0) {
+    return "";
   }
-  flush();
-  return text;
+  std::string fresh = text.substr(prefix_text_.size());
+  // The next window starts at the ids just consumed: keep the last read ids as context.
+  prefix_start_ = read_;
+  read_ = ids_.size();
+  const std::vector<int32_t> context(ids_.begin() + static_cast<std::ptrdiff_t>(prefix_start_),
+                                     ids_.end());
+  prefix_text_ = tokenizer_.decode(context, skip_special_);
+  return fresh;
 }
 
-std::string Tokenizer::id_to_piece(int32_t id) const {
-  if (id < 0 || id >= vocab_size()) {
-    throw std::invalid_argument("token id " + std::to_string(id) + " is out of range [0, " +
-                                std::to_string(vocab_size()) + ")");
-  }
-  return impl_->sp->IdToPiece(id);
-}
-
-int32_t Tokenizer::vocab_size() const { return impl_->sp->GetPieceSize(); }
-int32_t Tokenizer::bos_id() const { return impl_->sp->bos_id(); }
-int32_t Tokenizer::eos_id() const { return impl_->sp->eos_id(); }
-int32_t Tokenizer::pad_id() const { return impl_->sp->pad_id(); }
-
-bool Tokenizer::is_special(int32_t id) const {
-  if (id < 0 || id >= vocab_size()) return false;
-  return impl_->sp->IsControl(id) || impl_->sp->IsUnknown(id);
+std::string DecodeStream::flush() {
+  const std::vector<int32_t> window(ids_.begin() + static_cast<std::ptrdiff_t>(prefix_start_),
+                                    ids_.end());
+  const std::string text = tokenizer_.decode(window, skip_special_);
+  std::string rest = text.size() > prefix_text_.size() ? text.substr(prefix_text_.size()) : "";
+  prefix_start_ = read_ = ids_.size();
+  prefix_text_.clear();
+  return rest;
 }
 
 void Tokenizer::train(const std::string& corpus_path, const std::string& model_prefix,

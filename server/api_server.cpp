@@ -379,16 +379,25 @@ HttpResponse Server::handle_tokenize(const HttpRequest& req) {
       require_chat_template();
       ids = encode_chat(render_chat(chat_, nlohmann::ordered_json::parse(req.body)));
     } else if (body.contains("prompt") && body["prompt"].is_string()) {
-      ids = eng.encode_prompt(body["prompt"].get<std::string>());
+      const std::string prompt = body["prompt"].get<std::string>();
+      if (add_special) {
+        ids = eng.encode_prompt(prompt);
+      } else {
+        if (!eng.tokenizer()) throw ApiError(400, "this model has no tokenizer");
+        ids = eng.tokenizer()->encode(prompt);
+      }
     } else {
       throw ApiError(400, "'prompt' (a string) or 'messages' is required", "prompt");
     }
   } catch (const std::invalid_argument& e) {
     throw ApiError(400, e.what());
   }
-  if (!add_special) {
+  if (!add_special && body.contains("messages")) {
+    // A built-in chat format's ids start with the BOS the encoder adds; the model's own template
+    // writes its BOS as text, which stays (as in vLLM).
     const std::vector<int32_t> bos = eng.encode_prompt("");
-    if (!bos.empty() && !ids.empty() && ids.front() == bos.front()) ids.erase(ids.begin());
+    if (!chat_.is_jinja() && !bos.empty() && !ids.empty() && ids.front() == bos.front())
+      ids.erase(ids.begin());
   }
   return json_response(200, {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", eng.max_model_len()}});
 }

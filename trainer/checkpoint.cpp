@@ -21,7 +21,7 @@ constexpr int kFormat = 1;
 }
 
 void save_checkpoint(const Trainer& trainer, const std::string& dir,
-                     const std::string& tokenizer_model_path, const json& extra) {
+                     const std::string& tokenizer_source, const json& extra) {
   const fs::path target = fs::absolute(dir);
   if (fs::exists(target) && !fs::is_empty(target) && !fs::exists(target / "trainer_state.json")) {
     CRL_INVALID("save_checkpoint: ", target.string(),
@@ -38,8 +38,8 @@ void save_checkpoint(const Trainer& trainer, const std::string& dir,
   }
   engine::ModelConfig config = trainer.config();
   config.torch_dtype = "float32";
-  if (!tokenizer_model_path.empty()) {
-    engine::write_model_dir(tmp.string(), config, weights, tokenizer_model_path);
+  if (!tokenizer_source.empty()) {
+    engine::write_model_dir(tmp.string(), config, weights, tokenizer_source);
   } else {
     fs::create_directories(tmp);
     crl::write_file_atomic((tmp / "config.json").string(), engine::model_config_to_json(config));

@@ -3,7 +3,7 @@
 //
 // Layout of a checkpoint directory:
 //   config.json, generation_config.json, model.safetensors   the fp32 master weights (engine/
-//   tokenizer.model, tokenizer_config.json                   model/model_writer's layout)
+//   tokenizer.json or .model, tokenizer_config.json, ...     model/model_writer's layout)
 //   optimizer.safetensors   AdamW exp_avg/<param> and exp_avg_sq/<param>, float32
 //   trainer_state.json      {"format": 1, "step", "adam_step", "reference_model_dir", "extra"}
 // The directory is written under <dir>.tmp.<pid> and renamed into place; an existing <dir> is
@@ -21,10 +21,11 @@
 namespace crl::trainer {
 
 // Writes `trainer`'s masters, optimizer state and step to `dir` (atomically, see above).
-// tokenizer_model_path: copied in (empty = none; the engine then takes token-id prompts only).
+// tokenizer_source: a tokenizer.model file or a model directory whose tokenizer files are copied
+// in (write_model_dir); empty = none (the engine then takes token-id prompts only).
 // extra: caller state kept verbatim in trainer_state.json (e.g. the data cursor).
 void save_checkpoint(const Trainer& trainer, const std::string& dir,
-                     const std::string& tokenizer_model_path,
+                     const std::string& tokenizer_source,
                      const nlohmann::json& extra = nlohmann::json::object());
 
 struct CheckpointState {

@@ -72,7 +72,7 @@ LocalRlResult run_local_rl(const LocalRlOptions& o) {
   ec.max_seqs = std::max<int32_t>(256, o.prompts_per_step * o.samples_per_prompt);
   ec.kv_memory_bytes = int64_t{64} << 20;
   engine::LlmEngine eng(ec);
-  CRL_CHECK(eng.tokenizer() != nullptr, "run_local_rl needs a model with tokenizer.model");
+  CRL_CHECK(eng.tokenizer() != nullptr, "run_local_rl needs a model with a tokenizer");
   const engine::Tokenizer& tok = *eng.tokenizer();
   const PromptEncoder prompts(tok, eng.encode_prompt(""));  // rollouts and SFT alike
   CRL_CHECK(!eng.eos_token_ids().empty(), "run_local_rl needs an EOS token");
@@ -216,7 +216,7 @@ LocalRlResult run_local_rl(const LocalRlOptions& o) {
   }
   result.grpo_seconds = since(t_grpo);
   if (!o.checkpoint_dir.empty()) {
-    save_checkpoint(*trainer, o.checkpoint_dir, model_dir + "/tokenizer.model");
+    save_checkpoint(*trainer, o.checkpoint_dir, model_dir);
   }
   result.wall_seconds = since(t_start);
   return result;

@@ -192,7 +192,7 @@ std::string default_corpus_text() {
 }
 
 void write_model_dir(const std::string& dir, const ModelConfig& config, const NamedTensors& weights,
-                     const std::string& tokenizer_model_path) {
+                     const std::string& tokenizer_source) {
   config.validate();
   std::map<std::string, std::vector<int64_t>> expected;
   for (const ParamSpec& spec : model_param_specs(config)) expected[spec.name] = spec.shape;
@@ -212,9 +212,9 @@ void write_model_dir(const std::string& dir, const ModelConfig& config, const Na
     if (!seen[kv.first]) CRL_INVALID("write_model_dir: weight '", kv.first, "' is missing");
   }
 
-  const Tokenizer tok(tokenizer_model_path);
+  const Tokenizer tok(tokenizer_source);
   if (tok.vocab_size() > config.vocab_size) {
-    CRL_INVALID("write_model_dir: tokenizer ", tokenizer_model_path, " has ", tok.vocab_size(),
+    CRL_INVALID("write_model_dir: tokenizer ", tok.path(), " has ", tok.vocab_size(),
                 " pieces but the config's vocab_size is ", config.vocab_size);
   }
   if (config.bos_token_id >= 0 && config.bos_token_id != tok.bos_id()) {
@@ -244,7 +244,17 @@ void write_model_dir(const std::string& dir, const ModelConfig& config, const Na
   crl::write_file_atomic((root / "generation_config.json").string(), gen.dump(2) + "\n");
 
   save_checkpoint(dir, weights);
-  crl::write_file_atomic((root / "tokenizer.model").string(), read_file(tokenizer_model_path));
+  if (fs::is_directory(tokenizer_source)) {
+    // A real tokenizer directory: its files as they are (template, added tokens, flags).
+    const fs::path tok_file(tok.path());
+    crl::write_file_atomic((root / tok_file.filename()).string(), read_file(tok.path()));
+    for (const char* name : {"tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"}) {
+      const fs::path src = fs::path(tokenizer_source) / name;
+      if (fs::is_regular_file(src)) crl::write_file_atomic((root / name).string(), read_file(src.string()));
+    }
+    return;
+  }
+  crl::write_file_atomic((root / "tokenizer.model").string(), read_file(tokenizer_source));
 
   int32_t unk_id = -1;
   for (int32_t id = 0; id < tok.vocab_size() && unk_id < 0; ++id) {

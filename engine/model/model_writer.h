@@ -26,12 +26,16 @@ std::string default_corpus_text();
 
 // Creates `dir` (and parents) and writes a loadable model directory:
 //   config.json (model_config_to_json), generation_config.json (bos/eos),
-//   model.safetensors (weights, atomically), tokenizer.model (copied from tokenizer_model_path),
-//   tokenizer_config.json (bos/eos/pad/unk tokens as piece strings, model_max_length).
+//   model.safetensors (weights, atomically), and the tokenizer from `tokenizer_source`:
+//   - a tokenizer.model file: copied, with a tokenizer_config.json written here (bos/eos/pad/unk
+//     tokens as piece strings, add_bos_token, model_max_length);
+//   - a directory (a Hugging Face model or tokenizer directory): its tokenizer.json or
+//     tokenizer.model, tokenizer_config.json, special_tokens_map.json and chat_template.jinja
+//     are copied as they are (so a real tokenizer keeps its chat template).
 // Throws std::invalid_argument when the config is invalid, the weights do not match
 // model_param_specs(config) by name and shape, or the tokenizer disagrees with the config
 // (vocabulary larger than vocab_size, different bos/eos); std::runtime_error on I/O failure.
 void write_model_dir(const std::string& dir, const ModelConfig& config, const NamedTensors& weights,
-                     const std::string& tokenizer_model_path);
+                     const std::string& tokenizer_source);
 
 }  // namespace crl::engine

@@ -6,6 +6,9 @@ namespace crl::text {
 
 ChatEncoder::ChatEncoder(const engine::Tokenizer& tokenizer, std::vector<int32_t> prefix)
     : tokenizer_(tokenizer), prefix_(std::move(prefix)) {
+  // tokenizer.json finds its added tokens itself, exactly as Hugging Face does (lstrip, rstrip,
+  // ...): the rendered chat is encoded as one text, as transformers' apply_chat_template does.
+  if (tokenizer_.kind() == "tokenizer.json") return;
   for (int32_t id = 0; id < tokenizer_.vocab_size(); ++id) {
     if (!tokenizer_.is_special(id)) continue;
     std::string piece = tokenizer_.id_to_piece(id);

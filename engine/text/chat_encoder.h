@@ -1,7 +1,8 @@
 // ChatEncoder: the token ids of a prompt rendered by a chat template.
 //
-// A template writes special tokens as text (<s>, <|im_start|>, </s>); the tokenizer would spell
-// them out piece by piece. Here every occurrence of a special piece written <...> (a control
+// A template writes special tokens as text (<s>, <|im_start|>, </s>). A tokenizer.json finds them
+// itself (its added tokens), so the rendered text is encoded as one. Sentencepiece would spell
+// them out piece by piece, so for tokenizer.model every occurrence of a special piece written <...> (a control
 // token of the vocabulary) becomes its id, the longest one where several start at the same place,
 // and the text between is encoded as usual. Nothing is added but `prefix`: empty for the model's
 // own template, which writes its BOS itself (vLLM encodes a rendered template without adding
