@@ -17,6 +17,7 @@
 #include "bench/rollout_bench.h"
 #include "bench/serve_bench.h"
 #include "bench/sync_job.h"
+#include "bench/tokenizer_bench.h"
 #include "common/check.h"
 #include "common/units.h"
 #include "engine/model/config.h"
@@ -303,9 +304,14 @@ Runner register_bench(CLI::App& app) {
   auto* serve = cmd->add_subcommand("serve", "HTTP API: requests/s, TTFT and inter-token latency at "
                                              "several client counts (from a separate process)");
   bench::add_serve_bench_flags(*serve, *serve_opts);
-  return [opts, rollout, sync, sf, serve_opts, serve, e2e]() {
+  auto tok_opts = std::make_shared<bench::TokenizerBenchOptions>();
+  auto* tok = cmd->add_subcommand("tokenizer", "encode MB/s on 1 and N threads vs Hugging Face "
+                                               "tokenizers (Node binding), and whether the ids agree");
+  bench::add_tokenizer_bench_flags(*tok, *tok_opts);
+  return [opts, rollout, sync, sf, serve_opts, serve, e2e, tok_opts, tok]() {
     if (rollout->parsed()) return e2e->on ? run_e2e_bench(*e2e) : bench::run_rollout_bench(*opts);
     if (serve->parsed()) return bench::run_serve_bench(*serve_opts);
+    if (tok->parsed()) return bench::run_tokenizer_bench(*tok_opts);
     if (sync->parsed()) return run_sync_bench(*sf);
     return 1;
   };
