@@ -2,13 +2,14 @@
 #include <spdlog/spdlog.h>
 
 #include "app/commands.h"
+#include "engine/model/config.h"
 #include "engine/model/model_cache.h"
 
 namespace crl::app {
 
 Runner register_make_model(CLI::App& app) {
   struct Flags {
-    std::string out, shape = "default", dtype = "float32";
+    std::string out, shape = "default", dtype = "float32", tokenizer_from;
     int64_t vocab = 0, hidden = 0, ffn = 0, layers = 0, heads = 0, kv_heads = 0, max_pos = 0;
     uint64_t seed = 1234;
     int tie = -1, bias = -1;
@@ -16,7 +17,7 @@ Runner register_make_model(CLI::App& app) {
   auto f = std::make_shared<Flags>();
   auto* cmd = app.add_subcommand(
       "make-model", "write a model with random weights in the Hugging Face layout (config.json, "
-                    "model.safetensors, tokenizer.model); with no --out, (re)creates the embedded default");
+                    "model.safetensors, tokenizer); with no --out, (re)creates the embedded default");
   cmd->add_option("--out", f->out, "output directory (default: the cache's default model)");
   cmd->add_option("--shape", f->shape, "default, smollm2-135m, qwen2-0.5b or qwen2-1.5b")->capture_default_str();
   cmd->add_option("--dtype", f->dtype, "stored dtype: float32, bfloat16 or float16")->capture_default_str();
@@ -30,6 +31,10 @@ Runner register_make_model(CLI::App& app) {
   cmd->add_option("--tie", f->tie, "tie_word_embeddings (0/1)");
   cmd->add_option("--qkv-bias", f->bias, "q/k/v projection bias (0/1)");
   cmd->add_option("--seed", f->seed, "weight seed")->capture_default_str();
+  cmd->add_option("--tokenizer-from", f->tokenizer_from,
+                  "a Hugging Face model or tokenizer directory whose tokenizer (tokenizer.json or "
+                  ".model, tokenizer_config.json, chat template) the model uses; vocab_size and "
+                  "bos/eos ids follow it");
   return [f]() {
     engine::ModelConfig c = engine::preset_config(f->shape);
     if (f->vocab) c.vocab_size = f->vocab;
@@ -46,12 +51,14 @@ Runner register_make_model(CLI::App& app) {
     std::string out = f->out;
     if (out.empty()) {
       if (f->shape != "default" || f->vocab || f->hidden || f->ffn || f->layers || f->heads ||
-          f->kv_heads || f->max_pos || f->tie >= 0 || f->bias >= 0 || f->dtype != "float32") {
+          f->kv_heads || f->max_pos || f->tie >= 0 || f->bias >= 0 || f->dtype != "float32" ||
+          !f->tokenizer_from.empty()) {
         throw std::invalid_argument("make-model: pass --out DIR for a non-default shape or dtype");
       }
       out = engine::preset_model_dir("default");
     }
-    engine::make_model(out, c, f->seed, f->dtype);
+    engine::make_model(out, c, f->seed, f->dtype, f->tokenizer_from);
+    if (!f->tokenizer_from.empty()) c = engine::load_model_config(out);
     spdlog::info("wrote {} ({} parameters, {} layers, hidden {}, vocab {}) to {}", f->shape,
                  c.num_params(), c.num_layers, c.hidden_size, c.vocab_size, out);
     return 0;

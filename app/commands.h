@@ -20,6 +20,8 @@ Runner register_serve(CLI::App& app);
 Runner register_bench(CLI::App& app);
 Runner register_sync_check(CLI::App& app);
 Runner register_train(CLI::App& app);
+Runner register_tokenize(CLI::App& app);
+Runner register_detokenize(CLI::App& app);
 
 // Engine flags shared by generate, serve and bench (--model, --dtype, --kv-memory, ...).
 struct EngineFlags {

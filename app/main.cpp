@@ -56,6 +56,8 @@ int main(int argc, char** argv) {
   add(crl::app::register_bench);
   add(crl::app::register_sync_check);
   add(crl::app::register_train);
+  add(crl::app::register_tokenize);
+  add(crl::app::register_detokenize);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -126,11 +126,25 @@ std::string ensure_default_tokenizer() {
 }
 
 void make_model(const std::string& dir, const ModelConfig& config, uint64_t seed,
-                const std::string& dtype) {
+                const std::string& dtype, const std::string& tokenizer_from) {
   const at::ScalarType stored = parse_dtype(dtype);
   ModelConfig c = config;
   c.torch_dtype = dtype_name(stored);
-  const std::string tok = ensure_default_tokenizer();
+  std::string tok = tokenizer_from;
+  if (tokenizer_from.empty()) {
+    tok = ensure_default_tokenizer();
+  } else {
+    if (!fs::is_directory(tokenizer_from) || !Tokenizer::dir_has_tokenizer(tokenizer_from)) {
+      throw std::invalid_argument("make-model: --tokenizer-from " + tokenizer_from +
+                                  " is not a directory holding tokenizer.json or tokenizer.model");
+    }
+    const Tokenizer t(tokenizer_from);
+    c.vocab_size = std::max<int64_t>(c.vocab_size, t.vocab_size());
+    c.bos_token_id = t.bos_id();
+    c.eos_token_ids.clear();
+    if (t.eos_id() >= 0) c.eos_token_ids.push_back(t.eos_id());
+    c.validate();
+  }
   const fs::path target = fs::absolute(dir);
   // Never wipe a directory that is not a model: only an empty one or an earlier model is replaced.
   if (fs::exists(target) && !fs::is_empty(target) && !fs::exists(target / "config.json")) {
