@@ -5,7 +5,7 @@
 # generate. Results: $OUT (default gpu-results/): build.log, tests.log, bench logs, results.json.
 #
 #   scripts/gpu-check.sh fetch-debs                       (on a Debian machine with apt)
-#   scripts/gpu-check.sh [build] [tests] [bench] [rl] [unit]   (default: all, in that order)
+#   scripts/gpu-check.sh [build] [tests] [bench] [qwen3] [rl] [unit]   (default: all, in that order)
 #
 # C++ dependencies the GPU machine lacks come from Debian bookworm .deb files unpacked into a
 # local prefix (nothing is installed system-wide): `scripts/gpu-check.sh fetch-debs` downloads
@@ -122,6 +122,24 @@ print(f"engine {c['gen_tok_s']:.0f} output tok/s vs HF generate {hf['output_tok_
       f"{c['gen_tok_s'] / hf['output_tok_s']:.1f}x")
 EOF
 fi
+# A real tokenizer (issue 12): Qwen3-0.6B's shape, random bf16 weights, Qwen3's tokenizer.json and
+# chat template (CRL_GPU_TOKENIZER: a tokenizer directory; default .gpu-tok/qwen3). Text prompts
+# are encoded and decoded by the tokenizer.json implementation; same workload as `bench`.
+if want qwen3; then
+  tokdir=${CRL_GPU_TOKENIZER:-$ROOT/.gpu-tok/qwen3}
+  model=$CRL_CACHE_DIR/bench-qwen3-0.6b-bf16-realtok
+  [ -f "$model/config.json" ] || "$BIN" make-model --shape qwen3-0.6b --dtype bfloat16 \
+    --tokenizer-from "$tokdir" --out "$model"
+  "$BIN" generate --model "$model" --device cuda --dtype bfloat16 --prompt "The capital of France is" \
+    --max-tokens 16 --json 2>&1 | tail -2 | tee "$OUT/generate_qwen3.log"
+  timeout 300 "$BIN" bench rollout --model "$model" --dtype bfloat16 --device cuda --prompts 256 --n 1 \
+    --prompt-len 100..1024 --output-len 100..1024 --repeats 1 --modes continuous \
+    --max-seqs 256 --max-batched-tokens 8192 --kv-memory 24GiB --threads 8 \
+    --workload-out "$OUT/workload_qwen3.json" --json-out "$OUT/rollout_qwen3.jsonl" 2>&1 | tee "$OUT/bench_rollout_qwen3.log"
+  PYTHONUNBUFFERED=1 timeout 300 python3 bench/hf_generate.py --model "$model" --workload "$OUT/workload_qwen3.json" \
+    --batch 256 2>&1 | tee "$OUT/bench_hf_qwen3.log" | tail -1
+fi
+
 if want rl; then
   # The RL job on the one GPU: 1 engine rank + 1 trainer rank sharing it.
   timeout 300 "$BIN" --gpus-infer 1 --gpus-train 1 --device cuda --steps 4 --sft-steps 2 \
