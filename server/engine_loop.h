@@ -12,7 +12,12 @@
 //
 // Pause: pause() closes admission (requests submitted meanwhile are held, not refused) and, in
 // kAbort mode, aborts every request in flight; it returns once the engine has nothing in flight.
-// resume() admits the held requests.
+// resume() admits the held requests. submit() is the admission point: it and pause() take the
+// same mutex, so a request whose submit() returned before pause() is in flight and kAbort aborts
+// it even if the engine thread has not yet taken it from the engine's inbox (step() applies the
+// queued adds before the queued aborts); one submitted after pause() is held. As in vLLM, an HTTP
+// request still being parsed or tokenized when /pause arrives is submitted after it, so held
+// until /resume; a streaming response's headers are sent only after submit() returned.
 //
 // Thread safety: every public method may be called from any thread, except that the functions
 // given to post()/set_between_steps() run on the engine thread and must not call pause().

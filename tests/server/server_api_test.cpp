@@ -3,6 +3,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <future>
+#include <map>
 #include <thread>
 
 #include "tests/engine/test_model.h"
@@ -365,46 +367,195 @@ TEST_F(ServerApiTest, DisconnectedClientsAbortTheirRequests) {
   EXPECT_EQ(served_->metric(aborted), aborts0 + 2);
 }
 
+// Holds the engine thread until the loop is paused (at most 30 s, so a failing test cannot wedge
+// the server). Runs on the engine thread, from a posted task or the between-steps hook.
+void hold_until_paused(server::EngineLoop& loop) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!loop.paused() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+// Once some request has generated a token, holds the engine before its next step until the loop
+// is paused: that request is then certainly in flight, and unfinished, when the test's /pause
+// arrives, however fast the CPU. holding() says when the engine got there. The hook owns its state:
+// the engine thread may still be calling a copy of it after this object is gone.
+class HoldWhileGenerating {
+ public:
+  explicit HoldWhileGenerating(server::EngineLoop& loop) : loop_(loop) {
+    auto state = std::make_shared<State>();
+    holding_ = state->promise.get_future();
+    loop_.set_between_steps([state, &loop](engine::LlmEngine& e) {
+      if (state->done) return;
+      for (const engine::Sequence* s : e.scheduler().running()) {
+        if (s->raw_logprobs.empty()) continue;
+        state->done = true;
+        state->promise.set_value();
+        hold_until_paused(loop);
+        return;
+      }
+    });
+  }
+  ~HoldWhileGenerating() { loop_.set_between_steps(nullptr); }
+  bool holding(std::chrono::seconds timeout) {
+    return holding_.wait_for(timeout) == std::future_status::ready;
+  }
+
+ private:
+  struct State {
+    std::promise<void> promise;
+    bool done = false;  // engine thread only
+  };
+  server::EngineLoop& loop_;
+  std::future<void> holding_;
+};
+
+// A streaming completion on its own thread. accepted() says when the response headers arrived:
+// the server sends them only once the request was submitted to the engine loop.
+class BackgroundStream {
+ public:
+  BackgroundStream(const ServedModel& served, json body) : accepted_(accepted_promise_.get_future()) {
+    body["stream"] = true;
+    thread_ = std::thread([this, &served, body] {
+      auto c = served.client();
+      httplib::Request req;
+      req.method = "POST";
+      req.path = "/v1/completions";
+      req.body = body.dump();
+      req.set_header("Content-Type", "application/json");
+      req.response_handler = [this](const httplib::Response& r) {
+        status_ = r.status;
+        accepted_promise_.set_value();
+        return true;
+      };
+      req.content_receiver = [this](const char* data, size_t n, uint64_t, uint64_t) {
+        text_.append(data, n);
+        return true;
+      };
+      auto res = c->send(req);
+      if (!res) error_ = httplib::to_string(res.error());
+    });
+  }
+  ~BackgroundStream() {
+    if (thread_.joinable()) thread_.join();
+  }
+  bool accepted(std::chrono::seconds timeout) {
+    return accepted_.wait_for(timeout) == std::future_status::ready;
+  }
+  // Waits for the end of the stream; the finish reason and token count of each choice.
+  std::map<int, std::pair<std::string, size_t>> finish() {
+    thread_.join();
+    EXPECT_TRUE(error_.empty()) << error_;
+    EXPECT_EQ(status_, 200) << text_;
+    const auto events = sse_payloads(text_);
+    EXPECT_FALSE(events.empty());
+    if (!events.empty()) EXPECT_EQ(events.back(), "[DONE]");
+    std::map<int, std::pair<std::string, size_t>> choices;
+    for (size_t i = 0; i + 1 < events.size(); ++i) {
+      const json chunk = json::parse(events[i]);
+      for (const auto& ch : chunk["choices"]) {
+        auto& [finish_reason, tokens] = choices[ch["index"].get<int>()];
+        tokens += ch["token_ids"].size();
+        if (!ch["finish_reason"].is_null()) finish_reason = ch["finish_reason"];
+      }
+    }
+    return choices;
+  }
+
+ private:
+  std::promise<void> accepted_promise_;
+  std::future<void> accepted_;
+  std::thread thread_;
+  int status_ = 0;
+  std::string text_;
+  std::string error_;
+};
+
+// Ordering between /pause and a completion sent on another connection is only known to the test
+// from evidence that the server accepted the request (a streaming response's headers) or that the
+// engine is generating it; the request gauges lag behind the engine and cannot say whose request
+// they count, so they are read only for what they count, and only after the engine thread has
+// published them (fresh_metric).
 TEST_F(ServerApiTest, PauseAbortWaitAndResume) {
   auto& loop = served_->server.engine_loop();
-  json long_body = {{"prompt", "pause me"}, {"max_tokens", 400}, {"n", 4}, {"ignore_eos", true}};
-  // abort mode: the request in flight ends with finish_reason "abort".
-  std::pair<int, std::string> inflight;
-  std::thread t([&] { inflight = served_->post("/v1/completions", long_body); });
-  while (served_->metric("vllm:num_requests_running") < 1) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  auto paused = served_->post("/pause", {{"mode", "abort"}});
-  t.join();
-  ASSERT_EQ(paused.first, 200) << paused.second;
-  EXPECT_TRUE(loop.paused());
-  ASSERT_EQ(inflight.first, 200) << inflight.second;
-  EXPECT_EQ(json::parse(inflight.second)["choices"][0]["finish_reason"], "abort");
+  const auto fresh_metric = [&](const std::string& name) {
+    loop.post([](engine::LlmEngine&) {}).get();  // the gauges are published before this returns
+    return served_->metric(name);
+  };
+  const auto pause_server = [&](const char* mode) {
+    auto res = served_->post("/pause", {{"mode", mode}});
+    EXPECT_EQ(res.first, 200) << res.second;
+    EXPECT_TRUE(json::parse(res.second, nullptr, false).value("drained", false)) << res.second;
+    EXPECT_TRUE(loop.paused());
+  };
+  const auto resume = [&] {
+    EXPECT_EQ(served_->post("/resume", json::object()).first, 200);
+    EXPECT_FALSE(loop.paused());
+  };
 
-  // While paused a request is held, not refused; resume admits it.
-  std::pair<int, std::string> held;
-  std::thread t2([&] { held = served_->post("/v1/completions", {{"prompt", "later"}, {"max_tokens", 2}}); });
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (served_->metric("vllm:num_requests_waiting") < 1 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  {  // abort mode, a request accepted but not yet seen by the engine thread: it is aborted too.
+    auto engine_held = loop.post([&](engine::LlmEngine&) { hold_until_paused(loop); });
+    BackgroundStream inflight(*served_, {{"prompt", "pause me"}, {"max_tokens", 400}, {"ignore_eos", true},
+                                         {"return_token_ids", true}});
+    ASSERT_TRUE(inflight.accepted(std::chrono::seconds(30)));
+    pause_server("abort");
+    engine_held.get();
+    const auto choices = inflight.finish();
+    ASSERT_EQ(choices.size(), 1u);
+    EXPECT_EQ(choices.at(0).first, "abort");
+    EXPECT_EQ(choices.at(0).second, 0u);
+    resume();
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // held, not admitted a moment later
-  EXPECT_EQ(served_->metric("vllm:num_requests_waiting"), 1);
-  EXPECT_EQ(served_->metric("vllm:num_requests_running"), 0);
-  auto resumed = served_->post("/resume", json::object());
-  EXPECT_EQ(resumed.first, 200);
-  t2.join();
-  EXPECT_EQ(held.first, 200) << held.second;
 
-  // wait mode: the request in flight finishes normally before /pause returns.
-  std::pair<int, std::string> waited;
-  json short_body = {{"prompt", "finish me"}, {"max_tokens", 40}, {"ignore_eos", true}};
-  std::thread t3([&] { waited = served_->post("/v1/completions", short_body); });
-  while (served_->metric("vllm:num_requests_running") < 1) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  auto p2 = served_->post("/pause", {{"mode", "wait"}});
-  EXPECT_EQ(p2.first, 200);
-  t3.join();
-  EXPECT_EQ(json::parse(waited.second)["choices"][0]["finish_reason"], "length");
-  EXPECT_EQ(served_->post("/resume", json::object()).first, 200);
-  EXPECT_FALSE(loop.paused());
+  {  // abort mode, a request generating: every sample ends with finish_reason "abort".
+    HoldWhileGenerating hold(loop);
+    json long_body = {{"prompt", "pause me"}, {"max_tokens", 400}, {"n", 4}, {"ignore_eos", true}};
+    std::pair<int, std::string> inflight;
+    std::thread t([&] { inflight = served_->post("/v1/completions", long_body); });
+    const bool holding = hold.holding(std::chrono::seconds(30));
+    if (holding) pause_server("abort");
+    t.join();
+    ASSERT_TRUE(holding);
+    ASSERT_EQ(inflight.first, 200) << inflight.second;
+    const json r = json::parse(inflight.second);
+    ASSERT_EQ(r["choices"].size(), 4u);
+    for (const auto& ch : r["choices"]) EXPECT_EQ(ch["finish_reason"], "abort") << inflight.second;
+    EXPECT_LT(r["usage"]["completion_tokens"].get<int64_t>(), 4 * 400);
+  }
+
+  {  // While paused a request is held, not refused; resume admits it.
+    std::pair<int, std::string> held;
+    std::thread t([&] { held = served_->post("/v1/completions", {{"prompt", "later"}, {"max_tokens", 2}}); });
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (fresh_metric("vllm:num_requests_waiting") < 1 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    // Held by the loop, not in the engine: the engine thread has nothing to do.
+    bool engine_busy = true;
+    loop.post([&](engine::LlmEngine& e) { engine_busy = e.has_unfinished(); }).get();
+    EXPECT_FALSE(engine_busy);
+    EXPECT_EQ(fresh_metric("vllm:num_requests_waiting"), 1);
+    EXPECT_EQ(fresh_metric("vllm:num_requests_running"), 0);
+    resume();
+    t.join();
+    ASSERT_EQ(held.first, 200) << held.second;
+    EXPECT_EQ(json::parse(held.second)["choices"][0]["finish_reason"], "length");
+  }
+
+  {  // wait mode: a request generating when /pause arrives finishes normally before it returns.
+    HoldWhileGenerating hold(loop);
+    BackgroundStream waited(*served_, {{"prompt", "finish me"}, {"max_tokens", 40}, {"ignore_eos", true},
+                                       {"return_token_ids", true}});
+    const bool holding = hold.holding(std::chrono::seconds(30));
+    if (holding) pause_server("wait");
+    const auto choices = waited.finish();
+    ASSERT_TRUE(holding);
+    ASSERT_EQ(choices.size(), 1u);
+    EXPECT_EQ(choices.at(0).first, "length");
+    EXPECT_EQ(choices.at(0).second, 40u);
+    EXPECT_EQ(fresh_metric("vllm:num_requests_running"), 0);
+    resume();
+  }
 }
 
 TEST(ServerLimitsTest, QueueFullGets429WithRetryAfter) {
