@@ -19,6 +19,7 @@
 #include "bench/sync_job.h"
 #include "bench/tokenizer_bench.h"
 #include "common/check.h"
+#include "common/strings.h"
 #include "common/units.h"
 #include "engine/model/config.h"
 #include "engine/model/model_cache.h"
@@ -28,15 +29,6 @@ extern char** environ;
 namespace crl::app {
 namespace {
 
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
 
 struct SyncBenchFlags {
   std::string shapes = "default,smollm2-135m,qwen2-0.5b,qwen2-1.5b";

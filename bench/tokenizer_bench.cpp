@@ -19,6 +19,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "common/strings.h"
+#include "engine/kernels/cpu_isa.h"
 #include "engine/model/model_cache.h"
 #include "engine/model/model_writer.h"
 #include "engine/tokenizer.h"
@@ -43,27 +45,7 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      auto at = line.find(':');
-      if (at != std::string::npos) return line.substr(line.find_first_not_of(" \t", at + 1));
-    }
-  }
-  return "unknown CPU";
-}
 
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
 
 // The reference directory: --reference-dir, else $CRL_TOKENIZER_FIXTURES, else the test cache's
 // (what the conformance test makes), when it holds a corpus.
@@ -248,7 +230,7 @@ void add_tokenizer_bench_flags(CLI::App& cmd, TokenizerBenchOptions& o) {
 }
 
 int run_tokenizer_bench(const TokenizerBenchOptions& o) {
-  auto paths = split_list(o.tokenizers);
+  auto paths = crl::split_list(o.tokenizers);
   if (paths.empty()) throw std::invalid_argument("bench tokenizer: --tokenizers is empty");
   if (o.repeats < 1) throw std::invalid_argument("bench tokenizer: --repeats must be >= 1");
   if (o.doc_mb <= 0) throw std::invalid_argument("bench tokenizer: --doc-mb must be > 0");
@@ -295,7 +277,7 @@ int run_tokenizer_bench(const TokenizerBenchOptions& o) {
   const std::string ids_json = tmp_dir + "/ids.json";
   if (hf_missing.empty()) std::ofstream(chunks_json, std::ios::binary) << json(chunks).dump();
 
-  fmt::print("CPU: {} ({} hardware threads)\n", cpu_model(), std::thread::hardware_concurrency());
+  fmt::print("CPU: {} ({} hardware threads)\n", engine::kernels::cpu_model_name(), std::thread::hardware_concurrency());
   fmt::print(
       "document: {:.3f} MB in {} chunks from {}; encode without special tokens; NT = {} "
       "threads; medians of {} paired repeats\n",
@@ -379,7 +361,7 @@ int run_tokenizer_bench(const TokenizerBenchOptions& o) {
 
       json row = {{"tokenizer", name},
                   {"path", path},
-                  {"cpu", cpu_model()},
+                  {"cpu", engine::kernels::cpu_model_name()},
                   {"doc_bytes", bytes},
                   {"chunks", chunks.size()},
                   {"ids", n_ids},

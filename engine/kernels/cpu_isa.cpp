@@ -66,6 +66,9 @@ CpuIsa initial_cpu_isa() {
 std::atomic<int> g_isa{-1};
 std::once_flag g_isa_once;
 
+
+}  // namespace
+
 std::string cpu_model_name() {
   std::ifstream in("/proc/cpuinfo");
   std::string line;
@@ -77,8 +80,6 @@ std::string cpu_model_name() {
   }
   return "unknown CPU";
 }
-
-}  // namespace
 
 CpuIsa active_cpu_isa() {
   std::call_once(g_isa_once, [] {

@@ -32,6 +32,8 @@ CpuIsa parse_cpu_isa(const std::string& name);
 // One line for logs: the CPU model, the ISA flags the kernels care about and the active path,
 // e.g. "AMD EPYC (avx2 fma avx512f avx512bw avx512_bf16), kernels: avx512".
 std::string describe_cpu();
+// The CPU model name from /proc/cpuinfo ("unknown CPU" when there is none).
+std::string cpu_model_name();
 
 // Runs the kernels on `isa` until destroyed (tests only). Throws std::runtime_error when the CPU
 // cannot run it.

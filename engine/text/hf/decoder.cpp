@@ -5,6 +5,7 @@
 
 #include <utility>
 
+#include "engine/text/hf/metaspace.h"
 #include "engine/text/hf/regex.h"
 #include "engine/text/hf/unicode_chars.h"
 #include "engine/text/hf/utf8.h"
@@ -86,8 +87,6 @@ class ByteLevel : public Decoder {
     tokens.assign(1, utf8_lossy(bytes));
   }
 };
-
-enum class PrependScheme { kAlways, kFirst, kNever };
 
 class Metaspace : public Decoder {
  public:
@@ -306,23 +305,7 @@ std::unique_ptr<Decoder> make_decoder(const nlohmann::json& j, const JsonPath& a
   if (type == "ByteLevel") return std::make_unique<ByteLevel>();
   if (type == "Metaspace") {
     const char32_t replacement = get_char(j, "replacement", at);
-    const std::string scheme_name = get_string(j, "prepend_scheme", at, "always");
-    PrependScheme scheme;
-    if (scheme_name == "always") {
-      scheme = PrependScheme::kAlways;
-    } else if (scheme_name == "first") {
-      scheme = PrependScheme::kFirst;
-    } else if (scheme_name == "never") {
-      scheme = PrependScheme::kNever;
-    } else {
-      at.at("prepend_scheme").fail("unknown prepend_scheme \"" + scheme_name + "\" (expected always, first or never)");
-    }
-    if (!get_bool(j, "add_prefix_space", at, true)) {
-      if (scheme != PrependScheme::kNever && j.contains("prepend_scheme")) {
-        at.at("add_prefix_space").fail("add_prefix_space does not match declared prepend_scheme");
-      }
-      scheme = PrependScheme::kNever;
-    }
+    const PrependScheme scheme = parse_prepend_scheme(j, at);
     return std::make_unique<Metaspace>(replacement, scheme);
   }
   if (type == "Replace") {

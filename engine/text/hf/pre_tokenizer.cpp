@@ -6,6 +6,7 @@
 
 #include <utility>
 
+#include "engine/text/hf/metaspace.h"
 #include "engine/text/hf/regex.h"
 #include "engine/text/hf/unicode_chars.h"
 #include "engine/text/hf/utf8.h"
@@ -214,8 +215,6 @@ class ByteLevel : public PreTokenizer {
   bool use_regex_;
 };
 
-enum class PrependScheme { kAlways, kFirst, kNever };
-
 class Metaspace : public PreTokenizer {
  public:
   Metaspace(char32_t replacement, PrependScheme scheme, bool split)
@@ -360,24 +359,7 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const nlohmann::json& j, const 
   if (type == "Metaspace") {
     require(j, "replacement", at);
     const char32_t replacement = get_char(j, "replacement", at, 0x2581);
-    const std::string scheme_name = get_string(j, "prepend_scheme", at, "always");
-    PrependScheme scheme;
-    if (scheme_name == "always") {
-      scheme = PrependScheme::kAlways;
-    } else if (scheme_name == "first") {
-      scheme = PrependScheme::kFirst;
-    } else if (scheme_name == "never") {
-      scheme = PrependScheme::kNever;
-    } else {
-      at.at("prepend_scheme").fail("unknown prepend_scheme \"" + scheme_name + "\" (expected always, first or never)");
-    }
-    // Files from before prepend_scheme existed say "add_prefix_space": false instead of "never".
-    if (!get_bool(j, "add_prefix_space", at, true)) {
-      if (scheme != PrependScheme::kNever && j.contains("prepend_scheme")) {
-        at.at("add_prefix_space").fail("add_prefix_space does not match declared prepend_scheme");
-      }
-      scheme = PrependScheme::kNever;
-    }
+    const PrependScheme scheme = parse_prepend_scheme(j, at);
     return std::make_unique<Metaspace>(replacement, scheme, get_bool(j, "split", at, true));
   }
   if (type == "Digits") {
