@@ -21,8 +21,13 @@
 #include <set>
 #include <sstream>
 
+#include "engine/llm_engine.h"
+#include "engine/model/config.h"
 #include "engine/model/model_cache.h"
+#include "engine/text/chat_encoder.h"
+#include "engine/text/chat_template.h"
 #include "engine/tokenizer.h"
+#include "tests/test_utils.h"
 
 namespace crl::engine {
 namespace {
@@ -390,6 +395,81 @@ TEST(HfTokenizerConformanceSplitSpecial, ImStartBecomesOrdinaryPieces) {
       EXPECT_EQ(tok.encode("<|im_start|>", {false, true}), c["ids"].get<Ids>());
     }
   }
+}
+
+// A model made with make-model --tokenizer-from a real tokenizer (Qwen3's): the engine encodes
+// text as Hugging Face does, the chat template is Qwen3's own (enable_thinking honoured) and its
+// render encodes as one text, and the engine generates and decodes with it.
+TEST(HfTokenizerConformanceRealModel, Qwen3TokenizerModelEncodesChatsAndGenerates) {
+  const std::string& err = fixtures_error();
+  ASSERT_TRUE(err.empty()) << err;
+  test::TempDir dir;
+  ModelConfig c = preset_config("qwen3-0.6b");
+  c.hidden_size = 64;
+  c.intermediate_size = 128;
+  c.num_layers = 1;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 16;
+  c.max_position_embeddings = 512;
+  make_model(dir.file("m"), c, /*seed=*/3, "float32", fixtures_dir() + "/qwen3");
+  const ModelConfig written = load_model_config(dir.file("m"));
+  const Tokenizer& ref = *reference("qwen3").tok;
+  EXPECT_GE(written.vocab_size, ref.vocab_size());
+  ASSERT_EQ(written.eos_token_ids.size(), 1u);
+  EXPECT_EQ(written.eos_token_ids[0], ref.piece_to_id("<|im_end|>"));
+
+  EngineConfig ec;
+  ec.model_dir = dir.file("m");
+  ec.num_kv_blocks = 64;
+  ec.block_size = 16;
+  ec.num_threads = 1;
+  LlmEngine eng(ec);
+  ASSERT_NE(eng.tokenizer(), nullptr);
+  EXPECT_EQ(eng.tokenizer()->kind(), "tokenizer.json");
+  const json& cases = reference("qwen3").expected["cases"];
+  for (size_t i = 0; i < 40 && i < cases.size(); ++i) {
+    EXPECT_EQ(eng.encode_prompt(corpus()[i]), cases[i]["ids_special"].get<Ids>()) << show(corpus()[i]);
+  }
+
+  const auto chat = text::ChatTemplate::from_model_dir(dir.file("m"));
+  ASSERT_TRUE(chat.is_jinja());
+  text::ChatRenderOptions opts;
+  opts.kwargs = {{"enable_thinking", false}};
+  const auto messages = nlohmann::ordered_json::parse(
+      R"([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi <b>there</b>"}])");
+  const std::string rendered = chat.render(messages, opts);
+  EXPECT_EQ(rendered,
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi <b>there</b><|im_end|>\n"
+            "<|im_start|>assistant\n<think>\n\n</think>\n\n");
+  const text::ChatEncoder encoder(*eng.tokenizer());
+  const Ids ids = encoder.encode(rendered);
+  EXPECT_EQ(ids, ref.encode(rendered));
+  EXPECT_EQ(ids.front(), ref.piece_to_id("<|im_start|>"));
+
+  GenerateRequest r;
+  r.prompt_token_ids = ids;
+  r.params.max_tokens = 6;
+  r.params.temperature = 0;
+  r.params.ignore_eos = true;
+  auto out = eng.generate({r});
+  ASSERT_EQ(out.size(), 1u);
+  ASSERT_EQ(out[0].outputs.size(), 1u);
+  EXPECT_EQ(out[0].outputs[0].token_ids.size(), 6u);
+  EXPECT_EQ(out[0].outputs[0].text, ref.decode(out[0].outputs[0].token_ids));
+}
+
+// Llama-3's BOS comes from its post-processor: the engine's text prompts start with it.
+TEST(HfTokenizerConformanceRealModel, Llama3PromptsStartWithBeginOfText) {
+  const std::string& err = fixtures_error();
+  ASSERT_TRUE(err.empty()) << err;
+  const Tokenizer& tok = *reference("llama3_1").tok;
+  EncodeOptions with;
+  with.add_special_tokens = true;
+  const Ids ids = tok.encode("Hello", with);
+  ASSERT_FALSE(ids.empty());
+  EXPECT_EQ(ids.front(), tok.piece_to_id("<|begin_of_text|>"));
+  EXPECT_EQ(tok.bos_id(), tok.piece_to_id("<|begin_of_text|>"));
 }
 
 }  // namespace
