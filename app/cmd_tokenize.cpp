@@ -111,8 +111,11 @@ Runner register_detokenize(CLI::App& app) {
       if (it == row.end() || !it->is_array()) throw std::invalid_argument("\"ids\" must be a list of integers");
       std::vector<int32_t> ids;
       for (const json& v : *it) {
-        if (!v.is_number_integer()) throw std::invalid_argument("\"ids\" must be a list of integers");
-        ids.push_back(v.get<int32_t>());
+        if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= tok->vocab_size()) {
+          throw std::invalid_argument("token id " + v.dump() + " is outside the vocabulary [0, " +
+                                      std::to_string(tok->vocab_size()) + ")");
+        }
+        ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
       }
       return json{{"text", tok->decode(ids, f->skip_special_tokens)}};
     });

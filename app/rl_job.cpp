@@ -138,7 +138,7 @@ class InferRank {
     ec.max_seqs = std::max<int32_t>(256, o_.prompts_per_step * o_.samples_per_prompt);
     auto eng = std::make_unique<engine::LlmEngine>(ec);
     CRL_CHECK(eng->tokenizer(), "the RL job needs a model with a tokenizer (tokenizer.json or tokenizer.model)");
-    prompts_ = std::make_unique<trainer::PromptEncoder>(*eng->tokenizer(), eng->encode_prompt(""));
+    prompts_ = std::make_unique<trainer::PromptEncoder>(*eng->tokenizer(), eng->prompt_prefix());
     layout_ = std::make_unique<sync::WeightLayout>(
         eng->attach_weight_buffers(o_.bucket_bytes).layout());
     buckets_ = &eng->weight_buffers()->buckets();  // touched on the engine thread only
@@ -534,9 +534,7 @@ class TrainRank {
     // ids the engines generate from (the special tokens its encode_prompt adds to a prompt).
     engine::Tokenizer tok(o_.model_dir);
     auto cfg = engine::load_model_config(o_.model_dir);
-    engine::EncodeOptions with_specials;
-    with_specials.add_special_tokens = true;
-    const trainer::PromptEncoder prompts(tok, tok.encode("", with_specials));
+    const trainer::PromptEncoder prompts(tok, tok.special_prefix());
     for (int64_t s = 0; s < o_.sft_steps; ++s) {
       std::vector<int64_t> picked = j_.draw(o_.sft_rows_per_step);
       std::vector<trainer::SampleGroup> groups;

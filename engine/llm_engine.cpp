@@ -105,6 +105,10 @@ std::vector<int32_t> LlmEngine::encode_prompt(const std::string& text) const {
   return tokenizer_->encode(text, options);
 }
 
+std::vector<int32_t> LlmEngine::prompt_prefix() const {
+  return tokenizer_ ? tokenizer_->special_prefix() : std::vector<int32_t>();
+}
+
 std::string LlmEngine::add_request(GenerateRequest request) {
   validate_request(request);
   std::lock_guard<std::mutex> lock(inbox_->mu);

@@ -100,6 +100,9 @@ class LlmEngine {
   // A text prompt as the engine tokenizes it (BOS first when the model wants one). Any thread.
   // Throws std::invalid_argument when the model has no tokenizer.
   std::vector<int32_t> encode_prompt(const std::string& text) const;
+  // The special tokens encode_prompt puts before a prompt's text (BOS, or nothing): the prefix of
+  // prompts built from pieces (chats in a built-in format, the trainer's prompts). Any thread.
+  std::vector<int32_t> prompt_prefix() const;
   // Aborts a request in any state; its blocks are freed at the next step. Unknown ids are ignored.
   void abort(const std::string& request_id);
 

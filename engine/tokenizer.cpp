@@ -138,6 +138,7 @@ class Tokenizer::Impl {
   virtual ~Impl() = default;
   virtual std::vector<int32_t> encode(const std::string& text, const EncodeOptions& o) const = 0;
   virtual std::string decode(const std::vector<int32_t>& ids, bool skip_special) const = 0;
+  virtual std::vector<int32_t> special_prefix() const = 0;
   virtual std::string id_to_piece(int32_t id) const = 0;
   virtual int32_t piece_to_id(const std::string& piece) const = 0;
   virtual int32_t vocab_size() const = 0;
@@ -202,6 +203,10 @@ class SentencePieceImpl final : public Tokenizer::Impl {
     return out;
   }
 
+  std::vector<int32_t> special_prefix() const override {
+    if (add_bos_ && bos_id() >= 0) return {bos_id()};
+    return {};
+  }
   std::string decode(const std::vector<int32_t>& ids, bool skip_special) const override {
     const int32_t vocab = vocab_size();
     for (int32_t id : ids) check_id(id, vocab);
@@ -267,6 +272,7 @@ class HfJsonImpl final : public Tokenizer::Impl {
   std::string decode(const std::vector<int32_t>& ids, bool skip_special) const override {
     return tok_.decode(ids, skip_special);
   }
+  std::vector<int32_t> special_prefix() const override { return tok_.special_prefix(); }
   std::string id_to_piece(int32_t id) const override {
     check_id(id, vocab_size());
     return tok_.id_to_token(id);
@@ -316,6 +322,10 @@ Tokenizer::Tokenizer(const std::string& path) {
       impl_ = std::make_unique<SentencePieceImpl>(file, config);
   } catch (const text::hf::TokenizerFileError& e) {
     throw std::runtime_error(std::string("cannot load tokenizer: ") + e.what());
+  } catch (const std::bad_alloc&) {
+    throw std::runtime_error("cannot load tokenizer " + file + ": out of memory");
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error("cannot load tokenizer " + file + ": " + e.what());
   }
 }
 
@@ -350,7 +360,10 @@ std::vector<std::vector<int32_t>> Tokenizer::encode_batch(const std::vector<std:
     }
   };
   std::vector<std::thread> pool;
-  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  try {
+    for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  } catch (...) {  // no more threads: the ones started and this one finish the work
+  }
   work();
   for (auto& t : pool) t.join();
   if (error) std::rethrow_exception(error);
@@ -360,6 +373,7 @@ std::vector<std::vector<int32_t>> Tokenizer::encode_batch(const std::vector<std:
 std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const {
   return impl_->decode(ids, skip_special_tokens);
 }
+std::vector<int32_t> Tokenizer::special_prefix() const { return impl_->special_prefix(); }
 std::string Tokenizer::id_to_piece(int32_t id) const { return impl_->id_to_piece(id); }
 int32_t Tokenizer::piece_to_id(const std::string& piece) const { return impl_->piece_to_id(piece); }
 int32_t Tokenizer::vocab_size() const { return impl_->vocab_size(); }
@@ -381,6 +395,10 @@ std::string DecodeStream::step(int32_t id) {
   auto ends_with_replacement = [](const std::string& s) {
     return s.size() >= 3 && s.compare(s.size() - 3, 3, kReplacement) == 0;
   };
+  if (id < 0 || id >= tokenizer_.vocab_size()) {
+    throw std::invalid_argument("token id " + std::to_string(id) + " is out of range [0, " +
+                                std::to_string(tokenizer_.vocab_size()) + ")");
+  }
   ids_.push_back(id);
   const std::vector<int32_t> window(ids_.begin() + static_cast<std::ptrdiff_t>(prefix_start_),
                                     ids_.end());

@@ -50,6 +50,9 @@ class Tokenizer {
   std::vector<std::vector<int32_t>> encode_batch(const std::vector<std::string>& texts,
                                                  const EncodeOptions& options = {},
                                                  int num_threads = 0) const;
+  // The ids encode(text, {add_special_tokens=true}) puts before the text (BOS, or nothing): what
+  // goes in front of ids that are joined to it (a chat encoded piecewise, SFT prompts).
+  std::vector<int32_t> special_prefix() const;
   // Ids to text, as Hugging Face's decode(ids, skip_special_tokens); ids outside the vocabulary
   // throw std::invalid_argument naming the id.
   std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens = true) const;

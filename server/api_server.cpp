@@ -195,7 +195,7 @@ std::vector<int32_t> Server::encode_chat(const std::string& text) const {
   std::call_once(chat_encoder_once_, [&] {
     // BOS when the model wants one, unless the model's template writes it.
     chat_encoder_ = std::make_unique<text::ChatEncoder>(
-        *tok, chat_.is_jinja() ? std::vector<int32_t>() : eng.encode_prompt(""));
+        *tok, chat_.is_jinja() ? std::vector<int32_t>() : eng.prompt_prefix());
   });
   return chat_encoder_->encode(text);
 }
@@ -395,7 +395,7 @@ HttpResponse Server::handle_tokenize(const HttpRequest& req) {
   if (!add_special && body.contains("messages")) {
     // A built-in chat format's ids start with the BOS the encoder adds; the model's own template
     // writes its BOS as text, which stays (as in vLLM).
-    const std::vector<int32_t> bos = eng.encode_prompt("");
+    const std::vector<int32_t> bos = eng.prompt_prefix();
     if (!chat_.is_jinja() && !bos.empty() && !ids.empty() && ids.front() == bos.front())
       ids.erase(ids.begin());
   }

@@ -74,7 +74,7 @@ LocalRlResult run_local_rl(const LocalRlOptions& o) {
   engine::LlmEngine eng(ec);
   CRL_CHECK(eng.tokenizer() != nullptr, "run_local_rl needs a model with a tokenizer");
   const engine::Tokenizer& tok = *eng.tokenizer();
-  const PromptEncoder prompts(tok, eng.encode_prompt(""));  // rollouts and SFT alike
+  const PromptEncoder prompts(tok, eng.prompt_prefix());  // rollouts and SFT alike
   CRL_CHECK(!eng.eos_token_ids().empty(), "run_local_rl needs an EOS token");
   const int32_t eos = eng.eos_token_ids()[0];
 

@@ -5,7 +5,7 @@
 //                      writes as text become their ids, and nothing is added (it wrote its BOS);
 //   kBuiltinChat rows: `bos`, then as kChat.
 // `bos` is the model's BOS when it adds one to a text prompt, else empty: on an infer rank
-// LlmEngine::encode_prompt(""), which reads tokenizer_config.json's add_bos_token.
+// LlmEngine::prompt_prefix() (the tokenizer's special prefix: BOS when the model adds one).
 //
 // Thread safety: immutable after construction. REQUIRES: `tokenizer` outlives the encoder.
 #pragma once

@@ -141,8 +141,12 @@ void make_model(const std::string& dir, const ModelConfig& config, uint64_t seed
     const Tokenizer t(tokenizer_from);
     c.vocab_size = std::max<int64_t>(c.vocab_size, t.vocab_size());
     c.bos_token_id = t.bos_id();
-    c.eos_token_ids.clear();
-    if (t.eos_id() >= 0) c.eos_token_ids.push_back(t.eos_id());
+    if (t.eos_id() < 0) {
+      throw std::invalid_argument("make-model: the tokenizer in " + tokenizer_from +
+                                  " names no eos_token (tokenizer_config.json or "
+                                  "special_tokens_map.json): generation could never stop");
+    }
+    c.eos_token_ids = {t.eos_id()};
     c.validate();
   }
   const fs::path target = fs::absolute(dir);

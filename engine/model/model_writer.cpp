@@ -217,11 +217,15 @@ void write_model_dir(const std::string& dir, const ModelConfig& config, const Na
     CRL_INVALID("write_model_dir: tokenizer ", tok.path(), " has ", tok.vocab_size(),
                 " pieces but the config's vocab_size is ", config.vocab_size);
   }
-  if (config.bos_token_id >= 0 && config.bos_token_id != tok.bos_id()) {
+  // A real tokenizer directory is copied as it is: its config may name a BOS the tokenizer does
+  // not add (Qwen: bos_token_id 151643, bos_token null) or an EOS list the tokenizer's eos_token
+  // is not in (Llama-3-Instruct's first releases), so only the vocabulary size is checked.
+  const bool copied_as_is = fs::is_directory(tokenizer_source);
+  if (!copied_as_is && config.bos_token_id >= 0 && config.bos_token_id != tok.bos_id()) {
     CRL_INVALID("write_model_dir: config bos_token_id ", config.bos_token_id,
                 " differs from the tokenizer's bos id ", tok.bos_id());
   }
-  if (!config.eos_token_ids.empty() && tok.eos_id() >= 0 &&
+  if (!copied_as_is && !config.eos_token_ids.empty() && tok.eos_id() >= 0 &&
       std::find(config.eos_token_ids.begin(), config.eos_token_ids.end(), tok.eos_id()) ==
           config.eos_token_ids.end()) {
     CRL_INVALID("write_model_dir: config eos_token_id does not include the tokenizer's eos id ",
@@ -248,7 +252,8 @@ void write_model_dir(const std::string& dir, const ModelConfig& config, const Na
     // A real tokenizer directory: its files as they are (template, added tokens, flags).
     const fs::path tok_file(tok.path());
     crl::write_file_atomic((root / tok_file.filename()).string(), read_file(tok.path()));
-    for (const char* name : {"tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"}) {
+    for (const char* name : {"tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                             "generation_config.json"}) {
       const fs::path src = fs::path(tokenizer_source) / name;
       if (fs::is_regular_file(src)) crl::write_file_atomic((root / name).string(), read_file(src.string()));
     }

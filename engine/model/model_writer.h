@@ -30,8 +30,9 @@ std::string default_corpus_text();
 //   - a tokenizer.model file: copied, with a tokenizer_config.json written here (bos/eos/pad/unk
 //     tokens as piece strings, add_bos_token, model_max_length);
 //   - a directory (a Hugging Face model or tokenizer directory): its tokenizer.json or
-//     tokenizer.model, tokenizer_config.json, special_tokens_map.json and chat_template.jinja
-//     are copied as they are (so a real tokenizer keeps its chat template).
+//     tokenizer.model, tokenizer_config.json, special_tokens_map.json, chat_template.jinja and
+//     generation_config.json are copied as they are (so a real model keeps its chat template and
+//     sampling defaults; checkpoints of it too), and only the vocabulary size is checked.
 // Throws std::invalid_argument when the config is invalid, the weights do not match
 // model_param_specs(config) by name and shape, or the tokenizer disagrees with the config
 // (vocabulary larger than vocab_size, different bos/eos); std::runtime_error on I/O failure.

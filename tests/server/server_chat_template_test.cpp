@@ -98,7 +98,7 @@ TEST(ServerChatTemplateTest, ChatEndpointAndMessagesDataRowsGiveAChatTheSameIds)
   auto [ts, tb] = served.post("/tokenize", {{"messages", messages}});
   ASSERT_EQ(ts, 200) << tb;
   engine::LlmEngine eng(config_for(model));  // the RL job's infer rank builds its encoder so
-  const trainer::PromptEncoder prompts(*eng.tokenizer(), eng.encode_prompt(""));
+  const trainer::PromptEncoder prompts(*eng.tokenizer(), eng.prompt_prefix());
   EXPECT_EQ(prompts.encode(rows[0]), json::parse(tb)["tokens"].get<std::vector<int32_t>>());
 }
 

@@ -58,8 +58,8 @@ TEST(PromptEncoderTest, MessagesRowGetsTheIdsOfItsTemplateRenderWithTheTemplates
 
   engine::LlmEngine eng(config_for(model));
   const engine::Tokenizer& tok = *eng.tokenizer();
-  ASSERT_EQ(eng.encode_prompt(""), std::vector<int32_t>{tok.bos_id()});  // text prompts get BOS
-  const PromptEncoder prompts(tok, eng.encode_prompt(""));
+  ASSERT_EQ(eng.prompt_prefix(), std::vector<int32_t>{tok.bos_id()});  // text prompts get BOS
+  const PromptEncoder prompts(tok, eng.prompt_prefix());
   // A text row: exactly what the engine makes of the text.
   EXPECT_EQ(prompts.encode(rows[0]), eng.encode_prompt(rows[0].prompt));
   // The chat row: the template's <s> and </s> as their ids, no second BOS.
@@ -77,8 +77,8 @@ TEST(PromptEncoderTest, BuiltinFormatRowGetsTheModelsBosInFront) {
   ASSERT_EQ(rows[1].kind, PromptKind::kBuiltinChat);
   engine::LlmEngine eng(config_for(model));
   const engine::Tokenizer& tok = *eng.tokenizer();
-  const PromptEncoder prompts(tok, eng.encode_prompt(""));
-  std::vector<int32_t> expected = eng.encode_prompt("");
+  const PromptEncoder prompts(tok, eng.prompt_prefix());
+  std::vector<int32_t> expected = eng.prompt_prefix();
   ASSERT_FALSE(expected.empty());
   for (int32_t id : text::ChatEncoder(tok).encode(rows[1].prompt)) expected.push_back(id);
   EXPECT_EQ(prompts.encode(rows[1]), expected);

@@ -477,8 +477,11 @@ BpeModel::BpeModel(const nlohmann::json& model, const JsonPath& at)
   int32_t max_id = -1;
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
     const nlohmann::json& v = it.value();
-    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX) {
-      vocab_at.at(it.key()).fail("expected an id (an integer in [0, 2^31)), found " + v.dump());
+    // Ids index a table: far beyond the number of entries is a broken file, not a sparse vocab.
+    const int64_t limit = static_cast<int64_t>(vocab.size()) + (int64_t{1} << 20);
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= limit) {
+      vocab_at.at(it.key()).fail("expected an id (an integer in [0, " + std::to_string(limit) +
+                                 ")), found " + v.dump());
     }
     m.keys.push_back(it.key());
     m.key_ids.push_back(static_cast<int32_t>(v.get<int64_t>()));

@@ -3,6 +3,7 @@
 #include <utf8proc.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -27,7 +28,7 @@ json read_json(const std::string& path) {
   ss << in.rdbuf();
   try {
     return json::parse(ss.str());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     throw TokenizerFileError(path + ": not valid JSON: " + e.what());
   }
 }
@@ -64,7 +65,7 @@ bool is_word_char(int32_t cp) {
     case UTF8PROC_CATEGORY_LU: case UTF8PROC_CATEGORY_LL: case UTF8PROC_CATEGORY_LT:
     case UTF8PROC_CATEGORY_LM: case UTF8PROC_CATEGORY_LO: case UTF8PROC_CATEGORY_MN:
     case UTF8PROC_CATEGORY_MC: case UTF8PROC_CATEGORY_ME: case UTF8PROC_CATEGORY_ND:
-    case UTF8PROC_CATEGORY_NL: case UTF8PROC_CATEGORY_NO: case UTF8PROC_CATEGORY_PC:
+    case UTF8PROC_CATEGORY_NL: case UTF8PROC_CATEGORY_PC:
       return true;
     default:
       return cp == 0x200C || cp == 0x200D;
@@ -212,7 +213,6 @@ struct HfTokenizer::Impl {
       if (tok.rstrip) {
         size_t len = 0;
         while (end < s.size() && is_space_char(code_point_at(s, end, &len))) end += len;
-        from = end;
       }
       if (start_offset < begin) {
         out.push_back({s.substr(start_offset, begin - start_offset), -1, at_start && start_offset == 0});
@@ -235,8 +235,8 @@ struct HfTokenizer::Impl {
       const JsonPath p = list.at(i);
       AddedToken a;
       const json& id = require(t, "id", p);
-      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
-        p.at("id").fail("expected a non-negative integer");
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= INT32_MAX)
+        p.at("id").fail("expected a non-negative 32-bit integer");
       a.id = id.get<int32_t>();
       const json& content = require(t, "content", p);
       if (!content.is_string() || content.get<std::string>().empty())
@@ -247,6 +247,8 @@ struct HfTokenizer::Impl {
       a.rstrip = get_bool(t, "rstrip", p, false);
       a.special = get_bool(t, "special", p, false);
       a.normalized = get_bool(t, "normalized", p, !a.special);
+      // tokenizers' add_tokens gives a token the model already has that id, not the file's.
+      if (const int32_t in_model = model->token_to_id(a.content); in_model >= 0) a.id = in_model;
       a.normalized_content = a.content;
       if (a.normalized && normalizer) normalizer->normalize(a.normalized_content);
       added_by_id[a.id] = added.size();
@@ -298,7 +300,8 @@ struct HfTokenizer::Impl {
         const json& ids = require(*st, "ids", at.at("special_tokens").at(name));
         if (!ids.is_array()) ids_at.fail("expected a list of ids");
         for (const json& id : ids) {
-          if (!id.is_number_integer()) ids_at.fail("expected a list of ids");
+          if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= INT32_MAX)
+            ids_at.fail("expected a list of non-negative ids, found " + id.dump());
           (seen_sequence ? p.suffix : p.prefix).push_back(id.get<int32_t>());
         }
       }
@@ -308,7 +311,8 @@ struct HfTokenizer::Impl {
     if (type == "RobertaProcessing" || type == "BertProcessing") {
       auto pair_id = [&](const char* key) {
         const json& v = require(j, key, at);
-        if (!v.is_array() || v.size() != 2 || !v[1].is_number_integer())
+        if (!v.is_array() || v.size() != 2 || !v[1].is_number_integer() ||
+            v[1].get<int64_t>() < 0 || v[1].get<int64_t>() >= INT32_MAX)
           at.at(key).fail("expected [token, id]");
         return v[1].get<int32_t>();
       };
@@ -367,38 +371,60 @@ HfTokenizer::HfTokenizer(const std::string& tokenizer_json, const std::string& t
 
   m.vocab_size = m.model->vocab_size();
   for (const AddedToken& a : m.added) m.vocab_size = std::max(m.vocab_size, a.id + 1);
-
-  if (!tokenizer_config.empty()) {
-    std::ifstream probe(tokenizer_config);
-    if (probe) {
-      const json config = read_json(tokenizer_config);
-      const JsonPath cat{tokenizer_config, ""};
-      if (!config.is_object()) cat.fail("expected an object");
-      auto resolve = [&](const char* key) {
-        const std::string token = config_token(config, key, cat);
-        if (token.empty()) return -1;
-        const int32_t id = m.id_of(token);
-        if (id < 0) cat.at(key).fail("token \"" + token + "\" is not in the vocabulary");
-        return id;
-      };
-      bos_id_ = resolve("bos_token");
-      eos_id_ = resolve("eos_token");
-      pad_id_ = resolve("pad_token");
-      // transformers' fast tokenizers rebuild the post-processor from these flags.
-      const bool has_bos_flag = config.contains("add_bos_token") && !config["add_bos_token"].is_null();
-      const bool has_eos_flag = config.contains("add_eos_token") && !config["add_eos_token"].is_null();
-      if (has_bos_flag || has_eos_flag) {
-        const bool add_bos = get_bool(config, "add_bos_token", cat, false);
-        const bool add_eos = get_bool(config, "add_eos_token", cat, false);
-        if (add_bos && bos_id_ < 0) cat.at("add_bos_token").fail("true, but there is no bos_token");
-        if (add_eos && eos_id_ < 0) cat.at("add_eos_token").fail("true, but there is no eos_token");
-        m.post = PostProcessor{};
-        if (add_bos) m.post.prefix.push_back(bos_id_);
-        if (add_eos) m.post.suffix.push_back(eos_id_);
+  for (const std::vector<int32_t>* ids : {&m.post.prefix, &m.post.suffix}) {
+    for (int32_t id : *ids) {
+      if (id >= m.vocab_size) {
+        at.at("post_processor").fail("special token id " + std::to_string(id) +
+                                     " is outside the vocabulary [0, " +
+                                     std::to_string(m.vocab_size) + ")");
       }
     }
   }
+
+  if (tokenizer_config.empty()) return;
+  // tokenizer_config.json, with special_tokens_map.json beside it for tokens it does not name
+  // (as transformers reads them).
+  json config = json::object();
+  const JsonPath cat{tokenizer_config, ""};
+  if (std::ifstream(tokenizer_config)) {
+    config = read_json(tokenizer_config);
+    if (!config.is_object()) cat.fail("expected an object");
+  }
+  const std::string map_path =
+      (std::filesystem::path(tokenizer_config).parent_path() / "special_tokens_map.json").string();
+  json map = json::object();
+  if (std::ifstream(map_path)) {
+    map = read_json(map_path);
+    if (!map.is_object()) JsonPath{map_path, ""}.fail("expected an object");
+  }
+  auto resolve = [&](const char* key, bool required) {
+    const bool in_config = config.contains(key);
+    const json& source = in_config ? config : map;
+    const JsonPath at = in_config ? cat : JsonPath{map_path, ""};
+    const std::string token = config_token(source, key, at);
+    if (token.empty()) return -1;
+    const int32_t id = m.id_of(token);
+    // transformers adds an unknown pad token to the vocabulary; the engine never needs it.
+    if (id < 0 && required) at.at(key).fail("token \"" + token + "\" is not in the vocabulary");
+    return id;
+  };
+  bos_id_ = resolve("bos_token", true);
+  eos_id_ = resolve("eos_token", true);
+  pad_id_ = resolve("pad_token", false);
+  // transformers' fast tokenizers rebuild the post-processor from these flags (a flag whose token
+  // is missing is off).
+  const bool has_bos_flag = config.contains("add_bos_token") && !config["add_bos_token"].is_null();
+  const bool has_eos_flag = config.contains("add_eos_token") && !config["add_eos_token"].is_null();
+  if (has_bos_flag || has_eos_flag) {
+    const bool add_bos = get_bool(config, "add_bos_token", cat, false) && bos_id_ >= 0;
+    const bool add_eos = get_bool(config, "add_eos_token", cat, false) && eos_id_ >= 0;
+    m.post = PostProcessor{};
+    if (add_bos) m.post.prefix.push_back(bos_id_);
+    if (add_eos) m.post.suffix.push_back(eos_id_);
+  }
 }
+
+const std::vector<int32_t>& HfTokenizer::special_prefix() const { return impl_->post.prefix; }
 
 HfTokenizer::~HfTokenizer() = default;
 

@@ -27,8 +27,8 @@ namespace crl::text::hf {
 
 class HfTokenizer {
  public:
-  // Loads `tokenizer_json` and, when `tokenizer_config` is non-empty and exists, that
-  // tokenizer_config.json. Throws TokenizerFileError ("<file>: <json path>: <what>").
+  // Loads `tokenizer_json` and, when `tokenizer_config` is non-empty, that tokenizer_config.json
+  // and special_tokens_map.json beside it, when they exist. Throws TokenizerFileError ("<file>: <json path>: <what>").
   explicit HfTokenizer(const std::string& tokenizer_json, const std::string& tokenizer_config = "");
   ~HfTokenizer();
   HfTokenizer(const HfTokenizer&) = delete;
@@ -39,6 +39,8 @@ class HfTokenizer {
   // Ids outside [0, vocab_size()) throw std::invalid_argument; ids with no token are skipped.
   std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const;
 
+  // The ids encode(text, add_special_tokens=true) puts before the text (e.g. BOS).
+  const std::vector<int32_t>& special_prefix() const;
   // The token string of `id` ("" when no token has it).
   std::string id_to_token(int32_t id) const;
   int32_t token_to_id(std::string_view token) const;  // -1 when none

@@ -9,8 +9,11 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
+#include "engine/model/config.h"
 #include "engine/model/model_cache.h"
+#include "engine/model/model_writer.h"
 #include "engine/tokenizer.h"
 #include "tests/test_utils.h"
 
@@ -139,9 +142,45 @@ TEST_F(HfTokenizerTest, MalformedFilesNameTheFileAndJsonPath) {
   write(dir_.file("tokenizer_config.json"), R"({"bos_token": "<nope>"})");
   ASSERT_THROWS_WITH(Tokenizer{dir_.path()}, std::runtime_error,
                      "tokenizer_config.json: bos_token: token \"<nope>\" is not in the vocabulary");
+}
+
+TEST_F(HfTokenizerTest, SpecialTokensMapFillsInAndMissingPiecesAreLenient) {
+  EncodeOptions with;
+  with.add_special_tokens = true;
+  // add_bos_token with no bos_token anywhere: off, as in transformers (the template goes too).
   write(dir_.file("tokenizer_config.json"), R"({"add_bos_token": true})");
-  ASSERT_THROWS_WITH(Tokenizer{dir_.path()}, std::runtime_error,
-                     "add_bos_token: true, but there is no bos_token");
+  EXPECT_EQ(Tokenizer(dir_.path()).encode("xx", with), (Ids{17}));
+  EXPECT_TRUE(Tokenizer(dir_.path()).special_prefix().empty());
+  // special_tokens_map.json names what tokenizer_config.json does not; an unknown pad is none.
+  write(dir_.file("special_tokens_map.json"),
+        R"({"bos_token": {"content": "<s>"}, "eos_token": "<eot>", "pad_token": "<pad>"})");
+  const Tokenizer tok(dir_.path());
+  EXPECT_EQ(tok.bos_id(), 15);
+  EXPECT_EQ(tok.eos_id(), 16);
+  EXPECT_EQ(tok.pad_id(), -1);
+  EXPECT_EQ(tok.encode("xx", with), (Ids{15, 17}));
+  EXPECT_EQ(tok.special_prefix(), (Ids{15}));
+}
+
+// A real tokenizer directory is copied as it is, even where its config and tokenizer disagree
+// about BOS the way Qwen's do (config bos_token_id set, tokenizer bos_token null): checkpoints of
+// such a model must save.
+TEST_F(HfTokenizerTest, ModelDirectoryCopiesARealTokenizerAsItIs) {
+  write(dir_.file("tokenizer_config.json"), R"({"eos_token": "<eot>", "chat_template": "{{ 1 }}"})");
+  write(dir_.file("generation_config.json"), R"({"eos_token_id": 16, "temperature": 0.7})");
+  ModelConfig c = preset_config("default");
+  ASSERT_GE(c.bos_token_id, 0);  // a BOS id the tokenizer does not have
+  test::TempDir out;
+  write_model_dir(out.file("m"), c, random_init_weights(c, 1, at::kFloat), dir_.path());
+  for (const char* name : {"tokenizer.json", "tokenizer_config.json", "generation_config.json"}) {
+    std::ifstream a(dir_.file(name)), b(out.file("m") + "/" + name);
+    std::stringstream sa, sb;
+    sa << a.rdbuf();
+    sb << b.rdbuf();
+    EXPECT_EQ(sa.str(), sb.str()) << name;
+  }
+  EXPECT_FALSE(std::filesystem::exists(out.file("m") + "/tokenizer.model"));
+  EXPECT_EQ(Tokenizer(out.file("m")).eos_id(), 16);
 }
 
 }  // namespace
