@@ -26,40 +26,149 @@ namespace {
 
 // ---- Unicode general categories from utf8proc ----------------------------------------------------
 // PCRE2's own Unicode tables can be older than those of Oniguruma (Hugging Face) and utf8proc (e.g.
-// Debian bookworm's PCRE2 10.42 has Unicode 14, so U+1FAE8, a Unicode 15 symbol, would be
-// unassigned). So \p{..} / \P{..} with a general category are rewritten into explicit code-point
-// ranges computed from utf8proc.
+// Debian bookworm's PCRE2 10.42 has Unicode 14, so U+1FAE8, a Unicode 15 symbol, is unassigned to
+// it). So \p{..} / \P{..} with a general category follow utf8proc: the set is written as PCRE2's own
+// property (a fast table lookup) plus explicit ranges for the code points utf8proc puts in the
+// category and PCRE2 does not. Where PCRE2 puts a code point in the category that utf8proc does not
+// (it cannot be subtracted inside a class), the whole set is written as utf8proc's ranges instead
+// (correct, but matching is several times slower). The disagreements are found once per process by
+// running PCRE2 over every code point.
 
 using Ranges = std::vector<std::pair<char32_t, char32_t>>;  // sorted, disjoint, inclusive
 constexpr char32_t kMaxCodePoint = 0x10FFFF;
 constexpr char32_t kSurrogateFirst = 0xD800;
 constexpr char32_t kSurrogateLast = 0xDFFF;
+constexpr int kNumCategories = 30;
+// PCRE2's names of utf8proc_category_t's values, in enum order (UTF8PROC_CATEGORY_CN = 0 ...).
+constexpr const char* kCategoryNames[kNumCategories] = {
+    "Cn", "Lu", "Ll", "Lt", "Lm", "Lo", "Mn", "Mc", "Me", "Nd", "Nl", "No", "Pc", "Pd", "Ps",
+    "Pe", "Pi", "Pf", "Po", "Sm", "Sc", "Sk", "So", "Zs", "Zl", "Zp", "Cc", "Cf", "Cs", "Co"};
 
 uint32_t cat_bit(utf8proc_category_t c) { return uint32_t{1} << static_cast<int>(c); }
+uint32_t cat_bit(int c) { return uint32_t{1} << c; }
 
-// Runs of equal utf8proc category over 0..U+10FFFF: (first code point, category). Computed once.
-const std::vector<std::pair<char32_t, uint8_t>>& category_runs() {
-  static const std::vector<std::pair<char32_t, uint8_t>> runs = [] {
-    std::vector<std::pair<char32_t, uint8_t>> r;
-    r.reserve(8192);
+// A pattern compiled as PCRE2 understands it (no rewriting); used to read PCRE2's tables.
+struct NativePattern {
+  pcre2_code* code = nullptr;
+  pcre2_match_data* data = nullptr;
+  explicit NativePattern(const std::string& pattern) {
+    int error = 0;
+    PCRE2_SIZE offset = 0;
+    code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_UTF | PCRE2_UCP,
+                         &error, &offset, nullptr);
+    if (code == nullptr) throw std::logic_error("regex: cannot compile " + pattern);
+    pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
+    data = pcre2_match_data_create(1, nullptr);
+    if (data == nullptr) throw std::bad_alloc();
+  }
+  NativePattern(const NativePattern&) = delete;
+  NativePattern& operator=(const NativePattern&) = delete;
+  ~NativePattern() {
+    pcre2_match_data_free(data);
+    pcre2_code_free(code);
+  }
+  // The start offsets of the (one-character) matches in `s`.
+  std::vector<size_t> find_all(const std::string& s) const {
+    std::vector<size_t> out;
+    const auto subject = reinterpret_cast<PCRE2_SPTR>(s.data());
+    size_t pos = 0;
+    while (pos < s.size()) {
+      const int rc = pcre2_match(code, subject, s.size(), pos, PCRE2_NO_UTF_CHECK, data, nullptr);
+      if (rc < 0) break;
+      const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(data);
+      out.push_back(ov[0]);
+      pos = ov[1] > ov[0] ? ov[1] : ov[0] + 1;
+    }
+    return out;
+  }
+  bool matches_at_start(const std::string& s) const {
+    return pcre2_match(code, reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), 0,
+                       PCRE2_ANCHORED | PCRE2_NO_UTF_CHECK, data, nullptr) >= 0;
+  }
+};
+
+void append_utf8(std::string& out, char32_t cp) {
+  utf8proc_uint8_t buf[4];
+  const auto n = utf8proc_encode_char(static_cast<utf8proc_int32_t>(cp), buf);
+  out.append(reinterpret_cast<const char*>(buf), static_cast<size_t>(n));
+}
+
+struct Disagreement {
+  char32_t cp;
+  uint8_t ours;   // utf8proc's category
+  uint8_t pcre2;  // PCRE2's category
+};
+
+struct CategoryTables {
+  // Runs of equal utf8proc category over 0..U+10FFFF: (first code point, category).
+  std::vector<std::pair<char32_t, uint8_t>> runs;
+  // The code points (surrogates left out) whose category differs between utf8proc and PCRE2.
+  std::vector<Disagreement> disagreements;
+};
+
+// Computed once per process (thread-safe static initialization), a few tens of milliseconds.
+const CategoryTables& category_tables() {
+  static const CategoryTables tables = [] {
+    CategoryTables t;
+    t.runs.reserve(8192);
+    std::vector<std::string> text(kNumCategories);  // per utf8proc category: all its code points
     int prev = -1;
     for (char32_t cp = 0; cp <= kMaxCodePoint; ++cp) {
       const int cat = utf8proc_category(static_cast<utf8proc_int32_t>(cp));
-      if (cat != prev) r.emplace_back(cp, static_cast<uint8_t>(cat));
+      if (cat != prev) t.runs.emplace_back(cp, static_cast<uint8_t>(cat));
       prev = cat;
+      if (cp < kSurrogateFirst || cp > kSurrogateLast) append_utf8(text[static_cast<size_t>(cat)], cp);
     }
-    return r;
+    std::vector<std::unique_ptr<NativePattern>> is_cat;
+    for (const char* name : kCategoryNames) {
+      is_cat.push_back(std::make_unique<NativePattern>(std::string("\\p{") + name + "}"));
+    }
+    for (int cat = 0; cat < kNumCategories; ++cat) {
+      const std::string& s = text[static_cast<size_t>(cat)];
+      const NativePattern other(std::string("\\P{") + kCategoryNames[cat] + "}");
+      for (const size_t pos : other.find_all(s)) {
+        utf8proc_int32_t cp = 0;
+        const auto len = utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(s.data()) + pos,
+                                          static_cast<utf8proc_ssize_t>(s.size() - pos), &cp);
+        const std::string one = s.substr(pos, static_cast<size_t>(len));
+        int theirs = 0;  // Cn unless another category matches
+        for (int c = 1; c < kNumCategories; ++c) {
+          if (is_cat[static_cast<size_t>(c)]->matches_at_start(one)) {
+            theirs = c;
+            break;
+          }
+        }
+        t.disagreements.push_back({static_cast<char32_t>(cp), static_cast<uint8_t>(cat), static_cast<uint8_t>(theirs)});
+      }
+    }
+    std::sort(t.disagreements.begin(), t.disagreements.end(),
+              [](const Disagreement& x, const Disagreement& y) { return x.cp < y.cp; });
+    return t;
   }();
-  return runs;
+  return tables;
+}
+
+// Removes the surrogates from sorted disjoint ranges.
+Ranges without_surrogates(const Ranges& in) {
+  Ranges out;
+  for (const auto& [a, b] : in) {
+    if (b < kSurrogateFirst || a > kSurrogateLast) {
+      out.emplace_back(a, b);
+      continue;
+    }
+    if (a < kSurrogateFirst) out.emplace_back(a, kSurrogateFirst - 1);
+    if (b > kSurrogateLast) out.emplace_back(kSurrogateLast + 1, b);
+  }
+  return out;
 }
 
 // The code points whose utf8proc category is in `mask` (or not in it, when `negate`), surrogates
 // left out (PCRE2 rejects them in UTF patterns and they never occur in valid UTF-8).
 Ranges category_ranges(uint32_t mask, bool negate) {
-  const auto& runs = category_runs();
+  const auto& runs = category_tables().runs;
   Ranges out;
   for (size_t i = 0; i < runs.size(); ++i) {
-    if (((mask & (uint32_t{1} << runs[i].second)) != 0) == negate) continue;
+    if (((mask & cat_bit(runs[i].second)) != 0) == negate) continue;
     const char32_t first = runs[i].first;
     const char32_t last = i + 1 < runs.size() ? runs[i + 1].first - 1 : kMaxCodePoint;
     if (!out.empty() && out.back().second + 1 == first) {
@@ -68,16 +177,31 @@ Ranges category_ranges(uint32_t mask, bool negate) {
       out.emplace_back(first, last);
     }
   }
-  Ranges clipped;  // remove the surrogates
-  for (const auto& [a, b] : out) {
-    if (b < kSurrogateFirst || a > kSurrogateLast) {
-      clipped.emplace_back(a, b);
-      continue;
+  return without_surrogates(out);
+}
+
+// utf8proc's set for a category mask relative to PCRE2's: `extra` = code points utf8proc has in the
+// set and PCRE2 does not; `exact` = PCRE2 has no code point in the set that utf8proc has not.
+struct CategoryDelta {
+  Ranges extra;
+  bool exact = true;
+};
+
+CategoryDelta category_delta(uint32_t mask) {
+  CategoryDelta d;
+  for (const Disagreement& x : category_tables().disagreements) {
+    const bool ours = (mask & cat_bit(x.ours)) != 0;
+    const bool theirs = (mask & cat_bit(x.pcre2)) != 0;
+    if (theirs && !ours) d.exact = false;
+    if (ours && !theirs) {
+      if (!d.extra.empty() && d.extra.back().second + 1 == x.cp) {
+        d.extra.back().second = x.cp;
+      } else {
+        d.extra.emplace_back(x.cp, x.cp);
+      }
     }
-    if (a < kSurrogateFirst) clipped.emplace_back(a, kSurrogateFirst - 1);
-    if (b > kSurrogateLast) clipped.emplace_back(kSurrogateLast + 1, b);
   }
-  return clipped;
+  return d;
 }
 
 // The general-category mask of a property name as Oniguruma accepts it (short or long name, loose
@@ -139,6 +263,23 @@ uint32_t category_mask(std::string name) {
   return 0;
 }
 
+// PCRE2's name for a mask category_mask() returns.
+std::string pcre2_property_name(uint32_t mask) {
+  static const std::pair<const char*, std::vector<int>> groups[] = {
+      {"L", {1, 2, 3, 4, 5}}, {"L&", {1, 2, 3}}, {"M", {6, 7, 8}}, {"N", {9, 10, 11}},
+      {"P", {12, 13, 14, 15, 16, 17, 18}}, {"S", {19, 20, 21, 22}}, {"Z", {23, 24, 25}},
+      {"C", {0, 26, 27, 28, 29}}};
+  for (const auto& [name, cats] : groups) {
+    uint32_t m = 0;
+    for (const int c : cats) m |= cat_bit(c);
+    if (m == mask) return name;
+  }
+  for (int c = 0; c < kNumCategories; ++c) {
+    if (mask == cat_bit(c)) return kCategoryNames[c];
+  }
+  throw std::logic_error("regex: no PCRE2 name for a category mask");
+}
+
 // Adds `r` to the sorted disjoint set `into`.
 void add_ranges(Ranges& into, const Ranges& r) {
   into.insert(into.end(), r.begin(), r.end());
@@ -160,6 +301,26 @@ void append_code_point(std::string& out, char32_t cp) {
   out += buf;
 }
 
+// Joins neighbouring ranges of `r` whose gap holds only code points utf8proc puts in a category of
+// `mask` (they are in the class anyway), so that the class has fewer ranges for the JIT to test.
+Ranges bridge_gaps(const Ranges& r, uint32_t mask) {
+  Ranges out;
+  for (const auto& iv : r) {
+    if (!out.empty() && mask != 0 && (out.back().second < kSurrogateFirst) == (iv.first < kSurrogateFirst)) {
+      bool inside = true;
+      for (char32_t cp = out.back().second + 1; cp < iv.first && inside; ++cp) {
+        inside = (mask & cat_bit(utf8proc_category(static_cast<utf8proc_int32_t>(cp)))) != 0;
+      }
+      if (inside) {
+        out.back().second = iv.second;
+        continue;
+      }
+    }
+    out.push_back(iv);
+  }
+  return out;
+}
+
 // The ranges as the inside of a PCRE2 character class.
 std::string class_body(const Ranges& r) {
   std::string out;
@@ -174,8 +335,9 @@ std::string class_body(const Ranges& r) {
 }
 
 // Oniguruma's \w (Unicode): Alphabetic, marks, decimal numbers and connector punctuation. PCRE2's
-// UCP \w is letters, all numbers and '_' only. Alphabetic (a binary property utf8proc lacks) is
-// PCRE2's \p{Alphabetic} plus letters and letter numbers from utf8proc (its general-category part).
+// UCP \w is letters, all numbers and '_' only. Written as PCRE2's properties plus the code points
+// utf8proc has in L, Nl (the general-category part of Alphabetic, a property utf8proc lacks), M, Nd
+// or Pc and PCRE2 has in none of them.
 // Outside a class Oniguruma also matches the Latin-1 number characters ¹ ² ³ ¼ ½ ¾ (its single-byte
 // ctype table), inside a class it does not.
 uint32_t word_category_mask() {
@@ -184,7 +346,7 @@ uint32_t word_category_mask() {
          cat_bit(UTF8PROC_CATEGORY_MN) | cat_bit(UTF8PROC_CATEGORY_MC) | cat_bit(UTF8PROC_CATEGORY_ME) |
          cat_bit(UTF8PROC_CATEGORY_ND) | cat_bit(UTF8PROC_CATEGORY_PC);
 }
-constexpr const char* kWordProperty = "\\p{Alphabetic}";
+constexpr const char* kWordNative = "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}";
 const Ranges kWordLatin1Extra{{0xB2, 0xB3}, {0xB9, 0xB9}, {0xBC, 0xBE}};
 // Oniguruma's \s is Unicode White_Space, which adds U+0085 to PCRE2's UCP \s.
 constexpr const char* kSpaceClass = "\\s\\x{85}";
@@ -216,7 +378,13 @@ uint32_t parse_property(const std::string& p, size_t i, size_t& end, bool& negat
 std::string rewrite_pattern(const std::string& p) {
   std::string out;
   out.reserve(p.size() + 16);
-  std::vector<Ranges> pending;  // per open class: the category ranges still to write
+  // Per open class: the ranges still to write (written before its ']') and the categories the class
+  // holds as PCRE2 properties that agree with utf8proc (see bridge_gaps).
+  struct OpenClass {
+    Ranges ranges;
+    uint32_t mask = 0;
+  };
+  std::vector<OpenClass> pending;
   size_t i = 0;
   const size_t n = p.size();
   while (i < n) {
@@ -235,36 +403,54 @@ std::string rewrite_pattern(const std::string& p) {
         bool negated = e == 'P';
         size_t end = i + 2;
         const uint32_t mask = parse_property(p, i + 2, end, negated);
-        if (mask != 0) {
-          if (in_class) {
-            add_ranges(pending.back(), category_ranges(mask, negated));
-          } else {
-            const Ranges r = category_ranges(mask, false);
-            if (r.empty()) {
-              out += negated ? "(?s:.)" : "(?!)";
-            } else {
-              out += negated ? "[^" : "[";
-              out += class_body(r);
-              out += ']';
-            }
-          }
-          i = end;
+        if (mask == 0) {  // not a general category: PCRE2's own property
+          out.append(p, i, 2);
+          i += 2;
           continue;
         }
-        out.append(p, i, 2);  // not a general category: PCRE2's own property
-        i += 2;
+        const std::string name = std::string("\\p{") + pcre2_property_name(mask) + "}";
+        const CategoryDelta delta = category_delta(mask);
+        if (in_class) {
+          if (delta.exact && !negated) {
+            out += name;
+            add_ranges(pending.back().ranges, delta.extra);
+            pending.back().mask |= mask;
+          } else if (delta.exact && delta.extra.empty()) {
+            out += "\\P" + name.substr(2);
+          } else {
+            add_ranges(pending.back().ranges, category_ranges(mask, negated));
+          }
+        } else if (delta.exact && delta.extra.empty()) {
+          out += negated ? "\\P" + name.substr(2) : name;
+        } else if (delta.exact) {
+          out += negated ? "[^" : "[";
+          out += name;
+          out += class_body(bridge_gaps(delta.extra, mask));
+          out += ']';
+        } else {
+          const Ranges r = category_ranges(mask, false);
+          if (r.empty()) {
+            out += negated ? "(?s:.)" : "(?!)";
+          } else {
+            out += negated ? "[^" : "[";
+            out += class_body(r);
+            out += ']';
+          }
+        }
+        i = end;
         continue;
       }
       if (e == 'w' || (e == 'W' && !in_class)) {
-        Ranges r = category_ranges(word_category_mask(), false);
+        Ranges extra = category_delta(word_category_mask()).extra;
         if (in_class) {
-          out += kWordProperty;
-          add_ranges(pending.back(), r);
+          out += kWordNative;
+          add_ranges(pending.back().ranges, extra);
+          pending.back().mask |= word_category_mask();
         } else {
-          add_ranges(r, kWordLatin1Extra);
+          add_ranges(extra, kWordLatin1Extra);
           out += e == 'W' ? "[^" : "[";
-          out += kWordProperty;
-          out += class_body(r);
+          out += kWordNative;
+          out += class_body(bridge_gaps(extra, word_category_mask()));
           out += ']';
         }
         i += 2;
@@ -310,7 +496,7 @@ std::string rewrite_pattern(const std::string& p) {
       continue;
     }
     if (c == ']' && in_class) {
-      out += class_body(pending.back());
+      out += class_body(bridge_gaps(pending.back().ranges, pending.back().mask));
       pending.pop_back();
     }
     out += c;

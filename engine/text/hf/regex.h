@@ -6,7 +6,9 @@
 // boundaries; '.' does not match '\n'), then JIT-compiled when PCRE2 supports it. Oniguruma's
 // character classes are kept by rewriting the pattern before compiling: \s / \S also cover U+0085,
 // \w / \W are Alphabetic + marks + decimal digits + connector punctuation (not PCRE2's letters +
-// numbers + '_'), and \h / \H mean a hex digit. Matching iterates like onig's find_iter: left to
+// numbers + '_'), \h / \H mean a hex digit, and general categories (\p{L}, \P{So}, \p{Letter}, ...)
+// follow utf8proc's Unicode tables where PCRE2's are older (the code points it lacks are added as
+// explicit ranges). Matching iterates like onig's find_iter: left to
 // right, non-overlapping, an empty match directly after the previous match is skipped.
 //
 // Thread safety: immutable after construction; find_all() may run on many threads at once (match

@@ -156,6 +156,43 @@ TEST(HfComponentsRegex, OnigurumaClasses) {
   EXPECT_EQ(spans.size(), 2u);
 }
 
+// General categories follow utf8proc (Unicode 15, as Hugging Face's onig), not PCRE2's own tables,
+// which can be older: U+1FAE8 (shaking face, new in Unicode 15) is an other symbol.
+TEST(HfComponentsRegex, CategoriesFollowUtf8proc) {
+  const std::string shaking = "\xF0\x9F\xAB\xA8";  // U+1FAE8
+  const std::string melting = "\xF0\x9F\xAB\xA0";  // U+1FAE0 (Unicode 14)
+  std::vector<std::pair<size_t, size_t>> spans;
+  for (const char* pattern : {R"(\p{S})", R"(\p{So})", R"([\p{P}\p{S}])", R"(\p{Symbol})",
+                              R"([^\P{S}])"}) {
+    spans.clear();
+    Regex(pattern, kRoot).find_all("a" + shaking + "b", spans);
+    ASSERT_EQ(spans.size(), 1u) << pattern;
+    EXPECT_EQ(spans[0], std::make_pair(size_t{1}, size_t{5})) << pattern;
+  }
+  for (const char* pattern : {R"(\P{S})", R"(\p{^S})", R"([^\p{S}])", R"(\p{Cn})", R"(\p{L})", R"([\p{L}\p{N}])"}) {
+    spans.clear();
+    Regex(pattern, kRoot).find_all(shaking, spans);
+    EXPECT_TRUE(spans.empty()) << pattern;
+  }
+  spans.clear();
+  Regex(R"(\p{Lo}+)", kRoot).find_all("\xF0\xB1\x8D\x90", spans);  // U+31350 (CJK Ext. H, Unicode 15)
+  EXPECT_EQ(spans.size(), 1u);
+  spans.clear();
+  Regex(R"(\w+)", kRoot).find_all("\xF0\xB1\x8D\x90", spans);
+  EXPECT_EQ(spans.size(), 1u);
+
+  // DeepSeek-V3's pre-tokenizer pattern; Hugging Face (tokenizers 0.2x) splits this text into
+  // "🫠🫨\n", "\t\n" and "(((" (tokens ðŁ « ł ðŁ « ¨ Ċ | ĉĊ | ((( ).
+  Regex deepseek(
+      "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| "
+      "?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
+      kRoot);
+  spans.clear();
+  deepseek.find_all(melting + shaking + "\n\t\n(((", spans);
+  const std::vector<std::pair<size_t, size_t>> expected{{0, 9}, {9, 11}, {11, 14}};
+  EXPECT_EQ(spans, expected);
+}
+
 TEST(HfComponentsRegex, LiteralAndErrors) {
   std::vector<std::pair<size_t, size_t>> spans;
   Regex::literal("a.b\\E(", kRoot).find_all("axb a.b\\E( a.b", spans);
