@@ -20,7 +20,7 @@
 #include "engine/model/config.h"
 #include "engine/tokenizer.h"
 #include "server/api_server.h"
-#include "server/engine_loop.h"
+#include "engine/engine_loop.h"
 #include "sync/groups.h"
 #include "sync/weight_layout.h"
 #include "trainer/checkpoint.h"
@@ -148,7 +148,7 @@ class InferRank {
     }
     // One engine thread steps the engine for the rollouts and, with --serve-port, for HTTP
     // clients in the same continuous batch; weight updates are posted to it between two steps.
-    loop_ = std::make_shared<server::EngineLoop>(std::move(eng));
+    loop_ = std::make_shared<engine::EngineLoop>(std::move(eng));
     loop_->start();
     loop_->wait_ready();
     if (o_.serve_port >= 0) {
@@ -392,7 +392,7 @@ class InferRank {
 
   Job& j_;
   const RlJobOptions& o_;
-  std::shared_ptr<server::EngineLoop> loop_;
+  std::shared_ptr<engine::EngineLoop> loop_;
   std::unique_ptr<server::Server> server_;
   std::vector<at::Tensor>* buckets_ = nullptr;
   std::unique_ptr<trainer::PromptEncoder> prompts_;  // over the engine's tokenizer

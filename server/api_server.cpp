@@ -72,13 +72,14 @@ class InFlightSlot {
 }  // namespace
 
 Server::Server(engine::EngineConfig config, ServerOptions options)
-    : Server(std::make_shared<EngineLoop>(std::move(config)), std::move(options)) {
+    : Server(std::make_shared<engine::EngineLoop>(std::move(config)), std::move(options)) {
   owns_loop_ = true;
 }
 
-Server::Server(std::shared_ptr<EngineLoop> loop, ServerOptions options)
+Server::Server(std::shared_ptr<engine::EngineLoop> loop, ServerOptions options)
     : options_(std::move(options)),
       loop_(std::move(loop)),
+      metrics_(std::make_shared<ServerMetrics>()),
       http_([&] {
         HttpServerOptions h;
         h.threads = options_.http_threads;
@@ -95,6 +96,7 @@ Server::Server(std::shared_ptr<EngineLoop> loop, ServerOptions options)
         };
         return h;
       }()) {
+  loop_->set_request_observer(metrics_);
   const std::string& dir = loop_->config().model_dir;
   model_name_ = options_.served_model_name.empty() ? default_model_name(dir) : options_.served_model_name;
   try {
@@ -153,7 +155,7 @@ HttpHandler Server::guarded(HttpResponse (Server::*handler)(const HttpRequest&))
     } catch (...) {
       res = error_response(500, "internal error");
     }
-    loop_->metrics().record_http_status(res.status);
+    metrics_->record_http_status(res.status);
     return res;
   };
 }
@@ -171,7 +173,7 @@ HttpResponse Server::guarded_completion(const HttpRequest& req, Endpoint endpoin
   } catch (...) {
     res = error_response(500, "internal error");
   }
-  loop_->metrics().record_http_status(res.status);
+  metrics_->record_http_status(res.status);
   return res;
 }
 
@@ -260,7 +262,7 @@ HttpResponse Server::handle_completion(const HttpRequest& req, Endpoint endpoint
                             "): retry later", "", "rate_limit_exceeded");
   }
   auto slot = std::make_shared<InFlightSlot>(in_flight_);
-  std::shared_ptr<RequestChannel> channel;
+  std::shared_ptr<engine::RequestChannel> channel;
   try {
     channel = loop_->submit(std::move(requests));
   } catch (const std::invalid_argument& e) {
@@ -272,7 +274,7 @@ HttpResponse Server::handle_completion(const HttpRequest& req, Endpoint endpoint
   auto renderer = std::make_shared<CompletionRenderer>(job, id, model_name_,
                                                        static_cast<int64_t>(std::time(nullptr)),
                                                        eng.tokenizer(), std::move(echo_texts));
-  EngineLoop* loop = loop_.get();
+  engine::EngineLoop* loop = loop_.get();
 
   if (job.stream) {
     HttpResponse res;
@@ -283,7 +285,7 @@ HttpResponse Server::handle_completion(const HttpRequest& req, Endpoint endpoint
       uint64_t seen = 0;
       auto last_check = std::chrono::steady_clock::now();
       while (true) {
-        RequestChannel::Snapshot snap = channel->wait(seen, kPollInterval);
+        engine::RequestChannel::Snapshot snap = channel->wait(seen, kPollInterval);
         if (snap.version != seen) {
           seen = snap.version;
           const std::string events = renderer->stream_update(snap);
@@ -307,7 +309,7 @@ HttpResponse Server::handle_completion(const HttpRequest& req, Endpoint endpoint
   }
 
   uint64_t seen = 0;
-  RequestChannel::Snapshot snap;
+  engine::RequestChannel::Snapshot snap;
   auto last_check = std::chrono::steady_clock::now();
   while (true) {
     snap = channel->wait(seen, kPollInterval);
@@ -358,7 +360,7 @@ HttpResponse Server::handle_health(const HttpRequest&) {
 HttpResponse Server::handle_metrics(const HttpRequest&) {
   HttpResponse r;
   r.content_type = "text/plain; version=0.0.4";
-  r.body = loop_->metrics().render(loop_->gauges(), model_name_);
+  r.body = metrics_->render(loop_->gauges(), model_name_);
   return r;
 }
 
@@ -425,7 +427,7 @@ HttpResponse Server::handle_detokenize(const HttpRequest& req) {
 
 HttpResponse Server::handle_pause(const HttpRequest& req) {
   require_ready();
-  PauseMode mode = PauseMode::kAbort;
+  engine::PauseMode mode = engine::PauseMode::kAbort;
   double timeout_s = 600;
   if (!req.body.empty()) {
     const json body = parse_json_object(req.body);
@@ -433,7 +435,7 @@ HttpResponse Server::handle_pause(const HttpRequest& req) {
       if (!body["mode"].is_string()) throw ApiError(400, "'mode' must be a string", "mode", "invalid_type");
       const std::string m = body["mode"].get<std::string>();
       if (m == "wait") {
-        mode = PauseMode::kWait;
+        mode = engine::PauseMode::kWait;
       } else if (m != "abort") {
         throw ApiError(400, "'mode' must be \"abort\" or \"wait\", got \"" + m + "\"", "mode");
       }
@@ -448,7 +450,7 @@ HttpResponse Server::handle_pause(const HttpRequest& req) {
   const bool drained = loop_->pause(
       mode, std::chrono::milliseconds(static_cast<int64_t>(std::min(timeout_s, 86400.0) * 1000)));
   return json_response(200, {{"paused", true}, {"drained", drained},
-                             {"mode", mode == PauseMode::kWait ? "wait" : "abort"}});
+                             {"mode", mode == engine::PauseMode::kWait ? "wait" : "abort"}});
 }
 
 HttpResponse Server::handle_resume(const HttpRequest&) {

@@ -31,8 +31,9 @@
 #include "engine/text/chat_encoder.h"
 #include "engine/text/chat_template.h"
 #include "server/api_types.h"
-#include "server/engine_loop.h"
+#include "engine/engine_loop.h"
 #include "server/http_server.h"
+#include "server/metrics.h"
 
 namespace crl::server {
 
@@ -59,20 +60,20 @@ class Server {
   // Serves a new engine built from `config` (loaded on the engine thread after start()).
   Server(engine::EngineConfig config, ServerOptions options);
   // Serves an engine loop owned with someone else (the RL loop); start() starts it if needed.
-  Server(std::shared_ptr<EngineLoop> loop, ServerOptions options);
+  Server(std::shared_ptr<engine::EngineLoop> loop, ServerOptions options);
   ~Server();  // stop()
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
 
   // Starts the engine loop and the HTTP server; returns the bound port. /health answers 503
-  // until the engine is loaded (EngineLoop::wait_ready() blocks until then).
+  // until the engine is loaded (engine::EngineLoop::wait_ready() blocks until then).
   int start();
   // Ends open requests, stops HTTP, then the engine loop if this server created it.
   void stop();
 
   int port() const { return http_.port(); }
   const std::string& model_name() const { return model_name_; }
-  EngineLoop& engine_loop() { return *loop_; }
+  engine::EngineLoop& engine_loop() { return *loop_; }
   const text::ChatTemplate& chat_template() const { return chat_; }
   // Why the model's chat template could not be loaded (chat requests then get 400); "" if fine.
   const std::string& chat_template_error() const { return chat_error_; }
@@ -103,7 +104,8 @@ class Server {
   std::vector<int32_t> encode_chat(const std::string& text) const;
 
   ServerOptions options_;
-  std::shared_ptr<EngineLoop> loop_;
+  std::shared_ptr<engine::EngineLoop> loop_;
+  std::shared_ptr<ServerMetrics> metrics_;  // installed as the loop's request observer
   bool owns_loop_ = false;
   std::string model_name_;
   text::ChatTemplate chat_;

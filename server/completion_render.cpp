@@ -139,7 +139,7 @@ json CompletionRenderer::chunk(size_t choice, json fields, int64_t weight_versio
           {"weight_version", weight_version}};
 }
 
-std::string CompletionRenderer::stream_update(const RequestChannel::Snapshot& snap) {
+std::string CompletionRenderer::stream_update(const engine::RequestChannel::Snapshot& snap) {
   std::string events;
   const size_t n = static_cast<size_t>(job_.params.n);
   const bool chat = job_.endpoint == Endpoint::kChat;
@@ -210,7 +210,7 @@ std::string CompletionRenderer::stream_update(const RequestChannel::Snapshot& sn
   return events;
 }
 
-std::string CompletionRenderer::stream_end(const RequestChannel::Snapshot& snap) const {
+std::string CompletionRenderer::stream_end(const engine::RequestChannel::Snapshot& snap) const {
   std::string events;
   if (job_.include_usage) {
     json u = {{"id", id_},
@@ -226,7 +226,7 @@ std::string CompletionRenderer::stream_end(const RequestChannel::Snapshot& snap)
   return events;
 }
 
-json CompletionRenderer::usage(const RequestChannel::Snapshot& snap) const {
+json CompletionRenderer::usage(const engine::RequestChannel::Snapshot& snap) const {
   int64_t prompt = 0, completion = 0;
   for (const auto& out : snap.outputs) {
     if (!out) continue;
@@ -236,7 +236,7 @@ json CompletionRenderer::usage(const RequestChannel::Snapshot& snap) const {
   return {{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
 }
 
-int64_t CompletionRenderer::weight_version(const RequestChannel::Snapshot& snap) {
+int64_t CompletionRenderer::weight_version(const engine::RequestChannel::Snapshot& snap) {
   int64_t v = -1;
   for (const auto& out : snap.outputs) {
     if (out) v = std::max(v, out->weight_version);
@@ -244,7 +244,7 @@ int64_t CompletionRenderer::weight_version(const RequestChannel::Snapshot& snap)
   return v;
 }
 
-json CompletionRenderer::response(const RequestChannel::Snapshot& snap) const {
+json CompletionRenderer::response(const engine::RequestChannel::Snapshot& snap) const {
   const bool chat = job_.endpoint == Endpoint::kChat;
   const size_t n = static_cast<size_t>(job_.params.n);
   json choices = json::array();

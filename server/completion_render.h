@@ -16,7 +16,7 @@
 
 #include "engine/tokenizer.h"
 #include "server/api_types.h"
-#include "server/engine_loop.h"
+#include "engine/engine_loop.h"
 
 namespace crl::server {
 
@@ -28,17 +28,17 @@ class CompletionRenderer {
 
   // SSE events ("data: {...}\n\n") for everything new in `snap` since the last call. An output
   // that carries an engine error becomes an error event.
-  std::string stream_update(const RequestChannel::Snapshot& snap);
+  std::string stream_update(const engine::RequestChannel::Snapshot& snap);
   // The closing events: the usage chunk when stream_options.include_usage, then [DONE].
-  std::string stream_end(const RequestChannel::Snapshot& snap) const;
+  std::string stream_end(const engine::RequestChannel::Snapshot& snap) const;
 
   // The whole (non-streaming) response. REQUIRES: snap.all_finished. Throws ApiError(500) when
   // the engine failed a request.
-  nlohmann::json response(const RequestChannel::Snapshot& snap) const;
+  nlohmann::json response(const engine::RequestChannel::Snapshot& snap) const;
 
-  nlohmann::json usage(const RequestChannel::Snapshot& snap) const;
+  nlohmann::json usage(const engine::RequestChannel::Snapshot& snap) const;
   // The newest weight version among the outputs (-1 when there are none yet).
-  static int64_t weight_version(const RequestChannel::Snapshot& snap);
+  static int64_t weight_version(const engine::RequestChannel::Snapshot& snap);
 
  private:
   struct ChoiceState {

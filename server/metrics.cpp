@@ -77,7 +77,7 @@ void ServerMetrics::record_http_status(int status) {
   http_status_[status]++;
 }
 
-std::string ServerMetrics::render(const EngineGauges& g, const std::string& model) const {
+std::string ServerMetrics::render(const engine::EngineGauges& g, const std::string& model) const {
   std::string out;
   const std::string l = labels(model);
   metric(out, "vllm:num_requests_running", "gauge", "Requests in the running batch.", l,

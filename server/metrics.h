@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/engine_loop.h"
+
 namespace crl::server {
 
 // A cumulative Prometheus histogram over fixed upper bounds (+Inf implied).
@@ -27,23 +29,18 @@ class Histogram {
   uint64_t count_ = 0;
 };
 
-// State of the engine, published by the engine thread after each step.
-struct EngineGauges {
-  int64_t running_requests = 0;
-  int64_t waiting_requests = 0;  // in the scheduler's queue, plus held while paused
-  int32_t kv_blocks_total = 0;
-  int32_t kv_blocks_used = 0;    // blocks with a reference (cached-but-free blocks are free)
-  int64_t weight_version = 0;
-  int64_t num_preemptions = 0;
-  int64_t prefix_cache_hit_tokens = 0;
-  int64_t steps = 0;
-  bool paused = false;
-  bool loaded = false;
-};
-
-class ServerMetrics {
+// Implements the engine loop's RequestObserver: install it with
+// EngineLoop::set_request_observer().
+class ServerMetrics : public engine::RequestObserver {
  public:
   ServerMetrics();
+
+  void on_first_token(double seconds) override { record_first_token(seconds); }
+  void on_inter_token(double seconds) override { record_inter_token(seconds); }
+  void on_finished(int64_t prompt_tokens, int64_t generation_tokens, const std::string& reason,
+                   double e2e_seconds) override {
+    record_finished(prompt_tokens, generation_tokens, reason, e2e_seconds);
+  }
 
   // A request finished: its prompt and generated tokens, why (stop, length, abort, error) and
   // its end-to-end latency.
@@ -56,7 +53,7 @@ class ServerMetrics {
   void record_http_status(int status);
 
   // Prometheus text exposition (version 0.0.4).
-  std::string render(const EngineGauges& gauges, const std::string& model_name) const;
+  std::string render(const engine::EngineGauges& gauges, const std::string& model_name) const;
 
  private:
   mutable std::mutex mu_;

@@ -369,7 +369,7 @@ TEST_F(ServerApiTest, DisconnectedClientsAbortTheirRequests) {
 
 // Holds the engine thread until the loop is paused (at most 30 s, so a failing test cannot wedge
 // the server). Runs on the engine thread, from a posted task or the between-steps hook.
-void hold_until_paused(server::EngineLoop& loop) {
+void hold_until_paused(engine::EngineLoop& loop) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (!loop.paused() && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -382,7 +382,7 @@ void hold_until_paused(server::EngineLoop& loop) {
 // the engine thread may still be calling a copy of it after this object is gone.
 class HoldWhileGenerating {
  public:
-  explicit HoldWhileGenerating(server::EngineLoop& loop) : loop_(loop) {
+  explicit HoldWhileGenerating(engine::EngineLoop& loop) : loop_(loop) {
     auto state = std::make_shared<State>();
     holding_ = state->promise.get_future();
     loop_.set_between_steps([state, &loop](engine::LlmEngine& e) {
@@ -406,7 +406,7 @@ class HoldWhileGenerating {
     std::promise<void> promise;
     bool done = false;  // engine thread only
   };
-  server::EngineLoop& loop_;
+  engine::EngineLoop& loop_;
   std::future<void> holding_;
 };
 

@@ -1,4 +1,4 @@
-#include "server/engine_loop.h"
+#include "engine/engine_loop.h"
 
 #include <ATen/Parallel.h>
 #include <spdlog/spdlog.h>
@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <unordered_set>
 
-namespace crl::server {
+namespace crl::engine {
 
 namespace {
 
@@ -16,7 +16,7 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-int64_t generated_tokens(const engine::RequestOutput& out) {
+int64_t generated_tokens(const RequestOutput& out) {
   int64_t n = 0;
   for (const auto& c : out.outputs) n += static_cast<int64_t>(c.token_ids.size());
   return n;
@@ -40,7 +40,7 @@ RequestChannel::Snapshot RequestChannel::wait(uint64_t seen, std::chrono::millis
   return s;
 }
 
-void RequestChannel::publish(size_t index, engine::RequestOutput out) {
+void RequestChannel::publish(size_t index, RequestOutput out) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (index >= outputs_.size()) return;
@@ -56,9 +56,9 @@ void RequestChannel::publish(size_t index, engine::RequestOutput out) {
 // ---------------------------------------------------------------------------------------------
 // EngineLoop
 
-EngineLoop::EngineLoop(engine::EngineConfig config) : config_(std::move(config)) {}
+EngineLoop::EngineLoop(EngineConfig config) : config_(std::move(config)) {}
 
-EngineLoop::EngineLoop(std::unique_ptr<engine::LlmEngine> engine)
+EngineLoop::EngineLoop(std::unique_ptr<LlmEngine> engine)
     : config_(engine->config()), engine_(std::move(engine)) {}
 
 EngineLoop::~EngineLoop() { stop(); }
@@ -74,7 +74,7 @@ void EngineLoop::load() {
   std::string error;
   try {
     if (!engine_) {
-      engine_ = std::make_unique<engine::LlmEngine>(config_);  // sets this thread's thread count
+      engine_ = std::make_unique<LlmEngine>(config_);  // sets this thread's thread count
     } else if (config_.num_threads > 0) {
       at::set_num_threads(config_.num_threads);  // built on another thread: apply it here too
     }
@@ -114,8 +114,8 @@ void EngineLoop::run() {
   if (!ready()) return;
   bool busy = false;  // the engine has unfinished work
   while (true) {
-    std::deque<std::packaged_task<void(engine::LlmEngine&)>> tasks;
-    std::function<void(engine::LlmEngine&)> between;
+    std::deque<std::packaged_task<void(LlmEngine&)>> tasks;
+    std::function<void(LlmEngine&)> between;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return stopping_ || busy || work_pending_ || !tasks_.empty(); });
@@ -151,7 +151,7 @@ void EngineLoop::run() {
   }
 }
 
-void EngineLoop::deliver(std::vector<engine::RequestOutput>& outputs) {
+void EngineLoop::deliver(std::vector<RequestOutput>& outputs) {
   const auto now = Clock::now();
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& out : outputs) {
@@ -161,9 +161,9 @@ void EngineLoop::deliver(std::vector<engine::RequestOutput>& outputs) {
     const int64_t tokens = generated_tokens(out);
     if (tokens > route.tokens_seen) {
       if (route.tokens_seen == 0) {
-        metrics_.record_first_token(seconds_between(route.arrival, now));
+        if (observer_) observer_->on_first_token(seconds_between(route.arrival, now));
       } else {
-        metrics_.record_inter_token(seconds_between(route.last_token, now));
+        if (observer_) observer_->on_inter_token(seconds_between(route.last_token, now));
       }
       route.last_token = now;
       route.tokens_seen = tokens;
@@ -175,12 +175,12 @@ void EngineLoop::deliver(std::vector<engine::RequestOutput>& outputs) {
       if (!out.error.empty()) {
         reason = "error";
       } else if (!out.outputs.empty()) {
-        reason = engine::finish_reason_name(out.outputs[0].finish_reason);
+        reason = finish_reason_name(out.outputs[0].finish_reason);
         for (const auto& c : out.outputs) {
-          if (c.finish_reason == engine::FinishReason::kAbort) reason = "abort";
+          if (c.finish_reason == FinishReason::kAbort) reason = "abort";
         }
       }
-      metrics_.record_finished(static_cast<int64_t>(out.prompt_token_ids.size()), tokens, reason,
+      if (observer_) observer_->on_finished(static_cast<int64_t>(out.prompt_token_ids.size()), tokens, reason,
                                seconds_between(route.arrival, now));
       routes_.erase(it);
       if (--admitted_ == 0) cv_.notify_all();  // pause() may be waiting for this
@@ -192,8 +192,8 @@ void EngineLoop::deliver(std::vector<engine::RequestOutput>& outputs) {
 void EngineLoop::publish_gauges() {
   EngineGauges g;
   const auto& sched = engine_->scheduler();
-  std::unordered_set<const engine::Request*> running;
-  for (const engine::Sequence* s : sched.running()) running.insert(s->request);
+  std::unordered_set<const Request*> running;
+  for (const Sequence* s : sched.running()) running.insert(s->request);
   g.running_requests = static_cast<int64_t>(running.size());
   g.waiting_requests = static_cast<int64_t>(sched.num_waiting());
   g.kv_blocks_total = sched.allocator().num_blocks();
@@ -207,6 +207,11 @@ void EngineLoop::publish_gauges() {
   gauges_ = g;
 }
 
+void EngineLoop::set_request_observer(std::shared_ptr<RequestObserver> observer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  observer_ = std::move(observer);
+}
+
 EngineGauges EngineLoop::gauges() const {
   std::lock_guard<std::mutex> lock(mu_);
   EngineGauges g = gauges_;
@@ -216,22 +221,22 @@ EngineGauges EngineLoop::gauges() const {
   return g;
 }
 
-void EngineLoop::fail_unadmitted(const engine::GenerateRequest& request, const std::string& error) {
+void EngineLoop::fail_unadmitted(const GenerateRequest& request, const std::string& error) {
   auto it = routes_.find(request.request_id);
   if (it == routes_.end()) return;
-  engine::RequestOutput out;
+  RequestOutput out;
   out.request_id = request.request_id;
   out.prompt_token_ids = request.prompt_token_ids;
   out.finished = true;
   out.error = error;
   out.weight_version = out.first_weight_version = gauges_.weight_version;
   for (int32_t k = 0; k < request.params.n; ++k) {
-    engine::CompletionOutput c;
+    CompletionOutput c;
     c.index = k;
-    c.finish_reason = engine::FinishReason::kAbort;
+    c.finish_reason = FinishReason::kAbort;
     out.outputs.push_back(std::move(c));
   }
-  metrics_.record_finished(static_cast<int64_t>(request.prompt_token_ids.size()), 0,
+  if (observer_) observer_->on_finished(static_cast<int64_t>(request.prompt_token_ids.size()), 0,
                            error.empty() ? "abort" : "error",
                            seconds_between(it->second.arrival, Clock::now()));
   auto channel = it->second.channel;
@@ -240,7 +245,7 @@ void EngineLoop::fail_unadmitted(const engine::GenerateRequest& request, const s
   channel->publish(index, std::move(out));
 }
 
-std::shared_ptr<RequestChannel> EngineLoop::submit(std::vector<engine::GenerateRequest> requests) {
+std::shared_ptr<RequestChannel> EngineLoop::submit(std::vector<GenerateRequest> requests) {
   std::vector<std::string> ids;
   for (const auto& r : requests) {
     if (r.request_id.empty()) throw std::invalid_argument("EngineLoop::submit: empty request id");
@@ -298,7 +303,7 @@ void EngineLoop::abort(const std::vector<std::string>& ids) {
     }
     for (auto h = held_.begin(); h != held_.end(); ++h) {
       if (h->request_id != id) continue;
-      engine::GenerateRequest request = std::move(*h);
+      GenerateRequest request = std::move(*h);
       held_.erase(h);
       fail_unadmitted(request, "");
       break;
@@ -308,10 +313,10 @@ void EngineLoop::abort(const std::vector<std::string>& ids) {
   cv_.notify_all();
 }
 
-std::future<void> EngineLoop::post(std::function<void(engine::LlmEngine&)> fn) {
+std::future<void> EngineLoop::post(std::function<void(LlmEngine&)> fn) {
   // Gauges are published before the future is ready: a new weight version shows at once.
-  std::packaged_task<void(engine::LlmEngine&)> task(
-      [this, fn = std::move(fn)](engine::LlmEngine& e) {
+  std::packaged_task<void(LlmEngine&)> task(
+      [this, fn = std::move(fn)](LlmEngine& e) {
         fn(e);
         publish_gauges();
       });
@@ -327,7 +332,7 @@ std::future<void> EngineLoop::post(std::function<void(engine::LlmEngine&)> fn) {
   return future;
 }
 
-void EngineLoop::set_between_steps(std::function<void(engine::LlmEngine&)> fn) {
+void EngineLoop::set_between_steps(std::function<void(LlmEngine&)> fn) {
   std::lock_guard<std::mutex> lock(mu_);
   between_steps_ = std::move(fn);
 }
@@ -349,7 +354,7 @@ void EngineLoop::resume() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!paused_) return;
   paused_ = false;
-  std::deque<engine::GenerateRequest> held;
+  std::deque<GenerateRequest> held;
   held.swap(held_);
   for (auto& r : held) {
     auto it = routes_.find(r.request_id);
@@ -381,12 +386,12 @@ void EngineLoop::stop() {
   if (thread_.joinable()) thread_.join();
   std::lock_guard<std::mutex> lock(mu_);
   // Nobody steps the engine any more: end every open request so no reader waits forever.
-  std::vector<engine::GenerateRequest> open;
+  std::vector<GenerateRequest> open;
   for (auto& r : held_) open.push_back(std::move(r));
   held_.clear();
   for (auto& [id, route] : routes_) {
     if (!route.admitted) continue;
-    engine::GenerateRequest r;
+    GenerateRequest r;
     r.request_id = id;
     r.params.n = 1;
     open.push_back(std::move(r));
@@ -397,4 +402,4 @@ void EngineLoop::stop() {
   cv_.notify_all();
 }
 
-}  // namespace crl::server
+}  // namespace crl::engine

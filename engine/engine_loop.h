@@ -1,6 +1,6 @@
 // EngineLoop: one engine thread that owns an LlmEngine and steps it for many submitters.
 //
-// Submitters (HTTP handler threads, later the RL loop's rollout code) call submit(), which
+// Submitters (HTTP handler threads, the RL loop's rollout producer) call submit(), which
 // queues the requests in the engine's thread-safe inbox and returns a RequestChannel; the engine
 // thread loops step() and publishes every output into the channel of its request. Nothing but
 // the engine thread touches the engine after start(), except its const, thread-safe parts
@@ -39,9 +39,38 @@
 
 #include "engine/engine_config.h"
 #include "engine/llm_engine.h"
-#include "server/metrics.h"
 
-namespace crl::server {
+namespace crl::engine {
+
+// State of the engine, published by the engine thread after each step.
+struct EngineGauges {
+  int64_t running_requests = 0;
+  int64_t waiting_requests = 0;  // in the scheduler's queue, plus held while paused
+  int32_t kv_blocks_total = 0;
+  int32_t kv_blocks_used = 0;    // blocks with a reference (cached-but-free blocks are free)
+  int64_t weight_version = 0;
+  int64_t num_preemptions = 0;
+  int64_t prefix_cache_hit_tokens = 0;
+  int64_t steps = 0;
+  bool paused = false;
+  bool loaded = false;
+};
+
+// Per-request latency events of the engine thread (the API server's Prometheus metrics implement
+// it). Called on the engine thread with the loop's lock held: implementations must be quick and
+// must not call back into the loop.
+class RequestObserver {
+ public:
+  virtual ~RequestObserver() = default;
+  // The first generated token arrived `seconds` after submission.
+  virtual void on_first_token(double seconds) = 0;
+  // A step produced tokens for a request that already had some, `seconds` after its last ones.
+  virtual void on_inter_token(double seconds) = 0;
+  // A request finished: its prompt and generated tokens, why (stop, length, abort, error) and its
+  // end-to-end latency.
+  virtual void on_finished(int64_t prompt_tokens, int64_t generation_tokens,
+                           const std::string& reason, double e2e_seconds) = 0;
+};
 
 // The outputs of the engine requests of one submission (index i = the i-th request submitted),
 // filled by the engine thread. Each slot holds the latest cumulative output of its request.
@@ -52,7 +81,7 @@ class RequestChannel {
   RequestChannel& operator=(const RequestChannel&) = delete;
 
   struct Snapshot {
-    std::vector<std::optional<engine::RequestOutput>> outputs;  // nullopt: nothing yet
+    std::vector<std::optional<RequestOutput>> outputs;  // nullopt: nothing yet
     uint64_t version = 0;  // increases with every publish
     bool all_finished = false;
   };
@@ -63,13 +92,13 @@ class RequestChannel {
   const std::vector<std::string>& ids() const { return ids_; }
 
   // Engine side: stores the latest output of request `index` and wakes the reader.
-  void publish(size_t index, engine::RequestOutput out);
+  void publish(size_t index, RequestOutput out);
 
  private:
   const std::vector<std::string> ids_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<std::optional<engine::RequestOutput>> outputs_;  // guarded by mu_
+  std::vector<std::optional<RequestOutput>> outputs_;  // guarded by mu_
   uint64_t version_ = 0;                                       // guarded by mu_
   size_t num_finished_ = 0;                                    // guarded by mu_
 };
@@ -80,9 +109,9 @@ class EngineLoop {
  public:
   // Builds the engine from `config` on the engine thread (its thread settings apply there) and
   // then steps it. ready() turns true once it is built; load_error() says why it failed.
-  explicit EngineLoop(engine::EngineConfig config);
+  explicit EngineLoop(EngineConfig config);
   // Steps an engine built elsewhere; from start() on only the engine thread touches it.
-  explicit EngineLoop(std::unique_ptr<engine::LlmEngine> engine);
+  explicit EngineLoop(std::unique_ptr<LlmEngine> engine);
   ~EngineLoop();  // stop()
   EngineLoop(const EngineLoop&) = delete;
   EngineLoop& operator=(const EngineLoop&) = delete;
@@ -93,7 +122,7 @@ class EngineLoop {
   void stop();
 
   // The engine's configuration (model directory, limits); fixed at construction.
-  const engine::EngineConfig& config() const { return config_; }
+  const EngineConfig& config() const { return config_; }
   bool ready() const;
   // Blocks until the engine is built; throws std::runtime_error with the load error.
   void wait_ready() const;
@@ -101,19 +130,19 @@ class EngineLoop {
 
   // The engine, for its thread-safe const parts only (tokenizer, config, validate_request,
   // encode_prompt). REQUIRES: ready().
-  const engine::LlmEngine& engine() const { return *engine_; }
+  const LlmEngine& engine() const { return *engine_; }
 
   // Queues `requests` (all or none) and returns the channel their outputs go to. Request ids
   // must be unique and non-empty. Throws std::invalid_argument as LlmEngine::add_request does,
   // std::runtime_error when the engine is not ready or stopping.
-  std::shared_ptr<RequestChannel> submit(std::vector<engine::GenerateRequest> requests);
+  std::shared_ptr<RequestChannel> submit(std::vector<GenerateRequest> requests);
   // Aborts requests in any state (held ones included); unknown ids are ignored.
   void abort(const std::vector<std::string>& ids);
 
   // Runs fn(engine) on the engine thread before the next step. The future holds fn's exception.
-  std::future<void> post(std::function<void(engine::LlmEngine&)> fn);
+  std::future<void> post(std::function<void(LlmEngine&)> fn);
   // Installs a hook called on the engine thread before every step (empty function = none).
-  void set_between_steps(std::function<void(engine::LlmEngine&)> fn);
+  void set_between_steps(std::function<void(LlmEngine&)> fn);
 
   // Closes admission; kAbort also aborts every request in flight. Returns when nothing is in
   // flight, or false when `timeout` passed first (admission stays closed either way).
@@ -122,7 +151,8 @@ class EngineLoop {
   bool paused() const;
 
   EngineGauges gauges() const;
-  ServerMetrics& metrics() { return metrics_; }
+  // Installs the observer of request latencies (nullptr: none). Any thread.
+  void set_request_observer(std::shared_ptr<RequestObserver> observer);
 
  private:
   struct Route {
@@ -137,15 +167,14 @@ class EngineLoop {
   void run();
   void load();
   // Engine thread: routes outputs to their channels and records latency metrics.
-  void deliver(std::vector<engine::RequestOutput>& outputs);
+  void deliver(std::vector<RequestOutput>& outputs);
   void publish_gauges();
   // Publishes a finished, aborted output for a request that never reached the engine.
-  void fail_unadmitted(const engine::GenerateRequest& request, const std::string& error);
+  void fail_unadmitted(const GenerateRequest& request, const std::string& error);
 
-  engine::EngineConfig config_;
-  std::unique_ptr<engine::LlmEngine> engine_;
+  EngineConfig config_;
+  std::unique_ptr<LlmEngine> engine_;
   std::thread thread_;
-  ServerMetrics metrics_;
 
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;       // engine thread wake-up, readiness, pause drained
@@ -156,11 +185,12 @@ class EngineLoop {
   bool paused_ = false;                      // guarded by mu_
   int64_t admitted_ = 0;                     // routes in the engine; guarded by mu_
   std::unordered_map<std::string, Route> routes_;           // guarded by mu_
-  std::deque<engine::GenerateRequest> held_;                // guarded by mu_
-  std::deque<std::packaged_task<void(engine::LlmEngine&)>> tasks_;  // guarded by mu_
-  std::function<void(engine::LlmEngine&)> between_steps_;  // guarded by mu_
+  std::deque<GenerateRequest> held_;                // guarded by mu_
+  std::deque<std::packaged_task<void(LlmEngine&)>> tasks_;  // guarded by mu_
+  std::function<void(LlmEngine&)> between_steps_;  // guarded by mu_
   EngineGauges gauges_;                                     // guarded by mu_
+  std::shared_ptr<RequestObserver> observer_;               // guarded by mu_
   bool work_pending_ = false;  // a submit/abort since the engine thread last looked; guarded by mu_
 };
 
-}  // namespace crl::server
+}  // namespace crl::engine
