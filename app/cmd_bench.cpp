@@ -167,6 +167,8 @@ struct E2eFlags {
   int prompts = 8;
   int n = 4;
   int max_tokens = 16;
+  std::string staleness = "0";  // --max-staleness values, one cell each
+  std::string inflight = "keep";
   std::string results = "rl_bench.jsonl";
 };
 
@@ -181,13 +183,16 @@ double median_of(std::vector<double> v) {
 // from the job's own JSONL metrics.
 int run_e2e_bench(const E2eFlags& f) {
   std::remove(f.results.c_str());
-  fmt::print("| model | train+infer ranks | steps | steps/s | generate s | wait s | train s | "
-             "sync ms | gen tok/s | train tok/s |\n|---|---|---|---|---|---|---|---|---|---|\n");
+  fmt::print("| model | train+infer ranks | K | steps | steps/s | vs K=first | gen tok/s (wall) | "
+             "engine idle | trainer idle | generate s | wait s | train s | sync ms | max stale | "
+             "dropped |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::fflush(stdout);
   int failures = 0;
   for (const auto& shape : split_list(f.shapes)) {
     std::string model = engine::ensure_preset_model(shape);
     for (const auto& topo : split_list(f.topologies)) {
+     double base_sps = 0;
+     for (const auto& k : split_list(f.staleness)) {
       int t = 0, i = 0;
       char c = 0;
       if (std::sscanf(topo.c_str(), "%d%c%d", &t, &c, &i) != 3 || c != '-' || t < 1 || i < 1) {
@@ -199,7 +204,8 @@ int run_e2e_bench(const E2eFlags& f) {
           std::to_string(t), "--model", model, "--steps", std::to_string(f.steps),
           "--sft-steps", "0", "--prompts-per-step", std::to_string(f.prompts), "--n-samples",
           std::to_string(f.n), "--max-tokens", std::to_string(f.max_tokens), "--eval-every", "0",
-          "--eval-rows", "8", "--metrics", metrics, "--timeout", "900"};
+          "--eval-rows", "8", "--metrics", metrics, "--timeout", "900", "--max-staleness", k,
+          "--inflight-update", f.inflight};
       std::vector<char*> argv;
       for (auto& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);
@@ -214,7 +220,7 @@ int run_e2e_bench(const E2eFlags& f) {
       waitpid(pid, &st, 0);
       if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
         ++failures;
-        fmt::print("| {} | {}+{} | failed | | | | | | | |\n", shape, t, i);
+        fmt::print("| {} | {}+{} | {} | failed | | | | | | | | | | | |\n", shape, t, i, k);
         continue;
       }
       std::ifstream in(metrics);
@@ -223,34 +229,57 @@ int run_e2e_bench(const E2eFlags& f) {
       while (std::getline(in, line)) {
         if (!line.empty()) rows.push_back(nlohmann::json::parse(line));
       }
-      std::vector<double> gen, wait, train, sync, gts, tts;
-      for (size_t k = 1; k < rows.size(); ++k) {  // the first step warms up
-        gen.push_back(rows[k]["time_generate_s"].get<double>());
-        wait.push_back(rows[k]["time_wait_rollouts_s"].get<double>());
-        train.push_back(rows[k]["time_train_s"].get<double>());
-        sync.push_back(rows[k]["time_sync_s"].get<double>() * 1e3);
-        gts.push_back(rows[k]["gen_tok_s"].get<double>());
-        tts.push_back(rows[k]["train_tok_s"].get<double>());
+      std::vector<double> gen, wait, train, sync, eidle, tidle;
+      double gen_tokens = 0, stale = 0, dropped = 0;
+      for (size_t r = 1; r < rows.size(); ++r) {  // the first step warms up
+        gen.push_back(rows[r]["time_generate_s"].get<double>());
+        wait.push_back(rows[r]["time_wait_rollouts_s"].get<double>());
+        train.push_back(rows[r]["time_train_s"].get<double>());
+        sync.push_back(rows[r]["time_sync_s"].get<double>() * 1e3);
+        eidle.push_back(rows[r]["engine_idle_share"].get<double>());
+        tidle.push_back(rows[r]["trainer_idle_share"].get<double>());
+        gen_tokens += rows[r]["generated_tokens"].get<double>();
+      }
+      for (const auto& row : rows) {
+        stale = std::max(stale, row["staleness_max"].get<double>());
+        dropped += row["groups_dropped"].get<double>();
       }
       double span = rows.size() > 1 ? rows.back()["elapsed_s"].get<double>() -
                                           rows.front()["elapsed_s"].get<double>()
                                     : 0;
       double sps = span > 0 ? (rows.size() - 1) / span : 0;
-      nlohmann::json cell = {{"shape", shape},          {"train", t},
-                             {"infer", i},              {"steps", rows.size()},
-                             {"steps_per_s", sps},      {"generate_s", median_of(gen)},
-                             {"wait_s", median_of(wait)}, {"train_s", median_of(train)},
-                             {"sync_ms", median_of(sync)}, {"gen_tok_s", median_of(gts)},
-                             {"train_tok_s", median_of(tts)}};
+      if (base_sps == 0) base_sps = sps;
+      nlohmann::json cell = {{"shape", shape},
+                             {"train", t},
+                             {"infer", i},
+                             {"max_staleness", std::stoi(k)},
+                             {"inflight", f.inflight},
+                             {"steps", rows.size()},
+                             {"steps_per_s", sps},
+                             {"speedup_vs_first", base_sps > 0 ? sps / base_sps : 0},
+                             {"gen_tok_s_wall", span > 0 ? gen_tokens / span : 0},
+                             {"engine_idle_share", median_of(eidle)},
+                             {"trainer_idle_share", median_of(tidle)},
+                             {"generate_s", median_of(gen)},
+                             {"wait_s", median_of(wait)},
+                             {"train_s", median_of(train)},
+                             {"sync_ms", median_of(sync)},
+                             {"staleness_max", stale},
+                             {"groups_dropped", dropped}};
       std::ofstream(f.results, std::ios::app) << cell.dump() << "\n";
-      fmt::print("| {} | {}+{} | {} | {:.3f} | {:.2f} | {:.2f} | {:.2f} | {:.1f} | {:.0f} | {:.0f} |\n",
-                 shape, t, i, rows.size(), sps, median_of(gen), median_of(wait), median_of(train),
-                 median_of(sync), median_of(gts), median_of(tts));
+      fmt::print("| {} | {}+{} | {} | {} | {:.3f} | {:.2f}x | {:.0f} | {:.0f}% | {:.0f}% | {:.2f} | "
+                 "{:.2f} | {:.2f} | {:.1f} | {:.0f} | {:.0f} |\n",
+                 shape, t, i, k, rows.size(), sps, base_sps > 0 ? sps / base_sps : 0,
+                 span > 0 ? gen_tokens / span : 0, median_of(eidle) * 100, median_of(tidle) * 100,
+                 median_of(gen), median_of(wait), median_of(train), median_of(sync), stale, dropped);
       std::fflush(stdout);
       std::remove(metrics.c_str());
+     }
     }
   }
-  fmt::print("(medians over steps 2..{}; {} prompts x {} samples, <= {} new tokens; rows in {})\n",
+  fmt::print("(steps/s and tok/s: steps 2..{} over the wall clock; other columns: medians; idle: the "
+             "share of a step's wall time an engine has no request in flight / a trainer waits; "
+             "{} prompts x {} samples, <= {} new tokens; rows in {})\n",
              f.steps, f.prompts, f.n, f.max_tokens, f.results);
   return failures ? 1 : 0;
 }
@@ -279,6 +308,11 @@ Runner register_bench(CLI::App& app) {
   rollout->add_option("--e2e-max-tokens", e2e->max_tokens, "end-to-end: new tokens per sample")
       ->capture_default_str();
   rollout->add_option("--e2e-results", e2e->results, "end-to-end: JSONL rows")->capture_default_str();
+  rollout->add_option("--max-staleness", e2e->staleness,
+                      "end-to-end: --max-staleness values, one cell each (e.g. 0,1,2)")
+      ->capture_default_str();
+  rollout->add_option("--inflight-update", e2e->inflight, "end-to-end: keep, recompute or abort")
+      ->capture_default_str();
   auto* sync = cmd->add_subcommand(
       "sync", "weight sync: bucket mode vs the per-tensor baseline vs one raw broadcast");
   sync->add_option("--shapes", sf->shapes, "model presets, comma-separated")->capture_default_str();

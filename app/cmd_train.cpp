@@ -20,6 +20,8 @@ Runner register_train(CLI::App& app) {
     std::string train_dtype;
     double lr = 1e-4;
     double rollout_timeout_s = 1800;
+    double tis_cap = -1;  // unset: by --max-staleness
+    std::string inflight = "keep";
   };
   auto f = std::make_shared<Flags>();
   f->dist.timeout_s = 300;
@@ -71,8 +73,23 @@ Runner register_train(CLI::App& app) {
                   "tokens per packed micro-batch")->capture_default_str();
   cmd->add_option("--kl-coef", o.trainer.grpo.kl_coef, "k3 KL to the initial model (0 = off)")
       ->capture_default_str();
-  cmd->add_option("--tis-cap", o.trainer.grpo.tis_cap,
-                  "truncated importance-sampling cap for engine/trainer mismatch (0 = off)");
+  cmd->add_option("--tis-cap", f->tis_cap,
+                  "truncated importance-sampling cap: the behaviour (engine) to proximal (trainer) "
+                  "weight of each token is capped at C (0 = off; default 2 with --max-staleness >= 1, "
+                  "else off)");
+  cmd->add_option("--max-staleness", o.max_staleness,
+                  "asynchronous RL: engines generate step s under weights at most K versions older "
+                  "than the ones step s trains (0 = synchronous)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--inflight-update", f->inflight,
+                  "a weight update reaching running sequences: keep (their KV), recompute (their KV "
+                  "under the new weights) or abort (restart them)")
+      ->capture_default_str();
+  cmd->add_option("--rollout-queue", o.rollout_queue,
+                  "packed micro-batches an infer rank queues before it stops admitting prompts")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--clip", o.trainer.grpo.clip_low, "PPO ratio clip range")->capture_default_str();
   cmd->add_option("--eval-every", o.eval_every, "held-out evaluation every N steps")
       ->capture_default_str();
@@ -98,6 +115,8 @@ Runner register_train(CLI::App& app) {
     o.trainer.schedule.lr = f->lr;
     if (o.trainer.schedule.min_lr > 0) o.trainer.schedule.total_steps = o.steps;
     o.trainer.grpo.clip_high = o.trainer.grpo.clip_low;
+    o.trainer.grpo.tis_cap = f->tis_cap >= 0 ? f->tis_cap : (o.max_staleness >= 1 ? 2.0 : 0.0);
+    o.inflight = engine::parse_inflight_policy(f->inflight);
     o.trainer.validate();
     o.timeout = f->dist.timeout();
     o.rollout_timeout = std::chrono::milliseconds(static_cast<int64_t>(f->rollout_timeout_s * 1000));

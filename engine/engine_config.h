@@ -6,6 +6,16 @@
 
 namespace crl::engine {
 
+// What a weight update does to the sequences in flight (vLLM/AReaL's choices for async RL):
+enum class InflightPolicy {
+  kKeep,       // continue on the K/V computed with the old weights (no work lost)
+  kRecompute,  // recompute the K/V of every running sequence under the new weights
+  kAbort,      // restart every unfinished sequence from its prompt
+};
+// "keep", "recompute", "abort"; the parser throws std::invalid_argument naming the choices.
+const char* inflight_policy_name(InflightPolicy policy);
+InflightPolicy parse_inflight_policy(const std::string& name);
+
 struct EngineConfig {
   // Hugging Face model directory (config.json, *.safetensors, tokenizer.model).
   std::string model_dir;

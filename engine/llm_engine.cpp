@@ -395,9 +395,7 @@ void LlmEngine::run_batch(const SchedulerOutput& batch, std::unordered_set<Reque
         continue;
       }
       stats_.generated_tokens++;
-      Request* owner = seq->request;
-      if (owner->first_weight_version < 0) owner->first_weight_version = weight_version_;
-      owner->last_weight_version = weight_version_;
+      seq->token_versions.push_back(weight_version_);
       seq->raw_logprobs.push_back(res.raw_logprob);
       seq->processed_logprobs.push_back(res.processed_logprob);
       if (seq->request->params.logprobs > 0) seq->top_logprobs.push_back(res.top_logprobs);
@@ -480,9 +478,15 @@ RequestOutput LlmEngine::make_output(const Request& req) const {
   out.prompt_top_logprobs = req.prompt_top_logprobs;
   out.finished = req.is_finished();
   out.error = req.error;
-  out.weight_version = req.last_weight_version >= 0 ? req.last_weight_version : weight_version_;
-  out.first_weight_version =
-      req.first_weight_version >= 0 ? req.first_weight_version : out.weight_version;
+  int64_t first = -1, last = -1;
+  for (const auto& s : req.seqs) {
+    for (int64_t v : s->token_versions) {
+      if (first < 0 || v < first) first = v;
+      last = std::max(last, v);
+    }
+  }
+  out.weight_version = last >= 0 ? last : weight_version_;
+  out.first_weight_version = first >= 0 ? first : out.weight_version;
   for (const auto& s : req.seqs) {
     CompletionOutput c;
     c.index = s->sample_index;
@@ -491,6 +495,7 @@ RequestOutput LlmEngine::make_output(const Request& req) const {
     c.raw_logprobs = s->raw_logprobs;
     c.processed_logprobs = s->processed_logprobs;
     c.top_logprobs = s->top_logprobs;
+    c.token_versions = s->token_versions;
     c.finish_reason = s->is_finished() ? s->finish_reason : FinishReason::kNone;
     c.stop_token = s->stop_token;
     c.stop_string = s->stop_string;
@@ -534,15 +539,43 @@ WeightBuffers& LlmEngine::attach_weight_buffers(int64_t bucket_bytes) {
   return *weight_buffers_;
 }
 
-void LlmEngine::set_weight_version(int64_t v) {
-  weight_version_ = v;
-  scheduler_->reset_prefix_cache();
+const char* inflight_policy_name(InflightPolicy policy) {
+  switch (policy) {
+    case InflightPolicy::kKeep: return "keep";
+    case InflightPolicy::kRecompute: return "recompute";
+    case InflightPolicy::kAbort: return "abort";
+  }
+  return "?";
 }
 
-void LlmEngine::bump_weight_version() {
-  weight_version_++;
-  scheduler_->reset_prefix_cache();
+InflightPolicy parse_inflight_policy(const std::string& name) {
+  if (name == "keep") return InflightPolicy::kKeep;
+  if (name == "recompute") return InflightPolicy::kRecompute;
+  if (name == "abort") return InflightPolicy::kAbort;
+  throw std::invalid_argument("unknown in-flight update policy '" + name +
+                              "' (keep, recompute or abort)");
 }
+
+void LlmEngine::set_weight_version(int64_t v, InflightPolicy policy) {
+  weight_version_ = v;
+  scheduler_->reset_prefix_cache();
+  if (policy == InflightPolicy::kRecompute) {
+    scheduler_->recompute_running();
+  } else if (policy == InflightPolicy::kAbort) {
+    for (auto& [id, req] : requests_) {
+      if (req->is_finished()) continue;
+      for (auto& seq : req->seqs) {
+        if (seq->is_finished() || (seq->num_generated() == 0 && seq->num_computed == 0)) continue;
+        scheduler_->remove(seq.get());
+        seq->clear_generated();
+        seq->status = SeqStatus::kWaiting;
+        scheduler_->add(seq.get());
+      }
+    }
+  }
+}
+
+void LlmEngine::bump_weight_version() { set_weight_version(weight_version_ + 1); }
 
 void LlmEngine::reset_prefix_cache() { scheduler_->reset_prefix_cache(); }
 

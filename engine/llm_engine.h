@@ -48,6 +48,7 @@ struct CompletionOutput {
   std::vector<float> raw_logprobs;
   std::vector<float> processed_logprobs;
   std::vector<std::vector<std::pair<int32_t, float>>> top_logprobs;
+  std::vector<int64_t> token_versions;  // weight version that sampled each token
   FinishReason finish_reason = FinishReason::kNone;
   std::optional<int32_t> stop_token;
   std::optional<std::string> stop_string;
@@ -61,9 +62,10 @@ struct RequestOutput {
   std::vector<CompletionOutput> outputs;  // one per sample, by index
   bool finished = false;
   std::string error;                 // set when the engine failed this request (finish: abort)
-  int64_t weight_version = 0;        // weights that produced the latest token
-  int64_t first_weight_version = 0;  // weights that produced the first token (< weight_version
-                                     // when an update landed while the request ran)
+  // Weights that produced the oldest and the newest generated token of any sample (the engine's
+  // version when none yet); they differ when an update landed while the request ran.
+  int64_t weight_version = 0;
+  int64_t first_weight_version = 0;
   int64_t num_cached_tokens = 0;  // prompt tokens served by the prefix cache
 };
 
@@ -124,10 +126,12 @@ class LlmEngine {
   WeightBuffers& attach_weight_buffers(int64_t bucket_bytes);
   WeightBuffers* weight_buffers() { return weight_buffers_.get(); }
 
-  // New weights were installed: bump the version and drop prefix-cache entries.
+  // New weights were installed: they are version `v` (the sender's number; resumed runs start at
+  // the checkpoint's). Drops prefix-cache entries and treats the sequences in flight by `policy`
+  // (see InflightPolicy); tokens sampled from now on record `v`.
+  void set_weight_version(int64_t v, InflightPolicy policy = InflightPolicy::kKeep);
+  // set_weight_version(weight_version() + 1) with kKeep.
   void bump_weight_version();
-  // Resumed runs: the weights loaded are version `v` (as bump_weight_version(), without a bump).
-  void set_weight_version(int64_t v);
   // Forgets every prefix-cache entry (blocks in use are untouched). Engine thread only.
   void reset_prefix_cache();
   int64_t weight_version() const { return weight_version_; }

@@ -90,6 +90,15 @@ void Scheduler::fork(const Sequence& parent, Sequence* child) {
 
 void Scheduler::reset_prefix_cache() { allocator_.reset_prefix_cache(); }
 
+void Scheduler::recompute_running() {
+  for (auto it = running_.rbegin(); it != running_.rend(); ++it) {  // newest first to the front
+    release_blocks(*it);
+    (*it)->status = SeqStatus::kWaiting;
+    waiting_.push_front(*it);
+  }
+  running_.clear();
+}
+
 kv::BlockHash Scheduler::block_hash(Sequence* seq, int64_t index, int64_t version) {
   if (seq->hashes_version != version) {
     seq->block_hashes.clear();

@@ -77,6 +77,10 @@ class Scheduler {
   void remove(Sequence* seq);
   // Forgets every prefix-cache entry (after a weight update, or on request).
   void reset_prefix_cache();
+  // After a weight update (InflightPolicy::kRecompute): every running sequence frees its blocks
+  // and goes back to the head of the waiting queue in its order, so its K/V is recomputed under
+  // the new weights before it samples again. Not counted as preemptions.
+  void recompute_running();
 
   // Blocks a sequence of `num_tokens` tokens needs.
   int64_t blocks_for(int64_t num_tokens) const;

@@ -22,4 +22,17 @@ bool Request::is_finished() const {
   return true;
 }
 
+void Sequence::clear_generated() {
+  tokens.resize(static_cast<size_t>(prompt_len()));
+  raw_logprobs.clear();
+  processed_logprobs.clear();
+  top_logprobs.clear();
+  token_versions.clear();
+  finish_reason = FinishReason::kNone;
+  stop_token.reset();
+  stop_string.reset();
+  text.clear();
+  stop_checked_chars = 0;
+}
+
 }  // namespace crl::engine

@@ -47,6 +47,7 @@ struct Sequence {
   std::vector<float> raw_logprobs;        // log_softmax at temperature 1 over the full vocabulary
   std::vector<float> processed_logprobs;  // log-prob under the sampling distribution
   std::vector<std::vector<std::pair<int32_t, float>>> top_logprobs;
+  std::vector<int64_t> token_versions;    // weight version that sampled each token
   FinishReason finish_reason = FinishReason::kNone;
   std::optional<int32_t> stop_token;      // the stop token id that ended it
   std::optional<std::string> stop_string; // the stop string that ended it
@@ -59,6 +60,8 @@ struct Sequence {
   int64_t num_generated() const { return static_cast<int64_t>(tokens.size()) - prompt_len(); }
   int64_t num_uncomputed() const { return static_cast<int64_t>(tokens.size()) - num_computed; }
   bool is_finished() const { return status == SeqStatus::kFinished; }
+  // Back to its prompt: every generated token and its outputs are dropped (InflightPolicy::kAbort).
+  void clear_generated();
 };
 
 struct Request {
@@ -73,11 +76,7 @@ struct Request {
   // Prompt log-probs: entry i is for prompt token i + 1 (the first token has none).
   std::vector<float> prompt_logprobs;
   std::vector<std::vector<std::pair<int32_t, float>>> prompt_top_logprobs;
-  // Weight versions that produced the first and the latest generated token (-1: none yet). They
-  // differ when an update landed mid-request (in-flight sequences keep their older KV).
   std::string error;                      // why the engine failed this request, if it did
-  int64_t first_weight_version = -1;
-  int64_t last_weight_version = -1;
 
   bool is_finished() const;
 };

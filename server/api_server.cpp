@@ -330,6 +330,8 @@ HttpResponse Server::handle_completion(const HttpRequest& req, Endpoint endpoint
   }
   HttpResponse res = json_response(200, renderer->response(snap));
   res.headers.emplace_back("X-Weight-Version", std::to_string(CompletionRenderer::weight_version(snap)));
+  res.headers.emplace_back("X-First-Weight-Version",
+                           std::to_string(CompletionRenderer::first_weight_version(snap)));
   return res;
 }
 

@@ -219,7 +219,8 @@ std::string CompletionRenderer::stream_end(const engine::RequestChannel::Snapsho
               {"model", model_},
               {"choices", json::array()},
               {"usage", usage(snap)},
-              {"weight_version", weight_version(snap)}};
+              {"weight_version", weight_version(snap)},
+              {"first_weight_version", first_weight_version(snap)}};
     events += "data: " + dump_json(u) + "\n\n";
   }
   events += "data: [DONE]\n\n";
@@ -240,6 +241,14 @@ int64_t CompletionRenderer::weight_version(const engine::RequestChannel::Snapsho
   int64_t v = -1;
   for (const auto& out : snap.outputs) {
     if (out) v = std::max(v, out->weight_version);
+  }
+  return v;
+}
+
+int64_t CompletionRenderer::first_weight_version(const engine::RequestChannel::Snapshot& snap) {
+  int64_t v = -1;
+  for (const auto& out : snap.outputs) {
+    if (out && (v < 0 || out->first_weight_version < v)) v = out->first_weight_version;
   }
   return v;
 }
@@ -277,7 +286,8 @@ json CompletionRenderer::response(const engine::RequestChannel::Snapshot& snap) 
             {"model", model_},
             {"choices", choices},
             {"usage", usage(snap)},
-            {"weight_version", weight_version(snap)}};
+            {"weight_version", weight_version(snap)},
+            {"first_weight_version", first_weight_version(snap)}};
   if (chat && job_.return_token_ids && !snap.outputs.empty() && snap.outputs[0]) {
     r["prompt_token_ids"] = snap.outputs[0]->prompt_token_ids;
   }

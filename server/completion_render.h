@@ -39,6 +39,9 @@ class CompletionRenderer {
   nlohmann::json usage(const engine::RequestChannel::Snapshot& snap) const;
   // The newest weight version among the outputs (-1 when there are none yet).
   static int64_t weight_version(const engine::RequestChannel::Snapshot& snap);
+  // The oldest weight version that produced a token of the response (an update may land while a
+  // request runs; weight_version() is the newest).
+  static int64_t first_weight_version(const engine::RequestChannel::Snapshot& snap);
 
  private:
   struct ChoiceState {

@@ -4,9 +4,17 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
 #include <thread>
 
 namespace crl::sync {
+
+namespace {
+std::atomic<int64_t> g_ops{0};
+std::atomic<int64_t> g_bytes{0};
+}  // namespace
+
+StoreCounters store_counters() { return {g_ops.load(), g_bytes.load()}; }
 
 StorePtr host_store(int port, std::chrono::milliseconds timeout) {
   c10d::TCPStoreOptions opts;
@@ -46,10 +54,28 @@ StorePtr connect_store(const std::string& addr, int port, std::chrono::milliseco
 }
 
 void store_set(const StorePtr& store, const std::string& key, const std::string& value) {
+  g_ops++;
+  g_bytes += static_cast<int64_t>(key.size() + value.size());
   store->set(key, std::vector<uint8_t>(value.begin(), value.end()));
 }
 
-bool store_has(const StorePtr& store, const std::string& key) { return store->check({key}); }
+bool store_has(const StorePtr& store, const std::string& key) {
+  g_ops++;
+  g_bytes += static_cast<int64_t>(key.size());
+  return store->check({key});
+}
+
+void store_delete(const StorePtr& store, const std::string& key) {
+  g_ops++;
+  g_bytes += static_cast<int64_t>(key.size());
+  store->deleteKey(key);
+}
+
+int64_t store_add(const StorePtr& store, const std::string& key, int64_t delta) {
+  g_ops++;
+  g_bytes += static_cast<int64_t>(key.size()) + 8;
+  return store->add(key, delta);
+}
 
 std::vector<std::string> wait_keys(const StorePtr& store, const std::vector<std::string>& keys,
                                    Clock::time_point deadline) {
@@ -58,7 +84,7 @@ std::vector<std::string> wait_keys(const StorePtr& store, const std::vector<std:
   while (true) {
     std::vector<std::string> still;
     for (const auto& k : missing) {
-      if (!store->check({k})) still.push_back(k);
+      if (!store_has(store, k)) still.push_back(k);
     }
     missing.swap(still);
     if (missing.empty() || Clock::now() >= deadline) return missing;
@@ -73,6 +99,8 @@ std::string store_get(const StorePtr& store, const std::string& key, Clock::time
     throw std::runtime_error(fmt::format("{}: store key '{}' was not set in time", what, key));
   }
   auto v = store->get(key);
+  g_ops++;
+  g_bytes += static_cast<int64_t>(key.size() + v.size());
   return std::string(v.begin(), v.end());
 }
 

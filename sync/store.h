@@ -32,5 +32,16 @@ std::vector<std::string> wait_keys(const StorePtr& store, const std::vector<std:
 std::string store_get(const StorePtr& store, const std::string& key, Clock::time_point deadline,
                       const std::string& what);
 bool store_has(const StorePtr& store, const std::string& key);
+void store_delete(const StorePtr& store, const std::string& key);
+// Adds `delta` to the integer at `key` (created at 0) and returns the new value.
+int64_t store_add(const StorePtr& store, const std::string& key, int64_t delta);
+
+// Store requests this process made through the helpers above, and the key + value bytes they
+// carried (each poll of a wait counts): the control plane's cost, reported per RL step.
+struct StoreCounters {
+  int64_t ops = 0;
+  int64_t bytes = 0;
+};
+StoreCounters store_counters();
 
 }  // namespace crl::sync

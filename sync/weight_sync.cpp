@@ -152,6 +152,26 @@ void WeightSync::announce(int64_t version) {
   store_set(store_, key(fmt::format("v{}/ready/{}", version, t)), "1");
 }
 
+void WeightSync::request(int64_t version) {
+  const int i = groups_.topo.role_index(groups_.world_rank);
+  store_set(store_, key(fmt::format("v{}/want/{}", version, i)), "1");
+  // The senders read version - 1's requests before sending it, and it arrived: they can go.
+  store_delete(store_, key(fmt::format("v{}/want/{}", version - 1, i)));
+}
+
+void WeightSync::wait_requested(int64_t version, Clock::time_point deadline) const {
+  std::vector<std::string> want;
+  for (int i = 0; i < groups_.topo.infer_per_node; ++i) {
+    want.push_back(key(fmt::format("v{}/want/{}", version, i)));
+  }
+  auto missing = wait_keys(store_, want, deadline);
+  if (!missing.empty()) {
+    throw std::runtime_error(fmt::format("the engines of node {} never asked for weights version "
+                                         "{} (missing: {})",
+                                         groups_.node, version, fmt::join(missing, ", ")));
+  }
+}
+
 bool WeightSync::ready(int64_t version) const {
   int senders = options_.mode == SyncMode::kBucket ? groups_.topo.train_per_node : 1;
   for (int t = 0; t < senders; ++t) {

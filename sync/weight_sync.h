@@ -81,6 +81,12 @@ class WeightSync {
   // allocate_buckets, e.g. the trainer's parameters live in them); sent without a copy.
   SyncStats send_buckets(const std::vector<at::Tensor>& buckets, int64_t version);
 
+  // The version handshake, so a broadcast's deadline never covers an engine still busy: an infer
+  // rank request()s `version` once it can take it between two engine steps; the train ranks
+  // wait_requested() before they send it (throws std::runtime_error naming the node and version
+  // when some engine did not ask by `deadline`).
+  void request(int64_t version);
+  void wait_requested(int64_t version, Clock::time_point deadline) const;
   // Infer ranks. True once every sender of the node has started `version` (non-blocking).
   bool ready(int64_t version) const;
   // Receives `version` into `buckets` (the engine's live weight buckets) in place. In per-tensor

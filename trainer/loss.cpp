@@ -2,6 +2,7 @@
 
 #include <ATen/core/grad_mode.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,32 @@ void fill_gap(LossMetrics& m, const at::Tensor& logprobs, const at::Tensor& old_
 }
 
 }  // namespace
+
+LossMetrics combine_loss_metrics(const std::vector<LossMetrics>& parts) {
+  LossMetrics m;
+  double clip = 0, gap = 0, isw = 0;
+  for (const auto& p : parts) {
+    m.loss += p.loss;
+    m.kl += p.kl;
+    clip += p.clip_fraction * p.num_tokens;
+    gap += p.logprob_gap_mean * p.num_tokens;
+    isw += p.is_weight_mean * p.num_tokens;
+    m.logprob_gap_max = std::max(m.logprob_gap_max, p.logprob_gap_max);
+    m.is_weight_max = std::max(m.is_weight_max, p.is_weight_max);
+    m.num_tokens += p.num_tokens;
+  }
+  if (!parts.empty()) {
+    m.loss /= static_cast<double>(parts.size());
+    m.kl /= static_cast<double>(parts.size());
+  }
+  if (m.num_tokens > 0) {
+    const double n = static_cast<double>(m.num_tokens);
+    m.clip_fraction = clip / n;
+    m.logprob_gap_mean = gap / n;
+    m.is_weight_mean = isw / n;
+  }
+  return m;
+}
 
 LossOutput grpo_loss(const at::Tensor& logprobs, const at::Tensor& old_logprobs,
                      const at::Tensor& advantages, const at::Tensor& ref_logprobs,
@@ -76,6 +103,11 @@ LossOutput grpo_loss(const at::Tensor& logprobs, const at::Tensor& old_logprobs,
     auto r = ratio.detach();
     out.metrics.clip_fraction = ((r < lo).logical_or(r > hi)).to(at::kDouble).mean().item<double>();
     fill_gap(out.metrics, logprobs, old_logprobs);
+    if (weight.defined()) {
+      auto w = at::exp(old - old_logprobs).to(at::kDouble);
+      out.metrics.is_weight_mean = w.mean().item<double>();
+      out.metrics.is_weight_max = w.max().item<double>();
+    }
   }
   return out;
 }

@@ -9,13 +9,17 @@
 // Truncated importance sampling (tis_cap > 0), for the engine/trainer mismatch: the trainer's own
 // log-prob at the current weights (detached) becomes `old`, and each token's pg is weighted by
 // min(exp(old_trainer - old_engine), tis_cap). One optimizer step per rollout batch is assumed
-// (the weights that sampled are the weights the trainer starts from).
+// (the weights that sampled are the weights the trainer starts from). With asynchronous rollouts
+// (--max-staleness K >= 1) this is the decoupled PPO objective (AReaL): the proximal policy is the
+// trainer's weights at the start of the step, the behaviour policy the engine's log-probs, and
+// with one optimizer step per batch the ratio to the proximal policy is 1 in value.
 // KL to a frozen reference (kl_coef > 0), k3 estimator: exp(ref - logp) - (ref - logp) - 1.
 #pragma once
 
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace crl::trainer {
 
@@ -40,8 +44,15 @@ struct LossMetrics {
   double clip_fraction = 0;  // fraction of tokens with |r - 1| beyond the clip range
   double logprob_gap_max = 0;   // max |engine raw logprob - trainer logprob|
   double logprob_gap_mean = 0;  // mean of the same
+  double is_weight_mean = 0;    // with tis_cap: mean of exp(trainer - engine) before truncation
+  double is_weight_max = 0;     // with tis_cap: max of the same
   int64_t num_tokens = 0;       // N
 };
+
+// The metrics of one step from its micro-batches' (the one aggregator of the trainer, the RL
+// consumer and the report): loss and KL are means over micro-batches; clip fraction, gap mean and
+// IS-weight mean are token-weighted; the maxima are maxima; num_tokens is the sum.
+LossMetrics combine_loss_metrics(const std::vector<LossMetrics>& parts);
 
 struct LossOutput {
   at::Tensor loss;  // scalar, differentiable

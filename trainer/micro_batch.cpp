@@ -61,6 +61,7 @@ void MicroBatch::validate() const {
   check(loss_mask, "loss_mask", at::kFloat);
   check(old_logprobs, "old_logprobs", at::kFloat);
   check(advantages, "advantages", at::kFloat);
+  if (versions.defined()) check(versions, "versions", at::kLong);
   int64_t sum = 0;
   const float* mask = loss_mask.data_ptr<float>();
   for (int64_t len : seq_lens) {
@@ -78,7 +79,7 @@ std::vector<MicroBatch> pack_micro_batches(const std::vector<SampleGroup>& group
   std::vector<MicroBatch> out;
   std::vector<int64_t> tokens;
   std::vector<float> mask, old_lp, adv;
-  std::vector<int64_t> lens;
+  std::vector<int64_t> lens, versions;
   auto flush = [&]() {
     if (lens.empty()) return;
     MicroBatch mb;
@@ -87,8 +88,11 @@ std::vector<MicroBatch> pack_micro_batches(const std::vector<SampleGroup>& group
     mb.old_logprobs = at::tensor(old_lp, at::kFloat);
     mb.advantages = at::tensor(adv, at::kFloat);
     mb.seq_lens = lens;
+    mb.versions = at::tensor(versions, at::kLong);
     mb.weight_version = weight_version;
+    for (int64_t v : versions) mb.weight_version = std::max(mb.weight_version, v);
     out.push_back(std::move(mb));
+    versions.clear();
     tokens.clear();
     mask.clear();
     old_lp.clear();
@@ -104,6 +108,10 @@ std::vector<MicroBatch> pack_micro_batches(const std::vector<SampleGroup>& group
         CRL_INVALID("sample ", si, " of group ", g.prompt_index, " has ", s.completion_ids.size(),
                     " tokens but ", s.logprobs.size(), " log-probs");
       }
+      if (!s.versions.empty() && s.versions.size() != s.completion_ids.size()) {
+        CRL_INVALID("sample ", si, " of group ", g.prompt_index, " has ", s.completion_ids.size(),
+                    " tokens but ", s.versions.size(), " weight versions");
+      }
       if (s.completion_ids.empty()) continue;
       const int64_t len = prompt_len + static_cast<int64_t>(s.completion_ids.size());
       if (len > micro_batch_tokens) {
@@ -116,12 +124,14 @@ std::vector<MicroBatch> pack_micro_batches(const std::vector<SampleGroup>& group
         mask.push_back(0.0f);
         old_lp.push_back(0.0f);
         adv.push_back(0.0f);
+        versions.push_back(-1);
       }
       for (size_t i = 0; i < s.completion_ids.size(); ++i) {
         tokens.push_back(s.completion_ids[i]);
         mask.push_back(1.0f);
         old_lp.push_back(s.logprobs[i]);
         adv.push_back(static_cast<float>(s.advantage));
+        versions.push_back(s.versions.empty() ? weight_version : s.versions[i]);
       }
       lens.push_back(len);
     }
@@ -135,13 +145,14 @@ std::vector<MicroBatch> pack_micro_batches(const std::vector<SampleGroup>& group
 //   int64 seq_lens[S]
 //   int32 tokens[T]
 //   float loss_mask[T], old_logprobs[T], advantages[T]
+//   int32 versions[T]
 namespace {
 constexpr int64_t kMagic = 0x43524c4d42415443;  // "CRLMBATC"
-constexpr int64_t kVersion = 1;
+constexpr int64_t kVersion = 2;
 constexpr int64_t kHeaderWords = 6;
 
 int64_t serialized_bytes(int64_t s, int64_t t) {
-  return (kHeaderWords + s) * 8 + t * 4 * 4;
+  return (kHeaderWords + s) * 8 + t * 4 * 5;
 }
 }  // namespace
 
@@ -163,6 +174,9 @@ at::Tensor serialize_micro_batch(const MicroBatch& mb) {
     std::memcpy(p, c.data_ptr<float>(), t * 4);
     p += t * 4;
   }
+  at::Tensor v32 = mb.versions.defined() ? mb.versions.to(at::kInt).contiguous()
+                                         : at::full({t}, mb.weight_version, at::kInt);
+  std::memcpy(p, v32.data_ptr<int32_t>(), t * 4);
   return out;
 }
 
@@ -198,6 +212,9 @@ MicroBatch deserialize_micro_batch(const at::Tensor& bytes) {
     std::memcpy(f->data_ptr<float>(), p, t * 4);
     p += t * 4;
   }
+  at::Tensor v32 = at::empty({t}, at::kInt);
+  std::memcpy(v32.data_ptr<int32_t>(), p, t * 4);
+  mb.versions = v32.to(at::kLong);
   mb.validate();
   return mb;
 }

@@ -26,6 +26,8 @@ namespace crl::trainer {
 struct Sample {
   std::vector<int32_t> completion_ids;  // generated tokens (EOS included when it stopped on EOS)
   std::vector<float> logprobs;          // engine raw log-prob of each completion token
+  std::vector<int64_t> versions;        // weight version that sampled each token (empty: the
+                                        // version given to pack_micro_batches)
   double reward = 0;                    // verifiable reward
   double advantage = 0;                 // set by compute_group_advantages (GRPO) or the caller
 };
@@ -52,7 +54,9 @@ struct MicroBatch {
   at::Tensor loss_mask;           // [T] float32: 1 on completion tokens, else 0
   at::Tensor old_logprobs;        // [T] float32: engine raw log-prob of the token (0 off the mask)
   at::Tensor advantages;          // [T] float32: the sequence's advantage on its completion tokens
-  int64_t weight_version = 0;     // weights the engine sampled with
+  at::Tensor versions;            // [T] int64: weight version that sampled the token (-1 on prompt
+                                  // tokens); undefined = weight_version everywhere
+  int64_t weight_version = 0;     // the newest version that sampled a token
 
   int64_t num_tokens() const { return tokens.defined() ? tokens.size(0) : 0; }
   int64_t num_seqs() const { return static_cast<int64_t>(seq_lens.size()); }

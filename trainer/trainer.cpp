@@ -275,26 +275,15 @@ StepStats Trainer::train_step(const std::vector<MicroBatch>& batches, LossKind k
   const auto t0 = std::chrono::steady_clock::now();
   zero_grad();
   const double scale = batches.empty() ? 0.0 : 1.0 / static_cast<double>(batches.size());
-  LossMetrics agg;
-  double clip_sum = 0, gap_sum = 0;
-  int64_t tokens = 0, loss_tokens = 0;
+  std::vector<LossMetrics> parts;
+  int64_t tokens = 0;
   for (const auto& b : batches) {
-    LossMetrics m = accumulate(b, kind, scale);
-    agg.loss += m.loss * scale;
-    agg.kl += m.kl * scale;
-    clip_sum += m.clip_fraction * m.num_tokens;
-    gap_sum += m.logprob_gap_mean * m.num_tokens;
-    agg.logprob_gap_max = std::max(agg.logprob_gap_max, m.logprob_gap_max);
+    parts.push_back(accumulate(b, kind, scale));
     tokens += b.num_tokens();
-    loss_tokens += m.num_tokens;
   }
   StepStats st = finish_step();
-  agg.num_tokens = loss_tokens;
-  if (loss_tokens > 0) {
-    agg.clip_fraction = clip_sum / static_cast<double>(loss_tokens);
-    agg.logprob_gap_mean = gap_sum / static_cast<double>(loss_tokens);
-  }
-  st.loss = agg;
+  st.loss = combine_loss_metrics(parts);
+  const int64_t loss_tokens = st.loss.num_tokens;
   st.num_micro_batches = static_cast<int64_t>(batches.size());
   st.num_tokens = tokens;
   st.num_loss_tokens = loss_tokens;

@@ -74,5 +74,98 @@ TEST(WeightBuffersTest, WritingTheBucketsIsAWholeInPlaceWeightUpdate) {
   EXPECT_EQ(updated.outputs[0].token_ids, ref.generate({greedy_request(kPrompt)})[0].outputs[0].token_ids);
 }
 
+// An update lands while a request (n = 2, greedy) has generated 4 of its 10 tokens; the engine is
+// told the new version with `policy`. Returns the request's final output and checks that every
+// block was freed. `ref` runs the new weights from scratch.
+struct InflightRun {
+  RequestOutput out;
+  std::vector<int32_t> before;  // tokens sampled under version 0
+  std::unique_ptr<LlmEngine> ref;
+};
+
+InflightRun run_with_inflight_update(InflightPolicy policy, test::TempDir& dir) {
+  EngineConfig cfg = test::test_engine_config();
+  LlmEngine eng(cfg);
+  WeightBuffers& wb = eng.attach_weight_buffers(/*bucket_bytes=*/100 << 10);
+  GenerateRequest req = greedy_request(kPrompt);
+  req.params.n = 2;
+  req.request_id = "r";
+  eng.add_request(req);
+  InflightRun run;
+  while (run.before.size() < 4) {
+    for (auto& o : eng.step()) run.before = o.outputs[0].token_ids;
+  }
+  auto fresh = random_init_weights(eng.model_config(), /*seed=*/99, at::kFloat);
+  for (auto& [name, t] : fresh) t.mul_(4.0);
+  std::vector<at::Tensor> masters;
+  for (auto& [name, t] : fresh) masters.push_back(t);
+  for (size_t b = 0; b < wb.buckets().size(); ++b) {
+    wb.layout().pack(masters, static_cast<int64_t>(b), wb.buckets()[b]);
+  }
+  eng.set_weight_version(1, policy);
+  while (eng.has_unfinished()) {
+    for (auto& o : eng.step()) run.out = o;
+  }
+  EXPECT_TRUE(run.out.finished);
+  EXPECT_EQ(eng.scheduler().allocator().num_used_blocks(), 0) << "every block is freed";
+  write_model_dir(dir.path(), eng.model_config(), fresh, engine::ensure_default_tokenizer());
+  EngineConfig ref_cfg = cfg;
+  ref_cfg.model_dir = dir.path();
+  run.ref = std::make_unique<LlmEngine>(ref_cfg);
+  return run;
+}
+
+TEST(WeightBuffersTest, InflightKeepContinuesOnTheOldKvAndRecordsBothVersions) {
+  test::TempDir dir;
+  InflightRun run = run_with_inflight_update(InflightPolicy::kKeep, dir);
+  for (const auto& c : run.out.outputs) {
+    ASSERT_EQ(c.token_ids.size(), 10u);
+    EXPECT_EQ(std::vector<int32_t>(c.token_ids.begin(), c.token_ids.begin() + 4), run.before);
+    std::vector<int64_t> want(10, 1);
+    std::fill(want.begin(), want.begin() + 4, 0);
+    EXPECT_EQ(c.token_versions, want);
+    EXPECT_EQ(c.raw_logprobs.size(), 10u);
+  }
+  EXPECT_EQ(run.out.first_weight_version, 0);
+  EXPECT_EQ(run.out.weight_version, 1);
+}
+
+TEST(WeightBuffersTest, InflightRecomputeContinuesAsTheNewWeightsWouldFromTheSameTokens) {
+  test::TempDir dir;
+  InflightRun run = run_with_inflight_update(InflightPolicy::kRecompute, dir);
+  GenerateRequest cont = greedy_request(kPrompt);
+  cont.prompt_token_ids.insert(cont.prompt_token_ids.end(), run.before.begin(), run.before.end());
+  cont.params.max_tokens = 6;
+  auto want = run.ref->generate({cont})[0].outputs[0];
+  for (const auto& c : run.out.outputs) {
+    ASSERT_EQ(c.token_ids.size(), 10u);
+    EXPECT_EQ(std::vector<int32_t>(c.token_ids.begin(), c.token_ids.begin() + 4), run.before);
+    EXPECT_EQ(std::vector<int32_t>(c.token_ids.begin() + 4, c.token_ids.end()), want.token_ids);
+    for (size_t i = 0; i < 6; ++i) EXPECT_NEAR(c.raw_logprobs[4 + i], want.raw_logprobs[i], 1e-4);
+    EXPECT_EQ(c.token_versions.front(), 0);
+    EXPECT_EQ(c.token_versions.back(), 1);
+  }
+}
+
+TEST(WeightBuffersTest, InflightAbortRestartsUnfinishedSequencesUnderTheNewWeights) {
+  test::TempDir dir;
+  InflightRun run = run_with_inflight_update(InflightPolicy::kAbort, dir);
+  auto want = run.ref->generate({greedy_request(kPrompt)})[0].outputs[0];
+  for (const auto& c : run.out.outputs) {
+    EXPECT_EQ(c.token_ids, want.token_ids);
+    EXPECT_EQ(c.token_versions, std::vector<int64_t>(10, 1));
+    ASSERT_EQ(c.raw_logprobs.size(), 10u);
+    for (size_t i = 0; i < 10; ++i) EXPECT_NEAR(c.raw_logprobs[i], want.raw_logprobs[i], 1e-4);
+  }
+  EXPECT_EQ(run.out.first_weight_version, 1);
+}
+
+TEST(WeightBuffersTest, InflightPolicyNamesParseAndABadOneNamesTheChoices) {
+  for (auto p : {InflightPolicy::kKeep, InflightPolicy::kRecompute, InflightPolicy::kAbort}) {
+    EXPECT_EQ(parse_inflight_policy(inflight_policy_name(p)), p);
+  }
+  ASSERT_THROWS_WITH(parse_inflight_policy("drain"), std::invalid_argument, "keep, recompute or abort");
+}
+
 }  // namespace
 }  // namespace crl::engine

@@ -69,7 +69,12 @@ TEST(MicroBatchTest, SerializationRoundTripsEveryFieldInOneByteTensor) {
   std::vector<SampleGroup> groups = {group({1, 2, 3}, {{10, 11}, {12, 13, 14}}, {1, 0}),
                                      group({4, 5}, {{20}, {21, 22, 23, 24}}, {0, 1})};
   compute_group_advantages(groups);
+  groups[1].samples[1].versions = {2, 2, 3, 3};  // an update landed mid-sample
   MicroBatch mb = pack_micro_batches(groups, 64, 3)[0];
+  // Per token: -1 on prompt tokens, the sample's versions (or the packer's) on completions.
+  at::Tensor tail = mb.versions.narrow(0, mb.num_tokens() - 6, 6).contiguous();
+  EXPECT_EQ(std::vector<int64_t>(tail.data_ptr<int64_t>(), tail.data_ptr<int64_t>() + 6),
+            std::vector<int64_t>({-1, -1, 2, 2, 3, 3}));
   at::Tensor bytes = serialize_micro_batch(mb);
   EXPECT_EQ(bytes.scalar_type(), at::kByte);
   EXPECT_EQ(bytes.dim(), 1);
@@ -80,6 +85,7 @@ TEST(MicroBatchTest, SerializationRoundTripsEveryFieldInOneByteTensor) {
   test::expect_tensor_equal(back.loss_mask, mb.loss_mask);
   test::expect_tensor_equal(back.old_logprobs, mb.old_logprobs);
   test::expect_tensor_equal(back.advantages, mb.advantages);
+  test::expect_tensor_equal(back.versions, mb.versions);
 
   ASSERT_THROWS_WITH(deserialize_micro_batch(bytes.narrow(0, 0, bytes.size(0) - 4)),
                      std::invalid_argument, "does not match");

@@ -1,0 +1,79 @@
+#include "trainer/rl_context.h"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <stdexcept>
+
+#include "common/check.h"
+#include "trainer/checkpoint.h"
+
+namespace crl::trainer {
+
+RlContext::RlContext(const sync::RankEnv& e, const RlOptions& options)
+    : o(options), env(e), world(sync::join_world(e, options.timeout)) {
+  sync::Topology topo{env.nnodes, o.infer_per_node, o.train_per_node};
+  g = sync::make_groups(std::move(world.comm), topo);
+  infer_total = topo.nnodes * topo.infer_per_node;
+  train_total = topo.nnodes * topo.train_per_node;
+  role_global = g.node * (g.role == sync::Role::kInfer ? topo.infer_per_node : topo.train_per_node) +
+                topo.role_index(env.rank);
+  auto task = o.data_path.empty() ? default_task_rows(o.default_task_rows, o.seed)
+                                  : load_task_jsonl(o.data_path, o.reward, o.model_dir);
+  split = split_task(std::move(task), o.eval_rows, o.seed);
+  if (split.train.empty()) CRL_INVALID("the task has no training rows after the held-out split");
+  rows = std::make_unique<RowSampler>(static_cast<int64_t>(split.train.size()), o.seed + 17);
+  if (!o.resume_dir.empty()) {
+    auto state = read_checkpoint_state(o.resume_dir);
+    resumed = true;
+    start_step = state.step;
+    int64_t drawn = state.extra.value("rows_drawn", int64_t{0});
+    for (int64_t i = 0; i < drawn; ++i) rows->next();
+    if (env.rank == 0) {
+      fmt::print("resumed from {} at step {} (data cursor {})\n", o.resume_dir, start_step, drawn);
+    }
+  }
+}
+
+std::vector<int64_t> RlContext::draw(int64_t count) {
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < count; ++i) out.push_back(rows->next());
+  return out;
+}
+
+sync::StorePtr RlContext::connect_own_store() const {
+  sync::StorePtr store = sync::connect_store(env.master_addr, env.master_port, o.timeout);
+  if (!env.store_prefix.empty()) store = c10::make_intrusive<c10d::PrefixStore>(env.store_prefix, store);
+  return store;
+}
+
+Fault parse_fault(const std::string& s) {
+  if (s.empty()) return {};
+  Fault f;
+  if (std::sscanf(s.c_str(), "die-at-step:%d:%ld", &f.rank, &f.step) != 2) {
+    CRL_INVALID("unknown fault '", s, "' (die-at-step:RANK:STEP)");
+  }
+  return f;
+}
+
+void store_barrier(const sync::StorePtr& store, const std::string& name, int count,
+                   sync::Clock::time_point deadline, const std::string& previous) {
+  const std::string done = "rl/bar/" + name + "/done";
+  if (sync::store_add(store, "rl/bar/" + name + "/n", 1) == count) {
+    // Everyone passed `previous` before reaching this one: its keys can go.
+    if (!previous.empty()) {
+      sync::store_delete(store, "rl/bar/" + previous + "/n");
+      sync::store_delete(store, "rl/bar/" + previous + "/done");
+    }
+    sync::store_set(store, done, "1");
+  }
+  if (!sync::wait_keys(store, {done}, deadline).empty()) {
+    auto v = store->get("rl/bar/" + name + "/n");
+    throw std::runtime_error(fmt::format("only {} of {} ranks reached '{}' before the deadline",
+                                         std::string(v.begin(), v.end()), count, name));
+  }
+}
+
+}  // namespace crl::trainer

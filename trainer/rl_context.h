@@ -1,0 +1,130 @@
+// The RL job's shared state (DESIGN.md §5): options, groups, data, and the version arithmetic
+// every rank agrees on. Each rank runs one role: RolloutProducer (infer ranks), RolloutConsumer
+// (train ranks); world rank 0 also runs report_rl_job.
+//
+// Weight versions: the engines start at `first_version` (the checkpoint's step on resume, else
+// 0); an SFT warm-up sends one version; GRPO step s trains on weights version_at(s) and sends
+// version_at(s) + 1. With --max-staleness K the engines generate step s's rollouts once they hold
+// version_at(s) - K (K = 0: exactly the weights the step trains, the synchronous loop).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/engine_config.h"
+#include "sync/dist_env.h"
+#include "sync/groups.h"
+#include "sync/store.h"
+#include "sync/weight_sync.h"
+#include "trainer/tasks.h"
+#include "trainer/trainer.h"
+
+namespace crl::trainer {
+
+struct RlOptions {
+  int infer_per_node = 1;
+  int train_per_node = 1;
+  std::string model_dir;      // resolved
+  std::string data_path;      // empty: the built-in default task
+  trainer::RewardOptions reward;
+  int64_t default_task_rows = 4000;
+  int64_t eval_rows = -1;  // held-out rows; -1 = trainer::default_eval_rows
+  uint64_t seed = 1;
+
+  std::string engine_dtype = "float32";
+  bool deterministic = false;
+  int64_t kv_memory_bytes = int64_t{64} << 20;
+
+  int64_t sft_steps = 100;
+  int32_t sft_rows_per_step = 32;
+  double sft_lr = 1e-3;
+
+  int64_t steps = 60;
+  int32_t prompts_per_step = 16;
+  int32_t samples_per_prompt = 8;
+  double temperature = 1.0;
+  int32_t max_tokens = 12;
+  trainer::TrainerOptions trainer;
+  int64_t eval_every = 10;
+
+  std::string metrics_path;
+  std::string save_dir;
+  int64_t save_every = 0;
+  std::string resume_dir;
+
+  // --serve-port: infer rank k serves the OpenAI API on port + k (0: any free port) during
+  // training, its HTTP requests in the same continuous batch as the rollouts; -1: off.
+  int serve_port = -1;
+  std::string serve_host = "127.0.0.1";
+
+  std::chrono::milliseconds timeout{300000};
+  std::chrono::milliseconds rollout_timeout{1800000};
+  int64_t bucket_bytes = int64_t{256} << 20;
+  sync::WeightSyncOptions sync;
+  // Asynchronous RL: engines generate step s's rollouts once they hold weights no older than
+  // (the trainer's version at step s) - K, so they keep generating while the trainers train;
+  // 0 = the synchronous loop. A group with a token older than that is dropped and counted.
+  int64_t max_staleness = 1;
+  // What an engine does to its running sequences when a new version lands between two steps.
+  engine::InflightPolicy inflight = engine::InflightPolicy::kKeep;
+  // Packed micro-batches an infer rank queues for its train ranks before it stops admitting
+  // new prompts (back-pressure).
+  size_t rollout_queue = 4;
+  // Tests only: "die-at-step:RANK:STEP" SIGKILLs that rank when it starts GRPO step STEP.
+  std::string fault;
+};
+
+struct RlContext {
+  const RlOptions& o;
+  sync::RankEnv env;
+  sync::World world;
+  sync::Groups g;
+  TaskSplit split;
+  std::unique_ptr<RowSampler> rows;
+  int infer_total = 0, train_total = 0;
+  int role_global = 0;  // index among all infer (or all train) ranks
+  int64_t start_step = 0;
+  bool resumed = false;
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+
+  // Joins the world, splits the groups, loads the task and, with --resume, the data cursor.
+  RlContext(const sync::RankEnv& env, const RlOptions& options);
+
+  std::string key(const std::string& what) const { return "rl/" + what; }
+  sync::Clock::time_point rollout_deadline() const { return sync::Clock::now() + o.rollout_timeout; }
+  // Rows of the SFT step and of the GRPO step, drawn identically on every rank.
+  std::vector<int64_t> draw(int64_t count);
+  // A store connection of this rank's own (for a second thread).
+  sync::StorePtr connect_own_store() const;
+
+  bool runs_sft() const { return !resumed && o.sft_steps > 0; }
+  // Weights the engines hold before GRPO step start_step (after the SFT warm-up).
+  int64_t first_grpo_version() const { return start_step + (runs_sft() ? 1 : 0); }
+  // Weights GRPO step s trains on; it sends version_at(s) + 1.
+  int64_t version_at(int64_t step) const { return first_grpo_version() + step - start_step; }
+  int64_t final_version() const { return version_at(o.steps); }
+  // The step whose end version `v` is (v = version_at(s) + 1), or -1 for the SFT version.
+  int64_t step_of_version(int64_t v) const { return v - 1 - first_grpo_version() + start_step; }
+  // Held-out evaluation after step s.
+  bool evaluates_after(int64_t step) const {
+    return (o.eval_every > 0 && (step + 1) % o.eval_every == 0) || step + 1 == o.steps;
+  }
+};
+
+// Tests only: --inject-fault die-at-step:RANK:STEP.
+struct Fault {
+  int rank = -1;
+  int64_t step = -1;
+};
+Fault parse_fault(const std::string& s);
+
+// A barrier of `count` ranks through the store: one add per rank and one key to wait for, so its
+// cost grows with the ranks, not their square. The last rank to arrive deletes the keys of the
+// `previous` barrier (which every rank passed). Throws naming `name` at `deadline`.
+void store_barrier(const sync::StorePtr& store, const std::string& name, int count,
+                   sync::Clock::time_point deadline, const std::string& previous = "");
+
+}  // namespace crl::trainer

@@ -1,0 +1,234 @@
+#include "trainer/rollout_consumer.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <csignal>
+
+#include "common/units.h"
+#include "engine/model/config.h"
+#include "engine/tokenizer.h"
+#include "sync/rollout_transport.h"
+#include "sync/weight_layout.h"
+#include "sync/weight_sync.h"
+#include "trainer/checkpoint.h"
+#include "trainer/metrics.h"
+#include "trainer/micro_batch.h"
+#include "trainer/prompt_encoder.h"
+
+namespace crl::trainer {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+}  // namespace
+
+RolloutConsumer::RolloutConsumer(RlContext& ctx) : c_(ctx), o_(ctx.o) {
+  sync::RolloutRoute route{c_.g.node, c_.g.topo.infer_per_node, c_.g.topo.train_per_node};
+  receiver_ = std::make_unique<sync::RolloutReceiver>(c_.world.store, *c_.g.sync, route,
+                                                      c_.g.topo.role_index(c_.env.rank));
+}
+
+RolloutConsumer::~RolloutConsumer() = default;
+
+void RolloutConsumer::run() {
+  at::ScalarType edtype = engine::parse_dtype(o_.engine_dtype);
+  TrainerOptions topts = o_.trainer;
+  topts.deterministic = o_.deterministic;
+  topts.dp_world_size = c_.train_total;
+  std::unique_ptr<Trainer> tr;
+  if (c_.resumed) {
+    if (topts.grpo.kl_coef > 0) {
+      if (o_.sft_steps > 0) {
+        throw std::invalid_argument(
+            "--resume with --kl-coef > 0 after an SFT warm-up: the KL reference (the warmed-up "
+            "weights) is not in the checkpoint; resume with --sft-steps 0 to use --model as the "
+            "reference");
+      }
+      topts.reference_model_dir = o_.model_dir;  // the run's reference: its initial model
+    }
+    tr = std::make_unique<Trainer>(o_.resume_dir, topts);
+    load_trainer_state(*tr, o_.resume_dir);
+  } else {
+    tr = std::make_unique<Trainer>(o_.model_dir, topts);
+  }
+  std::vector<sync::TensorSpec> specs;
+  for (const auto& [name, t] : tr->master_weights()) {
+    specs.push_back({name, std::vector<int64_t>(t.sizes().begin(), t.sizes().end()), edtype});
+  }
+  layout_ = std::make_unique<sync::WeightLayout>(sync::WeightLayout::plan(specs, o_.bucket_bytes));
+  ws_ = std::make_unique<sync::WeightSync>(c_.g, c_.world.store, *layout_, o_.sync);
+
+  if (c_.runs_sft()) {
+    tr = sft(std::move(tr), topts);
+    send(*tr, c_.first_grpo_version());
+  }
+  tr->set_grad_all_reduce(all_reduce_hook());
+  Fault fault = parse_fault(o_.fault);
+  auto counters = sync::store_counters();
+  for (int64_t step = c_.start_step; step < o_.steps; ++step) {
+    if (fault.rank == c_.env.rank && fault.step == step + 1) std::raise(SIGKILL);
+    c_.draw(o_.prompts_per_step);  // keep the data cursor in step with the infer ranks
+    json m = train_step(*tr, step);
+    auto s0 = Clock::now();
+    m["sync_send_s"] = send(*tr, c_.version_at(step) + 1);
+    m["send_wait_s"] = since(s0) - m["sync_send_s"].get<double>();
+    bool save = !o_.save_dir.empty() &&
+                ((o_.save_every > 0 && (step + 1) % o_.save_every == 0) || step + 1 == o_.steps);
+    if (save) {
+      if (c_.role_global == 0) {
+        auto t0 = Clock::now();
+        std::string dir = fmt::format("{}/step-{}", o_.save_dir, step + 1);
+        save_checkpoint(*tr, dir, o_.model_dir, {{"rows_drawn", c_.rows->drawn()}, {"phase", "grpo"}});
+        m["checkpoint"] = dir;
+        m["checkpoint_s"] = since(t0);
+      }
+      barrier(fmt::format("checkpoint-s{}", step));  // a slow write is not a dead rank
+    }
+    auto now = sync::store_counters();
+    m["store_ops"] = now.ops - counters.ops;
+    m["store_bytes"] = now.bytes - counters.bytes;
+    counters = now;
+    sync::store_set(c_.world.store, c_.key(fmt::format("m/s{}/r{}", step, c_.env.rank)), m.dump());
+  }
+}
+
+GradAllReduce RolloutConsumer::all_reduce_hook() {
+  // The step's loss is the mean over every loss token of every train rank. Micro-batches stream
+  // in, so each is accumulated with scale = its loss-token count (a token sum); the hook learns
+  // the global count N and scales by dp / N before the SUM all-reduce (the trainer divides by
+  // dp after it). Micro-batch sizes and per-rank counts then do not change the weighting.
+  return [this](std::vector<at::Tensor>& grads) {
+    at::Tensor n = at::full({1}, static_cast<double>(local_loss_tokens_), at::kDouble);
+    c_.g.train->all_reduce(n);
+    double total = n.item<double>();
+    for (auto& gb : grads) {
+      if (total > 0) gb.mul_(static_cast<double>(c_.train_total) / total);
+      c_.g.train->all_reduce(gb);
+    }
+  };
+}
+
+// A barrier of the train ranks with the rollout deadline: collectives after it then start
+// together, so a slow node or a checkpoint write is not mistaken for a dead peer.
+void RolloutConsumer::barrier(const std::string& name) {
+  store_barrier(c_.world.store, name, c_.train_total, c_.rollout_deadline(), last_barrier_);
+  last_barrier_ = name;
+}
+
+double RolloutConsumer::send(Trainer& tr, int64_t version) {
+  ws_->wait_requested(version, c_.rollout_deadline());
+  std::vector<at::Tensor> masters;
+  for (const auto& [name, t] : tr.master_weights()) masters.push_back(t.detach());
+  return ws_->send(masters, version).transfer_s;
+}
+
+std::unique_ptr<Trainer> RolloutConsumer::sft(std::unique_ptr<Trainer> tr, const TrainerOptions& topts) {
+  TrainerOptions so = topts;
+  so.schedule.lr = o_.sft_lr;
+  so.schedule.warmup_steps = 0;
+  so.schedule.total_steps = 0;
+  so.grpo.kl_coef = 0;
+  auto sft = std::make_unique<Trainer>(o_.model_dir, so);
+  sft->set_grad_all_reduce(all_reduce_hook());
+  // The same tokenizer the engine uses, loaded from the model directory, and the same prompt
+  // ids the engines generate from (the special tokens its encode_prompt adds to a prompt).
+  engine::Tokenizer tok(o_.model_dir);
+  auto cfg = engine::load_model_config(o_.model_dir);
+  const PromptEncoder prompts(tok, tok.special_prefix());
+  for (int64_t s = 0; s < o_.sft_steps; ++s) {
+    std::vector<int64_t> picked = c_.draw(o_.sft_rows_per_step);
+    std::vector<SampleGroup> groups;
+    for (size_t i = 0; i < picked.size(); ++i) {
+      if (static_cast<int>(i % c_.train_total) != c_.role_global) continue;
+      const auto& row = c_.split.train[picked[i]];
+      groups.push_back(sft_group(prompts.encode(row), tok.encode(row.answer),
+                                 static_cast<int32_t>(cfg.eos_token_ids.at(0))));
+    }
+    auto batches = pack_micro_batches(groups, so.micro_batch_tokens);
+    sft->zero_grad();
+    local_loss_tokens_ = 0;
+    for (const auto& mb : batches) {
+      sft->accumulate(mb, LossKind::kSft, static_cast<double>(mb.num_loss_tokens()));
+      local_loss_tokens_ += mb.num_loss_tokens();
+    }
+    auto st = sft->finish_step();
+    if (c_.role_global == 0 && ((s + 1) % 20 == 0 || s + 1 == o_.sft_steps)) {
+      spdlog::info("sft step {}/{} | grad norm {:.3g} lr {:.1e} | {:.1f} s", s + 1, o_.sft_steps,
+                   st.grad_norm, st.lr, since(c_.t0));
+    }
+  }
+  engine::NamedTensors w;
+  for (const auto& [name, t] : sft->master_weights()) w.emplace_back(name, t.detach().clone());
+  return std::make_unique<Trainer>(sft->config(), std::move(w), topts);
+}
+
+json RolloutConsumer::train_step(Trainer& tr, int64_t step) {
+  std::vector<LossMetrics> parts;
+  int64_t tokens = 0, stale_sum = 0, stale_max = 0;
+  double compute_s = 0;
+  const int64_t trainer_version = c_.version_at(step);
+  tr.zero_grad();
+  local_loss_tokens_ = 0;
+  auto rs = receiver_->receive_step(step, c_.rollout_deadline(), [&](at::Tensor buf) {
+    auto c0 = Clock::now();
+    MicroBatch mb = deserialize_micro_batch(buf);
+    buf = at::Tensor();
+    // Staleness of every loss token: how many versions behind the weights it trains.
+    at::Tensor on = mb.loss_mask > 0.5f;
+    at::Tensor stale = trainer_version - mb.versions.masked_select(on);
+    if (stale.numel() > 0) {
+      const int64_t mx = stale.max().item<int64_t>();
+      if (mx > o_.max_staleness || stale.min().item<int64_t>() < 0) {
+        throw std::runtime_error(fmt::format(
+            "step {}: a rollout token is {} versions older than the trainer's weights (version {}), "
+            "beyond --max-staleness {}", step + 1, mx, trainer_version, o_.max_staleness));
+      }
+      stale_max = std::max(stale_max, mx);
+      stale_sum += stale.sum().item<int64_t>();
+    }
+    parts.push_back(tr.accumulate(mb, LossKind::kGrpo, static_cast<double>(mb.num_loss_tokens())));
+    local_loss_tokens_ += mb.num_loss_tokens();
+    tokens += mb.num_tokens();
+    compute_s += since(c0);
+  });
+  double wait_s = rs.wait_s;
+  {
+    auto b0 = Clock::now();
+    barrier(fmt::format("rollouts-s{}", step));  // every node's rollouts are in
+    wait_s += since(b0);
+  }
+  auto c0 = Clock::now();
+  auto st = tr.finish_step();
+  compute_s += since(c0);
+  auto lm = combine_loss_metrics(parts);
+  return {{"role", "train"},
+          {"step", st.step},
+          {"loss", lm.loss},
+          {"kl", lm.kl},
+          {"clip_fraction", lm.clip_fraction},
+          {"gap_max", lm.logprob_gap_max},
+          {"gap_mean", lm.logprob_gap_mean},
+          {"is_weight_mean", lm.is_weight_mean},
+          {"is_weight_max", lm.is_weight_max},
+          {"staleness_sum", stale_sum},
+          {"staleness_max", stale_max},
+          {"loss_tokens", lm.num_tokens},
+          {"grad_norm", st.grad_norm},
+          {"lr", st.lr},
+          {"micro_batches", static_cast<int64_t>(parts.size())},
+          {"train_tokens", tokens},
+          {"rollout_bytes", rs.bytes},
+          {"wait_s", wait_s},
+          {"train_s", compute_s},
+          {"elapsed_s", since(c_.t0)},
+          {"peak_rss", peak_rss_bytes()}};
+}
+
+}  // namespace crl::trainer

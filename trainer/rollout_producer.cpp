@@ -1,0 +1,329 @@
+#include "trainer/rollout_producer.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <csignal>
+#include <thread>
+
+#include "common/check.h"
+#include "engine/engine_loop.h"
+#include "engine/llm_engine.h"
+#include "sync/rollout_transport.h"
+#include "sync/weight_layout.h"
+#include "sync/weight_sync.h"
+#include "trainer/prompt_encoder.h"
+
+namespace crl::trainer {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Longest-processing-time first: prompt i goes to the least loaded of `ranks` (ties: lowest rank).
+std::vector<int> shard_by_cost(const std::vector<int64_t>& cost, int ranks) {
+  std::vector<int> order(cost.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return cost[a] > cost[b]; });
+  std::vector<int64_t> load(ranks, 0);
+  std::vector<int> owner(cost.size(), 0);
+  for (int i : order) {
+    int best = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    owner[i] = best;
+    load[best] += cost[i];
+  }
+  return owner;
+}
+
+}  // namespace
+
+RolloutProducer::RolloutProducer(RlContext& ctx) : c_(ctx), o_(ctx.o) {
+  engine::EngineConfig ec;
+  ec.model_dir = c_.resumed ? o_.resume_dir : o_.model_dir;
+  ec.dtype = o_.engine_dtype;
+  ec.deterministic = o_.deterministic;
+  ec.seed = o_.seed;
+  ec.kv_memory_bytes = o_.kv_memory_bytes;
+  // Room for K + 1 steps' sequences: the next steps are admitted while the last ones finish.
+  ec.max_seqs = std::max<int32_t>(
+      256, static_cast<int32_t>(o_.prompts_per_step * o_.samples_per_prompt * (o_.max_staleness + 1)));
+  auto eng = std::make_unique<engine::LlmEngine>(ec);
+  CRL_CHECK(eng->tokenizer(), "the RL job needs a model with a tokenizer (tokenizer.json or tokenizer.model)");
+  prompts_ = std::make_unique<PromptEncoder>(*eng->tokenizer(), eng->prompt_prefix());
+  layout_ = std::make_unique<sync::WeightLayout>(eng->attach_weight_buffers(o_.bucket_bytes).layout());
+  buckets_ = &eng->weight_buffers()->buckets();
+  ws_ = std::make_unique<sync::WeightSync>(c_.g, c_.world.store, *layout_, o_.sync);
+  sync::RolloutRoute route{c_.g.node, c_.g.topo.infer_per_node, c_.g.topo.train_per_node};
+  sender_ = std::make_unique<sync::RolloutSender>(c_.connect_own_store(), *c_.g.sync, route,
+                                                  c_.g.topo.role_index(c_.env.rank), o_.rollout_queue);
+  for (size_t i = 0; i < c_.split.eval.size(); ++i) {
+    if (static_cast<int>(i % c_.infer_total) == c_.role_global) eval_rows_.push_back(i);
+  }
+  loop_ = std::make_shared<engine::EngineLoop>(std::move(eng));
+  loop_->start();
+  loop_->wait_ready();
+}
+
+RolloutProducer::~RolloutProducer() {
+  sender_.reset();
+  loop_->stop();
+}
+
+double RolloutProducer::evaluate() {
+  std::vector<engine::GenerateRequest> reqs;
+  for (size_t k = 0; k < eval_rows_.size(); ++k) {
+    engine::GenerateRequest q;
+    q.request_id = fmt::format("eval{}-{}", evals_, k);
+    q.prompt_token_ids = prompts_->encode(c_.split.eval[eval_rows_[k]]);
+    q.params.temperature = 0;
+    q.params.max_tokens = o_.max_tokens;
+    reqs.push_back(std::move(q));
+  }
+  ++evals_;
+  double correct = 0;
+  auto ch = loop_->submit(std::move(reqs));
+  // Evaluation takes no weight update: it measures one version.
+  std::vector<bool> seen(ch->ids().size(), false);
+  size_t finished = 0;
+  uint64_t seen_version = 0;
+  auto t0 = Clock::now();
+  auto deadline = c_.rollout_deadline();
+  while (finished < seen.size()) {
+    auto snap = ch->wait(seen_version, std::chrono::milliseconds(200));
+    seen_version = snap.version;
+    for (size_t i = 0; i < seen.size(); ++i) {
+      if (seen[i] || !snap.outputs[i] || !snap.outputs[i]->finished) continue;
+      seen[i] = true;
+      ++finished;
+      const auto& out = *snap.outputs[i];
+      if (!out.error.empty()) throw std::runtime_error("evaluation request failed: " + out.error);
+      correct += score_completion(o_.reward, out.outputs.at(0).text,
+                                  c_.split.eval[eval_rows_[i]].answer).correct;
+    }
+    if (finished < seen.size() && Clock::now() > deadline) {
+      throw std::runtime_error("evaluation requests unfinished at the rollout deadline");
+    }
+  }
+  busy_s_ += since(t0);
+  at::Tensor t = at::tensor({correct, static_cast<double>(eval_rows_.size())}, at::kDouble);
+  c_.g.infer->all_reduce(t);
+  return t[1].item<double>() > 0 ? t[0].item<double>() / t[1].item<double>() : 0.0;
+}
+
+void RolloutProducer::apply_version(int64_t version) {
+  double pause = 0;
+  const engine::InflightPolicy policy = o_.inflight;
+  loop_->post([&](engine::LlmEngine& e) {
+         auto t0 = Clock::now();
+         ws_->receive(*buckets_, version);
+         e.set_weight_version(version, policy);
+         pause = since(t0);
+       })
+      .get();
+  version_ = version;
+  pause_s_ += pause;
+  const int64_t step = c_.step_of_version(version);
+  if (step < c_.start_step) {  // the SFT warm-up's version
+    json e = {{"accuracy", evaluate()}, {"elapsed_s", since(c_.t0)}};
+    if (c_.env.rank == 0) sync::store_set(c_.world.store, c_.key("eval/sft"), e.dump());
+  } else if (c_.evaluates_after(step)) {
+    json e = {{"accuracy", evaluate()}, {"elapsed_s", since(c_.t0)}};
+    if (c_.env.rank == 0) sync::store_set(c_.world.store, c_.key(fmt::format("eval/s{}", step)), e.dump());
+  }
+  // Ask for the next version only now: an evaluation never runs inside a sender's deadline.
+  if (version_ < c_.final_version()) ws_->request(version_ + 1);
+}
+
+bool RolloutProducer::poll_weights() {
+  if (version_ >= c_.final_version() || !ws_->ready(version_ + 1)) return false;
+  apply_version(version_ + 1);
+  return true;
+}
+
+void RolloutProducer::wait_weights() {
+  auto deadline = c_.rollout_deadline();
+  auto pause = std::chrono::microseconds(100);
+  while (!poll_weights()) {
+    if (Clock::now() > deadline) {
+      throw std::runtime_error(fmt::format("waited {} s for the train ranks to send weights version {}",
+                                           o_.rollout_timeout.count() / 1000, version_ + 1));
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(2000));
+  }
+}
+
+double RolloutProducer::run_requests(
+    std::vector<engine::GenerateRequest> reqs,
+    const std::function<void(size_t, const engine::RequestOutput&)>& on_finished) {
+  if (reqs.empty()) return 0;
+  auto t0 = Clock::now();
+  auto ch = loop_->submit(std::move(reqs));
+  std::vector<bool> seen(ch->ids().size(), false);
+  size_t finished = 0;
+  uint64_t seen_version = 0;
+  auto deadline = c_.rollout_deadline();
+  while (finished < seen.size()) {
+    auto snap = ch->wait(seen_version, std::chrono::milliseconds(20));
+    seen_version = snap.version;
+    for (size_t i = 0; i < seen.size(); ++i) {
+      if (seen[i] || !snap.outputs[i] || !snap.outputs[i]->finished) continue;
+      seen[i] = true;
+      ++finished;
+      if (!snap.outputs[i]->error.empty()) {
+        throw std::runtime_error("request " + ch->ids()[i] + " failed: " + snap.outputs[i]->error);
+      }
+      on_finished(i, *snap.outputs[i]);
+    }
+    poll_weights();
+    if (finished < seen.size() && Clock::now() > deadline) {
+      throw std::runtime_error(fmt::format("{} of {} requests unfinished after {} s",
+                                           seen.size() - finished, seen.size(),
+                                           o_.rollout_timeout.count() / 1000));
+    }
+  }
+  return since(t0);
+}
+
+void RolloutProducer::run() {
+  json start = {{"accuracy", evaluate()}, {"elapsed_s", since(c_.t0)}};
+  if (c_.env.rank == 0) sync::store_set(c_.world.store, c_.key("eval/start"), start.dump());
+  version_ = c_.start_step;
+  if (c_.resumed) {
+    const int64_t v = version_;
+    loop_->post([v](engine::LlmEngine& e) { e.set_weight_version(v); }).get();
+  }
+  if (version_ < c_.final_version()) ws_->request(version_ + 1);
+  if (c_.runs_sft()) wait_weights();  // the warm-up's weights; evaluated on arrival
+  Fault fault = parse_fault(o_.fault);
+  auto counters = sync::store_counters();
+  for (int64_t step = c_.start_step; step < o_.steps; ++step) {
+    if (fault.rank == c_.env.rank && fault.step == step + 1) std::raise(SIGKILL);
+    auto w0 = Clock::now();
+    while (version_ < c_.version_at(step) - o_.max_staleness) wait_weights();
+    double gate_s = since(w0);
+    json m = rollout(step);
+    m["gate_wait_s"] = gate_s;
+    m["sync_s"] = pause_s_;
+    m["busy_s"] = busy_s_;
+    pause_s_ = busy_s_ = 0;
+    m["engine_version"] = version_;
+    m["elapsed_s"] = since(c_.t0);
+    auto now = sync::store_counters();
+    m["store_ops"] = now.ops - counters.ops;
+    m["store_bytes"] = now.bytes - counters.bytes;
+    counters = now;
+    sync::store_set(c_.world.store, c_.key(fmt::format("m/s{}/r{}", step, c_.env.rank)), m.dump());
+  }
+  // The versions of the last steps (and their evaluations), then the queue drains.
+  while (version_ < c_.final_version()) wait_weights();
+  auto deadline = c_.rollout_deadline();
+  while (!sender_->idle()) {
+    if (Clock::now() > deadline) throw std::runtime_error("rollouts still unsent at the deadline");
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+json RolloutProducer::rollout(int64_t step) {
+  auto t_start = Clock::now();
+  std::vector<int64_t> picked = c_.draw(o_.prompts_per_step);
+  std::vector<std::vector<int32_t>> prompt_ids;
+  std::vector<int64_t> cost;
+  for (int64_t r : picked) {
+    prompt_ids.push_back(prompts_->encode(c_.split.train[r]));
+    cost.push_back(static_cast<int64_t>(prompt_ids.back().size()) +
+                   int64_t{o_.samples_per_prompt} * o_.max_tokens);
+  }
+  std::vector<int> owner = shard_by_cost(cost, c_.infer_total);
+  std::vector<int64_t> row_of;  // submission index -> task row
+  std::vector<engine::GenerateRequest> reqs;
+  for (size_t i = 0; i < picked.size(); ++i) {
+    if (owner[i] != c_.role_global) continue;
+    engine::GenerateRequest q;
+    q.request_id = fmt::format("s{}p{}", step, i);
+    q.prompt_token_ids = std::move(prompt_ids[i]);
+    q.params.n = o_.samples_per_prompt;
+    q.params.temperature = o_.temperature;
+    q.params.max_tokens = o_.max_tokens;
+    q.params.seed = o_.seed * 1000003 + static_cast<uint64_t>(step) * 1009 + i;
+    row_of.push_back(picked[i]);
+    reqs.push_back(std::move(q));
+  }
+  const int64_t oldest_allowed = c_.version_at(step) - o_.max_staleness;
+  std::vector<SampleGroup> pending;
+  int64_t pending_tokens = 0, gen_tokens = 0, correct = 0, samples = 0, sent_bytes = 0;
+  int64_t dropped = 0, stale_tokens = 0;
+  double rsum = 0, rsq = 0;
+  busy_s_ += run_requests(std::move(reqs), [&](size_t index, const engine::RequestOutput& out) {
+    const TaskRow& row = c_.split.train[row_of[index]];
+    SampleGroup grp;
+    grp.prompt_ids.assign(out.prompt_token_ids.begin(), out.prompt_token_ids.end());
+    grp.prompt_index = row_of[index];
+    bool too_old = false;
+    for (const auto& c : out.outputs) {
+      auto rr = score_completion(o_.reward, c.text, row.answer);
+      Sample smp;
+      smp.completion_ids = c.token_ids;
+      smp.logprobs = c.raw_logprobs;
+      smp.versions = c.token_versions;
+      smp.reward = rr.reward;
+      for (int64_t v : c.token_versions) {
+        too_old = too_old || v < oldest_allowed;
+        stale_tokens += v < c_.version_at(step);
+      }
+      gen_tokens += static_cast<int64_t>(c.token_ids.size());
+      pending_tokens += static_cast<int64_t>(grp.prompt_ids.size() + c.token_ids.size());
+      correct += rr.correct;
+      rsum += rr.reward;
+      rsq += rr.reward * rr.reward;
+      ++samples;
+      grp.samples.push_back(std::move(smp));
+    }
+    if (too_old) {  // never trained on; counted in the step's metrics
+      ++dropped;
+      return;
+    }
+    pending.push_back(std::move(grp));
+    compute_group_advantages(pending);  // per group: earlier groups are unchanged
+    if (pending_tokens >= o_.trainer.micro_batch_tokens) {
+      sent_bytes += send(pending, step);
+      pending_tokens = 0;
+    }
+  });
+  double gen_s = since(t_start);
+  sent_bytes += send(pending, step);
+  sender_->end_step(step);
+  double n = std::max<int64_t>(1, samples);
+  return {{"role", "infer"},         {"samples", samples},         {"reward_sum", rsum},
+          {"reward_sq", rsq},        {"correct", correct},         {"gen_tokens", gen_tokens},
+          {"gen_s", gen_s},          {"rollout_bytes", sent_bytes}, {"reward_mean", rsum / n},
+          {"groups_dropped", dropped}, {"stale_tokens", stale_tokens}};
+}
+
+int64_t RolloutProducer::send(std::vector<SampleGroup>& pending, int64_t step) {
+  if (pending.empty()) return 0;
+  auto batches = pack_micro_batches(pending, o_.trainer.micro_batch_tokens, version_);
+  pending.clear();
+  int64_t bytes = 0;
+  for (auto& mb : batches) {
+    at::Tensor buf = serialize_micro_batch(mb);
+    bytes += buf.numel();
+    // Back-pressure: a full queue stops this rank from admitting prompts; weight versions keep
+    // landing meanwhile, so the train ranks this queue waits for are never blocked on it.
+    auto deadline = c_.rollout_deadline();
+    while (!sender_->try_enqueue(step, buf)) {
+      if (!poll_weights()) std::this_thread::sleep_for(std::chrono::microseconds(500));
+      if (Clock::now() > deadline) {
+        throw std::runtime_error(fmt::format("step {}: the train ranks took no rollouts before the "
+                                             "deadline", step + 1));
+      }
+    }
+  }
+  return bytes;
+}
+
+}  // namespace crl::trainer

@@ -1,0 +1,87 @@
+// RolloutProducer: the infer rank's side of the RL step (DESIGN.md §5 steps 1-2 and 5).
+//
+// Owns an LlmEngine (weights in sync buckets) stepped by an EngineLoop, which also serves the
+// OpenAI API with --serve-port, in the same continuous batch. Per GRPO step s:
+//   1. waits until the engine holds weights version_at(s) - K (K = --max-staleness), then draws
+//      the step's prompts (the same on every rank), takes its shard (balanced by expected tokens;
+//      a prompt's n samples stay on one engine) and submits it;
+//   2. as each group finishes: scores it, records the weight version of every token, drops it
+//      (counted) when a token is older than version_at(s) - K, normalises its advantages, and
+//      queues full packed micro-batches to the node's train ranks (RolloutSender);
+//   3. all the while, takes each new weight version between two engine steps as soon as the
+//      train ranks send it (--inflight-update decides what happens to running sequences), and
+//      when the rollout queue is full it waits, applying versions, before it admits more.
+// Held-out accuracy is measured greedily on the version that ends an evaluated step, before the
+// engine asks for the next one. Metrics of each step go to the store for world rank 0.
+//
+// Thread safety: one thread calls run(); the engine thread and the sender's thread are its own.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "trainer/micro_batch.h"
+#include "trainer/rl_context.h"
+
+namespace crl::engine {
+class EngineLoop;
+struct GenerateRequest;
+struct RequestOutput;
+}  // namespace crl::engine
+namespace crl::sync {
+class RolloutSender;
+class WeightLayout;
+class WeightSync;
+}  // namespace crl::sync
+
+namespace crl::trainer {
+
+class PromptEncoder;
+
+class RolloutProducer {
+ public:
+  explicit RolloutProducer(RlContext& ctx);
+  ~RolloutProducer();
+  RolloutProducer(const RolloutProducer&) = delete;
+  RolloutProducer& operator=(const RolloutProducer&) = delete;
+
+  void run();
+
+  // The engine thread: the app puts the API server over it with --serve-port (trainer/ does not
+  // depend on server/).
+  std::shared_ptr<engine::EngineLoop> engine_loop() const { return loop_; }
+
+ private:
+  double evaluate();
+  // Submits `reqs` and calls on_finished(index, output) as each finishes; meanwhile applies any
+  // weight version the train ranks have started. Returns the seconds the requests were in flight.
+  double run_requests(std::vector<engine::GenerateRequest> reqs,
+                      const std::function<void(size_t, const engine::RequestOutput&)>& on_finished);
+  // Applies the next version if its senders started it; true when it did.
+  bool poll_weights();
+  // Blocks until the next version arrives and applies it.
+  void wait_weights();
+  void apply_version(int64_t version);
+  nlohmann::json rollout(int64_t step);
+  // Packs `pending` and queues the micro-batches; waits (applying versions) while the queue is full.
+  int64_t send(std::vector<SampleGroup>& pending, int64_t step);
+
+  RlContext& c_;
+  const RlOptions& o_;
+  std::shared_ptr<engine::EngineLoop> loop_;
+  std::vector<at::Tensor>* buckets_ = nullptr;  // touched on the engine thread only
+  std::unique_ptr<PromptEncoder> prompts_;
+  std::unique_ptr<sync::WeightLayout> layout_;
+  std::unique_ptr<sync::WeightSync> ws_;
+  std::unique_ptr<sync::RolloutSender> sender_;
+  std::vector<size_t> eval_rows_;
+  int64_t version_ = 0;  // weights the engine holds (it is told each version it receives)
+  int64_t evals_ = 0;
+  double pause_s_ = 0;   // engine paused for weight receives since the last step's metrics
+  double busy_s_ = 0;    // rollout/eval requests in flight since the last step's metrics
+};
+
+}  // namespace crl::trainer
