@@ -1,6 +1,7 @@
-// Parsing of human-readable sizes for flags such as --kv-memory.
+// Units: human-readable sizes for flags such as --kv-memory, memory and time measurements.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 
@@ -11,6 +12,11 @@ int64_t parse_bytes(const std::string& text);
 
 // "1.50 GiB" style rendering for logs.
 std::string format_bytes(double bytes);
+
+// Seconds from `t0` to now (steady clock), for timing phases.
+inline double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 
 // Peak resident set size of this process in bytes (getrusage).
 int64_t peak_rss_bytes();

@@ -8,6 +8,8 @@
 #include <stdexcept>
 #include <utility>
 
+#include "common/units.h"
+
 namespace crl::sync {
 namespace {
 
@@ -15,10 +17,6 @@ constexpr const char* kEnd = "end";
 
 std::string message_key(const RolloutRoute& r, int64_t step, int infer, int train, int64_t seq) {
   return fmt::format("rl/mb/n{}/s{}/i{}/t{}/{}", r.node, step, infer, train, seq);
-}
-
-double since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
 }  // namespace
@@ -157,7 +155,7 @@ RolloutReceiver::Stats RolloutReceiver::receive_step(
       auto w0 = Clock::now();
       at::Tensor buf = at::empty({std::stoll(val)}, at::kByte);
       comm_.recv(buf, /*sync rank of infer i=*/route_.train_per_node + i);
-      st.wait_s += since(w0);
+      st.wait_s += seconds_since(w0);
       st.bytes += buf.numel();
       ++st.messages;
       on_message(std::move(buf));
@@ -179,7 +177,7 @@ RolloutReceiver::Stats RolloutReceiver::receive_step(
     auto p0 = Clock::now();
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::microseconds(5000));
-    st.wait_s += since(p0);
+    st.wait_s += seconds_since(p0);
   }
   return st;
 }

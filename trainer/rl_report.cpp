@@ -21,10 +21,6 @@ json get_json(const sync::StorePtr& store, const std::string& key, sync::Clock::
   return json::parse(sync::store_get(store, key, deadline, what));
 }
 
-double since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 // One step over every rank: sums, token-weighted means and maxima.
 struct StepTotals {
   double samples = 0, rsum = 0, rsq = 0, correct = 0, gen_tokens = 0, gen_s = 0, sync_s = 0;
@@ -195,7 +191,7 @@ void report_rl_job(const RlContext& j, const sync::StorePtr& store) {
     total_gen_tokens += static_cast<int64_t>(t.gen_tokens);
     ++steps_done;
   }
-  double wall = since(j.t0);
+  double wall = seconds_since(j.t0);
   fmt::print("\nsummary: {} node(s) x ({} infer + {} train ranks), {} GRPO steps{}, {:.1f} s, "
              "--max-staleness {}, --inflight-update {}\n",
              j.g.topo.nnodes, j.g.topo.infer_per_node, j.g.topo.train_per_node, steps_done,

@@ -23,10 +23,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 
-double since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
 }  // namespace
 
 RolloutConsumer::RolloutConsumer(RlContext& ctx) : c_(ctx), o_(ctx.o) {
@@ -78,7 +74,7 @@ void RolloutConsumer::run() {
     json m = train_step(*tr, step);
     auto s0 = Clock::now();
     m["sync_send_s"] = send(*tr, c_.version_at(step) + 1);
-    m["send_wait_s"] = since(s0) - m["sync_send_s"].get<double>();
+    m["send_wait_s"] = seconds_since(s0) - m["sync_send_s"].get<double>();
     bool save = !o_.save_dir.empty() &&
                 ((o_.save_every > 0 && (step + 1) % o_.save_every == 0) || step + 1 == o_.steps);
     if (save) {
@@ -87,7 +83,7 @@ void RolloutConsumer::run() {
         std::string dir = fmt::format("{}/step-{}", o_.save_dir, step + 1);
         save_checkpoint(*tr, dir, o_.model_dir, {{"rows_drawn", c_.rows->drawn()}, {"phase", "grpo"}});
         m["checkpoint"] = dir;
-        m["checkpoint_s"] = since(t0);
+        m["checkpoint_s"] = seconds_since(t0);
       }
       barrier(fmt::format("checkpoint-s{}", step));  // a slow write is not a dead rank
     }
@@ -161,7 +157,7 @@ std::unique_ptr<Trainer> RolloutConsumer::sft(std::unique_ptr<Trainer> tr, const
     auto st = sft->finish_step();
     if (c_.role_global == 0 && ((s + 1) % 20 == 0 || s + 1 == o_.sft_steps)) {
       spdlog::info("sft step {}/{} | grad norm {:.3g} lr {:.1e} | {:.1f} s", s + 1, o_.sft_steps,
-                   st.grad_norm, st.lr, since(c_.t0));
+                   st.grad_norm, st.lr, seconds_since(c_.t0));
     }
   }
   engine::NamedTensors w;
@@ -196,17 +192,17 @@ json RolloutConsumer::train_step(Trainer& tr, int64_t step) {
     parts.push_back(tr.accumulate(mb, LossKind::kGrpo, static_cast<double>(mb.num_loss_tokens())));
     local_loss_tokens_ += mb.num_loss_tokens();
     tokens += mb.num_tokens();
-    compute_s += since(c0);
+    compute_s += seconds_since(c0);
   });
   double wait_s = rs.wait_s;
   {
     auto b0 = Clock::now();
     barrier(fmt::format("rollouts-s{}", step));  // every node's rollouts are in
-    wait_s += since(b0);
+    wait_s += seconds_since(b0);
   }
   auto c0 = Clock::now();
   auto st = tr.finish_step();
-  compute_s += since(c0);
+  compute_s += seconds_since(c0);
   auto lm = combine_loss_metrics(parts);
   return {{"role", "train"},
           {"step", st.step},
@@ -227,7 +223,7 @@ json RolloutConsumer::train_step(Trainer& tr, int64_t step) {
           {"rollout_bytes", rs.bytes},
           {"wait_s", wait_s},
           {"train_s", compute_s},
-          {"elapsed_s", since(c_.t0)},
+          {"elapsed_s", seconds_since(c_.t0)},
           {"peak_rss", peak_rss_bytes()}};
 }
 

@@ -6,6 +6,7 @@
 #include <csignal>
 #include <thread>
 
+#include "common/units.h"
 #include "common/check.h"
 #include "engine/engine_loop.h"
 #include "engine/llm_engine.h"
@@ -19,10 +20,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using nlohmann::json;
-
-double since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 // Longest-processing-time first: prompt i goes to the least loaded of `ranks` (ties: lowest rank).
 std::vector<int> shard_by_cost(const std::vector<int64_t>& cost, int ranks) {
@@ -85,30 +82,13 @@ double RolloutProducer::evaluate() {
   }
   ++evals_;
   double correct = 0;
-  auto ch = loop_->submit(std::move(reqs));
   // Evaluation takes no weight update: it measures one version.
-  std::vector<bool> seen(ch->ids().size(), false);
-  size_t finished = 0;
-  uint64_t seen_version = 0;
-  auto t0 = Clock::now();
-  auto deadline = c_.rollout_deadline();
-  while (finished < seen.size()) {
-    auto snap = ch->wait(seen_version, std::chrono::milliseconds(200));
-    seen_version = snap.version;
-    for (size_t i = 0; i < seen.size(); ++i) {
-      if (seen[i] || !snap.outputs[i] || !snap.outputs[i]->finished) continue;
-      seen[i] = true;
-      ++finished;
-      const auto& out = *snap.outputs[i];
-      if (!out.error.empty()) throw std::runtime_error("evaluation request failed: " + out.error);
-      correct += score_completion(o_.reward, out.outputs.at(0).text,
-                                  c_.split.eval[eval_rows_[i]].answer).correct;
-    }
-    if (finished < seen.size() && Clock::now() > deadline) {
-      throw std::runtime_error("evaluation requests unfinished at the rollout deadline");
-    }
-  }
-  busy_s_ += since(t0);
+  busy_s_ += run_requests(std::move(reqs), /*apply_versions=*/false,
+                          [&](size_t k, const engine::RequestOutput& out) {
+                            correct += score_completion(o_.reward, out.outputs.at(0).text,
+                                                        c_.split.eval[eval_rows_[k]].answer)
+                                           .correct;
+                          });
   at::Tensor t = at::tensor({correct, static_cast<double>(eval_rows_.size())}, at::kDouble);
   c_.g.infer->all_reduce(t);
   return t[1].item<double>() > 0 ? t[0].item<double>() / t[1].item<double>() : 0.0;
@@ -121,17 +101,17 @@ void RolloutProducer::apply_version(int64_t version) {
          auto t0 = Clock::now();
          ws_->receive(*buckets_, version);
          e.set_weight_version(version, policy);
-         pause = since(t0);
+         pause = seconds_since(t0);
        })
       .get();
   version_ = version;
   pause_s_ += pause;
   const int64_t step = c_.step_of_version(version);
   if (step < c_.start_step) {  // the SFT warm-up's version
-    json e = {{"accuracy", evaluate()}, {"elapsed_s", since(c_.t0)}};
+    json e = {{"accuracy", evaluate()}, {"elapsed_s", seconds_since(c_.t0)}};
     if (c_.env.rank == 0) sync::store_set(c_.world.store, c_.key("eval/sft"), e.dump());
   } else if (c_.evaluates_after(step)) {
-    json e = {{"accuracy", evaluate()}, {"elapsed_s", since(c_.t0)}};
+    json e = {{"accuracy", evaluate()}, {"elapsed_s", seconds_since(c_.t0)}};
     if (c_.env.rank == 0) sync::store_set(c_.world.store, c_.key(fmt::format("eval/s{}", step)), e.dump());
   }
   // Ask for the next version only now: an evaluation never runs inside a sender's deadline.
@@ -158,7 +138,7 @@ void RolloutProducer::wait_weights() {
 }
 
 double RolloutProducer::run_requests(
-    std::vector<engine::GenerateRequest> reqs,
+    std::vector<engine::GenerateRequest> reqs, bool apply_versions,
     const std::function<void(size_t, const engine::RequestOutput&)>& on_finished) {
   if (reqs.empty()) return 0;
   auto t0 = Clock::now();
@@ -179,18 +159,18 @@ double RolloutProducer::run_requests(
       }
       on_finished(i, *snap.outputs[i]);
     }
-    poll_weights();
+    if (apply_versions) poll_weights();
     if (finished < seen.size() && Clock::now() > deadline) {
       throw std::runtime_error(fmt::format("{} of {} requests unfinished after {} s",
                                            seen.size() - finished, seen.size(),
                                            o_.rollout_timeout.count() / 1000));
     }
   }
-  return since(t0);
+  return seconds_since(t0);
 }
 
 void RolloutProducer::run() {
-  json start = {{"accuracy", evaluate()}, {"elapsed_s", since(c_.t0)}};
+  json start = {{"accuracy", evaluate()}, {"elapsed_s", seconds_since(c_.t0)}};
   if (c_.env.rank == 0) sync::store_set(c_.world.store, c_.key("eval/start"), start.dump());
   version_ = c_.start_step;
   if (c_.resumed) {
@@ -205,14 +185,14 @@ void RolloutProducer::run() {
     if (fault.rank == c_.env.rank && fault.step == step + 1) std::raise(SIGKILL);
     auto w0 = Clock::now();
     while (version_ < c_.version_at(step) - o_.max_staleness) wait_weights();
-    double gate_s = since(w0);
+    double gate_s = seconds_since(w0);
     json m = rollout(step);
     m["gate_wait_s"] = gate_s;
     m["sync_s"] = pause_s_;
     m["busy_s"] = busy_s_;
     pause_s_ = busy_s_ = 0;
     m["engine_version"] = version_;
-    m["elapsed_s"] = since(c_.t0);
+    m["elapsed_s"] = seconds_since(c_.t0);
     auto now = sync::store_counters();
     m["store_ops"] = now.ops - counters.ops;
     m["store_bytes"] = now.bytes - counters.bytes;
@@ -258,7 +238,8 @@ json RolloutProducer::rollout(int64_t step) {
   int64_t pending_tokens = 0, gen_tokens = 0, correct = 0, samples = 0, sent_bytes = 0;
   int64_t dropped = 0, stale_tokens = 0;
   double rsum = 0, rsq = 0;
-  busy_s_ += run_requests(std::move(reqs), [&](size_t index, const engine::RequestOutput& out) {
+  busy_s_ += run_requests(std::move(reqs), /*apply_versions=*/true,
+                          [&](size_t index, const engine::RequestOutput& out) {
     const TaskRow& row = c_.split.train[row_of[index]];
     SampleGroup grp;
     grp.prompt_ids.assign(out.prompt_token_ids.begin(), out.prompt_token_ids.end());
@@ -294,7 +275,7 @@ json RolloutProducer::rollout(int64_t step) {
       pending_tokens = 0;
     }
   });
-  double gen_s = since(t_start);
+  double gen_s = seconds_since(t_start);
   sent_bytes += send(pending, step);
   sender_->end_step(step);
   double n = std::max<int64_t>(1, samples);

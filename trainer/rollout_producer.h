@@ -56,9 +56,10 @@ class RolloutProducer {
 
  private:
   double evaluate();
-  // Submits `reqs` and calls on_finished(index, output) as each finishes; meanwhile applies any
-  // weight version the train ranks have started. Returns the seconds the requests were in flight.
-  double run_requests(std::vector<engine::GenerateRequest> reqs,
+  // Submits `reqs` and calls on_finished(index, output) as each finishes; meanwhile, with
+  // apply_versions, applies any weight version the train ranks have started. A failed request
+  // fails the step. Returns the seconds the requests were in flight.
+  double run_requests(std::vector<engine::GenerateRequest> reqs, bool apply_versions,
                       const std::function<void(size_t, const engine::RequestOutput&)>& on_finished);
   // Applies the next version if its senders started it; true when it did.
   bool poll_weights();
