@@ -7,8 +7,10 @@ the split and the SFT warm-up's start (a different seed moves the warm-up's resu
 task's sharp SFT transition); the runs differ by floating-point non-determinism, which is enough
 to give each GRPO run its own trajectory. One run's curve is noisy (points up and down from
 step to step, and whole dips), so the check is on medians over the runs: both medians reach the
-target accuracy, and K=1's median number of GRPO steps is K=0's within the tolerance (default
-20%, at least one step either way).
+target accuracy, and K=1's median number of GRPO steps is at most K=0's plus the tolerance
+(default 20%, at least one step). K=1 reaching it in fewer steps passes: the property is that
+training on rollouts one version old does not slow learning down (at lr 1e-4 K=1 was the faster
+one in the runs measured; at 2e-4 the slower).
 
   rl_accuracy_vs_staleness.py BINARY [--target 0.95] [--tolerance 0.2] [--runs 3] -- FLAGS...
 
@@ -69,10 +71,10 @@ def main():
     if med[0] == never or med[1] == never:
         sys.exit(f"FAILED: a median run never reached held-out accuracy {a.target}")
     slack = max(1, math.floor(a.tolerance * med[0]))
-    if abs(med[1] - med[0]) > slack:
-        sys.exit(f"FAILED: K=1's median {med[1]} steps and K=0's {med[0]} are more than "
-                 f"{a.tolerance:.0%} apart")
-    print(f"ok: K=1's median within {slack} step(s) of K=0's ({med[1] / med[0]:.2f}x)")
+    if med[1] > med[0] + slack:
+        sys.exit(f"FAILED: K=1's median {med[1]} steps is more than {a.tolerance:.0%} above K=0's "
+                 f"{med[0]}")
+    print(f"ok: K=1's median is {med[1] / med[0]:.2f}x K=0's (at most {med[0] + slack} allowed)")
 
 
 if __name__ == "__main__":
