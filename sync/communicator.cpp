@@ -34,6 +34,19 @@ void Communicator::fail(const std::string& what, const std::string& op_descripti
   throw CollectiveError(abort_reason_);
 }
 
+void Communicator::check_chunked(const std::string& op, const at::Tensor& big,
+                                 const at::Tensor& small) const {
+  const int64_t bytes = big.numel() * static_cast<int64_t>(big.element_size());
+  if (!big.is_contiguous() || !small.is_contiguous() || big.scalar_type() != small.scalar_type() ||
+      big.device() != small.device() || big.numel() != small.numel() * info_.size()) {
+    throw CollectiveError(fmt::format(
+        "{} needs contiguous tensors of one dtype and device, the larger holding {} chunks of the "
+        "smaller's {} elements; got {} and {} elements ({} and {}): {}",
+        op, info_.size(), small.numel(), big.numel(), small.numel(),
+        c10::toString(big.scalar_type()), c10::toString(small.scalar_type()), describe_op(op, bytes)));
+  }
+}
+
 void Communicator::begin_op(const std::string& op, int64_t bytes, int peer_or_root,
                             const char* peer_label) {
   if (aborted_) {

@@ -68,7 +68,7 @@ class Communicator {
   int size() const { return info_.size(); }
   std::chrono::milliseconds timeout() const { return info_.timeout; }
   bool aborted() const { return aborted_; }
-  // Collectives issued so far (broadcast, all_reduce, send, recv, barrier): for tests and benches.
+  // Collectives issued so far (every op, barrier included): for tests and benches.
   int64_t op_count() const { return op_count_; }
 
   // `tensor` must be contiguous on the backend's device. `root`, `peer`: group ranks.
@@ -76,6 +76,13 @@ class Communicator {
   virtual std::unique_ptr<Work> all_reduce_async(at::Tensor tensor, ReduceOp op) = 0;
   virtual std::unique_ptr<Work> send_async(at::Tensor tensor, int peer) = 0;
   virtual std::unique_ptr<Work> recv_async(at::Tensor tensor, int peer) = 0;
+  // SUM over the group of chunk `rank()` of every rank's `input` into `output`: input holds size()
+  // equal chunks of output.numel() elements (same dtype). `input` is scratch: its contents after
+  // the op are unspecified (Gloo reduces it in place).
+  virtual std::unique_ptr<Work> reduce_scatter_async(at::Tensor input, at::Tensor output) = 0;
+  // Chunk r of `output` (size() equal chunks of input.numel() elements) becomes rank r's `input`.
+  // `input` may be this rank's own chunk of `output` (in place).
+  virtual std::unique_ptr<Work> all_gather_async(at::Tensor input, at::Tensor output) = 0;
   virtual void barrier() = 0;
   virtual std::unique_ptr<Communicator> split(int color, int key, const std::string& name) = 0;
 
@@ -85,6 +92,10 @@ class Communicator {
   }
   void send(const at::Tensor& t, int peer) { send_async(t, peer)->wait(); }
   void recv(const at::Tensor& t, int peer) { recv_async(t, peer)->wait(); }
+  void reduce_scatter(const at::Tensor& in, const at::Tensor& out) {
+    reduce_scatter_async(in, out)->wait();
+  }
+  void all_gather(const at::Tensor& in, const at::Tensor& out) { all_gather_async(in, out)->wait(); }
 
   // "op=broadcast group=sync.node0 rank=1/3 (world 5) peers=world[4,5,6] root=0 bytes=1024":
   // the context every error of this communicator carries.
@@ -109,6 +120,9 @@ class Communicator {
   // Throws if the communicator was aborted; counts the op.
   void begin_op(const std::string& op, int64_t bytes, int peer_or_root = -1,
                 const char* peer_label = "root");
+  // Throws CollectiveError (naming the op) unless `big` is contiguous, has `small`'s dtype and
+  // device and size() times its elements: the shape contract of reduce_scatter and all_gather.
+  void check_chunked(const std::string& op, const at::Tensor& big, const at::Tensor& small) const;
 
   GroupInfo info_;
   bool aborted_ = false;

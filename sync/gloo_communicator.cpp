@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <functional>
+#include <utility>
 #include <thread>
 
 namespace crl::sync {
@@ -32,6 +34,21 @@ class GlooWork : public Work {
   Clock::time_point issued_;
   bool point_to_point_;
   bool done_ = false;
+};
+
+// A work that runs `then` once `inner` completed (the second half of an op built on another).
+class ThenWork : public Work {
+ public:
+  ThenWork(std::unique_ptr<Work> inner, std::function<void()> then)
+      : inner_(std::move(inner)), then_(std::move(then)) {}
+  void wait() override {
+    inner_->wait();
+    if (then_) std::exchange(then_, nullptr)();
+  }
+
+ private:
+  std::unique_ptr<Work> inner_;
+  std::function<void()> then_;
 };
 
 class GlooCommunicator : public Communicator {
@@ -99,6 +116,38 @@ class GlooCommunicator : public Communicator {
     std::vector<at::Tensor> ts{as_sendable(tensor)};
     return issue([&] { return pg_->recv(ts, peer, 0); }, describe_op("recv", bytes, peer, "peer"),
                  /*point_to_point=*/true);
+  }
+
+  // Gloo in libtorch 1.13 has no reduce_scatter: the input is all-reduced in place (an
+  // all-reduce's bytes on the wire, twice a ring reduce-scatter's) and this rank's chunk copied out.
+  std::unique_ptr<Work> reduce_scatter_async(at::Tensor input, at::Tensor output) override {
+    auto bytes = nbytes(input);
+    begin_op("reduce_scatter", bytes);
+    check_chunked("reduce_scatter", input, output);
+    std::vector<at::Tensor> ts{input};
+    c10d::AllreduceOptions o;
+    o.reduceOp = c10d::ReduceOp::SUM;
+    o.timeout = info_.timeout;
+    auto work = issue([&] { return pg_->allreduce(ts, o); }, describe_op("reduce_scatter", bytes));
+    const int64_t n = output.numel();
+    const int64_t begin = static_cast<int64_t>(info_.rank) * n;
+    return std::make_unique<ThenWork>(std::move(work), [input, output, begin, n]() mutable {
+      output.copy_(input.narrow(0, begin, n));
+    });
+  }
+
+  std::unique_ptr<Work> all_gather_async(at::Tensor input, at::Tensor output) override {
+    auto bytes = nbytes(output);
+    begin_op("all_gather", bytes);
+    check_chunked("all_gather", output, input);
+    at::Tensor in = as_sendable(input).view({-1});
+    at::Tensor out = as_sendable(output).view({-1});
+    std::vector<std::vector<at::Tensor>> outs(1);
+    for (int r = 0; r < info_.size(); ++r) outs[0].push_back(out.narrow(0, r * in.numel(), in.numel()));
+    std::vector<at::Tensor> ins{in};
+    c10d::AllgatherOptions o;
+    o.timeout = info_.timeout;
+    return issue([&] { return pg_->allgather(outs, ins, o); }, describe_op("all_gather", bytes));
   }
 
   void barrier() override {

@@ -79,6 +79,24 @@ TEST(CommunicatorTest, BroadcastAllReduceSendRecvBarrier) {
   for (const auto& e : errors) EXPECT_EQ(e, "");
 }
 
+TEST(CommunicatorTest, ReduceScatterAndAllGatherOverUnevenRankCounts) {
+  auto errors = run_ranks(3, milliseconds(10000), [](int r, auto& comm, const StorePtr&) {
+    // Rank r contributes (r + 1) * [0, 1, ..., 11]; chunk r of the sum is 6 * [4r, 4r + 4).
+    at::Tensor in = at::arange(12, at::kFloat) * static_cast<float>(r + 1);
+    at::Tensor out = at::zeros({4}, at::kFloat);
+    comm->reduce_scatter(in, out);
+    EXPECT_TRUE(out.equal(at::arange(4 * r, 4 * r + 4, at::kFloat) * 6));
+    // In place: this rank's chunk of the output is the input, and bf16 travels as bytes.
+    at::Tensor full = at::zeros({9}, at::kBFloat16);
+    full.narrow(0, 3 * r, 3).fill_(static_cast<double>(r) + 0.5);
+    comm->all_gather(full.narrow(0, 3 * r, 3), full);
+    at::Tensor want = at::repeat_interleave(at::arange(3, at::kFloat) + 0.5, 3).to(at::kBFloat16);
+    EXPECT_TRUE(full.equal(want));
+    EXPECT_THROW(comm->all_gather(at::zeros({2}), at::zeros({7})), CollectiveError);
+  });
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+}
+
 TEST(CommunicatorTest, SplitOrdersByKeyAndSkipsNegativeColors) {
   auto errors = run_ranks(4, milliseconds(10000), [](int r, auto& comm, const StorePtr&) {
     // Evens and odds, reversed order by key; rank 3 opts out.
@@ -256,6 +274,9 @@ TEST(CudaNcclTest, OneRankCommunicatorRunsItsOps) {
     at::Tensor ref = t.clone();
     comm->broadcast_async(t, 0)->wait();
     comm->all_reduce_async(t, ReduceOp::kSum)->wait();
+    at::Tensor part = at::empty_like(t);
+    comm->reduce_scatter(t, part);
+    comm->all_gather(part, t);
     comm->barrier();
     EXPECT_TRUE(t.equal(ref));
   });
