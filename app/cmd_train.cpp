@@ -69,6 +69,14 @@ Runner register_train(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--max-grad-norm", o.trainer.max_grad_norm, "gradient clipping (0 = off)")
       ->capture_default_str();
+  cmd->add_option("--zero", o.trainer.zero_stage,
+                  "ZeRO stage over the train ranks: 0 replicated, 1 sharded optimizer state, 2 "
+                  "also sharded gradients (default: 2 with more than one train rank, else 0)")
+      ->check(CLI::Range(0, 2));
+  cmd->add_flag("--activation-checkpointing", o.trainer.activation_checkpointing,
+                "recompute each decoder layer's activations in backward");
+  cmd->add_flag("--offload-optimizer", o.trainer.offload_optimizer,
+                "keep fp32 masters and Adam moments in host memory (AdamW steps there)");
   cmd->add_option("--micro-batch-tokens", o.trainer.micro_batch_tokens,
                   "tokens per packed micro-batch")->capture_default_str();
   cmd->add_option("--kl-coef", o.trainer.grpo.kl_coef, "k3 KL to the initial model (0 = off)")

@@ -4,9 +4,22 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <functional>
+#include <memory>
 #include <string>
+#include <vector>
+
+#include "sync/communicator.h"
+#include "sync/store.h"
 
 namespace crl::test {
+
+// Runs body(rank, world communicator, store) for `n` Gloo ranks, each a thread of this process
+// (c10d allows it), over a fresh TCP store; returns each rank's error ("" = ok).
+std::vector<std::string> run_ranks(
+    int n, std::chrono::milliseconds timeout,
+    const std::function<void(int, std::unique_ptr<sync::Communicator>&, const sync::StorePtr&)>& body);
 
 // Expects a and b to have the same shape and |a - b| <= atol + rtol * |b| everywhere.
 void expect_tensor_near(const at::Tensor& a, const at::Tensor& b, double atol, double rtol = 0.0);

@@ -6,6 +6,8 @@
 #include <fstream>
 #include <stdexcept>
 
+#include <fmt/format.h>
+
 #include "common/check.h"
 #include "common/file_util.h"
 #include "engine/model/model_writer.h"
@@ -20,8 +22,13 @@ namespace {
 constexpr int kFormat = 1;
 }
 
-void save_checkpoint(const Trainer& trainer, const std::string& dir,
+void save_checkpoint(Trainer& trainer, const std::string& dir,
                      const std::string& tokenizer_source, const json& extra) {
+  const bool writer = trainer.is_group_leader();
+  engine::NamedTensors weights = trainer.master_weights(writer);
+  int64_t adam_step = 0;
+  engine::NamedTensors opt = trainer.optimizer_state(&adam_step, writer);
+  if (!writer) return;
   const fs::path target = fs::absolute(dir);
   if (fs::exists(target) && !fs::is_empty(target) && !fs::exists(target / "trainer_state.json")) {
     CRL_INVALID("save_checkpoint: ", target.string(),
@@ -32,10 +39,7 @@ void save_checkpoint(const Trainer& trainer, const std::string& dir,
   const fs::path tmp = target.string() + ".tmp." + pid;
   fs::remove_all(tmp);
 
-  engine::NamedTensors weights;
-  for (const auto& [name, m] : trainer.master_weights()) {
-    weights.emplace_back(name, m.detach().to(at::kCPU, at::kFloat).contiguous());
-  }
+  for (auto& [name, m] : weights) m = m.to(at::kCPU, at::kFloat).contiguous();
   engine::ModelConfig config = trainer.config();
   config.torch_dtype = "float32";
   if (!tokenizer_source.empty()) {
@@ -46,13 +50,14 @@ void save_checkpoint(const Trainer& trainer, const std::string& dir,
     engine::save_checkpoint(tmp.string(), weights);
   }
 
-  int64_t adam_step = 0;
-  engine::NamedTensors opt = trainer.optimizer_state(&adam_step);
   engine::write_safetensors((tmp / "optimizer.safetensors").string(), opt);
   json state = {{"format", kFormat},
                 {"step", trainer.step()},
                 {"adam_step", adam_step},
                 {"reference_model_dir", trainer.options().reference_model_dir},
+                {"zero_stage", trainer.options().zero_stage},
+                {"train_ranks", trainer.options().group ? trainer.options().group->size() : 1},
+                {"layout_hash", fmt::format("{:016x}", trainer.layout().hash())},
                 {"extra", extra}};
   crl::write_file_atomic((tmp / "trainer_state.json").string(), state.dump(2) + "\n");
 

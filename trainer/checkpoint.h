@@ -5,7 +5,10 @@
 //   config.json, generation_config.json, model.safetensors   the fp32 master weights (engine/
 //   tokenizer.json or .model, tokenizer_config.json, ...     model/model_writer's layout)
 //   optimizer.safetensors   AdamW exp_avg/<param> and exp_avg_sq/<param>, float32
-//   trainer_state.json      {"format": 1, "step", "adam_step", "reference_model_dir", "extra"}
+//   trainer_state.json      {"format": 1, "step", "adam_step", "reference_model_dir", "extra",
+//                            "zero_stage", "train_ranks", "layout_hash"}
+// The optimizer state is consolidated (gathered from the ZeRO slices), so a run resumes at any
+// number of train ranks and any stage: each rank takes its slice of the full tensors.
 // The directory is written under <dir>.tmp.<pid> and renamed into place; an existing <dir> is
 // first renamed aside and removed after the new one is in place, so a reader sees either the old
 // or the new checkpoint, never a partial one.
@@ -24,7 +27,9 @@ namespace crl::trainer {
 // tokenizer_source: a tokenizer.model file or a model directory whose tokenizer files are copied
 // in (write_model_dir); empty = none (the engine then takes token-id prompts only).
 // extra: caller state kept verbatim in trainer_state.json (e.g. the data cursor).
-void save_checkpoint(const Trainer& trainer, const std::string& dir,
+// A collective when the trainer's state is sharded: every train rank calls it, the group's rank 0
+// writes (the others take part in the gathers and return).
+void save_checkpoint(Trainer& trainer, const std::string& dir,
                      const std::string& tokenizer_source,
                      const nlohmann::json& extra = nlohmann::json::object());
 

@@ -37,7 +37,9 @@ void RolloutConsumer::run() {
   at::ScalarType edtype = engine::parse_dtype(o_.engine_dtype);
   TrainerOptions topts = o_.trainer;
   topts.deterministic = o_.deterministic;
-  topts.dp_world_size = c_.train_total;
+  topts.group = c_.g.train.get();
+  // The trainer's buckets are the weight sync's: same cap (and, with equal dtypes, same layout).
+  topts.grad_bucket_bytes = o_.bucket_bytes;
   std::unique_ptr<Trainer> tr;
   if (c_.resumed) {
     if (topts.grpo.kl_coef > 0) {
@@ -55,7 +57,7 @@ void RolloutConsumer::run() {
     tr = std::make_unique<Trainer>(o_.model_dir, topts);
   }
   std::vector<sync::TensorSpec> specs;
-  for (const auto& [name, t] : tr->master_weights()) {
+  for (const auto& [name, t] : tr->parameters()) {
     specs.push_back({name, std::vector<int64_t>(t.sizes().begin(), t.sizes().end()), edtype});
   }
   layout_ = std::make_unique<sync::WeightLayout>(sync::WeightLayout::plan(specs, o_.bucket_bytes));
@@ -65,7 +67,7 @@ void RolloutConsumer::run() {
     tr = sft(std::move(tr), topts);
     send(*tr, c_.first_grpo_version());
   }
-  tr->set_grad_all_reduce(all_reduce_hook());
+  tr->set_grad_scale(grad_scale());
   Fault fault = parse_fault(o_.fault);
   auto counters = sync::store_counters();
   for (int64_t step = c_.start_step; step < o_.steps; ++step) {
@@ -78,10 +80,11 @@ void RolloutConsumer::run() {
     bool save = !o_.save_dir.empty() &&
                 ((o_.save_every > 0 && (step + 1) % o_.save_every == 0) || step + 1 == o_.steps);
     if (save) {
+      // Every train rank takes part (the sharded state is gathered); the group's rank 0 writes.
+      auto t0 = Clock::now();
+      std::string dir = fmt::format("{}/step-{}", o_.save_dir, step + 1);
+      save_checkpoint(*tr, dir, o_.model_dir, {{"rows_drawn", c_.rows->drawn()}, {"phase", "grpo"}});
       if (c_.role_global == 0) {
-        auto t0 = Clock::now();
-        std::string dir = fmt::format("{}/step-{}", o_.save_dir, step + 1);
-        save_checkpoint(*tr, dir, o_.model_dir, {{"rows_drawn", c_.rows->drawn()}, {"phase", "grpo"}});
         m["checkpoint"] = dir;
         m["checkpoint_s"] = seconds_since(t0);
       }
@@ -95,20 +98,39 @@ void RolloutConsumer::run() {
   }
 }
 
-GradAllReduce RolloutConsumer::all_reduce_hook() {
+GradScale RolloutConsumer::grad_scale() {
   // The step's loss is the mean over every loss token of every train rank. Micro-batches stream
-  // in, so each is accumulated with scale = its loss-token count (a token sum); the hook learns
-  // the global count N and scales by dp / N before the SUM all-reduce (the trainer divides by
-  // dp after it). Micro-batch sizes and per-rank counts then do not change the weighting.
-  return [this](std::vector<at::Tensor>& grads) {
+  // in, so each is accumulated with scale = its loss-token count (a token sum); the summed
+  // gradient is divided by the global count N. Micro-batch sizes and per-rank counts then do not
+  // change the weighting.
+  return [this] {
     at::Tensor n = at::full({1}, static_cast<double>(local_loss_tokens_), at::kDouble);
     c_.g.train->all_reduce(n);
-    double total = n.item<double>();
-    for (auto& gb : grads) {
-      if (total > 0) gb.mul_(static_cast<double>(c_.train_total) / total);
-      c_.g.train->all_reduce(gb);
-    }
+    const double total = n.item<double>();
+    return total > 0 ? 1.0 / total : 0.0;
   };
+}
+
+std::vector<LossMetrics> RolloutConsumer::accumulate_all(Trainer& tr,
+                                                         const std::vector<MicroBatch>& batches,
+                                                         LossKind kind) {
+  int64_t rounds = static_cast<int64_t>(batches.size());
+  if (tr.options().zero_stage == 2 && c_.train_total > 1) {
+    at::Tensor n = at::full({1}, rounds, at::kLong);
+    c_.g.train->all_reduce(n, sync::ReduceOp::kMax);
+    rounds = n.item<int64_t>();
+  }
+  std::vector<LossMetrics> parts;
+  for (int64_t i = 0; i < rounds; ++i) {
+    if (i >= static_cast<int64_t>(batches.size())) {
+      tr.accumulate_empty();
+      continue;
+    }
+    const MicroBatch& mb = batches[i];
+    parts.push_back(tr.accumulate(mb, kind, static_cast<double>(mb.num_loss_tokens()), i + 1 == rounds));
+    local_loss_tokens_ += mb.num_loss_tokens();
+  }
+  return parts;
 }
 
 // A barrier of the train ranks with the rollout deadline: collectives after it then start
@@ -120,9 +142,12 @@ void RolloutConsumer::barrier(const std::string& name) {
 
 double RolloutConsumer::send(Trainer& tr, int64_t version) {
   ws_->wait_requested(version, c_.rollout_deadline());
-  std::vector<at::Tensor> masters;
-  for (const auto& [name, t] : tr.master_weights()) masters.push_back(t.detach());
-  return ws_->send(masters, version).transfer_s;
+  if (o_.sync.mode == sync::SyncMode::kBucket && tr.layout().hash() == layout_->hash()) {
+    return ws_->send_buckets(tr.buckets(), version).transfer_s;  // the trainer's own buffers
+  }
+  std::vector<at::Tensor> params;
+  for (const auto& [name, t] : tr.parameters()) params.push_back(t);
+  return ws_->send(params, version).transfer_s;
 }
 
 std::unique_ptr<Trainer> RolloutConsumer::sft(std::unique_ptr<Trainer> tr, const TrainerOptions& topts) {
@@ -131,8 +156,9 @@ std::unique_ptr<Trainer> RolloutConsumer::sft(std::unique_ptr<Trainer> tr, const
   so.schedule.warmup_steps = 0;
   so.schedule.total_steps = 0;
   so.grpo.kl_coef = 0;
+  tr.reset();  // replaced by the warmed-up weights below
   auto sft = std::make_unique<Trainer>(o_.model_dir, so);
-  sft->set_grad_all_reduce(all_reduce_hook());
+  sft->set_grad_scale(grad_scale());
   // The same tokenizer the engine uses, loaded from the model directory, and the same prompt
   // ids the engines generate from (the special tokens its encode_prompt adds to a prompt).
   engine::Tokenizer tok(o_.model_dir);
@@ -150,19 +176,17 @@ std::unique_ptr<Trainer> RolloutConsumer::sft(std::unique_ptr<Trainer> tr, const
     auto batches = pack_micro_batches(groups, so.micro_batch_tokens);
     sft->zero_grad();
     local_loss_tokens_ = 0;
-    for (const auto& mb : batches) {
-      sft->accumulate(mb, LossKind::kSft, static_cast<double>(mb.num_loss_tokens()));
-      local_loss_tokens_ += mb.num_loss_tokens();
-    }
+    accumulate_all(*sft, batches, LossKind::kSft);
     auto st = sft->finish_step();
     if (c_.role_global == 0 && ((s + 1) % 20 == 0 || s + 1 == o_.sft_steps)) {
       spdlog::info("sft step {}/{} | grad norm {:.3g} lr {:.1e} | {:.1f} s", s + 1, o_.sft_steps,
                    st.grad_norm, st.lr, seconds_since(c_.t0));
     }
   }
-  engine::NamedTensors w;
-  for (const auto& [name, t] : sft->master_weights()) w.emplace_back(name, t.detach().clone());
-  return std::make_unique<Trainer>(sft->config(), std::move(w), topts);
+  engine::NamedTensors w = sft->master_weights();  // gathered on every train rank
+  auto config = sft->config();
+  sft.reset();
+  return std::make_unique<Trainer>(config, std::move(w), topts);
 }
 
 json RolloutConsumer::train_step(Trainer& tr, int64_t step) {
@@ -172,6 +196,10 @@ json RolloutConsumer::train_step(Trainer& tr, int64_t step) {
   const int64_t trainer_version = c_.version_at(step);
   tr.zero_grad();
   local_loss_tokens_ = 0;
+  // ZeRO stage 2 trains in collective rounds, so the step's micro-batches are kept until every
+  // rank's are in; stages 0 and 1 train each one as it arrives.
+  const bool rounds = tr.options().zero_stage == 2 && c_.train_total > 1;
+  std::vector<MicroBatch> held;
   auto rs = receiver_->receive_step(step, c_.rollout_deadline(), [&](at::Tensor buf) {
     auto c0 = Clock::now();
     MicroBatch mb = deserialize_micro_batch(buf);
@@ -189,9 +217,13 @@ json RolloutConsumer::train_step(Trainer& tr, int64_t step) {
       stale_max = std::max(stale_max, mx);
       stale_sum += stale.sum().item<int64_t>();
     }
-    parts.push_back(tr.accumulate(mb, LossKind::kGrpo, static_cast<double>(mb.num_loss_tokens())));
-    local_loss_tokens_ += mb.num_loss_tokens();
     tokens += mb.num_tokens();
+    if (rounds) {
+      held.push_back(std::move(mb));
+    } else {
+      parts.push_back(tr.accumulate(mb, LossKind::kGrpo, static_cast<double>(mb.num_loss_tokens())));
+      local_loss_tokens_ += mb.num_loss_tokens();
+    }
     compute_s += seconds_since(c0);
   });
   double wait_s = rs.wait_s;
@@ -201,6 +233,7 @@ json RolloutConsumer::train_step(Trainer& tr, int64_t step) {
     wait_s += seconds_since(b0);
   }
   auto c0 = Clock::now();
+  if (rounds) parts = accumulate_all(tr, held, LossKind::kGrpo);
   auto st = tr.finish_step();
   compute_s += seconds_since(c0);
   auto lm = combine_loss_metrics(parts);

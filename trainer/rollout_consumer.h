@@ -40,7 +40,11 @@ class RolloutConsumer {
   void run();
 
  private:
-  GradAllReduce all_reduce_hook();
+  GradScale grad_scale();
+  // Runs `batches` through accumulate(); with ZeRO stage 2 in rounds padded to the group's largest
+  // count (each round is a collective). Returns their loss metrics.
+  std::vector<LossMetrics> accumulate_all(Trainer& tr, const std::vector<MicroBatch>& batches,
+                                          LossKind kind);
   void barrier(const std::string& name);
   double send(Trainer& tr, int64_t version);
   std::unique_ptr<Trainer> sft(std::unique_ptr<Trainer> tr, const TrainerOptions& topts);

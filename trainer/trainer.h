@@ -1,18 +1,22 @@
-// Trainer: one train rank's optimizer loop over the engine's own Transformer (DESIGN.md §5 step 4).
+// Trainer: one train rank's optimizer loop over the engine's own Transformer (DESIGN.md §5 step 4,
+// §5b).
 //
-// Owns: fp32 master weights (leaf tensors with requires_grad, in model_param_specs order), their
-// gradients as views into flat fp32 gradient buckets, a torch AdamW over the masters (weight decay
-// on matrices only), the LR schedule, an optional frozen reference Transformer (kl_coef > 0), and
-// the Transformer it runs forward/backward through. With dtype float32 that Transformer's
-// parameters *are* the masters; with bfloat16 it computes on bf16 casts of the masters, rebound
-// before every micro-batch, so gradients land in fp32.
+// Owns: the training state in flat buckets (TrainState: compute-dtype parameters, fp32 gradients,
+// fp32 masters and AdamW moments, sharded over the train group with --zero 1|2), the LR schedule,
+// an optional frozen reference Transformer (kl_coef > 0), and the Transformer it runs forward and
+// backward through, whose parameters are views into the compute-dtype buffers. Gradients reach the
+// buckets through an autograd sink per parameter, in fp32 whatever the compute dtype.
 //
-// One optimizer step: zero_grad(), accumulate() per micro-batch (loss scaled by 1 / number of
-// micro-batches of this rank), finish_step(): the data-parallel hook gets the flat gradient
-// buckets once, must leave in each the SUM over the train group (c10d all_reduce SUM semantics),
-// the trainer divides by dp_world_size, clips by global norm, sets the step's LR and steps AdamW.
-// train_step() does all of it. With equal micro-batch counts per rank this equals one rank
-// training on all the micro-batches.
+// One optimizer step: zero_grad(), accumulate() per micro-batch (loss scaled by the caller),
+// finish_step(): the buckets' SUM over the train group (all-reduce, or reduce-scatter with ZeRO),
+// times the gradient scale (set_grad_scale; default 1 / group size), global-norm clipping, the
+// step's LR, AdamW on the owned slices, all-gather of the updated parameters. train_step() does
+// all of it. With equal micro-batch counts per rank this equals one rank training on all of them.
+//
+// Collectives: buckets are reduced during backward of a micro-batch passed with last = true (or at
+// finish_step). With --zero 2 every micro-batch is a collective round: every train rank must call
+// accumulate()/accumulate_empty() equally often per step. master_weights(), optimizer_state() and
+// save_checkpoint() gather over the group when the state is sharded: every train rank calls them.
 //
 // Deterministic mode matches an engine running with EngineConfig::deterministic bit for bit: the
 // same row tiles (TransformerOptions::deterministic), the engine's attention kernel values
@@ -32,9 +36,11 @@
 #include "engine/model/config.h"
 #include "engine/model/transformer.h"
 #include "engine/model/weight_loader.h"
+#include "sync/communicator.h"
 #include "trainer/loss.h"
 #include "trainer/lr_schedule.h"
 #include "trainer/micro_batch.h"
+#include "trainer/train_state.h"
 
 namespace crl::trainer {
 
@@ -63,18 +69,25 @@ struct TrainerOptions {
   GrpoOptions grpo;
   // Reference model for the KL term; empty = the weights the trainer was created from.
   std::string reference_model_dir;
-  // Ranks in the train group; gradients are divided by it after the all-reduce hook.
-  int64_t dp_world_size = 1;
-  // Cap of one flat gradient bucket handed to the all-reduce hook.
+  // The train group (nullptr: one rank). Not owned; outlives the Trainer.
+  sync::Communicator* group = nullptr;
+  // ZeRO stage over the group: 0 replicated, 1 sharded optimizer, 2 + sharded gradients;
+  // -1: 2 with more than one rank in the group, else 0 (resolved by the Trainer).
+  int zero_stage = -1;
+  // Recompute each decoder layer's activations in backward (peak ~ one layer's per micro-batch).
+  bool activation_checkpointing = false;
+  // fp32 masters and Adam moments in host memory; AdamW steps there.
+  bool offload_optimizer = false;
+  // Cap of one flat bucket (the weight sync's --bucket-bytes, so the layouts agree).
   int64_t grad_bucket_bytes = int64_t{64} << 20;
 
   // Throws std::invalid_argument naming the field and value.
   void validate() const;
 };
 
-// The data-parallel seam: called once per optimizer step with the flat float32 gradient buckets;
-// must replace each in place by its sum over the train group.
-using GradAllReduce = std::function<void(std::vector<at::Tensor>& grad_buckets)>;
+// Called once per optimizer step on every train rank (it may run collectives): the factor the
+// summed gradient is multiplied by.
+using GradScale = std::function<double()>;
 
 // What one optimizer step did.
 struct StepStats {
@@ -100,37 +113,54 @@ class Trainer {
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 
-  void set_grad_all_reduce(GradAllReduce fn);
+  void set_grad_scale(GradScale fn);
 
   // zero_grad + accumulate over `batches` + finish_step.
   StepStats train_step(const std::vector<MicroBatch>& batches, LossKind kind);
 
   // Lower-level pieces of train_step.
   void zero_grad();
-  // Forward + backward of one micro-batch, loss scaled by `scale`; returns its metrics.
-  LossMetrics accumulate(const MicroBatch& batch, LossKind kind, double scale);
-  // All-reduce hook, divide, clip, LR, AdamW step. Returns step, lr and grad_norm.
+  // Forward + backward of one micro-batch, loss scaled by `scale`; returns its metrics. `last`:
+  // the step's last micro-batch, so its backward starts the gradient reductions.
+  LossMetrics accumulate(const MicroBatch& batch, LossKind kind, double scale, bool last = false);
+  // A round without a micro-batch (zero stage 2: matches another rank's extra micro-batch).
+  void accumulate_empty();
+  // Reduce, scale, clip, LR, AdamW step, all-gather. Returns step, lr and grad_norm.
   StepStats finish_step();
 
   // Trainer log-probs [N] of the batch's loss tokens at the current weights (no grad).
   at::Tensor compute_logprobs(const MicroBatch& batch) const;
 
-  // Writes the current masters into `model`'s parameters in place (cast to its dtype), so views
-  // into sync buckets stay valid. REQUIRES: same architecture. The caller bumps the version.
+  // Writes the current parameters into `model`'s in place (cast to its dtype), so views into sync
+  // buckets stay valid. REQUIRES: same architecture. The caller bumps the version.
   void copy_weights_to(engine::Transformer& model) const;
 
-  // fp32 master weights, model_param_specs order (do not modify).
-  const engine::NamedTensors& master_weights() const;
+  // Compute-dtype parameters (full on every rank), model_param_specs order; views into buckets().
+  const engine::NamedTensors& parameters() const;
+  // The parameters' flat buffers in the weight-sync layout (uint8, layout().buckets() order).
+  const std::vector<at::Tensor>& buckets() const;
+  const sync::WeightLayout& layout() const;
+  // Persistent training-state bytes of this rank by kind.
+  StateBytes state_bytes() const;
+  // The train group's rank 0 (or a single rank): the one that writes checkpoints.
+  bool is_group_leader() const;
+
+  // fp32 master weights, model_param_specs order (copies). Gathered over the group when sharded:
+  // every train rank calls it; `keep` false takes part and returns nothing.
+  engine::NamedTensors master_weights(bool keep = true);
   const engine::ModelConfig& config() const;
   const TrainerOptions& options() const { return options_; }
   int64_t step() const { return step_; }
 
-  // Optimizer state as named float32 tensors ("exp_avg/<param>", "exp_avg_sq/<param>") plus the
-  // AdamW per-parameter step count; empty before the first step.
-  engine::NamedTensors optimizer_state(int64_t* adam_step) const;
-  // Restores state saved by optimizer_state() and the trainer's step counter. Throws
-  // std::invalid_argument naming a missing or mis-shaped tensor.
+  // Optimizer state as named full float32 tensors ("exp_avg/<param>", "exp_avg_sq/<param>") plus
+  // the AdamW step count; empty before the first step. Gathered like master_weights().
+  engine::NamedTensors optimizer_state(int64_t* adam_step, bool keep = true);
+  // Restores state saved by optimizer_state() (from any number of train ranks: each rank takes its
+  // slice) and the trainer's step counter. Throws std::invalid_argument naming a missing or
+  // mis-shaped tensor.
   void load_optimizer_state(const engine::NamedTensors& state, int64_t adam_step, int64_t step);
+  // Replaces the fp32 masters (and parameters) by `weights` (model_param_specs order, full).
+  void load_master_weights(const engine::NamedTensors& weights);
 
  private:
   struct Impl;

@@ -192,11 +192,35 @@ at::Tensor Transformer::apply_rope(const at::Tensor& x, const at::Tensor& cos,
   return at::cat({x1 * c - x2 * s, x2 * c + x1 * s}, -1);
 }
 
+at::Tensor Transformer::layer_forward(int64_t li, const at::Tensor& h, const at::Tensor& cos,
+                                      const at::Tensor& sin, AttentionBackend& attention) const {
+  const auto& c = config_;
+  const int64_t t = h.size(0);
+  const int64_t q_dim = c.num_heads * c.head_dim;
+  const Layer& l = layers_[li];
+  auto n = rms_norm(h, l.input_norm);
+  auto q = linear(n, l.q_proj, l.q_bias).view({t, c.num_heads, c.head_dim});
+  auto k = linear(n, l.k_proj, l.k_bias).view({t, c.num_kv_heads, c.head_dim});
+  auto v = linear(n, l.v_proj, l.v_bias).view({t, c.num_kv_heads, c.head_dim});
+  if (c.qk_norm) {  // Qwen3: each head's q and k normalised over head_dim before RoPE
+    q = rms_norm(q.reshape({t * c.num_heads, c.head_dim}), l.q_norm)
+            .view({t, c.num_heads, c.head_dim});
+    k = rms_norm(k.reshape({t * c.num_kv_heads, c.head_dim}), l.k_norm)
+            .view({t, c.num_kv_heads, c.head_dim});
+  }
+  q = apply_rope(q, cos, sin);
+  k = apply_rope(k, cos, sin);
+  auto attn = attention.attend(li, q.contiguous(), k.contiguous(), v.contiguous())
+                  .reshape({t, q_dim});
+  auto h2 = h + linear(attn, l.o_proj);
+  auto n2 = rms_norm(h2, l.post_norm);
+  return h2 + linear(silu_mul(linear(n2, l.gate_proj), linear(n2, l.up_proj)), l.down_proj);
+}
+
 at::Tensor Transformer::forward_hidden(const at::Tensor& tokens, const at::Tensor& positions,
                                        AttentionBackend& attention) const {
   const auto& c = config_;
   const int64_t t = tokens.size(0);
-  const int64_t q_dim = c.num_heads * c.head_dim;
   if (t > 0) {
     auto max_pos = positions.max().item<int64_t>();
     if (max_pos >= c.max_position_embeddings) {
@@ -210,24 +234,15 @@ at::Tensor Transformer::forward_hidden(const at::Tensor& tokens, const at::Tenso
   auto h = embed_.index_select(0, tokens);  // [T, hidden]
 
   for (int64_t li = 0; li < c.num_layers; ++li) {
-    const Layer& l = layers_[li];
-    auto n = rms_norm(h, l.input_norm);
-    auto q = linear(n, l.q_proj, l.q_bias).view({t, c.num_heads, c.head_dim});
-    auto k = linear(n, l.k_proj, l.k_bias).view({t, c.num_kv_heads, c.head_dim});
-    auto v = linear(n, l.v_proj, l.v_bias).view({t, c.num_kv_heads, c.head_dim});
-    if (c.qk_norm) {  // Qwen3: each head's q and k normalised over head_dim before RoPE
-      q = rms_norm(q.reshape({t * c.num_heads, c.head_dim}), l.q_norm)
-              .view({t, c.num_heads, c.head_dim});
-      k = rms_norm(k.reshape({t * c.num_kv_heads, c.head_dim}), l.k_norm)
-              .view({t, c.num_kv_heads, c.head_dim});
+    if (!layer_runner_) {
+      h = layer_forward(li, h, cos, sin, attention);
+      continue;
     }
-    q = apply_rope(q, cos, sin);
-    k = apply_rope(k, cos, sin);
-    auto attn = attention.attend(li, q.contiguous(), k.contiguous(), v.contiguous())
-                    .reshape({t, q_dim});
-    auto h2 = h + linear(attn, l.o_proj);
-    auto n2 = rms_norm(h2, l.post_norm);
-    h = h2 + linear(silu_mul(linear(n2, l.gate_proj), linear(n2, l.up_proj)), l.down_proj);
+    auto fn = std::make_shared<LayerFn>(
+        [this, li, cos, sin, &attention](const at::Tensor& x) {
+          return layer_forward(li, x, cos, sin, attention);
+        });
+    h = layer_runner_(li, h, std::move(fn));
   }
   return rms_norm(h, final_norm_);
 }

@@ -19,6 +19,8 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -66,6 +68,15 @@ class Transformer {
   // Enables or disables deterministic (batch-invariant) mode (CPU only: throws on another device).
   void set_deterministic(bool on);
 
+  // One decoder layer of forward_hidden as a function of its input hidden states. It owns what it
+  // needs except the AttentionBackend, which must outlive it.
+  using LayerFn = std::function<at::Tensor(const at::Tensor& h)>;
+  // Runs layer `index`: the default calls `layer(h)`; a trainer may wrap it (e.g. recompute it in
+  // backward). Empty = the default.
+  using LayerRunner =
+      std::function<at::Tensor(int64_t index, const at::Tensor& h, std::shared_ptr<LayerFn> layer)>;
+  void set_layer_runner(LayerRunner runner) { layer_runner_ = std::move(runner); }
+
  private:
   struct Layer {
     at::Tensor input_norm, q_proj, k_proj, v_proj, o_proj, q_bias, k_bias, v_bias;
@@ -74,6 +85,8 @@ class Transformer {
   };
 
   void bind_parameters();
+  at::Tensor layer_forward(int64_t li, const at::Tensor& h, const at::Tensor& cos,
+                           const at::Tensor& sin, AttentionBackend& attention) const;
   // The row-wise ops, through the batch-invariant kernels in deterministic mode.
   at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight) const;
   at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {}) const;
@@ -86,6 +99,7 @@ class Transformer {
   at::Tensor embed_, final_norm_, lm_head_;
   std::vector<Layer> layers_;
   at::Tensor rope_cos_, rope_sin_;  // [max_positions, head_dim / 2] float32
+  LayerRunner layer_runner_;
 };
 
 // RoPE inverse frequencies [head_dim / 2] for the config's rope_theta and rope_scaling.

@@ -16,41 +16,14 @@
 #include "sync/groups.h"
 #include "sync/store.h"
 #include "sync/weight_sync.h"
+#include "tests/test_utils.h"
 
 namespace crl::sync {
 namespace {
 
 using std::chrono::milliseconds;
 
-// Runs body(rank, world communicator, store) on `n` threads; returns each thread's error ("" = ok).
-std::vector<std::string> run_ranks(int n, milliseconds timeout,
-                                   const std::function<void(int, std::unique_ptr<Communicator>&,
-                                                            const StorePtr&)>& body) {
-  static int job = 0;
-  std::string prefix = "job" + std::to_string(job++);
-  StorePtr server = host_store(0, timeout);
-  int port = store_port(server);
-  std::vector<std::string> errors(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        StorePtr store = connect_store("127.0.0.1", port, timeout);
-        GroupInfo info;
-        info.name = "world";
-        info.rank = r;
-        info.timeout = timeout;
-        for (int i = 0; i < n; ++i) info.world_ranks.push_back(i);
-        auto comm = make_gloo_communicator(store, prefix, info, "127.0.0.1");
-        body(r, comm, store);
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return errors;
-}
+using test::run_ranks;
 
 TEST(CommunicatorTest, BroadcastAllReduceSendRecvBarrier) {
   auto errors = run_ranks(3, milliseconds(10000), [](int r, auto& comm, const StorePtr&) {

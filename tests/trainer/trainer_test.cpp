@@ -4,15 +4,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <condition_variable>
-#include <mutex>
 #include <random>
 #include <thread>
 
 #include "common/check.h"
 #include "engine/llm_engine.h"
+#include "sync/communicator.h"
 #include "tests/engine/test_model.h"
 #include "tests/test_utils.h"
+#include "trainer/checkpoint.h"
 
 namespace crl::trainer {
 namespace {
@@ -104,88 +104,6 @@ TEST(CudaTrainerTest, TrainerLogprobsMatchTheEngineOnCuda) {
   EXPECT_GT(st.grad_norm, 0.0);
 }
 
-// A SUM all-reduce over `world` ranks running in threads of this process.
-class InProcessAllReduce {
- public:
-  explicit InProcessAllReduce(int world) : world_(world), slots_(world) {}
-  void run(int rank, std::vector<at::Tensor>& buckets) {
-    std::unique_lock<std::mutex> lock(mu_);
-    slots_[rank] = &buckets;
-    const int64_t gen = generation_;
-    if (++arrived_ < world_) {
-      cv_.wait(lock, [&] { return generation_ != gen; });
-      return;
-    }
-    for (size_t b = 0; b < buckets.size(); ++b) {
-      at::Tensor sum = at::zeros_like(buckets[b]);
-      for (auto* s : slots_) sum += (*s)[b];
-      for (auto* s : slots_) (*s)[b].copy_(sum);
-    }
-    arrived_ = 0;
-    ++generation_;
-    cv_.notify_all();
-  }
-
- private:
-  int world_;
-  std::vector<std::vector<at::Tensor>*> slots_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int arrived_ = 0;
-  int64_t generation_ = 0;
-};
-
-TEST(TrainerTest, DataParallelHookOverTwoRanksEqualsOneRankWithAllMicroBatches) {
-  engine::EngineConfig cfg = test::test_engine_config();
-  engine::LlmEngine eng(cfg);
-  auto mbs = engine_rollouts(eng, 4, 4, 8, 60, 21);
-  ASSERT_GE(mbs.size(), 4u);
-  mbs.resize(4);
-  TrainerOptions o;
-  o.schedule.lr = 1e-3;
-  o.schedule.warmup_steps = 1;
-  o.weight_decay = 0.1;
-  o.max_grad_norm = 0.5;  // clipping acts on the reduced gradient
-  o.grad_bucket_bytes = 200 * 1024;  // several buckets
-  Trainer single(cfg.model_dir, o);
-  StepStats s1 = single.train_step(mbs, LossKind::kGrpo);
-  StepStats s1b = single.train_step({mbs[1], mbs[3], mbs[0], mbs[2]}, LossKind::kGrpo);
-
-  o.dp_world_size = 2;
-  InProcessAllReduce reduce(2);
-  Trainer r0(cfg.model_dir, o), r1(cfg.model_dir, o);
-  r0.set_grad_all_reduce([&](std::vector<at::Tensor>& g) { reduce.run(0, g); });
-  r1.set_grad_all_reduce([&](std::vector<at::Tensor>& g) { reduce.run(1, g); });
-  StepStats a, b;
-  std::thread t0([&] {
-    a = r0.train_step({mbs[0], mbs[1]}, LossKind::kGrpo);
-    r0.train_step({mbs[1], mbs[3]}, LossKind::kGrpo);
-  });
-  std::thread t1([&] {
-    b = r1.train_step({mbs[2], mbs[3]}, LossKind::kGrpo);
-    r1.train_step({mbs[0], mbs[2]}, LossKind::kGrpo);
-  });
-  t0.join();
-  t1.join();
-  EXPECT_NEAR(a.grad_norm, s1.grad_norm, 1e-5 * s1.grad_norm);
-  EXPECT_EQ(a.grad_norm, b.grad_norm);
-  EXPECT_GT(s1.grad_norm, o.max_grad_norm) << "the test should exercise clipping";
-  for (size_t i = 0; i < single.master_weights().size(); ++i) {
-    const auto& w = single.master_weights()[i].second;
-    test::expect_tensor_near(r0.master_weights()[i].second, w, 1e-5);
-    test::expect_tensor_equal(r0.master_weights()[i].second, r1.master_weights()[i].second);
-  }
-  (void)s1b;
-}
-
-TEST(TrainerTest, WorldSizeAboveOneWithoutAHookIsAnError) {
-  engine::EngineConfig cfg = test::test_engine_config();
-  TrainerOptions o;
-  o.dp_world_size = 2;
-  Trainer t(cfg.model_dir, o);
-  ASSERT_THROWS_WITH(t.finish_step(), crl::CheckError, "set_grad_all_reduce");
-}
-
 TEST(TrainerTest, Bf16ComputeKeepsFp32MastersAndLowersTheSftLoss) {
   engine::EngineConfig cfg = test::test_engine_config();
   TrainerOptions o;
@@ -215,7 +133,7 @@ TEST(TrainerTest, Bf16ComputeKeepsFp32MastersAndLowersTheSftLoss) {
   t.copy_weights_to(eng.model());
   EXPECT_EQ(eng.model().named_parameters()[0].second.data_ptr(), before);
   test::expect_tensor_equal(eng.model().named_parameters()[0].second,
-                            t.master_weights()[0].second.detach().to(at::kBFloat16));
+                            t.master_weights()[0].second.to(at::kBFloat16));
 }
 
 TEST(TrainerTest, KlToTheFrozenReferenceStartsAtZeroAndGrowsAsThePolicyMoves) {
@@ -259,15 +177,174 @@ TEST(TrainerTest, WeightsLandInTheEnginesSyncBucketsInPlace) {
   t.copy_weights_to(eng.model());
   eng.bump_weight_version();
   EXPECT_FALSE(at::equal(bucket0, wb.buckets()[0])) << "the update must land in the buckets";
-  for (size_t i = 0; i < t.master_weights().size(); ++i) {
-    test::expect_tensor_equal(eng.model().named_parameters()[i].second,
-                              t.master_weights()[i].second.detach());
+  const auto masters = t.master_weights();
+  for (size_t i = 0; i < masters.size(); ++i) {
+    test::expect_tensor_equal(eng.model().named_parameters()[i].second, masters[i].second);
   }
   // The engine now samples from the trainer's weights: the gap to them is small again.
   auto fresh = engine_rollouts(eng, 2, 2, 6, 1 << 20, 52);
   auto gap = (t.compute_logprobs(fresh[0]) - loss_old(fresh[0])).abs();
   EXPECT_LT(gap.max().item<float>(), 1e-4);
   EXPECT_EQ(eng.weight_version(), 1);
+}
+
+}  // namespace
+}  // namespace crl::trainer
+
+namespace crl::trainer {
+namespace {
+
+// ZeRO over Gloo ranks in threads: stages 1 and 2 against stage 0 and against one rank.
+struct ZeroRun {
+  std::vector<double> grad_norms, losses;  // rank 0's, per step
+  engine::NamedTensors weights;            // gathered masters after the steps
+  StateBytes bytes;                        // rank 0's
+};
+
+TrainerOptions zero_options() {
+  TrainerOptions o;
+  o.schedule.lr = 1e-3;
+  o.schedule.warmup_steps = 1;
+  o.weight_decay = 0.1;
+  o.max_grad_norm = 0.5;             // clipping acts on the reduced gradient
+  o.grad_bucket_bytes = 200 * 1024;  // several buckets
+  return o;
+}
+
+// `ranks` train ranks at `stage`, `steps` steps; rank r trains micro-batches r, r + ranks, ...
+ZeroRun run_zero(const std::string& model_dir, const std::vector<MicroBatch>& mbs, int ranks,
+                 int stage, int steps, const std::string& resume_dir = "",
+                 const std::string& save_dir = "", int save_after = -1) {
+  ZeroRun out;
+  auto errors = test::run_ranks(ranks, std::chrono::milliseconds(60000), [&](int r, auto& comm,
+                                                                            const sync::StorePtr&) {
+    TrainerOptions o = zero_options();
+    o.group = comm.get();
+    o.zero_stage = stage;
+    Trainer t(resume_dir.empty() ? model_dir : resume_dir, o);
+    if (!resume_dir.empty()) load_trainer_state(t, resume_dir);
+    std::vector<MicroBatch> mine;
+    for (size_t i = r; i < mbs.size(); i += ranks) mine.push_back(mbs[i]);
+    for (int s = 0; s < steps; ++s) {
+      StepStats st = t.train_step(mine, LossKind::kGrpo);
+      if (r == 0) {
+        out.grad_norms.push_back(st.grad_norm);
+        out.losses.push_back(st.loss.loss);
+      }
+      if (s + 1 == save_after) save_checkpoint(t, save_dir, "");
+    }
+    auto w = t.master_weights(r == 0);
+    if (r == 0) {
+      out.weights = std::move(w);
+      out.bytes = t.state_bytes();
+    }
+  });
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+  return out;
+}
+
+std::vector<MicroBatch> six_micro_batches(const std::string& model_dir) {
+  engine::EngineConfig cfg = test::test_engine_config();
+  cfg.model_dir = model_dir;
+  engine::LlmEngine eng(cfg);
+  auto mbs = engine_rollouts(eng, 6, 4, 8, 60, 61);
+  EXPECT_GE(mbs.size(), 6u);
+  mbs.resize(6);
+  return mbs;
+}
+
+// Losses are rank 0's own micro-batches: compared only between runs with the same ranks.
+void expect_same_training(const ZeroRun& a, const ZeroRun& b, const std::string& what,
+                          bool same_ranks = true, double weight_atol = 2e-5) {
+  SCOPED_TRACE(what);
+  ASSERT_EQ(a.grad_norms.size(), b.grad_norms.size());
+  for (size_t i = 0; i < a.grad_norms.size(); ++i) {
+    EXPECT_NEAR(a.grad_norms[i], b.grad_norms[i], 1e-5 * b.grad_norms[i]) << "step " << i + 1;
+    if (same_ranks) {
+      EXPECT_NEAR(a.losses[i], b.losses[i], 1e-5 * std::abs(b.losses[i]) + 1e-7) << "step " << i + 1;
+    }
+  }
+  ASSERT_EQ(a.weights.size(), b.weights.size());
+  for (size_t i = 0; i < a.weights.size(); ++i) {
+    test::expect_tensor_near(a.weights[i].second, b.weights[i].second, weight_atol);
+  }
+}
+
+class ZeroStageTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(ZeroStageTest, StagesOneAndTwoTrainAsStageZeroAndOneRankOverFiveSteps) {
+  const int ranks = GetParam();
+  const std::string dir = test::test_engine_config().model_dir;
+  auto mbs = six_micro_batches(dir);
+  ZeroRun one = run_zero(dir, mbs, 1, 0, 5);
+  ZeroRun z0 = run_zero(dir, mbs, ranks, 0, 5);
+  ZeroRun z1 = run_zero(dir, mbs, ranks, 1, 5);
+  ZeroRun z2 = run_zero(dir, mbs, ranks, 2, 5);
+  EXPECT_GT(one.grad_norms[0], 0.5) << "the test should exercise clipping";
+  // Summing over ranks reorders fp32 additions; Adam turns the last bits of a near-zero gradient
+  // into up to ~lr / 10 of weight over five steps.
+  expect_same_training(z0, one, "stage 0 vs one rank", /*same_ranks=*/false, 1e-4);
+  expect_same_training(z1, z0, "stage 1 vs stage 0");
+  expect_same_training(z2, z0, "stage 2 vs stage 0");
+  // The optimizer state is sharded 1/T (slices padded to 64 elements per bucket).
+  EXPECT_LT(z1.bytes.optimizer, z0.bytes.optimizer / ranks + 64 * 4 * 3 * 16);
+  EXPECT_NEAR(z1.bytes.gradients, z0.bytes.gradients, 64 * 4 * ranks * 16);  // padding
+  EXPECT_LT(z2.bytes.gradients, z0.bytes.gradients / ranks + z0.bytes.gradients / 2);
+  EXPECT_NEAR(z2.bytes.parameters, z0.bytes.parameters, 64 * 4 * ranks * 16);
+}
+
+INSTANTIATE_TEST_SUITE_P(TrainRanks, ZeroStageTest, ::testing::Values(2, 3));
+
+TEST(ZeroTest, ACheckpointOfTwoShardedRanksResumesAtOneAndThreeRanks) {
+  const std::string dir = test::test_engine_config().model_dir;
+  auto mbs = six_micro_batches(dir);
+  test::TempDir tmp;
+  const std::string ckpt = tmp.file("ckpt");
+  ZeroRun straight = run_zero(dir, mbs, 2, 2, 4, "", ckpt, 2);
+  ZeroRun at1 = run_zero(dir, mbs, 1, 0, 2, ckpt);
+  ZeroRun at3 = run_zero(dir, mbs, 3, 2, 2, ckpt);
+  for (const ZeroRun* r : {&at1, &at3}) {
+    ASSERT_EQ(r->weights.size(), straight.weights.size());
+    for (size_t i = 0; i < r->weights.size(); ++i) {
+      test::expect_tensor_near(r->weights[i].second, straight.weights[i].second, 1e-4);
+    }
+  }
+  EXPECT_NEAR(at3.grad_norms.back(), straight.grad_norms.back(), 1e-5 * straight.grad_norms.back());
+}
+
+TEST(ZeroTest, ActivationCheckpointingGivesTheSameGradientsAndWeights) {
+  const std::string dir = test::test_engine_config().model_dir;
+  auto mbs = six_micro_batches(dir);
+  TrainerOptions o = zero_options();
+  Trainer plain(dir, o);
+  o.activation_checkpointing = true;
+  Trainer ckpt(dir, o);
+  for (int s = 0; s < 2; ++s) {
+    StepStats a = plain.train_step(mbs, LossKind::kGrpo);
+    StepStats b = ckpt.train_step(mbs, LossKind::kGrpo);
+    EXPECT_NEAR(b.grad_norm, a.grad_norm, 1e-6 * a.grad_norm);
+    EXPECT_NEAR(b.loss.loss, a.loss.loss, 1e-6);
+  }
+  auto wa = plain.master_weights(), wb = ckpt.master_weights();
+  for (size_t i = 0; i < wa.size(); ++i) test::expect_tensor_near(wb[i].second, wa[i].second, 1e-6);
+}
+
+TEST(ZeroTest, ARankThatDiesBeforeTheReduceScatterEndsTheStepWithTheNamedError) {
+  const std::string dir = test::test_engine_config().model_dir;
+  auto mbs = six_micro_batches(dir);
+  auto errors = test::run_ranks(2, std::chrono::milliseconds(3000), [&](int r, auto& comm,
+                                                                        const sync::StorePtr&) {
+    TrainerOptions o = zero_options();
+    o.group = comm.get();
+    o.zero_stage = 2;
+    Trainer t(dir, o);
+    if (r == 1) return;  // dead: never reaches the step's collectives
+    t.train_step({mbs[0]}, LossKind::kGrpo);
+  });
+  EXPECT_EQ(errors[1], "");
+  EXPECT_NE(errors[0].find("op=reduce_scatter group=world"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find("rank=0/2"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find("bytes="), std::string::npos) << errors[0];
 }
 
 }  // namespace

@@ -1,0 +1,330 @@
+#include "trainer/train_state.h"
+
+#include <ATen/core/grad_mode.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "common/check.h"
+
+namespace crl::trainer {
+namespace {
+
+constexpr int64_t kSliceAlign = 64;  // elements: 256 bytes of fp32
+
+int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+}  // namespace
+
+struct TrainState::Pending {
+  int64_t bucket;
+  int slot;  // stage 2: the pool buffer reduced into this bucket's slice at wait; else -1
+  std::unique_ptr<sync::Work> work;
+};
+
+TrainState::TrainState(const engine::NamedTensors& weights, TrainStateOptions options,
+                       sync::Communicator* group)
+    : o_(options), group_(group), layout_([&] {
+        std::vector<sync::TensorSpec> specs;
+        for (const auto& [name, w] : weights) {
+          specs.push_back({name, std::vector<int64_t>(w.sizes().begin(), w.sizes().end()),
+                           options.compute_dtype});
+        }
+        return sync::WeightLayout::plan(std::move(specs), options.bucket_bytes);
+      }()) {
+  at::NoGradGuard no_grad;
+  CRL_CHECK(o_.zero_stage >= 0 && o_.zero_stage <= 2, "zero stage ", o_.zero_stage, " is not 0, 1 or 2");
+  const int world = group_ ? group_->size() : 1;
+  shards_ = o_.zero_stage == 0 ? 1 : world;
+  shard_rank_ = o_.zero_stage == 0 || !group_ ? 0 : group_->rank();
+  state_device_ = o_.offload_optimizer ? at::Device(at::kCPU) : o_.device;
+  const auto dev = at::TensorOptions().device(o_.device);
+  const auto f32 = dev.dtype(at::kFloat);
+  auto state_opts = at::TensorOptions().device(state_device_).dtype(at::kFloat);
+  if (o_.offload_optimizer && o_.device.is_cuda()) state_opts = state_opts.pinned_memory(true);
+  const int64_t esize = c10::elementSize(o_.compute_dtype);
+  master_aliased_ = o_.compute_dtype == at::kFloat && !o_.offload_optimizer;
+
+  const auto& buckets = layout_.buckets();
+  const int64_t nb = static_cast<int64_t>(buckets.size());
+  where_.assign(weights.size(), {0, 0});
+  for (const auto& b : buckets) {
+    const int64_t elems = b.nbytes / esize;
+    const int64_t slice = round_up((elems + shards_ - 1) / shards_, kSliceAlign);
+    slice_.push_back(slice);
+    expected_.push_back(static_cast<int64_t>(b.entries.size()));
+    at::Tensor full = at::zeros({slice * shards_}, dev.dtype(o_.compute_dtype));
+    param_full_.push_back(full);
+    bucket_bytes_views_.push_back(full.view(at::kByte).narrow(0, 0, b.nbytes));
+    std::vector<std::pair<int64_t, int64_t>> decay;
+    const int64_t lo = shard_rank_ * slice, hi = lo + slice;
+    for (const auto& e : b.entries) {
+      const int64_t off = e.offset / esize, n = e.nbytes / esize;
+      where_[e.tensor] = {b.index, off};
+      if (weights[e.tensor].second.dim() >= 2) {
+        const int64_t s = std::max(off, lo), t = std::min(off + n, hi);
+        if (s < t) decay.emplace_back(s - lo, t - s);
+      }
+    }
+    decay_.push_back(std::move(decay));
+  }
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const at::Tensor& w = weights[i].second;
+    at::Tensor view = param_full_[where_[i].first].narrow(0, where_[i].second, w.numel()).view(w.sizes());
+    view.copy_(w);
+    params_.emplace_back(weights[i].first, view);
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    at::Tensor own = slice_of(param_full_[b], b);
+    if (master_aliased_) {
+      master_.push_back(own);
+    } else {
+      // Exact fp32 masters: from the fp32 weights, not from the compute-dtype copy.
+      at::Tensor m = at::zeros({slice_[b]}, state_opts);
+      for (const auto& e : buckets[b].entries) {
+        const int64_t off = e.offset / esize, n = e.nbytes / esize;
+        const int64_t lo = shard_rank_ * slice_[b];
+        const int64_t s = std::max(off, lo), t = std::min(off + n, lo + slice_[b]);
+        if (s < t) {
+          m.narrow(0, s - lo, t - s).copy_(weights[e.tensor].second.reshape({-1}).narrow(0, s - off, t - s));
+        }
+      }
+      master_.push_back(m);
+    }
+    exp_avg_.push_back(at::zeros({slice_[b]}, state_opts));
+    exp_avg_sq_.push_back(at::zeros({slice_[b]}, state_opts));
+    if (o_.zero_stage == 2) {
+      grad_slice_.push_back(at::zeros({slice_[b]}, f32));
+    } else {
+      grad_full_.push_back(at::zeros({slice_[b] * shards_}, f32));
+    }
+  }
+  slot_of_.assign(nb, -1);
+  arrived_.assign(nb, 0);
+  launched_.assign(nb, false);
+}
+
+TrainState::~TrainState() {
+  // Outstanding reductions must not outlive their buffers; a failed group is abandoned.
+  if (!sync::Communicator::process_failed()) {
+    try {
+      wait_pending();
+    } catch (...) {
+    }
+  }
+}
+
+at::Tensor TrainState::slice_of(const at::Tensor& full, int64_t b) const {
+  return full.narrow(0, shard_rank_ * slice_[b], slice_[b]);
+}
+
+StateBytes TrainState::bytes() const {
+  StateBytes s;
+  auto nbytes = [](const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); };
+  for (const auto& t : param_full_) s.parameters += nbytes(t);
+  for (const auto& t : grad_full_) s.gradients += nbytes(t);
+  for (const auto& t : grad_slice_) s.gradients += nbytes(t);
+  for (const auto& t : pool_) s.gradients += nbytes(t);
+  for (size_t b = 0; b < master_.size(); ++b) {
+    if (!master_aliased_) s.optimizer += nbytes(master_[b]);
+    s.optimizer += nbytes(exp_avg_[b]) + nbytes(exp_avg_sq_[b]);
+  }
+  return s;
+}
+
+void TrainState::zero_grad() {
+  wait_pending();
+  reduced_ = false;
+  for (auto& g : grad_full_) g.zero_();
+  for (auto& g : grad_slice_) g.zero_();
+}
+
+void TrainState::begin_micro_batch(bool launch) {
+  launching_ = launch || o_.zero_stage == 2;
+  std::fill(arrived_.begin(), arrived_.end(), 0);
+  std::fill(launched_.begin(), launched_.end(), false);
+  next_launch_ = static_cast<int64_t>(launched_.size()) - 1;
+}
+
+at::Tensor TrainState::grad_target(int64_t b) {
+  if (o_.zero_stage != 2) return grad_full_[b];
+  if (slot_of_[b] < 0) {
+    // A free pool buffer, else the oldest in-flight one once its reduction is done, else a new one
+    // (only when every buffer belongs to a bucket backward has not completed).
+    while (pool_free_.empty() && !pending_.empty()) {
+      auto p = std::move(pending_.front());
+      pending_.erase(pending_.begin());
+      p->work->wait();
+      grad_slice_[p->bucket].add_(slice_of(pool_[p->slot], p->bucket));
+      pool_free_.push_back(p->slot);
+    }
+    if (pool_free_.empty()) {
+      int64_t biggest = *std::max_element(slice_.begin(), slice_.end()) * shards_;
+      pool_.push_back(at::empty({biggest}, at::TensorOptions().device(o_.device).dtype(at::kFloat)));
+      pool_free_.push_back(static_cast<int>(pool_.size()) - 1);
+    }
+    slot_of_[b] = pool_free_.back();
+    pool_free_.pop_back();
+    pool_[slot_of_[b]].narrow(0, 0, slice_[b] * shards_).zero_();
+  }
+  return pool_[slot_of_[b]].narrow(0, 0, slice_[b] * shards_);
+}
+
+void TrainState::add_grad(int64_t i, const at::Tensor& grad) {
+  at::NoGradGuard no_grad;
+  const auto [b, off] = where_[i];
+  const at::Tensor& p = params_[i].second;
+  at::Tensor dst = grad_target(b).narrow(0, off, p.numel()).view(p.sizes());
+  dst.add_(grad.to(at::kFloat));
+  if (++arrived_[b] == expected_[b] && launching_) launch_ready();
+}
+
+void TrainState::launch_ready() {
+  while (next_launch_ >= 0 && arrived_[next_launch_] >= expected_[next_launch_]) {
+    launch(next_launch_--);
+  }
+}
+
+void TrainState::end_micro_batch() {
+  if (!launching_) return;
+  while (next_launch_ >= 0) launch(next_launch_--);
+  launching_ = false;
+  reduced_ = o_.zero_stage != 2;
+}
+
+void TrainState::launch(int64_t b) {
+  launched_[b] = true;
+  if (!group_ || group_->size() == 1) {
+    if (o_.zero_stage == 2) {  // one rank: the pool buffer is the slice's contribution
+      grad_slice_[b].add_(grad_target(b));
+      pool_free_.push_back(slot_of_[b]);
+      slot_of_[b] = -1;
+    }
+    return;
+  }
+  auto p = std::make_unique<Pending>();
+  p->bucket = b;
+  p->slot = -1;
+  if (o_.zero_stage == 0) {
+    p->work = group_->all_reduce_async(grad_full_[b], sync::ReduceOp::kSum);
+  } else if (o_.zero_stage == 1) {
+    p->work = group_->reduce_scatter_async(grad_full_[b], slice_of(grad_full_[b], b));
+  } else {
+    at::Tensor full = grad_target(b);
+    p->slot = slot_of_[b];
+    slot_of_[b] = -1;
+    p->work = group_->reduce_scatter_async(full, slice_of(full, b));
+  }
+  pending_.push_back(std::move(p));
+}
+
+void TrainState::wait_pending() {
+  for (auto& p : pending_) {
+    p->work->wait();
+    if (p->slot >= 0) {
+      grad_slice_[p->bucket].add_(slice_of(pool_[p->slot], p->bucket));
+      pool_free_.push_back(p->slot);
+    }
+  }
+  pending_.clear();
+}
+
+double TrainState::step(double scale, double max_norm, const AdamWSettings& a) {
+  at::NoGradGuard no_grad;
+  if (o_.zero_stage != 2 && !reduced_) {
+    // No micro-batch of this step said it was the last: reduce every bucket now.
+    for (int64_t b = static_cast<int64_t>(master_.size()) - 1; b >= 0; --b) launch(b);
+  }
+  reduced_ = false;
+  launching_ = false;
+  wait_pending();
+  const int64_t nb = static_cast<int64_t>(master_.size());
+  std::vector<at::Tensor> g(nb);
+  for (int64_t b = 0; b < nb; ++b) {
+    g[b] = o_.zero_stage == 2 ? grad_slice_[b] : slice_of(grad_full_[b], b);
+    if (scale != 1.0) g[b].mul_(scale);
+  }
+  at::Tensor sq = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(o_.device));
+  for (const auto& t : g) sq += t.to(at::kDouble).pow(2).sum();
+  if (shards_ > 1) group_->all_reduce(sq);
+  const double norm = std::sqrt(sq.item<double>());
+  if (max_norm > 0 && norm > max_norm) {
+    const double coef = max_norm / (norm + 1e-6);
+    for (auto& t : g) t.mul_(coef);
+  }
+  // AdamW as torch.optim.AdamW computes it (decoupled decay, bias corrections folded into the
+  // step size and the denominator), element by element on the flat slices.
+  ++adam_step_;
+  const double bc1 = 1 - std::pow(a.beta1, static_cast<double>(adam_step_));
+  const double bc2 = 1 - std::pow(a.beta2, static_cast<double>(adam_step_));
+  for (int64_t b = 0; b < nb; ++b) {
+    at::Tensor grad = g[b].to(state_device_, /*non_blocking=*/false);
+    at::Tensor& p = master_[b];
+    if (a.weight_decay != 0) {
+      for (const auto& [s, n] : decay_[b]) p.narrow(0, s, n).mul_(1 - a.lr * a.weight_decay);
+    }
+    exp_avg_[b].mul_(a.beta1).add_(grad, 1 - a.beta1);
+    exp_avg_sq_[b].mul_(a.beta2).addcmul_(grad, grad, 1 - a.beta2);
+    at::Tensor denom = (exp_avg_sq_[b].sqrt() / std::sqrt(bc2)).add_(a.eps);
+    p.addcdiv_(exp_avg_[b], denom, -a.lr / bc1);
+    if (!master_aliased_) slice_of(param_full_[b], b).copy_(p);
+  }
+  if (shards_ > 1) {
+    std::vector<std::unique_ptr<sync::Work>> works;
+    for (int64_t b = 0; b < nb; ++b) {
+      works.push_back(group_->all_gather_async(slice_of(param_full_[b], b), param_full_[b]));
+    }
+    sync::wait_all(works);
+  }
+  return norm;
+}
+
+engine::NamedTensors TrainState::gather(int what, bool keep) {
+  at::NoGradGuard no_grad;
+  const auto& src = what == 0 ? master_ : what == 1 ? exp_avg_ : exp_avg_sq_;
+  const int64_t esize = c10::elementSize(o_.compute_dtype);
+  engine::NamedTensors out(params_.size());
+  for (const auto& bk : layout_.buckets()) {
+    const int64_t b = bk.index;
+    at::Tensor full = at::empty({slice_[b] * shards_}, at::TensorOptions().device(o_.device).dtype(at::kFloat));
+    at::Tensor own = slice_of(full, b);
+    own.copy_(src[b]);
+    if (shards_ > 1) group_->all_gather(own, full);
+    if (!keep) continue;
+    for (const auto& e : bk.entries) {
+      const at::Tensor& p = params_[e.tensor].second;
+      out[e.tensor] = {params_[e.tensor].first,
+                       full.narrow(0, e.offset / esize, p.numel()).view(p.sizes()).clone()};
+    }
+  }
+  if (!keep) out.clear();
+  return out;
+}
+
+void TrainState::scatter(int what, const engine::NamedTensors& full) {
+  at::NoGradGuard no_grad;
+  CRL_CHECK(full.size() == params_.size(), "scatter: ", full.size(), " tensors for ",
+            params_.size(), " parameters");
+  auto& dst = what == 0 ? master_ : what == 1 ? exp_avg_ : exp_avg_sq_;
+  const int64_t esize = c10::elementSize(o_.compute_dtype);
+  for (const auto& bk : layout_.buckets()) {
+    const int64_t b = bk.index;
+    const int64_t lo = shard_rank_ * slice_[b];
+    for (const auto& e : bk.entries) {
+      const int64_t off = e.offset / esize, n = e.nbytes / esize;
+      const int64_t s = std::max(off, lo), t = std::min(off + n, lo + slice_[b]);
+      if (s >= t) continue;
+      at::Tensor src = full[e.tensor].second.reshape({-1}).narrow(0, s - off, t - s);
+      dst[b].narrow(0, s - lo, t - s).copy_(src);
+    }
+    if (what == 0 && !master_aliased_) slice_of(param_full_[b], b).copy_(master_[b]);
+  }
+  if (what == 0 && shards_ > 1) {
+    for (size_t b = 0; b < param_full_.size(); ++b) {
+      group_->all_gather(slice_of(param_full_[b], static_cast<int64_t>(b)), param_full_[b]);
+    }
+  }
+}
+
+}  // namespace crl::trainer

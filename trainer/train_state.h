@@ -1,0 +1,134 @@
+// TrainState: one train rank's weights, gradients and AdamW state in flat buckets (DESIGN.md §5b).
+//
+// Layout: the parameters are planned into buckets by sync::WeightLayout in the compute dtype, so
+// with the engine's dtype and bucket size the first nbytes of each parameter buffer *is* that
+// weight-sync bucket (buckets()). Each bucket's element range is padded to T equal slices of a
+// 64-element multiple; with ZeRO (stage >= 1) train rank r owns slice r of every bucket.
+//
+//   stage 0  every rank: full fp32 gradients, full fp32 master and Adam m, v; gradients are
+//            all-reduced (the replicated baseline)
+//   stage 1  full fp32 gradients; each bucket is reduce-scattered; master, m, v of the own slice
+//   stage 2  gradients of the own slice only: every micro-batch reduce-scatters each bucket as
+//            backward completes it (from a small pool of full-bucket buffers) and adds the result
+//            to the slice; a micro-batch is then a collective round (see Trainer)
+//
+// After AdamW steps the slices, the compute-dtype parameters are all-gathered per bucket. With
+// fp32 compute and no offload the master slice is the parameter buffer's own slice (no copy).
+// With offload the master and moments live on the host (pinned when the parameters are on CUDA).
+//
+// Gradients enter through add_grad(), called by the trainer's autograd sink as backward produces
+// each parameter's gradient. Buckets are launched in descending index order (backward's order),
+// only when every higher bucket was launched, so every rank issues the same collectives in the
+// same order.
+//
+// Thread safety: one thread (plus the autograd engine calling add_grad during backward()).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/model/weight_loader.h"
+#include "sync/communicator.h"
+#include "sync/weight_layout.h"
+
+namespace crl::trainer {
+
+struct TrainStateOptions {
+  int zero_stage = 0;
+  at::ScalarType compute_dtype = at::kFloat;
+  at::Device device = at::kCPU;
+  bool offload_optimizer = false;
+  int64_t bucket_bytes = int64_t{64} << 20;
+};
+
+struct AdamWSettings {
+  double lr = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
+};
+
+// Bytes this rank holds, by kind (persistent plus the stage-2 pool's high-water mark).
+struct StateBytes {
+  int64_t parameters = 0;  // compute-dtype full parameters
+  int64_t gradients = 0;   // fp32 gradient buffers (stage 2: slices + in-flight bucket buffers)
+  int64_t optimizer = 0;   // fp32 master (when not aliased) + Adam m, v
+  int64_t total() const { return parameters + gradients + optimizer; }
+};
+
+class TrainState {
+ public:
+  // `weights`: full fp32 (model_param_specs order). `group`: the train group (nullptr = one rank).
+  TrainState(const engine::NamedTensors& weights, TrainStateOptions options,
+             sync::Communicator* group);
+  ~TrainState();
+
+  // Compute-dtype parameters, views into the flat buffers (model_param_specs order).
+  const engine::NamedTensors& parameters() const { return params_; }
+  // The layout's buckets as uint8 views of the parameter buffers (what a weight sync sends).
+  const std::vector<at::Tensor>& buckets() const { return bucket_bytes_views_; }
+  const sync::WeightLayout& layout() const { return layout_; }
+  int shards() const { return shards_; }
+  int shard_rank() const { return shard_rank_; }
+  StateBytes bytes() const;
+
+  void zero_grad();
+  // A micro-batch's backward begins; with `launch` (stage 2 always, else the step's last one)
+  // buckets are reduced as they complete.
+  void begin_micro_batch(bool launch);
+  void add_grad(int64_t param, const at::Tensor& grad);
+  // Launches the buckets backward did not complete (unused parameters, an empty round).
+  void end_micro_batch();
+
+  // Waits for the reductions, multiplies the gradients by `scale`, returns the global norm before
+  // clipping (one all-reduce of the slice norms), clips to `max_norm` (0 = off), steps AdamW on the
+  // owned slices (weight decay on matrices only) and all-gathers the parameters.
+  double step(double scale, double max_norm, const AdamWSettings& adam);
+  int64_t adam_step() const { return adam_step_; }
+
+  // Full fp32 tensors per parameter, gathered over the group (a collective when shards() > 1:
+  // every rank calls it). `keep` false: takes part without keeping the result (returns empty).
+  // what: 0 = master, 1 = exp_avg, 2 = exp_avg_sq.
+  engine::NamedTensors gather(int what, bool keep);
+  // Loads per-parameter full tensors into the own slices (what: as gather()).
+  void scatter(int what, const engine::NamedTensors& full);
+  void set_adam_step(int64_t s) { adam_step_ = s; }
+
+ private:
+  struct Pending;
+  at::Tensor grad_target(int64_t bucket);
+  void launch_ready();
+  void launch(int64_t bucket);
+  void wait_pending();
+  at::Tensor slice_of(const at::Tensor& full, int64_t bucket) const;
+
+  TrainStateOptions o_;
+  sync::Communicator* group_;
+  int shards_ = 1, shard_rank_ = 0;
+  sync::WeightLayout layout_;
+  at::Device state_device_ = at::kCPU;
+  std::vector<int64_t> slice_;                 // elements per slice, per bucket
+  std::vector<std::pair<int64_t, int64_t>> where_;  // per parameter: (bucket, element offset)
+  std::vector<int64_t> expected_;              // parameters per bucket
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> decay_;  // per bucket: slice ranges
+  std::vector<at::Tensor> param_full_;         // compute dtype, [shards * slice]
+  std::vector<at::Tensor> bucket_bytes_views_;
+  engine::NamedTensors params_;
+  std::vector<at::Tensor> master_, exp_avg_, exp_avg_sq_;  // fp32 [slice]
+  bool master_aliased_ = false;
+  // stage 0/1: full fp32 gradients; stage 2: fp32 slices + a pool of full-bucket buffers.
+  std::vector<at::Tensor> grad_full_, grad_slice_, pool_;
+  std::vector<int> pool_free_;
+  std::vector<int> slot_of_;                   // stage 2: pool slot of a bucket this round, or -1
+  std::vector<int64_t> arrived_;
+  std::vector<bool> launched_;
+  int64_t next_launch_ = -1;
+  bool launching_ = false;
+  bool reduced_ = false;  // stage 0/1: this step's buckets were launched
+  std::vector<std::unique_ptr<Pending>> pending_;
+  int64_t adam_step_ = 0;
+};
+
+}  // namespace crl::trainer
