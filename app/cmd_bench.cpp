@@ -18,6 +18,7 @@
 #include "bench/serve_bench.h"
 #include "bench/sync_job.h"
 #include "bench/tokenizer_bench.h"
+#include "bench/train_bench.h"
 #include "common/check.h"
 #include "common/strings.h"
 #include "common/units.h"
@@ -334,7 +335,12 @@ Runner register_bench(CLI::App& app) {
   auto* tok = cmd->add_subcommand("tokenizer", "encode MB/s on 1 and N threads vs Hugging Face "
                                                "tokenizers (Node binding), and whether the ids agree");
   bench::add_tokenizer_bench_flags(*tok, *tok_opts);
-  return [opts, rollout, sync, sf, serve_opts, serve, e2e, tok_opts, tok]() {
+  auto train_opts = std::make_shared<bench::TrainBenchOptions>();
+  auto* train = cmd->add_subcommand("train", "the trainer alone: ZeRO stages x train ranks (plus "
+                                             "checkpointing and offload cells): memory and tokens/s");
+  bench::add_train_bench_flags(*train, *train_opts);
+  return [opts, rollout, sync, sf, serve_opts, serve, e2e, tok_opts, tok, train_opts, train]() {
+    if (train->parsed()) return bench::run_train_bench(*train_opts);
     if (rollout->parsed()) return e2e->on ? run_e2e_bench(*e2e) : bench::run_rollout_bench(*opts);
     if (serve->parsed()) return bench::run_serve_bench(*serve_opts);
     if (tok->parsed()) return bench::run_tokenizer_bench(*tok_opts);

@@ -1,41 +1,16 @@
 #include "tests/test_utils.h"
 
-#include <atomic>
 #include <cstdlib>
 #include <filesystem>
-#include <thread>
 
-#include "sync/gloo_communicator.h"
+#include "sync/local_ranks.h"
 
 namespace crl::test {
 
 std::vector<std::string> run_ranks(
     int n, std::chrono::milliseconds timeout,
     const std::function<void(int, std::unique_ptr<sync::Communicator>&, const sync::StorePtr&)>& body) {
-  static std::atomic<int> job{0};
-  std::string prefix = "job" + std::to_string(job++);
-  sync::StorePtr server = sync::host_store(0, timeout);
-  int port = sync::store_port(server);
-  std::vector<std::string> errors(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        sync::StorePtr store = sync::connect_store("127.0.0.1", port, timeout);
-        sync::GroupInfo info;
-        info.name = "world";
-        info.rank = r;
-        info.timeout = timeout;
-        for (int i = 0; i < n; ++i) info.world_ranks.push_back(i);
-        auto comm = sync::make_gloo_communicator(store, prefix, info, "127.0.0.1");
-        body(r, comm, store);
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return errors;
+  return sync::run_local_ranks(n, timeout, body);
 }
 
 void expect_tensor_near(const at::Tensor& a, const at::Tensor& b, double atol, double rtol) {

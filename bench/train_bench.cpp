@@ -1,0 +1,224 @@
+#include "bench/train_bench.h"
+
+#include <ATen/Parallel.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "common/check.h"
+#include "engine/model/config.h"
+#include "engine/model/model_cache.h"
+#include "sync/local_ranks.h"
+#include "trainer/micro_batch.h"
+#include "trainer/trainer.h"
+
+namespace crl::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::vector<int> int_list(const std::string& csv, const char* flag) {
+  std::vector<int> out;
+  std::stringstream ss(csv);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      out.push_back(std::stoi(item));
+    } catch (const std::exception&) {
+      CRL_INVALID("bench train: ", flag, " wants comma-separated integers, got '", csv, "'");
+    }
+  }
+  return out;
+}
+
+// /proc/self/status field in bytes (VmRSS, VmHWM).
+int64_t proc_status_bytes(const std::string& field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field + ":", 0) == 0) return std::stoll(line.substr(field.size() + 1)) * 1024;
+  }
+  return 0;
+}
+
+// Resets the process's peak RSS to the current RSS (Linux clear_refs 5).
+void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
+
+// GFLOP/s of the model's own matmuls (q, k, v, o, gate, up, down, lm_head) at `m` rows.
+double model_gemm_gflops(const engine::ModelConfig& c, int64_t m, at::ScalarType dt) {
+  const int64_t q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
+  std::vector<std::pair<int64_t, int64_t>> shapes = {
+      {c.hidden_size, q},  {c.hidden_size, kv}, {c.hidden_size, kv},
+      {q, c.hidden_size},  {c.hidden_size, c.intermediate_size},
+      {c.hidden_size, c.intermediate_size}, {c.intermediate_size, c.hidden_size},
+      {c.hidden_size, c.vocab_size}};
+  double flops = 0, best = 1e30;
+  std::vector<std::pair<at::Tensor, at::Tensor>> ops;
+  for (auto [k, n] : shapes) {
+    ops.emplace_back(at::randn({m, k}).to(dt), at::randn({k, n}).to(dt));
+    flops += 2.0 * m * k * n;
+  }
+  for (int rep = 0; rep < 4; ++rep) {
+    auto t0 = Clock::now();
+    for (auto& [a, b] : ops) (void)at::mm(a, b);
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return flops / best / 1e9;
+}
+
+struct Cell {
+  int ranks = 1, stage = 0;
+  bool ac = false, offload = false;
+};
+
+}  // namespace
+
+void add_train_bench_flags(CLI::App& cmd, TrainBenchOptions& o) {
+  cmd.add_option("--shape", o.shape, "model preset (random weights)")->capture_default_str();
+  cmd.add_option("--zero", o.zero, "ZeRO stages, comma-separated")->capture_default_str();
+  cmd.add_option("--train-ranks", o.train_ranks, "train rank counts, comma-separated")
+      ->capture_default_str();
+  cmd.add_flag("--activation-checkpointing", o.activation_checkpointing,
+               "add activation-checkpointing cells (one rank, and the most ranks at stage 2)");
+  cmd.add_flag("--offload-optimizer", o.offload_optimizer,
+               "add optimizer-offload cells (the most ranks at stage 2)");
+  cmd.add_option("--dtype", o.dtype, "compute dtype: float32 or bfloat16")->capture_default_str();
+  cmd.add_option("--seq-tokens", o.seq_tokens, "tokens per micro-batch (one packed sequence)")
+      ->capture_default_str();
+  cmd.add_option("--micro-batches", o.micro_batches, "micro-batches per rank per step")
+      ->capture_default_str();
+  cmd.add_option("--steps", o.steps, "timed steps per cell (after one warm-up)")->capture_default_str();
+  cmd.add_option("--bucket-mb", o.bucket_mb, "bucket cap in MiB")->capture_default_str();
+  cmd.add_option("--results", o.results, "JSONL file the rows go to")->capture_default_str();
+}
+
+int run_train_bench(const TrainBenchOptions& o) {
+  const std::string dir = engine::ensure_preset_model(o.shape);
+  const engine::ModelConfig cfg = engine::load_model_config(dir);
+  const at::ScalarType dt = engine::parse_dtype(o.dtype);
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<Cell> cells;
+  const auto ranks = int_list(o.train_ranks, "--train-ranks");
+  const auto stages = int_list(o.zero, "--zero");
+  const int most = *std::max_element(ranks.begin(), ranks.end());
+  for (int t : ranks) {
+    for (int z : stages) {
+      if (t == 1 && z > 0) continue;  // one rank: every stage is stage 0
+      cells.push_back({t, z});
+    }
+  }
+  if (o.activation_checkpointing) {
+    cells.push_back({1, 0, true, false});
+    if (most > 1) cells.push_back({most, 2, true, false});
+  }
+  if (o.offload_optimizer) cells.push_back({most, most > 1 ? 2 : 0, false, true});
+
+  at::set_num_threads(cores);
+  const double gemm = model_gemm_gflops(cfg, o.seq_tokens, dt);
+  int64_t params = 0;
+  for (const auto& s : engine::model_param_specs(cfg)) {
+    int64_t n = 1;
+    for (int64_t d : s.shape) n *= d;
+    params += n;
+  }
+  fmt::print("bench train | {} ({:.1f} M params, {}) | {} tokens x {} micro-batches per rank | "
+             "{} cores | model GEMM {:.1f} GFLOP/s\n",
+             o.shape, params / 1e6, o.dtype, o.seq_tokens, o.micro_batches, cores, gemm);
+  fmt::print("{:>5} {:>4} {:>3} {:>7} | {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} | {:>9} | {:>8} {:>7} {:>6}\n",
+             "ranks", "zero", "ac", "offload", "params", "grads", "optim", "state", "ideal-z2",
+             "ratio", "activ", "tok/s", "vs z0", "mm %");
+  std::ofstream jsonl;
+  if (!o.results.empty()) jsonl.open(o.results, std::ios::app);
+  std::map<int, double> z0_tps;
+  for (const Cell& c : cells) {
+    at::set_num_threads(std::max(1, cores / c.ranks));
+    std::vector<double> step_s;
+    trainer::StateBytes bytes;
+    int64_t rss_before = 0, bucket_bytes = 0;
+    std::mutex mu;
+    std::vector<int64_t> rss_samples;
+    auto errors = sync::run_local_ranks(c.ranks, std::chrono::milliseconds(600000), [&](int r, auto& comm,
+                                                                                       const sync::StorePtr&) {
+      trainer::TrainerOptions to;
+      to.dtype = o.dtype;
+      to.group = comm.get();
+      to.zero_stage = c.stage;
+      to.activation_checkpointing = c.ac;
+      to.offload_optimizer = c.offload;
+      to.grad_bucket_bytes = o.bucket_mb << 20;
+      to.micro_batch_tokens = o.seq_tokens;
+      to.schedule.lr = 1e-5;
+      trainer::Trainer tr(dir, to);
+      std::mt19937 rng(1234 + r);
+      std::uniform_int_distribution<int32_t> tok(3, static_cast<int32_t>(cfg.vocab_size) - 1);
+      std::vector<trainer::MicroBatch> mbs;
+      for (int i = 0; i < o.micro_batches; ++i) {
+        std::vector<int32_t> prompt(o.seq_tokens / 2), answer(o.seq_tokens - o.seq_tokens / 2 - 1);
+        for (auto& x : prompt) x = tok(rng);
+        for (auto& x : answer) x = tok(rng);
+        mbs.push_back(trainer::pack_micro_batches({trainer::sft_group(prompt, answer, 2)}, o.seq_tokens)[0]);
+      }
+      tr.train_step(mbs, trainer::LossKind::kSft);  // warm-up: allocations, pools
+      comm->barrier();
+      if (r == 0) {
+        reset_peak_rss();
+        rss_before = proc_status_bytes("VmRSS");
+      }
+      comm->barrier();
+      for (int s = 0; s < o.steps; ++s) {
+        comm->barrier();
+        auto t0 = Clock::now();
+        tr.train_step(mbs, trainer::LossKind::kSft);
+        comm->barrier();
+        if (r == 0) step_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      }
+      if (r == 0) {
+        std::lock_guard<std::mutex> lock(mu);
+        bytes = tr.state_bytes();
+        bucket_bytes = tr.layout().max_bucket_nbytes() / c10::elementSize(dt) * 4;
+        rss_samples.push_back(proc_status_bytes("VmHWM"));
+      }
+    });
+    for (size_t r = 0; r < errors.size(); ++r) {
+      if (!errors[r].empty()) throw std::runtime_error(fmt::format("bench train rank {}: {}", r, errors[r]));
+    }
+    std::sort(step_s.begin(), step_s.end());
+    const double med = step_s[step_s.size() / 2];
+    const double tokens = static_cast<double>(c.ranks) * o.micro_batches * o.seq_tokens;
+    const double tps = tokens / med;
+    if (c.stage == 0 && !c.ac && !c.offload) z0_tps[c.ranks] = tps;
+    const double vs0 = z0_tps.count(c.ranks) ? tps / z0_tps[c.ranks] : 0;
+    const double mm_share = 6.0 * params * tps / 1e9 / gemm;
+    const double esize = static_cast<double>(c10::elementSize(dt));
+    // Stage-2 ideal: full compute-dtype parameters + fp32 master, m, v and gradient slices of P / T
+    // + one fp32 gradient bucket in flight.
+    const double ideal = params * esize + 16.0 * params / c.ranks + bucket_bytes;
+    const double activ = static_cast<double>(rss_samples.at(0) - rss_before) / c.ranks;
+    auto mib = [](double b) { return fmt::format("{:.1f}M", b / (1 << 20)); };
+    fmt::print("{:>5} {:>4} {:>3} {:>7} | {:>9} {:>9} {:>9} {:>9} {:>9} {:>6.3f} | {:>9} | {:>8.0f} {:>6.2f}x {:>5.1f}%\n",
+               c.ranks, c.stage, c.ac ? "on" : "off", c.offload ? "on" : "off", mib(bytes.parameters),
+               mib(bytes.gradients), mib(bytes.optimizer), mib(bytes.total()), mib(ideal),
+               bytes.total() / ideal, mib(activ), tps, vs0, 100 * mm_share);
+    if (jsonl) {
+      nlohmann::json row = {{"shape", o.shape}, {"dtype", o.dtype}, {"ranks", c.ranks},
+                            {"zero", c.stage}, {"activation_checkpointing", c.ac},
+                            {"offload_optimizer", c.offload}, {"param_bytes", bytes.parameters},
+                            {"grad_bytes", bytes.gradients}, {"optimizer_bytes", bytes.optimizer},
+                            {"stage2_ideal_bytes", ideal}, {"activation_bytes", activ},
+                            {"tokens_per_s", tps}, {"vs_stage0", vs0}, {"matmul_share", mm_share},
+                            {"gemm_gflops", gemm}, {"step_s", step_s}};
+      jsonl << row.dump() << "\n";
+    }
+  }
+  return 0;
+}
+
+}  // namespace crl::bench
