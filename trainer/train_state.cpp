@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
 
 #include "common/check.h"
 
@@ -102,7 +101,6 @@ TrainState::TrainState(const engine::NamedTensors& weights, TrainStateOptions op
   }
   slot_of_.assign(nb, -1);
   arrived_.assign(nb, 0);
-  launched_.assign(nb, false);
 }
 
 TrainState::~TrainState() {
@@ -143,8 +141,7 @@ void TrainState::zero_grad() {
 void TrainState::begin_micro_batch(bool launch) {
   launching_ = launch || o_.zero_stage == 2;
   std::fill(arrived_.begin(), arrived_.end(), 0);
-  std::fill(launched_.begin(), launched_.end(), false);
-  next_launch_ = static_cast<int64_t>(launched_.size()) - 1;
+  next_launch_ = static_cast<int64_t>(arrived_.size()) - 1;
 }
 
 at::Tensor TrainState::grad_target(int64_t b) {
@@ -194,7 +191,6 @@ void TrainState::end_micro_batch() {
 }
 
 void TrainState::launch(int64_t b) {
-  launched_[b] = true;
   if (!group_ || group_->size() == 1) {
     if (o_.zero_stage == 2) {  // one rank: the pool buffer is the slice's contribution
       grad_slice_[b].add_(grad_target(b));

@@ -123,7 +123,6 @@ class TrainState {
   std::vector<int> pool_free_;
   std::vector<int> slot_of_;                   // stage 2: pool slot of a bucket this round, or -1
   std::vector<int64_t> arrived_;
-  std::vector<bool> launched_;
   int64_t next_launch_ = -1;
   bool launching_ = false;
   bool reduced_ = false;  // stage 0/1: this step's buckets were launched
