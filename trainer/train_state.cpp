@@ -99,6 +99,7 @@ TrainState::TrainState(const engine::NamedTensors& weights, TrainStateOptions op
       grad_full_.push_back(at::zeros({slice_[b] * shards_}, f32));
     }
   }
+  scratch_ = at::empty({nb > 0 ? *std::max_element(slice_.begin(), slice_.end()) : 0}, state_opts);
   slot_of_.assign(nb, -1);
   arrived_.assign(nb, 0);
 }
@@ -128,6 +129,7 @@ StateBytes TrainState::bytes() const {
     if (!master_aliased_) s.optimizer += nbytes(master_[b]);
     s.optimizer += nbytes(exp_avg_[b]) + nbytes(exp_avg_sq_[b]);
   }
+  if (scratch_.defined()) s.optimizer += nbytes(scratch_);
   return s;
 }
 
@@ -241,8 +243,14 @@ double TrainState::step(double scale, double max_norm, const AdamWSettings& a) {
     g[b] = o_.zero_stage == 2 ? grad_slice_[b] : slice_of(grad_full_[b], b);
     if (scale != 1.0) g[b].mul_(scale);
   }
-  at::Tensor sq = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(o_.device));
-  for (const auto& t : g) sq += t.to(at::kDouble).pow(2).sum();
+  // Per-bucket norms (accumulated in double by the reduction, without a double copy), squared
+  // and summed in double: one small all-reduce for the global norm.
+  double local_sq = 0;
+  for (const auto& t : g) {
+    const double n = t.norm().item<double>();
+    local_sq += n * n;
+  }
+  at::Tensor sq = at::full({1}, local_sq, at::TensorOptions().dtype(at::kDouble).device(o_.device));
   if (shards_ > 1) group_->all_reduce(sq);
   const double norm = std::sqrt(sq.item<double>());
   if (max_norm > 0 && norm > max_norm) {
@@ -262,7 +270,10 @@ double TrainState::step(double scale, double max_norm, const AdamWSettings& a) {
     }
     exp_avg_[b].mul_(a.beta1).add_(grad, 1 - a.beta1);
     exp_avg_sq_[b].mul_(a.beta2).addcmul_(grad, grad, 1 - a.beta2);
-    at::Tensor denom = (exp_avg_sq_[b].sqrt() / std::sqrt(bc2)).add_(a.eps);
+    // One scratch buffer for every bucket's denominator (no bucket-sized temporaries per step).
+    at::Tensor denom = scratch_.narrow(0, 0, slice_[b]);
+    at::sqrt_out(denom, exp_avg_sq_[b]);
+    denom.div_(std::sqrt(bc2)).add_(a.eps);
     p.addcdiv_(exp_avg_[b], denom, -a.lr / bc1);
     if (!master_aliased_) slice_of(param_full_[b], b).copy_(p);
   }

@@ -118,6 +118,7 @@ class TrainState {
   engine::NamedTensors params_;
   std::vector<at::Tensor> master_, exp_avg_, exp_avg_sq_;  // fp32 [slice]
   bool master_aliased_ = false;
+  at::Tensor scratch_;                         // fp32 [max slice]: AdamW's denominator
   // stage 0/1: full fp32 gradients; stage 2: fp32 slices + a pool of full-bucket buffers.
   std::vector<at::Tensor> grad_full_, grad_slice_, pool_;
   std::vector<int> pool_free_;
