@@ -228,12 +228,17 @@ void TrainState::wait_pending() {
   pending_.clear();
 }
 
-double TrainState::step(double scale, double max_norm, const AdamWSettings& a) {
-  at::NoGradGuard no_grad;
+void TrainState::launch_remaining() {
   if (o_.zero_stage != 2 && !reduced_) {
     // No micro-batch of this step said it was the last: reduce every bucket now.
     for (int64_t b = static_cast<int64_t>(master_.size()) - 1; b >= 0; --b) launch(b);
+    reduced_ = true;
   }
+}
+
+double TrainState::step(double scale, double max_norm, const AdamWSettings& a) {
+  at::NoGradGuard no_grad;
+  launch_remaining();
   reduced_ = false;
   launching_ = false;
   wait_pending();

@@ -81,6 +81,9 @@ class TrainState {
   void add_grad(int64_t param, const at::Tensor& grad);
   // Launches the buckets backward did not complete (unused parameters, an empty round).
   void end_micro_batch();
+  // Stages 0 and 1: launches the step's reductions if no micro-batch did (none said `last`, or
+  // this rank had none), so every rank has issued them before any later collective.
+  void launch_remaining();
 
   // Waits for the reductions, multiplies the gradients by `scale`, returns the global norm before
   // clipping (one all-reduce of the slice norms), clips to `max_norm` (0 = off), steps AdamW on the

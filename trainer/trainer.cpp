@@ -265,6 +265,9 @@ StepStats Trainer::finish_step() {
   at::NoGradGuard no_grad;
   StepStats st;
   const int64_t world = options_.group ? options_.group->size() : 1;
+  // The bucket reductions go out before the scale callback's own collectives, on every rank,
+  // whether or not a `last` micro-batch already started them.
+  s.state->launch_remaining();
   const double scale = s.grad_scale ? s.grad_scale() : 1.0 / static_cast<double>(world);
   st.lr = lr_at(options_.schedule, step_);
   AdamWSettings a;

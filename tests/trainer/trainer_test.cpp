@@ -329,6 +329,33 @@ TEST(ZeroTest, ActivationCheckpointingGivesTheSameGradientsAndWeights) {
   for (size_t i = 0; i < wa.size(); ++i) test::expect_tensor_near(wb[i].second, wa[i].second, 1e-6);
 }
 
+TEST(ZeroTest, ARankWithoutMicroBatchesStillIssuesTheReductionsBeforeTheScaleCollective) {
+  const std::string dir = test::test_engine_config().model_dir;
+  auto mbs = six_micro_batches(dir);
+  for (int stage : {0, 1}) {
+    std::vector<double> norms(2);
+    auto errors = test::run_ranks(2, std::chrono::milliseconds(20000), [&](int r, auto& comm,
+                                                                           const sync::StorePtr&) {
+      TrainerOptions o = zero_options();
+      o.group = comm.get();
+      o.zero_stage = stage;
+      Trainer t(dir, o);
+      // As the RL consumer's: a collective of its own inside finish_step.
+      t.set_grad_scale([&] {
+        at::Tensor n = at::ones({1}, at::kDouble);
+        comm->all_reduce(n);
+        return 1.0 / n.item<double>();
+      });
+      std::vector<MicroBatch> mine;
+      if (r == 0) mine = {mbs[0], mbs[1]};  // rank 0 reduces from its last backward
+      norms[r] = t.train_step(mine, LossKind::kGrpo).grad_norm;
+    });
+    for (const auto& e : errors) EXPECT_EQ(e, "") << "stage " << stage;
+    EXPECT_EQ(norms[0], norms[1]) << "stage " << stage;
+    EXPECT_GT(norms[0], 0.0);
+  }
+}
+
 TEST(ZeroTest, ARankThatDiesBeforeTheReduceScatterEndsTheStepWithTheNamedError) {
   const std::string dir = test::test_engine_config().model_dir;
   auto mbs = six_micro_batches(dir);
