@@ -51,6 +51,16 @@ class ThenWork : public Work {
   std::function<void()> then_;
 };
 
+// A work made of several, waited for in order (an op built of several Gloo ops).
+class AllWork : public Work {
+ public:
+  explicit AllWork(std::vector<std::unique_ptr<Work>> parts) : parts_(std::move(parts)) {}
+  void wait() override { wait_all(parts_); }
+
+ private:
+  std::vector<std::unique_ptr<Work>> parts_;
+};
+
 class GlooCommunicator : public Communicator {
  public:
   GlooCommunicator(const StorePtr& store, std::string prefix, GroupInfo info,
@@ -136,18 +146,27 @@ class GlooCommunicator : public Communicator {
     });
   }
 
+  // ProcessGroupGloo::allgather gathers into a freshly allocated flat tensor and copies it out: a
+  // new bucket-sized allocation per op, whose page faults cost 25x the transfer itself (5 s vs
+  // 0.19 s for 540 MB at T = 2 here). Instead each rank's chunk is broadcast from it, in place
+  // into `output`: the same bytes received per rank, no allocation, T ops in issue order.
   std::unique_ptr<Work> all_gather_async(at::Tensor input, at::Tensor output) override {
     auto bytes = nbytes(output);
     begin_op("all_gather", bytes);
     check_chunked("all_gather", output, input);
-    at::Tensor in = as_sendable(input).view({-1});
     at::Tensor out = as_sendable(output).view({-1});
-    std::vector<std::vector<at::Tensor>> outs(1);
-    for (int r = 0; r < info_.size(); ++r) outs[0].push_back(out.narrow(0, r * in.numel(), in.numel()));
-    std::vector<at::Tensor> ins{in};
-    c10d::AllgatherOptions o;
-    o.timeout = info_.timeout;
-    return issue([&] { return pg_->allgather(outs, ins, o); }, describe_op("all_gather", bytes));
+    const int64_t n = out.numel() / info_.size();
+    at::Tensor own = out.narrow(0, info_.rank * n, n);
+    if (own.data_ptr() != as_sendable(input).data_ptr()) own.copy_(as_sendable(input).view({-1}));
+    std::vector<std::unique_ptr<Work>> parts;
+    for (int root = 0; root < info_.size(); ++root) {
+      std::vector<at::Tensor> ts{out.narrow(0, root * n, n)};
+      c10d::BroadcastOptions o;
+      o.rootRank = root;
+      o.timeout = info_.timeout;
+      parts.push_back(issue([&] { return pg_->broadcast(ts, o); }, describe_op("all_gather", bytes, root)));
+    }
+    return std::make_unique<AllWork>(std::move(parts));
   }
 
   void barrier() override {

@@ -14,6 +14,17 @@ constexpr int64_t kSliceAlign = 64;  // elements: 256 bytes of fp32
 
 int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
+// The part of a tensor at elements [off, off + n) of its bucket that falls in the slice
+// [lo, lo + slice): `at` within the slice, `from` within the tensor, `count` elements (0: none).
+struct Overlap {
+  int64_t at = 0, from = 0, count = 0;
+};
+Overlap overlap(int64_t off, int64_t n, int64_t lo, int64_t slice) {
+  const int64_t s = std::max(off, lo), t = std::min(off + n, lo + slice);
+  if (s >= t) return {};
+  return {s - lo, s - off, t - s};
+}
+
 }  // namespace
 
 struct TrainState::Pending {
@@ -57,13 +68,12 @@ TrainState::TrainState(const engine::NamedTensors& weights, TrainStateOptions op
     param_full_.push_back(full);
     bucket_bytes_views_.push_back(full.view(at::kByte).narrow(0, 0, b.nbytes));
     std::vector<std::pair<int64_t, int64_t>> decay;
-    const int64_t lo = shard_rank_ * slice, hi = lo + slice;
     for (const auto& e : b.entries) {
-      const int64_t off = e.offset / esize, n = e.nbytes / esize;
+      const int64_t off = e.offset / esize;
       where_[e.tensor] = {b.index, off};
       if (weights[e.tensor].second.dim() >= 2) {
-        const int64_t s = std::max(off, lo), t = std::min(off + n, hi);
-        if (s < t) decay.emplace_back(s - lo, t - s);
+        const Overlap o = overlap(off, e.nbytes / esize, shard_rank_ * slice, slice);
+        if (o.count > 0) decay.emplace_back(o.at, o.count);
       }
     }
     decay_.push_back(std::move(decay));
@@ -82,11 +92,9 @@ TrainState::TrainState(const engine::NamedTensors& weights, TrainStateOptions op
       // Exact fp32 masters: from the fp32 weights, not from the compute-dtype copy.
       at::Tensor m = at::zeros({slice_[b]}, state_opts);
       for (const auto& e : buckets[b].entries) {
-        const int64_t off = e.offset / esize, n = e.nbytes / esize;
-        const int64_t lo = shard_rank_ * slice_[b];
-        const int64_t s = std::max(off, lo), t = std::min(off + n, lo + slice_[b]);
-        if (s < t) {
-          m.narrow(0, s - lo, t - s).copy_(weights[e.tensor].second.reshape({-1}).narrow(0, s - off, t - s));
+        const Overlap o = overlap(e.offset / esize, e.nbytes / esize, shard_rank_ * slice_[b], slice_[b]);
+        if (o.count > 0) {
+          m.narrow(0, o.at, o.count).copy_(weights[e.tensor].second.reshape({-1}).narrow(0, o.from, o.count));
         }
       }
       master_.push_back(m);
@@ -154,9 +162,7 @@ at::Tensor TrainState::grad_target(int64_t b) {
     while (pool_free_.empty() && !pending_.empty()) {
       auto p = std::move(pending_.front());
       pending_.erase(pending_.begin());
-      p->work->wait();
-      grad_slice_[p->bucket].add_(slice_of(pool_[p->slot], p->bucket));
-      pool_free_.push_back(p->slot);
+      finish(*p);
     }
     if (pool_free_.empty()) {
       int64_t biggest = *std::max_element(slice_.begin(), slice_.end()) * shards_;
@@ -217,14 +223,16 @@ void TrainState::launch(int64_t b) {
   pending_.push_back(std::move(p));
 }
 
-void TrainState::wait_pending() {
-  for (auto& p : pending_) {
-    p->work->wait();
-    if (p->slot >= 0) {
-      grad_slice_[p->bucket].add_(slice_of(pool_[p->slot], p->bucket));
-      pool_free_.push_back(p->slot);
-    }
+void TrainState::finish(Pending& p) {
+  p.work->wait();
+  if (p.slot >= 0) {  // stage 2: add the reduced chunk to the slice, free the pool buffer
+    grad_slice_[p.bucket].add_(slice_of(pool_[p.slot], p.bucket));
+    pool_free_.push_back(p.slot);
   }
+}
+
+void TrainState::wait_pending() {
+  for (auto& p : pending_) finish(*p);
   pending_.clear();
 }
 
@@ -322,13 +330,10 @@ void TrainState::scatter(int what, const engine::NamedTensors& full) {
   const int64_t esize = c10::elementSize(o_.compute_dtype);
   for (const auto& bk : layout_.buckets()) {
     const int64_t b = bk.index;
-    const int64_t lo = shard_rank_ * slice_[b];
     for (const auto& e : bk.entries) {
-      const int64_t off = e.offset / esize, n = e.nbytes / esize;
-      const int64_t s = std::max(off, lo), t = std::min(off + n, lo + slice_[b]);
-      if (s >= t) continue;
-      at::Tensor src = full[e.tensor].second.reshape({-1}).narrow(0, s - off, t - s);
-      dst[b].narrow(0, s - lo, t - s).copy_(src);
+      const Overlap o = overlap(e.offset / esize, e.nbytes / esize, shard_rank_ * slice_[b], slice_[b]);
+      if (o.count == 0) continue;
+      dst[b].narrow(0, o.at, o.count).copy_(full[e.tensor].second.reshape({-1}).narrow(0, o.from, o.count));
     }
     if (what == 0 && !master_aliased_) slice_of(param_full_[b], b).copy_(master_[b]);
   }

@@ -104,6 +104,7 @@ class TrainState {
   at::Tensor grad_target(int64_t bucket);
   void launch_ready();
   void launch(int64_t bucket);
+  void finish(Pending& p);  // waits for one reduction (stage 2: adds it to the slice)
   void wait_pending();
   at::Tensor slice_of(const at::Tensor& full, int64_t bucket) const;
 
