@@ -130,7 +130,8 @@ RolloutReceiver::RolloutReceiver(StorePtr store, Communicator& comm, RolloutRout
     : store_(std::move(store)), comm_(comm), route_(route), train_index_(train_index) {}
 
 RolloutReceiver::Stats RolloutReceiver::receive_step(
-    int64_t step, Clock::time_point deadline, const std::function<void(at::Tensor)>& on_message) {
+    int64_t step, Clock::time_point deadline, const std::function<void(at::Tensor)>& on_message,
+    const std::function<void()>& on_idle) {
   const int infer = route_.infer_per_node;
   std::vector<int64_t> next(infer, 0);
   std::vector<bool> done(infer, false);
@@ -174,6 +175,7 @@ RolloutReceiver::Stats RolloutReceiver::receive_step(
           "before the deadline",
           step + 1, fmt::join(open, ", "), route_.node));
     }
+    if (on_idle) on_idle();
     auto p0 = Clock::now();
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::microseconds(5000));

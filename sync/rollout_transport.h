@@ -101,10 +101,12 @@ class RolloutReceiver {
     double wait_s = 0;  // waiting for keys and inside recv
   };
   // Calls on_message(bytes) for every message of `step`, as they come, until every infer rank of
-  // the node ended the step. Throws std::runtime_error naming the infer ranks (node-local index)
-  // still open at `deadline`.
+  // the node ended the step; on_idle (if set) whenever a poll found nothing new, before pausing
+  // (its time is not counted as waiting). Throws std::runtime_error naming the infer ranks
+  // (node-local index) still open at `deadline`.
   Stats receive_step(int64_t step, Clock::time_point deadline,
-                     const std::function<void(at::Tensor)>& on_message);
+                     const std::function<void(at::Tensor)>& on_message,
+                     const std::function<void()>& on_idle = nullptr);
 
  private:
   StorePtr store_;

@@ -1,10 +1,13 @@
 #include "trainer/rollout_consumer.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <csignal>
+#include <limits>
+#include <thread>
 
 #include "common/units.h"
 #include "engine/model/config.h"
@@ -24,6 +27,15 @@ using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 
 }  // namespace
+
+int64_t runnable_rounds(const std::vector<RoundProgress>& ranks) {
+  int64_t most = 0, open_least = std::numeric_limits<int64_t>::max();
+  for (const auto& r : ranks) {
+    most = std::max(most, r.received);
+    if (!r.ended) open_least = std::min(open_least, r.received);
+  }
+  return std::min(most, open_least);
+}
 
 RolloutConsumer::RolloutConsumer(RlContext& ctx) : c_(ctx), o_(ctx.o) {
   sync::RolloutRoute route{c_.g.node, c_.g.topo.infer_per_node, c_.g.topo.train_per_node};
@@ -133,6 +145,43 @@ std::vector<LossMetrics> RolloutConsumer::accumulate_all(Trainer& tr,
   return parts;
 }
 
+void RolloutConsumer::announce(const Rounds& r) {
+  sync::store_set(c_.world.store, c_.key(fmt::format("zr/s{}/t{}", r.step, c_.g.train->rank())),
+                  fmt::format("{} {}", r.received, r.ended ? 1 : 0));
+}
+
+bool RolloutConsumer::run_rounds(Trainer& tr, Rounds& r, std::vector<LossMetrics>& parts) {
+  const int me = c_.g.train->rank();
+  std::vector<RoundProgress> ranks(c_.g.train->size());
+  for (int t = 0; t < static_cast<int>(ranks.size()); ++t) {
+    if (t == me) {
+      ranks[t] = {r.received, r.ended};
+      continue;
+    }
+    const std::string k = c_.key(fmt::format("zr/s{}/t{}", r.step, t));
+    if (!sync::store_has(c_.world.store, k)) continue;  // nothing received yet
+    const std::string v = sync::store_get(c_.world.store, k, c_.rollout_deadline(), "round progress");
+    const size_t sp = v.find(' ');
+    ranks[t] = {std::stoll(v.substr(0, sp)), sp != std::string::npos && v.substr(sp + 1) == "1"};
+  }
+  r.open.clear();
+  for (int t = 0; t < static_cast<int>(ranks.size()); ++t) {
+    if (!ranks[t].ended) r.open.push_back(t);
+  }
+  const int64_t runnable = runnable_rounds(ranks);
+  for (; r.done < runnable; ++r.done) {
+    if (r.held.empty()) {  // this rank ran out: an empty round matches a peer's micro-batch
+      tr.accumulate_empty();
+      continue;
+    }
+    MicroBatch mb = std::move(r.held.front());
+    r.held.pop_front();
+    parts.push_back(tr.accumulate(mb, LossKind::kGrpo, static_cast<double>(mb.num_loss_tokens())));
+    local_loss_tokens_ += mb.num_loss_tokens();
+  }
+  return r.open.empty() && r.done == runnable;
+}
+
 // A barrier of the train ranks with the rollout deadline: collectives after it then start
 // together, so a slow node or a checkpoint write is not mistaken for a dead peer.
 void RolloutConsumer::barrier(const std::string& name) {
@@ -196,10 +245,21 @@ json RolloutConsumer::train_step(Trainer& tr, int64_t step) {
   const int64_t trainer_version = c_.version_at(step);
   tr.zero_grad();
   local_loss_tokens_ = 0;
-  // ZeRO stage 2 trains in collective rounds, so the step's micro-batches are kept until every
-  // rank's are in; stages 0 and 1 train each one as it arrives.
+  // Stages 0 and 1 train each micro-batch as it arrives; ZeRO stage 2 trains in collective
+  // rounds, run as soon as every rank can join them (RoundProgress).
   const bool rounds = tr.options().zero_stage == 2 && c_.train_total > 1;
-  std::vector<MicroBatch> held;
+  Rounds rd;
+  rd.step = step;
+  if (rounds && step > c_.start_step) {
+    // Every rank read the last step's progress before its barrier: this rank's key can go.
+    sync::store_delete(c_.world.store, c_.key(fmt::format("zr/s{}/t{}", step - 1, c_.g.train->rank())));
+  }
+  auto on_idle = [&] {
+    if (rd.held.empty()) return;
+    auto c0 = Clock::now();
+    run_rounds(tr, rd, parts);
+    compute_s += seconds_since(c0);
+  };
   auto rs = receiver_->receive_step(step, c_.rollout_deadline(), [&](at::Tensor buf) {
     auto c0 = Clock::now();
     MicroBatch mb = deserialize_micro_batch(buf);
@@ -219,21 +279,47 @@ json RolloutConsumer::train_step(Trainer& tr, int64_t step) {
     }
     tokens += mb.num_tokens();
     if (rounds) {
-      held.push_back(std::move(mb));
+      rd.held.push_back(std::move(mb));
+      ++rd.received;
+      announce(rd);
+      run_rounds(tr, rd, parts);
     } else {
       parts.push_back(tr.accumulate(mb, LossKind::kGrpo, static_cast<double>(mb.num_loss_tokens())));
       local_loss_tokens_ += mb.num_loss_tokens();
     }
     compute_s += seconds_since(c0);
-  });
+  }, rounds ? std::function<void()>(on_idle) : nullptr);
   double wait_s = rs.wait_s;
+  if (rounds) {
+    // This rank's stream ended: run the rest of the rounds (empty ones where peers have more).
+    rd.ended = true;
+    rd.streamed = rd.done;
+    announce(rd);
+    const auto deadline = c_.rollout_deadline();
+    auto pause = std::chrono::microseconds(100);
+    for (;;) {
+      auto c0 = Clock::now();
+      const bool all = run_rounds(tr, rd, parts);
+      compute_s += seconds_since(c0);
+      if (all) break;
+      if (Clock::now() > deadline) {
+        throw std::runtime_error(fmt::format(
+            "step {}: train ranks {} (train group) did not end their rollout streams before the "
+            "deadline (--rollout-timeout); this rank ran {} ZeRO-2 rounds",
+            step + 1, fmt::join(rd.open, ", "), rd.done));
+      }
+      auto w0 = Clock::now();
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(5000));
+      wait_s += seconds_since(w0);
+    }
+  }
   {
     auto b0 = Clock::now();
     barrier(fmt::format("rollouts-s{}", step));  // every node's rollouts are in
     wait_s += seconds_since(b0);
   }
   auto c0 = Clock::now();
-  if (rounds) parts = accumulate_all(tr, held, LossKind::kGrpo);
   auto st = tr.finish_step();
   compute_s += seconds_since(c0);
   auto lm = combine_loss_metrics(parts);
@@ -252,6 +338,8 @@ json RolloutConsumer::train_step(Trainer& tr, int64_t step) {
           {"grad_norm", st.grad_norm},
           {"lr", st.lr},
           {"micro_batches", static_cast<int64_t>(parts.size())},
+          {"zero_rounds", rd.done},             // stage 2: collective rounds (empty ones included)
+          {"zero_rounds_streamed", rd.streamed},  // ... of which ran before this rank's stream ended
           {"train_tokens", tokens},
           {"rollout_bytes", rs.bytes},
           {"wait_s", wait_s},

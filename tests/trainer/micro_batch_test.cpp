@@ -1,4 +1,5 @@
 #include "trainer/micro_batch.h"
+#include "trainer/rollout_consumer.h"
 
 #include <gtest/gtest.h>
 
@@ -92,6 +93,22 @@ TEST(MicroBatchTest, SerializationRoundTripsEveryFieldInOneByteTensor) {
   at::Tensor bad = bytes.clone();
   bad[0] = 0;
   ASSERT_THROWS_WITH(deserialize_micro_batch(bad), std::invalid_argument, "bad magic");
+}
+
+// ZeRO-2 rounds in the RL step: round i runs once some rank has an i-th micro-batch and every rank
+// has one or ended its stream; a rank still receiving holds the rounds beyond its count back.
+TEST(ZeroRoundsTest, ARoundRunsOnceEveryRankHasItsMicroBatchOrEnded) {
+  using R = RoundProgress;
+  EXPECT_EQ(runnable_rounds({R{0, false}, R{0, false}}), 0);
+  EXPECT_EQ(runnable_rounds({R{3, false}, R{1, false}}), 1);  // rank 1 may get more
+  EXPECT_EQ(runnable_rounds({R{3, false}, R{1, true}}), 3);   // rank 1 pads rounds 2, 3
+  EXPECT_EQ(runnable_rounds({R{1, true}, R{3, false}, R{2, false}}), 2);
+  EXPECT_EQ(runnable_rounds({R{2, true}, R{4, true}, R{0, true}}), 4);  // all ended
+  // Nobody has a micro-batch and someone is still open: no round is certain to happen.
+  EXPECT_EQ(runnable_rounds({R{0, true}, R{0, false}}), 0);
+  EXPECT_EQ(runnable_rounds({R{0, true}, R{0, true}}), 0);
+  // A lone rank runs what it has.
+  EXPECT_EQ(runnable_rounds({R{2, false}}), 2);
 }
 
 }  // namespace
