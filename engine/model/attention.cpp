@@ -28,9 +28,17 @@ at::Tensor DenseCausalAttention::attend(int64_t layer, const at::Tensor& q, cons
       ks = ks.repeat_interleave(group, 0);
       vs = vs.repeat_interleave(group, 0);
     }
-    auto scores = at::matmul(qs, ks.transpose(1, 2)) * scale;  // [H, L, L]
-    auto mask = at::ones({len, len}, q.options().dtype(at::kBool)).triu(1);
-    scores = scores.masked_fill(mask, -std::numeric_limits<float>::infinity());
+    // scale * q k^T + the causal bias (-inf above the diagonal) in one GEMM: one [H, L, L]
+    // tensor besides the probabilities (a fresh allocation of that size costs more in page
+    // faults than the GEMM itself at long L). The bias is built once per length, for all layers.
+    at::Tensor& bias = bias_[len];
+    if (!bias.defined()) {
+      bias = at::zeros({len, len}, qs.options())
+                 .masked_fill_(at::ones({len, len}, qs.options().dtype(at::kBool)).triu(1),
+                               -std::numeric_limits<float>::infinity());
+    }
+    auto scores = at::baddbmm(bias.expand({qs.size(0), len, len}), qs, ks.transpose(1, 2),
+                              /*beta=*/1, /*alpha=*/scale);  // [H, L, L]
     auto probs = at::softmax(scores, -1);
     outs.push_back(at::matmul(probs, vs).transpose(0, 1).to(q.scalar_type()));  // [L, H, D]
     start += len;

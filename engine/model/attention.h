@@ -10,6 +10,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <map>
 #include <vector>
 
 namespace crl::engine {
@@ -33,6 +34,7 @@ class DenseCausalAttention : public AttentionBackend {
 
  private:
   std::vector<int64_t> seq_lens_;
+  std::map<int64_t, at::Tensor> bias_;  // causal bias [L, L] per sequence length
 };
 
 }  // namespace crl::engine
