@@ -95,10 +95,9 @@ CheckpointState load_trainer_state(Trainer& trainer, const std::string& dir) {
   std::ifstream in(dir + "/trainer_state.json");
   const json j = json::parse(in);
   const int64_t adam_step = j.value("adam_step", int64_t{0});
-  engine::NamedTensors opt;
+  // Each rank reads its own slices out of the mapping: no full copy of the moments per rank.
   auto file = engine::SafetensorsFile::open(dir + "/optimizer.safetensors");
-  for (const auto& [name, info] : file->tensors()) opt.emplace_back(name, file->load(name, at::kFloat));
-  trainer.load_optimizer_state(opt, adam_step, s.step);
+  trainer.load_optimizer_state(*file, adam_step, s.step);
   return s;
 }
 

@@ -323,9 +323,15 @@ engine::NamedTensors TrainState::gather(int what, bool keep) {
 }
 
 void TrainState::scatter(int what, const engine::NamedTensors& full) {
-  at::NoGradGuard no_grad;
   CRL_CHECK(full.size() == params_.size(), "scatter: ", full.size(), " tensors for ",
             params_.size(), " parameters");
+  scatter(what, [&](int64_t param, int64_t from, int64_t count) {
+    return full[param].second.reshape({-1}).narrow(0, from, count);
+  });
+}
+
+void TrainState::scatter(int what, const RangeReader& read) {
+  at::NoGradGuard no_grad;
   auto& dst = what == 0 ? master_ : what == 1 ? exp_avg_ : exp_avg_sq_;
   const int64_t esize = c10::elementSize(o_.compute_dtype);
   for (const auto& bk : layout_.buckets()) {
@@ -333,7 +339,7 @@ void TrainState::scatter(int what, const engine::NamedTensors& full) {
     for (const auto& e : bk.entries) {
       const Overlap o = overlap(e.offset / esize, e.nbytes / esize, shard_rank_ * slice_[b], slice_[b]);
       if (o.count == 0) continue;
-      dst[b].narrow(0, o.at, o.count).copy_(full[e.tensor].second.reshape({-1}).narrow(0, o.from, o.count));
+      dst[b].narrow(0, o.at, o.count).copy_(read(e.tensor, o.from, o.count));
     }
     if (what == 0 && !master_aliased_) slice_of(param_full_[b], b).copy_(master_[b]);
   }

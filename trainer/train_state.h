@@ -27,6 +27,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -97,6 +98,11 @@ class TrainState {
   engine::NamedTensors gather(int what, bool keep);
   // Loads per-parameter full tensors into the own slices (what: as gather()).
   void scatter(int what, const engine::NamedTensors& full);
+  // The same from a reader of flat element ranges: read(param, from, count) returns elements
+  // [from, from + count) of parameter `param` (model_param_specs order), so a rank reads only the
+  // parts its slices hold (a checkpoint's memory-mapped file, not a full copy per rank).
+  using RangeReader = std::function<at::Tensor(int64_t param, int64_t from, int64_t count)>;
+  void scatter(int what, const RangeReader& read);
   void set_adam_step(int64_t s) { adam_step_ = s; }
 
  private:

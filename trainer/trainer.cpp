@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "common/check.h"
+#include "engine/model/safetensors.h"
 #include "trainer/engine_matched_attention.h"
 
 namespace crl::trainer {
@@ -331,34 +332,31 @@ engine::NamedTensors Trainer::optimizer_state(int64_t* adam_step, bool keep) {
   return out;
 }
 
-void Trainer::load_optimizer_state(const engine::NamedTensors& saved, int64_t adam_step,
+void Trainer::load_optimizer_state(const engine::SafetensorsFile& saved, int64_t adam_step,
                                    int64_t step) {
-  std::map<std::string, at::Tensor> by_name(saved.begin(), saved.end());
   const auto& params = impl_->state->parameters();
-  engine::NamedTensors m, v;
-  if (!saved.empty()) {
+  const bool fresh = saved.tensors().empty();
+  if (!fresh) {
     for (const auto& [name, p] : params) {
-      auto get = [&](const std::string& key) {
-        auto it = by_name.find(key);
-        if (it == by_name.end()) CRL_INVALID("optimizer state has no tensor '", key, "'");
-        if (it->second.sizes() != p.sizes()) {
-          CRL_INVALID("optimizer state tensor '", key, "' has shape ", it->second.sizes(),
+      for (const char* kind : {"exp_avg/", "exp_avg_sq/"}) {
+        const std::string key = kind + name;
+        auto it = saved.tensors().find(key);
+        if (it == saved.tensors().end()) CRL_INVALID("optimizer state has no tensor '", key, "'");
+        if (at::IntArrayRef(it->second.shape) != p.sizes()) {
+          CRL_INVALID("optimizer state tensor '", key, "' has shape ", at::IntArrayRef(it->second.shape),
                       ", the parameter ", p.sizes());
         }
-        return it->second.to(at::kFloat);
-      };
-      m.emplace_back(name, get("exp_avg/" + name));
-      v.emplace_back(name, get("exp_avg_sq/" + name));
-    }
-  } else {
-    for (const auto& [name, p] : params) {
-      m.emplace_back(name, at::zeros(p.sizes(), at::kFloat));
-      v.emplace_back(name, at::zeros(p.sizes(), at::kFloat));
+      }
     }
   }
-  impl_->state->scatter(1, m);
-  impl_->state->scatter(2, v);
-  impl_->state->set_adam_step(saved.empty() ? 0 : adam_step);
+  for (int what : {1, 2}) {
+    const std::string kind = what == 1 ? "exp_avg/" : "exp_avg_sq/";
+    impl_->state->scatter(what, [&](int64_t param, int64_t from, int64_t count) {
+      if (fresh) return at::zeros({count}, at::kFloat);
+      return saved.load_range(kind + params[param].first, from, count, at::kFloat);
+    });
+  }
+  impl_->state->set_adam_step(fresh ? 0 : adam_step);
   step_ = step;
 }
 

@@ -42,6 +42,10 @@
 #include "trainer/micro_batch.h"
 #include "trainer/train_state.h"
 
+namespace crl::engine {
+class SafetensorsFile;
+}
+
 namespace crl::trainer {
 
 enum class LossKind { kGrpo, kSft };
@@ -155,10 +159,11 @@ class Trainer {
   // Optimizer state as named full float32 tensors ("exp_avg/<param>", "exp_avg_sq/<param>") plus
   // the AdamW step count; empty before the first step. Gathered like master_weights().
   engine::NamedTensors optimizer_state(int64_t* adam_step, bool keep = true);
-  // Restores state saved by optimizer_state() (from any number of train ranks: each rank takes its
-  // slice) and the trainer's step counter. Throws std::invalid_argument naming a missing or
+  // Restores state saved by optimizer_state() into a safetensors file (from any number of train
+  // ranks: each rank reads only its slices out of the mapped file) and the trainer's step counter.
+  // A file without tensors is a fresh state. Throws std::invalid_argument naming a missing or
   // mis-shaped tensor.
-  void load_optimizer_state(const engine::NamedTensors& state, int64_t adam_step, int64_t step);
+  void load_optimizer_state(const engine::SafetensorsFile& saved, int64_t adam_step, int64_t step);
   // Replaces the fp32 masters (and parameters) by `weights` (model_param_specs order, full).
   void load_master_weights(const engine::NamedTensors& weights);
 

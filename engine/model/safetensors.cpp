@@ -231,7 +231,24 @@ SafetensorsFile::~SafetensorsFile() {
 at::Tensor SafetensorsFile::load(const std::string& name, at::ScalarType dtype) const {
   auto it = tensors_.find(name);
   if (it == tensors_.end()) fail_tensor(path_, name, "not present in the file");
-  const TensorInfo& info = it->second;
+  return read(name, it->second, 0, it->second.shape, dtype);
+}
+
+at::Tensor SafetensorsFile::load_range(const std::string& name, int64_t from, int64_t count,
+                                       at::ScalarType dtype) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) fail_tensor(path_, name, "not present in the file");
+  int64_t numel = 1;
+  for (int64_t d : it->second.shape) numel *= d;
+  if (from < 0 || count < 0 || from + count > numel) {
+    fail_tensor(path_, name, "elements [" + std::to_string(from) + ", " + std::to_string(from + count) +
+                                 ") are outside its " + std::to_string(numel));
+  }
+  return read(name, it->second, from, {count}, dtype);
+}
+
+at::Tensor SafetensorsFile::read(const std::string& name, const TensorInfo& info, int64_t from,
+                                 std::vector<int64_t> shape, at::ScalarType dtype) const {
   at::ScalarType stored = at::kFloat;
   lookup_dtype(info.dtype, &stored);  // validated by open()
   if (stored != dtype && !(is_float_type(stored) && is_float_type(dtype))) {
@@ -239,15 +256,18 @@ at::Tensor SafetensorsFile::load(const std::string& name, at::ScalarType dtype) 
         path_, name,
         "stored dtype " + info.dtype + " cannot be loaded as " + std::string(c10::toString(dtype)));
   }
-  const uint8_t* src = data_ + info.begin;
-  const size_t nbytes = static_cast<size_t>(info.end - info.begin);
+  int64_t count = 1;
+  for (int64_t d : shape) count *= d;
+  const size_t esize = c10::elementSize(stored);
+  const uint8_t* src = data_ + info.begin + static_cast<size_t>(from) * esize;
+  const size_t nbytes = static_cast<size_t>(count) * esize;
   const auto opts = at::TensorOptions().dtype(stored);
-  if (reinterpret_cast<uintptr_t>(src) % c10::elementSize(stored) == 0) {
+  if (reinterpret_cast<uintptr_t>(src) % esize == 0) {
     // Aligned: read straight from the mapping; .to()/.clone() copy, so nothing aliases the map.
-    at::Tensor view = at::from_blob(const_cast<uint8_t*>(src), info.shape, opts);
+    at::Tensor view = at::from_blob(const_cast<uint8_t*>(src), shape, opts);
     return stored == dtype ? view.clone() : view.to(dtype);
   }
-  at::Tensor copy = at::empty(info.shape, opts);
+  at::Tensor copy = at::empty(shape, opts);
   if (nbytes > 0) std::memcpy(copy.data_ptr(), src, nbytes);
   return stored == dtype ? copy : copy.to(dtype);
 }

@@ -42,9 +42,16 @@ class SafetensorsFile {
   // Copies tensor `name` out of the mapping, converted to `dtype` (F32/BF16/F16 convert among each
   // other). Throws std::runtime_error naming file and tensor when absent or not convertible.
   at::Tensor load(const std::string& name, at::ScalarType dtype) const;
+  // Elements [from, from + count) of tensor `name` in row-major order, as a 1-D tensor of `dtype`
+  // (a sharded reader takes its slice without the whole tensor). Throws as load(), and when the
+  // range is outside the tensor.
+  at::Tensor load_range(const std::string& name, int64_t from, int64_t count,
+                        at::ScalarType dtype) const;
 
  private:
   SafetensorsFile() = default;
+  at::Tensor read(const std::string& name, const TensorInfo& info, int64_t from,
+                  std::vector<int64_t> shape, at::ScalarType dtype) const;
   std::string path_;
   void* map_ = nullptr;
   size_t map_size_ = 0;
