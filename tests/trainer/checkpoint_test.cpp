@@ -9,6 +9,7 @@
 #include <random>
 
 #include "engine/llm_engine.h"
+#include "engine/model/safetensors.h"
 #include "tests/engine/test_model.h"
 #include "tests/test_utils.h"
 
@@ -95,6 +96,31 @@ TEST(CheckpointTest, AFreshTrainerSavesAndResumesAtStepZero) {
   EXPECT_EQ(load_trainer_state(back, dir.file("c0")).step, 0);
   EXPECT_EQ(back.step(), 0);
   test::expect_tensor_equal(back.master_weights()[0].second, t.master_weights()[0].second);
+}
+
+TEST(CheckpointTest, AMissingOrMisShapedOptimizerTensorIsAnErrorNamingIt) {
+  test::TempDir dir;
+  const std::string ckpt = dir.file("c");
+  Trainer t(test::test_model_dir(), options());
+  t.train_step(batch(0), LossKind::kGrpo);
+  save_checkpoint(t, ckpt, "");
+  const std::string path = ckpt + "/optimizer.safetensors";
+  engine::NamedTensors opt;
+  {
+    auto file = engine::SafetensorsFile::open(path);
+    for (const auto& [name, info] : file->tensors()) opt.emplace_back(name, file->load(name, at::kFloat));
+  }
+  const std::string victim = opt[0].first;
+  engine::NamedTensors missing(opt.begin() + 1, opt.end());
+  engine::write_safetensors(path, missing);
+  Trainer a(ckpt, options());
+  ASSERT_THROWS_WITH(load_trainer_state(a, ckpt), std::invalid_argument,
+                     "optimizer state has no tensor '" + victim + "'");
+  opt[0].second = opt[0].second.reshape({-1}).narrow(0, 0, opt[0].second.numel() - 1).clone();
+  engine::write_safetensors(path, opt);
+  Trainer b(ckpt, options());
+  ASSERT_THROWS_WITH(load_trainer_state(b, ckpt), std::invalid_argument,
+                     "optimizer state tensor '" + victim + "' has shape");
 }
 
 TEST(CheckpointTest, RefusesToReplaceADirectoryThatIsNotACheckpoint) {
