@@ -164,7 +164,8 @@ class GlooCommunicator : public Communicator {
       c10d::BroadcastOptions o;
       o.rootRank = root;
       o.timeout = info_.timeout;
-      parts.push_back(issue([&] { return pg_->broadcast(ts, o); }, describe_op("all_gather", bytes, root)));
+      parts.push_back(issue([&] { return pg_->broadcast(ts, o); },
+                            describe_op("all_gather", bytes / info_.size(), root)));
     }
     return std::make_unique<AllWork>(std::move(parts));
   }

@@ -29,7 +29,7 @@ struct StepTotals {
   double train_s = 0, wait_s = 0, gnorm = 0, lr = 0, elapsed = 0;
   double store_ops = 0, store_bytes = 0;
   double infer_busy = 0, infer_span = 0, train_idle = 0, train_span = 0;
-  double zero_rounds = 0, zero_rounds_streamed = 0;  // ZeRO-2 rounds, summed over train ranks
+  double zero_rounds = 0, zero_rounds_while_receiving = 0;  // ZeRO-2 rounds, summed over train ranks
   int64_t engine_version = 0, peak_rss = 0;
   int trains = 0;
 };
@@ -99,7 +99,7 @@ void report_rl_job(const RlContext& j, const sync::StorePtr& store) {
       t.train_idle += std::min(span, x["wait_s"].get<double>() + x["send_wait_s"].get<double>());
       t.train_span += span;
       t.zero_rounds += x["zero_rounds"].get<double>();
-      t.zero_rounds_streamed += x["zero_rounds_streamed"].get<double>();
+      t.zero_rounds_while_receiving += x["zero_rounds_while_receiving"].get<double>();
       if (x["micro_batches"].get<int64_t>() == 0) continue;  // nothing to average
       const double lt = x["loss_tokens"].get<double>();
       ++t.trains;
@@ -168,9 +168,10 @@ void report_rl_job(const RlContext& j, const sync::StorePtr& store) {
       row["engine_version"] = t.engine_version;
       row["store_ops"] = t.store_ops;
       row["store_bytes"] = t.store_bytes;
-      // ZeRO stage 2: the share of collective rounds that ran while rollouts were still arriving.
-      row["zero_rounds_streamed_share"] =
-          t.zero_rounds > 0 ? t.zero_rounds_streamed / t.zero_rounds : 0.0;
+      // ZeRO stage 2: the share of collective rounds a train rank ran while its own rollout stream
+      // was still open (over all train ranks).
+      row["zero_rounds_while_receiving_share"] =
+          t.zero_rounds > 0 ? t.zero_rounds_while_receiving / t.zero_rounds : 0.0;
       metrics << row.dump() << "\n";
       metrics.flush();
     }

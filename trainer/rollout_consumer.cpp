@@ -28,13 +28,8 @@ using nlohmann::json;
 
 }  // namespace
 
-int64_t runnable_rounds(const std::vector<RoundProgress>& ranks) {
-  int64_t most = 0, open_least = std::numeric_limits<int64_t>::max();
-  for (const auto& r : ranks) {
-    most = std::max(most, r.received);
-    if (!r.ended) open_least = std::min(open_least, r.received);
-  }
-  return std::min(most, open_least);
+bool round_runnable(int64_t have_i, int64_t ended, int64_t ended_i, int64_t ranks) {
+  return have_i >= 1 && have_i + (ended - ended_i) == ranks;
 }
 
 RolloutConsumer::RolloutConsumer(RlContext& ctx) : c_(ctx), o_(ctx.o) {
@@ -145,41 +140,48 @@ std::vector<LossMetrics> RolloutConsumer::accumulate_all(Trainer& tr,
   return parts;
 }
 
-void RolloutConsumer::announce(const Rounds& r) {
-  sync::store_set(c_.world.store, c_.key(fmt::format("zr/s{}/t{}", r.step, c_.g.train->rank())),
-                  fmt::format("{} {}", r.received, r.ended ? 1 : 0));
+std::string RolloutConsumer::round_key(int64_t step, const std::string& what) const {
+  return c_.key(fmt::format("zr/s{}/{}", step, what));
+}
+
+void RolloutConsumer::count_round(Rounds& r, bool ended) {
+  const auto& store = c_.world.store;
+  if (!ended) {
+    ++r.received;
+    sync::store_add(store, round_key(r.step, fmt::format("have{}", r.received)), 1);
+    return;
+  }
+  r.ended = true;
+  r.while_receiving = r.done;
+  for (int64_t i = 1; i <= r.received; ++i) {
+    sync::store_add(store, round_key(r.step, fmt::format("ended{}", i)), 1);
+  }
+  sync::store_add(store, round_key(r.step, "ended"), 1);  // after ended(i): see round_runnable
 }
 
 bool RolloutConsumer::run_rounds(Trainer& tr, Rounds& r, std::vector<LossMetrics>& parts) {
-  const int me = c_.g.train->rank();
-  std::vector<RoundProgress> ranks(c_.g.train->size());
-  for (int t = 0; t < static_cast<int>(ranks.size()); ++t) {
-    if (t == me) {
-      ranks[t] = {r.received, r.ended};
-      continue;
+  const auto& store = c_.world.store;
+  const int64_t ranks = c_.g.train->size();
+  for (;;) {
+    const int64_t i = r.done + 1;
+    // `ended` first, then ended(i), then have(i): a rank is never counted twice (see the header).
+    r.ended_ranks = sync::store_add(store, round_key(r.step, "ended"), 0);
+    const int64_t ended_i = sync::store_add(store, round_key(r.step, fmt::format("ended{}", i)), 0);
+    const int64_t have_i = sync::store_add(store, round_key(r.step, fmt::format("have{}", i)), 0);
+    if (!round_runnable(have_i, r.ended_ranks, ended_i, ranks)) {
+      return r.ended_ranks == ranks && have_i == 0;  // every rank ended and had no i-th
     }
-    const std::string k = c_.key(fmt::format("zr/s{}/t{}", r.step, t));
-    if (!sync::store_has(c_.world.store, k)) continue;  // nothing received yet
-    const std::string v = sync::store_get(c_.world.store, k, c_.rollout_deadline(), "round progress");
-    const size_t sp = v.find(' ');
-    ranks[t] = {std::stoll(v.substr(0, sp)), sp != std::string::npos && v.substr(sp + 1) == "1"};
-  }
-  r.open.clear();
-  for (int t = 0; t < static_cast<int>(ranks.size()); ++t) {
-    if (!ranks[t].ended) r.open.push_back(t);
-  }
-  const int64_t runnable = runnable_rounds(ranks);
-  for (; r.done < runnable; ++r.done) {
     if (r.held.empty()) {  // this rank ran out: an empty round matches a peer's micro-batch
       tr.accumulate_empty();
-      continue;
+    } else {
+      MicroBatch mb = std::move(r.held.front());
+      r.held.pop_front();
+      parts.push_back(tr.accumulate(mb, LossKind::kGrpo, static_cast<double>(mb.num_loss_tokens())));
+      local_loss_tokens_ += mb.num_loss_tokens();
     }
-    MicroBatch mb = std::move(r.held.front());
-    r.held.pop_front();
-    parts.push_back(tr.accumulate(mb, LossKind::kGrpo, static_cast<double>(mb.num_loss_tokens())));
-    local_loss_tokens_ += mb.num_loss_tokens();
+    ++r.done;
+    r.pause = std::chrono::microseconds(100);
   }
-  return r.open.empty() && r.done == runnable;
 }
 
 // A barrier of the train ranks with the rollout deadline: collectives after it then start
@@ -246,19 +248,24 @@ json RolloutConsumer::train_step(Trainer& tr, int64_t step) {
   tr.zero_grad();
   local_loss_tokens_ = 0;
   // Stages 0 and 1 train each micro-batch as it arrives; ZeRO stage 2 trains in collective
-  // rounds, run as soon as every rank can join them (RoundProgress).
+  // rounds, run as soon as every rank can join them (round_runnable).
   const bool rounds = tr.options().zero_stage == 2 && c_.train_total > 1;
   Rounds rd;
   rd.step = step;
-  if (rounds && step > c_.start_step) {
-    // Every rank read the last step's progress before its barrier: this rank's key can go.
-    sync::store_delete(c_.world.store, c_.key(fmt::format("zr/s{}/t{}", step - 1, c_.g.train->rank())));
-  }
-  auto on_idle = [&] {
-    if (rd.held.empty()) return;
-    auto c0 = Clock::now();
-    run_rounds(tr, rd, parts);
+  // Between messages: look again when a held micro-batch waits for its round, backing off from
+  // 0.1 to 20 ms while nothing becomes runnable (3 store requests a look).
+  auto look = [&] {
+    const auto now = Clock::now();
+    if (now < rd.next_look) return false;
+    auto c0 = now;
+    const bool all = run_rounds(tr, rd, parts);
     compute_s += seconds_since(c0);
+    rd.next_look = Clock::now() + rd.pause;
+    rd.pause = std::min(rd.pause * 2, std::chrono::microseconds(20000));
+    return all;
+  };
+  auto on_idle = [&] {
+    if (!rd.held.empty()) look();
   };
   auto rs = receiver_->receive_step(step, c_.rollout_deadline(), [&](at::Tensor buf) {
     auto c0 = Clock::now();
@@ -280,9 +287,10 @@ json RolloutConsumer::train_step(Trainer& tr, int64_t step) {
     tokens += mb.num_tokens();
     if (rounds) {
       rd.held.push_back(std::move(mb));
-      ++rd.received;
-      announce(rd);
-      run_rounds(tr, rd, parts);
+      count_round(rd, /*ended=*/false);
+      rd.next_look = {};  // look now
+      rd.pause = std::chrono::microseconds(100);
+      look();
     } else {
       parts.push_back(tr.accumulate(mb, LossKind::kGrpo, static_cast<double>(mb.num_loss_tokens())));
       local_loss_tokens_ += mb.num_loss_tokens();
@@ -292,25 +300,18 @@ json RolloutConsumer::train_step(Trainer& tr, int64_t step) {
   double wait_s = rs.wait_s;
   if (rounds) {
     // This rank's stream ended: run the rest of the rounds (empty ones where peers have more).
-    rd.ended = true;
-    rd.streamed = rd.done;
-    announce(rd);
+    count_round(rd, /*ended=*/true);
+    rd.next_look = {};
     const auto deadline = c_.rollout_deadline();
-    auto pause = std::chrono::microseconds(100);
-    for (;;) {
-      auto c0 = Clock::now();
-      const bool all = run_rounds(tr, rd, parts);
-      compute_s += seconds_since(c0);
-      if (all) break;
+    while (!look()) {
       if (Clock::now() > deadline) {
         throw std::runtime_error(fmt::format(
-            "step {}: train ranks {} (train group) did not end their rollout streams before the "
-            "deadline (--rollout-timeout); this rank ran {} ZeRO-2 rounds",
-            step + 1, fmt::join(rd.open, ", "), rd.done));
+            "step {}: only {} of {} train ranks ended their rollout streams before the deadline "
+            "(--rollout-timeout); this rank ran {} ZeRO-2 rounds",
+            step + 1, rd.ended_ranks, c_.g.train->size(), rd.done));
       }
       auto w0 = Clock::now();
-      std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::microseconds(5000));
+      std::this_thread::sleep_until(std::max(rd.next_look, w0));
       wait_s += seconds_since(w0);
     }
   }
@@ -318,6 +319,14 @@ json RolloutConsumer::train_step(Trainer& tr, int64_t step) {
     auto b0 = Clock::now();
     barrier(fmt::format("rollouts-s{}", step));  // every node's rollouts are in
     wait_s += seconds_since(b0);
+  }
+  if (rounds && c_.g.train->rank() == 0) {
+    // Every rank finished its rounds before the barrier: the step's counters can go.
+    for (int64_t i = 1; i <= rd.done + 1; ++i) {
+      sync::store_delete(c_.world.store, round_key(step, fmt::format("have{}", i)));
+      sync::store_delete(c_.world.store, round_key(step, fmt::format("ended{}", i)));
+    }
+    sync::store_delete(c_.world.store, round_key(step, "ended"));
   }
   auto c0 = Clock::now();
   auto st = tr.finish_step();
@@ -338,8 +347,8 @@ json RolloutConsumer::train_step(Trainer& tr, int64_t step) {
           {"grad_norm", st.grad_norm},
           {"lr", st.lr},
           {"micro_batches", static_cast<int64_t>(parts.size())},
-          {"zero_rounds", rd.done},             // stage 2: collective rounds (empty ones included)
-          {"zero_rounds_streamed", rd.streamed},  // ... of which ran before this rank's stream ended
+          {"zero_rounds", rd.done},  // stage 2: collective rounds (empty ones included)
+          {"zero_rounds_while_receiving", rd.while_receiving},  // ... run before this rank's stream ended
           {"train_tokens", tokens},
           {"rollout_bytes", rs.bytes},
           {"wait_s", wait_s},

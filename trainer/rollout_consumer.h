@@ -36,17 +36,17 @@ class WeightSync;
 namespace crl::trainer {
 
 // ZeRO stage 2 in the RL step: every micro-batch is a collective round and train ranks receive
-// different numbers of micro-batches, as they come. Each rank publishes (in the store) how many
-// of the step's micro-batches it received and whether its stream ended; round i (1-based) runs
-// once some rank has an i-th micro-batch and every rank has one or has ended (it then runs an
-// empty round). So rounds run while rollouts stream in, and no rank enters a round's collectives
-// while a peer still waits on generation for it: the collective deadline never covers generation.
-struct RoundProgress {
-  int64_t received = 0;
-  bool ended = false;
-};
-// Rounds that may run now (all of them, up to the largest count, once every rank ended).
-int64_t runnable_rounds(const std::vector<RoundProgress>& ranks);
+// different numbers of micro-batches, as they come. Round i (1-based) runs once some rank has an
+// i-th micro-batch and every rank has one or has ended its stream (it then runs an empty round).
+// So rounds run while rollouts stream in, and no rank enters a round's collectives while a peer
+// still waits on generation for it: the collective deadline never covers generation.
+// Ranks count in the store, so a look costs three requests whatever the number of ranks:
+//   have(i)  ranks that received an i-th micro-batch (each adds 1 as it does)
+//   ended    ranks whose stream ended
+//   ended(i) ended ranks that received an i-th micro-batch (a rank adds 1 to ended(1..n) before
+//            `ended`, so a reader that reads `ended` first never counts a rank twice)
+// Round i may run when have(i) >= 1 and have(i) + ended - ended(i) == ranks.
+bool round_runnable(int64_t have_i, int64_t ended, int64_t ended_i, int64_t ranks);
 
 class RolloutConsumer {
  public:
@@ -63,17 +63,21 @@ class RolloutConsumer {
   // count (each round is a collective). Returns their loss metrics.
   std::vector<LossMetrics> accumulate_all(Trainer& tr, const std::vector<MicroBatch>& batches,
                                           LossKind kind);
-  // Stage-2 rounds of the step in progress (see RoundProgress).
+  // Stage-2 rounds of the step in progress (see round_runnable).
   struct Rounds {
     int64_t step = 0;
     std::deque<MicroBatch> held;  // received, not trained yet
     int64_t received = 0, done = 0;
-    int64_t streamed = 0;  // rounds run before this rank's stream ended
     bool ended = false;
-    std::vector<int> open;  // train ranks whose stream had not ended at the last look
+    int64_t while_receiving = 0;  // rounds run before this rank's stream ended
+    int64_t ended_ranks = 0;      // at the last look
+    sync::Clock::time_point next_look{};
+    std::chrono::microseconds pause{100};
   };
-  void announce(const Rounds& r);
-  // Trains every round runnable now; returns whether every rank ended and every round ran.
+  std::string round_key(int64_t step, const std::string& what) const;
+  // Counts a received micro-batch (or, with `ended`, the end of this rank's stream) in the store.
+  void count_round(Rounds& r, bool ended);
+  // Trains every round runnable now. Returns true once every rank ended and every round ran.
   bool run_rounds(Trainer& tr, Rounds& r, std::vector<LossMetrics>& parts);
   void barrier(const std::string& name);
   double send(Trainer& tr, int64_t version);

@@ -98,17 +98,19 @@ TEST(MicroBatchTest, SerializationRoundTripsEveryFieldInOneByteTensor) {
 // ZeRO-2 rounds in the RL step: round i runs once some rank has an i-th micro-batch and every rank
 // has one or ended its stream; a rank still receiving holds the rounds beyond its count back.
 TEST(ZeroRoundsTest, ARoundRunsOnceEveryRankHasItsMicroBatchOrEnded) {
-  using R = RoundProgress;
-  EXPECT_EQ(runnable_rounds({R{0, false}, R{0, false}}), 0);
-  EXPECT_EQ(runnable_rounds({R{3, false}, R{1, false}}), 1);  // rank 1 may get more
-  EXPECT_EQ(runnable_rounds({R{3, false}, R{1, true}}), 3);   // rank 1 pads rounds 2, 3
-  EXPECT_EQ(runnable_rounds({R{1, true}, R{3, false}, R{2, false}}), 2);
-  EXPECT_EQ(runnable_rounds({R{2, true}, R{4, true}, R{0, true}}), 4);  // all ended
-  // Nobody has a micro-batch and someone is still open: no round is certain to happen.
-  EXPECT_EQ(runnable_rounds({R{0, true}, R{0, false}}), 0);
-  EXPECT_EQ(runnable_rounds({R{0, true}, R{0, true}}), 0);
+  // round_runnable(have(i), ended, ended(i), ranks)
+  EXPECT_FALSE(round_runnable(0, 0, 0, 2));  // nothing received
+  EXPECT_TRUE(round_runnable(2, 0, 0, 2));   // both have an i-th
+  EXPECT_FALSE(round_runnable(1, 0, 0, 2));  // the other may still get one
+  EXPECT_TRUE(round_runnable(1, 1, 0, 2));   // the other ended without: it pads the round
+  // Three ranks: one ended with an i-th (counted once, in have(i)), one ended without, one has it.
+  EXPECT_TRUE(round_runnable(2, 2, 1, 3));
+  // The same but the third is still open without an i-th.
+  EXPECT_FALSE(round_runnable(1, 2, 1, 3));
+  // Every rank ended and none had an i-th: the step's rounds are over, not runnable.
+  EXPECT_FALSE(round_runnable(0, 3, 0, 3));
   // A lone rank runs what it has.
-  EXPECT_EQ(runnable_rounds({R{2, false}}), 2);
+  EXPECT_TRUE(round_runnable(1, 0, 0, 1));
 }
 
 }  // namespace
