@@ -1,5 +1,6 @@
 // colocated-rl [train] --gpus-infer I --gpus-train T ...: the RL job (the project's main job).
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
 #include "app/commands.h"
 #include "app/launcher.h"
@@ -21,6 +22,8 @@ Runner register_train(CLI::App& app) {
     double lr = 1e-4;
     double rollout_timeout_s = 1800;
     double tis_cap = -1;  // unset: by --max-staleness
+    double min_lr = -1;      // unset: lr / 10
+    double sft_min_lr = -1;  // unset: sft lr / 10
     std::string inflight = "keep";
   };
   auto f = std::make_shared<Flags>();
@@ -53,7 +56,13 @@ Runner register_train(CLI::App& app) {
   cmd->add_option("--sft-steps", o.sft_steps, "SFT warm-up steps before GRPO (0 = none)")
       ->capture_default_str();
   cmd->add_option("--sft-rows", o.sft_rows_per_step, "rows per SFT step")->capture_default_str();
-  cmd->add_option("--sft-lr", o.sft_lr, "SFT learning rate")->capture_default_str();
+  cmd->add_option("--sft-lr", o.sft_schedule.lr, "SFT peak learning rate")->capture_default_str();
+  cmd->add_option("--sft-warmup-steps", o.sft_schedule.warmup_steps,
+                  "SFT linear warmup steps (to --sft-lr)")
+      ->capture_default_str();
+  cmd->add_option("--sft-min-lr", f->sft_min_lr,
+                  "SFT cosine floor: after warmup the lr decays from --sft-lr to this over "
+                  "--sft-steps (default: --sft-lr / 10; equal to --sft-lr: constant)");
   cmd->add_option("--steps", o.steps, "GRPO steps")->capture_default_str();
   cmd->add_option("--prompts-per-step", o.prompts_per_step, "prompts per GRPO step (all engines)")
       ->capture_default_str();
@@ -63,8 +72,11 @@ Runner register_train(CLI::App& app) {
   cmd->add_option("--max-tokens", o.max_tokens, "generated tokens per sample at most")
       ->capture_default_str();
   cmd->add_option("--lr", f->lr, "GRPO peak learning rate")->capture_default_str();
-  cmd->add_option("--warmup-steps", o.trainer.schedule.warmup_steps, "linear warmup steps");
-  cmd->add_option("--min-lr", o.trainer.schedule.min_lr, "cosine floor (cosine over --steps)");
+  cmd->add_option("--warmup-steps", o.trainer.schedule.warmup_steps, "GRPO linear warmup steps")
+      ->capture_default_str();
+  cmd->add_option("--min-lr", f->min_lr,
+                  "GRPO cosine floor: after warmup the lr decays from --lr to this over --steps "
+                  "(default: --lr / 10; equal to --lr: constant)");
   cmd->add_option("--weight-decay", o.trainer.weight_decay, "AdamW weight decay (matrices)")
       ->capture_default_str();
   cmd->add_option("--max-grad-norm", o.trainer.max_grad_norm, "gradient clipping (0 = off)")
@@ -121,7 +133,19 @@ Runner register_train(CLI::App& app) {
     o.reward.kind = trainer::parse_reward_kind(f->reward);
     o.trainer.dtype = f->train_dtype.empty() ? o.engine_dtype : f->train_dtype;
     o.trainer.schedule.lr = f->lr;
-    if (o.trainer.schedule.min_lr > 0) o.trainer.schedule.total_steps = o.steps;
+    o.trainer.schedule.min_lr = f->min_lr >= 0 ? f->min_lr : f->lr / 10;
+    o.trainer.schedule.total_steps = o.steps;
+    o.sft_schedule.min_lr = f->sft_min_lr >= 0 ? f->sft_min_lr : o.sft_schedule.lr / 10;
+    if (o.trainer.schedule.min_lr > f->lr) {
+      throw std::invalid_argument(fmt::format("--min-lr {} is above --lr {} (the cosine decays "
+                                              "from --lr to --min-lr)", o.trainer.schedule.min_lr, f->lr));
+    }
+    if (o.sft_schedule.min_lr > o.sft_schedule.lr) {
+      throw std::invalid_argument(fmt::format("--sft-min-lr {} is above --sft-lr {} (the cosine "
+                                              "decays from --sft-lr to --sft-min-lr)",
+                                              o.sft_schedule.min_lr, o.sft_schedule.lr));
+    }
+    o.sft_schedule.validate();
     o.trainer.grpo.clip_high = o.trainer.grpo.clip_low;
     o.trainer.grpo.tis_cap = f->tis_cap >= 0 ? f->tis_cap : (o.max_staleness >= 1 ? 2.0 : 0.0);
     o.inflight = engine::parse_inflight_policy(f->inflight);

@@ -18,13 +18,14 @@ void LrSchedule::validate() const {
 }
 
 double lr_at(const LrSchedule& s, int64_t step) {
-  if (step < s.warmup_steps) {
-    return s.lr * static_cast<double>(step + 1) / static_cast<double>(s.warmup_steps);
+  // A run shorter than its warmup still reaches the peak at its last step.
+  const int64_t warmup = s.total_steps > 0 ? std::min(s.warmup_steps, s.total_steps) : s.warmup_steps;
+  if (step < warmup) {
+    return s.lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
   }
-  if (s.total_steps <= s.warmup_steps) return s.lr;
+  if (s.total_steps <= warmup) return s.lr;
   const double progress = std::min(
-      1.0, static_cast<double>(step - s.warmup_steps) /
-               static_cast<double>(s.total_steps - s.warmup_steps));
+      1.0, static_cast<double>(step - warmup) / static_cast<double>(s.total_steps - warmup));
   return s.min_lr + (s.lr - s.min_lr) * 0.5 * (1.0 + std::cos(M_PI * progress));
 }
 

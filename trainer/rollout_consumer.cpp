@@ -203,9 +203,8 @@ double RolloutConsumer::send(Trainer& tr, int64_t version) {
 
 std::unique_ptr<Trainer> RolloutConsumer::sft(std::unique_ptr<Trainer> tr, const TrainerOptions& topts) {
   TrainerOptions so = topts;
-  so.schedule.lr = o_.sft_lr;
-  so.schedule.warmup_steps = 0;
-  so.schedule.total_steps = 0;
+  so.schedule = o_.sft_schedule;
+  so.schedule.total_steps = o_.sft_steps;
   so.grpo.kl_coef = 0;
   tr.reset();  // replaced by the warmed-up weights below
   auto sft = std::make_unique<Trainer>(o_.model_dir, so);

@@ -110,6 +110,9 @@ TEST(LrScheduleTest, WarmupThenCosineToTheFloor) {
   EXPECT_NEAR(lr_at(s, 9), 0.55, 1e-12);  // halfway
   EXPECT_NEAR(lr_at(s, 14), 0.1, 1e-12);
   EXPECT_NEAR(lr_at(s, 100), 0.1, 1e-12);
+  s.total_steps = 2;  // shorter than the warmup: it still reaches the peak at its last step
+  EXPECT_DOUBLE_EQ(lr_at(s, 0), 0.5);
+  EXPECT_DOUBLE_EQ(lr_at(s, 1), 1.0);
   s.total_steps = 0;
   EXPECT_DOUBLE_EQ(lr_at(s, 50), 1.0);
   s.min_lr = 2.0;
