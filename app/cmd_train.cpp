@@ -106,6 +106,11 @@ Runner register_train(CLI::App& app) {
                   "a weight update reaching running sequences: keep (their KV), recompute (their KV "
                   "under the new weights) or abort (restart them)")
       ->capture_default_str();
+  cmd->add_flag("--reproducible", o.reproducible,
+                "two runs with the same flags give the same numbers: engines take new weights only "
+                "between RL steps (step s is sampled entirely by the weights K versions behind "
+                "it), and rollouts are packed and trained in a fixed order; the rollout queue is "
+                "then unbounded (at most K + 1 steps of rollouts; see the README)");
   cmd->add_option("--rollout-queue", o.rollout_queue,
                   "packed micro-batches an infer rank queues before it stops admitting prompts")
       ->capture_default_str()
@@ -132,6 +137,16 @@ Runner register_train(CLI::App& app) {
     o.kv_memory_bytes = parse_bytes(f->kv_memory);
     o.reward.kind = trainer::parse_reward_kind(f->reward);
     o.trainer.dtype = f->train_dtype.empty() ? o.engine_dtype : f->train_dtype;
+    if (!(f->lr >= 0) || !(o.sft_schedule.lr >= 0)) {
+      throw std::invalid_argument(fmt::format("--lr ({}) and --sft-lr ({}) must be >= 0", f->lr,
+                                              o.sft_schedule.lr));
+    }
+    if (o.reproducible && o.serve_port >= 0 && !o.deterministic) {
+      throw std::invalid_argument(
+          "--reproducible with --serve-port needs --deterministic: HTTP requests join the engines' "
+          "batches, and only batch-invariant engines give a rollout the same logits whatever its "
+          "batch");
+    }
     o.trainer.schedule.lr = f->lr;
     o.trainer.schedule.min_lr = f->min_lr >= 0 ? f->min_lr : f->lr / 10;
     o.trainer.schedule.total_steps = o.steps;

@@ -3,9 +3,11 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <stdexcept>
+#include <thread>
 #include <utility>
 
 #include "common/units.h"
@@ -19,20 +21,27 @@ std::string message_key(const RolloutRoute& r, int64_t step, int infer, int trai
   return fmt::format("rl/mb/n{}/s{}/i{}/t{}/{}", r.node, step, infer, train, seq);
 }
 
+std::string open_key(const RolloutRoute& r, int64_t step, int train) {
+  return fmt::format("rl/mb/n{}/s{}/t{}/open", r.node, step, train);
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // RolloutSender
 
 RolloutSender::RolloutSender(StorePtr own_store, Communicator& comm, RolloutRoute route,
-                             int infer_index, size_t queue_capacity, size_t max_in_flight)
+                             int infer_index, std::chrono::milliseconds open_timeout,
+                             size_t queue_capacity, size_t max_in_flight)
     : store_(std::move(own_store)),
       comm_(comm),
       route_(route),
       infer_index_(infer_index),
+      open_timeout_(open_timeout),
       capacity_(std::max<size_t>(1, queue_capacity)),
       max_in_flight_(std::max<size_t>(1, max_in_flight)),
-      round_robin_(infer_index) {
+      round_robin_(infer_index),
+      open_step_(route.train_per_node, -1) {
   thread_ = std::thread([this] { run(); });
 }
 
@@ -76,6 +85,29 @@ std::string RolloutSender::key(int64_t step, int train, int64_t seq) const {
   return message_key(route_, step, infer_index_, train, seq);
 }
 
+bool RolloutSender::wait_open(int64_t step, int train) {
+  if (open_step_[train] >= step) return true;  // steps open in order
+  const std::string k = open_key(route_, step, train);
+  const auto deadline = Clock::now() + open_timeout_;
+  auto pause = std::chrono::microseconds(100);
+  while (!store_has(store_, k)) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return false;
+    }
+    if (Clock::now() > deadline) {
+      throw std::runtime_error(fmt::format(
+          "rollout transport: train rank {} of node {} did not start receiving step {} within {} s "
+          "(infer rank {} of the node had its rollouts ready)",
+          train, route_.node, step + 1, open_timeout_.count() / 1000, infer_index_));
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(5000));
+  }
+  open_step_[train] = step;
+  return true;
+}
+
 void RolloutSender::run() {
   std::deque<std::pair<std::unique_ptr<Work>, at::Tensor>> posted;  // kept alive until sent
   std::map<std::pair<int64_t, int>, int64_t> next_seq;             // (step, train) -> seq
@@ -106,6 +138,7 @@ void RolloutSender::run() {
         next_seq.erase({m.step, m.train});
         continue;
       }
+      if (!wait_open(m.step, m.train)) return;
       while (posted.size() >= max_in_flight_) {
         posted.front().first->wait();
         posted.pop_front();
@@ -131,35 +164,48 @@ RolloutReceiver::RolloutReceiver(StorePtr store, Communicator& comm, RolloutRout
 
 RolloutReceiver::Stats RolloutReceiver::receive_step(
     int64_t step, Clock::time_point deadline, const std::function<void(at::Tensor)>& on_message,
-    const std::function<void()>& on_idle) {
+    const std::function<void()>& on_idle, bool in_turn) {
   const int infer = route_.infer_per_node;
   std::vector<int64_t> next(infer, 0);
   std::vector<bool> done(infer, false);
   int remaining = infer;
+  int turn = 0;  // in_turn: the infer rank whose message comes next
   Stats st;
+  store_set(store_, open_key(route_, step, train_index_), "1");
+  // Takes infer rank i's next message (or end) if it was announced; false if not yet.
+  auto take = [&](int i) {
+    const std::string k = message_key(route_, step, i, train_index_, next[i]);
+    if (!store_has(store_, k)) return false;
+    const std::string val = store_get(store_, k, deadline, "rollout message");
+    store_delete(store_, k);
+    ++next[i];
+    if (val == kEnd) {
+      done[i] = true;
+      --remaining;
+      return true;
+    }
+    auto w0 = Clock::now();
+    at::Tensor buf = at::empty({std::stoll(val)}, at::kByte);
+    comm_.recv(buf, /*sync rank of infer i=*/route_.train_per_node + i);
+    st.wait_s += seconds_since(w0);
+    st.bytes += buf.numel();
+    ++st.messages;
+    on_message(std::move(buf));
+    return true;
+  };
   auto pause = std::chrono::microseconds(100);
   while (remaining > 0) {
     bool progressed = false;
-    for (int i = 0; i < infer; ++i) {
-      if (done[i]) continue;
-      const std::string k = message_key(route_, step, i, train_index_, next[i]);
-      if (!store_has(store_, k)) continue;
-      const std::string val = store_get(store_, k, deadline, "rollout message");
-      store_delete(store_, k);
-      ++next[i];
-      progressed = true;
-      if (val == kEnd) {
-        done[i] = true;
-        --remaining;
-        continue;
+    if (in_turn) {
+      while (done[turn]) turn = (turn + 1) % infer;  // some stream is open: remaining > 0
+      if (take(turn)) {
+        progressed = true;
+        turn = (turn + 1) % infer;
       }
-      auto w0 = Clock::now();
-      at::Tensor buf = at::empty({std::stoll(val)}, at::kByte);
-      comm_.recv(buf, /*sync rank of infer i=*/route_.train_per_node + i);
-      st.wait_s += seconds_since(w0);
-      st.bytes += buf.numel();
-      ++st.messages;
-      on_message(std::move(buf));
+    } else {
+      for (int i = 0; i < infer; ++i) {
+        if (!done[i] && take(i)) progressed = true;
+      }
     }
     if (progressed || remaining == 0) {
       pause = std::chrono::microseconds(100);
@@ -181,6 +227,8 @@ RolloutReceiver::Stats RolloutReceiver::receive_step(
     pause = std::min(pause * 2, std::chrono::microseconds(5000));
     st.wait_s += seconds_since(p0);
   }
+  // Every infer rank ended the step: none will look at the opening again.
+  store_delete(store_, open_key(route_, step, train_index_));
   return st;
 }
 

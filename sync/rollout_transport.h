@@ -4,8 +4,11 @@
 // A message is one contiguous uint8 tensor. The sender announces its size under a store key
 // (per step, infer rank, train rank and sequence number), then posts one send; the receiver sees
 // the key, posts the matching recv, and deletes the key. An "end" key closes a step's stream
-// from one infer rank to one train rank. Every key of the protocol is spelled in
-// rollout_transport.cpp only.
+// from one infer rank to one train rank. A train rank "opens" a step's streams when it starts
+// receiving them, and a sender posts no send of a step to a train rank before that: a posted
+// send then never waits out a train rank's previous step (training, a weight sync) against the
+// communicator's deadline; the sender waits for the opening against its own, longer one (the
+// rollout deadline). Every key of the protocol is spelled in rollout_transport.cpp only.
 //
 // RolloutSender (infer rank) sends from its own thread, so the caller never blocks on a train
 // rank that is busy: enqueue() takes a message into a bounded queue or says it is full, and the
@@ -23,6 +26,7 @@
 
 #include <ATen/ATen.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -48,8 +52,10 @@ struct RolloutRoute {
 class RolloutSender {
  public:
   // `infer_index`: this rank among its node's infer ranks. `comm`: the node's sync group.
+  // `open_timeout`: how long a message may wait for its train rank to open its step.
   RolloutSender(StorePtr own_store, Communicator& comm, RolloutRoute route, int infer_index,
-                size_t queue_capacity = 4, size_t max_in_flight = 4);
+                std::chrono::milliseconds open_timeout, size_t queue_capacity = 4,
+                size_t max_in_flight = 4);
   ~RolloutSender();  // stops the thread; messages not yet sent are dropped
   RolloutSender(const RolloutSender&) = delete;
   RolloutSender& operator=(const RolloutSender&) = delete;
@@ -70,6 +76,9 @@ class RolloutSender {
     at::Tensor bytes;  // undefined: the end of the step
   };
   void run();
+  // Returns once train rank `train` opened `step` (at once if it was seen open before); throws
+  // naming both after open_timeout; false when the sender is stopping.
+  bool wait_open(int64_t step, int train);
   std::string key(int64_t step, int train, int64_t seq) const;
   void rethrow();
 
@@ -77,9 +86,11 @@ class RolloutSender {
   Communicator& comm_;
   const RolloutRoute route_;
   const int infer_index_;
+  const std::chrono::milliseconds open_timeout_;
   const size_t capacity_;
   const size_t max_in_flight_;
   int64_t round_robin_ = 0;  // caller thread
+  std::vector<int64_t> open_step_;  // sender thread: per train rank, the newest step seen open
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -102,11 +113,13 @@ class RolloutReceiver {
   };
   // Calls on_message(bytes) for every message of `step`, as they come, until every infer rank of
   // the node ended the step; on_idle (if set) whenever a poll found nothing new, before pausing
-  // (its time is not counted as waiting). Throws std::runtime_error naming the infer ranks
-  // (node-local index) still open at `deadline`.
+  // (its time is not counted as waiting). With `in_turn` the messages come in a fixed order
+  // whatever their timing: one from each infer rank whose stream is open, in index order, round
+  // after round (a late rank holds the others back). Throws std::runtime_error naming the infer
+  // ranks (node-local index) still open at `deadline`.
   Stats receive_step(int64_t step, Clock::time_point deadline,
                      const std::function<void(at::Tensor)>& on_message,
-                     const std::function<void()>& on_idle = nullptr);
+                     const std::function<void()>& on_idle = nullptr, bool in_turn = false);
 
  private:
   StorePtr store_;

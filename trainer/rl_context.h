@@ -72,6 +72,12 @@ struct RlOptions {
   // (the trainer's version at step s) - K, so they keep generating while the trainers train;
   // 0 = the synchronous loop. A group with a token older than that is dropped and counted.
   int64_t max_staleness = 1;
+  // --reproducible: no result depends on timing. Engines take new weights only between two RL
+  // steps' rollouts (step s is sampled entirely by version max(version_at(s) - K,
+  // first_grpo_version()); by default a version lands between any two engine steps, as soon as it
+  // is sent), groups are packed in prompt order and train ranks take micro-batches from their
+  // infer ranks in turn. Costs the overlap of a step's generation with its training at K >= 1.
+  bool reproducible = false;
   // What an engine does to its running sequences when a new version lands between two steps.
   engine::InflightPolicy inflight = engine::InflightPolicy::kKeep;
   // Packed micro-batches an infer rank queues for its train ranks before it stops admitting

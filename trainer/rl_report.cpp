@@ -200,10 +200,11 @@ void report_rl_job(const RlContext& j, const sync::StorePtr& store) {
   }
   double wall = seconds_since(j.t0);
   fmt::print("\nsummary: {} node(s) x ({} infer + {} train ranks), {} GRPO steps{}, {:.1f} s, "
-             "--max-staleness {}, --inflight-update {}\n",
+             "--max-staleness {}, --inflight-update {}{}\n",
              j.g.topo.nnodes, j.g.topo.infer_per_node, j.g.topo.train_per_node, steps_done,
              j.resumed ? fmt::format(" (resumed at step {})", j.start_step) : "", wall,
-             o.max_staleness, engine::inflight_policy_name(o.inflight));
+             o.max_staleness, engine::inflight_policy_name(o.inflight),
+             o.reproducible ? ", --reproducible" : "");
   fmt::print("| eval point | held-out accuracy |\n|---|---|\n");
   for (const auto& [name, acc] : evals) fmt::print("| {} | {:.3f} |\n", name, acc);
   if (steps_done > 0) {

@@ -295,7 +295,7 @@ json RolloutConsumer::train_step(Trainer& tr, int64_t step) {
       local_loss_tokens_ += mb.num_loss_tokens();
     }
     compute_s += seconds_since(c0);
-  }, rounds ? std::function<void()>(on_idle) : nullptr);
+  }, rounds ? std::function<void()>(on_idle) : nullptr, /*in_turn=*/o_.reproducible);
   double wait_s = rs.wait_s;
   if (rounds) {
     // This rank's stream ended: run the rest of the rounds (empty ones where peers have more).

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <csignal>
+#include <limits>
 #include <thread>
 
 #include "common/units.h"
@@ -55,8 +56,14 @@ RolloutProducer::RolloutProducer(RlContext& ctx) : c_(ctx), o_(ctx.o) {
   buckets_ = &eng->weight_buffers()->buckets();
   ws_ = std::make_unique<sync::WeightSync>(c_.g, c_.world.store, *layout_, o_.sync);
   sync::RolloutRoute route{c_.g.node, c_.g.topo.infer_per_node, c_.g.topo.train_per_node};
+  // With --reproducible the queue is not bounded by --rollout-queue: a full queue must not hold
+  // the engine inside a step whose end the train ranks wait for (they send the next version only
+  // once asked, at that end). The producer is at most K + 1 steps ahead, so the queue holds at
+  // most K + 1 steps' rollouts.
+  const size_t queue = o_.reproducible ? std::numeric_limits<size_t>::max() : o_.rollout_queue;
   sender_ = std::make_unique<sync::RolloutSender>(c_.connect_own_store(), *c_.g.sync, route,
-                                                  c_.g.topo.role_index(c_.env.rank), o_.rollout_queue);
+                                                  c_.g.topo.role_index(c_.env.rank),
+                                                  o_.rollout_timeout, queue);
   for (size_t i = 0; i < c_.split.eval.size(); ++i) {
     if (static_cast<int>(i % c_.infer_total) == c_.role_global) eval_rows_.push_back(i);
   }
@@ -83,7 +90,7 @@ double RolloutProducer::evaluate() {
   ++evals_;
   double correct = 0;
   // Evaluation takes no weight update: it measures one version.
-  busy_s_ += run_requests(std::move(reqs), /*apply_versions=*/false,
+  busy_s_ += run_requests(std::move(reqs), /*apply_versions=*/false, /*in_order=*/false,
                           [&](size_t k, const engine::RequestOutput& out) {
                             correct += score_completion(o_.reward, out.outputs.at(0).text,
                                                         c_.split.eval[eval_rows_[k]].answer)
@@ -114,8 +121,17 @@ void RolloutProducer::apply_version(int64_t version) {
     json e = {{"accuracy", evaluate()}, {"elapsed_s", seconds_since(c_.t0)}};
     if (c_.env.rank == 0) sync::store_set(c_.world.store, c_.key(fmt::format("eval/s{}", step)), e.dump());
   }
-  // Ask for the next version only now: an evaluation never runs inside a sender's deadline.
-  if (version_ < c_.final_version()) ws_->request(version_ + 1);
+  // Ask for the next version only now: an evaluation never runs inside a sender's deadline. With
+  // --reproducible the engine asks only when it will apply it (wait_weights), so no sender waits
+  // inside a broadcast while a step generates.
+  if (!o_.reproducible) request_next();
+}
+
+void RolloutProducer::request_next() {
+  if (version_ < c_.final_version() && requested_ < version_ + 1) {
+    ws_->request(version_ + 1);
+    requested_ = version_ + 1;
+  }
 }
 
 bool RolloutProducer::poll_weights() {
@@ -125,6 +141,7 @@ bool RolloutProducer::poll_weights() {
 }
 
 void RolloutProducer::wait_weights() {
+  request_next();
   auto deadline = c_.rollout_deadline();
   auto pause = std::chrono::microseconds(100);
   while (!poll_weights()) {
@@ -138,7 +155,7 @@ void RolloutProducer::wait_weights() {
 }
 
 double RolloutProducer::run_requests(
-    std::vector<engine::GenerateRequest> reqs, bool apply_versions,
+    std::vector<engine::GenerateRequest> reqs, bool apply_versions, bool in_order,
     const std::function<void(size_t, const engine::RequestOutput&)>& on_finished) {
   if (reqs.empty()) return 0;
   auto t0 = Clock::now();
@@ -150,14 +167,21 @@ double RolloutProducer::run_requests(
   while (finished < seen.size()) {
     auto snap = ch->wait(seen_version, std::chrono::milliseconds(20));
     seen_version = snap.version;
-    for (size_t i = 0; i < seen.size(); ++i) {
-      if (seen[i] || !snap.outputs[i] || !snap.outputs[i]->finished) continue;
+    auto done = [&](size_t i) { return snap.outputs[i] && snap.outputs[i]->finished; };
+    auto deliver = [&](size_t i) {
       seen[i] = true;
       ++finished;
       if (!snap.outputs[i]->error.empty()) {
         throw std::runtime_error("request " + ch->ids()[i] + " failed: " + snap.outputs[i]->error);
       }
       on_finished(i, *snap.outputs[i]);
+    };
+    if (in_order) {
+      while (finished < seen.size() && done(finished)) deliver(finished);
+    } else {
+      for (size_t i = 0; i < seen.size(); ++i) {
+        if (!seen[i] && done(i)) deliver(i);
+      }
     }
     if (apply_versions) poll_weights();
     if (finished < seen.size() && Clock::now() > deadline) {
@@ -177,7 +201,7 @@ void RolloutProducer::run() {
     const int64_t v = version_;
     loop_->post([v](engine::LlmEngine& e) { e.set_weight_version(v); }).get();
   }
-  if (version_ < c_.final_version()) ws_->request(version_ + 1);
+  if (!o_.reproducible) request_next();
   if (c_.runs_sft()) wait_weights();  // the warm-up's weights; evaluated on arrival
   Fault fault = parse_fault(o_.fault);
   auto counters = sync::store_counters();
@@ -238,7 +262,11 @@ json RolloutProducer::rollout(int64_t step) {
   int64_t pending_tokens = 0, gen_tokens = 0, correct = 0, samples = 0, sent_bytes = 0;
   int64_t dropped = 0, stale_tokens = 0;
   double rsum = 0, rsq = 0;
-  busy_s_ += run_requests(std::move(reqs), /*apply_versions=*/true,
+  // With --reproducible no version lands mid-step, and groups are packed in prompt order (not in
+  // the order this thread happened to see them finish): the micro-batches are a function of the
+  // step.
+  busy_s_ += run_requests(std::move(reqs), /*apply_versions=*/!o_.reproducible,
+                          /*in_order=*/o_.reproducible,
                           [&](size_t index, const engine::RequestOutput& out) {
     const TaskRow& row = c_.split.train[row_of[index]];
     SampleGroup grp;

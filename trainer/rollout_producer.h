@@ -11,6 +11,11 @@
 //   3. all the while, takes each new weight version between two engine steps as soon as the
 //      train ranks send it (--inflight-update decides what happens to running sequences), and
 //      when the rollout queue is full it waits, applying versions, before it admits more.
+//      With --reproducible it takes versions only in step 1 (exactly version_at(s) - K, asked
+//      for there, or the newer first GRPO version in the first K steps) and packs groups in
+//      prompt order, so the weights that sampled a token and the
+//      micro-batches are functions of the step count, not of timing; its rollout queue is then
+//      unbounded (at most K + 1 steps' rollouts).
 // Held-out accuracy is measured greedily on the version that ends an evaluated step, before the
 // engine asks for the next one. Metrics of each step go to the store for world rank 0.
 //
@@ -56,15 +61,18 @@ class RolloutProducer {
 
  private:
   double evaluate();
-  // Submits `reqs` and calls on_finished(index, output) as each finishes; meanwhile, with
-  // apply_versions, applies any weight version the train ranks have started. A failed request
-  // fails the step. Returns the seconds the requests were in flight.
-  double run_requests(std::vector<engine::GenerateRequest> reqs, bool apply_versions,
+  // Submits `reqs` and calls on_finished(index, output) as each finishes (with in_order, in
+  // index order: an output waits for every earlier one); meanwhile, with apply_versions, applies
+  // any weight version the train ranks have started. A failed request fails the step. Returns the
+  // seconds the requests were in flight.
+  double run_requests(std::vector<engine::GenerateRequest> reqs, bool apply_versions, bool in_order,
                       const std::function<void(size_t, const engine::RequestOutput&)>& on_finished);
   // Applies the next version if its senders started it; true when it did.
   bool poll_weights();
-  // Blocks until the next version arrives and applies it.
+  // Blocks until the next version arrives and applies it (asking for it first if not yet asked).
   void wait_weights();
+  // Asks the train ranks for version_ + 1 (once).
+  void request_next();
   void apply_version(int64_t version);
   nlohmann::json rollout(int64_t step);
   // Packs `pending` and queues the micro-batches; waits (applying versions) while the queue is full.
@@ -80,6 +88,7 @@ class RolloutProducer {
   std::unique_ptr<sync::RolloutSender> sender_;
   std::vector<size_t> eval_rows_;
   int64_t version_ = 0;  // weights the engine holds (it is told each version it receives)
+  int64_t requested_ = 0;  // the newest version asked for
   int64_t evals_ = 0;
   double pause_s_ = 0;   // engine paused for weight receives since the last step's metrics
   double busy_s_ = 0;    // rollout/eval requests in flight since the last step's metrics
