@@ -8,7 +8,7 @@ and the job's wall seconds. Every run is also a JSONL row (--out), so two sweeps
 after a recipe change, each with its own binary) can be tabled side by side later:
 
   scripts/learning_sweep.py build/app/colocated-rl --seeds 1-8 --out after.jsonl
-  scripts/learning_sweep.py --report before.jsonl after.jsonl
+  scripts/learning_sweep.py --report before.jsonl after.jsonl   # and a side-by-side table
 
 Kernel paths: `native` is what the machine picks; `avx2` forces the project's kernels to their AVX2
 path (CRL_CPU_ISA=avx2) and OpenBLAS to its Haswell kernels (OPENBLAS_CORETYPE=Haswell), which is
@@ -90,6 +90,21 @@ def table(rows, title):
               f"{min(secs):.1f} / {statistics.median(secs):.1f} / {max(secs):.1f} |")
 
 
+def side_by_side(before, after):
+    """One row per (K, path, threads) cell: final accuracy and seconds, before and after."""
+    print("\n| K | path | threads | final acc before (min / med / max) | final acc after (min / med / max) "
+          "| seconds before (med) | seconds after (med) | after / before |")
+    print("|---|---|---|---|---|---|---|---|")
+    cells = sorted({(r["k"], r["path"], r["threads"]) for r in before + after})
+    for cell in cells + [("all", "all", "all")]:
+        pick = lambda rows: [r for r in rows if cell[0] == "all" or (r["k"], r["path"], r["threads"]) == cell]
+        b, a = pick(before), pick(after)
+        sb = statistics.median(r["seconds"] for r in b) if b else float("nan")
+        sa = statistics.median(r["seconds"] for r in a) if a else float("nan")
+        print(f"| {cell[0]} | {cell[1]} | {cell[2]} | {stats(r['final_accuracy'] for r in b)} | "
+              f"{stats(r['final_accuracy'] for r in a)} | {sb:.1f} | {sa:.1f} | {sa / sb:.2f}x |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("binary", nargs="?")
@@ -103,10 +118,14 @@ def main():
     flags = argv[argv.index("--") + 1:] if "--" in argv else []
     a = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     if a.report:
+        loaded = []
         for path in a.report:
             with open(path) as f:
                 rows = [json.loads(l) for l in f if l.strip()]
+            loaded.append(rows)
             table(rows, f"{path} ({rows[0]['cpu'] if rows else '?'}; flags {rows[0]['flags'] if rows else ''})")
+        if len(loaded) == 2:
+            side_by_side(*loaded)
         return
     if not a.binary:
         ap.error("a binary (or --report)")
