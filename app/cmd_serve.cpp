@@ -30,6 +30,12 @@ Runner register_serve(CLI::App& app) {
   auto& s = f->server;
   cmd->add_option("--host", s.host, "address to bind (0.0.0.0: every interface)")->capture_default_str();
   cmd->add_option("--port", s.port, "port to bind (0: any free port)")->capture_default_str();
+  cmd->add_option("--api-key", s.api_key,
+                  "require 'Authorization: Bearer KEY' on every endpoint but /health and /metrics "
+                  "(401 otherwise); from $CRL_API_KEY when not given, which keeps it out of ps")
+      ->envname("CRL_API_KEY");
+  cmd->add_flag("--api-key-everywhere", s.key_for_health_and_metrics,
+                "/health and /metrics need the API key too");
   cmd->add_option("--served-model-name", s.served_model_name,
                   "model name in the API (default: the model directory's name)");
   cmd->add_option("--max-concurrent-requests", s.max_concurrent_requests,

@@ -12,6 +12,7 @@
 #include "common/check.h"
 #include "engine/model/model_cache.h"
 #include "engine/tokenizer.h"
+#include "server/api_types.h"
 
 namespace crl::app {
 namespace {
@@ -100,24 +101,16 @@ Runner register_tokenize(CLI::App& app) {
 Runner register_detokenize(CLI::App& app) {
   auto f = std::make_shared<TokenizeFlags>();
   auto* cmd = app.add_subcommand(
-      "detokenize", "token ids to text: reads {\"ids\": [...]} lines, prints {\"text\": ...} lines");
+      "detokenize",
+      "token ids to text: reads {\"ids\": [...]} lines (optionally \"skip_special_tokens\": true), "
+      "prints {\"text\": ...} lines; special tokens are kept by default, as in /detokenize");
   add_common(cmd, *f);
   cmd->add_flag("--skip-special-tokens", f->skip_special_tokens,
-                "leave special tokens (BOS, <|im_end|>, ...) out of the text");
+                "leave special tokens (BOS, <|im_end|>, ...) out of the text unless a line says otherwise");
   return [f]() {
     auto tok = open_tokenizer(f->model);
     return for_each_line(f->jsonl, [&](const json& row) {
-      auto it = row.find("ids");
-      if (it == row.end() || !it->is_array()) throw std::invalid_argument("\"ids\" must be a list of integers");
-      std::vector<int32_t> ids;
-      for (const json& v : *it) {
-        if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= tok->vocab_size()) {
-          throw std::invalid_argument("token id " + v.dump() + " is outside the vocabulary [0, " +
-                                      std::to_string(tok->vocab_size()) + ")");
-        }
-        ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
-      }
-      return json{{"text", tok->decode(ids, f->skip_special_tokens)}};
+      return json{{"text", server::detokenize_body(*tok, row, "ids", f->skip_special_tokens)}};
     });
   };
 }

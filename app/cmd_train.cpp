@@ -126,6 +126,10 @@ Runner register_train(CLI::App& app) {
   cmd->add_option("--serve-port", o.serve_port,
                   "serve the OpenAI API during training: infer rank k on PORT + k (0: any port)");
   cmd->add_option("--serve-host", o.serve_host, "address the API binds")->capture_default_str();
+  cmd->add_option("--serve-api-key", o.serve_api_key,
+                  "the API (--serve-port) requires 'Authorization: Bearer KEY' on every endpoint "
+                  "but /health and /metrics; from $CRL_API_KEY when not given")
+      ->envname("CRL_API_KEY");
   cmd->add_option("--rollout-timeout", f->rollout_timeout_s,
                   "seconds a train rank waits for one step's rollouts")->capture_default_str();
   cmd->add_option("--inject-fault", o.fault, "tests only: die-at-step:RANK:STEP")->group("");

@@ -28,6 +28,7 @@ int run_rl_rank(const sync::RankEnv& env, const RlJobOptions& o) {
   if (o.serve_port >= 0) {
     server::ServerOptions so;
     so.host = o.serve_host;
+    so.api_key = o.serve_api_key;
     so.port = o.serve_port == 0 ? 0 : o.serve_port + ctx->role_global;
     server = std::make_unique<server::Server>(producer.engine_loop(), so);
     int port = server->start();

@@ -106,20 +106,20 @@ Server::Server(std::shared_ptr<engine::EngineLoop> loop, ServerOptions options)
     spdlog::error("chat template of {} unusable: {}", dir, chat_error_);
   }
   apply_generation_defaults(dir, options_.limits);
-  http_.route("POST", "/v1/completions", [this](const HttpRequest& r) {
+  route("POST", "/v1/completions", [this](const HttpRequest& r) {
     return guarded_completion(r, Endpoint::kCompletions);
   });
-  http_.route("POST", "/v1/chat/completions",
-              [this](const HttpRequest& r) { return guarded_completion(r, Endpoint::kChat); });
-  http_.route("GET", "/v1/models", guarded(&Server::handle_models));
-  http_.route("GET", "/health", guarded(&Server::handle_health));
-  http_.route("GET", "/metrics", guarded(&Server::handle_metrics));
-  http_.route("POST", "/tokenize", guarded(&Server::handle_tokenize));
-  http_.route("POST", "/detokenize", guarded(&Server::handle_detokenize));
-  http_.route("POST", "/pause", guarded(&Server::handle_pause));
-  http_.route("POST", "/resume", guarded(&Server::handle_resume));
-  http_.route("GET", "/is_paused", guarded(&Server::handle_is_paused));
-  http_.route("POST", "/reset_prefix_cache", guarded(&Server::handle_reset_prefix_cache));
+  route("POST", "/v1/chat/completions",
+        [this](const HttpRequest& r) { return guarded_completion(r, Endpoint::kChat); });
+  route("GET", "/v1/models", guarded(&Server::handle_models));
+  route("GET", "/health", guarded(&Server::handle_health), Access::kOpenUnlessClosed);
+  route("GET", "/metrics", guarded(&Server::handle_metrics), Access::kOpenUnlessClosed);
+  route("POST", "/tokenize", guarded(&Server::handle_tokenize));
+  route("POST", "/detokenize", guarded(&Server::handle_detokenize));
+  route("POST", "/pause", guarded(&Server::handle_pause));
+  route("POST", "/resume", guarded(&Server::handle_resume));
+  route("GET", "/is_paused", guarded(&Server::handle_is_paused));
+  route("POST", "/reset_prefix_cache", guarded(&Server::handle_reset_prefix_cache));
 }
 
 Server::~Server() { stop(); }
@@ -127,6 +127,13 @@ Server::~Server() { stop(); }
 int Server::start() {
   loop_->start();
   const int port = http_.start(options_.host, options_.port);
+  const std::string& h = options_.host;
+  const bool loopback = h == "localhost" || h == "::1" || h.rfind("127.", 0) == 0;
+  if (options_.api_key.empty() && !loopback) {
+    spdlog::warn("serving on {}:{} without an API key: anyone who can reach it can generate and "
+                 "call /pause, /resume and /reset_prefix_cache (set --api-key or CRL_API_KEY)",
+                 h, port);
+  }
   spdlog::info("serving {} on http://{}:{} (chat template: {})", model_name_, options_.host, port,
                chat_.name());
   return port;
@@ -141,6 +148,27 @@ void Server::stop() {
 
 // ---------------------------------------------------------------------------------------------
 // Plumbing
+
+void Server::route(const std::string& method, const std::string& path, HttpHandler handler,
+                   Access access) {
+  const bool keyed = !options_.api_key.empty() &&
+                     (access == Access::kKey || options_.key_for_health_and_metrics);
+  if (!keyed) return http_.route(method, path, std::move(handler));
+  http_.route(method, path, [this, handler = std::move(handler)](const HttpRequest& req) {
+    auto it = req.headers.find("authorization");
+    if (it == req.headers.end() || !bearer_token_matches(it->second, options_.api_key)) {
+      HttpResponse res = error_response(
+          401, it == req.headers.end()
+                   ? "this server needs an API key: send the header 'Authorization: Bearer KEY'"
+                   : "incorrect API key provided",
+          "", "invalid_api_key");
+      res.headers.emplace_back("WWW-Authenticate", "Bearer");
+      metrics_->record_http_status(res.status);
+      return res;
+    }
+    return handler(req);
+  });
+}
 
 HttpHandler Server::guarded(HttpResponse (Server::*handler)(const HttpRequest&)) {
   return [this, handler](const HttpRequest& req) {
@@ -409,22 +437,9 @@ HttpResponse Server::handle_tokenize(const HttpRequest& req) {
 HttpResponse Server::handle_detokenize(const HttpRequest& req) {
   require_ready();
   const json body = parse_json_object(req.body);
-  if (!body.contains("tokens") || !body["tokens"].is_array()) {
-    throw ApiError(400, "'tokens' (a list of token ids) is required", "tokens", "invalid_type");
-  }
   const engine::Tokenizer* tok = loop_->engine().tokenizer();
   if (!tok) throw ApiError(400, "this model has no tokenizer");
-  std::vector<int32_t> ids;
-  for (const auto& t : body["tokens"]) {
-    if (!t.is_number_integer()) throw ApiError(400, "'tokens' must hold integers", "tokens", "invalid_type");
-    const int64_t v = t.get<int64_t>();
-    if (v < 0 || v >= tok->vocab_size()) {
-      throw ApiError(400, "token id " + t.dump() + " is outside the vocabulary [0, " +
-                              std::to_string(tok->vocab_size()) + ")", "tokens", "out_of_range");
-    }
-    ids.push_back(static_cast<int32_t>(v));
-  }
-  return json_response(200, {{"prompt", tok->decode(ids)}});
+  return json_response(200, {{"prompt", detokenize_body(*tok, body, "tokens")}});
 }
 
 HttpResponse Server::handle_pause(const HttpRequest& req) {

@@ -52,6 +52,10 @@ struct ServerOptions {
   int retry_after_seconds = 1;
   // Request bodies over this size get 413.
   size_t max_body_bytes = size_t{8} << 20;
+  // When not empty, every endpoint but /health and /metrics needs "Authorization: Bearer KEY"
+  // (401 otherwise), as vLLM's --api-key; with key_for_health_and_metrics those two as well.
+  std::string api_key;
+  bool key_for_health_and_metrics = false;
   ApiLimits limits;
 };
 
@@ -92,6 +96,10 @@ class Server {
   HttpResponse handle_is_paused(const HttpRequest& req);
   HttpResponse handle_reset_prefix_cache(const HttpRequest& req);
 
+  // Routes `path` to `handler`, behind the API key unless `open` (and the options keep it open).
+  enum class Access { kKey, kOpenUnlessClosed };
+  void route(const std::string& method, const std::string& path, HttpHandler handler,
+             Access access = Access::kKey);
   // Wraps a handler: catches everything into an error response and counts the status.
   HttpHandler guarded(HttpResponse (Server::*handler)(const HttpRequest&));
   // Throws ApiError(503) while the engine is not loaded.

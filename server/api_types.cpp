@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "engine/text/jinja/error.h"
+#include "engine/tokenizer.h"
 
 namespace crl::server {
 
@@ -135,6 +136,51 @@ std::vector<std::string> string_or_list(const json& j, const char* key) {
 
 ApiError::ApiError(int status, const std::string& message, std::string param, std::string code)
     : std::runtime_error(message), status_(status), param_(std::move(param)), code_(std::move(code)) {}
+
+std::string detokenize_body(const engine::Tokenizer& tokenizer, const json& body,
+                            const std::string& ids_field, bool skip_default) {
+  auto it = body.find(ids_field);
+  if (it == body.end() || !it->is_array()) {
+    throw ApiError(400, "'" + ids_field + "' (a list of token ids) is required", ids_field, "invalid_type");
+  }
+  std::vector<int32_t> ids;
+  ids.reserve(it->size());
+  for (const json& v : *it) {
+    if (!v.is_number_integer()) {
+      throw ApiError(400, "'" + ids_field + "' must hold integers, got " + v.dump(), ids_field,
+                     "invalid_type");
+    }
+    const int64_t id = v.get<int64_t>();
+    if (id < 0 || id >= tokenizer.vocab_size()) {
+      throw ApiError(400, "token id " + v.dump() + " is outside the vocabulary [0, " +
+                              std::to_string(tokenizer.vocab_size()) + ")", ids_field, "out_of_range");
+    }
+    ids.push_back(static_cast<int32_t>(id));
+  }
+  bool skip = skip_default;
+  auto s = body.find("skip_special_tokens");
+  if (s != body.end() && !s->is_null()) {
+    if (!s->is_boolean()) {
+      throw ApiError(400, "'skip_special_tokens' must be a boolean", "skip_special_tokens", "invalid_type");
+    }
+    skip = s->get<bool>();
+  }
+  return tokenizer.decode(ids, skip);
+}
+
+bool bearer_token_matches(const std::string& authorization, const std::string& key) {
+  static const std::string kScheme = "Bearer ";
+  const std::string expected = kScheme + key;
+  // Differences are OR-ed over the expected length; a value of another length is a mismatch
+  // that still reads every expected byte.
+  unsigned diff = authorization.size() == expected.size() ? 0u : 1u;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const unsigned char got =
+        i < authorization.size() ? static_cast<unsigned char>(authorization[i]) : 0;
+    diff |= got ^ static_cast<unsigned char>(expected[i]);
+  }
+  return diff == 0 && !key.empty();
+}
 
 json error_json(int status, const std::string& message, const std::string& param,
                 const std::string& code) {

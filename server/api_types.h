@@ -15,6 +15,10 @@
 #include "engine/sampling_params.h"
 #include "engine/text/chat_template.h"
 
+namespace crl::engine {
+class Tokenizer;
+}
+
 namespace crl::server {
 
 // An error returned to the client as {"error": {"message", "type", "param", "code"}}.
@@ -91,6 +95,18 @@ nlohmann::ordered_json parse_messages(const nlohmann::ordered_json& messages);
 // continue_final_message, chat_template_kwargs) with `chat`. Bad fields, and a template that
 // fails or raises, are ApiError(400) with param "messages" (or the field).
 std::string render_chat(const text::ChatTemplate& chat, const nlohmann::ordered_json& body);
+
+// Token ids to text for POST /detokenize ({"tokens": [...]}) and `colocated-rl detokenize`
+// ({"ids": [...]} lines): the ids under `ids_field`, each inside the vocabulary, decoded with
+// special tokens kept unless the body's "skip_special_tokens" (default `skip_default`) is true,
+// as Hugging Face's decode and vLLM's /detokenize. Throws ApiError(400) naming the field.
+std::string detokenize_body(const engine::Tokenizer& tokenizer, const nlohmann::json& body,
+                            const std::string& ids_field, bool skip_default = false);
+
+// True when an Authorization header value is "Bearer <key>". Every byte of `key` is compared
+// whatever the value holds (no early exit), so the time taken does not reveal how much of a
+// guess was right.
+bool bearer_token_matches(const std::string& authorization, const std::string& key);
 
 // The field name quoted in an engine validation message ("invalid sampling parameter 'n': ...");
 // empty when none.

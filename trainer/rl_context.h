@@ -63,6 +63,7 @@ struct RlOptions {
   // training, its HTTP requests in the same continuous batch as the rollouts; -1: off.
   int serve_port = -1;
   std::string serve_host = "127.0.0.1";
+  std::string serve_api_key;  // "": the API is open (see server::ServerOptions::api_key)
 
   std::chrono::milliseconds timeout{300000};
   std::chrono::milliseconds rollout_timeout{1800000};

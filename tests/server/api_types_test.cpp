@@ -109,5 +109,16 @@ TEST(ServerApiTypesTest, ModelSamplingDefaultsApplyOnlyWhereTheRequestGivesNone)
   EXPECT_EQ(own.top_k, 0);
 }
 
+TEST(ServerApiTypesTest, BearerTokenMatchesOnlyTheExactKey) {
+  using server::bearer_token_matches;
+  EXPECT_TRUE(bearer_token_matches("Bearer k3y", "k3y"));
+  EXPECT_FALSE(bearer_token_matches("Bearer k3", "k3y"));
+  EXPECT_FALSE(bearer_token_matches("Bearer k3yy", "k3y"));
+  EXPECT_FALSE(bearer_token_matches("Bearer k3x", "k3y"));
+  EXPECT_FALSE(bearer_token_matches("Basic k3y", "k3y"));
+  EXPECT_FALSE(bearer_token_matches("Bearer ", ""));  // an empty key is no key
+  EXPECT_FALSE(bearer_token_matches("", "k3y"));
+}
+
 }  // namespace
 }  // namespace crl::server

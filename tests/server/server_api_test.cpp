@@ -188,9 +188,17 @@ TEST_F(ServerApiTest, TokenizeDetokenizeRoundTrip) {
   const auto ids = t["tokens"].get<std::vector<int32_t>>();
   EXPECT_EQ(ids, reference().encode_prompt(text));
   EXPECT_EQ(t["count"], ids.size());
+  // Special tokens (the BOS /tokenize added) are kept unless skip_special_tokens, as vLLM and
+  // `colocated-rl detokenize` do.
+  const engine::Tokenizer& tok = *reference().tokenizer();
+  ASSERT_TRUE(tok.is_special(ids.front())) << "the test model's prompts start with a BOS";
   auto [s2, b2] = served_->post("/detokenize", {{"tokens", ids}});
   ASSERT_EQ(s2, 200) << b2;
-  EXPECT_EQ(json::parse(b2)["prompt"], text);
+  EXPECT_EQ(json::parse(b2)["prompt"], tok.decode(ids, false));
+  EXPECT_EQ(json::parse(b2)["prompt"].get<std::string>().rfind(tok.id_to_piece(ids.front()), 0), 0u) << b2;
+  auto [s2s, b2s] = served_->post("/detokenize", {{"tokens", ids}, {"skip_special_tokens", true}});
+  ASSERT_EQ(s2s, 200) << b2s;
+  EXPECT_EQ(json::parse(b2s)["prompt"], text);
 
   // Token-in/token-out: the ids returned by one completion feed the next one unchanged.
   json body1 = {{"prompt", ids}, {"max_tokens", 5}, {"temperature", 0}, {"return_token_ids", true}};
@@ -294,6 +302,7 @@ TEST_F(ServerApiTest, BadRequestsGetOpenAIErrorsAndTheServerKeepsServing) {
       {"/tokenize", R"({"prompt": 3})", 400, "prompt"},
       {"/detokenize", R"({"tokens": [1, -5]})", 400, "tokens"},
       {"/detokenize", R"({"tokens": "abc"})", 400, "tokens"},
+      {"/detokenize", R"({"tokens": [1], "skip_special_tokens": "yes"})", 400, "skip_special_tokens"},
       {"/pause", R"({"mode": "later"})", 400, "mode"},
       {"/v1/completions", std::string(70 << 10, ' '), 413, ""},
       {"/v1/nothing", "{}", 404, ""},
@@ -592,6 +601,64 @@ TEST(ServerLimitsTest, QueueFullGets429WithRetryAfter) {
   auto ok = c->Post("/v1/completions", json{{"prompt", "x"}, {"max_tokens", 2}}.dump(), "application/json");
   ASSERT_TRUE(ok);
   EXPECT_EQ(ok->status, 200);
+}
+
+// --api-key: every endpoint but /health and /metrics needs "Authorization: Bearer KEY"; a
+// missing or wrong key is a 401 OpenAI error, whatever the endpoint or body.
+TEST(ServerAuthTest, ApiKeyGuardsEveryEndpointButHealthAndMetrics) {
+  server::ServerOptions o;
+  o.api_key = "sk-local-7f3a";
+  ServedModel served(server_test_config(), o);
+  auto c = served.client();
+  const std::string completion = json{{"prompt", "x"}, {"max_tokens", 2}}.dump();
+  auto expect_401 = [](const httplib::Result& r, const std::string& what) {
+    ASSERT_TRUE(r) << what;
+    EXPECT_EQ(r->status, 401) << what << ": " << r->body;
+    EXPECT_EQ(r->get_header_value("WWW-Authenticate"), "Bearer") << what;
+    const json e = json::parse(r->body)["error"];
+    EXPECT_EQ(e["code"], "invalid_api_key") << what;
+    EXPECT_EQ(e["type"], "invalid_request_error") << what;
+  };
+  expect_401(c->Post("/v1/completions", completion, "application/json"), "no key");
+  for (const std::string bad : {"Bearer sk-local-7f3", "Bearer sk-local-7f3ab", "Bearer sk-local-7f3b",
+                                "bearer sk-local-7f3a", "sk-local-7f3a", "Bearer  sk-local-7f3a", ""}) {
+    expect_401(c->Post("/v1/completions", {{"Authorization", bad}}, completion, "application/json"),
+               "header '" + bad + "'");
+  }
+  expect_401(c->Post("/v1/chat/completions", R"({"messages": [})", "application/json"), "chat");
+  expect_401(c->Post("/pause", "", "application/json"), "pause");
+  expect_401(c->Post("/detokenize", R"({"tokens": [1]})", "application/json"), "detokenize");
+  expect_401(c->Get("/v1/models"), "models");
+  EXPECT_FALSE(served.server.engine_loop().paused());  // the refused /pause did nothing
+
+  auto h = c->Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  auto m = c->Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->status, 200);
+  EXPECT_NE(m->body.find("crl:http_responses_total{code=\"401\"}"), std::string::npos) << m->body;
+
+  const httplib::Headers key = {{"Authorization", "Bearer sk-local-7f3a"}};
+  auto ok = c->Post("/v1/completions", key, completion, "application/json");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
+  auto t = c->Post("/tokenize", key, R"({"prompt": "hello"})", "application/json");
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->status, 200) << t->body;
+  auto models = c->Get("/v1/models", key);
+  ASSERT_TRUE(models);
+  EXPECT_EQ(models->status, 200);
+
+  // --api-key-everywhere closes /health and /metrics too.
+  o.key_for_health_and_metrics = true;
+  ServedModel closed(server_test_config(), o);
+  auto c2 = closed.client();
+  expect_401(c2->Get("/health"), "closed health");
+  expect_401(c2->Get("/metrics"), "closed metrics");
+  auto h2 = c2->Get("/health", key);
+  ASSERT_TRUE(h2);
+  EXPECT_EQ(h2->status, 200);
 }
 
 TEST(ServerLimitsTest, HealthIs503UntilTheModelLoadsAndWhenItFails) {
