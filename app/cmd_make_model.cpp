@@ -19,7 +19,10 @@ Runner register_make_model(CLI::App& app) {
       "make-model", "write a model with random weights in the Hugging Face layout (config.json, "
                     "model.safetensors, tokenizer); with no --out, (re)creates the embedded default");
   cmd->add_option("--out", f->out, "output directory (default: the cache's default model)");
-  cmd->add_option("--shape", f->shape, "default, smollm2-135m, qwen2-0.5b or qwen2-1.5b")->capture_default_str();
+  std::string shapes;
+  for (const std::string& n : engine::preset_names()) shapes += (shapes.empty() ? "" : ", ") + n;
+  cmd->add_option("--shape", f->shape, "model shape: " + shapes)
+      ->capture_default_str();
   cmd->add_option("--dtype", f->dtype, "stored dtype: float32, bfloat16 or float16")->capture_default_str();
   cmd->add_option("--vocab", f->vocab, "override vocab_size");
   cmd->add_option("--hidden", f->hidden, "override hidden_size");

@@ -185,8 +185,14 @@ Runner register_train(CLI::App& app) {
     if (o.steps < 0 || o.prompts_per_step < 1 || o.samples_per_prompt < 1 || o.max_tokens < 1) {
       throw std::invalid_argument("--steps >= 0, --prompts-per-step, --n-samples and --max-tokens >= 1");
     }
-    // Bad data fails here, in the launcher, before any rank starts.
-    if (!o.data_path.empty()) trainer::load_task_jsonl(o.data_path, o.reward, o.model_dir);
+    // Bad data, and a held-out split the data cannot give, fail here, in the launcher, once,
+    // before any rank starts.
+    {
+      auto rows = o.data_path.empty() ? trainer::default_task_rows(o.default_task_rows, o.seed)
+                                      : trainer::load_task_jsonl(o.data_path, o.reward, o.model_dir);
+      const trainer::TaskSplit split = trainer::split_task(std::move(rows), o.eval_rows, o.seed);
+      if (split.train.empty()) throw std::invalid_argument("the task has no training rows after the held-out split");
+    }
     LaunchOptions lo{o.infer_per_node, o.train_per_node, o.timeout};
     return run_distributed(lo, [o](const sync::RankEnv& env) { return run_rl_rank(env, o); });
   };

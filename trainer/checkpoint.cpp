@@ -39,38 +39,50 @@ void save_checkpoint(Trainer& trainer, const std::string& dir,
   const fs::path tmp = target.string() + ".tmp." + pid;
   fs::remove_all(tmp);
 
-  for (auto& [name, m] : weights) m = m.to(at::kCPU, at::kFloat).contiguous();
-  engine::ModelConfig config = trainer.config();
-  config.torch_dtype = "float32";
-  if (!tokenizer_source.empty()) {
-    engine::write_model_dir(tmp.string(), config, weights, tokenizer_source);
-  } else {
-    fs::create_directories(tmp);
-    crl::write_file_atomic((tmp / "config.json").string(), engine::model_config_to_json(config));
-    engine::save_checkpoint(tmp.string(), weights);
-  }
+  // A save that fails (disk full, ...) leaves nothing behind: the partial directory goes, and
+  // the last good checkpoint stays where it was.
+  try {
+    for (auto& [name, m] : weights) m = m.to(at::kCPU, at::kFloat).contiguous();
+    engine::ModelConfig config = trainer.config();
+    config.torch_dtype = "float32";
+    if (!tokenizer_source.empty()) {
+      engine::write_model_dir(tmp.string(), config, weights, tokenizer_source);
+    } else {
+      fs::create_directories(tmp);
+      crl::write_file_atomic((tmp / "config.json").string(), engine::model_config_to_json(config));
+      engine::save_checkpoint(tmp.string(), weights);
+    }
 
-  engine::write_safetensors((tmp / "optimizer.safetensors").string(), opt);
-  json state = {{"format", kFormat},
-                {"step", trainer.step()},
-                {"adam_step", adam_step},
-                {"reference_model_dir", trainer.options().reference_model_dir},
-                {"zero_stage", trainer.options().zero_stage},
-                {"train_ranks", trainer.options().group ? trainer.options().group->size() : 1},
-                {"layout_hash", fmt::format("{:016x}", trainer.layout().hash())},
-                {"extra", extra}};
-  crl::write_file_atomic((tmp / "trainer_state.json").string(), state.dump(2) + "\n");
+    engine::write_safetensors((tmp / "optimizer.safetensors").string(), opt);
+    json state = {{"format", kFormat},
+                  {"step", trainer.step()},
+                  {"adam_step", adam_step},
+                  {"reference_model_dir", trainer.options().reference_model_dir},
+                  {"zero_stage", trainer.options().zero_stage},
+                  {"train_ranks", trainer.options().group ? trainer.options().group->size() : 1},
+                  {"layout_hash", fmt::format("{:016x}", trainer.layout().hash())},
+                  {"extra", extra}};
+    crl::write_file_atomic((tmp / "trainer_state.json").string(), state.dump(2) + "\n");
 
-  const fs::path old = target.string() + ".old." + pid;
-  std::error_code ec;
-  if (fs::exists(target)) {
-    fs::remove_all(old);
-    fs::rename(target, old, ec);
-    if (ec) throw std::runtime_error("cannot move " + target.string() + " aside: " + ec.message());
+    const fs::path old = target.string() + ".old." + pid;
+    std::error_code ec;
+    if (fs::exists(target)) {
+      fs::remove_all(old);
+      fs::rename(target, old, ec);
+      if (ec) throw std::runtime_error("cannot move " + target.string() + " aside: " + ec.message());
+    }
+    fs::rename(tmp, target, ec);
+    if (ec) {
+      std::error_code back;
+      if (fs::exists(old)) fs::rename(old, target, back);  // the earlier checkpoint stays published
+      throw std::runtime_error("cannot publish checkpoint " + target.string() + ": " + ec.message());
+    }
+    fs::remove_all(old, ec);
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove_all(tmp, ignored);
+    throw;
   }
-  fs::rename(tmp, target, ec);
-  if (ec) throw std::runtime_error("cannot publish checkpoint " + target.string() + ": " + ec.message());
-  fs::remove_all(old);
 }
 
 CheckpointState read_checkpoint_state(const std::string& dir) {

@@ -141,6 +141,12 @@ void make_model(const std::string& dir, const ModelConfig& config, uint64_t seed
     const Tokenizer t(tokenizer_from);
     c.vocab_size = std::max<int64_t>(c.vocab_size, t.vocab_size());
     c.bos_token_id = t.bos_id();
+    // Qwen's tokenizers add no BOS (bos_token null), while the released Qwen2/2.5/3 configs name
+    // <|endoftext|> as bos_token_id: write what they write. Nothing adds it to prompts (the
+    // engine follows the tokenizer).
+    if (c.bos_token_id < 0 && (c.model_type == "qwen2" || c.model_type == "qwen3")) {
+      c.bos_token_id = t.piece_to_id("<|endoftext|>");
+    }
     if (t.eos_id() < 0) {
       throw std::invalid_argument("make-model: the tokenizer in " + tokenizer_from +
                                   " names no eos_token (tokenizer_config.json or "

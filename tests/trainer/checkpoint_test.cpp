@@ -123,6 +123,25 @@ TEST(CheckpointTest, AMissingOrMisShapedOptimizerTensorIsAnErrorNamingIt) {
                      "optimizer state tensor '" + victim + "' has shape");
 }
 
+// A save that fails midway (here: trainer_state.json cannot be written, after the weights and the
+// optimizer state were) removes its partial directory and leaves the last good checkpoint.
+TEST(CheckpointTest, AFailedSaveLeavesNoPartialDirectoryAndKeepsTheLastCheckpoint) {
+  test::TempDir dir;
+  const std::string ckpt = dir.file("step-1");
+  Trainer t(test::test_model_dir(), options());
+  save_checkpoint(t, ckpt, "", {{"cursor", 1}});
+  t.train_step(batch(0), LossKind::kGrpo);
+  // Not UTF-8: the state's JSON cannot be written.
+  EXPECT_THROW(save_checkpoint(t, ckpt, "", {{"note", "\xff"}}), std::exception);
+  std::vector<std::string> left;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
+    left.push_back(e.path().filename().string());
+  }
+  EXPECT_EQ(left, std::vector<std::string>{"step-1"});
+  EXPECT_EQ(read_checkpoint_state(ckpt).step, 0);
+  EXPECT_EQ(read_checkpoint_state(ckpt).extra["cursor"], 1);
+}
+
 TEST(CheckpointTest, RefusesToReplaceADirectoryThatIsNotACheckpoint) {
   test::TempDir dir;
   std::filesystem::create_directories(dir.file("precious"));

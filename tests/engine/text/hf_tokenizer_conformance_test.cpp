@@ -418,6 +418,10 @@ TEST(HfTokenizerConformanceRealModel, Qwen3TokenizerModelEncodesChatsAndGenerate
   EXPECT_GE(written.vocab_size, ref.vocab_size());
   ASSERT_EQ(written.eos_token_ids.size(), 1u);
   EXPECT_EQ(written.eos_token_ids[0], ref.piece_to_id("<|im_end|>"));
+  // As Qwen/Qwen3-0.6B's config.json: bos_token_id 151643 (<|endoftext|>), though the tokenizer
+  // adds no BOS.
+  EXPECT_EQ(written.bos_token_id, 151643);
+  EXPECT_EQ(written.bos_token_id, ref.piece_to_id("<|endoftext|>"));
 
   EngineConfig ec;
   ec.model_dir = dir.file("m");
