@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -149,10 +150,20 @@ int run_distributed(const LaunchOptions& options, const RankBody& body) {
   }
   std::string error_dir = dir_template;
 
-  // The ranks share the node's cores unless the user said otherwise.
+  // The ranks get this environment but the launcher's own rank variables (which a launcher that
+  // was itself started as a rank would pass on); the user's CRL_* settings (CRL_CPU_ISA,
+  // CRL_CACHE_DIR, CRL_API_KEY, ...) reach every rank. The ranks share the node's cores unless
+  // the user said otherwise.
+  std::vector<std::string> rank_vars;
+  for (const std::string& a : sync::rank_env_assignments(sync::RankEnv{})) {
+    rank_vars.push_back(a.substr(0, a.find('=') + 1));
+  }
   std::vector<std::string> base_env;
   for (char** e = environ; *e; ++e) {
-    if (std::strncmp(*e, "CRL_", 4) != 0) base_env.emplace_back(*e);
+    const bool rank_var = std::any_of(rank_vars.begin(), rank_vars.end(), [&](const std::string& v) {
+      return std::strncmp(*e, v.c_str(), v.size()) == 0;
+    });
+    if (!rank_var) base_env.emplace_back(*e);
   }
   if (!std::getenv("OMP_NUM_THREADS")) {
     unsigned hw = std::max(1U, std::thread::hardware_concurrency());
