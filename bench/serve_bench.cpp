@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <mutex>
@@ -49,6 +50,8 @@ class ServerProcess {
       args.push_back("--model");
       args.push_back(o.model_dir);
     }
+    // The child requires the key; it goes through the environment, not its argv.
+    if (!o.api_key.empty()) setenv("CRL_API_KEY", o.api_key.c_str(), 1);
     int fds[2];
     if (pipe(fds) != 0) throw std::runtime_error("pipe failed");
     pid_ = fork();
@@ -174,6 +177,7 @@ LevelResult run_level(const std::string& url, const ServeBenchOptions& o, int32_
       std::mt19937_64 rng(o.seed * 1000003 + static_cast<uint64_t>(c));
       std::uniform_int_distribution<int32_t> tok(4, 255);
       server::HttpClient client(url);
+      client.set_api_key(o.api_key);
       LevelResult local;
       while (Clock::now() < deadline) {
         std::vector<int32_t> prompt(static_cast<size_t>(o.prompt_len));
@@ -212,6 +216,10 @@ void add_serve_bench_flags(CLI::App& cmd, ServeBenchOptions& o) {
   cmd.add_option("--max-tokens", o.max_tokens, "output tokens per request")->capture_default_str();
   cmd.add_option("--seed", o.seed, "workload seed")->capture_default_str();
   cmd.add_option("--json-out", o.json_out, "also append the JSON line to this file");
+  cmd.add_option("--api-key", o.api_key,
+                 "the server's API key, sent with every request (a child server requires it); "
+                 "from $CRL_API_KEY when not given")
+      ->envname("CRL_API_KEY");
 }
 
 int run_serve_bench(const ServeBenchOptions& o) {
@@ -223,6 +231,7 @@ int run_serve_bench(const ServeBenchOptions& o) {
   }
   {  // Wait until the model is loaded.
     server::HttpClient probe(url, 10);
+    probe.set_api_key(o.api_key);
     const auto t0 = Clock::now();
     while (probe.get("/health").status != 200) {
       if (since(t0) > 600) throw std::runtime_error("the server at " + url + " never became healthy");

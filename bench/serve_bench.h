@@ -29,6 +29,7 @@ struct ServeBenchOptions {
   int32_t max_tokens = 64;
   uint64_t seed = 7;
   std::string json_out;                   // also append the JSON line to this file
+  std::string api_key;                    // sent as a bearer token; the child server requires it
 };
 
 void add_serve_bench_flags(CLI::App& cmd, ServeBenchOptions& opts);

@@ -31,6 +31,10 @@ HttpClient::HttpClient(const std::string& base_url, double read_timeout_s) : imp
 
 HttpClient::~HttpClient() = default;
 
+void HttpClient::set_api_key(const std::string& key) {
+  if (!key.empty()) impl_->client->set_bearer_token_auth(key);
+}
+
 HttpClient::Result HttpClient::get(const std::string& path) {
   Result r;
   auto res = impl_->client->Get(path.c_str());

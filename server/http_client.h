@@ -24,6 +24,9 @@ class HttpClient {
     std::string body;   // empty for post_stream
     std::string error;
   };
+  // Sends "Authorization: Bearer KEY" with every request (a server started with --api-key);
+  // an empty key sends none.
+  void set_api_key(const std::string& key);
   Result get(const std::string& path);
   Result post(const std::string& path, const std::string& json_body);
   // Hands the response body to on_data as it arrives; on_data returning false closes the
