@@ -138,6 +138,7 @@ class Tokenizer::Impl {
   virtual ~Impl() = default;
   virtual std::vector<int32_t> encode(const std::string& text, const EncodeOptions& o) const = 0;
   virtual std::string decode(const std::vector<int32_t>& ids, bool skip_special) const = 0;
+  virtual std::string decode_bytes(const std::vector<int32_t>& ids, bool skip_special) const = 0;
   virtual std::vector<int32_t> special_prefix() const = 0;
   virtual std::string id_to_piece(int32_t id) const = 0;
   virtual int32_t piece_to_id(const std::string& piece) const = 0;
@@ -208,31 +209,10 @@ class SentencePieceImpl final : public Tokenizer::Impl {
     return {};
   }
   std::string decode(const std::vector<int32_t>& ids, bool skip_special) const override {
-    const int32_t vocab = vocab_size();
-    for (int32_t id : ids) check_id(id, vocab);
-    // Runs of ordinary ids are decoded together (so merges and byte pieces join up); special ids
-    // are dropped, or rendered as their piece text when skip_special is false.
-    std::string text;
-    std::vector<int> run;
-    auto flush = [&] {
-      if (run.empty()) return;
-      std::string part;
-      const auto status = sp_->Decode(run, &part);
-      if (!status.ok()) throw std::runtime_error("tokenizer decode failed: " + status.ToString());
-      text += part;
-      run.clear();
-    };
-    for (int32_t id : ids) {
-      if (is_special(id)) {
-        if (skip_special) continue;
-        flush();
-        text += sp_->IdToPiece(id);
-      } else {
-        run.push_back(id);
-      }
-    }
-    flush();
-    return text;
+    return decode_as(ids, skip_special, /*raw_bytes=*/false);
+  }
+  std::string decode_bytes(const std::vector<int32_t>& ids, bool skip_special) const override {
+    return decode_as(ids, skip_special, /*raw_bytes=*/true);
   }
 
   std::string id_to_piece(int32_t id) const override {
@@ -255,6 +235,74 @@ class SentencePieceImpl final : public Tokenizer::Impl {
   std::string kind() const override { return "sentencepiece"; }
 
  private:
+  // Runs of ordinary ids are decoded together (so merges and byte pieces join up); special ids
+  // are dropped, or rendered as their piece text when skip_special is false.
+  std::string decode_as(const std::vector<int32_t>& ids, bool skip_special, bool raw_bytes) const {
+    const int32_t vocab = vocab_size();
+    for (int32_t id : ids) check_id(id, vocab);
+    std::string text;
+    std::vector<int> run;
+    auto flush = [&] {
+      if (run.empty()) return;
+      if (raw_bytes) {
+        text += run_bytes(run);
+      } else {
+        std::string part;
+        const auto status = sp_->Decode(run, &part);
+        if (!status.ok()) throw std::runtime_error("tokenizer decode failed: " + status.ToString());
+        text += part;
+      }
+      run.clear();
+    };
+    for (int32_t id : ids) {
+      if (is_special(id)) {
+        if (skip_special) continue;
+        flush();
+        text += sp_->IdToPiece(id);
+      } else {
+        run.push_back(id);
+      }
+    }
+    flush();
+    return text;
+  }
+
+  // The bytes of a run of ordinary pieces as sentencepiece's Decode joins them, without its UTF-8
+  // repair: "<0xAB>" pieces are their byte, "▁" is a space, and the leading spaces Decode drops
+  // from a run's first piece (the dummy prefix) are dropped.
+  std::string run_bytes(const std::vector<int>& run) const {
+    static const std::string kSpace = "\xE2\x96\x81";  // "▁"
+    std::string out;
+    for (size_t k = 0; k < run.size(); ++k) {
+      const int id = run[k];
+      if (sp_->IsByte(id)) {
+        const std::string piece = sp_->IdToPiece(id);  // "<0xAB>"
+        out.push_back(static_cast<char>(std::stoi(piece.substr(3, 2), nullptr, 16)));
+        continue;
+      }
+      std::string piece = sp_->IdToPiece(id);
+      std::string mapped;
+      for (size_t i = 0; i < piece.size();) {
+        if (piece.compare(i, kSpace.size(), kSpace) == 0) {
+          mapped += ' ';
+          i += kSpace.size();
+        } else {
+          mapped += piece[i++];
+        }
+      }
+      if (k == 0) {
+        std::string alone;
+        const auto status = sp_->Decode(std::vector<int>{id}, &alone);
+        if (!status.ok()) throw std::runtime_error("tokenizer decode failed: " + status.ToString());
+        size_t drop = 0;
+        while (drop < mapped.size() && mapped.size() - drop > alone.size() && mapped[drop] == ' ') ++drop;
+        mapped.erase(0, drop);
+      }
+      out += mapped;
+    }
+    return out;
+  }
+
   std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
   bool add_bos_ = true;
   bool add_eos_ = false;
@@ -271,6 +319,9 @@ class HfJsonImpl final : public Tokenizer::Impl {
   }
   std::string decode(const std::vector<int32_t>& ids, bool skip_special) const override {
     return tok_.decode(ids, skip_special);
+  }
+  std::string decode_bytes(const std::vector<int32_t>& ids, bool skip_special) const override {
+    return tok_.decode_bytes(ids, skip_special);
   }
   std::vector<int32_t> special_prefix() const override { return tok_.special_prefix(); }
   std::string id_to_piece(int32_t id) const override {
@@ -374,6 +425,43 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special
   return impl_->decode(ids, skip_special_tokens);
 }
 std::vector<int32_t> Tokenizer::special_prefix() const { return impl_->special_prefix(); }
+std::string Tokenizer::decode_bytes(const std::vector<int32_t>& ids, bool skip_special_tokens) const {
+  return impl_->decode_bytes(ids, skip_special_tokens);
+}
+
+std::string Tokenizer::appended_bytes(const std::vector<int32_t>& ids, size_t end, int32_t id,
+                                      bool skip_special_tokens) const {
+  // Decoders look at neighbours only (a run's first piece, a byte sequence): the last few ids
+  // before `id` decide its bytes. A window whose text is empty (skipped special tokens) grows
+  // back until it has text or reaches the start, so a leading-space rule sees the same first token.
+  // Ids outside the vocabulary (a model's padded embedding rows) have no text: they are left out.
+  constexpr size_t kContext = 4;
+  const int32_t vocab = vocab_size();
+  if (id < 0 || id >= vocab) return "";
+  end = std::min(end, ids.size());
+  std::vector<int32_t> window;
+  std::string before;
+  size_t begin = end;
+  do {
+    const size_t stop = begin;
+    for (size_t taken = 0; begin > 0 && taken < kContext;) {
+      const int32_t prev = ids[--begin];
+      if (prev >= 0 && prev < vocab) ++taken;
+    }
+    std::vector<int32_t> more;
+    for (size_t k = begin; k < stop; ++k) {
+      if (ids[k] >= 0 && ids[k] < vocab) more.push_back(ids[k]);
+    }
+    window.insert(window.begin(), more.begin(), more.end());
+    before = impl_->decode_bytes(window, skip_special_tokens);
+  } while (before.empty() && begin > 0);
+  window.push_back(id);
+  const std::string after = impl_->decode_bytes(window, skip_special_tokens);
+  size_t common = 0;
+  while (common < before.size() && common < after.size() && before[common] == after[common]) ++common;
+  return after.substr(common);
+}
+
 std::string Tokenizer::id_to_piece(int32_t id) const { return impl_->id_to_piece(id); }
 int32_t Tokenizer::piece_to_id(const std::string& piece) const { return impl_->piece_to_id(piece); }
 int32_t Tokenizer::vocab_size() const { return impl_->vocab_size(); }

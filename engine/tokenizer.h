@@ -56,6 +56,18 @@ class Tokenizer {
   // Ids to text, as Hugging Face's decode(ids, skip_special_tokens); ids outside the vocabulary
   // throw std::invalid_argument naming the id.
   std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens = true) const;
+  // As decode, but the bytes the tokens stand for, without the UTF-8 repair: where decode shows an
+  // incomplete or invalid byte sequence as U+FFFD, this keeps the bytes. For valid text the two
+  // are equal.
+  std::string decode_bytes(const std::vector<int32_t>& ids, bool skip_special_tokens = true) const;
+  // The exact bytes token `id` adds to the text when it follows ids[0..end): decode_bytes(ids[0..end]
+  // + {id}) less decode_bytes(ids[0..end]), computed from the last few ids only. The bytes of a
+  // token that ends inside a multi-byte character are not valid UTF-8 alone; over a sequence the
+  // pieces concatenate to decode_bytes of the whole. What log-probs report as a token's "bytes".
+  // Ids outside the vocabulary (a model's padded embedding rows) add nothing and are skipped as
+  // context.
+  std::string appended_bytes(const std::vector<int32_t>& ids, size_t end, int32_t id,
+                             bool skip_special_tokens = true) const;
   // The vocabulary string of one token (e.g. "▁the", "Ġthe", "<|im_start|>").
   std::string id_to_piece(int32_t id) const;
   // The id of a vocabulary string (including added tokens), or -1.

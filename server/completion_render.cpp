@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "engine/text/hf/utf8.h"
+
 namespace crl::server {
 
 namespace {
@@ -31,10 +33,16 @@ json stop_reason_json(const engine::CompletionOutput& c) {
   return nullptr;
 }
 
-json bytes_of(const std::string& s) {
+json bytes_json(const std::string& s) {
   json b = json::array();
   for (unsigned char ch : s) b.push_back(static_cast<int>(ch));
   return b;
+}
+
+int64_t code_points(const std::string& s) {
+  int64_t n = 0;
+  for (unsigned char ch : s) n += (ch & 0xC0) != 0x80;
+  return n;
 }
 
 }  // namespace
@@ -64,28 +72,18 @@ std::string CompletionRenderer::decode(const std::vector<int32_t>& ids) const {
   return tokenizer_->decode(known, job_.params.skip_special_tokens);
 }
 
-std::string CompletionRenderer::token_text(int32_t id) const {
-  if (!tokenizer_ || id < 0 || id >= tokenizer_->vocab_size()) return "";
-  std::string piece = tokenizer_->id_to_piece(id);
-  // Byte-fallback pieces "<0xHH>" stand for one byte.
-  if (piece.size() == 6 && piece.compare(0, 3, "<0x") == 0 && piece[5] == '>') {
-    try {
-      return std::string(1, static_cast<char>(std::stoi(piece.substr(3, 2), nullptr, 16)));
-    } catch (const std::exception&) {
-      return piece;
-    }
+CompletionRenderer::TokenRepr CompletionRenderer::token_repr(const std::vector<int32_t>& ids, size_t pos,
+                                                             int32_t id) const {
+  if (!tokenizer_ || id < 0 || id >= tokenizer_->vocab_size()) return {};
+  // A special token is shown as itself (vLLM), though skip_special_tokens leaves it out of the text.
+  if (tokenizer_->is_special(id)) {
+    std::string piece = tokenizer_->id_to_piece(id);
+    return {piece, piece};
   }
-  const std::string space = "\xE2\x96\x81";  // "▁", sentencepiece's word boundary
-  std::string out;
-  for (size_t i = 0; i < piece.size();) {
-    if (piece.compare(i, space.size(), space) == 0) {
-      out += ' ';
-      i += space.size();
-    } else {
-      out += piece[i++];
-    }
-  }
-  return out;
+  std::string bytes = tokenizer_->appended_bytes(ids, pos, id, job_.params.skip_special_tokens);
+  // The token's text is its bytes alone as UTF-8, an incomplete character shown as U+FFFD (what
+  // vLLM shows: Hugging Face's decode of the one token); `bytes` keeps them exactly.
+  return {text::hf::utf8_lossy(bytes), std::move(bytes)};
 }
 
 json CompletionRenderer::logprobs_json(const engine::CompletionOutput& c, size_t from, size_t to,
@@ -94,13 +92,13 @@ json CompletionRenderer::logprobs_json(const engine::CompletionOutput& c, size_t
   if (job_.endpoint == Endpoint::kChat) {
     json content = json::array();
     for (size_t i = from; i < to; ++i) {
-      const std::string tok = token_text(c.token_ids[i]);
-      json e = {{"token", tok}, {"logprob", c.raw_logprobs[i]}, {"bytes", bytes_of(tok)}};
+      const TokenRepr tok = token_repr(c.token_ids, i, c.token_ids[i]);
+      json e = {{"token", tok.text}, {"logprob", c.raw_logprobs[i]}, {"bytes", bytes_json(tok.bytes)}};
       json tops = json::array();
       if (i < c.top_logprobs.size()) {
         for (const auto& [id, lp] : c.top_logprobs[i]) {
-          const std::string t = token_text(id);
-          tops.push_back({{"token", t}, {"logprob", lp}, {"bytes", bytes_of(t)}});
+          const TokenRepr t = token_repr(c.token_ids, i, id);
+          tops.push_back({{"token", t.text}, {"logprob", lp}, {"bytes", bytes_json(t.bytes)}});
         }
       }
       e["top_logprobs"] = tops;
@@ -111,15 +109,15 @@ json CompletionRenderer::logprobs_json(const engine::CompletionOutput& c, size_t
   json tokens = json::array(), token_logprobs = json::array(), offsets = json::array();
   json tops = job_.top_logprobs > 0 ? json::array() : json(nullptr);
   for (size_t i = from; i < to; ++i) {
-    const std::string tok = token_text(c.token_ids[i]);
-    tokens.push_back(tok);
+    const TokenRepr tok = token_repr(c.token_ids, i, c.token_ids[i]);
+    tokens.push_back(tok.text);
     token_logprobs.push_back(c.raw_logprobs[i]);
     offsets.push_back(*text_offset);
-    *text_offset += static_cast<int64_t>(tok.size());
+    *text_offset += code_points(tok.text);  // as vLLM: the offset counts the tokens' characters
     if (job_.top_logprobs > 0) {
       json row = json::object();
       if (i < c.top_logprobs.size()) {
-        for (const auto& [id, lp] : c.top_logprobs[i]) row[token_text(id)] = lp;
+        for (const auto& [id, lp] : c.top_logprobs[i]) row[token_repr(c.token_ids, i, id).text] = lp;
       }
       tops.push_back(row);
     }

@@ -52,7 +52,13 @@ class CompletionRenderer {
     bool finished = false;
   };
 
-  std::string token_text(int32_t id) const;
+  struct TokenRepr {
+    std::string text;   // as UTF-8; an incomplete character is U+FFFD
+    std::string bytes;  // exact
+  };
+  // Token `id` as a log-prob entry shows it when it stands at position `pos` of `ids` (the
+  // completion's tokens; the ones before `pos` are its context).
+  TokenRepr token_repr(const std::vector<int32_t>& ids, size_t pos, int32_t id) const;
   std::string decode(const std::vector<int32_t>& ids) const;
   // Log-probs of tokens [from, to) of a completion, in the endpoint's format.
   nlohmann::json logprobs_json(const engine::CompletionOutput& c, size_t from, size_t to,

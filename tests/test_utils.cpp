@@ -1,8 +1,14 @@
 #include "tests/test_utils.h"
 
+#include <sys/wait.h>
+
 #include <cstdlib>
+#include <fstream>
+#include <mutex>
+#include <sstream>
 #include <filesystem>
 
+#include "engine/model/model_cache.h"
 #include "sync/local_ranks.h"
 
 namespace crl::test {
@@ -33,6 +39,34 @@ void expect_tensor_equal(const at::Tensor& a, const at::Tensor& b) {
   ASSERT_EQ(a.sizes(), b.sizes());
   EXPECT_TRUE(at::equal(a, b)) << "tensors are not bit-identical: max |a-b| = "
                                << (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+}
+
+std::string tokenizer_fixtures_dir() {
+  if (const char* d = std::getenv("CRL_TOKENIZER_FIXTURES"); d && *d) return d;
+  return engine::cache_dir() + "/tokenizer-fixtures";
+}
+
+const std::string& tokenizer_fixtures_error() {
+  static std::string error;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const std::string dir = tokenizer_fixtures_dir();
+    const std::string log = dir + ".log";
+    const std::string cmd = "'" + std::string(CRL_SOURCE_DIR) + "/scripts/tokenizer_fixtures.sh' '" + dir +
+                            "' > '" + log + "' 2>&1";
+    const int rc = std::system(cmd.c_str());
+    if (rc != 0) {
+      std::ifstream in(log);
+      std::stringstream out;
+      out << in.rdbuf();
+      std::string text = out.str();
+      if (text.size() > 4000) text = "..." + text.substr(text.size() - 4000);
+      error = "scripts/tokenizer_fixtures.sh " + dir + " failed (exit status " +
+              std::to_string(WIFEXITED(rc) ? WEXITSTATUS(rc) : rc) +
+              "); it needs node >= 18, npm and, the first time, the npm registry. Output:\n" + text;
+    }
+  });
+  return error;
 }
 
 TempDir::TempDir() {

@@ -27,6 +27,15 @@ void expect_tensor_near(const at::Tensor& a, const at::Tensor& b, double atol, d
 // Expects a and b to be bit-identical (same dtype, shape and bytes).
 void expect_tensor_equal(const at::Tensor& a, const at::Tensor& b);
 
+// The real tokenizers' fixtures (scripts/tokenizer_fixtures.sh: Hugging Face's tokenizers and
+// tokenizer.json files from npm): $CRL_TOKENIZER_FIXTURES, else <test cache>/tokenizer-fixtures.
+// <dir>/<name>/ holds tokenizer.json and tokenizer_config.json for qwen3, llama3_1, llama2,
+// deepseek_v3, gemma3, gpt4o.
+std::string tokenizer_fixtures_dir();
+// Runs scripts/tokenizer_fixtures.sh once per process; "" when it succeeded, else why not (the
+// tests that need the fixtures FAIL with it: they are evidence, not optional).
+const std::string& tokenizer_fixtures_error();
+
 // A fresh empty directory under the system temp dir, removed by the destructor.
 class TempDir {
  public:

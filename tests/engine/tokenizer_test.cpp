@@ -4,6 +4,7 @@
 
 #include <fstream>
 #include <memory>
+#include <random>
 #include <sstream>
 
 #include "engine/model/model_writer.h"
@@ -93,6 +94,38 @@ TEST_F(TokenizerTest, RoundTripsUnicodeThroughByteFallback) {
   bool saw_byte = false;
   for (int32_t id : ids) saw_byte = saw_byte || tok.id_to_piece(id) == "<0xE6>";
   EXPECT_TRUE(saw_byte);
+}
+
+// Log-prob bytes on a sentencepiece model: each token's exact bytes in context concatenate to the
+// text; a byte-fallback token inside a character carries its one byte; the first token's dummy
+// prefix space is dropped as decode drops it.
+TEST_F(TokenizerTest, AppendedBytesConcatenateToTheText) {
+  const Tokenizer& tok = *tok_;
+  const std::string text =
+      " lead h\xC3\xA9llo w\xC3\xB6rld \xE2\x80\x94 \xE6\x97\xA5\xE6\x9C\xAC \xF0\x9F\x99\x82! 12 + 30 = 42";
+  for (const std::string& t : {text, std::string("Hello world"), std::string("  two spaces")}) {
+    std::vector<int32_t> ids = tok.encode(t);
+    std::string all;
+    for (size_t k = 0; k < ids.size(); ++k) {
+      const std::string b = tok.appended_bytes(ids, k, ids[k]);
+      if (tok.id_to_piece(ids[k]) == "<0xE6>") EXPECT_EQ(b, "\xE6");
+      all += b;
+    }
+    EXPECT_EQ(all, tok.decode(ids)) << t;
+    EXPECT_EQ(tok.decode_bytes(ids), tok.decode(ids)) << t;
+  }
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 300; ++trial) {
+    std::vector<int32_t> ids(1 + rng() % 16);
+    for (int32_t& id : ids) id = static_cast<int32_t>(rng() % static_cast<uint32_t>(tok.vocab_size()));
+    for (bool skip : {false, true}) {
+      std::string all;
+      for (size_t k = 0; k < ids.size(); ++k) all += tok.appended_bytes(ids, k, ids[k], skip);
+      ASSERT_EQ(all, tok.decode_bytes(ids, skip)) << trial;
+      const std::string lossy = tok.decode(ids, skip);
+      if (lossy.find("\xEF\xBF\xBD") == std::string::npos) ASSERT_EQ(all, lossy) << trial;
+    }
+  }
 }
 
 TEST_F(TokenizerTest, SkipsOrShowsSpecialTokensOnDecode) {

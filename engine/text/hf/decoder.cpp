@@ -60,13 +60,13 @@ char32_t get_char(const nlohmann::json& j, const std::string& key, const JsonPat
 
 class ByteLevel : public Decoder {
  public:
-  void decode_chain(std::vector<std::string>& tokens) const override {
-    std::string bytes;
+  void decode_chain(std::vector<std::string>& tokens, Bytes mode) const override {
+    std::string out;
     size_t total = 0;
     for (const std::string& t : tokens) total += t.size();
-    bytes.reserve(total);
+    out.reserve(total);
     for (const std::string& t : tokens) {
-      const size_t mark = bytes.size();
+      const size_t mark = out.size();
       bool mapped = true;
       for (size_t i = 0; i < t.size();) {
         char32_t cp;
@@ -76,22 +76,22 @@ class ByteLevel : public Decoder {
           mapped = false;
           break;
         }
-        bytes.push_back(static_cast<char>(b));
+        out.push_back(static_cast<char>(b));
         i += len;
       }
       if (!mapped) {  // a character outside the alphabet: the token keeps its own bytes
-        bytes.resize(mark);
-        bytes += t;
+        out.resize(mark);
+        out += t;
       }
     }
-    tokens.assign(1, utf8_lossy(bytes));
+    tokens.assign(1, mode == Bytes::kRaw ? std::move(out) : utf8_lossy(out));
   }
 };
 
 class Metaspace : public Decoder {
  public:
   Metaspace(char32_t replacement, PrependScheme scheme) : scheme_(scheme) { append_utf8(rep_, replacement); }
-  void decode_chain(std::vector<std::string>& tokens) const override {
+  void decode_chain(std::vector<std::string>& tokens, Bytes /*bytes*/) const override {
     for (size_t i = 0; i < tokens.size(); ++i) {
       const bool drop = i == 0 && scheme_ != PrependScheme::kNever;
       tokens[i] = replace_all(tokens[i], rep_, drop ? "" : " ");
@@ -106,7 +106,7 @@ class Metaspace : public Decoder {
 class Replace : public Decoder {
  public:
   Replace(Regex regex, std::string content) : regex_(std::move(regex)), content_(std::move(content)) {}
-  void decode_chain(std::vector<std::string>& tokens) const override {
+  void decode_chain(std::vector<std::string>& tokens, Bytes /*bytes*/) const override {
     thread_local std::vector<std::pair<size_t, size_t>> spans;
     for (std::string& token : tokens) {
       if (token.empty()) continue;  // HF reports no match at all in an empty string
@@ -150,7 +150,7 @@ int fallback_byte(const std::string& t) {
 
 class ByteFallback : public Decoder {
  public:
-  void decode_chain(std::vector<std::string>& tokens) const override {
+  void decode_chain(std::vector<std::string>& tokens, Bytes mode) const override {
     std::vector<std::string> out;
     out.reserve(tokens.size());
     std::string pending;
@@ -162,7 +162,7 @@ class ByteFallback : public Decoder {
         if (len == 0) break;
         i += len;
       }
-      if (i == pending.size()) {
+      if (i == pending.size() || mode == Bytes::kRaw) {
         out.push_back(std::move(pending));
       } else {
         for (size_t k = 0; k < pending.size(); ++k) out.emplace_back(kReplacementChar);
@@ -185,7 +185,7 @@ class ByteFallback : public Decoder {
 
 class Fuse : public Decoder {
  public:
-  void decode_chain(std::vector<std::string>& tokens) const override {
+  void decode_chain(std::vector<std::string>& tokens, Bytes /*bytes*/) const override {
     std::string joined;
     for (const std::string& t : tokens) joined += t;
     tokens.assign(1, std::move(joined));
@@ -195,7 +195,7 @@ class Fuse : public Decoder {
 class Strip : public Decoder {
  public:
   Strip(char32_t content, size_t start, size_t stop) : start_(start), stop_(stop) { append_utf8(content_, content); }
-  void decode_chain(std::vector<std::string>& tokens) const override {
+  void decode_chain(std::vector<std::string>& tokens, Bytes /*bytes*/) const override {
     const size_t w = content_.size();
     for (std::string& t : tokens) {
       size_t begin = 0;
@@ -226,7 +226,7 @@ std::string wordpiece_cleanup(const std::string& s) {
 class WordPiece : public Decoder {
  public:
   WordPiece(std::string prefix, bool cleanup) : prefix_(std::move(prefix)), cleanup_(cleanup) {}
-  void decode_chain(std::vector<std::string>& tokens) const override {
+  void decode_chain(std::vector<std::string>& tokens, Bytes /*bytes*/) const override {
     for (size_t i = 0; i < tokens.size(); ++i) {
       std::string& t = tokens[i];
       if (i != 0) {
@@ -248,7 +248,7 @@ class WordPiece : public Decoder {
 class BpeDecoder : public Decoder {
  public:
   explicit BpeDecoder(std::string suffix) : suffix_(std::move(suffix)) {}
-  void decode_chain(std::vector<std::string>& tokens) const override {
+  void decode_chain(std::vector<std::string>& tokens, Bytes /*bytes*/) const override {
     for (size_t i = 0; i < tokens.size(); ++i) {
       tokens[i] = replace_all(tokens[i], suffix_, i + 1 == tokens.size() ? "" : " ");
     }
@@ -262,7 +262,7 @@ class Ctc : public Decoder {
  public:
   Ctc(std::string pad, std::string delimiter, bool cleanup)
       : pad_(std::move(pad)), delimiter_(std::move(delimiter)), cleanup_(cleanup) {}
-  void decode_chain(std::vector<std::string>& tokens) const override {
+  void decode_chain(std::vector<std::string>& tokens, Bytes /*bytes*/) const override {
     std::vector<std::string> out;
     for (size_t i = 0; i < tokens.size(); ++i) {
       if (i > 0 && tokens[i] == tokens[i - 1]) continue;  // dedup consecutive repeats
@@ -282,8 +282,8 @@ class Ctc : public Decoder {
 class Sequence : public Decoder {
  public:
   explicit Sequence(std::vector<std::unique_ptr<Decoder>> parts) : parts_(std::move(parts)) {}
-  void decode_chain(std::vector<std::string>& tokens) const override {
-    for (const auto& part : parts_) part->decode_chain(tokens);
+  void decode_chain(std::vector<std::string>& tokens, Bytes mode) const override {
+    for (const auto& part : parts_) part->decode_chain(tokens, mode);
   }
 
  private:

@@ -21,9 +21,15 @@ namespace crl::text::hf {
 
 class Decoder {
  public:
+  // kLossy: byte sequences that are not valid UTF-8 become U+FFFD as in Hugging Face (above).
+  // kRaw: the bytes the tokens stand for, unchecked (a token may end inside a character): what
+  // the exact per-token bytes of log-probs are cut from.
+  enum class Bytes { kLossy, kRaw };
+
   virtual ~Decoder() = default;
   // Hugging Face's decode_chain: rewrites the token strings; the caller joins the result.
-  virtual void decode_chain(std::vector<std::string>& tokens) const = 0;
+  void decode_chain(std::vector<std::string>& tokens) const { decode_chain(tokens, Bytes::kLossy); }
+  virtual void decode_chain(std::vector<std::string>& tokens, Bytes mode) const = 0;
 };
 
 // The decoder described by `j` (tokenizer.json's "decoder", found at `at`); nullptr for JSON null

@@ -472,6 +472,15 @@ std::string HfTokenizer::id_to_token(int32_t id) const {
 }
 
 std::string HfTokenizer::decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const {
+  return decode_as(ids, skip_special_tokens, /*raw_bytes=*/false);
+}
+
+std::string HfTokenizer::decode_bytes(const std::vector<int32_t>& ids, bool skip_special_tokens) const {
+  return decode_as(ids, skip_special_tokens, /*raw_bytes=*/true);
+}
+
+std::string HfTokenizer::decode_as(const std::vector<int32_t>& ids, bool skip_special_tokens,
+                                   bool raw_bytes) const {
   const Impl& m = *impl_;
   std::vector<std::string> tokens;
   tokens.reserve(ids.size());
@@ -504,7 +513,7 @@ std::string HfTokenizer::decode(const std::vector<int32_t>& ids, bool skip_speci
     }
     return out;
   }
-  m.decoder->decode_chain(tokens);
+  m.decoder->decode_chain(tokens, raw_bytes ? Decoder::Bytes::kRaw : Decoder::Bytes::kLossy);
   std::string out;
   for (const std::string& t : tokens) out += t;
   return out;

@@ -38,6 +38,9 @@ class HfTokenizer {
                               bool split_special_tokens) const;
   // Ids outside [0, vocab_size()) throw std::invalid_argument; ids with no token are skipped.
   std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const;
+  // As decode, but the bytes the tokens stand for without the UTF-8 repair: a byte-level or
+  // byte-fallback token that ends inside a character keeps its bytes (no U+FFFD).
+  std::string decode_bytes(const std::vector<int32_t>& ids, bool skip_special_tokens) const;
 
   // The ids encode(text, add_special_tokens=true) puts before the text (e.g. BOS).
   const std::vector<int32_t>& special_prefix() const;
@@ -51,6 +54,8 @@ class HfTokenizer {
   int32_t pad_id() const { return pad_id_; }
 
  private:
+  std::string decode_as(const std::vector<int32_t>& ids, bool skip_special_tokens, bool raw_bytes) const;
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
   int32_t bos_id_ = -1;

