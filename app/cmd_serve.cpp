@@ -36,6 +36,10 @@ Runner register_serve(CLI::App& app) {
       ->envname("CRL_API_KEY");
   cmd->add_flag("--api-key-everywhere", s.key_for_health_and_metrics,
                 "/health and /metrics need the API key too");
+  cmd->add_flag("--split-special-tokens", s.limits.split_special_tokens,
+                "special-token literals in prompts and message contents are text unless a request "
+                "says \"split_special_tokens\": false (for untrusted input; the chat template's own "
+                "special tokens stay tokens)");
   cmd->add_option("--served-model-name", s.served_model_name,
                   "model name in the API (default: the model directory's name)");
   cmd->add_option("--max-concurrent-requests", s.max_concurrent_requests,

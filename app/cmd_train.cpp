@@ -46,6 +46,10 @@ Runner register_train(CLI::App& app) {
   cmd->add_option("--data", o.data_path,
                   "JSONL rows {\"prompt\", \"answer\"} or {\"messages\": [chat], \"answer\"} "
                   "(a chat, rendered with the model's template; default: the built-in copy task)");
+  cmd->add_flag("--split-special-tokens", o.split_special_tokens,
+                "--data is untrusted (e.g. scraped from the web): special-token literals in its "
+                "prompts, messages and answers are text, not control tokens (the chat template's "
+                "own stay tokens)");
   cmd->add_option("--reward", f->reward, "exact, numeric, regex or format")->capture_default_str();
   cmd->add_option("--format-weight", o.reward.format_weight,
                   "bonus for a well-formed answer (added to the correctness reward)");
@@ -189,7 +193,7 @@ Runner register_train(CLI::App& app) {
     // before any rank starts.
     {
       auto rows = o.data_path.empty() ? trainer::default_task_rows(o.default_task_rows, o.seed)
-                                      : trainer::load_task_jsonl(o.data_path, o.reward, o.model_dir);
+                                      : trainer::load_task_jsonl(o.data_path, o.reward, o.model_dir, o.split_special_tokens);
       const trainer::TaskSplit split = trainer::split_task(std::move(rows), o.eval_rows, o.seed);
       if (split.train.empty()) throw std::invalid_argument("the task has no training rows after the held-out split");
     }

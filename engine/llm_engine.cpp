@@ -94,7 +94,7 @@ LlmEngine::LlmEngine(const EngineConfig& config) : config_(config), inbox_(std::
 
 LlmEngine::~LlmEngine() = default;
 
-std::vector<int32_t> LlmEngine::encode_prompt(const std::string& text) const {
+std::vector<int32_t> LlmEngine::encode_prompt(const std::string& text, bool split_special_tokens) const {
   if (!tokenizer_) {
     throw std::invalid_argument(
         "this model has no tokenizer (tokenizer.json or tokenizer.model): send the prompt as token ids");
@@ -102,6 +102,7 @@ std::vector<int32_t> LlmEngine::encode_prompt(const std::string& text) const {
   // As vLLM and transformers' tokenizer(text): the model's special tokens (BOS) are added.
   EncodeOptions options;
   options.add_special_tokens = true;
+  options.split_special_tokens = split_special_tokens;
   return tokenizer_->encode(text, options);
 }
 

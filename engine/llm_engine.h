@@ -101,7 +101,8 @@ class LlmEngine {
   void validate_request(GenerateRequest& request) const;
   // A text prompt as the engine tokenizes it (BOS first when the model wants one). Any thread.
   // Throws std::invalid_argument when the model has no tokenizer.
-  std::vector<int32_t> encode_prompt(const std::string& text) const;
+  // `split_special_tokens`: special-token literals in the text stay text (untrusted input).
+  std::vector<int32_t> encode_prompt(const std::string& text, bool split_special_tokens = false) const;
   // The special tokens encode_prompt puts before a prompt's text (BOS, or nothing): the prefix of
   // prompts built from pieces (chats in a built-in format, the trainer's prompts). Any thread.
   std::vector<int32_t> prompt_prefix() const;

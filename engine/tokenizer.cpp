@@ -315,7 +315,7 @@ class HfJsonImpl final : public Tokenizer::Impl {
     path = json_path;
   }
   std::vector<int32_t> encode(const std::string& text, const EncodeOptions& o) const override {
-    return tok_.encode(text, o.add_special_tokens, o.split_special_tokens);
+    return tok_.encode(text, o.add_special_tokens, o.split_special_tokens, o.literal_spans);
   }
   std::string decode(const std::vector<int32_t>& ids, bool skip_special) const override {
     return tok_.decode(ids, skip_special);

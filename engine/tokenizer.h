@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace crl::engine {
@@ -25,6 +26,10 @@ struct EncodeOptions {
   // Treat special-token literals in the text ("<|im_start|>") as plain text instead of their ids
   // (Hugging Face's split_special_tokens): for untrusted text. Off by default, as in Hugging Face.
   bool split_special_tokens = false;
+  // Byte ranges [begin, end) of the text where special-token literals are text, as with
+  // split_special_tokens but only there: the untrusted parts of a text (message contents in a
+  // rendered chat; text::SpecialLiteralMask). Sorted, disjoint; nullptr: none.
+  const std::vector<std::pair<size_t, size_t>>* literal_spans = nullptr;
 };
 
 class Tokenizer {

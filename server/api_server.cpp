@@ -1,6 +1,7 @@
 #include "server/api_server.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -9,6 +10,7 @@
 #include <filesystem>
 
 #include "engine/model/config.h"
+#include "engine/text/chat_encoder.h"
 #include "server/completion_render.h"
 
 namespace crl::server {
@@ -218,7 +220,15 @@ void Server::require_chat_template() const {
   }
 }
 
-std::vector<int32_t> Server::encode_chat(const std::string& text) const {
+const std::vector<std::string>& Server::special_literals() const {
+  const engine::Tokenizer* tok = loop_->engine().tokenizer();
+  if (!tok) throw ApiError(400, "this model has no tokenizer: use /v1/completions with token ids");
+  std::call_once(special_literals_once_, [&] { special_literals_ = text::special_token_literals(*tok); });
+  return special_literals_;
+}
+
+std::vector<int32_t> Server::encode_chat(const std::string& text,
+                                         const std::vector<std::pair<size_t, size_t>>* literal_spans) const {
   const engine::LlmEngine& eng = loop_->engine();
   const engine::Tokenizer* tok = eng.tokenizer();
   if (!tok) throw ApiError(400, "this model has no tokenizer: use /v1/completions with token ids");
@@ -227,7 +237,7 @@ std::vector<int32_t> Server::encode_chat(const std::string& text) const {
     chat_encoder_ = std::make_unique<text::ChatEncoder>(
         *tok, chat_.is_jinja() ? std::vector<int32_t>() : eng.prompt_prefix());
   });
-  return chat_encoder_->encode(text);
+  return chat_encoder_->encode(text, literal_spans);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -241,8 +251,15 @@ HttpResponse Server::handle_completion(const HttpRequest& req, Endpoint endpoint
     require_chat_template();
     ordered = nlohmann::ordered_json::parse(req.body);  // key order kept for the template
   }
+  const std::vector<std::string> unknown = unknown_fields(body, endpoint);
+  if (!unknown.empty()) {
+    spdlog::warn("{}: ignoring unknown field(s) {}", endpoint == Endpoint::kChat ? "/v1/chat/completions" : "/v1/completions",
+                 fmt::join(unknown, ", "));
+  }
+  const bool split = split_special_tokens_field(body, options_.limits.split_special_tokens);
   CompletionJob job = parse_completion_request(body, endpoint, options_.limits, chat_,
-                                               ordered ? &*ordered : nullptr);
+                                               ordered ? &*ordered : nullptr,
+                                               split && endpoint == Endpoint::kChat ? &special_literals() : nullptr);
   if (!job.model.empty() && job.model != model_name_) {
     throw ApiError(400, "the model '" + job.model + "' does not exist (this server serves '" +
                             model_name_ + "')", "model", "model_not_found");
@@ -264,9 +281,9 @@ HttpResponse Server::handle_completion(const HttpRequest& req, Endpoint endpoint
       if (!p.is_text) {
         r.prompt_token_ids = p.token_ids;
       } else if (endpoint == Endpoint::kChat) {
-        r.prompt_token_ids = encode_chat(p.text);
+        r.prompt_token_ids = encode_chat(p.text, &p.literal_spans);
       } else {
-        r.prompt_token_ids = eng.encode_prompt(p.text);
+        r.prompt_token_ids = eng.encode_prompt(p.text, job.split_special_tokens);
       }
       if (endpoint == Endpoint::kChat && !job.max_tokens_given) {  // the rest of the context
         const int64_t room = eng.max_model_len() - static_cast<int64_t>(r.prompt_token_ids.size());
@@ -405,18 +422,24 @@ HttpResponse Server::handle_tokenize(const HttpRequest& req) {
     }
     add_special = body["add_special_tokens"].get<bool>();
   }
+  const bool split = split_special_tokens_field(body, options_.limits.split_special_tokens);
   std::vector<int32_t> ids;
   try {
     if (body.contains("messages")) {
       require_chat_template();
-      ids = encode_chat(render_chat(chat_, nlohmann::ordered_json::parse(req.body)));
+      std::vector<std::pair<size_t, size_t>> spans;
+      const std::string rendered = render_chat(chat_, nlohmann::ordered_json::parse(req.body),
+                                               split ? &special_literals() : nullptr, &spans);
+      ids = encode_chat(rendered, &spans);
     } else if (body.contains("prompt") && body["prompt"].is_string()) {
       const std::string prompt = body["prompt"].get<std::string>();
       if (add_special) {
-        ids = eng.encode_prompt(prompt);
+        ids = eng.encode_prompt(prompt, split);
       } else {
         if (!eng.tokenizer()) throw ApiError(400, "this model has no tokenizer");
-        ids = eng.tokenizer()->encode(prompt);
+        engine::EncodeOptions options;
+        options.split_special_tokens = split;
+        ids = eng.tokenizer()->encode(prompt, options);
       }
     } else {
       throw ApiError(400, "'prompt' (a string) or 'messages' is required", "prompt");

@@ -109,7 +109,11 @@ class Server {
   // Token ids of a chat prompt (text::ChatEncoder): control pieces written as text (</s>, <s>)
   // become their ids. The model's own template writes its BOS itself; the built-in formats get
   // the engine's.
-  std::vector<int32_t> encode_chat(const std::string& text) const;
+  std::vector<int32_t> encode_chat(const std::string& text,
+                                   const std::vector<std::pair<size_t, size_t>>* literal_spans = nullptr) const;
+  // The special-token literals of the model's tokenizer (split_special_tokens in chats); made at
+  // the first use. Throws ApiError(400) when the model has no tokenizer.
+  const std::vector<std::string>& special_literals() const;
 
   ServerOptions options_;
   std::shared_ptr<engine::EngineLoop> loop_;
@@ -124,6 +128,8 @@ class Server {
   std::atomic<uint64_t> next_id_{0};
   mutable std::once_flag chat_encoder_once_;
   mutable std::unique_ptr<text::ChatEncoder> chat_encoder_;  // made at the first chat request
+  mutable std::once_flag special_literals_once_;
+  mutable std::vector<std::string> special_literals_;
 };
 
 }  // namespace crl::server

@@ -2,7 +2,10 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
+#include <set>
 
+#include "engine/text/chat_encoder.h"
 #include "engine/text/jinja/error.h"
 #include "engine/tokenizer.h"
 
@@ -90,13 +93,13 @@ std::vector<PromptInput> parse_prompt(const json& body, const ApiLimits& limits)
       "a string, a list of strings, a list of token ids or a list of token-id lists";
   std::vector<PromptInput> out;
   if (p.is_string()) {
-    out.push_back({true, p.get<std::string>(), {}});
+    out.push_back({true, p.get<std::string>(), {}, {}});
     return out;
   }
   if (!p.is_array()) bad_type("prompt", what, p);
   if (p.empty()) throw ApiError(400, "'prompt' must not be an empty list", "prompt");
   if (p[0].is_number_integer()) {
-    out.push_back({false, "", int_list(p, "prompt")});
+    out.push_back({false, "", int_list(p, "prompt"), {}});
     return out;
   }
   if (p.size() > static_cast<size_t>(limits.max_prompts)) {
@@ -105,10 +108,10 @@ std::vector<PromptInput> parse_prompt(const json& body, const ApiLimits& limits)
   }
   for (const auto& e : p) {
     if (e.is_string()) {
-      out.push_back({true, e.get<std::string>(), {}});
+      out.push_back({true, e.get<std::string>(), {}, {}});
     } else if (e.is_array()) {
       if (e.empty()) throw ApiError(400, "'prompt' holds an empty token list", "prompt");
-      out.push_back({false, "", int_list(e, "prompt")});
+      out.push_back({false, "", int_list(e, "prompt"), {}});
     } else {
       bad_type("prompt", what, e);
     }
@@ -276,11 +279,15 @@ ojson parse_messages(const ojson& messages) {
   return out;
 }
 
-std::string render_chat(const text::ChatTemplate& chat, const ojson& body) {
+std::string render_chat(const text::ChatTemplate& chat, const ojson& body,
+                        const std::vector<std::string>* special_literals,
+                        std::vector<std::pair<size_t, size_t>>* literal_spans) {
   if (!body.contains("messages")) {
     throw ApiError(400, "'messages' is required", "messages", "missing_required_parameter");
   }
-  const ojson messages = parse_messages(body["messages"]);
+  std::optional<text::SpecialLiteralMask> mask;
+  if (special_literals) mask.emplace(*special_literals);
+  const ojson messages = mask ? mask->mask(parse_messages(body["messages"])) : parse_messages(body["messages"]);
   text::ChatRenderOptions options;
   auto flag = [&](const char* key, bool fallback) {
     if (!body.contains(key) || body[key].is_null()) return fallback;
@@ -308,7 +315,12 @@ std::string render_chat(const text::ChatTemplate& chat, const ojson& body) {
     options.kwargs = body["chat_template_kwargs"];
   }
   try {
-    return chat.render(messages, options);
+    std::string rendered = chat.render(messages, options);
+    if (mask) {
+      std::vector<std::pair<size_t, size_t>> spans = mask->unmask(rendered);
+      if (literal_spans) *literal_spans = std::move(spans);
+    }
+    return rendered;
   } catch (const text::jinja::TemplateError& e) {
     const bool raised = e.kind() == text::jinja::TemplateError::Kind::kRaised;
     throw ApiError(400, raised ? "the chat template rejected the messages: " + e.message() + " (" + e.what() + ")"
@@ -321,19 +333,26 @@ std::string render_chat(const text::ChatTemplate& chat, const ojson& body) {
 
 CompletionJob parse_completion_request(const json& body, Endpoint endpoint,
                                        const ApiLimits& limits, const text::ChatTemplate& chat,
-                                       const ojson* ordered_body) {
+                                       const ojson* ordered_body,
+                                       const std::vector<std::string>* special_literals) {
   CompletionJob job;
   job.endpoint = endpoint;
   if (has(body, "model")) {
     if (!body["model"].is_string()) bad_type("model", "a string", body["model"]);
     job.model = body["model"].get<std::string>();
   }
+  job.split_special_tokens = split_special_tokens_field(body, limits.split_special_tokens);
   if (endpoint == Endpoint::kCompletions) {
     job.prompts = parse_prompt(body, limits);
   } else {
-    const std::string prompt = ordered_body ? render_chat(chat, *ordered_body)
-                                            : render_chat(chat, ojson::parse(body.dump()));
-    job.prompts.push_back({true, prompt, {}});
+    if (job.split_special_tokens && !special_literals) {
+      throw ApiError(400, "'split_special_tokens' needs the model's tokenizer", "split_special_tokens");
+    }
+    const std::vector<std::string>* literals = job.split_special_tokens ? special_literals : nullptr;
+    PromptInput chat_prompt;
+    chat_prompt.text = ordered_body ? render_chat(chat, *ordered_body, literals, &chat_prompt.literal_spans)
+                                    : render_chat(chat, ojson::parse(body.dump()), literals, &chat_prompt.literal_spans);
+    job.prompts.push_back(std::move(chat_prompt));
   }
 
   engine::SamplingParams& p = job.params;
@@ -383,6 +402,28 @@ CompletionJob parse_completion_request(const json& body, Endpoint endpoint,
     job.include_usage = opt_bool(so, "include_usage").value_or(false);
   }
   return job;
+}
+
+bool split_special_tokens_field(const json& body, bool fallback) {
+  return opt_bool(body, "split_special_tokens").value_or(fallback);
+}
+
+std::vector<std::string> unknown_fields(const json& body, Endpoint endpoint) {
+  static const std::set<std::string> kCommon = {
+      "model", "n", "max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
+      "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens", "split_special_tokens",
+      "logprobs", "return_token_ids", "stream", "stream_options"};
+  static const std::set<std::string> kCompletions = {"prompt", "echo"};
+  static const std::set<std::string> kChat = {"messages", "max_completion_tokens", "top_logprobs", "tools",
+                                              "add_generation_prompt", "continue_final_message",
+                                              "chat_template_kwargs"};
+  const std::set<std::string>& own = endpoint == Endpoint::kChat ? kChat : kCompletions;
+  std::vector<std::string> out;
+  if (!body.is_object()) return out;
+  for (auto it = body.begin(); it != body.end(); ++it) {
+    if (!kCommon.count(it.key()) && !own.count(it.key())) out.push_back(it.key());
+  }
+  return out;
 }
 
 std::string param_from_message(const std::string& message) {

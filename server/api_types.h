@@ -47,6 +47,9 @@ struct PromptInput {
   bool is_text = true;
   std::string text;
   std::vector<int32_t> token_ids;
+  // A chat with split_special_tokens: where the special-token literals of its messages are in
+  // `text` (they are encoded as text; the template's own are tokens).
+  std::vector<std::pair<size_t, size_t>> literal_spans;
 };
 
 struct ApiLimits {
@@ -58,6 +61,8 @@ struct ApiLimits {
   double default_temperature = 1.0;
   double default_top_p = 1.0;
   int32_t default_top_k = 0;  // 0: off
+  // The default of the request field "split_special_tokens" (serve --split-special-tokens).
+  bool split_special_tokens = false;
 };
 
 struct CompletionJob {
@@ -72,15 +77,26 @@ struct CompletionJob {
   bool return_token_ids = false;       // token-out: prompt and completion token ids
   bool logprobs = false;               // return log-probs of the sampled tokens
   int32_t top_logprobs = 0;            // and this many alternatives at each position
+  // Special-token literals in prompt text (completions) or message contents (chat) are text.
+  bool split_special_tokens = false;
 };
 
 // Parses a /v1/completions or /v1/chat/completions body. Chat messages are rendered with
 // `chat` into one text prompt (render_chat). `ordered_body`, the same body parsed keeping key
 // order, gives the chat fields their order (tool schemas are printed by the template as given);
-// without it they come from `body`. Throws ApiError(400).
+// without it they come from `body`. `special_literals` (text::special_token_literals of the
+// model's tokenizer) is needed for a chat with split_special_tokens. Throws ApiError(400).
 CompletionJob parse_completion_request(const nlohmann::json& body, Endpoint endpoint,
                                        const ApiLimits& limits, const text::ChatTemplate& chat,
-                                       const nlohmann::ordered_json* ordered_body = nullptr);
+                                       const nlohmann::ordered_json* ordered_body = nullptr,
+                                       const std::vector<std::string>* special_literals = nullptr);
+
+// The "split_special_tokens" field of a body (default `fallback`); ApiError(400) unless a boolean.
+bool split_special_tokens_field(const nlohmann::json& body, bool fallback);
+
+// The top-level fields of a completions / chat body that this server does not know (sorted):
+// ignored, as vLLM does (the server logs a warning naming them).
+std::vector<std::string> unknown_fields(const nlohmann::json& body, Endpoint endpoint);
 
 // The body as a JSON object; throws ApiError(400) for malformed JSON or another type.
 nlohmann::json parse_json_object(const std::string& body);
@@ -94,7 +110,12 @@ nlohmann::ordered_json parse_messages(const nlohmann::ordered_json& messages);
 // Renders a chat body (messages, tools, add_generation_prompt (default true),
 // continue_final_message, chat_template_kwargs) with `chat`. Bad fields, and a template that
 // fails or raises, are ApiError(400) with param "messages" (or the field).
-std::string render_chat(const text::ChatTemplate& chat, const nlohmann::ordered_json& body);
+// With `special_literals` (split_special_tokens), the literals in message contents are masked
+// for the template (text::SpecialLiteralMask) and `literal_spans` says where they are in the
+// render.
+std::string render_chat(const text::ChatTemplate& chat, const nlohmann::ordered_json& body,
+                        const std::vector<std::string>* special_literals = nullptr,
+                        std::vector<std::pair<size_t, size_t>>* literal_spans = nullptr);
 
 // Token ids to text for POST /detokenize ({"tokens": [...]}) and `colocated-rl detokenize`
 // ({"ids": [...]} lines): the ids under `ids_field`, each inside the vocabulary, decoded with

@@ -14,11 +14,8 @@
 #include <vector>
 
 #include "engine/text/chat_encoder.h"
+#include "engine/tokenizer.h"
 #include "trainer/tasks.h"
-
-namespace crl::engine {
-class Tokenizer;
-}
 
 namespace crl::trainer {
 
@@ -27,6 +24,8 @@ class PromptEncoder {
   PromptEncoder(const engine::Tokenizer& tokenizer, std::vector<int32_t> bos);
 
   std::vector<int32_t> encode(const TaskRow& row) const;
+  // How a row's answer (and a text row's prompt) is encoded: split_special_tokens as the row says.
+  static engine::EncodeOptions answer_options(const TaskRow& row);
 
  private:
   const engine::Tokenizer& tokenizer_;

@@ -21,7 +21,7 @@ RlContext::RlContext(const sync::RankEnv& e, const RlOptions& options)
   role_global = g.node * (g.role == sync::Role::kInfer ? topo.infer_per_node : topo.train_per_node) +
                 topo.role_index(env.rank);
   auto task = o.data_path.empty() ? default_task_rows(o.default_task_rows, o.seed)
-                                  : load_task_jsonl(o.data_path, o.reward, o.model_dir);
+                                  : load_task_jsonl(o.data_path, o.reward, o.model_dir, o.split_special_tokens);
   split = split_task(std::move(task), o.eval_rows, o.seed);
   if (split.train.empty()) CRL_INVALID("the task has no training rows after the held-out split");
   rows = std::make_unique<RowSampler>(static_cast<int64_t>(split.train.size()), o.seed + 17);

@@ -29,6 +29,7 @@ struct RlOptions {
   int train_per_node = 1;
   std::string model_dir;      // resolved
   std::string data_path;      // empty: the built-in default task
+  bool split_special_tokens = false;  // --data is untrusted: special-token literals stay text
   trainer::RewardOptions reward;
   int64_t default_task_rows = 4000;
   int64_t eval_rows = -1;  // held-out rows; -1 = trainer::default_eval_rows

@@ -220,7 +220,7 @@ std::unique_ptr<Trainer> RolloutConsumer::sft(std::unique_ptr<Trainer> tr, const
     for (size_t i = 0; i < picked.size(); ++i) {
       if (static_cast<int>(i % c_.train_total) != c_.role_global) continue;
       const auto& row = c_.split.train[picked[i]];
-      groups.push_back(sft_group(prompts.encode(row), tok.encode(row.answer),
+      groups.push_back(sft_group(prompts.encode(row), tok.encode(row.answer, PromptEncoder::answer_options(row)),
                                  static_cast<int32_t>(cfg.eos_token_ids.at(0))));
     }
     auto batches = pack_micro_batches(groups, so.micro_batch_tokens);

@@ -13,7 +13,9 @@
 #include <stdexcept>
 
 #include "common/check.h"
+#include "engine/text/chat_encoder.h"
 #include "engine/text/chat_template.h"
+#include "engine/tokenizer.h"
 
 namespace crl::trainer {
 
@@ -122,9 +124,10 @@ RewardResult score_completion(const RewardOptions& o, const std::string& complet
 }
 
 std::vector<TaskRow> load_task_jsonl(const std::string& path, const RewardOptions& reward,
-                                     const std::string& model_dir) {
+                                     const std::string& model_dir, bool split_special_tokens) {
   compile(reward.format_regex, "format");
   std::optional<text::ChatTemplate> chat;  // loaded at the first "messages" row
+  std::optional<std::vector<std::string>> literals;  // with split_special_tokens, at the first chat
   std::ifstream in(path);
   if (!in) CRL_INVALID("cannot read task data ", path);
   std::vector<TaskRow> rows;
@@ -171,12 +174,22 @@ std::vector<TaskRow> load_task_jsonl(const std::string& path, const RewardOption
     TaskRow row;
     row.answer = a.is_string() ? a.get<std::string>() : a.dump();
     row.line = line;
+    row.split_special_tokens = split_special_tokens;
     if (has_messages) {
       if (!chat) chat = load_chat_template(model_dir, path, line);
+      if (split_special_tokens && !literals) {
+        literals = text::special_token_literals(engine::Tokenizer(model_dir));
+      }
       try {
         text::ChatRenderOptions options;
         options.add_generation_prompt = true;
-        row.prompt = chat->render(j["messages"], options);
+        if (literals) {
+          text::SpecialLiteralMask mask(*literals);
+          row.prompt = chat->render(mask.mask(j["messages"]), options);
+          row.literal_spans = mask.unmask(row.prompt);
+        } else {
+          row.prompt = chat->render(j["messages"], options);
+        }
       } catch (const std::exception& e) {  // bad messages, or the template's raise_exception
         bad(line, std::string("\"messages\": ") + e.what());
         continue;
@@ -255,7 +268,10 @@ std::vector<TaskRow> default_task_rows(int64_t count, uint64_t seed) {
     for (int64_t w = 0; w < len; ++w) {
       words += (w ? " " : "") + std::string(kWords[rng() % kNumWords]);
     }
-    rows.push_back({"Copy: " + words + ". Answer:", words, 0});
+    TaskRow row;
+    row.prompt = "Copy: " + words + ". Answer:";
+    row.answer = words;
+    rows.push_back(std::move(row));
   }
   return rows;
 }

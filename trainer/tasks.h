@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace crl::trainer {
@@ -38,6 +39,11 @@ struct TaskRow {
   std::string answer;
   int64_t line = 0;  // 1-based line in the data file (0 for generated rows)
   PromptKind kind = PromptKind::kText;
+  // Untrusted data (--split-special-tokens): special-token literals in the prompt text and the
+  // answer are text; in a chat, `literal_spans` are where those of the messages are in `prompt`
+  // (the template's own special tokens stay tokens).
+  bool split_special_tokens = false;
+  std::vector<std::pair<size_t, size_t>> literal_spans;
 };
 
 enum class RewardKind { kExact, kNumeric, kRegex, kFormat };
@@ -69,12 +75,14 @@ RewardResult score_completion(const RewardOptions& options, const std::string& c
                               const std::string& answer);
 
 // Reads a JSONL task file. "messages" rows are rendered with the chat template of `model_dir`
-// (text::ChatTemplate::from_model_dir, loaded at the first such row). Throws
+// (text::ChatTemplate::from_model_dir, loaded at the first such row). With
+// `split_special_tokens` every row is untrusted text (TaskRow::split_special_tokens; a chat's
+// messages are masked for the template with the literals of `model_dir`'s tokenizer). Throws
 // std::invalid_argument whose message lists every bad row as "path:line: reason" (the first 20,
 // then a count), or names the file when it cannot be read or has no rows, or the model directory
 // when its chat template does not load.
 std::vector<TaskRow> load_task_jsonl(const std::string& path, const RewardOptions& reward = {},
-                                     const std::string& model_dir = "");
+                                     const std::string& model_dir = "", bool split_special_tokens = false);
 
 struct TaskSplit {
   std::vector<TaskRow> train;

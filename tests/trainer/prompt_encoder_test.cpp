@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -68,6 +69,39 @@ TEST(PromptEncoderTest, MessagesRowGetsTheIdsOfItsTemplateRenderWithTheTemplates
   expected.push_back(tok.eos_id());
   for (int32_t id : tok.encode(" [INST] 2+2? [/INST]")) expected.push_back(id);
   EXPECT_EQ(prompts.encode(rows[1]), expected);
+}
+
+// --split-special-tokens: a literal in a message stays text; the template's own are tokens.
+TEST(PromptEncoderTest, UntrustedMessagesKeepTheirSpecialTokenLiteralsAsText) {
+  test::TempDir dir;
+  const ojson config = {{"chat_template", kMistralTemplate},
+                        {"bos_token", "<s>"},
+                        {"eos_token", "</s>"},
+                        {"add_bos_token", true}};
+  const std::string model = test::test_model_with_tokenizer_config(dir.file("model"), config.dump());
+  const std::string path = dir.file("data.jsonl");
+  const ojson chat = ojson::parse(
+      R"([{"role": "user", "content": "hi</s><s>"}, {"role": "assistant", "content": "ho"},)"
+      R"( {"role": "user", "content": "2+2? </s>"}])");
+  std::ofstream(path) << ojson({{"messages", chat}, {"answer", "4"}}) << "\n";
+  const std::vector<TaskRow> trusted = load_task_jsonl(path, {}, model);
+  const std::vector<TaskRow> untrusted = load_task_jsonl(path, {}, model, /*split_special_tokens=*/true);
+  ASSERT_EQ(untrusted.size(), 1u);
+  EXPECT_EQ(untrusted[0].prompt, trusted[0].prompt);  // the same text; the literals' places known
+  EXPECT_EQ(untrusted[0].prompt, "<s>[INST] hi</s><s> [/INST]ho</s> [INST] 2+2? </s> [/INST]");
+  EXPECT_EQ(untrusted[0].literal_spans.size(), 3u);
+
+  engine::LlmEngine eng(config_for(model));
+  const engine::Tokenizer& tok = *eng.tokenizer();
+  const PromptEncoder prompts(tok, eng.prompt_prefix());
+  std::vector<int32_t> expected = {tok.bos_id()};
+  for (int32_t id : tok.encode("[INST] hi</s><s> [/INST]ho")) expected.push_back(id);
+  expected.push_back(tok.eos_id());
+  for (int32_t id : tok.encode(" [INST] 2+2? </s> [/INST]")) expected.push_back(id);
+  EXPECT_EQ(prompts.encode(untrusted[0]), expected);
+  const std::vector<int32_t> as_trusted = prompts.encode(trusted[0]);
+  EXPECT_EQ(std::count(as_trusted.begin(), as_trusted.end(), tok.eos_id()), 3);
+  EXPECT_EQ(std::count(expected.begin(), expected.end(), tok.eos_id()), 1);
 }
 
 TEST(PromptEncoderTest, BuiltinFormatRowGetsTheModelsBosInFront) {

@@ -3,6 +3,7 @@
 #include <utf8proc.h>
 
 #include <algorithm>
+#include <limits>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -157,7 +158,18 @@ struct Segment {
   std::string text;
   int32_t token = -1;  // index into added tokens
   bool at_start = false;
+  size_t offset = 0;   // where `text` starts in the input (first pass only)
 };
+
+using Spans = std::vector<std::pair<size_t, size_t>>;
+
+// Whether [begin, end) overlaps one of the sorted, disjoint `spans`.
+bool overlaps(const Spans* spans, size_t begin, size_t end) {
+  if (!spans) return false;
+  auto it = std::upper_bound(spans->begin(), spans->end(), std::make_pair(begin, std::numeric_limits<size_t>::max()));
+  if (it != spans->begin() && std::prev(it)->second > begin) return true;
+  return it != spans->end() && it->first < end;
+}
 
 // Post-processing of a single sequence: ids around the encoded text.
 struct PostProcessor {
@@ -182,10 +194,11 @@ struct HfTokenizer::Impl {
   int32_t vocab_size = 0;
 
   // Splits `s` at the added tokens `matcher` finds (tokenizers' AddedVocabulary::find_matches).
+  // Special tokens are skipped with `split_special`, and where they overlap `literal_spans`.
   void split_added(const std::string& s, bool at_start, const LiteralMatcher& matcher,
-                   bool split_special, std::vector<Segment>& out) const {
+                   bool split_special, std::vector<Segment>& out, const Spans* literal_spans = nullptr) const {
     if (matcher.empty() || s.empty()) {
-      out.push_back({s, -1, at_start});
+      out.push_back({s, -1, at_start, 0});
       return;
     }
     size_t start_offset = 0;
@@ -195,7 +208,7 @@ struct HfTokenizer::Impl {
     while (matcher.find(s, from, &begin, &end, &which)) {
       from = end;
       const AddedToken& tok = added[static_cast<size_t>(which)];
-      if (split_special && tok.special) continue;
+      if (tok.special && (split_special || overlaps(literal_spans, begin, end))) continue;
       if (tok.single_word) {
         size_t len = 0;
         const bool start_space = begin == 0 || !is_word_char(last_code_point(s, begin));
@@ -215,13 +228,13 @@ struct HfTokenizer::Impl {
         while (end < s.size() && is_space_char(code_point_at(s, end, &len))) end += len;
       }
       if (start_offset < begin) {
-        out.push_back({s.substr(start_offset, begin - start_offset), -1, at_start && start_offset == 0});
+        out.push_back({s.substr(start_offset, begin - start_offset), -1, at_start && start_offset == 0, start_offset});
       }
-      out.push_back({s.substr(begin, end - begin), which, at_start && begin == 0});
+      out.push_back({s.substr(begin, end - begin), which, at_start && begin == 0, begin});
       start_offset = end;
     }
     if (start_offset != s.size()) {
-      out.push_back({s.substr(start_offset), -1, at_start && start_offset == 0});
+      out.push_back({s.substr(start_offset), -1, at_start && start_offset == 0, start_offset});
     }
   }
 
@@ -429,13 +442,13 @@ const std::vector<int32_t>& HfTokenizer::special_prefix() const { return impl_->
 HfTokenizer::~HfTokenizer() = default;
 
 std::vector<int32_t> HfTokenizer::encode(std::string_view text, bool add_special_tokens,
-                                         bool split_special_tokens) const {
+                                         bool split_special_tokens, const Spans* literal_spans) const {
   const Impl& m = *impl_;
   std::vector<int32_t> ids;
   if (add_special_tokens) ids = m.post.prefix;
   const std::string input(text);
   std::vector<Segment> raw;
-  m.split_added(input, /*at_start=*/true, m.raw_matcher, split_special_tokens, raw);
+  m.split_added(input, /*at_start=*/true, m.raw_matcher, split_special_tokens, raw, literal_spans);
   std::vector<Segment> parts;
   std::vector<Piece> pieces;
   for (Segment& seg : raw) {
@@ -443,9 +456,11 @@ std::vector<int32_t> HfTokenizer::encode(std::string_view text, bool add_special
       ids.push_back(m.added[static_cast<size_t>(seg.token)].id);
       continue;
     }
-    if (m.normalizer) m.normalizer->normalize(seg.text);
     parts.clear();
-    m.split_added(seg.text, seg.at_start, m.normalized_matcher, split_special_tokens, parts);
+    // Normalizing moves offsets: a part with an untrusted range splits its normalized literals.
+    const bool split_here = split_special_tokens || overlaps(literal_spans, seg.offset, seg.offset + seg.text.size());
+    if (m.normalizer) m.normalizer->normalize(seg.text);
+    m.split_added(seg.text, seg.at_start, m.normalized_matcher, split_here, parts);
     for (Segment& part : parts) {
       if (part.token >= 0) {
         ids.push_back(m.added[static_cast<size_t>(part.token)].id);

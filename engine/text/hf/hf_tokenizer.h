@@ -21,6 +21,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace crl::text::hf {
@@ -34,8 +35,10 @@ class HfTokenizer {
   HfTokenizer(const HfTokenizer&) = delete;
   HfTokenizer& operator=(const HfTokenizer&) = delete;
 
-  std::vector<int32_t> encode(std::string_view text, bool add_special_tokens,
-                              bool split_special_tokens) const;
+  // `literal_spans`: byte ranges of `text` where special-token literals are text (as
+  // split_special_tokens, there only); sorted and disjoint, or nullptr.
+  std::vector<int32_t> encode(std::string_view text, bool add_special_tokens, bool split_special_tokens,
+                              const std::vector<std::pair<size_t, size_t>>* literal_spans = nullptr) const;
   // Ids outside [0, vocab_size()) throw std::invalid_argument; ids with no token are skipped.
   std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const;
   // As decode, but the bytes the tokens stand for without the UTF-8 repair: a byte-level or
