@@ -5,7 +5,9 @@ Input:  tests/fixtures/chat_templates/templates.json, real chat templates (each 
         text came from, its bos/eos tokens, and whether its tool calls take arguments as a JSON
         string or an object).
 Output: tests/fixtures/chat_templates/expected.json, one case per (template, conversation,
-        options): the render python3-jinja2 gives, or the error it raises.
+        options): the render python3-jinja2 gives, or the error it raises; and per template, a
+        conversation whose contents are lists of text parts rendered both ways a server can pass
+        them (the list as given, and the parts joined by newlines), for the content-format check.
 
 Jinja2 is set up exactly as Hugging Face transformers does in utils/chat_template_utils.py:
 ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True) with the loopcontrols
@@ -70,6 +72,12 @@ THINK_CHAT = [
     {"role": "user", "content": "Is 17 prime?"},
     {"role": "assistant", "content": "<think>\nCheck divisors up to 4.\n</think>\n\nYes, 17 is prime."},
     {"role": "user", "content": "And 21?"},
+]
+# Contents as lists of text parts (OpenAI's form), the second part with edge spaces a template may trim.
+PARTS_CHAT = [
+    {"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+    {"role": "user", "content": [{"type": "text", "text": "Describe this:"},
+                                 {"type": "text", "text": "  a red tree  "}]},
 ]
 REASONING_CHAT = [
     {"role": "user", "content": "Is 17 prime?"},
@@ -189,8 +197,18 @@ def main():
                 case["error_kind"] = "raise_exception" if isinstance(e, jinja2.exceptions.TemplateError) and \
                     not isinstance(e, jinja2.exceptions.UndefinedError) else type(e).__name__
             cases.append(case)
+    content_parts = []
+    for t in templates:
+        joined = [dict(m, content="\n".join(p["text"] for p in m["content"])) for m in PARTS_CHAT]
+        entry = {"template": t["name"], "messages": PARTS_CHAT}
+        for key, messages in (("as_list", PARTS_CHAT), ("joined", joined)):
+            try:
+                entry[key] = render(env, t, {"messages": messages, "add_generation_prompt": True})
+            except Exception as e:
+                entry[key + "_error"] = str(e)
+        content_parts.append(entry)
     doc = {"generator": "scripts/make_chat_template_fixtures.py", "jinja2": jinja2.__version__,
-           "now": FIXED_NOW.isoformat(), "cases": cases}
+           "now": FIXED_NOW.isoformat(), "cases": cases, "content_parts": content_parts}
     with open(os.path.join(FIXTURES, "expected.json"), "w", encoding="utf-8") as f:
         json.dump(doc, f, ensure_ascii=False, indent=1)
         f.write("\n")

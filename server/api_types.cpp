@@ -228,7 +228,7 @@ ojson parse_messages(const ojson& messages) {
     if (content.is_string() || content.is_null()) {
       msg["content"] = content;
     } else if (content.is_array()) {  // [{"type": "text", "text": ...}, ...]
-      std::string text;
+      ojson parts = ojson::array();
       for (size_t k = 0; k < content.size(); ++k) {
         const ojson& part = content[k];
         if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") ||
@@ -236,9 +236,9 @@ ojson parse_messages(const ojson& messages) {
           throw ApiError(400, at + ".content[" + std::to_string(k) + "]: only text content parts "
                          "({\"type\": \"text\", \"text\": ...}) are supported", "messages");
         }
-        text += (k ? "\n" : "") + part["text"].get<std::string>();
+        parts.push_back({{"type", "text"}, {"text", part["text"]}});
       }
-      msg["content"] = text;
+      msg["content"] = std::move(parts);  // the chat template joins them or loops over them
     } else {
       bad_type("messages", "messages whose content is a string, a list of text parts or null", content);
     }

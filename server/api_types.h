@@ -102,7 +102,8 @@ std::vector<std::string> unknown_fields(const nlohmann::json& body, Endpoint end
 nlohmann::json parse_json_object(const std::string& body);
 
 // The messages of a body's "messages" field as the chat template takes them: role, content (a
-// string; text parts {"type": "text", "text": ...} joined by newlines; null kept), and when
+// string, a list of text parts {"type": "text", "text": ...}, or null; text::ChatTemplate gives
+// a template the form it takes), and when
 // given name, tool_call_id, reasoning_content and tool_calls (whose JSON-string "arguments" are
 // parsed into objects, as vLLM does for templates). Throws ApiError(400).
 nlohmann::ordered_json parse_messages(const nlohmann::ordered_json& messages);

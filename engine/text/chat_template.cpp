@@ -35,14 +35,25 @@ std::optional<std::string> token_text(const ojson& config, const char* key,
 std::string content_text(const ojson& content) {
   if (content.is_string()) return content.get<std::string>();
   std::string out;
+  bool first = true;
   if (content.is_array()) {
     for (const auto& part : content) {
       if (part.is_object() && part.contains("text") && part["text"].is_string()) {
-        out += (out.empty() ? "" : "\n") + part["text"].get<std::string>();
+        out += (first ? "" : "\n") + part["text"].get<std::string>();
+        first = false;
       }
     }
   }
   return out;
+}
+
+// Content as a template that loops over it takes it (vLLM's "openai" format): a list of parts; a
+// string is one text part, null none.
+ojson content_parts(const ojson& content) {
+  if (content.is_array()) return content;
+  ojson parts = ojson::array();
+  if (content.is_string()) parts.push_back({{"type", "text"}, {"text", content}});
+  return parts;
 }
 
 }  // namespace
@@ -164,11 +175,28 @@ std::string ChatTemplate::render(const ojson& messages, const ChatRenderOptions&
   std::string final_text;
   if (options.continue_final_message) {
     ojson& last = msgs.back();
-    if (!last.contains("content") || !last["content"].is_string()) {
-      invalid("continue_final_message needs a final message with string content");
+    ojson* text = nullptr;  // the final text: the content, or its last part's text
+    if (last.contains("content") && last["content"].is_string()) {
+      text = &last["content"];
+    } else if (last.contains("content") && last["content"].is_array() && !last["content"].empty() &&
+               last["content"].back().is_object() && last["content"].back().contains("text") &&
+               last["content"].back()["text"].is_string()) {
+      text = &last["content"].back()["text"];
     }
-    final_text = last["content"].get<std::string>();
-    last["content"] = final_text + kContinueTag;
+    if (!text) invalid("continue_final_message needs a final message whose content ends in text");
+    final_text = text->get<std::string>();
+    *text = final_text + kContinueTag;
+  }
+  // Content in the form the template takes (vLLM's "auto" content format): a list of parts for a
+  // template that loops over it, else a string (text parts joined by newlines).
+  const jinja::Template& tmpl = select(options.tools.is_array() && !options.tools.empty());
+  for (ojson& m : msgs) {
+    if (options.content_as_given) break;
+    if (tmpl.iterates_message_content()) {
+      m["content"] = content_parts(m.contains("content") ? m["content"] : ojson(nullptr));
+    } else if (m.contains("content") && m["content"].is_array()) {
+      m["content"] = content_text(m["content"]);
+    }
   }
   ojson context = ojson::object();
   context["messages"] = std::move(msgs);
@@ -187,8 +215,7 @@ std::string ChatTemplate::render(const ojson& messages, const ChatRenderOptions&
   }
   jinja::RenderOptions render_options;
   render_options.now = options.now;
-  std::string out =
-      select(options.tools.is_array() && !options.tools.empty()).render(context, render_options);
+  std::string out = tmpl.render(context, render_options);
   if (options.continue_final_message) {
     const std::string tag(kContinueTag);
     const std::string bare = tag.substr(0, tag.size() - 1);

@@ -11,6 +11,9 @@
 //
 // Messages are JSON objects as OpenAI and transformers give them: role, content (string, list
 // of parts, or null), and when present tool_calls, tool_call_id, name, reasoning_content, ...
+// Content reaches the template in the form it takes, as vLLM's "auto" content format: a list of
+// parts for a template that loops over a message's content (jinja::Template::
+// iterates_message_content), else a string (text parts joined by newlines).
 // The server (server/api_types.cpp) and the trainer's `messages` data rows both render here.
 //
 // Thread safety: immutable after loading; render() may run on many threads at once.
@@ -43,6 +46,9 @@ struct ChatRenderOptions {
   nlohmann::ordered_json kwargs = nlohmann::ordered_json::object();
   // The time strftime_now() formats; unset: now.
   std::optional<std::time_t> now;
+  // Pass every content to the template exactly as given, as transformers' apply_chat_template
+  // does; default: in the form the template takes (vLLM's "auto" content format, above).
+  bool content_as_given = false;
 };
 
 class ChatTemplate {

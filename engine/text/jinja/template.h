@@ -58,14 +58,23 @@ class Template {
   std::string render(const nlohmann::ordered_json& context,
                      const RenderOptions& options = {}) const;
 
+  // True when the template loops over a message's content ({% for part in message['content'] %}
+  // where `message` runs over `messages` or a variable set from it): it takes content as a list
+  // of parts, as OpenAI sends it. vLLM's "auto" content format, from the same syntax-tree walk
+  // (vllm/entrypoints/chat_utils.py: _detect_content_format): where that walk meets a target it
+  // cannot follow (tuple unpacking of messages), the answer is false, as vLLM's.
+  bool iterates_message_content() const;
+
   const std::string& name() const { return name_; }
   const std::string& source() const { return source_; }
 
  private:
   Template() = default;
+  bool detect_message_content_loop() const;
   std::string name_;
   std::string source_;
   std::shared_ptr<const std::vector<std::unique_ptr<Node>>> nodes_;
+  bool iterates_message_content_ = false;
 };
 
 }  // namespace crl::text::jinja

@@ -4,6 +4,7 @@
 
 #include <fstream>
 #include <map>
+#include <set>
 
 #include "engine/text/chat_template.h"
 #include "engine/text/jinja/template.h"
@@ -67,6 +68,7 @@ TEST_P(ChatTemplateFixtureTest, RendersLikePythonJinja2) {
   options.now = kFixtureNow;
   options.add_generation_prompt = vars["add_generation_prompt"].get<bool>();
   options.continue_final_message = vars.value("continue_final_message", false);
+  options.content_as_given = true;  // the reference is transformers' apply_chat_template
   if (vars.contains("tools")) options.tools = vars["tools"];
   for (auto it = vars.begin(); it != vars.end(); ++it) {
     if (it.key() != "messages" && it.key() != "tools" && it.key() != "add_generation_prompt" &&
@@ -103,6 +105,37 @@ INSTANTIATE_TEST_SUITE_P(RealTemplates, ChatTemplateFixtureTest, ::testing::Valu
                            }
                            return name;
                          });
+
+// Content given as lists of text parts reaches each real template in the form vLLM's "auto"
+// content format gives it: the list for the templates that loop over a message's content
+// (Gemma-3, Llama-3.2-Vision), the parts joined by newlines for the others. Both forms are
+// python3-jinja2 renders (scripts/make_chat_template_fixtures.py).
+TEST(ChatTemplateFixtureTest, ContentPartsReachEachTemplateInTheFormItTakes) {
+  const std::set<std::string> loops_over_content = {"Gemma-3", "Llama-3.2-11B-Vision-Instruct"};
+  size_t checked = 0;
+  for (const auto& e : fixture("expected.json")["content_parts"]) {
+    const std::string name = e["template"].get<std::string>();
+    ojson config;
+    for (const auto& t : fixture("templates.json")) {
+      if (t["name"] == e["template"])
+        config = {{"chat_template", t["template"]}, {"bos_token", t["bos_token"]}, {"eos_token", t["eos_token"]}};
+    }
+    const ChatTemplate chat = ChatTemplate::from_tokenizer_config(config, name);
+    const auto tmpl = jinja::Template::parse(config["chat_template"].get<std::string>(), name);
+    const bool as_list = loops_over_content.count(name) > 0;
+    EXPECT_EQ(tmpl.iterates_message_content(), as_list) << name;
+    const std::string key = as_list ? "as_list" : "joined";
+    ChatRenderOptions options;
+    options.now = kFixtureNow;
+    if (e.contains(key)) {
+      EXPECT_EQ(chat.render(e["messages"], options), e[key].get<std::string>()) << name;
+      ++checked;
+    } else {
+      EXPECT_THROW(chat.render(e["messages"], options), jinja::TemplateError) << name << ": " << e[key + "_error"];
+    }
+  }
+  EXPECT_GE(checked, 15u);
+}
 
 TEST(ChatTemplateFixtureTest, CoversTheTemplatesTheIssueNames) {
   std::map<std::string, int> renders;

@@ -280,3 +280,29 @@ TEST(JinjaTemplateTest, ParsedTemplateRendersManyContexts) {
 
 }  // namespace
 }  // namespace crl::text::jinja
+
+namespace crl::text::jinja {
+namespace {
+
+// vLLM's content-format detection: a loop over the content of a message from a loop over
+// `messages` (or a name set from it, under filters, tests and slices).
+TEST(JinjaContentFormatTest, FindsLoopsOverAMessagesContent) {
+  auto loops = [](const std::string& src) { return Template::parse(src).iterates_message_content(); };
+  EXPECT_TRUE(loops("{% for m in messages %}{% for p in m['content'] %}{{ p.text }}{% endfor %}{% endfor %}"));
+  EXPECT_TRUE(loops("{% for m in messages %}{% for p in m.content %}{{ p.text }}{% endfor %}{% endfor %}"));
+  EXPECT_TRUE(loops("{% set a = messages[1:] %}{% set b = a %}{% for m in b | reverse %}"
+                    "{% if m.content is string %}{{ m.content }}{% else %}"
+                    "{% for p in m['content'] | selectattr('type', 'equalto', 'text') %}{{ p.text }}{% endfor %}"
+                    "{% endif %}{% endfor %}"));
+  EXPECT_FALSE(loops("{% for m in messages %}{{ m['content'] }}{% endfor %}"));
+  EXPECT_FALSE(loops("{% for m in messages %}{% for t in m.tool_calls %}{{ t }}{% endfor %}{% endfor %}"));
+  EXPECT_FALSE(loops("{% for p in message['content'] %}{{ p }}{% endfor %}"));  // no loop over messages
+  EXPECT_FALSE(loops("{% for m in tools %}{% for p in m.content %}{{ p }}{% endfor %}{% endfor %}"));
+  // Targets vLLM's walk cannot follow: it answers "string".
+  EXPECT_FALSE(loops("{% for i, m in messages %}{% for p in m.content %}{% endfor %}{% endfor %}"));
+  EXPECT_FALSE(loops("{% set ns = namespace(m=none) %}{% set ns.m = messages %}"
+                     "{% for m in messages %}{% for p in m.content %}{% endfor %}{% endfor %}"));
+}
+
+}  // namespace
+}  // namespace crl::text::jinja
