@@ -17,6 +17,7 @@
 #include "bench/rollout_bench.h"
 #include "bench/serve_bench.h"
 #include "bench/sync_job.h"
+#include "bench/linear_bench.h"
 #include "bench/tokenizer_bench.h"
 #include "bench/train_bench.h"
 #include "common/check.h"
@@ -339,7 +340,12 @@ Runner register_bench(CLI::App& app) {
   auto* train = cmd->add_subcommand("train", "the trainer alone: ZeRO stages x train ranks (plus "
                                              "checkpointing and offload cells): memory and tokens/s");
   bench::add_train_bench_flags(*train, *train_opts);
-  return [opts, rollout, sync, sf, serve_opts, serve, e2e, tok_opts, tok, train_opts, train]() {
+  auto linear_opts = std::make_shared<bench::LinearBenchOptions>();
+  auto* linear = cmd->add_subcommand("linear", "the engine's linear layers on the CPU: at::linear (OpenBLAS) "
+                                               "against the project's kernels, GFLOP/s per row count");
+  bench::add_linear_bench_flags(*linear, *linear_opts);
+  return [opts, rollout, sync, sf, serve_opts, serve, e2e, tok_opts, tok, train_opts, train, linear_opts, linear]() {
+    if (linear->parsed()) return bench::run_linear_bench(*linear_opts);
     if (train->parsed()) return bench::run_train_bench(*train_opts);
     if (rollout->parsed()) return e2e->on ? run_e2e_bench(*e2e) : bench::run_rollout_bench(*opts);
     if (serve->parsed()) return bench::run_serve_bench(*serve_opts);

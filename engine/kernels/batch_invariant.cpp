@@ -82,7 +82,10 @@ at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& weight, const at::Te
   const int64_t groups = (panels + g - 1) / g;
   const int64_t scratch_floats = t.kc * t.nr + mc * g * t.nr;
   at::parallel_for(0, row_blocks * groups, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scratch(scratch_floats);
+    // Up to ~300 KB: a fresh vector per call would be an mmap and page faults every time (glibc
+    // maps blocks this large), so each thread keeps its own.
+    thread_local std::vector<float> scratch;
+    if (scratch.size() < static_cast<size_t>(scratch_floats)) scratch.resize(scratch_floats);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t m0 = task / groups * mc;
       const int64_t p0 = task % groups * g;
