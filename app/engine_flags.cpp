@@ -23,6 +23,11 @@ void add_engine_flags(CLI::App& cmd, EngineFlags& f) {
   cmd.add_flag("!--no-prefix-caching", c.enable_prefix_caching, "disable prefix caching");
   cmd.add_flag("--deterministic", c.deterministic,
                "batch-invariant logits (bit-identical whatever the batch; slower)");
+  cmd.add_option("--cpu-kernels", c.cpu_kernels,
+                 "CPU linear layers: auto (the project's kernels for steps of 2+ tokens, where they "
+                 "beat OpenBLAS) or libtorch (at::linear everywhere)")
+      ->check(CLI::IsMember({"auto", "libtorch"}))
+      ->capture_default_str();
   cmd.add_option("--threads", c.num_threads, "intra-op CPU threads (0 = libtorch default)");
   cmd.add_option("--engine-seed", c.seed, "seed for requests that bring none");
 }

@@ -209,7 +209,9 @@ void add_rollout_flags(CLI::App& cmd, RolloutBenchOptions& o) {
   cmd.add_option("--max-seqs", o.max_seqs, "engine sequence cap")->capture_default_str();
   cmd.add_option("--max-batched-tokens", o.max_batched_tokens, "engine token budget")->capture_default_str();
   cmd.add_option("--kv-memory", o.kv_memory, "KV pool size")->capture_default_str();
-  cmd.add_option("--modes", o.modes, "comma-separated: continuous, static, no-share, deterministic")
+  cmd.add_option("--modes", o.modes,
+                 "comma-separated: continuous, static, no-share, deterministic, libtorch (continuous "
+                 "with --cpu-kernels libtorch)")
       ->delimiter(',')
       ->capture_default_str();
   cmd.add_flag("!--no-probes", o.probes, "skip the decode/prefill probes");
@@ -250,11 +252,13 @@ int run_rollout_bench(const RolloutBenchOptions& o) {
   };
   std::vector<ModeRun> mode_runs;
   for (const auto& mode : o.modes) {
-    if (mode != "continuous" && mode != "static" && mode != "no-share" && mode != "deterministic") {
+    if (mode != "continuous" && mode != "static" && mode != "no-share" && mode != "deterministic" &&
+        mode != "libtorch") {
       throw std::invalid_argument("unknown bench mode '" + mode +
-                                  "' (expected continuous, static, no-share or deterministic)");
+                                  "' (expected continuous, static, no-share, deterministic or libtorch)");
     }
     engine::EngineConfig c = engine_config(o, model_dir);
+    if (mode == "libtorch") c.cpu_kernels = "libtorch";  // continuous, with at::linear everywhere
     c.static_batching = mode == "static";
     c.deterministic = mode == "deterministic";
     c.enable_prefix_caching = mode != "no-share";
@@ -313,7 +317,8 @@ int run_rollout_bench(const RolloutBenchOptions& o) {
   const std::pair<const char*, std::pair<const char*, const char*>> ratios[] = {
       {"deterministic_cost", {"deterministic", "continuous"}},
       {"static_vs_continuous", {"static", "continuous"}},
-      {"no_share_vs_continuous", {"no-share", "continuous"}}};
+      {"no_share_vs_continuous", {"no-share", "continuous"}},
+      {"libtorch_vs_continuous", {"libtorch", "continuous"}}};
   for (const auto& [key, pair] : ratios) {
     if (auto r = paired_ratio(pair.first, pair.second)) {
       result[key] = *r;

@@ -39,6 +39,10 @@ struct EngineConfig {
   bool enable_prefix_caching = true;
   // Batch-invariant logits (fixed-shape row tiles); slower, see Transformer.
   bool deterministic = false;
+  // CPU linear layers outside deterministic mode: "auto" runs the project's kernels
+  // (engine/kernels) for steps of 2+ tokens, where `bench linear` measures them faster than
+  // OpenBLAS, and the GEMV kernel for one token; "libtorch" runs at::linear (OpenBLAS) as before.
+  std::string cpu_kernels = "auto";
   // Baseline only: static batching (waves, padded to the slowest sequence).
   bool static_batching = false;
   // Seed for requests that bring none.

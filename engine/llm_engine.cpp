@@ -37,6 +37,7 @@ void EngineConfig::validate() const {
   if (max_batched_tokens < 1)
     bad("max_batched_tokens", std::to_string(max_batched_tokens), "must be >= 1");
   if (max_seqs < 1) bad("max_seqs", std::to_string(max_seqs), "must be >= 1");
+  if (cpu_kernels != "auto" && cpu_kernels != "libtorch") bad("cpu_kernels", cpu_kernels, "auto or libtorch");
   if (max_model_len < 0) bad("max_model_len", std::to_string(max_model_len), "must be >= 0");
   if (num_threads < 0) bad("num_threads", std::to_string(num_threads), "must be >= 0");
 }
@@ -56,6 +57,7 @@ LlmEngine::LlmEngine(const EngineConfig& config) : config_(config), inbox_(std::
   opts.dtype = parse_dtype(config_.dtype);
   opts.device = at::Device(config_.device);
   opts.deterministic = config_.deterministic;
+  opts.project_linear = config_.cpu_kernels == "auto";
   model_ = std::make_unique<Transformer>(Transformer::load(config_.model_dir, opts));
   const ModelConfig& mc = model_->config();
 

@@ -1,12 +1,15 @@
 #include "engine/model/transformer.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
 
 #include <cmath>
 #include <stdexcept>
 #include <unordered_map>
 
 #include "common/check.h"
+#include "engine/kernels/batch_invariant.h"
+#include "engine/kernels/cpu_isa.h"
 #include "engine/model/deterministic_ops.h"
 #include "engine/model/linear.h"
 
@@ -173,6 +176,12 @@ at::Tensor Transformer::rms_norm(const at::Tensor& x, const at::Tensor& weight) 
 at::Tensor Transformer::linear(const at::Tensor& x, const at::Tensor& weight,
                                const at::Tensor& bias) const {
   if (options_.deterministic) return det_linear(x, weight, bias);
+  if (options_.project_linear && x.dim() == 2 && x.size(0) >= 2 && x.is_cpu() && x.scalar_type() == at::kFloat &&
+      weight.scalar_type() == at::kFloat && !(at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad() ||
+                                      (bias.defined() && bias.requires_grad()))) &&
+      kernels::active_cpu_isa() != kernels::CpuIsa::kScalar) {
+    return kernels::bi_linear(x, weight, bias);
+  }
   return apply_linear(x, weight, bias);
 }
 

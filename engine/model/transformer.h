@@ -37,6 +37,10 @@ struct TransformerOptions {
   at::Device device = at::kCPU;
   // Batch-invariant row-wise computation (see the class comment).
   bool deterministic = false;
+  // Outside deterministic mode, linear layers of 2+ rows on the CPU run the project's kernels
+  // (kernels::bi_linear) instead of at::linear, when no autograd graph is needed and the CPU has
+  // their AVX2 or AVX-512 path (EngineConfig::cpu_kernels).
+  bool project_linear = false;
 };
 
 class Transformer {
