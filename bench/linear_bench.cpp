@@ -67,6 +67,9 @@ int run_linear_bench(const LinearBenchOptions& o) {
              c.num_layers, h, c.intermediate_size, c.vocab_size, o.threads);
   engine::kernels::active_cpu_isa();  // chosen now, so the line below names it
   fmt::print("CPU: {}\n", engine::kernels::describe_cpu());
+  // bfloat16 on AVX512-BF16: ours is the vdpbf16ps kernel, else the batch-invariant one.
+  const bool dot = dt == at::kBFloat16 && engine::kernels::bf16_dot_supported();
+  fmt::print("ours: {}\n", dot ? "bf16_dot_linear (vdpbf16ps)" : "bi_linear");
   fmt::print("{:>5}  {:<30} {:>14} {:>12} {:>12}\n", "rows", "linears", "default GFLOP/s", "ours GFLOP/s",
              "ours/default");
   nlohmann::json cells = nlohmann::json::array();
@@ -81,7 +84,9 @@ int run_linear_bench(const LinearBenchOptions& o) {
       auto time_path = [&](bool ours) {
         const auto t0 = Clock::now();
         for (size_t i = 0; i < xs.size(); ++i) {
-          at::Tensor y = ours ? engine::kernels::bi_linear(xs[i], g.weights[i]) : engine::apply_linear(xs[i], g.weights[i]);
+          at::Tensor y = !ours  ? engine::apply_linear(xs[i], g.weights[i])
+                         : dot ? engine::kernels::bf16_dot_linear(xs[i], g.weights[i])
+                               : engine::kernels::bi_linear(xs[i], g.weights[i]);
           (void)y;
         }
         return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -119,6 +124,7 @@ int run_linear_bench(const LinearBenchOptions& o) {
                            {"threads", o.threads},
                            {"cpu", engine::kernels::cpu_model_name()},
                            {"kernels", engine::kernels::cpu_isa_name(engine::kernels::active_cpu_isa())},
+                           {"ours", dot ? "bf16_dot_linear" : "bi_linear"},
                            {"cells", cells}};
     std::ofstream(o.json_out, std::ios::app) << line.dump() << "\n";
   }

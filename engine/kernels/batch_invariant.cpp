@@ -35,52 +35,54 @@ int64_t row_grain(int64_t row_len) { return std::max<int64_t>(1, 16384 / std::ma
 
 }  // namespace
 
-at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+namespace {
+
+// Checks bi_linear's arguments; returns the bias as contiguous float32 (undefined without one).
+at::Tensor check_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   check_cpu_dtype(x, "linear", "x");
   check_cpu_dtype(weight, "linear", "weight");
   CRL_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1), "linear: x ",
             x.sizes(), " and weight ", weight.sizes(), " do not match ([M, K] and [N, K])");
   CRL_CHECK(x.scalar_type() == weight.scalar_type(), "linear: x is ", x.scalar_type(),
             ", weight ", weight.scalar_type());
-  const int64_t m = x.size(0), k = x.size(1), n = weight.size(0);
-  at::Tensor b;
-  if (bias.defined()) {
-    check_cpu_dtype(bias, "linear", "bias");
-    CRL_CHECK(bias.dim() == 1 && bias.size(0) == n, "linear: bias ", bias.sizes(), " for ", n,
-              " outputs");
-    b = bias.to(at::kFloat).contiguous();
-  }
+  if (!bias.defined()) return {};
+  check_cpu_dtype(bias, "linear", "bias");
+  CRL_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), "linear: bias ", bias.sizes(), " for ",
+            weight.size(0), " outputs");
+  return bias.to(at::kFloat).contiguous();
+}
+
+// The output of a linear with no work to do (no rows, columns or depth), else undefined.
+at::Tensor trivial_linear(const at::Tensor& x, int64_t n, const at::Tensor& b) {
+  const int64_t m = x.size(0), k = x.size(1);
   if (m == 0 || n == 0) return at::empty({m, n}, x.options());
-  if (k == 0) return b.defined() ? b.expand({m, n}).to(x.scalar_type()).contiguous()
-                                 : at::zeros({m, n}, x.options());
-  const at::Tensor xf = x.to(at::kFloat).contiguous();  // bfloat16 widens exactly
-  const at::Tensor w = weight.contiguous();
-  at::Tensor y = at::empty({m, n}, x.options());
+  if (k == 0) return b.defined() ? b.expand({m, n}).to(x.scalar_type()).contiguous() : at::zeros({m, n}, x.options());
+  return {};
+}
 
-  detail::GemmArgs args;
-  args.x = xf.data_ptr<float>();
-  args.ldx = k;
-  args.w = w.data_ptr();
-  args.w_bf16 = w.scalar_type() == at::kBFloat16;
-  args.bias = b.defined() ? b.data_ptr<float>() : nullptr;
-  args.y = y.data_ptr();
-  args.ldy = n;
-  args.y_bf16 = y.scalar_type() == at::kBFloat16;
-  args.m = m;
-  args.n = n;
-  args.k = k;
+// How a gemm function walks its task (detail::KernelTable::gemm, DotKernel::gemm).
+struct GemmShape {
+  int64_t nr;            // output columns per panel
+  int64_t mr;            // rows per micro-tile
+  int64_t panel_floats;  // scratch floats for the packed panel block
+  int64_t max_rows;      // rows per task at most
+  bool acc_per_panel;    // the partial chains of all the task's panels at once (else one panel's)
+};
 
-  // Work split (it changes no result): row blocks of about 128 rows, each times groups of g
-  // panels; a task keeps the float32 partial chains of its rows x columns in its scratch.
-  const detail::KernelTable& t = active_table();
-  const int64_t mc = std::min<int64_t>(m, std::max<int64_t>(t.mr, 128 / t.mr * t.mr));
-  const int64_t row_blocks = (m + mc - 1) / mc;
-  const int64_t panels = (n + t.nr - 1) / t.nr;
+// Runs gemm over all of a.m x a.n. Work split (it changes no result): row blocks of at most
+// max_rows rows, as even as can be, each times groups of g panels; a task keeps the float32
+// partial chains of its rows in its scratch, after the packed panel.
+void run_gemm(const detail::GemmArgs& a, const GemmShape& s,
+              void (*gemm)(const detail::GemmArgs&, int64_t, int64_t, int64_t, int64_t, float*)) {
+  const int64_t m = a.m, nr = s.nr;
+  const int64_t row_blocks = (m + s.max_rows - 1) / s.max_rows;
+  const int64_t mc = (m + row_blocks - 1) / row_blocks;
+  const int64_t panels = (a.n + nr - 1) / nr;
   const int64_t threads = std::max(1, at::get_num_threads());
-  const int64_t g_cap = std::max<int64_t>(1, 65536 / (mc * t.nr));
+  const int64_t g_cap = s.acc_per_panel ? std::max<int64_t>(1, 65536 / (mc * nr)) : panels;
   const int64_t g = std::clamp<int64_t>((panels + 4 * threads - 1) / (4 * threads), 1, g_cap);
   const int64_t groups = (panels + g - 1) / g;
-  const int64_t scratch_floats = t.kc * t.nr + mc * g * t.nr;
+  const int64_t scratch_floats = s.panel_floats + mc * (s.acc_per_panel ? g : 1) * nr;
   at::parallel_for(0, row_blocks * groups, 1, [&](int64_t begin, int64_t end) {
     // Up to ~300 KB: a fresh vector per call would be an mmap and page faults every time (glibc
     // maps blocks this large), so each thread keeps its own.
@@ -89,10 +91,75 @@ at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& weight, const at::Te
     for (int64_t task = begin; task < end; ++task) {
       const int64_t m0 = task / groups * mc;
       const int64_t p0 = task % groups * g;
-      t.gemm(args, m0, std::min(m, m0 + mc), p0, std::min(panels, p0 + g), scratch.data());
+      gemm(a, m0, std::min(m, m0 + mc), p0, std::min(panels, p0 + g), scratch.data());
     }
   });
+}
+
+detail::GemmArgs gemm_args(const at::Tensor& w, const at::Tensor& b, at::Tensor& y) {
+  detail::GemmArgs args;
+  args.w = w.data_ptr();
+  args.w_bf16 = w.scalar_type() == at::kBFloat16;
+  args.bias = b.defined() ? b.data_ptr<float>() : nullptr;
+  args.y = y.data_ptr();
+  args.ldy = y.size(1);
+  args.y_bf16 = y.scalar_type() == at::kBFloat16;
+  args.m = y.size(0);
+  args.n = y.size(1);
+  args.k = w.size(1);
+  return args;
+}
+
+}  // namespace
+
+at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  const at::Tensor b = check_linear(x, weight, bias);
+  if (at::Tensor t = trivial_linear(x, weight.size(0), b); t.defined()) return t;
+  const at::Tensor xf = x.to(at::kFloat).contiguous();  // bfloat16 widens exactly
+  const at::Tensor w = weight.contiguous();
+  at::Tensor y = at::empty({x.size(0), w.size(0)}, x.options());
+  detail::GemmArgs args = gemm_args(w, b, y);
+  args.x = xf.data_ptr<float>();
+  args.ldx = args.k;
+  const detail::KernelTable& t = active_table();
+  run_gemm(args, {t.nr, t.mr, t.kc * t.nr, std::max<int64_t>(t.mr, 128 / t.mr * t.mr), true}, t.gemm);
   return y;
+}
+
+at::Tensor bf16_dot_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  const at::Tensor b = check_linear(x, weight, bias);
+  CRL_CHECK(x.scalar_type() == at::kBFloat16, "bf16_dot_linear: x and weight must be bfloat16, got ",
+            x.scalar_type());
+  CRL_CHECK(bf16_dot_supported(), "bf16_dot_linear: needs AVX512-BF16 and the AVX-512 kernel path (",
+            describe_cpu(), ")");
+  if (at::Tensor t = trivial_linear(x, weight.size(0), b); t.defined()) return t;
+#if defined(__x86_64__)
+  const at::Tensor w = weight.contiguous();
+  at::Tensor y = at::empty({x.size(0), w.size(0)}, x.options());
+  detail::GemmArgs args = gemm_args(w, b, y);
+  // x as dword pairs, the even depth in the high half (bi_kernels.h, GemmArgs::xp).
+  const int64_t m = args.m, k = args.k, kp = (k + 1) / 2;
+  const at::Tensor xc = x.contiguous();
+  const at::Tensor xp = at::empty({m, kp}, x.options().dtype(at::kInt));
+  {
+    const uint16_t* src = reinterpret_cast<const uint16_t*>(xc.data_ptr());
+    uint32_t* dst = reinterpret_cast<uint32_t*>(xp.data_ptr());
+    for (int64_t r = 0; r < m; ++r) {
+      const uint16_t* s = src + r * k;
+      uint32_t* d = dst + r * kp;
+      for (int64_t j = 0; j < k / 2; ++j) d[j] = static_cast<uint32_t>(s[2 * j]) << 16 | s[2 * j + 1];
+      if (k % 2) d[kp - 1] = static_cast<uint32_t>(s[k - 1]) << 16;
+    }
+  }
+  args.xp = reinterpret_cast<const uint32_t*>(xp.data_ptr());
+  args.ldxp = kp;
+  const detail::DotKernel& d = detail::kAvx512Bf16Dot;
+  run_gemm(args, {d.nr, d.mr, d.kcp * d.nr, 256, false}, d.gemm);
+  return y;
+#else
+  CRL_CHECK(false, "bf16_dot_linear: x86-64 only");
+  return {};
+#endif
 }
 
 at::Tensor bi_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {

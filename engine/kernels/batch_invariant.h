@@ -20,6 +20,14 @@ namespace crl::engine::kernels {
 // y = x w^T + b. x: [M, K], weight: [N, K] (same dtype as x), bias: [N] or undefined. y: [M, N].
 at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});
 
+// bi_linear for bfloat16 x and weight on a CPU with AVX512-BF16 (bf16_dot_supported(),
+// engine/kernels/cpu_isa.h): vdpbf16ps, two depths per instruction. The same canonical chain and
+// bits as bi_linear, except where a denormal occurs: bfloat16 denormal inputs read as zero and a
+// denormal partial sum flushes to zero, as the instruction does. So it keeps batch invariance on
+// one machine but not bit-identity with the other paths; deterministic mode does not use it.
+// Throws when the CPU cannot run it. y: [M, N] bfloat16.
+at::Tensor bf16_dot_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});
+
 // HF RMSNorm over the last dimension: y = (x * rsqrt(mean(x^2) + eps)).to(dtype) * weight.
 // x: [..., H], weight: [H], same dtype.
 at::Tensor bi_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);

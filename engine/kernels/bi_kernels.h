@@ -30,6 +30,10 @@ struct GemmArgs {
   int64_t ldy;
   bool y_bf16;
   int64_t m, n, k;
+  // The bf16 dot kernel only (w_bf16 must be set): x as [m, (k + 1) / 2] pairs of bfloat16, row
+  // stride ldxp; pair j holds x[., 2j] in its high half and x[., 2j + 1] (zero past k) in its low.
+  const uint32_t* xp = nullptr;
+  int64_t ldxp = 0;
 };
 
 struct RowArgs {
@@ -55,10 +59,25 @@ struct KernelTable {
   void (*silu_mul)(const RowArgs& a, int64_t i0, int64_t i1);
 };
 
+// The AVX512-BF16 linear (bf16_dot_avx512.cpp) for bfloat16 x and w. vdpbf16ps adds, per lane,
+// the product of the pair's high halves and then that of its low halves, each a float32 FMA
+// (bfloat16 products are exact) with round to nearest even; with x and w paired as above this is
+// the canonical chain, except that bfloat16 denormal inputs read as zero and a denormal partial
+// sum flushes to zero (what the instruction does; MXCSR is not consulted).
+struct DotKernel {
+  const char* name;
+  int64_t nr;   // output columns per panel
+  int64_t mr;   // rows per micro-tile
+  int64_t kcp;  // depth pairs in one packed panel block
+  // As KernelTable::gemm, panel by panel. scratch: kcp * nr + (m1 - m0) * nr floats.
+  void (*gemm)(const GemmArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1, float* scratch);
+};
+
 extern const KernelTable kScalarKernels;
 #if defined(__x86_64__)
 extern const KernelTable kAvx2Kernels;
 extern const KernelTable kAvx512Kernels;
+extern const DotKernel kAvx512Bf16Dot;
 #endif
 
 }  // namespace crl::engine::kernels::detail

@@ -27,6 +27,14 @@ bool cpu_has_avx512() {
 #endif
 }
 
+bool cpu_has_avx512_bf16() {
+#if defined(__x86_64__)
+  return cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
+#else
+  return false;
+#endif
+}
+
 bool cpu_supports(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::kScalar: return true;
@@ -88,6 +96,11 @@ CpuIsa active_cpu_isa() {
   return static_cast<CpuIsa>(g_isa.load(std::memory_order_relaxed));
 }
 
+bool bf16_dot_supported() {
+  static const bool has = cpu_has_avx512_bf16();
+  return has && active_cpu_isa() == CpuIsa::kAvx512;
+}
+
 std::vector<CpuIsa> supported_cpu_isas() {
   std::vector<CpuIsa> out;
   for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
@@ -120,7 +133,7 @@ std::string describe_cpu() {
   const std::pair<const char*, bool> features[] = {
       {"avx2", __builtin_cpu_supports("avx2")},         {"fma", __builtin_cpu_supports("fma")},
       {"avx512f", __builtin_cpu_supports("avx512f")},   {"avx512bw", __builtin_cpu_supports("avx512bw")},
-      {"avx512vl", __builtin_cpu_supports("avx512vl")},
+      {"avx512vl", __builtin_cpu_supports("avx512vl")}, {"avx512_bf16", __builtin_cpu_supports("avx512bf16")},
   };
   for (const auto& [name, on] : features) {
     if (!on) continue;

@@ -25,6 +25,9 @@ enum class CpuIsa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
 CpuIsa active_cpu_isa();
 // Every path this CPU can run, scalar first.
 std::vector<CpuIsa> supported_cpu_isas();
+// Whether the bfloat16 dot-product linear (kernels::bf16_dot_linear) can run: the active path is
+// AVX-512 and the CPU has AVX512-BF16 (so CRL_CPU_ISA=avx2 turns it off too).
+bool bf16_dot_supported();
 // "scalar", "avx2" or "avx512".
 const char* cpu_isa_name(CpuIsa isa);
 // Parses a CRL_CPU_ISA value; throws std::invalid_argument naming the value.

@@ -37,9 +37,10 @@ struct TransformerOptions {
   at::Device device = at::kCPU;
   // Batch-invariant row-wise computation (see the class comment).
   bool deterministic = false;
-  // Outside deterministic mode, linear layers of 2+ rows on the CPU run the project's kernels
-  // (kernels::bi_linear) instead of at::linear, when no autograd graph is needed and the CPU has
-  // their AVX2 or AVX-512 path (EngineConfig::cpu_kernels).
+  // Outside deterministic mode, linear layers on the CPU run the project's kernels instead of
+  // at::linear where they are faster, when no autograd graph is needed (EngineConfig::cpu_kernels):
+  // float32 from 2 rows on an AVX2 or AVX-512 path (kernels::bi_linear), bfloat16 from 3 rows on
+  // AVX512-BF16 (kernels::bf16_dot_linear).
   bool project_linear = false;
 };
 

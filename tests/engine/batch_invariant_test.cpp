@@ -7,6 +7,7 @@
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -158,6 +159,74 @@ TEST(BatchInvariantTest, BadInputsAreClearErrors) {
   ASSERT_THROWS_WITH(parse_cpu_isa("sse9"), std::invalid_argument, "unknown CPU kernel path 'sse9'");
   EXPECT_EQ(parse_cpu_isa("avx2"), CpuIsa::kAvx2);
   EXPECT_NE(describe_cpu().find("kernels: "), std::string::npos);
+}
+
+// The AVX512-BF16 linear (vdpbf16ps) of the default mode. Its reference is the canonical chain:
+// bfloat16 products are exact in float32, so with normal inputs it must give bi_linear's bits.
+// Only CPUs with AVX512-BF16 can run it; elsewhere these tests skip and say so.
+class Bf16DotLinearTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!bf16_dot_supported()) GTEST_SKIP() << "no AVX512-BF16 here: " << describe_cpu();
+  }
+};
+
+TEST_F(Bf16DotLinearTest, GivesTheCanonicalChainsBitsForNormalInputs) {
+  at::manual_seed(21);
+  // Odd depths (the last pair half empty), depths past one packed block (384 pairs), column tails,
+  // row counts that split into unequal tiles and row blocks (the kernel takes up to 256 rows a task).
+  const std::vector<Shape> shapes = {{1, 1, 1},     {3, 37, 19},   {13, 100, 385},  {12, 32, 16},
+                                     {64, 576, 576}, {130, 33, 801}, {257, 70, 64},  {5, 300, 1536}};
+  for (const Shape& s : shapes) {
+    SCOPED_TRACE(label(at::kBFloat16, s));
+    const auto x = at::randn({s.m, s.k}).to(at::kBFloat16);
+    const auto w = (at::randn({s.n, s.k}) * 0.05).to(at::kBFloat16);
+    const auto b = at::randn({s.n}).to(at::kBFloat16);
+    const auto got = bf16_dot_linear(x, w, b);
+    ASSERT_EQ(got.scalar_type(), at::kBFloat16);
+    test::expect_tensor_equal(got, bi_linear(x, w, b));
+    test::expect_tensor_equal(bf16_dot_linear(x, w), bi_linear(x, w));
+    // A strided x (a view into a wider tensor) reads the same values.
+    const auto wide = at::randn({s.m, s.k + 3}).to(at::kBFloat16);
+    wide.narrow(1, 1, s.k).copy_(x);
+    test::expect_tensor_equal(bf16_dot_linear(wide.narrow(1, 1, s.k), w, b), got);
+  }
+}
+
+TEST_F(Bf16DotLinearTest, MatchesFloat32WithinBf16RoundingAndIgnoresTheBatch) {
+  at::manual_seed(22);
+  const auto x = at::randn({64, 576});
+  const auto w = at::randn({1536, 576}) * 0.04;
+  const auto xb = x.to(at::kBFloat16), wb = w.to(at::kBFloat16);
+  // Against float32 on the float32 inputs: bf16 rounding of the inputs and of the output.
+  const auto ref = at::linear(x, w);
+  test::expect_tensor_near(bf16_dot_linear(xb, wb).to(at::kFloat), ref, 0.05, 1.0 / 64);
+  // A row gives the same bits alone, in any batch, at any thread count.
+  const auto alone = bf16_dot_linear(xb.narrow(0, 40, 1), wb);
+  for (int t : {1, 2}) {
+    at::set_num_threads(t);
+    test::expect_tensor_equal(bf16_dot_linear(xb, wb).narrow(0, 40, 1), alone);
+    test::expect_tensor_equal(bf16_dot_linear(xb.narrow(0, 37, 5), wb).narrow(0, 3, 1), alone);
+  }
+}
+
+TEST_F(Bf16DotLinearTest, DenormalInputsReadAsZeroAsTheInstructionDefines) {
+  // 2^-130 is a bfloat16 denormal; times 2^100 the canonical chain gives 2^-30, vdpbf16ps zero.
+  const auto x = at::full({1, 2}, std::ldexp(1.0, -130)).to(at::kBFloat16);
+  const auto w = at::full({1, 2}, std::ldexp(1.0, 100)).to(at::kBFloat16);
+  EXPECT_EQ(bi_linear(x, w).item<float>(), static_cast<float>(std::ldexp(1.0, -29)));
+  EXPECT_EQ(bf16_dot_linear(x, w).item<float>(), 0.0f);
+}
+
+TEST(Bf16DotLinearErrors, WrongDtypeOrPathIsAClearError) {
+  ASSERT_THROWS_WITH(bf16_dot_linear(at::randn({2, 3}), at::randn({4, 3})), std::exception,
+                     "must be bfloat16");
+  if (supported_cpu_isas().size() > 1) {
+    ScopedCpuIsa avx2(CpuIsa::kAvx2);
+    EXPECT_FALSE(bf16_dot_supported());
+    ASSERT_THROWS_WITH(bf16_dot_linear(at::randn({2, 3}).to(at::kBFloat16), at::randn({4, 3}).to(at::kBFloat16)),
+                       std::exception, "needs AVX512-BF16 and the AVX-512 kernel path");
+  }
 }
 
 }  // namespace

@@ -8,9 +8,9 @@
 #include <map>
 #include <random>
 
+#include "engine/kernels/cpu_isa.h"
 #include "engine/llm_engine.h"
 #include "tests/engine/test_model.h"
-#include "engine/kernels/cpu_isa.h"
 #include "tests/test_utils.h"
 
 namespace crl::engine {
@@ -165,15 +165,15 @@ TEST(CudaEngineTest, PagedContinuousBatchingMatchesFullForwardOnCuda) {
   }
 }
 
-// bf16 weights and KV on the device against the fp32 CPU full forward of the same checkpoint:
-// the relative error of each step's logits is that of bf16 (< 3e-2), never NaN.
-TEST(CudaEngineTest, Bf16EngineOnCudaTracksTheFp32CpuForward) {
-  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+// A bf16 engine (weights and KV) on `device` against the fp32 CPU full forward of the same
+// checkpoint: the relative error of each step's logits is that of bf16 (< 3e-2), never NaN.
+void expect_bf16_engine_tracks_the_fp32_forward(const std::string& device, const std::string& cpu_kernels) {
   EngineConfig cpu_cfg = test::test_engine_config("llama3");
   LlmEngine cpu_eng(cpu_cfg);
   EngineConfig cfg = cpu_cfg;
-  cfg.device = "cuda";
+  cfg.device = device;
   cfg.dtype = "bfloat16";
+  cfg.cpu_kernels = cpu_kernels;
   cfg.max_batched_tokens = 16;
   LlmEngine eng(cfg);
   std::map<LogitsKey, at::Tensor> seen;
@@ -183,8 +183,9 @@ TEST(CudaEngineTest, Bf16EngineOnCudaTracksTheFp32CpuForward) {
   std::mt19937 rng(5);
   std::map<int, std::vector<GenerateRequest>> arrivals;
   arrivals[0] = {greedy("a", random_tokens(rng, 30), 6), greedy("b", random_tokens(rng, 9), 6)};
+  arrivals[2] = {greedy("c", random_tokens(rng, 12), 6), greedy("d", random_tokens(rng, 5), 6)};
   auto done = run_with_arrivals(eng, std::move(arrivals));
-  ASSERT_EQ(done.size(), 2u);
+  ASSERT_EQ(done.size(), 4u);
   for (auto& [id, out] : done) {
     std::vector<int32_t> tokens = out.prompt_token_ids;
     for (int32_t t : out.outputs.at(0).token_ids) {
@@ -195,6 +196,21 @@ TEST(CudaEngineTest, Bf16EngineOnCudaTracksTheFp32CpuForward) {
       EXPECT_LT(rel, 3e-2) << id << " @" << tokens.size();
       tokens.push_back(t);
     }
+  }
+}
+
+TEST(CudaEngineTest, Bf16EngineOnCudaTracksTheFp32CpuForward) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  expect_bf16_engine_tracks_the_fp32_forward("cuda", "auto");
+}
+
+// On the CPU, both linear paths of a bf16 engine: the project's kernels (vdpbf16ps where the CPU
+// has AVX512-BF16, steps of 3+ tokens; kernels::bf16_dot_supported) and libtorch's.
+TEST(LlmEngineTest, Bf16EngineOnCpuTracksTheFp32ForwardOnEveryLinearPath) {
+  for (const char* kernels : {"auto", "libtorch"}) {
+    SCOPED_TRACE(std::string("cpu_kernels ") + kernels + ", bf16 dot kernel " +
+                 (kernels::bf16_dot_supported() ? "available" : "not available"));
+    expect_bf16_engine_tracks_the_fp32_forward("cpu", kernels);
   }
 }
 
