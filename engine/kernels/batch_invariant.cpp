@@ -66,12 +66,11 @@ struct GemmShape {
   int64_t mr;            // rows per micro-tile
   int64_t panel_floats;  // scratch floats for the packed panel block
   int64_t max_rows;      // rows per task at most
-  bool acc_per_panel;    // the partial chains of all the task's panels at once (else one panel's)
 };
 
 // Runs gemm over all of a.m x a.n. Work split (it changes no result): row blocks of at most
-// max_rows rows, as even as can be, each times groups of g panels; a task keeps the float32
-// partial chains of its rows in its scratch, after the packed panel.
+// max_rows rows, as even as can be, each times groups of panels (about 4 per thread); a task keeps
+// one panel's float32 partial chains of its rows in its scratch, after the packed panel.
 void run_gemm(const detail::GemmArgs& a, const GemmShape& s,
               void (*gemm)(const detail::GemmArgs&, int64_t, int64_t, int64_t, int64_t, float*)) {
   const int64_t m = a.m, nr = s.nr;
@@ -79,13 +78,12 @@ void run_gemm(const detail::GemmArgs& a, const GemmShape& s,
   const int64_t mc = (m + row_blocks - 1) / row_blocks;
   const int64_t panels = (a.n + nr - 1) / nr;
   const int64_t threads = std::max(1, at::get_num_threads());
-  const int64_t g_cap = s.acc_per_panel ? std::max<int64_t>(1, 65536 / (mc * nr)) : panels;
-  const int64_t g = std::clamp<int64_t>((panels + 4 * threads - 1) / (4 * threads), 1, g_cap);
+  const int64_t g = std::max<int64_t>(1, (panels + 4 * threads - 1) / (4 * threads));
   const int64_t groups = (panels + g - 1) / g;
-  const int64_t scratch_floats = s.panel_floats + mc * (s.acc_per_panel ? g : 1) * nr;
+  const int64_t scratch_floats = s.panel_floats + mc * nr;
   at::parallel_for(0, row_blocks * groups, 1, [&](int64_t begin, int64_t end) {
-    // Up to ~300 KB: a fresh vector per call would be an mmap and page faults every time (glibc
-    // maps blocks this large), so each thread keeps its own.
+    // Up to ~80 KB, asked for by every call of every layer: each thread keeps its own rather than
+    // allocate (and fault in) a fresh one each time.
     thread_local std::vector<float> scratch;
     if (scratch.size() < static_cast<size_t>(scratch_floats)) scratch.resize(scratch_floats);
     for (int64_t task = begin; task < end; ++task) {
@@ -122,7 +120,7 @@ at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& weight, const at::Te
   args.x = xf.data_ptr<float>();
   args.ldx = args.k;
   const detail::KernelTable& t = active_table();
-  run_gemm(args, {t.nr, t.mr, t.kc * t.nr, std::max<int64_t>(t.mr, 128 / t.mr * t.mr), true}, t.gemm);
+  run_gemm(args, {t.nr, t.mr, t.kc * t.nr, 256}, t.gemm);
   return y;
 }
 
@@ -154,7 +152,7 @@ at::Tensor bf16_dot_linear(const at::Tensor& x, const at::Tensor& weight, const 
   args.xp = reinterpret_cast<const uint32_t*>(xp.data_ptr());
   args.ldxp = kp;
   const detail::DotKernel& d = detail::kAvx512Bf16Dot;
-  run_gemm(args, {d.nr, d.mr, d.kcp * d.nr, 256, false}, d.gemm);
+  run_gemm(args, {d.nr, d.mr, d.kcp * d.nr, 256}, d.gemm);
   return y;
 #else
   CRL_CHECK(false, "bf16_dot_linear: x86-64 only");

@@ -50,8 +50,8 @@ struct KernelTable {
   int64_t nr;  // output columns per panel
   int64_t mr;  // rows per micro-tile
   int64_t kc;  // depth of one packed panel block
-  // Outputs of rows [m0, m1) x panels [p0, p1) (panel p = columns [p * nr, p * nr + nr)).
-  // REQUIRES: k > 0. scratch: kc * nr + (m1 - m0) * (p1 - p0) * nr floats.
+  // Outputs of rows [m0, m1) x panels [p0, p1) (panel p = columns [p * nr, p * nr + nr)), panel
+  // by panel. REQUIRES: k > 0. scratch: kc * nr + (m1 - m0) * nr floats.
   void (*gemm)(const GemmArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1, float* scratch);
   // Rows [r0, r1) of rms_norm.
   void (*rms_norm)(const RowArgs& a, int64_t r0, int64_t r1);
@@ -69,7 +69,7 @@ struct DotKernel {
   int64_t nr;   // output columns per panel
   int64_t mr;   // rows per micro-tile
   int64_t kcp;  // depth pairs in one packed panel block
-  // As KernelTable::gemm, panel by panel. scratch: kcp * nr + (m1 - m0) * nr floats.
+  // As KernelTable::gemm. scratch: kcp * nr + (m1 - m0) * nr floats.
   void (*gemm)(const GemmArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1, float* scratch);
 };
 
