@@ -43,6 +43,11 @@ Runner register_train(CLI::App& app) {
   cmd->add_option("--kv-memory", f->kv_memory, "KV cache pool per engine")->capture_default_str();
   cmd->add_flag("--deterministic", o.deterministic,
                 "batch-invariant engine and matching trainer: log-prob gap exactly 0");
+  cmd->add_option("--cpu-kernels", o.cpu_kernels,
+                  "the engines' CPU linear layers: auto (the project's kernels where they beat "
+                  "libtorch's, steps of 2+ tokens) or libtorch (at::linear everywhere)")
+      ->check(CLI::IsMember({"auto", "libtorch"}))
+      ->capture_default_str();
   cmd->add_option("--data", o.data_path,
                   "JSONL rows {\"prompt\", \"answer\"} or {\"messages\": [chat], \"answer\"} "
                   "(a chat, rendered with the model's template; default: the built-in copy task)");

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "common/check.h"
+#include "engine/kernels/cpu_isa.h"
 #include "engine/model/config.h"
 #include "engine/model/model_cache.h"
 #include "sync/local_ranks.h"
@@ -77,6 +78,7 @@ double model_gemm_gflops(const engine::ModelConfig& c, int64_t m, at::ScalarType
 struct Cell {
   int ranks = 1, stage = 0;
   bool ac = false, offload = false;
+  std::string kernels = "libtorch";
 };
 
 }  // namespace
@@ -98,6 +100,9 @@ void add_train_bench_flags(CLI::App& cmd, TrainBenchOptions& o) {
   cmd.add_option("--steps", o.steps, "timed steps per cell (after one warm-up)")->capture_default_str();
   cmd.add_option("--bucket-mb", o.bucket_mb, "bucket cap in MiB")->capture_default_str();
   cmd.add_option("--results", o.results, "JSONL file the rows go to")->capture_default_str();
+  cmd.add_option("--cpu-kernels", o.cpu_kernels,
+                 "trainer CPU linear paths, comma-separated: project (the project's kernels), libtorch")
+      ->capture_default_str();
 }
 
 int run_train_bench(const TrainBenchOptions& o) {
@@ -120,6 +125,24 @@ int run_train_bench(const TrainBenchOptions& o) {
     if (most > 1) cells.push_back({most, 2, true, false});
   }
   if (o.offload_optimizer) cells.push_back({most, most > 1 ? 2 : 0, false, true});
+  {
+    std::vector<std::string> kernels;
+    std::stringstream ss(o.cpu_kernels);
+    for (std::string k; std::getline(ss, k, ',');) {
+      if (k != "project" && k != "libtorch") {
+        throw std::invalid_argument("--cpu-kernels: '" + k + "' is not project or libtorch");
+      }
+      kernels.push_back(k);
+    }
+    std::vector<Cell> each;
+    for (const Cell& c : cells) {
+      for (const std::string& k : kernels) {
+        each.push_back(c);
+        each.back().kernels = k;
+      }
+    }
+    cells = std::move(each);
+  }
 
   at::set_num_threads(cores);
   const double gemm = model_gemm_gflops(cfg, o.seq_tokens, dt);
@@ -132,12 +155,15 @@ int run_train_bench(const TrainBenchOptions& o) {
   fmt::print("bench train | {} ({:.1f} M params, {}) | {} tokens x {} micro-batches per rank | "
              "{} cores | model GEMM {:.1f} GFLOP/s\n",
              o.shape, params / 1e6, o.dtype, o.seq_tokens, o.micro_batches, cores, gemm);
-  fmt::print("{:>5} {:>4} {:>3} {:>7} | {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} | {:>9} | {:>8} {:>7} {:>6}\n",
-             "ranks", "zero", "ac", "offload", "params", "grads", "optim", "state", "ideal-z2",
+  fmt::print("CPU: {}\n", engine::kernels::describe_cpu());
+  fmt::print("{:>8} {:>5} {:>4} {:>3} {:>7} | {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} | {:>9} | {:>8} {:>7} {:>6}\n",
+             "kernels", "ranks", "zero", "ac", "offload", "params", "grads", "optim", "state", "ideal-z2",
              "ratio", "activ", "tok/s", "vs z0", "mm %");
   std::ofstream jsonl;
   if (!o.results.empty()) jsonl.open(o.results, std::ios::app);
-  std::map<int, double> z0_tps;
+  std::map<std::pair<int, std::string>, double> z0_tps;
+  std::vector<std::pair<std::string, double>> project_over_libtorch;  // per cell with both paths
+  double project_tps = 0;
   for (const Cell& c : cells) {
     at::set_num_threads(std::max(1, cores / c.ranks));
     std::vector<double> step_s;
@@ -153,6 +179,7 @@ int run_train_bench(const TrainBenchOptions& o) {
       to.zero_stage = c.stage;
       to.activation_checkpointing = c.ac;
       to.offload_optimizer = c.offload;
+      to.cpu_kernels = c.kernels;
       to.grad_bucket_bytes = o.bucket_mb << 20;
       to.micro_batch_tokens = o.seq_tokens;
       to.schedule.lr = 1e-5;
@@ -194,8 +221,15 @@ int run_train_bench(const TrainBenchOptions& o) {
     const double med = step_s[step_s.size() / 2];
     const double tokens = static_cast<double>(c.ranks) * o.micro_batches * o.seq_tokens;
     const double tps = tokens / med;
-    if (c.stage == 0 && !c.ac && !c.offload) z0_tps[c.ranks] = tps;
-    const double vs0 = z0_tps.count(c.ranks) ? tps / z0_tps[c.ranks] : 0;
+    if (c.stage == 0 && !c.ac && !c.offload) z0_tps[{c.ranks, c.kernels}] = tps;
+    const double vs0 = z0_tps.count({c.ranks, c.kernels}) ? tps / z0_tps[{c.ranks, c.kernels}] : 0;
+    if (c.kernels == "project") project_tps = tps;
+    if (c.kernels == "libtorch" && project_tps > 0) {
+      project_over_libtorch.emplace_back(fmt::format("ranks {} zero {} ac {} offload {}", c.ranks, c.stage,
+                                                  c.ac ? "on" : "off", c.offload ? "on" : "off"),
+                                      project_tps / tps);
+      project_tps = 0;
+    }
     const double mm_share = 6.0 * params * tps / 1e9 / gemm;
     const double esize = static_cast<double>(c10::elementSize(dt));
     // Stage-2 ideal: full compute-dtype parameters + fp32 master, m, v and gradient slices of P / T
@@ -203,12 +237,13 @@ int run_train_bench(const TrainBenchOptions& o) {
     const double ideal = params * esize + 16.0 * params / c.ranks + bucket_bytes;
     const double activ = static_cast<double>(rss_samples.at(0) - rss_before) / c.ranks;
     auto mib = [](double b) { return fmt::format("{:.1f}M", b / (1 << 20)); };
-    fmt::print("{:>5} {:>4} {:>3} {:>7} | {:>9} {:>9} {:>9} {:>9} {:>9} {:>6.3f} | {:>9} | {:>8.0f} {:>6.2f}x {:>5.1f}%\n",
-               c.ranks, c.stage, c.ac ? "on" : "off", c.offload ? "on" : "off", mib(bytes.parameters),
+    fmt::print("{:>8} {:>5} {:>4} {:>3} {:>7} | {:>9} {:>9} {:>9} {:>9} {:>9} {:>6.3f} | {:>9} | {:>8.0f} {:>6.2f}x {:>5.1f}%\n",
+               c.kernels, c.ranks, c.stage, c.ac ? "on" : "off", c.offload ? "on" : "off", mib(bytes.parameters),
                mib(bytes.gradients), mib(bytes.optimizer), mib(bytes.total()), mib(ideal),
                bytes.total() / ideal, mib(activ), tps, vs0, 100 * mm_share);
     if (jsonl) {
-      nlohmann::json row = {{"shape", o.shape}, {"dtype", o.dtype}, {"ranks", c.ranks},
+      nlohmann::json row = {{"shape", o.shape}, {"dtype", o.dtype}, {"cpu_kernels", c.kernels},
+                            {"cpu", engine::kernels::cpu_model_name()}, {"ranks", c.ranks},
                             {"zero", c.stage}, {"activation_checkpointing", c.ac},
                             {"offload_optimizer", c.offload}, {"param_bytes", bytes.parameters},
                             {"grad_bytes", bytes.gradients}, {"optimizer_bytes", bytes.optimizer},
@@ -217,6 +252,9 @@ int run_train_bench(const TrainBenchOptions& o) {
                             {"gemm_gflops", gemm}, {"step_s", step_s}};
       jsonl << row.dump() << "\n";
     }
+  }
+  for (const auto& [cell, ratio] : project_over_libtorch) {
+    fmt::print("{}: tokens/s project / libtorch = {:.3f}\n", cell, ratio);
   }
   return 0;
 }

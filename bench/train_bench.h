@@ -8,7 +8,8 @@
 // transients (process peak RSS during the steps minus the resident size before them, / T),
 // trained tokens/s (median step), the ratio to stage 0 at the same T, and the share of the
 // measured matmul throughput (6 x params x tokens / time against a GEMM of the model's own shapes
-// timed in the same run).
+// timed in the same run). With --cpu-kernels project,libtorch every cell runs on both linear
+// paths, back to back, and the ratio of their tokens/s follows the table.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -25,6 +26,7 @@ struct TrainBenchOptions {
   bool activation_checkpointing = false;  // add checkpointing cells
   bool offload_optimizer = false;         // add offload cells
   std::string dtype = "float32";          // compute dtype
+  std::string cpu_kernels = "libtorch";   // TrainerOptions::cpu_kernels values, comma-separated
   int64_t seq_tokens = 512;
   int micro_batches = 2;
   int steps = 3;                          // timed steps per cell (after one warm-up)

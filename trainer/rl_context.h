@@ -37,6 +37,7 @@ struct RlOptions {
 
   std::string engine_dtype = "float32";
   bool deterministic = false;
+  std::string cpu_kernels = "auto";  // the engines' CPU linear layers (EngineConfig::cpu_kernels)
   int64_t kv_memory_bytes = int64_t{64} << 20;
 
   // The SFT warm-up (the recipe of issue 24: the copy task's SFT transition comes at 100-130

@@ -44,6 +44,7 @@ RolloutProducer::RolloutProducer(RlContext& ctx) : c_(ctx), o_(ctx.o) {
   ec.model_dir = c_.resumed ? o_.resume_dir : o_.model_dir;
   ec.dtype = o_.engine_dtype;
   ec.deterministic = o_.deterministic;
+  ec.cpu_kernels = o_.cpu_kernels;
   ec.seed = o_.seed;
   ec.kv_memory_bytes = o_.kv_memory_bytes;
   // Room for K + 1 steps' sequences: the next steps are admitted while the last ones finish.

@@ -33,6 +33,7 @@ void TrainerOptions::validate() const {
     bad("zero_stage", std::to_string(zero_stage), "0, 1 or 2 (-1: automatic)");
   }
   if (grad_bucket_bytes < 4) bad("grad_bucket_bytes", std::to_string(grad_bucket_bytes), "must be >= 4");
+  if (cpu_kernels != "project" && cpu_kernels != "libtorch") bad("cpu_kernels", cpu_kernels, "project or libtorch");
 }
 
 namespace {
@@ -143,6 +144,7 @@ void Trainer::init(engine::ModelConfig config, engine::NamedTensors weights) {
   topts.dtype = s.compute_dtype;
   topts.device = s.device;
   topts.deterministic = options_.deterministic;
+  topts.project_linear = options_.cpu_kernels == "project";
 
   if (options_.zero_stage < 0) options_.zero_stage = options_.group && options_.group->size() > 1 ? 2 : 0;
   TrainStateOptions so;

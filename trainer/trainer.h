@@ -57,6 +57,12 @@ struct TrainerOptions {
   std::string device = "cpu";
   // Bit-exact agreement with an engine in deterministic mode (slower; see the class comment).
   bool deterministic = false;
+  // CPU linear layers outside deterministic mode: "libtorch" (at::linear and its autograd) or
+  // "project" (float32 forward and backward on the project's kernels, engine::kernel_linear).
+  // libtorch is the default: `bench train --cpu-kernels project,libtorch` measured project 8%
+  // slower on SmolLM2-135M shapes (1024 tokens a step; the backward's transposed copies cost more
+  // than the faster GEMMs save) and within noise on the embedded default model.
+  std::string cpu_kernels = "libtorch";
   // Learning-rate schedule (warmup + cosine).
   LrSchedule schedule;
   // AdamW decoupled weight decay, applied to matrices (not norms or biases).

@@ -16,43 +16,60 @@ bool needs_graph(std::initializer_list<const at::Tensor*> ts) {
   return false;
 }
 
-// Forward: the batch-invariant kernel. Backward: the matmuls of at::linear's backward. Separate
+// Forward: the batch-invariant kernel. Backward: the matmuls of at::linear's backward, by libtorch
+// (deterministic mode) or by the same kernel on transposed operands (kernel_linear). Separate
 // Functions with and without bias (a custom Function's inputs must all be defined tensors).
 at::Tensor linear_grad_x(torch::autograd::AutogradContext* ctx, const at::Tensor& gy,
                          const at::Tensor& weight) {
-  return ctx->needs_input_grad(0) ? gy.mm(weight) : at::Tensor();
+  if (!ctx->needs_input_grad(0)) return {};
+  // gy [M, N] . weight [N, K] = gy . (weight^T)^T
+  return ctx->saved_data["kernel_backward"].toBool() ? kernels::bi_linear(gy, weight.t().contiguous())
+                                                     : gy.mm(weight);
 }
 at::Tensor linear_grad_w(torch::autograd::AutogradContext* ctx, const at::Tensor& gy,
                          const at::Tensor& x) {
-  return ctx->needs_input_grad(1) ? gy.t().mm(x) : at::Tensor();
+  if (!ctx->needs_input_grad(1)) return {};
+  // gy^T [N, M] . x [M, K] = gy^T . (x^T)^T
+  return ctx->saved_data["kernel_backward"].toBool()
+             ? kernels::bi_linear(gy.t().contiguous(), x.t().contiguous())
+             : gy.t().mm(x);
 }
 
 struct LinearFn : torch::autograd::Function<LinearFn> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
-                            const at::Tensor& weight) {
+                            const at::Tensor& weight, bool kernel_backward) {
     ctx->save_for_backward({x, weight});
+    ctx->saved_data["kernel_backward"] = kernel_backward;
     return kernels::bi_linear(x, weight);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    return {linear_grad_x(ctx, grads[0], saved[1]), linear_grad_w(ctx, grads[0], saved[0])};
+    return {linear_grad_x(ctx, grads[0], saved[1]), linear_grad_w(ctx, grads[0], saved[0]), at::Tensor()};
   }
 };
 
 struct LinearBiasFn : torch::autograd::Function<LinearBiasFn> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
-                            const at::Tensor& weight, const at::Tensor& bias) {
+                            const at::Tensor& weight, const at::Tensor& bias, bool kernel_backward) {
     ctx->save_for_backward({x, weight});
+    ctx->saved_data["kernel_backward"] = kernel_backward;
     return kernels::bi_linear(x, weight, bias);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor gb = ctx->needs_input_grad(2) ? grads[0].sum(0) : at::Tensor();
-    return {linear_grad_x(ctx, grads[0], saved[1]), linear_grad_w(ctx, grads[0], saved[0]), gb};
+    return {linear_grad_x(ctx, grads[0], saved[1]), linear_grad_w(ctx, grads[0], saved[0]), gb,
+            at::Tensor()};
   }
 };
+
+at::Tensor linear_with_grad(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                            bool kernel_backward) {
+  return bias.defined() ? LinearBiasFn::apply(x, weight, bias, kernel_backward)
+                        : LinearFn::apply(x, weight, kernel_backward);
+}
 
 // The kernel's values with `reference`'s gradient: value + (reference - reference.detach()) is
 // exactly `value` (x - x == 0) and differentiates as `reference`.
@@ -71,7 +88,12 @@ at::Tensor aten_rms_norm(const at::Tensor& x, const at::Tensor& weight, double e
 
 at::Tensor det_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   if (!needs_graph({&x, &weight, &bias})) return kernels::bi_linear(x, weight, bias);
-  return bias.defined() ? LinearBiasFn::apply(x, weight, bias) : LinearFn::apply(x, weight);
+  return linear_with_grad(x, weight, bias, /*kernel_backward=*/false);
+}
+
+at::Tensor kernel_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  if (!needs_graph({&x, &weight, &bias})) return kernels::bi_linear(x, weight, bias);
+  return linear_with_grad(x, weight, bias, /*kernel_backward=*/true);
 }
 
 at::Tensor det_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {

@@ -13,6 +13,9 @@ namespace crl::engine {
 
 // y = x w^T + b; x [M, K], weight [N, K], bias [N] or undefined.
 at::Tensor det_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+// y = x w^T + b by the project's linear kernel forward and backward (the backward's two matmuls as
+// the same kernel on transposed copies): the trainer's float32 CPU path outside deterministic mode.
+at::Tensor kernel_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
 // HF RMSNorm over the last dimension.
 at::Tensor det_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 // silu(gate) * up.

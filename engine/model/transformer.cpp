@@ -179,7 +179,7 @@ namespace {
 // float32: bi_linear from 2 rows (one row: the GEMV kernel) on an AVX2 or AVX-512 path. bfloat16:
 // bf16_dot_linear from 3 rows where the CPU has AVX512-BF16 (below that the GEMV kernel wins;
 // from 3 to 512 rows it beat oneDNN's bf16 matmul by 1.06-4.3x). Never with an autograd graph.
-enum class ProjectLinear { kNone, kFloat32, kBf16Dot };
+enum class ProjectLinear { kNone, kFloat32, kFloat32WithGrad, kBf16Dot };
 
 ProjectLinear project_linear_for(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   if (x.dim() != 2 || x.size(0) < 2 || !x.is_cpu() || x.scalar_type() != weight.scalar_type()) {
@@ -187,10 +187,10 @@ ProjectLinear project_linear_for(const at::Tensor& x, const at::Tensor& weight, 
   }
   const bool graph = at::GradMode::is_enabled() &&
                      (x.requires_grad() || weight.requires_grad() || (bias.defined() && bias.requires_grad()));
-  if (graph) return ProjectLinear::kNone;
   if (x.scalar_type() == at::kFloat && kernels::active_cpu_isa() != kernels::CpuIsa::kScalar) {
-    return ProjectLinear::kFloat32;
+    return graph ? ProjectLinear::kFloat32WithGrad : ProjectLinear::kFloat32;
   }
+  if (graph) return ProjectLinear::kNone;
   if (x.scalar_type() == at::kBFloat16 && x.size(0) >= 3 && kernels::bf16_dot_supported()) {
     return ProjectLinear::kBf16Dot;
   }
@@ -205,6 +205,7 @@ at::Tensor Transformer::linear(const at::Tensor& x, const at::Tensor& weight,
   if (options_.project_linear) {
     switch (project_linear_for(x, weight, bias)) {
       case ProjectLinear::kFloat32: return kernels::bi_linear(x, weight, bias);
+      case ProjectLinear::kFloat32WithGrad: return kernel_linear(x, weight, bias);
       case ProjectLinear::kBf16Dot: return kernels::bf16_dot_linear(x, weight, bias);
       case ProjectLinear::kNone: break;
     }

@@ -65,6 +65,31 @@ TEST(TrainerTest, LogprobGapToTheEngineIsBelow1e4InFp32) {
   EXPECT_EQ(gap.size(0), 4 * 3 * 10);
 }
 
+// cpu_kernels "project" (the project's linear kernels forward and backward) trains as libtorch
+// does, within float32 rounding, and keeps the engine's log-probs.
+TEST(TrainerTest, ProjectKernelsTrainAsLibtorchDoes) {
+  engine::EngineConfig cfg = test::test_engine_config();
+  engine::LlmEngine eng(cfg);
+  auto mbs = engine_rollouts(eng, 4, 3, 10, 1 << 20, 11);
+  TrainerOptions project;
+  project.cpu_kernels = "project";
+  project.schedule.lr = 1e-3;
+  TrainerOptions libtorch = project;
+  libtorch.cpu_kernels = "libtorch";
+  Trainer tp(cfg.model_dir, project), tl(cfg.model_dir, libtorch);
+  EXPECT_LT((tp.compute_logprobs(mbs[0]) - loss_old(mbs[0])).abs().max().item<float>(), 1e-4);
+  for (int step = 0; step < 3; ++step) {
+    const StepStats a = tp.train_step(mbs, LossKind::kGrpo);
+    const StepStats b = tl.train_step(mbs, LossKind::kGrpo);
+    EXPECT_NEAR(a.loss.loss, b.loss.loss, 1e-4 * (1 + std::abs(b.loss.loss))) << "step " << step;
+    EXPECT_NEAR(a.grad_norm, b.grad_norm, 1e-3 * (1 + b.grad_norm)) << "step " << step;
+  }
+  EXPECT_LT((tp.compute_logprobs(mbs[0]) - tl.compute_logprobs(mbs[0])).abs().max().item<float>(), 1e-3);
+  TrainerOptions bad;
+  bad.cpu_kernels = "fast";
+  ASSERT_THROWS_WITH(bad.validate(), std::invalid_argument, "project or libtorch");
+}
+
 TEST(TrainerTest, LogprobGapIsExactlyZeroWhenEngineAndTrainerAreDeterministic) {
   engine::EngineConfig cfg = test::test_engine_config();
   cfg.deterministic = true;
