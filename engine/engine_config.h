@@ -39,9 +39,10 @@ struct EngineConfig {
   bool enable_prefix_caching = true;
   // Batch-invariant logits (fixed-shape row tiles); slower, see Transformer.
   bool deterministic = false;
-  // CPU linear layers outside deterministic mode: "auto" runs the project's kernels
-  // (engine/kernels) for steps of 2+ tokens, where `bench linear` measures them faster than
-  // OpenBLAS, and the GEMV kernel for one token; "libtorch" runs at::linear (OpenBLAS) as before.
+  // CPU kernels outside deterministic mode: "auto" runs the project's (engine/kernels) where
+  // `bench linear` measures them faster: float32 linear layers for steps of 2+ tokens (the GEMV
+  // kernel for one), bfloat16 ones from 3 tokens on AVX512-BF16 CPUs, RMSNorm and the SiLU gate;
+  // "libtorch" runs at::linear (OpenBLAS / oneDNN) and ATen's ops as before.
   std::string cpu_kernels = "auto";
   // Baseline only: static batching (waves, padded to the slowest sequence).
   bool static_batching = false;

@@ -168,10 +168,7 @@ void Transformer::set_deterministic(bool on) {
   options_.deterministic = on;
 }
 
-at::Tensor Transformer::rms_norm(const at::Tensor& x, const at::Tensor& weight) const {
-  if (options_.deterministic) return det_rms_norm(x, weight, config_.rms_norm_eps);
-  return aten_rms_norm(x, weight, config_.rms_norm_eps);
-}
+
 
 namespace {
 
@@ -197,6 +194,20 @@ ProjectLinear project_linear_for(const at::Tensor& x, const at::Tensor& weight, 
   return ProjectLinear::kNone;
 }
 
+// The RMSNorm and SiLU gate kernels: one pass and one allocation where libtorch takes five ops
+// (norm) or two (gate), which is what a decode step of few tokens pays for. Same dtype, CPU, a
+// vector path, no autograd graph.
+bool project_rowwise_fits(std::initializer_list<const at::Tensor*> ts) {
+  const at::Tensor& first = **ts.begin();
+  if (!first.is_cpu() || kernels::active_cpu_isa() == kernels::CpuIsa::kScalar) return false;
+  if (first.scalar_type() != at::kFloat && first.scalar_type() != at::kBFloat16) return false;
+  for (const at::Tensor* t : ts) {
+    if (t->scalar_type() != first.scalar_type() || !t->is_cpu()) return false;
+    if (at::GradMode::is_enabled() && t->requires_grad()) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 at::Tensor Transformer::linear(const at::Tensor& x, const at::Tensor& weight,
@@ -213,8 +224,17 @@ at::Tensor Transformer::linear(const at::Tensor& x, const at::Tensor& weight,
   return apply_linear(x, weight, bias);
 }
 
+at::Tensor Transformer::rms_norm(const at::Tensor& x, const at::Tensor& weight) const {
+  if (options_.deterministic) return det_rms_norm(x, weight, config_.rms_norm_eps);
+  if (options_.project_linear && project_rowwise_fits({&x, &weight})) {
+    return kernels::bi_rms_norm(x, weight, config_.rms_norm_eps);
+  }
+  return aten_rms_norm(x, weight, config_.rms_norm_eps);
+}
+
 at::Tensor Transformer::silu_mul(const at::Tensor& gate, const at::Tensor& up) const {
   if (options_.deterministic) return det_silu_mul(gate, up);
+  if (options_.project_linear && project_rowwise_fits({&gate, &up})) return kernels::bi_silu_mul(gate, up);
   return at::silu(gate) * up;
 }
 

@@ -40,7 +40,8 @@ struct TransformerOptions {
   // Outside deterministic mode, linear layers on the CPU run the project's kernels instead of
   // at::linear where they are faster, when no autograd graph is needed (EngineConfig::cpu_kernels):
   // float32 from 2 rows on an AVX2 or AVX-512 path (kernels::bi_linear), bfloat16 from 3 rows on
-  // AVX512-BF16 (kernels::bf16_dot_linear).
+  // AVX512-BF16 (kernels::bf16_dot_linear); RMSNorm and the SiLU gate on a vector path
+  // (kernels::bi_rms_norm, bi_silu_mul).
   bool project_linear = false;
 };
 
