@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
+#include <malloc.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -27,8 +28,23 @@ void tune_openmp_spin(char** argv) {
   execv("/proc/self/exe", argv);  // returns only on failure: carry on with the defaults
 }
 
+// glibc serves a request over its mmap threshold with a fresh mmap and hands freed heap memory
+// back to the kernel above 128 KiB; its dynamic threshold never rises above 32 MiB. Every engine
+// step and training step allocates activations of a few MiB to tens of MiB, so by default the
+// process page-faults the same memory in again each step, and on virtual machines a fault is
+// expensive: on a 2-core cloud VM, 8 x 512-token prefill ran 1.23-1.40x faster, with half the page
+// faults, once freed memory stayed in the process (measured side by side with GLIBC_TUNABLES;
+// jemalloc and tcmalloc measured slower or no better). The cost: up to 1 GiB of freed memory stays
+// mapped per arena for the next step. A user's own GLIBC_TUNABLES malloc settings win.
+void tune_malloc() {
+  if (const char* t = std::getenv("GLIBC_TUNABLES"); t && std::strstr(t, "glibc.malloc.")) return;
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's maximum; larger blocks are still mmapped
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+}
+
 int main(int argc, char** argv) {
   tune_openmp_spin(argv);
+  tune_malloc();
   // `colocated-rl --gpus-infer I --gpus-train T ...` (flags, no subcommand) is the RL job.
   std::vector<char*> args(argv, argv + argc);
   static char train[] = "train";
