@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "common/check.h"
+#include "common/host_memory.h"
 #include "kv/paged_attention.h"
 
 namespace crl::engine {
@@ -39,8 +40,9 @@ int64_t ModelRunner::block_bytes(const ModelConfig& c, at::ScalarType dtype, int
 ModelRunner::ModelRunner(const Transformer& model, int32_t block_size, int32_t num_blocks)
     : model_(model), block_size_(block_size), num_blocks_(num_blocks) {
   const auto& c = model.config();
-  kv_cache_ = at::zeros({2, c.num_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim},
-                        at::TensorOptions().dtype(model.options().dtype).device(model.options().device));
+  kv_cache_ = zeros_in_huge_pages(
+      {2, c.num_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim},
+      at::TensorOptions().dtype(model.options().dtype).device(model.options().device), "the KV cache pool");
 }
 
 ForwardOutput ModelRunner::execute(const SchedulerOutput& batch) {

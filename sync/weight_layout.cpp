@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "common/check.h"
+#include "common/host_memory.h"
 
 namespace crl::sync {
 namespace {
@@ -167,7 +168,9 @@ std::optional<std::string> WeightLayout::first_difference(const WeightLayout& ot
 std::vector<at::Tensor> WeightLayout::allocate_buckets(at::TensorOptions options) const {
   std::vector<at::Tensor> out;
   out.reserve(buckets_.size());
-  for (const Bucket& b : buckets_) out.push_back(at::zeros({b.nbytes}, options.dtype(at::kByte)));
+  for (const Bucket& b : buckets_) {
+    out.push_back(zeros_in_huge_pages({b.nbytes}, options.dtype(at::kByte), "a weight-sync bucket"));
+  }
   return out;
 }
 
