@@ -173,7 +173,8 @@ void Transformer::set_deterministic(bool on) {
 namespace {
 
 // Which of the project's linear kernels beats the default path here (bench linear), if any.
-// float32: bi_linear from 2 rows (one row: the GEMV kernel) on an AVX2 or AVX-512 path. bfloat16:
+// float32: bi_linear from 5 rows on an AVX2 or AVX-512 path (up to 4 rows the GEMV kernel ran
+// 1.6-2.7x faster, equal at 8), with an autograd graph from 2 rows. bfloat16:
 // bf16_dot_linear from 3 rows where the CPU has AVX512-BF16 (below that the GEMV kernel wins;
 // from 3 to 512 rows it beat oneDNN's bf16 matmul by 1.06-4.3x). Never with an autograd graph.
 enum class ProjectLinear { kNone, kFloat32, kFloat32WithGrad, kBf16Dot };
@@ -185,7 +186,8 @@ ProjectLinear project_linear_for(const at::Tensor& x, const at::Tensor& weight, 
   const bool graph = at::GradMode::is_enabled() &&
                      (x.requires_grad() || weight.requires_grad() || (bias.defined() && bias.requires_grad()));
   if (x.scalar_type() == at::kFloat && kernels::active_cpu_isa() != kernels::CpuIsa::kScalar) {
-    return graph ? ProjectLinear::kFloat32WithGrad : ProjectLinear::kFloat32;
+    if (graph) return ProjectLinear::kFloat32WithGrad;
+    return x.size(0) >= 5 ? ProjectLinear::kFloat32 : ProjectLinear::kNone;
   }
   if (graph) return ProjectLinear::kNone;
   if (x.scalar_type() == at::kBFloat16 && x.size(0) >= 3 && kernels::bf16_dot_supported()) {

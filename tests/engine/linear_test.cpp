@@ -28,6 +28,27 @@ TEST(LinearTest, GemvPathMatchesAtLinearForFewRows) {
   }
 }
 
+// The GEMV walks weight rows four at a time where it can and one at a time at a chunk's end: a
+// row's output must not depend on which, so each row alone (a one-row weight) gives the same bits.
+TEST(LinearTest, GemvGivesEachWeightRowTheSameBitsWhereverItFallsInTheBlocking) {
+  at::manual_seed(2);
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    for (int64_t rows : {1, 2, 3}) {
+      for (auto [n, k] : {std::pair<int64_t, int64_t>{203, 77}, {130, 576}}) {
+        auto x = at::randn({rows, k}).to(dtype);
+        auto w = at::randn({n, k}).to(dtype);
+        auto b = at::randn({n}).to(dtype);
+        at::Tensor all = apply_linear(x, w, b);
+        for (int64_t j = 0; j < n; ++j) {
+          at::Tensor one = apply_linear(x, w.narrow(0, j, 1).contiguous(), b.narrow(0, j, 1).contiguous());
+          ASSERT_TRUE(at::equal(all.narrow(1, j, 1), one))
+              << "weight row " << j << " of " << n << ", " << rows << " rows, " << dtype;
+        }
+      }
+    }
+  }
+}
+
 TEST(LinearTest, KeepsTheAutogradGraphWhenWeightsRequireGrad) {
   auto x = at::randn({2, 16});
   auto w = at::randn({8, 16}).requires_grad_(true);
