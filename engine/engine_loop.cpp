@@ -1,6 +1,7 @@
 #include "engine/engine_loop.h"
 
 #include <ATen/Parallel.h>
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <stdexcept>
@@ -11,6 +12,10 @@ namespace crl::engine {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// While idle with a weight source installed, the engine thread polls it this often (backing off).
+constexpr std::chrono::microseconds kMinWeightPoll{100};
+constexpr std::chrono::microseconds kMaxWeightPoll{2000};
 
 double seconds_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -113,16 +118,26 @@ void EngineLoop::run() {
   load();
   if (!ready()) return;
   bool busy = false;  // the engine has unfinished work
+  auto poll = kMinWeightPoll;
   while (true) {
     std::deque<std::packaged_task<void(LlmEngine&)>> tasks;
     std::function<void(LlmEngine&)> between;
+    std::shared_ptr<sync::WeightSource> source;
+    InflightPolicy policy = InflightPolicy::kKeep;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || busy || work_pending_ || !tasks_.empty(); });
+      auto wake = [&] { return stopping_ || busy || work_pending_ || !tasks_.empty(); };
+      if (weight_source_ && weight_error_.empty()) {
+        if (!cv_.wait_for(lock, poll, wake)) poll = std::min(poll * 2, kMaxWeightPoll);
+      } else {
+        cv_.wait(lock, wake);
+      }
       if (stopping_) break;
       tasks.swap(tasks_);
       between = between_steps_;
       work_pending_ = false;
+      if (weight_error_.empty()) source = weight_source_;
+      policy = weight_policy_;
     }
     for (auto& task : tasks) task(*engine_);  // a packaged_task keeps fn's exception
     if (between) {
@@ -132,6 +147,7 @@ void EngineLoop::run() {
         spdlog::error("engine loop: between-steps hook failed: {}", e.what());
       }
     }
+    if (source && take_weight_update(*source, policy)) poll = kMinWeightPoll;
     if (engine_->has_unfinished()) {
       try {
         auto outputs = engine_->step();
@@ -203,8 +219,70 @@ void EngineLoop::publish_gauges() {
   g.prefix_cache_hit_tokens = engine_->stats().prefix_hit_tokens;
   g.steps = engine_->stats().steps;
   g.loaded = true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    gauges_ = g;
+    weight_version_.store(g.weight_version, std::memory_order_release);
+  }
+  cv_.notify_all();  // wait_weight_version() may be waiting for this version
+}
+
+bool EngineLoop::take_weight_update(sync::WeightSource& source, InflightPolicy policy) {
+  const int64_t next = engine_->weight_version() + 1;
+  std::string error;
+  double seconds = 0;
+  try {
+    if (!source.ready(next)) return false;
+    WeightBuffers* buffers = engine_->weight_buffers();
+    if (!buffers) {
+      throw std::logic_error("the engine's weights are not in sync buckets (attach_weight_buffers "
+                             "was not called)");
+    }
+    const auto t0 = Clock::now();
+    source.receive(buffers->buckets(), next);
+    engine_->set_weight_version(next, policy);
+    seconds = seconds_between(t0, Clock::now());
+  } catch (const std::exception& e) {
+    error = fmt::format("weight update to version {} failed: {}", next, e.what());
+    spdlog::error("engine loop: {}", error);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (error.empty()) {
+      weight_update_s_ += seconds;
+    } else {
+      weight_error_ = error;
+    }
+  }
+  publish_gauges();  // the new version shows, and its waiters wake, before the next step
+  return error.empty();
+}
+
+void EngineLoop::set_weight_source(std::shared_ptr<sync::WeightSource> source, InflightPolicy policy) {
   std::lock_guard<std::mutex> lock(mu_);
-  gauges_ = g;
+  weight_source_ = std::move(source);
+  weight_policy_ = policy;
+  cv_.notify_all();
+}
+
+bool EngineLoop::wait_weight_version(int64_t version, Clock::time_point deadline) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  const bool reached = cv_.wait_until(lock, deadline, [&] {
+    return weight_version_.load(std::memory_order_acquire) >= version || !weight_error_.empty() ||
+           stopping_;
+  });
+  if (!weight_error_.empty()) throw std::runtime_error(weight_error_);
+  return reached && weight_version_.load(std::memory_order_acquire) >= version;
+}
+
+std::string EngineLoop::weight_update_error() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return weight_error_;
+}
+
+double EngineLoop::weight_update_seconds() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return weight_update_s_;
 }
 
 void EngineLoop::set_request_observer(std::shared_ptr<RequestObserver> observer) {

@@ -6,9 +6,13 @@
 // the engine thread touches the engine after start(), except its const, thread-safe parts
 // (tokenizer, config, validate_request) through engine().
 //
-// Work between steps: post(fn) runs fn(engine) on the engine thread before the next step (a
-// weight update lands there and calls bump_weight_version(); the future says when it is done),
-// and set_between_steps(fn) installs a hook called before every step.
+// Work between steps: post(fn) runs fn(engine) on the engine thread before the next step (the
+// future says when it is done), and set_between_steps(fn) installs a hook called before every step.
+//
+// Weight updates (DESIGN.md §3): the loop owns them. set_weight_source() hands it a
+// sync::WeightSource; between two steps the engine thread polls it, receives the next version into
+// the engine's own weight buckets, sets the version and applies the in-flight policy, in one place.
+// weight_version() is the one reading of the engine's version off the engine thread.
 //
 // Pause: pause() closes admission (requests submitted meanwhile are held, not refused) and, in
 // kAbort mode, aborts every request in flight; it returns once the engine has nothing in flight.
@@ -23,6 +27,7 @@
 // given to post()/set_between_steps() run on the engine thread and must not call pause().
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -39,6 +44,7 @@
 
 #include "engine/engine_config.h"
 #include "engine/llm_engine.h"
+#include "sync/weight_source.h"
 
 namespace crl::engine {
 
@@ -150,6 +156,24 @@ class EngineLoop {
   void resume();
   bool paused() const;
 
+  // Installs the source of weight updates (nullptr: none, the default). From then on the engine
+  // thread polls source->ready(weight_version() + 1) between two steps (when idle, every 0.1-2 ms)
+  // and, once true, receives that version into the engine's weight buckets, sets it as the
+  // engine's version and treats the sequences in flight by `policy`. REQUIRES: the engine's
+  // weights live in sync buckets (LlmEngine::attach_weight_buffers, before start()). A failed
+  // receive stops the updates (the weights are then undefined): weight_update_error() says why.
+  void set_weight_source(std::shared_ptr<sync::WeightSource> source,
+                         InflightPolicy policy = InflightPolicy::kKeep);
+  // The engine's weight version (the checkpoint's on resume, then each version received).
+  int64_t weight_version() const { return weight_version_.load(std::memory_order_acquire); }
+  // Blocks until weight_version() >= version (true) or the deadline passed (false). Throws
+  // std::runtime_error with weight_update_error() when an update failed.
+  bool wait_weight_version(int64_t version, std::chrono::steady_clock::time_point deadline) const;
+  // Why the last weight update failed ("" when none did).
+  std::string weight_update_error() const;
+  // Seconds the engine spent receiving weight updates (its pause for them), summed since start().
+  double weight_update_seconds() const;
+
   EngineGauges gauges() const;
   // Installs the observer of request latencies (nullptr: none). Any thread.
   void set_request_observer(std::shared_ptr<RequestObserver> observer);
@@ -169,6 +193,8 @@ class EngineLoop {
   // Engine thread: routes outputs to their channels and records latency metrics.
   void deliver(std::vector<RequestOutput>& outputs);
   void publish_gauges();
+  // Engine thread: receives the next weight version when `source` has it; true when one landed.
+  bool take_weight_update(sync::WeightSource& source, InflightPolicy policy);
   // Publishes a finished, aborted output for a request that never reached the engine.
   void fail_unadmitted(const GenerateRequest& request, const std::string& error);
 
@@ -191,6 +217,11 @@ class EngineLoop {
   EngineGauges gauges_;                                     // guarded by mu_
   std::shared_ptr<RequestObserver> observer_;               // guarded by mu_
   bool work_pending_ = false;  // a submit/abort since the engine thread last looked; guarded by mu_
+  std::shared_ptr<sync::WeightSource> weight_source_;  // guarded by mu_
+  InflightPolicy weight_policy_ = InflightPolicy::kKeep;  // guarded by mu_
+  std::string weight_error_;                            // guarded by mu_
+  double weight_update_s_ = 0;                          // guarded by mu_
+  std::atomic<int64_t> weight_version_{0};  // written by the engine thread under mu_
 };
 
 }  // namespace crl::engine

@@ -123,12 +123,13 @@ class LlmEngine {
   void set_logits_observer(LogitsObserver observer) { observer_ = std::move(observer); }
 
   // Moves the weights into sync buckets (once; later calls return the same buffers) so updates
-  // are received in place. Engine thread only; see WeightBuffers for the write contract.
+  // are received in place. Engine thread only (or before an EngineLoop starts stepping the
+  // engine); see WeightBuffers for the write contract. EngineLoop receives into them.
   WeightBuffers& attach_weight_buffers(int64_t bucket_bytes);
   WeightBuffers* weight_buffers() { return weight_buffers_.get(); }
 
   // New weights were installed: they are version `v` (the sender's number; resumed runs start at
-  // the checkpoint's). Drops prefix-cache entries and treats the sequences in flight by `policy`
+  // the checkpoint's). Engine thread only: EngineLoop calls it after each update it receives. Drops prefix-cache entries and treats the sequences in flight by `policy`
   // (see InflightPolicy); tokens sampled from now on record `v`.
   void set_weight_version(int64_t v, InflightPolicy policy = InflightPolicy::kKeep);
   // set_weight_version(weight_version() + 1) with kKeep.

@@ -6,9 +6,9 @@
 // engine's compute dtype), allocates the buckets on the model's device, copies the current weights
 // in and rebinds every model parameter to its view of the buckets.
 //
-// Contract: bucket memory may be written only between two engine steps, by the engine thread (or
-// while the engine is paused); afterwards call LlmEngine::bump_weight_version() so prefix-cache
-// entries made by the old weights are never reused.
+// Contract: bucket memory may be written only between two engine steps, by the engine thread, and
+// the engine's version set afterwards (LlmEngine::set_weight_version) so prefix-cache entries made
+// by the old weights are never reused. EngineLoop does both for updates from its weight source.
 #pragma once
 
 #include <ATen/ATen.h>

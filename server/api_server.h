@@ -11,9 +11,9 @@
 // 429 + Retry-After when max_concurrent_requests completions are in flight). A client that
 // disconnects aborts its requests at once, so their KV blocks are freed by the next step.
 //
-// Using it from the RL loop: build an EngineLoop (it owns the engine and its thread), hand it to
-// Server, and apply weight updates with loop->post([](LlmEngine& e) { ...; e.bump_weight_version(); }),
-// which runs between two engine steps.
+// Using it from the RL loop: build an EngineLoop (it owns the engine and its thread) and hand it to
+// Server; the loop takes weight updates from its weight source between two engine steps
+// (EngineLoop::set_weight_source), so responses carry each new version as it lands.
 //
 // Thread safety: start()/stop() from one thread; everything else runs on server threads.
 #pragma once

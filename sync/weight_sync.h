@@ -11,9 +11,9 @@
 //   receiver (infer rank)  posts every bucket's broadcast into its live weight buckets at once:
 //                          no staging copy, no per-tensor load call, no extra memory.
 //
-// The engine calls receive() between two steps and bumps its weight version afterwards; ready()
-// tells it, without blocking, that the senders have started version v, so it keeps generating
-// until then and its pause is the transfer itself.
+// It is the engine's WeightSource: the engine loop polls ready(v), which tells it without blocking
+// that the senders have started version v, so it keeps generating until then and its pause is the
+// transfer itself; it then calls receive() between two steps and sets its version.
 //
 // Modes other than kBucket exist only as benchmark baselines: kPerTensor is one broadcast plus one
 // load call per tensor from the node's first train rank (as OpenRLHF did), kRaw is one broadcast of
@@ -33,6 +33,7 @@
 #include "sync/groups.h"
 #include "sync/store.h"
 #include "sync/weight_layout.h"
+#include "sync/weight_source.h"
 
 namespace crl::sync {
 
@@ -48,21 +49,10 @@ struct WeightSyncOptions {
   std::function<void(int64_t bucket)> on_bucket_posted;
 };
 
-struct SyncStats {
-  int64_t version = 0;
-  int64_t bytes = 0;             // payload bytes this rank sent or received
-  int64_t collectives = 0;       // collective calls this rank issued
-  double transfer_s = 0;         // first op posted -> last op completed (this rank)
-  double pack_s = 0;             // sender: filling/casting send buffers
-  double load_s = 0;             // per-tensor receiver: the load calls
-  int64_t extra_bytes = 0;       // buffers this sync allocated (send buffers, staging)
-  bool verified = false;         // checksums compared and equal
-};
-
 // Called by a per-tensor receiver with each received tensor (the "load_weights" call).
 using LoadFn = std::function<void(int64_t tensor_index, const at::Tensor& received)>;
 
-class WeightSync {
+class WeightSync : public WeightSource {
  public:
   // REQUIRES: groups, store and layout outlive this object. Throws std::runtime_error naming the
   // first differing tensor when the node's members disagree on the layout.
@@ -88,11 +78,14 @@ class WeightSync {
   void request(int64_t version);
   void wait_requested(int64_t version, Clock::time_point deadline) const;
   // Infer ranks. True once every sender of the node has started `version` (non-blocking).
-  bool ready(int64_t version) const;
+  bool ready(int64_t version) const override;
   // Receives `version` into `buckets` (the engine's live weight buckets) in place. In per-tensor
-  // mode each tensor is received into a temporary and handed to `load` (default: copied into its
-  // view of `buckets`).
-  SyncStats receive(std::vector<at::Tensor>& buckets, int64_t version, const LoadFn& load = {});
+  // mode each tensor is received into a temporary and handed to `load` (without one: copied into
+  // its view of `buckets`).
+  SyncStats receive(std::vector<at::Tensor>& buckets, int64_t version) override {
+    return receive(buckets, version, LoadFn());
+  }
+  SyncStats receive(std::vector<at::Tensor>& buckets, int64_t version, const LoadFn& load);
 
   // Benchmark baseline kRaw, both sides: one broadcast of `flat` (layout total bytes) from the
   // node's first train rank.

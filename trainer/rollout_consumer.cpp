@@ -275,7 +275,14 @@ json RolloutConsumer::train_step(Trainer& tr, int64_t step) {
     at::Tensor stale = trainer_version - mb.versions.masked_select(on);
     if (stale.numel() > 0) {
       const int64_t mx = stale.max().item<int64_t>();
-      if (mx > o_.max_staleness || stale.min().item<int64_t>() < 0) {
+      const int64_t mn = stale.min().item<int64_t>();
+      if (mn < 0) {  // the engines stamp each token with the version they received
+        throw std::runtime_error(fmt::format(
+            "step {}: a rollout token was sampled by weights version {}, newer than the version "
+            "this step trains ({}): the train ranks' version arithmetic disagrees with the "
+            "versions the engines received", step + 1, trainer_version - mn, trainer_version));
+      }
+      if (mx > o_.max_staleness) {
         throw std::runtime_error(fmt::format(
             "step {}: a rollout token is {} versions older than the trainer's weights (version {}), "
             "beyond --max-staleness {}", step + 1, mx, trainer_version, o_.max_staleness));

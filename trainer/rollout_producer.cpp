@@ -54,8 +54,9 @@ RolloutProducer::RolloutProducer(RlContext& ctx) : c_(ctx), o_(ctx.o) {
   CRL_CHECK(eng->tokenizer(), "the RL job needs a model with a tokenizer (tokenizer.json or tokenizer.model)");
   prompts_ = std::make_unique<PromptEncoder>(*eng->tokenizer(), eng->prompt_prefix());
   layout_ = std::make_unique<sync::WeightLayout>(eng->attach_weight_buffers(o_.bucket_bytes).layout());
-  buckets_ = &eng->weight_buffers()->buckets();
-  ws_ = std::make_unique<sync::WeightSync>(c_.g, c_.world.store, *layout_, o_.sync);
+  followed_ = requested_ = c_.start_step;  // the checkpoint's version on resume, else 0
+  eng->set_weight_version(followed_);
+  ws_ = std::make_shared<sync::WeightSync>(c_.g, c_.world.store, *layout_, o_.sync);
   sync::RolloutRoute route{c_.g.node, c_.g.topo.infer_per_node, c_.g.topo.train_per_node};
   // With --reproducible the queue is not bounded by --rollout-queue: a full queue must not hold
   // the engine inside a step whose end the train ranks wait for (they send the next version only
@@ -69,6 +70,7 @@ RolloutProducer::RolloutProducer(RlContext& ctx) : c_(ctx), o_(ctx.o) {
     if (static_cast<int>(i % c_.infer_total) == c_.role_global) eval_rows_.push_back(i);
   }
   loop_ = std::make_shared<engine::EngineLoop>(std::move(eng));
+  loop_->set_weight_source(ws_, o_.inflight);
   loop_->start();
   loop_->wait_ready();
 }
@@ -91,7 +93,7 @@ double RolloutProducer::evaluate() {
   ++evals_;
   double correct = 0;
   // Evaluation takes no weight update: it measures one version.
-  busy_s_ += run_requests(std::move(reqs), /*apply_versions=*/false, /*in_order=*/false,
+  busy_s_ += run_requests(std::move(reqs), /*follow=*/false, /*in_order=*/false,
                           [&](size_t k, const engine::RequestOutput& out) {
                             correct += score_completion(o_.reward, out.outputs.at(0).text,
                                                         c_.split.eval[eval_rows_[k]].answer)
@@ -102,19 +104,8 @@ double RolloutProducer::evaluate() {
   return t[1].item<double>() > 0 ? t[0].item<double>() / t[1].item<double>() : 0.0;
 }
 
-void RolloutProducer::apply_version(int64_t version) {
-  double pause = 0;
-  const engine::InflightPolicy policy = o_.inflight;
-  loop_->post([&](engine::LlmEngine& e) {
-         auto t0 = Clock::now();
-         ws_->receive(*buckets_, version);
-         e.set_weight_version(version, policy);
-         pause = seconds_since(t0);
-       })
-      .get();
-  version_ = version;
-  pause_s_ += pause;
-  const int64_t step = c_.step_of_version(version);
+void RolloutProducer::after_update(int64_t v) {
+  const int64_t step = c_.step_of_version(v);
   if (step < c_.start_step) {  // the SFT warm-up's version
     json e = {{"accuracy", evaluate()}, {"elapsed_s", seconds_since(c_.t0)}};
     if (c_.env.rank == 0) sync::store_set(c_.world.store, c_.key("eval/sft"), e.dump());
@@ -122,41 +113,41 @@ void RolloutProducer::apply_version(int64_t version) {
     json e = {{"accuracy", evaluate()}, {"elapsed_s", seconds_since(c_.t0)}};
     if (c_.env.rank == 0) sync::store_set(c_.world.store, c_.key(fmt::format("eval/s{}", step)), e.dump());
   }
-  // Ask for the next version only now: an evaluation never runs inside a sender's deadline. With
-  // --reproducible the engine asks only when it will apply it (wait_weights), so no sender waits
-  // inside a broadcast while a step generates.
+  // Ask for the next version only now: an evaluation measures one version and never runs inside
+  // a sender's deadline. With --reproducible the engine asks only when it will take it
+  // (wait_weights), so no sender waits inside a broadcast while a step generates.
   if (!o_.reproducible) request_next();
 }
 
-void RolloutProducer::request_next() {
-  if (version_ < c_.final_version() && requested_ < version_ + 1) {
-    ws_->request(version_ + 1);
-    requested_ = version_ + 1;
+bool RolloutProducer::follow_updates() {
+  const std::string error = loop_->weight_update_error();
+  if (!error.empty()) throw std::runtime_error(error);
+  bool any = false;
+  while (followed_ < loop_->weight_version()) {
+    after_update(++followed_);
+    any = true;
   }
+  return any;
 }
 
-bool RolloutProducer::poll_weights() {
-  if (version_ >= c_.final_version() || !ws_->ready(version_ + 1)) return false;
-  apply_version(version_ + 1);
-  return true;
+void RolloutProducer::request_next() {
+  if (followed_ < c_.final_version() && requested_ < followed_ + 1) {
+    ws_->request(followed_ + 1);
+    requested_ = followed_ + 1;
+  }
 }
 
 void RolloutProducer::wait_weights() {
   request_next();
-  auto deadline = c_.rollout_deadline();
-  auto pause = std::chrono::microseconds(100);
-  while (!poll_weights()) {
-    if (Clock::now() > deadline) {
-      throw std::runtime_error(fmt::format("waited {} s for the train ranks to send weights version {}",
-                                           o_.rollout_timeout.count() / 1000, version_ + 1));
-    }
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::microseconds(2000));
+  if (!loop_->wait_weight_version(followed_ + 1, c_.rollout_deadline())) {
+    throw std::runtime_error(fmt::format("waited {} s for the train ranks to send weights version {}",
+                                         o_.rollout_timeout.count() / 1000, followed_ + 1));
   }
+  follow_updates();
 }
 
 double RolloutProducer::run_requests(
-    std::vector<engine::GenerateRequest> reqs, bool apply_versions, bool in_order,
+    std::vector<engine::GenerateRequest> reqs, bool follow, bool in_order,
     const std::function<void(size_t, const engine::RequestOutput&)>& on_finished) {
   if (reqs.empty()) return 0;
   auto t0 = Clock::now();
@@ -184,7 +175,7 @@ double RolloutProducer::run_requests(
         if (!seen[i] && done(i)) deliver(i);
       }
     }
-    if (apply_versions) poll_weights();
+    if (follow) follow_updates();
     if (finished < seen.size() && Clock::now() > deadline) {
       throw std::runtime_error(fmt::format("{} of {} requests unfinished after {} s",
                                            seen.size() - finished, seen.size(),
@@ -197,11 +188,6 @@ double RolloutProducer::run_requests(
 void RolloutProducer::run() {
   json start = {{"accuracy", evaluate()}, {"elapsed_s", seconds_since(c_.t0)}};
   if (c_.env.rank == 0) sync::store_set(c_.world.store, c_.key("eval/start"), start.dump());
-  version_ = c_.start_step;
-  if (c_.resumed) {
-    const int64_t v = version_;
-    loop_->post([v](engine::LlmEngine& e) { e.set_weight_version(v); }).get();
-  }
   if (!o_.reproducible) request_next();
   if (c_.runs_sft()) wait_weights();  // the warm-up's weights; evaluated on arrival
   Fault fault = parse_fault(o_.fault);
@@ -209,14 +195,16 @@ void RolloutProducer::run() {
   for (int64_t step = c_.start_step; step < o_.steps; ++step) {
     if (fault.rank == c_.env.rank && fault.step == step + 1) std::raise(SIGKILL);
     auto w0 = Clock::now();
-    while (version_ < c_.version_at(step) - o_.max_staleness) wait_weights();
+    while (followed_ < c_.version_at(step) - o_.max_staleness) wait_weights();
     double gate_s = seconds_since(w0);
     json m = rollout(step);
     m["gate_wait_s"] = gate_s;
-    m["sync_s"] = pause_s_;
+    const double sync_s = loop_->weight_update_seconds();
+    m["sync_s"] = sync_s - sync_mark_s_;
     m["busy_s"] = busy_s_;
-    pause_s_ = busy_s_ = 0;
-    m["engine_version"] = version_;
+    sync_mark_s_ = sync_s;
+    busy_s_ = 0;
+    m["engine_version"] = loop_->weight_version();
     m["elapsed_s"] = seconds_since(c_.t0);
     auto now = sync::store_counters();
     m["store_ops"] = now.ops - counters.ops;
@@ -225,7 +213,8 @@ void RolloutProducer::run() {
     sync::store_set(c_.world.store, c_.key(fmt::format("m/s{}/r{}", step, c_.env.rank)), m.dump());
   }
   // The versions of the last steps (and their evaluations), then the queue drains.
-  while (version_ < c_.final_version()) wait_weights();
+  while (followed_ < c_.final_version()) wait_weights();
+  loop_->set_weight_source(nullptr);  // no version comes after the last
   auto deadline = c_.rollout_deadline();
   while (!sender_->idle()) {
     if (Clock::now() > deadline) throw std::runtime_error("rollouts still unsent at the deadline");
@@ -266,7 +255,7 @@ json RolloutProducer::rollout(int64_t step) {
   // With --reproducible no version lands mid-step, and groups are packed in prompt order (not in
   // the order this thread happened to see them finish): the micro-batches are a function of the
   // step.
-  busy_s_ += run_requests(std::move(reqs), /*apply_versions=*/!o_.reproducible,
+  busy_s_ += run_requests(std::move(reqs), /*follow=*/!o_.reproducible,
                           /*in_order=*/o_.reproducible,
                           [&](size_t index, const engine::RequestOutput& out) {
     const TaskRow& row = c_.split.train[row_of[index]];
@@ -316,17 +305,18 @@ json RolloutProducer::rollout(int64_t step) {
 
 int64_t RolloutProducer::send(std::vector<SampleGroup>& pending, int64_t step) {
   if (pending.empty()) return 0;
-  auto batches = pack_micro_batches(pending, o_.trainer.micro_batch_tokens, version_);
+  auto batches = pack_micro_batches(pending, o_.trainer.micro_batch_tokens, loop_->weight_version());
   pending.clear();
   int64_t bytes = 0;
   for (auto& mb : batches) {
     at::Tensor buf = serialize_micro_batch(mb);
     bytes += buf.numel();
     // Back-pressure: a full queue stops this rank from admitting prompts; weight versions keep
-    // landing meanwhile, so the train ranks this queue waits for are never blocked on it.
+    // landing (and being followed up) meanwhile, so the train ranks this queue waits for are never
+    // blocked on it.
     auto deadline = c_.rollout_deadline();
     while (!sender_->try_enqueue(step, buf)) {
-      if (!poll_weights()) std::this_thread::sleep_for(std::chrono::microseconds(500));
+      if (!follow_updates()) std::this_thread::sleep_for(std::chrono::microseconds(500));
       if (Clock::now() > deadline) {
         throw std::runtime_error(fmt::format("step {}: the train ranks took no rollouts before the "
                                              "deadline", step + 1));

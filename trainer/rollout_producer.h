@@ -8,9 +8,10 @@
 //   2. as each group finishes: scores it, records the weight version of every token, drops it
 //      (counted) when a token is older than version_at(s) - K, normalises its advantages, and
 //      queues full packed micro-batches to the node's train ranks (RolloutSender);
-//   3. all the while, takes each new weight version between two engine steps as soon as the
-//      train ranks send it (--inflight-update decides what happens to running sequences), and
-//      when the rollout queue is full it waits, applying versions, before it admits more.
+//   3. all the while, the engine loop takes each new weight version between two engine steps as
+//      soon as the train ranks send it (--inflight-update decides what happens to running
+//      sequences; the producer only asks for versions and evaluates them), and when the rollout
+//      queue is full it waits before it admits more.
 //      With --reproducible it takes versions only in step 1 (exactly version_at(s) - K, asked
 //      for there, or the newer first GRPO version in the first K steps) and packs groups in
 //      prompt order, so the weights that sampled a token and the
@@ -62,35 +63,38 @@ class RolloutProducer {
  private:
   double evaluate();
   // Submits `reqs` and calls on_finished(index, output) as each finishes (with in_order, in
-  // index order: an output waits for every earlier one); meanwhile, with apply_versions, applies
-  // any weight version the train ranks have started. A failed request fails the step. Returns the
-  // seconds the requests were in flight.
-  double run_requests(std::vector<engine::GenerateRequest> reqs, bool apply_versions, bool in_order,
+  // index order: an output waits for every earlier one); meanwhile, with follow, follows up every
+  // weight version the engine takes. A failed request fails the step. Returns the seconds the
+  // requests were in flight.
+  double run_requests(std::vector<engine::GenerateRequest> reqs, bool follow, bool in_order,
                       const std::function<void(size_t, const engine::RequestOutput&)>& on_finished);
-  // Applies the next version if its senders started it; true when it did.
-  bool poll_weights();
-  // Blocks until the next version arrives and applies it (asking for it first if not yet asked).
+  // Follows up every version the engine took since the last call (after_update); true when any.
+  // Throws when the engine's weight update failed.
+  bool follow_updates();
+  // What follows the engine taking version `v`: its evaluation when due, then asking for the next.
+  void after_update(int64_t v);
+  // Asks for the next version (if not yet asked), waits until the engine took it, follows it up.
   void wait_weights();
-  // Asks the train ranks for version_ + 1 (once).
+  // Asks the train ranks for version followed_ + 1 (once).
   void request_next();
-  void apply_version(int64_t version);
   nlohmann::json rollout(int64_t step);
-  // Packs `pending` and queues the micro-batches; waits (applying versions) while the queue is full.
+  // Packs `pending` and queues the micro-batches; waits (following updates) while the queue is full.
   int64_t send(std::vector<SampleGroup>& pending, int64_t step);
 
   RlContext& c_;
   const RlOptions& o_;
   std::shared_ptr<engine::EngineLoop> loop_;
-  std::vector<at::Tensor>* buckets_ = nullptr;  // touched on the engine thread only
   std::unique_ptr<PromptEncoder> prompts_;
   std::unique_ptr<sync::WeightLayout> layout_;
-  std::unique_ptr<sync::WeightSync> ws_;
+  std::shared_ptr<sync::WeightSync> ws_;  // the engine loop's weight source; request() only here
   std::unique_ptr<sync::RolloutSender> sender_;
   std::vector<size_t> eval_rows_;
-  int64_t version_ = 0;  // weights the engine holds (it is told each version it receives)
+  // The newest version after_update ran for. The engine's version (loop_->weight_version()) is at
+  // most one ahead: the next is asked for only at the end of after_update.
+  int64_t followed_ = 0;
   int64_t requested_ = 0;  // the newest version asked for
   int64_t evals_ = 0;
-  double pause_s_ = 0;   // engine paused for weight receives since the last step's metrics
+  double sync_mark_s_ = 0;  // loop_->weight_update_seconds() at the last step's metrics
   double busy_s_ = 0;    // rollout/eval requests in flight since the last step's metrics
 };
 

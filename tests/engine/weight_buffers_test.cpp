@@ -4,8 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <random>
+#include <stdexcept>
 
+#include "engine/engine_loop.h"
 #include "engine/llm_engine.h"
 #include "engine/model/model_cache.h"
 #include "engine/model/model_writer.h"
@@ -158,6 +162,112 @@ TEST(WeightBuffersTest, InflightAbortRestartsUnfinishedSequencesUnderTheNewWeigh
     for (size_t i = 0; i < 10; ++i) EXPECT_NEAR(c.raw_logprobs[i], want.raw_logprobs[i], 1e-4);
   }
   EXPECT_EQ(run.out.first_weight_version, 1);
+}
+
+// A weight source over weights held in memory: version v (1, 2, ...) is `masters` once offered,
+// packed into the engine's buckets as a sender's broadcast would land them.
+class MemorySource : public sync::WeightSource {
+ public:
+  MemorySource(const sync::WeightLayout& layout, std::vector<at::Tensor> masters)
+      : layout_(layout), masters_(std::move(masters)) {}
+  void offer(int64_t version) { offered_ = version; }
+  void fail_receives() { fail_ = true; }
+  bool ready(int64_t version) const override { return version <= offered_; }
+  sync::SyncStats receive(std::vector<at::Tensor>& buckets, int64_t version) override {
+    if (fail_) throw std::runtime_error("broadcast timed out (test)");
+    for (size_t b = 0; b < buckets.size(); ++b) layout_.pack(masters_, static_cast<int64_t>(b), buckets[b]);
+    received_.push_back(version);
+    sync::SyncStats st;
+    st.version = version;
+    return st;
+  }
+  std::vector<int64_t> received() const { return received_; }
+
+ private:
+  const sync::WeightLayout& layout_;
+  std::vector<at::Tensor> masters_;
+  std::atomic<int64_t> offered_{0};
+  std::atomic<bool> fail_{false};
+  std::vector<int64_t> received_;  // engine thread
+};
+
+std::vector<at::Tensor> scaled_random_weights(const ModelConfig& config, NamedTensors* named = nullptr) {
+  auto fresh = random_init_weights(config, /*seed=*/99, at::kFloat);
+  std::vector<at::Tensor> masters;
+  for (auto& [name, t] : fresh) masters.push_back(t.mul_(4.0));
+  if (named) *named = fresh;
+  return masters;
+}
+
+TEST(WeightBuffersTest, TheEngineLoopTakesEachVersionFromItsSourceBetweenSteps) {
+  EngineConfig cfg = test::test_engine_config();
+  auto eng = std::make_unique<LlmEngine>(cfg);
+  const sync::WeightLayout layout = eng->attach_weight_buffers(/*bucket_bytes=*/100 << 10).layout();
+  const ModelConfig model_config = eng->model_config();
+  NamedTensors fresh;
+  auto source = std::make_shared<MemorySource>(layout, scaled_random_weights(model_config, &fresh));
+  EngineLoop loop(std::move(eng));
+  loop.set_weight_source(source, InflightPolicy::kKeep);
+  loop.start();
+  loop.wait_ready();
+  GenerateRequest first = greedy_request(kPrompt);
+  first.request_id = "before";
+  auto ch = loop.submit({first});
+  while (!ch->wait(0, std::chrono::milliseconds(100)).all_finished) {}
+  EXPECT_EQ(loop.weight_version(), 0) << "nothing offered: no update";
+
+  source->offer(1);
+  ASSERT_TRUE(loop.wait_weight_version(1, std::chrono::steady_clock::now() + std::chrono::seconds(30)));
+  EXPECT_EQ(loop.weight_version(), 1);
+  EXPECT_EQ(loop.gauges().weight_version, 1);
+  EXPECT_GE(loop.weight_update_seconds(), 0.0);
+  GenerateRequest second = greedy_request(kPrompt);
+  second.request_id = "after";
+  ch = loop.submit({second});
+  RequestChannel::Snapshot snap;
+  while (!(snap = ch->wait(0, std::chrono::milliseconds(100))).all_finished) {}
+  loop.stop();
+  EXPECT_EQ(source->received(), std::vector<int64_t>{1}) << "each version is received once";
+
+  test::TempDir dir;
+  write_model_dir(dir.path(), model_config, fresh, engine::ensure_default_tokenizer());
+  EngineConfig ref_cfg = cfg;
+  ref_cfg.model_dir = dir.path();
+  LlmEngine ref(ref_cfg);
+  const RequestOutput& out = *snap.outputs[0];
+  EXPECT_EQ(out.weight_version, 1);
+  EXPECT_EQ(out.num_cached_tokens, 0) << "KV from the old weights must not be reused";
+  EXPECT_EQ(out.outputs[0].token_ids, ref.generate({greedy_request(kPrompt)})[0].outputs[0].token_ids);
+}
+
+TEST(WeightBuffersTest, AFailedReceiveStopsTheUpdatesAndItsWaitersHearWhy) {
+  auto eng = std::make_unique<LlmEngine>(test::test_engine_config());
+  const sync::WeightLayout layout = eng->attach_weight_buffers(/*bucket_bytes=*/100 << 10).layout();
+  auto source = std::make_shared<MemorySource>(layout, scaled_random_weights(eng->model_config()));
+  EngineLoop loop(std::move(eng));
+  loop.set_weight_source(source, InflightPolicy::kKeep);
+  loop.start();
+  loop.wait_ready();
+  source->fail_receives();
+  source->offer(1);
+  ASSERT_THROWS_WITH(loop.wait_weight_version(1, std::chrono::steady_clock::now() + std::chrono::seconds(30)),
+                     std::runtime_error, "weight update to version 1 failed: broadcast timed out (test)");
+  EXPECT_EQ(loop.weight_version(), 0);
+  EXPECT_NE(loop.weight_update_error().find("broadcast timed out"), std::string::npos);
+}
+
+TEST(WeightBuffersTest, ASourceOnAnEngineWithoutSyncBucketsIsAnErrorNotAWriteAnywhere) {
+  auto eng = std::make_unique<LlmEngine>(test::test_engine_config());
+  sync::WeightLayout layout = sync::WeightLayout::plan(weight_specs(eng->model()), 100 << 10);
+  auto source = std::make_shared<MemorySource>(layout, scaled_random_weights(eng->model_config()));
+  EngineLoop loop(std::move(eng));
+  loop.set_weight_source(source, InflightPolicy::kKeep);
+  loop.start();
+  loop.wait_ready();
+  source->offer(1);
+  ASSERT_THROWS_WITH(loop.wait_weight_version(1, std::chrono::steady_clock::now() + std::chrono::seconds(30)),
+                     std::runtime_error, "attach_weight_buffers");
+  EXPECT_TRUE(source->received().empty());
 }
 
 TEST(WeightBuffersTest, InflightPolicyNamesParseAndABadOneNamesTheChoices) {

@@ -1,0 +1,37 @@
+// WeightSource: where an engine's weight updates come from (DESIGN.md §3). The narrow interface
+// between the engine and sync/: the engine loop polls it between two steps and receives a version
+// into its own weight buckets; WeightSync (the train ranks' broadcasts) implements it. LoRA adapter
+// versions are meant to be a second kind of source.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace crl::sync {
+
+// What one received (or sent) weight update cost.
+struct SyncStats {
+  int64_t version = 0;
+  int64_t bytes = 0;             // payload bytes this rank sent or received
+  int64_t collectives = 0;       // collective calls this rank issued
+  double transfer_s = 0;         // first op posted -> last op completed (this rank)
+  double pack_s = 0;             // sender: filling/casting send buffers
+  double load_s = 0;             // per-tensor receiver: the load calls
+  int64_t extra_bytes = 0;       // buffers this sync allocated (send buffers, staging)
+  bool verified = false;         // checksums compared and equal
+};
+
+class WeightSource {
+ public:
+  virtual ~WeightSource() = default;
+  // Non-blocking: true once `version` can be received now (its senders have started it).
+  virtual bool ready(int64_t version) const = 0;
+  // Receives `version` into `buckets` (the engine's live weight buckets, one contiguous uint8
+  // tensor per bucket of the layout both sides agreed on) in place. Throws on any failure, with an
+  // error naming the op; the buckets' contents are then undefined.
+  virtual SyncStats receive(std::vector<at::Tensor>& buckets, int64_t version) = 0;
+};
+
+}  // namespace crl::sync
