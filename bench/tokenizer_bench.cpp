@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "common/strings.h"
+#include "common/units.h"
 #include "engine/kernels/cpu_isa.h"
 #include "engine/model/model_cache.h"
 #include "engine/model/model_writer.h"
@@ -35,9 +36,6 @@ using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
 using Ids = std::vector<int32_t>;
 
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;

@@ -12,17 +12,11 @@
 #include <unordered_set>
 
 #include "common/check.h"
+#include "common/units.h"
 #include "engine/sampler.h"
+#include "engine/stop_checker.h"
 
 namespace crl::engine {
-
-namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-}  // namespace
 
 void EngineConfig::validate() const {
   auto bad = [](const std::string& field, const std::string& v, const char* rule) {
@@ -83,6 +77,7 @@ LlmEngine::LlmEngine(const EngineConfig& config) : config_(config), inbox_(std::
                                   std::to_string(per_block) + " bytes)");
     }
   }
+  stop_ = std::make_unique<StopChecker>(tokenizer_.get(), eos_ids_, max_model_len_);
   SchedulerConfig sc;
   sc.block_size = config_.block_size;
   sc.num_blocks = num_blocks;
@@ -167,18 +162,6 @@ bool LlmEngine::has_unfinished() const {
   return !requests_.empty();
 }
 
-void LlmEngine::drain_inbox() {
-  std::deque<GenerateRequest> adds;
-  std::vector<std::string> aborts;
-  {
-    std::lock_guard<std::mutex> lock(inbox_->mu);
-    adds.swap(inbox_->adds);
-    aborts.swap(inbox_->aborts);
-  }
-  for (auto& r : adds) admit(std::move(r));
-  for (const auto& id : aborts) abort_now(id);
-}
-
 void LlmEngine::admit(GenerateRequest&& r) {
   auto req = std::make_unique<Request>();
   req->id = r.request_id;
@@ -193,7 +176,7 @@ void LlmEngine::admit(GenerateRequest&& r) {
     for (int32_t id : req->params.stop_token_ids) req->banned_until_min_tokens.push_back(id);
   }
   auto seq = std::make_unique<Sequence>();
-  seq->seq_id = next_seq_id_++;
+  seq->seq_id = scheduler_->new_seq_id();
   seq->request = req.get();
   seq->tokens = req->prompt;
   scheduler_->add(seq.get());
@@ -205,78 +188,8 @@ void LlmEngine::abort_now(const std::string& id) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
   for (auto& s : it->second->seqs) {
-    if (s->padding) end_padding(s.get());  // already finished; only decoding as filler
-    else if (!s->is_finished()) finish_sequence(s.get(), FinishReason::kAbort);
+    if (!s->is_finished()) scheduler_->finish(s.get(), FinishReason::kAbort);  // padding keeps its reason
   }
-}
-
-void LlmEngine::finish_sequence(Sequence* seq, FinishReason reason) {
-  seq->finish_reason = reason;
-  seq->status = SeqStatus::kFinished;
-  seq->padding = false;
-  scheduler_->remove(seq);
-}
-
-std::string LlmEngine::detokenize(const std::vector<int32_t>& ids, bool skip_special) const {
-  // A model's vocabulary may be larger than its tokenizer's (padded embeddings): such ids have
-  // no text.
-  std::vector<int32_t> known;
-  known.reserve(ids.size());
-  for (int32_t id : ids) {
-    if (id >= 0 && id < tokenizer_->vocab_size()) known.push_back(id);
-  }
-  return tokenizer_->decode(known, skip_special);
-}
-
-void LlmEngine::end_padding(Sequence* seq) {
-  seq->tokens.resize(seq->prompt_len() + seq->raw_logprobs.size());
-  finish_sequence(seq, seq->finish_reason);
-}
-
-bool LlmEngine::check_stop(Sequence* seq, int32_t token) {
-  const SamplingParams& p = seq->request->params;
-  const int64_t generated = seq->num_generated();
-  if (generated > p.min_tokens || p.min_tokens == 0) {
-    for (int32_t id : p.stop_token_ids) {
-      if (id == token) {
-        seq->stop_token = token;
-        return true;
-      }
-    }
-    if (!p.ignore_eos) {
-      for (int32_t id : eos_ids_) {
-        if (id == token) {
-          seq->stop_token = token;
-          return true;
-        }
-      }
-    }
-  }
-  if (!p.stop.empty() && tokenizer_) {
-    std::vector<int32_t> gen(seq->tokens.begin() + seq->prompt_len(), seq->tokens.end());
-    std::string text = detokenize(gen, p.skip_special_tokens);
-    // Only text new since the last check can hold a stop string (with lookback for one that
-    // straddles tokens); text generated before min_tokens can never stop the sample.
-    const size_t checked = seq->stop_checked_chars;
-    seq->stop_checked_chars = text.size();
-    if (generated <= p.min_tokens && p.min_tokens > 0) return false;
-    size_t best = std::string::npos;
-    const std::string* which = nullptr;
-    for (const auto& stop : p.stop) {
-      const size_t from = checked >= stop.size() ? checked - (stop.size() - 1) : 0;
-      const size_t at = text.find(stop, from);
-      if (at != std::string::npos && at < best) {
-        best = at;
-        which = &stop;
-      }
-    }
-    if (which) {
-      seq->stop_string = *which;
-      seq->text = text.substr(0, best);
-      return true;
-    }
-  }
-  return false;
 }
 
 void LlmEngine::compute_prompt_logprobs(const ScheduledSeq& s, const at::Tensor& hidden, int64_t row) {
@@ -305,23 +218,36 @@ void LlmEngine::fail_batch(const SchedulerOutput& batch, const std::string& what
     Request* req = s.seq->request;
     if (req->error.empty()) req->error = "engine step failed: " + what;
     for (auto& seq : req->seqs) {
-      if (seq->padding) end_padding(seq.get());
-      else if (!seq->is_finished()) finish_sequence(seq.get(), FinishReason::kAbort);
+      if (!seq->is_finished()) scheduler_->finish(seq.get(), FinishReason::kAbort);
     }
     touched.insert(req);
   }
 }
 
-void LlmEngine::run_batch(const SchedulerOutput& batch, std::unordered_set<Request*>& touched) {
+std::vector<RequestOutput> LlmEngine::step() {
+  at::NoGradGuard no_grad;
+  std::unordered_set<Request*> touched = drain_inbox();
+  SchedulerOutput batch = scheduler_->schedule(weight_version_);
+  if (!batch.empty()) {
+    try {
+      std::vector<SeqSamples> sampled = sample(run(batch));
+      scheduler_->postprocess(batch, sampled, weight_version_, *stop_, touched);
+    } catch (const std::exception& e) {
+      // A failed forward or sampling step fails the requests in this batch, not the engine.
+      fail_batch(batch, e.what(), touched);
+    }
+  }
+  return collect_outputs(touched);
+}
+
+LlmEngine::BatchLogits LlmEngine::run(const SchedulerOutput& batch) {
   stats_.steps++;
   stats_.max_used_blocks = std::max(stats_.max_used_blocks, scheduler_->allocator().num_used_blocks());
   auto t0 = std::chrono::steady_clock::now();
   ForwardOutput fwd = runner_->execute(batch);
-  scheduler_->complete_step(batch, weight_version_);
-
   // Prompt log-probs, and the rows that sample a next token.
+  BatchLogits out;
   std::vector<int64_t> sample_rows;
-  std::vector<const ScheduledSeq*> samplers;
   for (size_t i = 0; i < batch.seqs.size(); ++i) {
     const ScheduledSeq& s = batch.seqs[i];
     const int64_t prompt_part = std::max<int64_t>(0, std::min(s.start + s.num_tokens, s.seq->prompt_len()) - s.start);
@@ -331,132 +257,74 @@ void LlmEngine::run_batch(const SchedulerOutput& batch, std::unordered_set<Reque
     }
     if (s.sample) {
       sample_rows.push_back(fwd.row_start[i] + s.num_tokens - 1);
-      samplers.push_back(&s);
+      out.seqs.push_back(s.seq);
     }
   }
-  if (!samplers.empty()) {
+  if (!out.seqs.empty()) {
     auto idx = at::tensor(sample_rows, at::kLong).to(fwd.hidden.device());
-    auto logits = model_->compute_logits(fwd.hidden.index_select(0, idx)).to(at::kCPU).contiguous();
-    stats_.forward_seconds += seconds_since(t0);
-    auto t1 = std::chrono::steady_clock::now();
-
-    // One sampling row per sample; an unforked parent of an n > 1 request draws all n.
-    std::vector<SampleRow> rows;
-    std::vector<Sequence*> targets;  // nullptr = a child to create for sample index rows[i]
-    for (size_t i = 0; i < samplers.size(); ++i) {
-      Sequence* seq = samplers[i]->seq;
-      Request* req = seq->request;
-      const bool fork = !req->forked && req->params.n > 1;
-      const int32_t count = fork ? req->params.n : 1;
-      for (int32_t k = 0; k < count; ++k) {
-        SampleRow r;
-        r.logits_row = static_cast<int64_t>(i);
-        r.params = &req->params;
-        r.seed = req->seed;
-        r.sample_index = fork ? k : seq->sample_index;
-        r.position = static_cast<int64_t>(seq->tokens.size());
-        r.banned = seq->num_generated() < req->params.min_tokens ? &req->banned_until_min_tokens : nullptr;
-        rows.push_back(r);
-        targets.push_back(k == 0 ? seq : nullptr);
-      }
-    }
-    if (observer_) {
-      for (size_t i = 0; i < samplers.size(); ++i) {
-        const Sequence* seq = samplers[i]->seq;
-        observer_(seq->request->id, seq->sample_index, static_cast<int64_t>(seq->tokens.size()),
-                  logits[static_cast<int64_t>(i)]);
-      }
-    }
-    std::vector<SampleResult> results = sample_tokens(logits, rows);
-    stats_.sample_seconds += seconds_since(t1);
-
-    // Create the children first, while the parent still holds its blocks and prompt state.
-    std::vector<Sequence*> seq_of_row(rows.size(), nullptr);
-    Sequence* parent = nullptr;
-    for (size_t i = 0; i < rows.size(); ++i) {
-      if (targets[i]) {
-        parent = seq_of_row[i] = targets[i];
-        continue;
-      }
-      Request* req = parent->request;
-      auto child = std::make_unique<Sequence>();
-      child->seq_id = next_seq_id_++;
-      child->request = req;
-      child->sample_index = rows[i].sample_index;
-      child->tokens = parent->tokens;
-      scheduler_->fork(*parent, child.get());
-      seq_of_row[i] = child.get();
-      req->seqs.push_back(std::move(child));
-    }
-    for (size_t i = 0; i < rows.size(); ++i) {
-      Sequence* seq = seq_of_row[i];
-      const SampleResult& res = results[i];
-      seq->tokens.push_back(res.token);
-      touched.insert(seq->request);
-      if (seq->padding) {  // static-batching baseline: the token is discarded
-        if (static_cast<int64_t>(seq->tokens.size()) >= max_model_len_) end_padding(seq);
-        continue;
-      }
-      stats_.generated_tokens++;
-      seq->token_versions.push_back(weight_version_);
-      seq->raw_logprobs.push_back(res.raw_logprob);
-      seq->processed_logprobs.push_back(res.processed_logprob);
-      if (seq->request->params.logprobs > 0) seq->top_logprobs.push_back(res.top_logprobs);
-      FinishReason reason = FinishReason::kNone;
-      if (check_stop(seq, res.token)) {
-        reason = FinishReason::kStop;
-      } else if (seq->num_generated() >= seq->request->params.max_tokens ||
-                 static_cast<int64_t>(seq->tokens.size()) >= max_model_len_) {
-        reason = FinishReason::kLength;
-      }
-      if (reason == FinishReason::kNone) continue;
-      seq->finish_reason = reason;
-      if (config_.static_batching && static_cast<int64_t>(seq->tokens.size()) < max_model_len_) {
-        seq->padding = true;  // keeps decoding until its wave ends
-      } else {
-        finish_sequence(seq, reason);
-      }
-    }
-    // n > 1 requests fork once, after the parent's first sample.
-    for (const auto* s : samplers) s->seq->request->forked = true;
-  } else {
-    stats_.forward_seconds += seconds_since(t0);
+    out.logits = model_->compute_logits(fwd.hidden.index_select(0, idx)).to(at::kCPU).contiguous();
   }
+  stats_.forward_seconds += seconds_since(t0);
+  return out;
 }
 
-std::vector<RequestOutput> LlmEngine::step() {
-  at::NoGradGuard no_grad;
-  drain_inbox();
-  std::unordered_set<Request*> touched;
-  for (auto& [id, req] : requests_) {
-    if (req->is_finished()) touched.insert(req.get());  // aborted in drain_inbox
+std::vector<SeqSamples> LlmEngine::sample(const BatchLogits& in) {
+  if (in.seqs.empty()) return {};
+  auto t0 = std::chrono::steady_clock::now();
+  // One sampling row per sample; an unforked parent of an n > 1 request draws all n.
+  std::vector<SampleRow> rows;
+  std::vector<SeqSamples> out(in.seqs.size());
+  for (size_t i = 0; i < in.seqs.size(); ++i) {
+    Sequence* seq = in.seqs[i];
+    Request* req = seq->request;
+    const bool fork = !req->forked && req->params.n > 1;
+    const int32_t count = fork ? req->params.n : 1;
+    for (int32_t k = 0; k < count; ++k) {
+      SampleRow r;
+      r.logits_row = static_cast<int64_t>(i);
+      r.params = &req->params;
+      r.seed = req->seed;
+      r.sample_index = fork ? k : seq->sample_index;
+      r.position = static_cast<int64_t>(seq->tokens.size());
+      r.banned = seq->num_generated() < req->params.min_tokens ? &req->banned_until_min_tokens : nullptr;
+      rows.push_back(r);
+    }
+    if (observer_) {
+      observer_(req->id, seq->sample_index, static_cast<int64_t>(seq->tokens.size()),
+                in.logits[static_cast<int64_t>(i)]);
+    }
   }
+  std::vector<SampleResult> results = sample_tokens(in.logits, rows);
+  for (size_t r = 0; r < rows.size(); ++r) {
+    SeqSamples& ss = out[static_cast<size_t>(rows[r].logits_row)];
+    ss.seq = in.seqs[static_cast<size_t>(rows[r].logits_row)];
+    ss.samples.push_back(std::move(results[r]));
+  }
+  stats_.sample_seconds += seconds_since(t0);
+  return out;
+}
 
-  SchedulerOutput batch = scheduler_->schedule(weight_version_);
-  for (Sequence* s : batch.preempted) {
-    if (s->padding) end_padding(s);  // static baseline: never recompute filler
+std::unordered_set<Request*> LlmEngine::drain_inbox() {
+  std::deque<GenerateRequest> adds;
+  std::vector<std::string> aborts;
+  {
+    std::lock_guard<std::mutex> lock(inbox_->mu);
+    adds.swap(inbox_->adds);
+    aborts.swap(inbox_->aborts);
   }
+  for (auto& r : adds) admit(std::move(r));
+  for (const auto& id : aborts) abort_now(id);
+  std::unordered_set<Request*> finished;
+  for (auto& [id, req] : requests_) {
+    if (req->is_finished()) finished.insert(req.get());  // aborted just now
+  }
+  return finished;
+}
+
+std::vector<RequestOutput> LlmEngine::collect_outputs(const std::unordered_set<Request*>& touched) {
   stats_.preemptions = scheduler_->num_preemptions();
   stats_.prefix_hit_tokens = scheduler_->num_prefix_hit_tokens();
-  if (!batch.empty()) {
-    try {
-      run_batch(batch, touched);
-    } catch (const std::exception& e) {
-      // A failed forward or sampling step fails the requests in this batch, not the engine.
-      fail_batch(batch, e.what(), touched);
-    }
-  }
-
-  // Static batching: the wave ends when every running sequence is padding.
-  if (config_.static_batching && scheduler_->num_running() > 0) {
-    bool all_padding = true;
-    for (const Sequence* s : scheduler_->running()) all_padding = all_padding && s->padding;
-    if (all_padding) {
-      std::vector<Sequence*> wave(scheduler_->running().begin(), scheduler_->running().end());
-      for (Sequence* s : wave) end_padding(s);
-    }
-  }
-
+  stats_.generated_tokens = scheduler_->num_generated_tokens();
   std::vector<RequestOutput> outputs;
   std::vector<std::string> done;
   for (Request* req : touched) {
@@ -505,7 +373,7 @@ RequestOutput LlmEngine::make_output(const Request& req) const {
     if (s->stop_string) {
       c.text = s->text;
     } else if (tokenizer_ && (s->is_finished() || out.finished)) {
-      c.text = detokenize(c.token_ids, req.params.skip_special_tokens);
+      c.text = stop_->detokenize(c.token_ids, req.params.skip_special_tokens);
     }
     out.num_cached_tokens = std::max(out.num_cached_tokens, s->num_cached_prompt_tokens);
     out.outputs.push_back(std::move(c));
@@ -561,21 +429,7 @@ InflightPolicy parse_inflight_policy(const std::string& name) {
 
 void LlmEngine::set_weight_version(int64_t v, InflightPolicy policy) {
   weight_version_ = v;
-  scheduler_->reset_prefix_cache();
-  if (policy == InflightPolicy::kRecompute) {
-    scheduler_->recompute_running();
-  } else if (policy == InflightPolicy::kAbort) {
-    for (auto& [id, req] : requests_) {
-      if (req->is_finished()) continue;
-      for (auto& seq : req->seqs) {
-        if (seq->is_finished() || (seq->num_generated() == 0 && seq->num_computed == 0)) continue;
-        scheduler_->remove(seq.get());
-        seq->clear_generated();
-        seq->status = SeqStatus::kWaiting;
-        scheduler_->add(seq.get());
-      }
-    }
-  }
+  scheduler_->on_weight_update(policy);
 }
 
 void LlmEngine::bump_weight_version() { set_weight_version(weight_version_ + 1); }

@@ -26,6 +26,7 @@
 #include "engine/sampling_params.h"
 #include "engine/scheduler.h"
 #include "engine/sequence.h"
+#include "engine/stop_checker.h"
 #include "engine/tokenizer.h"
 #include "engine/weight_buffers.h"
 
@@ -150,18 +151,23 @@ class LlmEngine {
 
  private:
   struct Inbox;
-  void drain_inbox();
-  // Forward, prompt log-probs, sampling and bookkeeping of one scheduled batch.
-  void run_batch(const SchedulerOutput& batch, std::unordered_set<Request*>& touched);
+  // The scheduled batch's forward: the logits row of every sequence that samples, in batch order.
+  struct BatchLogits {
+    std::vector<Sequence*> seqs;
+    at::Tensor logits;  // [seqs, vocab] float32, CPU
+  };
+  // Admits the queued requests, applies the queued aborts; returns the requests those finished.
+  std::unordered_set<Request*> drain_inbox();
+  // Forward (and prompt log-probs) of one scheduled batch.
+  BatchLogits run(const SchedulerOutput& batch);
+  // One sample per sequence; all n at the first sample of an unforked request with n > 1.
+  std::vector<SeqSamples> sample(const BatchLogits& in);
+  // Outputs of the requests a step touched; the finished ones are forgotten.
+  std::vector<RequestOutput> collect_outputs(const std::unordered_set<Request*>& touched);
   // Finishes every request in `batch` with FinishReason::kAbort and `what` as its error.
   void fail_batch(const SchedulerOutput& batch, const std::string& what,
                   std::unordered_set<Request*>& touched);
   void admit(GenerateRequest&& request);
-  void finish_sequence(Sequence* seq, FinishReason reason);
-  bool check_stop(Sequence* seq, int32_t token);
-  void end_padding(Sequence* seq);
-  // Text of `ids`; ids beyond the tokenizer's vocabulary have none. REQUIRES: a tokenizer.
-  std::string detokenize(const std::vector<int32_t>& ids, bool skip_special) const;
   void compute_prompt_logprobs(const ScheduledSeq& s, const at::Tensor& hidden, int64_t row);
   RequestOutput make_output(const Request& req) const;
   void abort_now(const std::string& id);
@@ -169,6 +175,7 @@ class LlmEngine {
   EngineConfig config_;
   std::unique_ptr<Transformer> model_;
   std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<StopChecker> stop_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<WeightBuffers> weight_buffers_;
@@ -176,7 +183,6 @@ class LlmEngine {
   int64_t max_model_len_ = 0;
   int64_t weight_version_ = 0;
   int64_t next_arrival_ = 0;
-  int64_t next_seq_id_ = 0;
   std::unordered_map<std::string, std::unique_ptr<Request>> requests_;
   EngineStats stats_;
   LogitsObserver observer_;

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "common/check.h"
+#include "engine/stop_checker.h"
 
 namespace crl::engine {
 
@@ -65,6 +66,12 @@ void Scheduler::remove(Sequence* seq) {
 }
 
 void Scheduler::preempt(Sequence* seq, SchedulerOutput& out) {
+  if (seq->padding) {  // static batching: filler is never recomputed
+    num_preemptions_++;
+    out.preempted.push_back(seq);
+    finish(seq, seq->finish_reason);
+    return;
+  }
   release_blocks(seq);
   auto r = std::find(running_.begin(), running_.end(), seq);
   CRL_CHECK(r != running_.end(), "preempting a sequence that is not running");
@@ -89,6 +96,95 @@ void Scheduler::fork(const Sequence& parent, Sequence* child) {
 }
 
 void Scheduler::reset_prefix_cache() { allocator_.reset_prefix_cache(); }
+
+void Scheduler::finish(Sequence* seq, FinishReason reason) {
+  if (seq->padding) {
+    seq->tokens.resize(seq->prompt_len() + seq->raw_logprobs.size());
+    reason = seq->finish_reason;
+    seq->padding = false;
+  }
+  seq->finish_reason = reason;
+  seq->status = SeqStatus::kFinished;
+  remove(seq);
+}
+
+void Scheduler::on_weight_update(InflightPolicy policy) {
+  reset_prefix_cache();
+  if (policy == InflightPolicy::kRecompute) {
+    recompute_running();
+  } else if (policy == InflightPolicy::kAbort) {
+    std::vector<Sequence*> live(running_.begin(), running_.end());
+    live.insert(live.end(), waiting_.begin(), waiting_.end());
+    for (Sequence* seq : live) {
+      if (seq->num_generated() == 0 && seq->num_computed == 0) continue;
+      remove(seq);
+      seq->clear_generated();
+      add(seq);
+    }
+  }
+}
+
+void Scheduler::postprocess(const SchedulerOutput& batch, const std::vector<SeqSamples>& sampled,
+                            int64_t weight_version, const StopChecker& stop,
+                            std::unordered_set<Request*>& touched) {
+  complete_step(batch, weight_version);
+  // Fork first, while the parent still holds its blocks and prompt state.
+  std::vector<std::vector<Sequence*>> targets(sampled.size());
+  for (size_t i = 0; i < sampled.size(); ++i) {
+    Sequence* parent = sampled[i].seq;
+    Request* req = parent->request;
+    targets[i].push_back(parent);
+    for (size_t k = 1; k < sampled[i].samples.size(); ++k) {
+      auto child = std::make_unique<Sequence>();
+      child->seq_id = new_seq_id();
+      child->request = req;
+      child->sample_index = static_cast<int32_t>(k);
+      child->tokens = parent->tokens;
+      fork(*parent, child.get());
+      targets[i].push_back(child.get());
+      req->seqs.push_back(std::move(child));
+    }
+  }
+  for (size_t i = 0; i < sampled.size(); ++i) {
+    for (size_t k = 0; k < targets[i].size(); ++k) {
+      append(targets[i][k], sampled[i].samples[k], weight_version, stop);
+      touched.insert(targets[i][k]->request);
+    }
+  }
+  for (const SeqSamples& s : sampled) s.seq->request->forked = true;  // n > 1 forks only once
+  // Static batching: the wave ends when every running sequence is padding.
+  if (config_.static_batching && !running_.empty()) {
+    bool all_padding = true;
+    for (const Sequence* s : running_) all_padding = all_padding && s->padding;
+    if (all_padding) {
+      std::vector<Sequence*> wave(running_.begin(), running_.end());
+      for (Sequence* s : wave) finish(s, s->finish_reason);
+    }
+  }
+}
+
+void Scheduler::append(Sequence* seq, const SampleResult& res, int64_t weight_version,
+                       const StopChecker& stop) {
+  seq->tokens.push_back(res.token);
+  const bool at_context_end = static_cast<int64_t>(seq->tokens.size()) >= stop.max_model_len();
+  if (seq->padding) {  // static-batching baseline: the token is discarded
+    if (at_context_end) finish(seq, seq->finish_reason);
+    return;
+  }
+  num_generated_tokens_++;
+  seq->token_versions.push_back(weight_version);
+  seq->raw_logprobs.push_back(res.raw_logprob);
+  seq->processed_logprobs.push_back(res.processed_logprob);
+  if (seq->request->params.logprobs > 0) seq->top_logprobs.push_back(res.top_logprobs);
+  const FinishReason reason = stop.check(seq, res.token);
+  if (reason == FinishReason::kNone) return;
+  seq->finish_reason = reason;
+  if (config_.static_batching && !at_context_end) {
+    seq->padding = true;  // keeps decoding until its wave ends
+  } else {
+    finish(seq, reason);
+  }
+}
 
 void Scheduler::recompute_running() {
   for (auto it = running_.rbegin(); it != running_.rend(); ++it) {  // newest first to the front

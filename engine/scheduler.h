@@ -12,15 +12,23 @@
 // first; the copies are returned so the ModelRunner can do them before the forward.
 // Prefix caching: full blocks computed under the current weight version are registered under a
 // hash chain that includes that version, so KV from older weights is never reused.
+// After the forward and the sampler, postprocess() does the step's bookkeeping (nano-vllm's
+// split): it appends the sampled tokens, forks a request's n samples at its first, and finishes
+// what stops. on_weight_update() applies the in-flight policy when new weights land.
+// Static batching (a benchmark baseline only) is a policy here: a finished sample keeps decoding
+// as padding until every running sequence is padding, and no request is admitted meanwhile.
 //
 // Thread safety: none; only the engine thread calls it.
 #pragma once
 
 #include <cstdint>
 #include <deque>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
+#include "engine/engine_config.h"
+#include "engine/sampler.h"
 #include "engine/sequence.h"
 #include "kv/block_allocator.h"
 
@@ -59,18 +67,43 @@ struct SchedulerOutput {
   bool empty() const { return seqs.empty(); }
 };
 
+// What the sampler drew for one scheduled sequence whose chunk reached its last token: one sample,
+// or, at the first sample of an unforked request with n > 1, all n (sample k is sample index k:
+// the sequence keeps the first, the others are forked from it).
+struct SeqSamples {
+  Sequence* seq = nullptr;
+  std::vector<SampleResult> samples;
+};
+
+class StopChecker;
+
 class Scheduler {
  public:
   explicit Scheduler(SchedulerConfig config);
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
 
+  // A fresh id for a new sequence (the engine's parents and the scheduler's forked children).
+  int64_t new_seq_id() { return next_seq_id_++; }
   // Queues a sequence (status kWaiting, no blocks, num_computed 0) at the tail.
   void add(Sequence* seq);
   // Builds the next batch. `weight_version` keys the prefix-cache hashes.
   SchedulerOutput schedule(int64_t weight_version);
   // After the forward: advances num_computed and registers newly full blocks in the prefix cache.
   void complete_step(const SchedulerOutput& out, int64_t weight_version);
+  // After the forward and the sampler: complete_step(), then the forks of first samples (children
+  // share the parent's blocks), then every sampled token is appended with its log-probs and
+  // `weight_version`, and each sample `stop` ends is finished. Requests it touched go in `touched`.
+  void postprocess(const SchedulerOutput& batch, const std::vector<SeqSamples>& sampled,
+                   int64_t weight_version, const StopChecker& stop,
+                   std::unordered_set<Request*>& touched);
+  // Ends a sequence with `reason` and frees its blocks. A padding sequence (static batching) is
+  // cut back to its real tokens and keeps the reason it finished with.
+  void finish(Sequence* seq, FinishReason reason);
+  // New weights were installed: forgets the prefix cache and treats the sequences in flight by
+  // `policy` (kRecompute: recompute_running(); kAbort: every unfinished sequence that made
+  // progress restarts from its prompt, at the tail of the waiting queue).
+  void on_weight_update(InflightPolicy policy);
   // Makes `child` share `parent`'s blocks (refs taken) and puts it in the running list.
   void fork(const Sequence& parent, Sequence* child);
   // Frees a sequence's blocks and removes it from the queues (finish and abort, in any state).
@@ -93,6 +126,7 @@ class Scheduler {
   bool has_work() const { return !waiting_.empty() || !running_.empty(); }
   int64_t num_preemptions() const { return num_preemptions_; }
   int64_t num_prefix_hit_tokens() const { return num_prefix_hit_tokens_; }
+  int64_t num_generated_tokens() const { return num_generated_tokens_; }
 
  private:
   // Reserves blocks for positions [num_computed, end) (copy-on-write of a shared partial block
@@ -104,6 +138,8 @@ class Scheduler {
   int64_t match_prefix(Sequence* seq, int64_t weight_version);
   kv::BlockHash block_hash(Sequence* seq, int64_t block_index, int64_t weight_version);
   void insert_running(Sequence* seq);
+  // Appends one sampled token to `seq` and finishes it when `stop` says so.
+  void append(Sequence* seq, const SampleResult& res, int64_t weight_version, const StopChecker& stop);
 
   SchedulerConfig config_;
   kv::BlockAllocator allocator_;
@@ -111,6 +147,8 @@ class Scheduler {
   std::vector<Sequence*> running_;  // sorted by (request arrival, sample index)
   int64_t num_preemptions_ = 0;
   int64_t num_prefix_hit_tokens_ = 0;
+  int64_t num_generated_tokens_ = 0;
+  int64_t next_seq_id_ = 0;
 };
 
 }  // namespace crl::engine

@@ -10,13 +10,10 @@
 #include <stdexcept>
 
 #include "common/check.h"
+#include "common/units.h"
 
 namespace crl::sync {
 namespace {
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 at::ScalarType dtype_from_name(const std::string& s) {
   for (auto t : {at::kFloat, at::kBFloat16, at::kHalf, at::kDouble, at::kByte, at::kChar,

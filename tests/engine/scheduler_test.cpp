@@ -1,16 +1,21 @@
-// Scheduler tests without a model: tokens are appended by a fake sampler.
+// Scheduler tests without a model: tokens are drawn at random instead of by a sampler.
 #include "engine/scheduler.h"
 
 #include <gtest/gtest.h>
 
 #include <memory>
 #include <random>
+#include <unordered_set>
+
+#include "engine/stop_checker.h"
 
 namespace crl::engine {
 namespace {
 
 struct Harness {
   explicit Harness(SchedulerConfig c) : sched(c) {}
+
+  StopChecker stop{/*tokenizer=*/nullptr, /*eos_ids=*/{}, /*max_model_len=*/1 << 30};
 
   Sequence* add(int prompt_len, int max_tokens, int n = 1) {
     auto req = std::make_unique<Request>();
@@ -30,38 +35,26 @@ struct Harness {
     return s;
   }
 
-  // One step: schedule, complete, append a token to every sampled sequence, fork, finish.
+  // One step as the engine takes it: schedule, then postprocess with a random token for every
+  // sample (all n at an unforked request's first), which forks, appends and finishes.
   SchedulerOutput step(std::mt19937& rng) {
     SchedulerOutput out = sched.schedule(0);
-    sched.complete_step(out, 0);
+    std::vector<SeqSamples> sampled;
     for (const auto& s : out.seqs) {
       if (!s.sample) continue;
-      Sequence* seq = s.seq;
-      Request* req = seq->request;
-      if (!req->forked && req->params.n > 1) {
-        for (int k = 1; k < req->params.n; ++k) {
-          auto child = std::make_unique<Sequence>();
-          child->request = req;
-          child->sample_index = k;
-          child->seq_id = next_seq++;
-          child->tokens = seq->tokens;
-          sched.fork(*seq, child.get());
-          child->tokens.push_back(static_cast<int32_t>(rng() % 500));
-          if (child->num_generated() >= req->params.max_tokens) finish(child.get());
-          req->seqs.push_back(std::move(child));
-        }
-      }
-      req->forked = true;
-      seq->tokens.push_back(static_cast<int32_t>(rng() % 500));
-      if (seq->num_generated() >= req->params.max_tokens) finish(seq);
+      const Request* req = s.seq->request;
+      SeqSamples ss;
+      ss.seq = s.seq;
+      ss.samples.resize(!req->forked && req->params.n > 1 ? req->params.n : 1);
+      for (auto& r : ss.samples) r.token = static_cast<int32_t>(rng() % 500);
+      sampled.push_back(std::move(ss));
     }
+    std::unordered_set<Request*> touched;
+    sched.postprocess(out, sampled, 0, stop, touched);
     return out;
   }
 
-  void finish(Sequence* seq) {
-    seq->status = SeqStatus::kFinished;
-    sched.remove(seq);
-  }
+  void finish(Sequence* seq) { sched.finish(seq, FinishReason::kAbort); }
 
   void check() const {
     const auto& a = sched.allocator();
@@ -158,6 +151,82 @@ TEST(SchedulerTest, ReusesCachedPrefixBlocksAndComputesAtLeastTheLastToken) {
   ASSERT_EQ(out.seqs.size(), 1u);
   EXPECT_EQ(out.seqs[0].start, 8) << "two full blocks hit; the third holds the last token";
   EXPECT_EQ(b->num_cached_prompt_tokens, 8);
+}
+
+TEST(SchedulerTest, PostprocessForksAtTheFirstSampleAndFinishesAtMaxTokens) {
+  SchedulerConfig c;
+  c.block_size = 4;
+  c.num_blocks = 32;
+  Harness h(c);
+  std::mt19937 rng(3);
+  Sequence* parent = h.add(/*prompt_len=*/6, /*max_tokens=*/3, /*n=*/3);
+  h.step(rng);  // prefill + first sample: forks
+  const Request* req = parent->request;
+  ASSERT_EQ(req->seqs.size(), 3u);
+  for (size_t k = 0; k < 3; ++k) {
+    EXPECT_EQ(req->seqs[k]->sample_index, static_cast<int32_t>(k));
+    EXPECT_EQ(req->seqs[k]->num_generated(), 1);
+    EXPECT_EQ(req->seqs[k]->block_table[0], parent->block_table[0]) << "the prompt's blocks are shared";
+  }
+  EXPECT_EQ(h.sched.num_generated_tokens(), 3);
+  while (h.sched.has_work()) h.step(rng);
+  for (const auto& seq : req->seqs) {
+    EXPECT_TRUE(seq->is_finished());
+    EXPECT_EQ(seq->finish_reason, FinishReason::kLength);
+    EXPECT_EQ(seq->num_generated(), 3);
+  }
+  EXPECT_EQ(h.sched.allocator().num_used_blocks(), 0);
+  h.check();
+}
+
+TEST(SchedulerTest, StaticBatchingPadsFinishedSamplesUntilTheWaveEnds) {
+  SchedulerConfig c;
+  c.block_size = 4;
+  c.num_blocks = 64;
+  c.static_batching = true;
+  Harness h(c);
+  std::mt19937 rng(5);
+  Sequence* short_one = h.add(/*prompt_len=*/5, /*max_tokens=*/2);
+  Sequence* long_one = h.add(/*prompt_len=*/5, /*max_tokens=*/6);
+  h.step(rng);
+  h.step(rng);
+  EXPECT_TRUE(short_one->padding) << "finished, still decoding as filler";
+  EXPECT_FALSE(short_one->is_finished());
+  Sequence* late = h.add(/*prompt_len=*/5, /*max_tokens=*/2);
+  h.step(rng);
+  EXPECT_EQ(late->status, SeqStatus::kWaiting) << "no admission while a wave runs";
+  while (!long_one->is_finished()) h.step(rng);
+  EXPECT_TRUE(short_one->is_finished());
+  EXPECT_EQ(short_one->num_generated(), 2) << "padding tokens are cut off";
+  EXPECT_EQ(short_one->finish_reason, FinishReason::kLength);
+  h.step(rng);
+  EXPECT_EQ(late->status, SeqStatus::kRunning) << "the next wave starts";
+}
+
+TEST(SchedulerTest, AbortPolicyOnAWeightUpdateRestartsEverySequenceThatMadeProgress) {
+  SchedulerConfig c;
+  c.block_size = 4;
+  c.num_blocks = 64;
+  c.max_batched_tokens = 8;
+  Harness h(c);
+  std::mt19937 rng(7);
+  Sequence* running = h.add(/*prompt_len=*/5, /*max_tokens=*/8);
+  Sequence* waiting = h.add(/*prompt_len=*/9, /*max_tokens=*/8);
+  h.step(rng);
+  h.step(rng);
+  ASSERT_GT(running->num_generated(), 0);
+  h.sched.on_weight_update(InflightPolicy::kAbort);
+  EXPECT_EQ(running->num_generated(), 0);
+  EXPECT_EQ(running->num_computed, 0);
+  EXPECT_TRUE(running->block_table.empty());
+  EXPECT_EQ(running->status, SeqStatus::kWaiting);
+  EXPECT_EQ(waiting->num_generated(), 0);
+  EXPECT_EQ(h.sched.num_running(), 0u);
+  EXPECT_EQ(h.sched.num_waiting(), 2u);
+  EXPECT_EQ(h.sched.allocator().num_used_blocks(), 0);
+  while (h.sched.has_work()) h.step(rng);
+  EXPECT_EQ(running->num_generated(), 8);
+  h.check();
 }
 
 TEST(SchedulerTest, RandomAddAbortPreemptKeepsTheBlockAccountingExact) {
