@@ -26,7 +26,7 @@
 #include "engine/sampling_params.h"
 #include "engine/scheduler.h"
 #include "engine/sequence.h"
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 #include "engine/weight_buffers.h"
 
 namespace crl::engine {
