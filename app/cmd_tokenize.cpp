@@ -11,7 +11,7 @@
 #include "app/commands.h"
 #include "common/check.h"
 #include "engine/model/model_cache.h"
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 #include "server/api_types.h"
 
 namespace crl::app {

@@ -24,7 +24,7 @@
 #include "engine/kernels/cpu_isa.h"
 #include "engine/model/model_cache.h"
 #include "engine/model/model_writer.h"
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 
 extern char** environ;
 

@@ -12,11 +12,11 @@ if(CRL_WITH_CUDA)
 endif()
 message(STATUS "colocated-rl: CUDA kernels ${CRL_CUDA_ENABLED}")
 
-# crl_add_cuda_sources(<target> <files...>): appended only when CUDA is enabled.
+# crl_add_cuda_sources(<target> <files...>): appended only when CUDA is enabled (CRL_WITH_CUDA is
+# then defined for every module by crl_common, common/CMakeLists.txt).
 function(crl_add_cuda_sources target)
   if(CRL_CUDA_ENABLED)
     target_sources(${target} PRIVATE ${ARGN})
-    target_compile_definitions(${target} PUBLIC CRL_WITH_CUDA)
     set_target_properties(${target} PROPERTIES CUDA_ARCHITECTURES "80;90")
   endif()
 endfunction()

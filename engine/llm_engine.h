@@ -27,7 +27,7 @@
 #include "engine/scheduler.h"
 #include "engine/sequence.h"
 #include "engine/stop_checker.h"
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 #include "engine/weight_buffers.h"
 
 namespace crl::engine {

@@ -1,6 +1,6 @@
 #include "engine/stop_checker.h"
 
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 
 namespace crl::engine {
 

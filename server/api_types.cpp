@@ -7,7 +7,7 @@
 
 #include "engine/text/chat_encoder.h"
 #include "engine/text/jinja/error.h"
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 
 namespace crl::server {
 

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 #include "server/api_types.h"
 #include "engine/engine_loop.h"
 

@@ -1,6 +1,6 @@
 #include "trainer/prompt_encoder.h"
 
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 
 namespace crl::trainer {
 

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "engine/text/chat_encoder.h"
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 #include "trainer/tasks.h"
 
 namespace crl::trainer {

@@ -11,7 +11,7 @@
 
 #include "common/units.h"
 #include "engine/model/config.h"
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 #include "sync/rollout_transport.h"
 #include "sync/weight_layout.h"
 #include "sync/weight_sync.h"

@@ -15,7 +15,7 @@
 #include "common/check.h"
 #include "engine/text/chat_encoder.h"
 #include "engine/text/chat_template.h"
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 
 namespace crl::trainer {
 

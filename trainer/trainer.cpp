@@ -10,8 +10,8 @@
 #include <stdexcept>
 
 #include "common/check.h"
+#include "engine/model/engine_matched_attention.h"
 #include "engine/model/safetensors.h"
-#include "trainer/engine_matched_attention.h"
 
 namespace crl::trainer {
 
@@ -206,7 +206,7 @@ at::Tensor Trainer::forward_logprobs(const engine::Transformer& model, const Mic
   at::Tensor tokens = b.tokens.to(dev);
   std::shared_ptr<engine::AttentionBackend> attention;
   if (options_.deterministic) {
-    attention = std::make_shared<EngineMatchedAttention>(b.seq_lens);
+    attention = std::make_shared<engine::EngineMatchedAttention>(b.seq_lens);
   } else {
     attention = std::make_shared<engine::DenseCausalAttention>(b.seq_lens);
   }

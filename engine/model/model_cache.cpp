@@ -8,7 +8,7 @@
 #include <stdexcept>
 
 #include "engine/model/model_writer.h"
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 
 namespace crl::engine {
 

@@ -17,7 +17,7 @@
 
 #include "common/check.h"
 #include "common/file_util.h"
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 
 namespace crl::engine {
 namespace {

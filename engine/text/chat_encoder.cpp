@@ -5,7 +5,7 @@
 #include <random>
 #include <stdexcept>
 
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 
 namespace crl::text {
 

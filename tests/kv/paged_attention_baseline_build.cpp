@@ -1,6 +1,6 @@
 // A second copy of the CPU paged-attention kernel, built for the baseline x86-64 instruction set
 // (no -march=native) and with the project namespace renamed (-Dcrl=crl_baseline, see
-// tests/CMakeLists.txt) so it links beside crl_core's native build. paged_attention_isa_test.cpp
+// tests/CMakeLists.txt) so it links beside crl_kv's native build. paged_attention_isa_test.cpp
 // checks that both builds give the same bits: the kernel's results do not depend on the ISA the
 // compiler targets, which deterministic mode's cross-CPU guarantee relies on.
 #include "kv/paged_attention_cpu.cpp"

@@ -1,5 +1,5 @@
 // The CPU attention kernel gives the same bits whatever instruction set it was compiled for: the
-// -march=native build in crl_core against a baseline x86-64 build of the same source
+// -march=native build in crl_kv against a baseline x86-64 build of the same source
 // (paged_attention_baseline_build.cpp). Its reduction orders are fixed by the code, so neither
 // vector width nor instruction set may change a result.
 #include <ATen/ATen.h>

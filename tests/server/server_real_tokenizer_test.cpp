@@ -8,7 +8,7 @@
 #include "engine/model/model_cache.h"
 #include "engine/model/model_writer.h"
 #include "engine/text/hf/utf8.h"
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 #include "tests/server/server_test_util.h"
 #include "tests/test_utils.h"
 

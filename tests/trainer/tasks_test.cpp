@@ -9,7 +9,7 @@
 
 #include "engine/model/model_cache.h"
 #include "engine/text/chat_template.h"
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 #include "tests/engine/test_model.h"
 #include "tests/test_utils.h"
 

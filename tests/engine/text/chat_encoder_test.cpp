@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 #include "tests/engine/test_model.h"
 
 namespace crl::text {

@@ -28,7 +28,7 @@
 #include "engine/text/chat_encoder.h"
 #include "engine/text/chat_template.h"
 #include "engine/text/hf/utf8.h"
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 #include "tests/test_utils.h"
 
 namespace crl::engine {

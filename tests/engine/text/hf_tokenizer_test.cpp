@@ -14,7 +14,7 @@
 #include "engine/model/config.h"
 #include "engine/model/model_cache.h"
 #include "engine/model/model_writer.h"
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 #include "tests/test_utils.h"
 
 namespace crl::engine {

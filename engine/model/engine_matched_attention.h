@@ -19,9 +19,9 @@
 
 #include "engine/model/attention.h"
 
-namespace crl::trainer {
+namespace crl::engine {
 
-class EngineMatchedAttention : public engine::AttentionBackend {
+class EngineMatchedAttention : public AttentionBackend {
  public:
   // seq_lens: packed independent sequences, positions restart at 0 in each.
   explicit EngineMatchedAttention(std::vector<int64_t> seq_lens);
@@ -30,9 +30,9 @@ class EngineMatchedAttention : public engine::AttentionBackend {
 
  private:
   std::vector<int64_t> seq_lens_;
-  engine::DenseCausalAttention dense_;
+  DenseCausalAttention dense_;
   at::Tensor query_start_, context_lens_, block_tables_, slot_mapping_;  // int32 / int64, CPU
   int64_t max_len_ = 0;
 };
 
-}  // namespace crl::trainer
+}  // namespace crl::engine

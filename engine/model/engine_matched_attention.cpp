@@ -1,4 +1,4 @@
-#include "trainer/engine_matched_attention.h"
+#include "engine/model/engine_matched_attention.h"
 
 #include <ATen/core/grad_mode.h>
 
@@ -6,7 +6,7 @@
 
 #include "kv/paged_attention.h"
 
-namespace crl::trainer {
+namespace crl::engine {
 
 EngineMatchedAttention::EngineMatchedAttention(std::vector<int64_t> seq_lens)
     : seq_lens_(std::move(seq_lens)), dense_(seq_lens_) {
@@ -55,4 +55,4 @@ at::Tensor EngineMatchedAttention::attend(int64_t layer, const at::Tensor& q, co
   return paged + (dense - dense.detach());
 }
 
-}  // namespace crl::trainer
+}  // namespace crl::engine

@@ -1,4 +1,4 @@
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 
 // Why sentencepiece is loaded with dlopen: Debian's libsentencepiece.so.0 carries its own copy of
 // protobuf-lite 3.14 and exports those symbols, while libtorch_cpu loads the system

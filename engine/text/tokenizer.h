@@ -93,7 +93,7 @@ class Tokenizer {
   static void train(const std::string& corpus_path, const std::string& model_prefix,
                     int32_t vocab_size);
 
-  // The loaded tokenizer, whichever kind (engine/tokenizer.cpp and engine/text/hf/).
+  // The loaded tokenizer, whichever kind (engine/text/tokenizer.cpp and engine/text/hf/).
   class Impl;
 
  private:
