@@ -15,6 +15,45 @@ const char* const kScope = "rl/";  // the RL job's control-plane keys
 
 }  // namespace
 
+void RlOptions::validate() {
+  const double lr = trainer.schedule.lr;
+  if (!(lr >= 0) || !(sft_schedule.lr >= 0)) {
+    throw std::invalid_argument(fmt::format("--lr ({}) and --sft-lr ({}) must be >= 0", lr,
+                                            sft_schedule.lr));
+  }
+  if (reproducible && serve_port >= 0 && !deterministic) {
+    throw std::invalid_argument(
+        "--reproducible with --serve-port needs --deterministic: HTTP requests join the engines' "
+        "batches, and only batch-invariant engines give a rollout the same logits whatever its "
+        "batch");
+  }
+  if (trainer.schedule.min_lr > lr) {
+    throw std::invalid_argument(fmt::format("--min-lr {} is above --lr {} (the cosine decays "
+                                            "from --lr to --min-lr)", trainer.schedule.min_lr, lr));
+  }
+  if (sft_schedule.min_lr > sft_schedule.lr) {
+    throw std::invalid_argument(fmt::format("--sft-min-lr {} is above --sft-lr {} (the cosine "
+                                            "decays from --sft-lr to --sft-min-lr)",
+                                            sft_schedule.min_lr, sft_schedule.lr));
+  }
+  sft_schedule.validate();
+  if (trainer.grpo.tis_cap < 0) trainer.grpo.tis_cap = max_staleness >= 1 ? 2.0 : 0.0;
+  trainer.validate();
+  if (sync.mode != sync::SyncMode::kBucket) {
+    throw std::invalid_argument(fmt::format(
+        "--sync-mode {} is a benchmark baseline (`colocated-rl bench sync` compares it); the RL "
+        "job syncs in bucket mode",
+        sync::sync_mode_name(sync.mode)));
+  }
+  if (trainer.micro_batch_tokens <= max_tokens) {
+    throw std::invalid_argument("--micro-batch-tokens must exceed --max-tokens (a sequence never "
+                                "splits across micro-batches)");
+  }
+  if (steps < 0 || prompts_per_step < 1 || samples_per_prompt < 1 || max_tokens < 1) {
+    throw std::invalid_argument("--steps >= 0, --prompts-per-step, --n-samples and --max-tokens >= 1");
+  }
+}
+
 RlContext::RlContext(const sync::RankEnv& e, const RlOptions& options)
     : o(options), env(e), world(sync::join_world(e, options.timeout)) {
   coord = std::make_unique<sync::Coordinator>(world.store, kScope);

@@ -88,6 +88,12 @@ struct RlOptions {
   size_t rollout_queue = 4;
   // Tests only: "die-at-step:RANK:STEP" SIGKILLs that rank when it starts GRPO step STEP.
   std::string fault;
+
+  // Checks the options against each other (throws std::invalid_argument naming the flags) and
+  // fills the defaults that depend on others: trainer.grpo.tis_cap < 0 becomes 2 with
+  // --max-staleness >= 1, else 0 (off). The RL job syncs in bucket mode only: the per-tensor and
+  // raw modes are benchmark baselines (`colocated-rl bench sync`).
+  void validate();
 };
 
 struct RlContext {

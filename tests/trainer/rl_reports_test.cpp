@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "tests/test_utils.h"
+#include "trainer/rl_context.h"
 
 namespace crl::trainer {
 namespace {
@@ -125,6 +126,39 @@ TEST(RlReportsTest, ReportsAndEvaluationsTravelThroughTheCoordinator) {
   auto soon = sync::Clock::now() + std::chrono::milliseconds(50);
   EXPECT_DOUBLE_EQ(wait_eval(coord, EvalPoint::after_step(4), soon).accuracy, 0.75);
   ASSERT_THROWS_WITH(wait_eval(coord, EvalPoint::sft(), soon), std::runtime_error, "SFT eval: ");
+}
+
+TEST(RlOptionsTest, ValidatePicksTheTisCapByStalenessUnlessGiven) {
+  RlOptions o;
+  o.trainer.grpo.tis_cap = -1;
+  o.max_staleness = 1;
+  o.validate();
+  EXPECT_EQ(o.trainer.grpo.tis_cap, 2.0);
+  o.trainer.grpo.tis_cap = -1;
+  o.max_staleness = 0;
+  o.validate();
+  EXPECT_EQ(o.trainer.grpo.tis_cap, 0.0);
+  o.trainer.grpo.tis_cap = 1.5;
+  o.validate();
+  EXPECT_EQ(o.trainer.grpo.tis_cap, 1.5);
+}
+
+TEST(RlOptionsTest, ValidateRefusesTheBaselineSyncModes) {
+  RlOptions o;
+  o.sync.mode = sync::SyncMode::kPerTensor;
+  ASSERT_THROWS_WITH(o.validate(), std::invalid_argument, "--sync-mode per-tensor is a benchmark baseline");
+  o.sync.mode = sync::SyncMode::kRaw;
+  ASSERT_THROWS_WITH(o.validate(), std::invalid_argument, "--sync-mode raw is a benchmark baseline");
+}
+
+TEST(RlOptionsTest, ValidateNamesTheFlags) {
+  RlOptions o;
+  o.trainer.schedule.lr = 1e-4;
+  o.trainer.schedule.min_lr = 1e-3;
+  ASSERT_THROWS_WITH(o.validate(), std::invalid_argument, "--min-lr 0.001 is above --lr 0.0001");
+  o = RlOptions();
+  o.trainer.micro_batch_tokens = o.max_tokens;
+  ASSERT_THROWS_WITH(o.validate(), std::invalid_argument, "--micro-batch-tokens must exceed --max-tokens");
 }
 
 }  // namespace
