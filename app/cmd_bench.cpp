@@ -25,6 +25,7 @@
 #include "common/units.h"
 #include "engine/model/config.h"
 #include "engine/model/model_cache.h"
+#include "trainer/rl_reports.h"
 
 extern char** environ;
 
@@ -227,28 +228,26 @@ int run_e2e_bench(const E2eFlags& f) {
       }
       std::ifstream in(metrics);
       std::string line;
-      std::vector<nlohmann::json> rows;
+      std::vector<trainer::RlMetricsRow> rows;
       while (std::getline(in, line)) {
-        if (!line.empty()) rows.push_back(nlohmann::json::parse(line));
+        if (!line.empty()) rows.push_back(nlohmann::json::parse(line).get<trainer::RlMetricsRow>());
       }
       std::vector<double> gen, wait, train, sync, eidle, tidle;
       double gen_tokens = 0, stale = 0, dropped = 0;
       for (size_t r = 1; r < rows.size(); ++r) {  // the first step warms up
-        gen.push_back(rows[r]["time_generate_s"].get<double>());
-        wait.push_back(rows[r]["time_wait_rollouts_s"].get<double>());
-        train.push_back(rows[r]["time_train_s"].get<double>());
-        sync.push_back(rows[r]["time_sync_s"].get<double>() * 1e3);
-        eidle.push_back(rows[r]["engine_idle_share"].get<double>());
-        tidle.push_back(rows[r]["trainer_idle_share"].get<double>());
-        gen_tokens += rows[r]["generated_tokens"].get<double>();
+        gen.push_back(rows[r].time_generate_s);
+        wait.push_back(rows[r].time_wait_rollouts_s);
+        train.push_back(rows[r].time_train_s);
+        sync.push_back(rows[r].time_sync_s * 1e3);
+        eidle.push_back(rows[r].engine_idle_share);
+        tidle.push_back(rows[r].trainer_idle_share);
+        gen_tokens += rows[r].generated_tokens;
       }
       for (const auto& row : rows) {
-        stale = std::max(stale, row["staleness_max"].get<double>());
-        dropped += row["groups_dropped"].get<double>();
+        stale = std::max(stale, row.staleness_max);
+        dropped += row.groups_dropped;
       }
-      double span = rows.size() > 1 ? rows.back()["elapsed_s"].get<double>() -
-                                          rows.front()["elapsed_s"].get<double>()
-                                    : 0;
+      double span = rows.size() > 1 ? rows.back().m.elapsed_s - rows.front().m.elapsed_s : 0;
       double sps = span > 0 ? (rows.size() - 1) / span : 0;
       if (base_sps == 0) base_sps = sps;
       nlohmann::json cell = {{"shape", shape},

@@ -150,50 +150,20 @@ Runner register_train(CLI::App& app) {
     o.kv_memory_bytes = parse_bytes(f->kv_memory);
     o.reward.kind = trainer::parse_reward_kind(f->reward);
     o.trainer.dtype = f->train_dtype.empty() ? o.engine_dtype : f->train_dtype;
-    if (!(f->lr >= 0) || !(o.sft_schedule.lr >= 0)) {
-      throw std::invalid_argument(fmt::format("--lr ({}) and --sft-lr ({}) must be >= 0", f->lr,
-                                              o.sft_schedule.lr));
-    }
-    if (o.reproducible && o.serve_port >= 0 && !o.deterministic) {
-      throw std::invalid_argument(
-          "--reproducible with --serve-port needs --deterministic: HTTP requests join the engines' "
-          "batches, and only batch-invariant engines give a rollout the same logits whatever its "
-          "batch");
-    }
     o.trainer.schedule.lr = f->lr;
     o.trainer.schedule.min_lr = f->min_lr >= 0 ? f->min_lr : f->lr / 10;
     o.trainer.schedule.total_steps = o.steps;
     o.sft_schedule.min_lr = f->sft_min_lr >= 0 ? f->sft_min_lr : o.sft_schedule.lr / 10;
-    if (o.trainer.schedule.min_lr > f->lr) {
-      throw std::invalid_argument(fmt::format("--min-lr {} is above --lr {} (the cosine decays "
-                                              "from --lr to --min-lr)", o.trainer.schedule.min_lr, f->lr));
-    }
-    if (o.sft_schedule.min_lr > o.sft_schedule.lr) {
-      throw std::invalid_argument(fmt::format("--sft-min-lr {} is above --sft-lr {} (the cosine "
-                                              "decays from --sft-lr to --sft-min-lr)",
-                                              o.sft_schedule.min_lr, o.sft_schedule.lr));
-    }
-    o.sft_schedule.validate();
     o.trainer.grpo.clip_high = o.trainer.grpo.clip_low;
-    o.trainer.grpo.tis_cap = f->tis_cap >= 0 ? f->tis_cap : (o.max_staleness >= 1 ? 2.0 : 0.0);
+    o.trainer.grpo.tis_cap = f->tis_cap;  // < 0: validate() picks it by --max-staleness
     o.inflight = engine::parse_inflight_policy(f->inflight);
-    o.trainer.validate();
     o.timeout = f->dist.timeout();
     o.rollout_timeout = std::chrono::milliseconds(static_cast<int64_t>(f->rollout_timeout_s * 1000));
     o.bucket_bytes = f->dist.bucket_bytes();
     o.sync = f->dist.sync_options();
-    if (o.sync.mode == sync::SyncMode::kRaw) {
-      throw std::invalid_argument("--sync-mode raw is a benchmark baseline; use bucket or per-tensor");
-    }
+    o.validate();
     // The job runs on CPU tensors (Gloo); an explicit --comm-backend nccl is refused here.
     sync::resolve_comm_backend(f->dist.backend, /*cuda_tensors=*/false);
-    if (o.trainer.micro_batch_tokens <= o.max_tokens) {
-      throw std::invalid_argument("--micro-batch-tokens must exceed --max-tokens (a sequence never "
-                                  "splits across micro-batches)");
-    }
-    if (o.steps < 0 || o.prompts_per_step < 1 || o.samples_per_prompt < 1 || o.max_tokens < 1) {
-      throw std::invalid_argument("--steps >= 0, --prompts-per-step, --n-samples and --max-tokens >= 1");
-    }
     // Bad data, and a held-out split the data cannot give, fail here, in the launcher, once,
     // before any rank starts.
     {

@@ -46,13 +46,13 @@ int run_rl_rank(const sync::RankEnv& env, const RlJobOptions& o) {
     producer.run();
     return 0;
   }
-  // World rank 0 reports while its engine works: the report reads the store only, over its own
-  // connection.
-  sync::StorePtr store = ctx->connect_own_store();
+  // World rank 0 reports while its engine works: the report reads the store only, through a
+  // coordinator over its own connection.
+  std::shared_ptr<sync::Coordinator> coord = ctx->connect_own_coordinator();
   auto err = std::make_shared<std::exception_ptr>();
-  std::thread reporter([ctx, store, err] {
+  std::thread reporter([ctx, coord, err] {
     try {
-      trainer::report_rl_job(*ctx, store);
+      trainer::report_rl_job(*ctx, *coord);
     } catch (...) {
       *err = std::current_exception();
     }

@@ -28,6 +28,28 @@ nlohmann::json to_json(const StepMetrics& m) {
   return j;
 }
 
+void from_json(const nlohmann::json& j, StepMetrics& m) {
+  j.at("step").get_to(m.step);
+  j.at("phase").get_to(m.phase);
+  j.at("reward_mean").get_to(m.reward_mean);
+  j.at("reward_std").get_to(m.reward_std);
+  j.at("accuracy").get_to(m.accuracy);
+  j.at("loss").get_to(m.loss);
+  j.at("kl").get_to(m.kl);
+  j.at("clip_fraction").get_to(m.clip_fraction);
+  j.at("grad_norm").get_to(m.grad_norm);
+  j.at("lr").get_to(m.lr);
+  j.at("gen_tok_s").get_to(m.gen_tok_s);
+  j.at("train_tok_s").get_to(m.train_tok_s);
+  j.at("sync_ms").get_to(m.sync_ms);
+  j.at("weight_version").get_to(m.weight_version);
+  j.at("logprob_gap_max").get_to(m.logprob_gap_max);
+  j.at("logprob_gap_mean").get_to(m.logprob_gap_mean);
+  j.at("elapsed_s").get_to(m.elapsed_s);
+  const auto& eval = j.at("eval_accuracy");
+  m.eval_accuracy = eval.is_null() ? std::nullopt : std::optional<double>(eval.get<double>());
+}
+
 std::string format_progress(const StepMetrics& m) {
   std::string eval = m.eval_accuracy ? fmt::format(" eval {:.3f}", *m.eval_accuracy) : "";
   return fmt::format(

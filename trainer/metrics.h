@@ -33,6 +33,8 @@ struct StepMetrics {
 };
 
 nlohmann::json to_json(const StepMetrics& m);
+// The inverse of to_json (a --metrics line back; a null eval_accuracy is none).
+void from_json(const nlohmann::json& j, StepMetrics& m);
 
 // One line, e.g.
 // "step 12 grpo | reward 0.62±0.31 acc 0.58 eval 0.55 | loss -0.013 kl 0.0021 clip 0.004 gnorm 0.84

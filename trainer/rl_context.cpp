@@ -1,7 +1,5 @@
 #include "trainer/rl_context.h"
 
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -11,9 +9,54 @@
 #include "trainer/checkpoint.h"
 
 namespace crl::trainer {
+namespace {
+
+const char* const kScope = "rl/";  // the RL job's control-plane keys
+
+}  // namespace
+
+void RlOptions::validate() {
+  const double lr = trainer.schedule.lr;
+  if (!(lr >= 0) || !(sft_schedule.lr >= 0)) {
+    throw std::invalid_argument(fmt::format("--lr ({}) and --sft-lr ({}) must be >= 0", lr,
+                                            sft_schedule.lr));
+  }
+  if (reproducible && serve_port >= 0 && !deterministic) {
+    throw std::invalid_argument(
+        "--reproducible with --serve-port needs --deterministic: HTTP requests join the engines' "
+        "batches, and only batch-invariant engines give a rollout the same logits whatever its "
+        "batch");
+  }
+  if (trainer.schedule.min_lr > lr) {
+    throw std::invalid_argument(fmt::format("--min-lr {} is above --lr {} (the cosine decays "
+                                            "from --lr to --min-lr)", trainer.schedule.min_lr, lr));
+  }
+  if (sft_schedule.min_lr > sft_schedule.lr) {
+    throw std::invalid_argument(fmt::format("--sft-min-lr {} is above --sft-lr {} (the cosine "
+                                            "decays from --sft-lr to --sft-min-lr)",
+                                            sft_schedule.min_lr, sft_schedule.lr));
+  }
+  sft_schedule.validate();
+  if (trainer.grpo.tis_cap < 0) trainer.grpo.tis_cap = max_staleness >= 1 ? 2.0 : 0.0;
+  trainer.validate();
+  if (sync.mode != sync::SyncMode::kBucket) {
+    throw std::invalid_argument(fmt::format(
+        "--sync-mode {} is a benchmark baseline (`colocated-rl bench sync` compares it); the RL "
+        "job syncs in bucket mode",
+        sync::sync_mode_name(sync.mode)));
+  }
+  if (trainer.micro_batch_tokens <= max_tokens) {
+    throw std::invalid_argument("--micro-batch-tokens must exceed --max-tokens (a sequence never "
+                                "splits across micro-batches)");
+  }
+  if (steps < 0 || prompts_per_step < 1 || samples_per_prompt < 1 || max_tokens < 1) {
+    throw std::invalid_argument("--steps >= 0, --prompts-per-step, --n-samples and --max-tokens >= 1");
+  }
+}
 
 RlContext::RlContext(const sync::RankEnv& e, const RlOptions& options)
     : o(options), env(e), world(sync::join_world(e, options.timeout)) {
+  coord = std::make_unique<sync::Coordinator>(world.store, kScope);
   sync::Topology topo{env.nnodes, o.infer_per_node, o.train_per_node};
   g = sync::make_groups(std::move(world.comm), topo);
   infer_total = topo.nnodes * topo.infer_per_node;
@@ -43,10 +86,8 @@ std::vector<int64_t> RlContext::draw(int64_t count) {
   return out;
 }
 
-sync::StorePtr RlContext::connect_own_store() const {
-  sync::StorePtr store = sync::connect_store(env.master_addr, env.master_port, o.timeout);
-  if (!env.store_prefix.empty()) store = c10::make_intrusive<c10d::PrefixStore>(env.store_prefix, store);
-  return store;
+std::unique_ptr<sync::Coordinator> RlContext::connect_own_coordinator() const {
+  return sync::Coordinator::connect(env, o.timeout, kScope);
 }
 
 Fault parse_fault(const std::string& s) {
@@ -56,24 +97,6 @@ Fault parse_fault(const std::string& s) {
     CRL_INVALID("unknown fault '", s, "' (die-at-step:RANK:STEP)");
   }
   return f;
-}
-
-void store_barrier(const sync::StorePtr& store, const std::string& name, int count,
-                   sync::Clock::time_point deadline, const std::string& previous) {
-  const std::string done = "rl/bar/" + name + "/done";
-  if (sync::store_add(store, "rl/bar/" + name + "/n", 1) == count) {
-    // Everyone passed `previous` before reaching this one: its keys can go.
-    if (!previous.empty()) {
-      sync::store_delete(store, "rl/bar/" + previous + "/n");
-      sync::store_delete(store, "rl/bar/" + previous + "/done");
-    }
-    sync::store_set(store, done, "1");
-  }
-  if (!sync::wait_keys(store, {done}, deadline).empty()) {
-    auto v = store->get("rl/bar/" + name + "/n");
-    throw std::runtime_error(fmt::format("only {} of {} ranks reached '{}' before the deadline",
-                                         std::string(v.begin(), v.end()), count, name));
-  }
 }
 
 }  // namespace crl::trainer

@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "engine/engine_config.h"
+#include "sync/coordinator.h"
 #include "sync/dist_env.h"
 #include "sync/groups.h"
-#include "sync/store.h"
 #include "sync/weight_sync.h"
 #include "trainer/tasks.h"
 #include "trainer/trainer.h"
@@ -88,6 +88,12 @@ struct RlOptions {
   size_t rollout_queue = 4;
   // Tests only: "die-at-step:RANK:STEP" SIGKILLs that rank when it starts GRPO step STEP.
   std::string fault;
+
+  // Checks the options against each other (throws std::invalid_argument naming the flags) and
+  // fills the defaults that depend on others: trainer.grpo.tis_cap < 0 becomes 2 with
+  // --max-staleness >= 1, else 0 (off). The RL job syncs in bucket mode only: the per-tensor and
+  // raw modes are benchmark baselines (`colocated-rl bench sync`).
+  void validate();
 };
 
 struct RlContext {
@@ -106,12 +112,14 @@ struct RlContext {
   // Joins the world, splits the groups, loads the task and, with --resume, the data cursor.
   RlContext(const sync::RankEnv& env, const RlOptions& options);
 
-  std::string key(const std::string& what) const { return "rl/" + what; }
+  // The RL job's control plane over the world store (keys under "rl/").
+  std::unique_ptr<sync::Coordinator> coord;
+
   sync::Clock::time_point rollout_deadline() const { return sync::Clock::now() + o.rollout_timeout; }
   // Rows of the SFT step and of the GRPO step, drawn identically on every rank.
   std::vector<int64_t> draw(int64_t count);
-  // A store connection of this rank's own (for a second thread).
-  sync::StorePtr connect_own_store() const;
+  // A coordinator over a store connection of this rank's own (for a second thread).
+  std::unique_ptr<sync::Coordinator> connect_own_coordinator() const;
 
   bool runs_sft() const { return !resumed && o.sft_steps > 0; }
   // Weights the engines hold before GRPO step start_step (after the SFT warm-up).
@@ -133,11 +141,5 @@ struct Fault {
   int64_t step = -1;
 };
 Fault parse_fault(const std::string& s);
-
-// A barrier of `count` ranks through the store: one add per rank and one key to wait for, so its
-// cost grows with the ranks, not their square. The last rank to arrive deletes the keys of the
-// `previous` barrier (which every rank passed). Throws naming `name` at `deadline`.
-void store_barrier(const sync::StorePtr& store, const std::string& name, int count,
-                   sync::Clock::time_point deadline, const std::string& previous = "");
 
 }  // namespace crl::trainer

@@ -1,14 +1,16 @@
-// World rank 0's view of the RL job: reads every rank's per-step metrics from the store (never a
-// collective, so it runs on its own thread and store connection beside the rank's role), prints a
-// progress line per step, appends the JSONL metrics file, and prints the summary table at the end.
+// World rank 0's view of the RL job: collects every rank's per-step report (rl_reports.h) through
+// a coordinator (never a collective, so it runs on its own thread and store connection beside the
+// rank's role), prints a progress line per step, appends the JSONL metrics file, and prints the
+// summary table at the end.
 #pragma once
 
-#include "sync/store.h"
+#include "sync/coordinator.h"
 #include "trainer/rl_context.h"
 
 namespace crl::trainer {
 
-// REQUIRES: `store` is a connection no other thread uses.
-void report_rl_job(const RlContext& ctx, const sync::StorePtr& store);
+// REQUIRES: `coord` is over a store connection no other thread uses
+// (RlContext::connect_own_coordinator).
+void report_rl_job(const RlContext& ctx, sync::Coordinator& coord);
 
 }  // namespace crl::trainer

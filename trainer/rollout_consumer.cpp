@@ -19,12 +19,18 @@
 #include "trainer/metrics.h"
 #include "trainer/micro_batch.h"
 #include "trainer/prompt_encoder.h"
+#include "trainer/rl_reports.h"
 
 namespace crl::trainer {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using nlohmann::json;
+
+// The ZeRO-2 round counters of a step (see round_runnable).
+const char* const kRounds = "zr";
+std::string have_counter(int64_t i) { return fmt::format("have{}", i); }
+std::string ended_counter(int64_t i) { return fmt::format("ended{}", i); }
+const char* const kEnded = "ended";
 
 }  // namespace
 
@@ -34,7 +40,7 @@ bool round_runnable(int64_t have_i, int64_t ended, int64_t ended_i, int64_t rank
 
 RolloutConsumer::RolloutConsumer(RlContext& ctx) : c_(ctx), o_(ctx.o) {
   sync::RolloutRoute route{c_.g.node, c_.g.topo.infer_per_node, c_.g.topo.train_per_node};
-  receiver_ = std::make_unique<sync::RolloutReceiver>(c_.world.store, *c_.g.sync, route,
+  receiver_ = std::make_unique<sync::RolloutReceiver>(c_.coord->store(), *c_.g.sync, route,
                                                       c_.g.topo.role_index(c_.env.rank));
 }
 
@@ -68,7 +74,7 @@ void RolloutConsumer::run() {
     specs.push_back({name, std::vector<int64_t>(t.sizes().begin(), t.sizes().end()), edtype});
   }
   layout_ = std::make_unique<sync::WeightLayout>(sync::WeightLayout::plan(specs, o_.bucket_bytes));
-  ws_ = std::make_unique<sync::WeightSync>(c_.g, c_.world.store, *layout_, o_.sync);
+  ws_ = std::make_unique<sync::WeightSync>(c_.g, c_.coord->store(), *layout_, o_.sync);
 
   if (c_.runs_sft()) {
     tr = sft(std::move(tr), topts);
@@ -76,14 +82,14 @@ void RolloutConsumer::run() {
   }
   tr->set_grad_scale(grad_scale());
   Fault fault = parse_fault(o_.fault);
-  auto counters = sync::store_counters();
+  auto counters = sync::Coordinator::store_traffic();
   for (int64_t step = c_.start_step; step < o_.steps; ++step) {
     if (fault.rank == c_.env.rank && fault.step == step + 1) std::raise(SIGKILL);
     c_.draw(o_.prompts_per_step);  // keep the data cursor in step with the infer ranks
-    json m = train_step(*tr, step);
+    TrainReport m = train_step(*tr, step);
     auto s0 = Clock::now();
-    m["sync_send_s"] = send(*tr, c_.version_at(step) + 1);
-    m["send_wait_s"] = seconds_since(s0) - m["sync_send_s"].get<double>();
+    m.sync_send_s = send(*tr, c_.version_at(step) + 1);
+    m.send_wait_s = seconds_since(s0) - m.sync_send_s;
     bool save = !o_.save_dir.empty() &&
                 ((o_.save_every > 0 && (step + 1) % o_.save_every == 0) || step + 1 == o_.steps);
     if (save) {
@@ -92,16 +98,16 @@ void RolloutConsumer::run() {
       std::string dir = fmt::format("{}/step-{}", o_.save_dir, step + 1);
       save_checkpoint(*tr, dir, o_.model_dir, {{"rows_drawn", c_.rows->drawn()}, {"phase", "grpo"}});
       if (c_.role_global == 0) {
-        m["checkpoint"] = dir;
-        m["checkpoint_s"] = seconds_since(t0);
+        m.checkpoint = dir;
+        m.checkpoint_s = seconds_since(t0);
       }
       barrier(fmt::format("checkpoint-s{}", step));  // a slow write is not a dead rank
     }
-    auto now = sync::store_counters();
-    m["store_ops"] = now.ops - counters.ops;
-    m["store_bytes"] = now.bytes - counters.bytes;
+    auto now = sync::Coordinator::store_traffic();
+    m.store_ops = now.ops - counters.ops;
+    m.store_bytes = now.bytes - counters.bytes;
     counters = now;
-    sync::store_set(c_.world.store, c_.key(fmt::format("m/s{}/r{}", step, c_.env.rank)), m.dump());
+    publish_report(*c_.coord, step, c_.env.rank, m);
   }
 }
 
@@ -140,34 +146,28 @@ std::vector<LossMetrics> RolloutConsumer::accumulate_all(Trainer& tr,
   return parts;
 }
 
-std::string RolloutConsumer::round_key(int64_t step, const std::string& what) const {
-  return c_.key(fmt::format("zr/s{}/{}", step, what));
-}
-
 void RolloutConsumer::count_round(Rounds& r, bool ended) {
-  const auto& store = c_.world.store;
+  sync::Coordinator& co = *c_.coord;
   if (!ended) {
     ++r.received;
-    sync::store_add(store, round_key(r.step, fmt::format("have{}", r.received)), 1);
+    co.add(kRounds, r.step, have_counter(r.received), 1);
     return;
   }
   r.ended = true;
   r.while_receiving = r.done;
-  for (int64_t i = 1; i <= r.received; ++i) {
-    sync::store_add(store, round_key(r.step, fmt::format("ended{}", i)), 1);
-  }
-  sync::store_add(store, round_key(r.step, "ended"), 1);  // after ended(i): see round_runnable
+  for (int64_t i = 1; i <= r.received; ++i) co.add(kRounds, r.step, ended_counter(i), 1);
+  co.add(kRounds, r.step, kEnded, 1);  // after ended(i): see round_runnable
 }
 
 bool RolloutConsumer::run_rounds(Trainer& tr, Rounds& r, std::vector<LossMetrics>& parts) {
-  const auto& store = c_.world.store;
+  sync::Coordinator& co = *c_.coord;
   const int64_t ranks = c_.g.train->size();
   for (;;) {
     const int64_t i = r.done + 1;
     // `ended` first, then ended(i), then have(i): a rank is never counted twice (see the header).
-    r.ended_ranks = sync::store_add(store, round_key(r.step, "ended"), 0);
-    const int64_t ended_i = sync::store_add(store, round_key(r.step, fmt::format("ended{}", i)), 0);
-    const int64_t have_i = sync::store_add(store, round_key(r.step, fmt::format("have{}", i)), 0);
+    r.ended_ranks = co.read(kRounds, r.step, kEnded);
+    const int64_t ended_i = co.read(kRounds, r.step, ended_counter(i));
+    const int64_t have_i = co.read(kRounds, r.step, have_counter(i));
     if (!round_runnable(have_i, r.ended_ranks, ended_i, ranks)) {
       return r.ended_ranks == ranks && have_i == 0;  // every rank ended and had no i-th
     }
@@ -187,7 +187,7 @@ bool RolloutConsumer::run_rounds(Trainer& tr, Rounds& r, std::vector<LossMetrics
 // A barrier of the train ranks with the rollout deadline: collectives after it then start
 // together, so a slow node or a checkpoint write is not mistaken for a dead peer.
 void RolloutConsumer::barrier(const std::string& name) {
-  store_barrier(c_.world.store, name, c_.train_total, c_.rollout_deadline(), last_barrier_);
+  c_.coord->barrier(name, c_.train_total, c_.rollout_deadline(), last_barrier_);
   last_barrier_ = name;
 }
 
@@ -239,7 +239,7 @@ std::unique_ptr<Trainer> RolloutConsumer::sft(std::unique_ptr<Trainer> tr, const
   return std::make_unique<Trainer>(config, std::move(w), topts);
 }
 
-json RolloutConsumer::train_step(Trainer& tr, int64_t step) {
+TrainReport RolloutConsumer::train_step(Trainer& tr, int64_t step) {
   std::vector<LossMetrics> parts;
   int64_t tokens = 0, stale_sum = 0, stale_max = 0;
   double compute_s = 0;
@@ -328,39 +328,41 @@ json RolloutConsumer::train_step(Trainer& tr, int64_t step) {
   }
   if (rounds && c_.g.train->rank() == 0) {
     // Every rank finished its rounds before the barrier: the step's counters can go.
+    sync::Coordinator& co = *c_.coord;
     for (int64_t i = 1; i <= rd.done + 1; ++i) {
-      sync::store_delete(c_.world.store, round_key(step, fmt::format("have{}", i)));
-      sync::store_delete(c_.world.store, round_key(step, fmt::format("ended{}", i)));
+      co.remove(kRounds, step, have_counter(i));
+      co.remove(kRounds, step, ended_counter(i));
     }
-    sync::store_delete(c_.world.store, round_key(step, "ended"));
+    co.remove(kRounds, step, kEnded);
   }
   auto c0 = Clock::now();
   auto st = tr.finish_step();
   compute_s += seconds_since(c0);
   auto lm = combine_loss_metrics(parts);
-  return {{"role", "train"},
-          {"step", st.step},
-          {"loss", lm.loss},
-          {"kl", lm.kl},
-          {"clip_fraction", lm.clip_fraction},
-          {"gap_max", lm.logprob_gap_max},
-          {"gap_mean", lm.logprob_gap_mean},
-          {"is_weight_mean", lm.is_weight_mean},
-          {"is_weight_max", lm.is_weight_max},
-          {"staleness_sum", stale_sum},
-          {"staleness_max", stale_max},
-          {"loss_tokens", lm.num_tokens},
-          {"grad_norm", st.grad_norm},
-          {"lr", st.lr},
-          {"micro_batches", static_cast<int64_t>(parts.size())},
-          {"zero_rounds", rd.done},  // stage 2: collective rounds (empty ones included)
-          {"zero_rounds_while_receiving", rd.while_receiving},  // ... run before this rank's stream ended
-          {"train_tokens", tokens},
-          {"rollout_bytes", rs.bytes},
-          {"wait_s", wait_s},
-          {"train_s", compute_s},
-          {"elapsed_s", seconds_since(c_.t0)},
-          {"peak_rss", peak_rss_bytes()}};
+  TrainReport r;
+  r.step = st.step;
+  r.loss = lm.loss;
+  r.kl = lm.kl;
+  r.clip_fraction = lm.clip_fraction;
+  r.gap_max = lm.logprob_gap_max;
+  r.gap_mean = lm.logprob_gap_mean;
+  r.is_weight_mean = lm.is_weight_mean;
+  r.is_weight_max = lm.is_weight_max;
+  r.staleness_sum = stale_sum;
+  r.staleness_max = stale_max;
+  r.loss_tokens = lm.num_tokens;
+  r.grad_norm = st.grad_norm;
+  r.lr = st.lr;
+  r.micro_batches = static_cast<int64_t>(parts.size());
+  r.zero_rounds = rd.done;  // stage 2: collective rounds (empty ones included)
+  r.zero_rounds_while_receiving = rd.while_receiving;  // ... run before this rank's stream ended
+  r.train_tokens = tokens;
+  r.rollout_bytes = rs.bytes;
+  r.wait_s = wait_s;
+  r.train_s = compute_s;
+  r.elapsed_s = seconds_since(c_.t0);
+  r.peak_rss = peak_rss_bytes();
+  return r;
 }
 
 }  // namespace crl::trainer

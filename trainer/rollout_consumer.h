@@ -11,7 +11,7 @@
 //   3. sends version_at(s) + 1 to its node's engines (WeightSync: one broadcast per bucket,
 //      striped over the node's train ranks) once they asked for it, and writes a checkpoint when
 //      due (the first train rank; HF layout + optimizer + data cursor).
-// Metrics of each step go to the store for world rank 0.
+// Each step's TrainReport (rl_reports.h) goes to world rank 0 through the coordinator.
 //
 // Thread safety: one thread.
 #pragma once
@@ -21,8 +21,6 @@
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "trainer/micro_batch.h"
 #include "trainer/rl_context.h"
@@ -35,12 +33,15 @@ class WeightSync;
 
 namespace crl::trainer {
 
+struct TrainReport;
+
 // ZeRO stage 2 in the RL step: every micro-batch is a collective round and train ranks receive
 // different numbers of micro-batches, as they come. Round i (1-based) runs once some rank has an
 // i-th micro-batch and every rank has one or has ended its stream (it then runs an empty round).
 // So rounds run while rollouts stream in, and no rank enters a round's collectives while a peer
 // still waits on generation for it: the collective deadline never covers generation.
-// Ranks count in the store, so a look costs three requests whatever the number of ranks:
+// Ranks count in the coordinator's counters, so a look costs three requests whatever the number of
+// ranks:
 //   have(i)  ranks that received an i-th micro-batch (each adds 1 as it does)
 //   ended    ranks whose stream ended
 //   ended(i) ended ranks that received an i-th micro-batch (a rank adds 1 to ended(1..n) before
@@ -74,7 +75,6 @@ class RolloutConsumer {
     sync::Clock::time_point next_look{};
     std::chrono::microseconds pause{100};
   };
-  std::string round_key(int64_t step, const std::string& what) const;
   // Counts a received micro-batch (or, with `ended`, the end of this rank's stream) in the store.
   void count_round(Rounds& r, bool ended);
   // Trains every round runnable now. Returns true once every rank ended and every round ran.
@@ -82,7 +82,7 @@ class RolloutConsumer {
   void barrier(const std::string& name);
   double send(Trainer& tr, int64_t version);
   std::unique_ptr<Trainer> sft(std::unique_ptr<Trainer> tr, const TrainerOptions& topts);
-  nlohmann::json train_step(Trainer& tr, int64_t step);
+  TrainReport train_step(Trainer& tr, int64_t step);
 
   RlContext& c_;
   const RlOptions& o_;

@@ -15,12 +15,12 @@
 #include "sync/weight_layout.h"
 #include "sync/weight_sync.h"
 #include "trainer/prompt_encoder.h"
+#include "trainer/rl_reports.h"
 
 namespace crl::trainer {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using nlohmann::json;
 
 // Longest-processing-time first: prompt i goes to the least loaded of `ranks` (ties: lowest rank).
 std::vector<int> shard_by_cost(const std::vector<int64_t>& cost, int ranks) {
@@ -56,15 +56,16 @@ RolloutProducer::RolloutProducer(RlContext& ctx) : c_(ctx), o_(ctx.o) {
   layout_ = std::make_unique<sync::WeightLayout>(eng->attach_weight_buffers(o_.bucket_bytes).layout());
   followed_ = requested_ = c_.start_step;  // the checkpoint's version on resume, else 0
   eng->set_weight_version(followed_);
-  ws_ = std::make_shared<sync::WeightSync>(c_.g, c_.world.store, *layout_, o_.sync);
+  ws_ = std::make_shared<sync::WeightSync>(c_.g, c_.coord->store(), *layout_, o_.sync);
   sync::RolloutRoute route{c_.g.node, c_.g.topo.infer_per_node, c_.g.topo.train_per_node};
   // With --reproducible the queue is not bounded by --rollout-queue: a full queue must not hold
   // the engine inside a step whose end the train ranks wait for (they send the next version only
   // once asked, at that end). The producer is at most K + 1 steps ahead, so the queue holds at
   // most K + 1 steps' rollouts.
   const size_t queue = o_.reproducible ? std::numeric_limits<size_t>::max() : o_.rollout_queue;
-  sender_ = std::make_unique<sync::RolloutSender>(c_.connect_own_store(), *c_.g.sync, route,
-                                                  c_.g.topo.role_index(c_.env.rank),
+  // The sender's thread talks to the store over a connection of its own.
+  sender_ = std::make_unique<sync::RolloutSender>(c_.connect_own_coordinator()->store(),
+                                                  *c_.g.sync, route, c_.g.topo.role_index(c_.env.rank),
                                                   o_.rollout_timeout, queue);
   for (size_t i = 0; i < c_.split.eval.size(); ++i) {
     if (static_cast<int>(i % c_.infer_total) == c_.role_global) eval_rows_.push_back(i);
@@ -107,11 +108,11 @@ double RolloutProducer::evaluate() {
 void RolloutProducer::after_update(int64_t v) {
   const int64_t step = c_.step_of_version(v);
   if (step < c_.start_step) {  // the SFT warm-up's version
-    json e = {{"accuracy", evaluate()}, {"elapsed_s", seconds_since(c_.t0)}};
-    if (c_.env.rank == 0) sync::store_set(c_.world.store, c_.key("eval/sft"), e.dump());
+    EvalReport e{evaluate(), seconds_since(c_.t0)};
+    if (c_.env.rank == 0) publish_eval(*c_.coord, EvalPoint::sft(), e);
   } else if (c_.evaluates_after(step)) {
-    json e = {{"accuracy", evaluate()}, {"elapsed_s", seconds_since(c_.t0)}};
-    if (c_.env.rank == 0) sync::store_set(c_.world.store, c_.key(fmt::format("eval/s{}", step)), e.dump());
+    EvalReport e{evaluate(), seconds_since(c_.t0)};
+    if (c_.env.rank == 0) publish_eval(*c_.coord, EvalPoint::after_step(step), e);
   }
   // Ask for the next version only now: an evaluation measures one version and never runs inside
   // a sender's deadline. With --reproducible the engine asks only when it will take it
@@ -186,31 +187,31 @@ double RolloutProducer::run_requests(
 }
 
 void RolloutProducer::run() {
-  json start = {{"accuracy", evaluate()}, {"elapsed_s", seconds_since(c_.t0)}};
-  if (c_.env.rank == 0) sync::store_set(c_.world.store, c_.key("eval/start"), start.dump());
+  EvalReport start{evaluate(), seconds_since(c_.t0)};
+  if (c_.env.rank == 0) publish_eval(*c_.coord, EvalPoint::start(), start);
   if (!o_.reproducible) request_next();
   if (c_.runs_sft()) wait_weights();  // the warm-up's weights; evaluated on arrival
   Fault fault = parse_fault(o_.fault);
-  auto counters = sync::store_counters();
+  auto counters = sync::Coordinator::store_traffic();
   for (int64_t step = c_.start_step; step < o_.steps; ++step) {
     if (fault.rank == c_.env.rank && fault.step == step + 1) std::raise(SIGKILL);
     auto w0 = Clock::now();
     while (followed_ < c_.version_at(step) - o_.max_staleness) wait_weights();
     double gate_s = seconds_since(w0);
-    json m = rollout(step);
-    m["gate_wait_s"] = gate_s;
+    InferReport m = rollout(step);
+    m.gate_wait_s = gate_s;
     const double sync_s = loop_->weight_update_seconds();
-    m["sync_s"] = sync_s - sync_mark_s_;
-    m["busy_s"] = busy_s_;
+    m.sync_s = sync_s - sync_mark_s_;
+    m.busy_s = busy_s_;
     sync_mark_s_ = sync_s;
     busy_s_ = 0;
-    m["engine_version"] = loop_->weight_version();
-    m["elapsed_s"] = seconds_since(c_.t0);
-    auto now = sync::store_counters();
-    m["store_ops"] = now.ops - counters.ops;
-    m["store_bytes"] = now.bytes - counters.bytes;
+    m.engine_version = loop_->weight_version();
+    m.elapsed_s = seconds_since(c_.t0);
+    auto now = sync::Coordinator::store_traffic();
+    m.store_ops = now.ops - counters.ops;
+    m.store_bytes = now.bytes - counters.bytes;
     counters = now;
-    sync::store_set(c_.world.store, c_.key(fmt::format("m/s{}/r{}", step, c_.env.rank)), m.dump());
+    publish_report(*c_.coord, step, c_.env.rank, m);
   }
   // The versions of the last steps (and their evaluations), then the queue drains.
   while (followed_ < c_.final_version()) wait_weights();
@@ -222,7 +223,7 @@ void RolloutProducer::run() {
   }
 }
 
-json RolloutProducer::rollout(int64_t step) {
+InferReport RolloutProducer::rollout(int64_t step) {
   auto t_start = Clock::now();
   std::vector<int64_t> picked = c_.draw(o_.prompts_per_step);
   std::vector<std::vector<int32_t>> prompt_ids;
@@ -297,10 +298,18 @@ json RolloutProducer::rollout(int64_t step) {
   sent_bytes += send(pending, step);
   sender_->end_step(step);
   double n = std::max<int64_t>(1, samples);
-  return {{"role", "infer"},         {"samples", samples},         {"reward_sum", rsum},
-          {"reward_sq", rsq},        {"correct", correct},         {"gen_tokens", gen_tokens},
-          {"gen_s", gen_s},          {"rollout_bytes", sent_bytes}, {"reward_mean", rsum / n},
-          {"groups_dropped", dropped}, {"stale_tokens", stale_tokens}};
+  InferReport r;
+  r.samples = samples;
+  r.reward_sum = rsum;
+  r.reward_sq = rsq;
+  r.correct = correct;
+  r.gen_tokens = gen_tokens;
+  r.gen_s = gen_s;
+  r.rollout_bytes = sent_bytes;
+  r.reward_mean = rsum / n;
+  r.groups_dropped = dropped;
+  r.stale_tokens = stale_tokens;
+  return r;
 }
 
 int64_t RolloutProducer::send(std::vector<SampleGroup>& pending, int64_t step) {

@@ -18,7 +18,8 @@
 //      micro-batches are functions of the step count, not of timing; its rollout queue is then
 //      unbounded (at most K + 1 steps' rollouts).
 // Held-out accuracy is measured greedily on the version that ends an evaluated step, before the
-// engine asks for the next one. Metrics of each step go to the store for world rank 0.
+// engine asks for the next one. Each step's InferReport (rl_reports.h) and the evaluations go to
+// world rank 0 through the coordinator.
 //
 // Thread safety: one thread calls run(); the engine thread and the sender's thread are its own.
 #pragma once
@@ -26,8 +27,6 @@
 #include <functional>
 #include <memory>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "trainer/micro_batch.h"
 #include "trainer/rl_context.h"
@@ -46,6 +45,7 @@ class WeightSync;
 namespace crl::trainer {
 
 class PromptEncoder;
+struct InferReport;
 
 class RolloutProducer {
  public:
@@ -77,7 +77,7 @@ class RolloutProducer {
   void wait_weights();
   // Asks the train ranks for version followed_ + 1 (once).
   void request_next();
-  nlohmann::json rollout(int64_t step);
+  InferReport rollout(int64_t step);
   // Packs `pending` and queues the micro-batches; waits (following updates) while the queue is full.
   int64_t send(std::vector<SampleGroup>& pending, int64_t step);
 

@@ -1,0 +1,156 @@
+// The RL job's typed control plane (DESIGN.md §5): what each rank reports per GRPO step, the
+// evaluation results, how a step's reports add up over the ranks, and the --metrics file's row.
+// Each struct has one JSON form (to_json/from_json below); this header and its .cpp are the one
+// place a metric is named. The reports travel through a sync::Coordinator.
+//
+// A new per-step metric: a field in InferReport or TrainReport (+ its line in to_json/from_json),
+// how it adds up in combine(), and, if the --metrics file shows it, a field of RlMetricsRow.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "sync/coordinator.h"
+#include "trainer/metrics.h"
+
+namespace crl::trainer {
+
+// An infer rank's GRPO step (RolloutProducer): its shard's rollouts and its engine.
+struct InferReport {
+  int64_t samples = 0;         // completions scored
+  double reward_sum = 0;       // of their rewards
+  double reward_sq = 0;        // of their squares
+  int64_t correct = 0;         // completions judged correct
+  int64_t gen_tokens = 0;      // tokens generated
+  double gen_s = 0;            // wall time of the step's generation
+  int64_t rollout_bytes = 0;   // packed micro-batches sent
+  double reward_mean = 0;      // reward_sum / samples
+  int64_t groups_dropped = 0;  // groups with a token older than --max-staleness allows
+  int64_t stale_tokens = 0;    // tokens sampled by weights older than the step trains
+  double gate_wait_s = 0;      // waiting for weights no older than the step allows
+  double sync_s = 0;           // the engine taking weight versions since the last report
+  double busy_s = 0;           // rollout and eval requests in flight since the last report
+  int64_t engine_version = 0;  // the engine's weights at the report
+  double elapsed_s = 0;        // since the job started
+  int64_t store_ops = 0;       // store requests since the last report (sync/store.h)
+  int64_t store_bytes = 0;     // their key + value bytes
+};
+void to_json(nlohmann::json& j, const InferReport& r);
+void from_json(const nlohmann::json& j, InferReport& r);
+
+// A train rank's GRPO step (RolloutConsumer): its micro-batches, the optimizer step, the sync.
+struct TrainReport {
+  int64_t step = 0;                   // optimizer steps taken
+  double loss = 0;                    // LossMetrics of its micro-batches (combine_loss_metrics)
+  double kl = 0;
+  double clip_fraction = 0;
+  double gap_max = 0;                 // engine vs trainer log-prob gap
+  double gap_mean = 0;
+  double is_weight_mean = 0;
+  double is_weight_max = 0;
+  int64_t staleness_sum = 0;          // versions behind the trained weights, over loss tokens
+  int64_t staleness_max = 0;
+  int64_t loss_tokens = 0;
+  double grad_norm = 0;
+  double lr = 0;
+  int64_t micro_batches = 0;          // trained (0: the loss figures mean nothing)
+  int64_t zero_rounds = 0;            // stage 2: collective rounds (empty ones included)
+  int64_t zero_rounds_while_receiving = 0;  // ... run before this rank's stream ended
+  int64_t train_tokens = 0;           // tokens forwarded
+  int64_t rollout_bytes = 0;          // micro-batch bytes received
+  double wait_s = 0;                  // waiting for rollouts (and the rollouts barrier)
+  double train_s = 0;                 // forward, backward and optimizer
+  double elapsed_s = 0;               // since the job started
+  int64_t peak_rss = 0;               // bytes
+  double sync_send_s = 0;             // sending the new weights
+  double send_wait_s = 0;             // waiting for the engines to ask for them
+  std::string checkpoint;             // the checkpoint written this step ("": none)
+  double checkpoint_s = 0;            // its write time
+  int64_t store_ops = 0;              // as InferReport's
+  int64_t store_bytes = 0;
+};
+void to_json(nlohmann::json& j, const TrainReport& r);
+void from_json(const nlohmann::json& j, TrainReport& r);
+
+// What one rank reports for one GRPO step (its JSON form carries the role).
+using RankReport = std::variant<InferReport, TrainReport>;
+
+// One GRPO step over every rank: sums, token-weighted sums and maxima (of the ranks that trained
+// micro-batches, for the loss figures).
+struct StepTotals {
+  double samples = 0, rsum = 0, rsq = 0, correct = 0, gen_tokens = 0, gen_s = 0, sync_s = 0;
+  double loss = 0, kl = 0, clip = 0, gap_max = 0, gap_mean_w = 0, loss_tokens = 0, tokens = 0;
+  double isw_mean_w = 0, isw_max = 0, stale_sum = 0, stale_max = 0, dropped = 0;
+  double train_s = 0, wait_s = 0, gnorm = 0, lr = 0, elapsed = 0;
+  double store_ops = 0, store_bytes = 0;
+  double infer_busy = 0, infer_span = 0, train_idle = 0, train_span = 0;
+  double zero_rounds = 0, zero_rounds_while_receiving = 0;  // ZeRO-2 rounds, summed over train ranks
+  int64_t engine_version = 0, peak_rss = 0;
+  int trains = 0;
+};
+// How the ranks' reports of one step add up. spans[r]: rank r's wall seconds since its previous
+// report (its part of the job's time, for the idle shares). REQUIRES: spans.size() == reports.size().
+StepTotals combine(const std::vector<RankReport>& reports, const std::vector<double>& spans);
+double elapsed_of(const RankReport& report);
+
+// A held-out evaluation: at the start, after the SFT warm-up, or after a GRPO step.
+struct EvalReport {
+  double accuracy = 0;   // over every held-out row (all infer ranks, already reduced)
+  double elapsed_s = 0;  // since the job started
+};
+void to_json(nlohmann::json& j, const EvalReport& r);
+void from_json(const nlohmann::json& j, EvalReport& r);
+
+struct EvalPoint {
+  enum class Kind { kStart, kSft, kStep };
+  Kind kind = Kind::kStart;
+  int64_t step = -1;  // kStep: after GRPO step `step` (0-based)
+
+  static EvalPoint start() { return {Kind::kStart, -1}; }
+  static EvalPoint sft() { return {Kind::kSft, -1}; }
+  static EvalPoint after_step(int64_t s) { return {Kind::kStep, s}; }
+};
+
+// One line of the --metrics file: StepMetrics's fields and the RL job's own.
+struct RlMetricsRow {
+  StepMetrics m;
+  double time_generate_s = 0;       // slowest infer rank's generation
+  double time_wait_rollouts_s = 0;  // slowest train rank's wait for rollouts
+  double time_train_s = 0;          // slowest train rank's compute
+  double time_sync_s = 0;           // slowest engine's weight update
+  double generated_tokens = 0;
+  double train_tokens = 0;
+  double staleness_mean = 0;        // per loss token
+  double staleness_max = 0;
+  double groups_dropped = 0;
+  double is_weight_mean = 0;        // per loss token
+  double is_weight_max = 0;
+  double engine_idle_share = 0;     // of the infer ranks' time, no request in flight
+  double trainer_idle_share = 0;    // of the train ranks' time, waiting
+  int64_t engine_version = 0;       // newest engine weights at the reports
+  double store_ops = 0;             // store requests of every rank this step
+  double store_bytes = 0;
+  // ZeRO stage 2: the share of collective rounds a train rank ran while its own rollout stream
+  // was still open (over all train ranks).
+  double zero_rounds_while_receiving_share = 0;
+};
+void to_json(nlohmann::json& j, const RlMetricsRow& r);
+void from_json(const nlohmann::json& j, RlMetricsRow& r);
+// The step's row from its totals; m's step-independent fields (step, phase, weight_version,
+// eval_accuracy, elapsed_s) are the caller's.
+RlMetricsRow make_metrics_row(const StepTotals& t);
+
+// Through the coordinator (rank 0 publishes evaluations; every rank its step reports).
+void publish_report(sync::Coordinator& coord, int64_t step, int rank, const RankReport& report);
+std::vector<RankReport> collect_reports(sync::Coordinator& coord, int64_t step, int ranks,
+                                        std::chrono::milliseconds timeout);
+void publish_eval(sync::Coordinator& coord, const EvalPoint& at, const EvalReport& report);
+// Throws naming the evaluation ("start eval", "SFT eval", "step N eval") at `deadline`.
+EvalReport wait_eval(sync::Coordinator& coord, const EvalPoint& at, sync::Clock::time_point deadline);
+
+}  // namespace crl::trainer
