@@ -19,6 +19,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "common/cephes_exp.h"
 #include "kv/paged_attention.h"
 
 namespace crl::kv::detail {
@@ -28,32 +29,14 @@ namespace {
 constexpr int64_t kTile = 32;   // context positions scored per online-softmax update
 constexpr int64_t kLanes = 16;  // partial sums per dot product (one AVX-512 or two AVX vectors)
 
-// exp(x) for x <= 0 (a score minus its running max); ~2 ulp (Cephes expf polynomial after a
-// round-to-nearest ln2 range reduction). Branch-free so loops over it vectorize; returns exactly 0
-// below -80 (terms that small vanish next to the max term, whose weight is 1), and for -inf.
+// exp(x) for x <= 0 (a score minus its running max): exp_cephes (common/cephes_exp.h). Branch-free
+// so loops over it vectorize; returns exactly 0 below -80 (terms that small vanish next to the max
+// term, whose weight is 1), and for -inf.
 inline float exp_nonpositive(float x) {
-  constexpr float kLog2e = 1.44269504088896341f;
-  constexpr float kLn2Hi = 0.693359375f;
-  constexpr float kLn2Lo = -2.12194440e-4f;
-  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
   const bool underflow = x < -80.0f;
-  const float xc = underflow ? -80.0f : x;
-  const float t = xc * kLog2e + kRound;
-  const float n = t - kRound;
-  float r = xc - n * kLn2Hi;
-  r = r - n * kLn2Lo;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + r + 1.0f;
-  int32_t bits;
-  std::memcpy(&bits, &p, sizeof(bits));
-  bits += static_cast<int32_t>(n) * (1 << 23);  // scale by 2^n; n in [-116, 0]
-  std::memcpy(&p, &bits, sizeof(bits));
-  return underflow ? 0.0f : p;
+  float e = underflow ? -80.0f : x;
+  exp_cephes(e);
+  return underflow ? 0.0f : e;
 }
 
 // Copies n values as float into dst (bfloat16 is widened exactly).

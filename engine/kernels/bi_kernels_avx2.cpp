@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/cephes_exp.h"
 #include "engine/kernels/bi_kernels.h"
 
 namespace crl::engine::kernels::detail {

@@ -4,9 +4,11 @@
 //
 // Written as plain loops over fixed 16-lane arrays. The units are built with -ffp-contract=off and
 // without -ffast-math, so the compiler may vectorize these loops but never fuses or reorders the
-// float operations: every instruction set computes the same bits (bi_kernels.h states the formulas).
+// float operations: every instruction set computes the same bits (bi_kernels.h states the
+// formulas).
 //
-// No includes here: the including unit provides <cstdint>, <cstring> and <cmath>.
+// No includes here: the including unit provides <cstdint>, <cstring>, <cmath> and
+// common/cephes_exp.h.
 
 constexpr int kLanes = 16;
 
@@ -41,34 +43,16 @@ inline void store_elem(void* p, int64_t i, float v, bool bf16) {
   }
 }
 
-// exp(x) over the whole float range: Cephes expf (about 1 ulp) after a round-to-nearest ln2 range
-// reduction; 0 below ln(FLT_MIN), +inf above 88.7 (NaN stays NaN). Branch-free.
+// exp(x) over the whole float range: exp_cephes (common/cephes_exp.h); 0 below ln(FLT_MIN), +inf
+// above 88 (NaN stays NaN). Branch-free.
 inline float exp_crl(float x) {
-  constexpr float kLog2e = 1.44269504088896341f;
-  constexpr float kLn2Hi = 0.693359375f;
-  constexpr float kLn2Lo = -2.12194440e-4f;
-  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const bool under = x < -87.33654f;
-  const bool over = x > 88.0f;
-  float xc = under ? -87.33654f : x;
-  xc = over ? 88.0f : xc;
-  const float t = xc * kLog2e + kRound;
-  const float n = t - kRound;
-  float r = xc - n * kLn2Hi;
-  r = r - n * kLn2Lo;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + r + 1.0f;
-  int32_t bits;
-  std::memcpy(&bits, &p, sizeof(bits));
-  bits += static_cast<int32_t>(n) * (1 << 23);  // scale by 2^n, n in [-126, 127]
-  std::memcpy(&p, &bits, sizeof(bits));
-  p = under ? 0.0f : p;
-  return over ? __builtin_inff() : p;
+  const bool under = x < kExpMinArg;
+  const bool over = x > kExpMaxArg;
+  float e = under ? kExpMinArg : x;
+  e = over ? kExpMaxArg : e;
+  exp_cephes(e);
+  e = under ? 0.0f : e;
+  return over ? __builtin_inff() : e;
 }
 
 template <bool kBf16>

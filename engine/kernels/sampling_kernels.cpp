@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "common/cephes_exp.h"
+
 // Row kernels use GCC/Clang vector extensions (8 floats). On x86-64 GCC they are also cloned for
 // AVX2 and chosen at load time; both clones run the same IEEE operations (no FMA), so results are
 // bit-identical whichever runs.
@@ -50,26 +52,14 @@ inline double hsum(const v8f& v) {
   return s;
 }
 
-// x = exp(x) for x <= 0 (Cephes expf polynomial, about 1 ulp); below ln(FLT_MIN), -inf included,
+// x = exp(x) for x <= 0 (exp_cephes, common/cephes_exp.h); below ln(FLT_MIN), -inf included,
 // gives 0.
 inline void exp8(v8f& x) {
-  const v8f lo = v8f{} + -87.33654f;
+  const v8f lo = v8f{} + kExpMinArg;
   const v8i under = x < lo;
   x = under ? lo : x;
-  v8f n = x * 1.44269504088896341f;
-  n = (n + 12582912.0f) - 12582912.0f;  // round to nearest
-  v8f r = x - n * 0.693359375f;
-  r = r + n * 2.12194440e-4f;
-  const v8f r2 = r * r;
-  v8f y = r * 1.9875691500e-4f + 1.3981999507e-3f;
-  y = y * r + 8.3334519073e-3f;
-  y = y * r + 4.1665795894e-2f;
-  y = y * r + 1.6666665459e-1f;
-  y = y * r + 5.0000001201e-1f;
-  y = y * r2 + r + 1.0f;
-  const v8i e = (__builtin_convertvector(n, v8i) + 127) << 23;
-  y = y * (v8f)e;  // bit reinterpretation: 2^n
-  x = under ? v8f{} : y;
+  exp_cephes(x);
+  x = under ? v8f{} : x;
 }
 
 }  // namespace
