@@ -17,7 +17,7 @@ int run_rl_rank(const sync::RankEnv& env, const RlJobOptions& o) {
   // Shared with world rank 0's reporter thread, which may outlive a failing main thread for the
   // moment it takes the rank to exit.
   auto ctx = std::make_shared<trainer::RlContext>(env, o);
-  if (ctx->g.role == sync::Role::kTrain) {
+  if (ctx->ranks.g.role == sync::Role::kTrain) {
     trainer::RolloutConsumer(*ctx).run();
     return 0;
   }
@@ -29,7 +29,7 @@ int run_rl_rank(const sync::RankEnv& env, const RlJobOptions& o) {
     server::ServerOptions so;
     so.host = o.serve_host;
     so.api_key = o.serve_api_key;
-    so.port = o.serve_port == 0 ? 0 : o.serve_port + ctx->role_global;
+    so.port = o.serve_port == 0 ? 0 : o.serve_port + ctx->ranks.role_global;
     server = std::make_unique<server::Server>(producer.engine_loop(), so);
     int port = server->start();
     fmt::print("rank {}: serving the OpenAI API during training on http://{}:{}\n", env.rank,

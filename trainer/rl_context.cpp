@@ -54,40 +54,61 @@ void RlOptions::validate() {
   }
 }
 
-RlContext::RlContext(const sync::RankEnv& e, const RlOptions& options)
-    : o(options), env(e), world(sync::join_world(e, options.timeout)) {
-  coord = std::make_unique<sync::Coordinator>(world.store, kScope);
-  sync::Topology topo{env.nnodes, o.infer_per_node, o.train_per_node};
-  g = sync::make_groups(std::move(world.comm), topo);
-  infer_total = topo.nnodes * topo.infer_per_node;
-  train_total = topo.nnodes * topo.train_per_node;
-  role_global = g.node * (g.role == sync::Role::kInfer ? topo.infer_per_node : topo.train_per_node) +
-                topo.role_index(env.rank);
-  auto task = o.data_path.empty() ? default_task_rows(o.default_task_rows, o.seed)
-                                  : load_task_jsonl(o.data_path, o.reward, o.model_dir, o.split_special_tokens);
-  split = split_task(std::move(task), o.eval_rows, o.seed);
-  if (split.train.empty()) CRL_INVALID("the task has no training rows after the held-out split");
-  rows = std::make_unique<RowSampler>(static_cast<int64_t>(split.train.size()), o.seed + 17);
-  if (!o.resume_dir.empty()) {
-    auto state = read_checkpoint_state(o.resume_dir);
-    resumed = true;
-    start_step = state.step;
-    int64_t drawn = state.extra.value("rows_drawn", int64_t{0});
-    for (int64_t i = 0; i < drawn; ++i) rows->next();
-    if (env.rank == 0) {
-      fmt::print("resumed from {} at step {} (data cursor {})\n", o.resume_dir, start_step, drawn);
-    }
-  }
+namespace {
+
+RlRanks make_ranks(sync::World& world, const RlOptions& o) {
+  RlRanks r;
+  r.env = world.env;
+  sync::Topology topo{r.env.nnodes, o.infer_per_node, o.train_per_node};
+  r.g = sync::make_groups(std::move(world.comm), topo);
+  r.infer_total = topo.nnodes * topo.infer_per_node;
+  r.train_total = topo.nnodes * topo.train_per_node;
+  r.role_global =
+      r.g.node * (r.g.role == sync::Role::kInfer ? topo.infer_per_node : topo.train_per_node) +
+      topo.role_index(r.env.rank);
+  return r;
 }
 
-std::vector<int64_t> RlContext::draw(int64_t count) {
+}  // namespace
+
+RlContext::Start RlContext::read_start(const RlOptions& o) {
+  if (o.resume_dir.empty()) return {};
+  auto state = read_checkpoint_state(o.resume_dir);
+  return {state.step, state.extra.value("rows_drawn", int64_t{0}), true};
+}
+
+TaskData::TaskData(const RlOptions& o, int64_t rows_drawn) {
+  auto task = o.data_path.empty() ? default_task_rows(o.default_task_rows, o.seed)
+                                  : load_task_jsonl(o.data_path, o.reward, o.model_dir, o.split_special_tokens);
+  split_ = split_task(std::move(task), o.eval_rows, o.seed);
+  if (split_.train.empty()) CRL_INVALID("the task has no training rows after the held-out split");
+  rows_ = std::make_unique<RowSampler>(static_cast<int64_t>(split_.train.size()), o.seed + 17);
+  for (int64_t i = 0; i < rows_drawn; ++i) rows_->next();
+}
+
+std::vector<int64_t> TaskData::draw(int64_t count) {
   std::vector<int64_t> out;
-  for (int64_t i = 0; i < count; ++i) out.push_back(rows->next());
+  for (int64_t i = 0; i < count; ++i) out.push_back(rows_->next());
   return out;
 }
 
+RlContext::RlContext(const sync::RankEnv& env, const RlOptions& options)
+    : RlContext(sync::join_world(env, options.timeout), options, read_start(options)) {}
+
+RlContext::RlContext(sync::World world, const RlOptions& options, const Start& start)
+    : o(options),
+      coord(std::make_unique<sync::Coordinator>(world.store, kScope)),
+      ranks(make_ranks(world, options)),
+      versions(options, start.step, start.resumed),
+      data(options, start.rows_drawn) {
+  if (start.resumed && ranks.env.rank == 0) {
+    fmt::print("resumed from {} at step {} (data cursor {})\n", o.resume_dir, start.step,
+               start.rows_drawn);
+  }
+}
+
 std::unique_ptr<sync::Coordinator> RlContext::connect_own_coordinator() const {
-  return sync::Coordinator::connect(env, o.timeout, kScope);
+  return sync::Coordinator::connect(ranks.env, o.timeout, kScope);
 }
 
 Fault parse_fault(const std::string& s) {

@@ -1,6 +1,8 @@
-// The RL job's shared state (DESIGN.md §5): options, groups, data, and the version arithmetic
-// every rank agrees on. Each rank runs one role: RolloutProducer (infer ranks), RolloutConsumer
-// (train ranks); world rank 0 also runs report_rl_job.
+// The RL job's shared state (DESIGN.md §5), one object per part: the options (RlOptions), this
+// rank's place (RlRanks), the version arithmetic every rank agrees on (VersionPlan), the task and
+// its data cursor (TaskData) and the control plane (sync::Coordinator). Each rank runs one role:
+// RolloutProducer (infer ranks), RolloutConsumer (train ranks); world rank 0 also runs
+// report_rl_job.
 //
 // Weight versions: the engines start at `first_version` (the checkpoint's step on resume, else
 // 0); an SFT warm-up sends one version; GRPO step s trains on weights version_at(s) and sends
@@ -96,43 +98,92 @@ struct RlOptions {
   void validate();
 };
 
-struct RlContext {
-  const RlOptions& o;
+// This rank's place in the job: its environment, its groups and its index among the ranks of its
+// role. Fixed once the world is joined.
+struct RlRanks {
   sync::RankEnv env;
-  sync::World world;
   sync::Groups g;
-  TaskSplit split;
-  std::unique_ptr<RowSampler> rows;
   int infer_total = 0, train_total = 0;
   int role_global = 0;  // index among all infer (or all train) ranks
-  int64_t start_step = 0;
-  bool resumed = false;
-  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+};
 
+// The weight-version arithmetic every rank agrees on (see the top of this file): a value, computed
+// from the options and the step the job starts at, the same on every rank.
+class VersionPlan {
+ public:
+  VersionPlan(const RlOptions& o, int64_t start_step, bool resumed)
+      : start_step_(start_step),
+        resumed_(resumed),
+        sft_(!resumed && o.sft_steps > 0),
+        steps_(o.steps),
+        eval_every_(o.eval_every) {}
+
+  int64_t start_step() const { return start_step_; }
+  bool resumed() const { return resumed_; }
+  bool runs_sft() const { return sft_; }
+  // Weights the engines hold before GRPO step start_step (after the SFT warm-up).
+  int64_t first_grpo_version() const { return start_step_ + (sft_ ? 1 : 0); }
+  // Weights GRPO step s trains on; it sends version_at(s) + 1.
+  int64_t version_at(int64_t step) const { return first_grpo_version() + step - start_step_; }
+  int64_t final_version() const { return version_at(steps_); }
+  // The step whose end version `v` is (v = version_at(s) + 1), or a step before start_step for
+  // the SFT version.
+  int64_t step_of_version(int64_t v) const { return v - 1 - first_grpo_version() + start_step_; }
+  // Held-out evaluation after step s.
+  bool evaluates_after(int64_t step) const {
+    return (eval_every_ > 0 && (step + 1) % eval_every_ == 0) || step + 1 == steps_;
+  }
+
+ private:
+  int64_t start_step_;
+  bool resumed_, sft_;
+  int64_t steps_, eval_every_;
+};
+
+// The task's rows (training and held-out) and the data cursor: every rank draws the same rows in
+// the same order, so each draws its copy for every step, whether it uses the rows or not.
+class TaskData {
+ public:
+  // Loads the task (--data, or the built-in default) and skips `rows_drawn` rows (--resume).
+  TaskData(const RlOptions& o, int64_t rows_drawn);
+  const TaskSplit& split() const { return split_; }
+  std::vector<int64_t> draw(int64_t count);
+  int64_t drawn() const { return rows_->drawn(); }
+
+ private:
+  TaskSplit split_;
+  std::unique_ptr<RowSampler> rows_;
+};
+
+// The RL job's shared state, as the objects that own each part: the options, this rank's place,
+// the version plan, the task data and the control plane.
+struct RlContext {
   // Joins the world, splits the groups, loads the task and, with --resume, the data cursor.
   RlContext(const sync::RankEnv& env, const RlOptions& options);
 
+  const RlOptions& o;
   // The RL job's control plane over the world store (keys under "rl/").
   std::unique_ptr<sync::Coordinator> coord;
+  RlRanks ranks;
+  VersionPlan versions;
+  TaskData data;
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
 
-  sync::Clock::time_point rollout_deadline() const { return sync::Clock::now() + o.rollout_timeout; }
-  // Rows of the SFT step and of the GRPO step, drawn identically on every rank.
-  std::vector<int64_t> draw(int64_t count);
+  sync::Clock::time_point rollout_deadline() const {
+    return sync::Clock::now() + o.rollout_timeout;
+  }
   // A coordinator over a store connection of this rank's own (for a second thread).
   std::unique_ptr<sync::Coordinator> connect_own_coordinator() const;
 
-  bool runs_sft() const { return !resumed && o.sft_steps > 0; }
-  // Weights the engines hold before GRPO step start_step (after the SFT warm-up).
-  int64_t first_grpo_version() const { return start_step + (runs_sft() ? 1 : 0); }
-  // Weights GRPO step s trains on; it sends version_at(s) + 1.
-  int64_t version_at(int64_t step) const { return first_grpo_version() + step - start_step; }
-  int64_t final_version() const { return version_at(o.steps); }
-  // The step whose end version `v` is (v = version_at(s) + 1), or -1 for the SFT version.
-  int64_t step_of_version(int64_t v) const { return v - 1 - first_grpo_version() + start_step; }
-  // Held-out evaluation after step s.
-  bool evaluates_after(int64_t step) const {
-    return (o.eval_every > 0 && (step + 1) % o.eval_every == 0) || step + 1 == o.steps;
-  }
+ private:
+  // Where the job starts: the checkpoint's step and data cursor with --resume, else the start.
+  struct Start {
+    int64_t step = 0;
+    int64_t rows_drawn = 0;
+    bool resumed = false;
+  };
+  static Start read_start(const RlOptions& o);
+  RlContext(sync::World world, const RlOptions& options, const Start& start);
 };
 
 // Tests only: --inject-fault die-at-step:RANK:STEP.

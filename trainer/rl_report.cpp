@@ -17,23 +17,24 @@ void report_rl_job(const RlContext& j, sync::Coordinator& coord) {
   const auto& o = j.o;
   std::ofstream metrics;
   if (!o.metrics_path.empty()) {
-    metrics.open(o.metrics_path, j.resumed ? std::ios::app : std::ios::trunc);
+    metrics.open(o.metrics_path, j.versions.resumed() ? std::ios::app : std::ios::trunc);
     if (!metrics) throw std::runtime_error("cannot open the metrics file " + o.metrics_path);
   }
-  if (!j.resumed) {
+  if (!j.versions.resumed()) {
     fmt::print("data: {} rows ({}): {} held out for evaluation{}, {} for training\n",
-               j.split.eval.size() + j.split.train.size(),
+               j.data.split().eval.size() + j.data.split().train.size(),
                o.data_path.empty() ? std::string("built-in copy task") : o.data_path,
-               j.split.eval.size(),
+               j.data.split().eval.size(),
                o.eval_rows < 0 ? " (default: a fifth, at most 128; --eval-rows sets it)" : "",
-               j.split.train.size());
+               j.data.split().train.size());
     std::fflush(stdout);
   }
   const EvalReport start = wait_eval(coord, EvalPoint::start(), j.rollout_deadline());
   std::vector<std::pair<std::string, double>> evals = {{"start", start.accuracy}};
   double grpo_start = start.elapsed_s;
-  fmt::print("eval start: held-out accuracy {:.3f} ({} rows)\n", evals[0].second, j.split.eval.size());
-  if (j.runs_sft()) {
+  fmt::print("eval start: held-out accuracy {:.3f} ({} rows)\n", evals[0].second,
+             j.data.split().eval.size());
+  if (j.versions.runs_sft()) {
     const EvalReport e = wait_eval(coord, EvalPoint::sft(), j.rollout_deadline());
     evals.push_back({fmt::format("sft {} steps", o.sft_steps), e.accuracy});
     grpo_start = e.elapsed_s;
@@ -47,11 +48,11 @@ void report_rl_job(const RlContext& j, sync::Coordinator& coord) {
   double store_ops = 0, store_bytes = 0, last_elapsed = grpo_start;
   int64_t total_gen_tokens = 0, peak_train_rss = 0, steps_done = 0;
   std::map<int, double> prev_elapsed;  // per rank: when its previous step's metrics were written
-  for (int64_t step = j.start_step; step < o.steps; ++step) {
+  for (int64_t step = j.versions.start_step(); step < o.steps; ++step) {
     const std::vector<RankReport> reports =
-        collect_reports(coord, step, j.env.world_size, o.rollout_timeout);
+        collect_reports(coord, step, j.ranks.env.world_size, o.rollout_timeout);
     std::vector<double> spans;
-    for (int r = 0; r < j.env.world_size; ++r) {
+    for (int r = 0; r < j.ranks.env.world_size; ++r) {
       const double el = elapsed_of(reports[r]);
       spans.push_back(el - (prev_elapsed.count(r) ? prev_elapsed[r] : grpo_start));
       prev_elapsed[r] = el;
@@ -61,8 +62,8 @@ void report_rl_job(const RlContext& j, sync::Coordinator& coord) {
     StepMetrics& m = row.m;
     m.step = step + 1;
     m.phase = "grpo";
-    m.weight_version = j.version_at(step) + 1;
-    if (j.evaluates_after(step)) {
+    m.weight_version = j.versions.version_at(step) + 1;
+    if (j.versions.evaluates_after(step)) {
       const EvalReport e = wait_eval(coord, EvalPoint::after_step(step), j.rollout_deadline());
       m.eval_accuracy = e.accuracy;
       m.elapsed_s = std::max(m.elapsed_s, e.elapsed_s);
@@ -98,12 +99,14 @@ void report_rl_job(const RlContext& j, sync::Coordinator& coord) {
     ++steps_done;
   }
   double wall = seconds_since(j.t0);
-  fmt::print("\nsummary: {} node(s) x ({} infer + {} train ranks), {} GRPO steps{}, {:.1f} s, "
-             "--max-staleness {}, --inflight-update {}{}\n",
-             j.g.topo.nnodes, j.g.topo.infer_per_node, j.g.topo.train_per_node, steps_done,
-             j.resumed ? fmt::format(" (resumed at step {})", j.start_step) : "", wall,
-             o.max_staleness, engine::inflight_policy_name(o.inflight),
-             o.reproducible ? ", --reproducible" : "");
+  fmt::print(
+      "\nsummary: {} node(s) x ({} infer + {} train ranks), {} GRPO steps{}, {:.1f} s, "
+      "--max-staleness {}, --inflight-update {}{}\n",
+      j.ranks.g.topo.nnodes, j.ranks.g.topo.infer_per_node, j.ranks.g.topo.train_per_node,
+      steps_done,
+      j.versions.resumed() ? fmt::format(" (resumed at step {})", j.versions.start_step()) : "",
+      wall, o.max_staleness, engine::inflight_policy_name(o.inflight),
+      o.reproducible ? ", --reproducible" : "");
   fmt::print("| eval point | held-out accuracy |\n|---|---|\n");
   for (const auto& [name, acc] : evals) fmt::print("| {} | {:.3f} |\n", name, acc);
   if (steps_done > 0) {
@@ -119,7 +122,8 @@ void report_rl_job(const RlContext& j, sync::Coordinator& coord) {
                infer_span > 0 ? 100 * (1 - infer_busy / infer_span) : 0,
                train_span > 0 ? 100 * train_idle / train_span : 0, stale_max, dropped);
     fmt::print("control plane: {:.0f} store requests per step ({:.1f} per rank), {} per step\n",
-               store_ops / k, store_ops / k / j.env.world_size, format_bytes(store_bytes / k));
+               store_ops / k, store_ops / k / j.ranks.env.world_size,
+               format_bytes(store_bytes / k));
     fmt::print("generated {} tokens; log-prob gap at the first step {:.2e}; peak train-rank RSS {}\n",
                total_gen_tokens, max_gap0, format_bytes(static_cast<double>(peak_train_rss)));
   }

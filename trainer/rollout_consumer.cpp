@@ -39,9 +39,10 @@ bool round_runnable(int64_t have_i, int64_t ended, int64_t ended_i, int64_t rank
 }
 
 RolloutConsumer::RolloutConsumer(RlContext& ctx) : c_(ctx), o_(ctx.o) {
-  sync::RolloutRoute route{c_.g.node, c_.g.topo.infer_per_node, c_.g.topo.train_per_node};
-  receiver_ = std::make_unique<sync::RolloutReceiver>(c_.coord->store(), *c_.g.sync, route,
-                                                      c_.g.topo.role_index(c_.env.rank));
+  sync::RolloutRoute route{c_.ranks.g.node, c_.ranks.g.topo.infer_per_node,
+                           c_.ranks.g.topo.train_per_node};
+  receiver_ = std::make_unique<sync::RolloutReceiver>(
+      c_.coord->store(), *c_.ranks.g.sync, route, c_.ranks.g.topo.role_index(c_.ranks.env.rank));
 }
 
 RolloutConsumer::~RolloutConsumer() = default;
@@ -50,11 +51,11 @@ void RolloutConsumer::run() {
   at::ScalarType edtype = engine::parse_dtype(o_.engine_dtype);
   TrainerOptions topts = o_.trainer;
   topts.deterministic = o_.deterministic;
-  topts.group = c_.g.train.get();
+  topts.group = c_.ranks.g.train.get();
   // The trainer's buckets are the weight sync's: same cap (and, with equal dtypes, same layout).
   topts.grad_bucket_bytes = o_.bucket_bytes;
   std::unique_ptr<Trainer> tr;
-  if (c_.resumed) {
+  if (c_.versions.resumed()) {
     if (topts.grpo.kl_coef > 0) {
       if (o_.sft_steps > 0) {
         throw std::invalid_argument(
@@ -74,21 +75,21 @@ void RolloutConsumer::run() {
     specs.push_back({name, std::vector<int64_t>(t.sizes().begin(), t.sizes().end()), edtype});
   }
   layout_ = std::make_unique<sync::WeightLayout>(sync::WeightLayout::plan(specs, o_.bucket_bytes));
-  ws_ = std::make_unique<sync::WeightSync>(c_.g, c_.coord->store(), *layout_, o_.sync);
+  ws_ = std::make_unique<sync::WeightSync>(c_.ranks.g, c_.coord->store(), *layout_, o_.sync);
 
-  if (c_.runs_sft()) {
+  if (c_.versions.runs_sft()) {
     tr = sft(std::move(tr), topts);
-    send(*tr, c_.first_grpo_version());
+    send(*tr, c_.versions.first_grpo_version());
   }
   tr->set_grad_scale(grad_scale());
   Fault fault = parse_fault(o_.fault);
   auto counters = sync::Coordinator::store_traffic();
-  for (int64_t step = c_.start_step; step < o_.steps; ++step) {
-    if (fault.rank == c_.env.rank && fault.step == step + 1) std::raise(SIGKILL);
-    c_.draw(o_.prompts_per_step);  // keep the data cursor in step with the infer ranks
+  for (int64_t step = c_.versions.start_step(); step < o_.steps; ++step) {
+    if (fault.rank == c_.ranks.env.rank && fault.step == step + 1) std::raise(SIGKILL);
+    c_.data.draw(o_.prompts_per_step);  // keep the data cursor in step with the infer ranks
     TrainReport m = train_step(*tr, step);
     auto s0 = Clock::now();
-    m.sync_send_s = send(*tr, c_.version_at(step) + 1);
+    m.sync_send_s = send(*tr, c_.versions.version_at(step) + 1);
     m.send_wait_s = seconds_since(s0) - m.sync_send_s;
     bool save = !o_.save_dir.empty() &&
                 ((o_.save_every > 0 && (step + 1) % o_.save_every == 0) || step + 1 == o_.steps);
@@ -96,8 +97,8 @@ void RolloutConsumer::run() {
       // Every train rank takes part (the sharded state is gathered); the group's rank 0 writes.
       auto t0 = Clock::now();
       std::string dir = fmt::format("{}/step-{}", o_.save_dir, step + 1);
-      save_checkpoint(*tr, dir, o_.model_dir, {{"rows_drawn", c_.rows->drawn()}, {"phase", "grpo"}});
-      if (c_.role_global == 0) {
+      save_checkpoint(*tr, dir, o_.model_dir, {{"rows_drawn", c_.data.drawn()}, {"phase", "grpo"}});
+      if (c_.ranks.role_global == 0) {
         m.checkpoint = dir;
         m.checkpoint_s = seconds_since(t0);
       }
@@ -107,7 +108,7 @@ void RolloutConsumer::run() {
     m.store_ops = now.ops - counters.ops;
     m.store_bytes = now.bytes - counters.bytes;
     counters = now;
-    publish_report(*c_.coord, step, c_.env.rank, m);
+    publish_report(*c_.coord, step, c_.ranks.env.rank, m);
   }
 }
 
@@ -118,7 +119,7 @@ GradScale RolloutConsumer::grad_scale() {
   // change the weighting.
   return [this] {
     at::Tensor n = at::full({1}, static_cast<double>(local_loss_tokens_), at::kDouble);
-    c_.g.train->all_reduce(n);
+    c_.ranks.g.train->all_reduce(n);
     const double total = n.item<double>();
     return total > 0 ? 1.0 / total : 0.0;
   };
@@ -128,9 +129,9 @@ std::vector<LossMetrics> RolloutConsumer::accumulate_all(Trainer& tr,
                                                          const std::vector<MicroBatch>& batches,
                                                          LossKind kind) {
   int64_t rounds = static_cast<int64_t>(batches.size());
-  if (tr.options().zero_stage == 2 && c_.train_total > 1) {
+  if (tr.options().zero_stage == 2 && c_.ranks.train_total > 1) {
     at::Tensor n = at::full({1}, rounds, at::kLong);
-    c_.g.train->all_reduce(n, sync::ReduceOp::kMax);
+    c_.ranks.g.train->all_reduce(n, sync::ReduceOp::kMax);
     rounds = n.item<int64_t>();
   }
   std::vector<LossMetrics> parts;
@@ -161,7 +162,7 @@ void RolloutConsumer::count_round(Rounds& r, bool ended) {
 
 bool RolloutConsumer::run_rounds(Trainer& tr, Rounds& r, std::vector<LossMetrics>& parts) {
   sync::Coordinator& co = *c_.coord;
-  const int64_t ranks = c_.g.train->size();
+  const int64_t ranks = c_.ranks.g.train->size();
   for (;;) {
     const int64_t i = r.done + 1;
     // `ended` first, then ended(i), then have(i): a rank is never counted twice (see the header).
@@ -187,7 +188,7 @@ bool RolloutConsumer::run_rounds(Trainer& tr, Rounds& r, std::vector<LossMetrics
 // A barrier of the train ranks with the rollout deadline: collectives after it then start
 // together, so a slow node or a checkpoint write is not mistaken for a dead peer.
 void RolloutConsumer::barrier(const std::string& name) {
-  c_.coord->barrier(name, c_.train_total, c_.rollout_deadline(), last_barrier_);
+  c_.coord->barrier(name, c_.ranks.train_total, c_.rollout_deadline(), last_barrier_);
   last_barrier_ = name;
 }
 
@@ -215,11 +216,11 @@ std::unique_ptr<Trainer> RolloutConsumer::sft(std::unique_ptr<Trainer> tr, const
   auto cfg = engine::load_model_config(o_.model_dir);
   const PromptEncoder prompts(tok, tok.special_prefix());
   for (int64_t s = 0; s < o_.sft_steps; ++s) {
-    std::vector<int64_t> picked = c_.draw(o_.sft_rows_per_step);
+    std::vector<int64_t> picked = c_.data.draw(o_.sft_rows_per_step);
     std::vector<SampleGroup> groups;
     for (size_t i = 0; i < picked.size(); ++i) {
-      if (static_cast<int>(i % c_.train_total) != c_.role_global) continue;
-      const auto& row = c_.split.train[picked[i]];
+      if (static_cast<int>(i % c_.ranks.train_total) != c_.ranks.role_global) continue;
+      const auto& row = c_.data.split().train[picked[i]];
       groups.push_back(sft_group(prompts.encode(row), tok.encode(row.answer, PromptEncoder::answer_options(row)),
                                  static_cast<int32_t>(cfg.eos_token_ids.at(0))));
     }
@@ -228,7 +229,7 @@ std::unique_ptr<Trainer> RolloutConsumer::sft(std::unique_ptr<Trainer> tr, const
     local_loss_tokens_ = 0;
     accumulate_all(*sft, batches, LossKind::kSft);
     auto st = sft->finish_step();
-    if (c_.role_global == 0 && ((s + 1) % 20 == 0 || s + 1 == o_.sft_steps)) {
+    if (c_.ranks.role_global == 0 && ((s + 1) % 20 == 0 || s + 1 == o_.sft_steps)) {
       spdlog::info("sft step {}/{} | grad norm {:.3g} lr {:.1e} | {:.1f} s", s + 1, o_.sft_steps,
                    st.grad_norm, st.lr, seconds_since(c_.t0));
     }
@@ -243,12 +244,12 @@ TrainReport RolloutConsumer::train_step(Trainer& tr, int64_t step) {
   std::vector<LossMetrics> parts;
   int64_t tokens = 0, stale_sum = 0, stale_max = 0;
   double compute_s = 0;
-  const int64_t trainer_version = c_.version_at(step);
+  const int64_t trainer_version = c_.versions.version_at(step);
   tr.zero_grad();
   local_loss_tokens_ = 0;
   // Stages 0 and 1 train each micro-batch as it arrives; ZeRO stage 2 trains in collective
   // rounds, run as soon as every rank can join them (round_runnable).
-  const bool rounds = tr.options().zero_stage == 2 && c_.train_total > 1;
+  const bool rounds = tr.options().zero_stage == 2 && c_.ranks.train_total > 1;
   Rounds rd;
   rd.step = step;
   // Between messages: look again when a held micro-batch waits for its round, backing off from
@@ -314,7 +315,7 @@ TrainReport RolloutConsumer::train_step(Trainer& tr, int64_t step) {
         throw std::runtime_error(fmt::format(
             "step {}: only {} of {} train ranks ended their rollout streams before the deadline "
             "(--rollout-timeout); this rank ran {} ZeRO-2 rounds",
-            step + 1, rd.ended_ranks, c_.g.train->size(), rd.done));
+            step + 1, rd.ended_ranks, c_.ranks.g.train->size(), rd.done));
       }
       auto w0 = Clock::now();
       std::this_thread::sleep_until(std::max(rd.next_look, w0));
@@ -326,7 +327,7 @@ TrainReport RolloutConsumer::train_step(Trainer& tr, int64_t step) {
     barrier(fmt::format("rollouts-s{}", step));  // every node's rollouts are in
     wait_s += seconds_since(b0);
   }
-  if (rounds && c_.g.train->rank() == 0) {
+  if (rounds && c_.ranks.g.train->rank() == 0) {
     // Every rank finished its rounds before the barrier: the step's counters can go.
     sync::Coordinator& co = *c_.coord;
     for (int64_t i = 1; i <= rd.done + 1; ++i) {

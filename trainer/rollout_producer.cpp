@@ -41,7 +41,7 @@ std::vector<int> shard_by_cost(const std::vector<int64_t>& cost, int ranks) {
 
 RolloutProducer::RolloutProducer(RlContext& ctx) : c_(ctx), o_(ctx.o) {
   engine::EngineConfig ec;
-  ec.model_dir = c_.resumed ? o_.resume_dir : o_.model_dir;
+  ec.model_dir = c_.versions.resumed() ? o_.resume_dir : o_.model_dir;
   ec.dtype = o_.engine_dtype;
   ec.deterministic = o_.deterministic;
   ec.cpu_kernels = o_.cpu_kernels;
@@ -54,21 +54,22 @@ RolloutProducer::RolloutProducer(RlContext& ctx) : c_(ctx), o_(ctx.o) {
   CRL_CHECK(eng->tokenizer(), "the RL job needs a model with a tokenizer (tokenizer.json or tokenizer.model)");
   prompts_ = std::make_unique<PromptEncoder>(*eng->tokenizer(), eng->prompt_prefix());
   layout_ = std::make_unique<sync::WeightLayout>(eng->attach_weight_buffers(o_.bucket_bytes).layout());
-  followed_ = requested_ = c_.start_step;  // the checkpoint's version on resume, else 0
+  followed_ = requested_ = c_.versions.start_step();  // the checkpoint's version on resume, else 0
   eng->set_weight_version(followed_);
-  ws_ = std::make_shared<sync::WeightSync>(c_.g, c_.coord->store(), *layout_, o_.sync);
-  sync::RolloutRoute route{c_.g.node, c_.g.topo.infer_per_node, c_.g.topo.train_per_node};
+  ws_ = std::make_shared<sync::WeightSync>(c_.ranks.g, c_.coord->store(), *layout_, o_.sync);
+  sync::RolloutRoute route{c_.ranks.g.node, c_.ranks.g.topo.infer_per_node,
+                           c_.ranks.g.topo.train_per_node};
   // With --reproducible the queue is not bounded by --rollout-queue: a full queue must not hold
   // the engine inside a step whose end the train ranks wait for (they send the next version only
   // once asked, at that end). The producer is at most K + 1 steps ahead, so the queue holds at
   // most K + 1 steps' rollouts.
   const size_t queue = o_.reproducible ? std::numeric_limits<size_t>::max() : o_.rollout_queue;
   // The sender's thread talks to the store over a connection of its own.
-  sender_ = std::make_unique<sync::RolloutSender>(c_.connect_own_coordinator()->store(),
-                                                  *c_.g.sync, route, c_.g.topo.role_index(c_.env.rank),
-                                                  o_.rollout_timeout, queue);
-  for (size_t i = 0; i < c_.split.eval.size(); ++i) {
-    if (static_cast<int>(i % c_.infer_total) == c_.role_global) eval_rows_.push_back(i);
+  sender_ = std::make_unique<sync::RolloutSender>(
+      c_.connect_own_coordinator()->store(), *c_.ranks.g.sync, route,
+      c_.ranks.g.topo.role_index(c_.ranks.env.rank), o_.rollout_timeout, queue);
+  for (size_t i = 0; i < c_.data.split().eval.size(); ++i) {
+    if (static_cast<int>(i % c_.ranks.infer_total) == c_.ranks.role_global) eval_rows_.push_back(i);
   }
   loop_ = std::make_shared<engine::EngineLoop>(std::move(eng));
   loop_->set_weight_source(ws_, o_.inflight);
@@ -86,7 +87,7 @@ double RolloutProducer::evaluate() {
   for (size_t k = 0; k < eval_rows_.size(); ++k) {
     engine::GenerateRequest q;
     q.request_id = fmt::format("eval{}-{}", evals_, k);
-    q.prompt_token_ids = prompts_->encode(c_.split.eval[eval_rows_[k]]);
+    q.prompt_token_ids = prompts_->encode(c_.data.split().eval[eval_rows_[k]]);
     q.params.temperature = 0;
     q.params.max_tokens = o_.max_tokens;
     reqs.push_back(std::move(q));
@@ -97,22 +98,22 @@ double RolloutProducer::evaluate() {
   busy_s_ += run_requests(std::move(reqs), /*follow=*/false, /*in_order=*/false,
                           [&](size_t k, const engine::RequestOutput& out) {
                             correct += score_completion(o_.reward, out.outputs.at(0).text,
-                                                        c_.split.eval[eval_rows_[k]].answer)
+                                                        c_.data.split().eval[eval_rows_[k]].answer)
                                            .correct;
                           });
   at::Tensor t = at::tensor({correct, static_cast<double>(eval_rows_.size())}, at::kDouble);
-  c_.g.infer->all_reduce(t);
+  c_.ranks.g.infer->all_reduce(t);
   return t[1].item<double>() > 0 ? t[0].item<double>() / t[1].item<double>() : 0.0;
 }
 
 void RolloutProducer::after_update(int64_t v) {
-  const int64_t step = c_.step_of_version(v);
-  if (step < c_.start_step) {  // the SFT warm-up's version
+  const int64_t step = c_.versions.step_of_version(v);
+  if (step < c_.versions.start_step()) {  // the SFT warm-up's version
     EvalReport e{evaluate(), seconds_since(c_.t0)};
-    if (c_.env.rank == 0) publish_eval(*c_.coord, EvalPoint::sft(), e);
-  } else if (c_.evaluates_after(step)) {
+    if (c_.ranks.env.rank == 0) publish_eval(*c_.coord, EvalPoint::sft(), e);
+  } else if (c_.versions.evaluates_after(step)) {
     EvalReport e{evaluate(), seconds_since(c_.t0)};
-    if (c_.env.rank == 0) publish_eval(*c_.coord, EvalPoint::after_step(step), e);
+    if (c_.ranks.env.rank == 0) publish_eval(*c_.coord, EvalPoint::after_step(step), e);
   }
   // Ask for the next version only now: an evaluation measures one version and never runs inside
   // a sender's deadline. With --reproducible the engine asks only when it will take it
@@ -132,7 +133,7 @@ bool RolloutProducer::follow_updates() {
 }
 
 void RolloutProducer::request_next() {
-  if (followed_ < c_.final_version() && requested_ < followed_ + 1) {
+  if (followed_ < c_.versions.final_version() && requested_ < followed_ + 1) {
     ws_->request(followed_ + 1);
     requested_ = followed_ + 1;
   }
@@ -188,15 +189,15 @@ double RolloutProducer::run_requests(
 
 void RolloutProducer::run() {
   EvalReport start{evaluate(), seconds_since(c_.t0)};
-  if (c_.env.rank == 0) publish_eval(*c_.coord, EvalPoint::start(), start);
+  if (c_.ranks.env.rank == 0) publish_eval(*c_.coord, EvalPoint::start(), start);
   if (!o_.reproducible) request_next();
-  if (c_.runs_sft()) wait_weights();  // the warm-up's weights; evaluated on arrival
+  if (c_.versions.runs_sft()) wait_weights();  // the warm-up's weights; evaluated on arrival
   Fault fault = parse_fault(o_.fault);
   auto counters = sync::Coordinator::store_traffic();
-  for (int64_t step = c_.start_step; step < o_.steps; ++step) {
-    if (fault.rank == c_.env.rank && fault.step == step + 1) std::raise(SIGKILL);
+  for (int64_t step = c_.versions.start_step(); step < o_.steps; ++step) {
+    if (fault.rank == c_.ranks.env.rank && fault.step == step + 1) std::raise(SIGKILL);
     auto w0 = Clock::now();
-    while (followed_ < c_.version_at(step) - o_.max_staleness) wait_weights();
+    while (followed_ < c_.versions.version_at(step) - o_.max_staleness) wait_weights();
     double gate_s = seconds_since(w0);
     InferReport m = rollout(step);
     m.gate_wait_s = gate_s;
@@ -211,10 +212,10 @@ void RolloutProducer::run() {
     m.store_ops = now.ops - counters.ops;
     m.store_bytes = now.bytes - counters.bytes;
     counters = now;
-    publish_report(*c_.coord, step, c_.env.rank, m);
+    publish_report(*c_.coord, step, c_.ranks.env.rank, m);
   }
   // The versions of the last steps (and their evaluations), then the queue drains.
-  while (followed_ < c_.final_version()) wait_weights();
+  while (followed_ < c_.versions.final_version()) wait_weights();
   loop_->set_weight_source(nullptr);  // no version comes after the last
   auto deadline = c_.rollout_deadline();
   while (!sender_->idle()) {
@@ -225,19 +226,19 @@ void RolloutProducer::run() {
 
 InferReport RolloutProducer::rollout(int64_t step) {
   auto t_start = Clock::now();
-  std::vector<int64_t> picked = c_.draw(o_.prompts_per_step);
+  std::vector<int64_t> picked = c_.data.draw(o_.prompts_per_step);
   std::vector<std::vector<int32_t>> prompt_ids;
   std::vector<int64_t> cost;
   for (int64_t r : picked) {
-    prompt_ids.push_back(prompts_->encode(c_.split.train[r]));
+    prompt_ids.push_back(prompts_->encode(c_.data.split().train[r]));
     cost.push_back(static_cast<int64_t>(prompt_ids.back().size()) +
                    int64_t{o_.samples_per_prompt} * o_.max_tokens);
   }
-  std::vector<int> owner = shard_by_cost(cost, c_.infer_total);
+  std::vector<int> owner = shard_by_cost(cost, c_.ranks.infer_total);
   std::vector<int64_t> row_of;  // submission index -> task row
   std::vector<engine::GenerateRequest> reqs;
   for (size_t i = 0; i < picked.size(); ++i) {
-    if (owner[i] != c_.role_global) continue;
+    if (owner[i] != c_.ranks.role_global) continue;
     engine::GenerateRequest q;
     q.request_id = fmt::format("s{}p{}", step, i);
     q.prompt_token_ids = std::move(prompt_ids[i]);
@@ -248,7 +249,7 @@ InferReport RolloutProducer::rollout(int64_t step) {
     row_of.push_back(picked[i]);
     reqs.push_back(std::move(q));
   }
-  const int64_t oldest_allowed = c_.version_at(step) - o_.max_staleness;
+  const int64_t oldest_allowed = c_.versions.version_at(step) - o_.max_staleness;
   std::vector<SampleGroup> pending;
   int64_t pending_tokens = 0, gen_tokens = 0, correct = 0, samples = 0, sent_bytes = 0;
   int64_t dropped = 0, stale_tokens = 0;
@@ -256,44 +257,44 @@ InferReport RolloutProducer::rollout(int64_t step) {
   // With --reproducible no version lands mid-step, and groups are packed in prompt order (not in
   // the order this thread happened to see them finish): the micro-batches are a function of the
   // step.
-  busy_s_ += run_requests(std::move(reqs), /*follow=*/!o_.reproducible,
-                          /*in_order=*/o_.reproducible,
-                          [&](size_t index, const engine::RequestOutput& out) {
-    const TaskRow& row = c_.split.train[row_of[index]];
-    SampleGroup grp;
-    grp.prompt_ids.assign(out.prompt_token_ids.begin(), out.prompt_token_ids.end());
-    grp.prompt_index = row_of[index];
-    bool too_old = false;
-    for (const auto& c : out.outputs) {
-      auto rr = score_completion(o_.reward, c.text, row.answer);
-      Sample smp;
-      smp.completion_ids = c.token_ids;
-      smp.logprobs = c.raw_logprobs;
-      smp.versions = c.token_versions;
-      smp.reward = rr.reward;
-      for (int64_t v : c.token_versions) {
-        too_old = too_old || v < oldest_allowed;
-        stale_tokens += v < c_.version_at(step);
-      }
-      gen_tokens += static_cast<int64_t>(c.token_ids.size());
-      pending_tokens += static_cast<int64_t>(grp.prompt_ids.size() + c.token_ids.size());
-      correct += rr.correct;
-      rsum += rr.reward;
-      rsq += rr.reward * rr.reward;
-      ++samples;
-      grp.samples.push_back(std::move(smp));
-    }
-    if (too_old) {  // never trained on; counted in the step's metrics
-      ++dropped;
-      return;
-    }
-    pending.push_back(std::move(grp));
-    compute_group_advantages(pending);  // per group: earlier groups are unchanged
-    if (pending_tokens >= o_.trainer.micro_batch_tokens) {
-      sent_bytes += send(pending, step);
-      pending_tokens = 0;
-    }
-  });
+  busy_s_ += run_requests(
+      std::move(reqs), /*follow=*/!o_.reproducible,
+      /*in_order=*/o_.reproducible, [&](size_t index, const engine::RequestOutput& out) {
+        const TaskRow& row = c_.data.split().train[row_of[index]];
+        SampleGroup grp;
+        grp.prompt_ids.assign(out.prompt_token_ids.begin(), out.prompt_token_ids.end());
+        grp.prompt_index = row_of[index];
+        bool too_old = false;
+        for (const auto& c : out.outputs) {
+          auto rr = score_completion(o_.reward, c.text, row.answer);
+          Sample smp;
+          smp.completion_ids = c.token_ids;
+          smp.logprobs = c.raw_logprobs;
+          smp.versions = c.token_versions;
+          smp.reward = rr.reward;
+          for (int64_t v : c.token_versions) {
+            too_old = too_old || v < oldest_allowed;
+            stale_tokens += v < c_.versions.version_at(step);
+          }
+          gen_tokens += static_cast<int64_t>(c.token_ids.size());
+          pending_tokens += static_cast<int64_t>(grp.prompt_ids.size() + c.token_ids.size());
+          correct += rr.correct;
+          rsum += rr.reward;
+          rsq += rr.reward * rr.reward;
+          ++samples;
+          grp.samples.push_back(std::move(smp));
+        }
+        if (too_old) {  // never trained on; counted in the step's metrics
+          ++dropped;
+          return;
+        }
+        pending.push_back(std::move(grp));
+        compute_group_advantages(pending);  // per group: earlier groups are unchanged
+        if (pending_tokens >= o_.trainer.micro_batch_tokens) {
+          sent_bytes += send(pending, step);
+          pending_tokens = 0;
+        }
+      });
   double gen_s = seconds_since(t_start);
   sent_bytes += send(pending, step);
   sender_->end_step(step);

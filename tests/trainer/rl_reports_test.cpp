@@ -161,5 +161,39 @@ TEST(RlOptionsTest, ValidateNamesTheFlags) {
   ASSERT_THROWS_WITH(o.validate(), std::invalid_argument, "--micro-batch-tokens must exceed --max-tokens");
 }
 
+TEST(VersionPlanTest, FreshJobSendsTheWarmUpAsVersionOneAndEachStepTheNext) {
+  RlOptions o;
+  o.steps = 6;
+  o.eval_every = 4;
+  VersionPlan v(o, 0, false);
+  EXPECT_TRUE(v.runs_sft());
+  EXPECT_EQ(v.first_grpo_version(), 1);
+  EXPECT_EQ(v.version_at(0), 1);
+  EXPECT_EQ(v.version_at(5), 6);
+  EXPECT_EQ(v.final_version(), 7);
+  for (int64_t s = 0; s < o.steps; ++s) EXPECT_EQ(v.step_of_version(v.version_at(s) + 1), s);
+  EXPECT_LT(v.step_of_version(v.first_grpo_version()), 0);  // the warm-up's version
+  std::vector<int64_t> evals;
+  for (int64_t s = 0; s < o.steps; ++s) {
+    if (v.evaluates_after(s)) evals.push_back(s);
+  }
+  EXPECT_EQ(evals, (std::vector<int64_t>{3, 5}));  // every 4th step and the last
+}
+
+TEST(VersionPlanTest, ResumedJobStartsAtTheCheckpointsVersionWithoutAWarmUp) {
+  RlOptions o;
+  o.steps = 10;
+  VersionPlan v(o, 4, true);
+  EXPECT_FALSE(v.runs_sft());
+  EXPECT_EQ(v.first_grpo_version(), 4);
+  EXPECT_EQ(v.version_at(4), 4);
+  EXPECT_EQ(v.final_version(), 10);
+  EXPECT_EQ(v.step_of_version(5), 4);
+  o.sft_steps = 0;
+  VersionPlan no_sft(o, 0, false);
+  EXPECT_FALSE(no_sft.runs_sft());
+  EXPECT_EQ(no_sft.version_at(0), 0);
+}
+
 }  // namespace
 }  // namespace crl::trainer
