@@ -3,21 +3,20 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
-#include <fcntl.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <fstream>
 #include <sstream>
 
 #include "app/commands.h"
 #include "app/launcher.h"
+#include "bench/linear_bench.h"
+#include "bench/rl_bench.h"
 #include "bench/rollout_bench.h"
 #include "bench/serve_bench.h"
 #include "bench/sync_job.h"
-#include "bench/linear_bench.h"
 #include "bench/tokenizer_bench.h"
 #include "bench/train_bench.h"
 #include "common/check.h"
@@ -25,7 +24,6 @@
 #include "common/units.h"
 #include "engine/model/config.h"
 #include "engine/model/model_cache.h"
-#include "trainer/rl_reports.h"
 
 extern char** environ;
 
@@ -162,129 +160,6 @@ int run_sync_bench(const SyncBenchFlags& f) {
   return failures ? 1 : 0;
 }
 
-struct E2eFlags {
-  bool on = false;
-  std::string shapes = "default,smollm2-135m";
-  std::string topologies = "1-1,2-2";
-  int steps = 4;
-  int prompts = 8;
-  int n = 4;
-  int max_tokens = 16;
-  std::string staleness = "0";  // --max-staleness values, one cell each
-  std::string inflight = "keep";
-  std::string results = "rl_bench.jsonl";
-};
-
-double median_of(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
-// End-to-end: the real RL job (launcher, engines, trainers, weight sync) for a few GRPO steps per
-// (model, topology) cell; steps/s after the first step and the median per-phase breakdown, read
-// from the job's own JSONL metrics.
-int run_e2e_bench(const E2eFlags& f) {
-  std::remove(f.results.c_str());
-  fmt::print("| model | train+infer ranks | K | steps | steps/s | vs K=first | gen tok/s (wall) | "
-             "engine idle | trainer idle | generate s | wait s | train s | sync ms | max stale | "
-             "dropped |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-  std::fflush(stdout);
-  int failures = 0;
-  for (const auto& shape : split_list(f.shapes)) {
-    std::string model = engine::ensure_preset_model(shape);
-    for (const auto& topo : split_list(f.topologies)) {
-     double base_sps = 0;
-     for (const auto& k : split_list(f.staleness)) {
-      int t = 0, i = 0;
-      char c = 0;
-      if (std::sscanf(topo.c_str(), "%d%c%d", &t, &c, &i) != 3 || c != '-' || t < 1 || i < 1) {
-        CRL_INVALID("bench rollout --end-to-end: topology '", topo, "' is not TRAIN-INFER");
-      }
-      std::string metrics = f.results + ".steps.jsonl";
-      std::vector<std::string> args = {
-          "/proc/self/exe", "train", "--gpus-infer", std::to_string(i), "--gpus-train",
-          std::to_string(t), "--model", model, "--steps", std::to_string(f.steps),
-          "--sft-steps", "0", "--prompts-per-step", std::to_string(f.prompts), "--n-samples",
-          std::to_string(f.n), "--max-tokens", std::to_string(f.max_tokens), "--eval-every", "0",
-          "--eval-rows", "8", "--metrics", metrics, "--timeout", "900", "--max-staleness", k,
-          "--inflight-update", f.inflight};
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      pid_t pid = 0;
-      posix_spawn_file_actions_t fa;
-      posix_spawn_file_actions_init(&fa);
-      posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-      int rc = posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, argv.data(), environ);
-      posix_spawn_file_actions_destroy(&fa);
-      if (rc != 0) throw std::runtime_error("bench rollout --end-to-end: cannot spawn the job");
-      int st = 0;
-      waitpid(pid, &st, 0);
-      if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
-        ++failures;
-        fmt::print("| {} | {}+{} | {} | failed | | | | | | | | | | | |\n", shape, t, i, k);
-        continue;
-      }
-      std::ifstream in(metrics);
-      std::string line;
-      std::vector<trainer::RlMetricsRow> rows;
-      while (std::getline(in, line)) {
-        if (!line.empty()) rows.push_back(nlohmann::json::parse(line).get<trainer::RlMetricsRow>());
-      }
-      std::vector<double> gen, wait, train, sync, eidle, tidle;
-      double gen_tokens = 0, stale = 0, dropped = 0;
-      for (size_t r = 1; r < rows.size(); ++r) {  // the first step warms up
-        gen.push_back(rows[r].time_generate_s);
-        wait.push_back(rows[r].time_wait_rollouts_s);
-        train.push_back(rows[r].time_train_s);
-        sync.push_back(rows[r].time_sync_s * 1e3);
-        eidle.push_back(rows[r].engine_idle_share);
-        tidle.push_back(rows[r].trainer_idle_share);
-        gen_tokens += rows[r].generated_tokens;
-      }
-      for (const auto& row : rows) {
-        stale = std::max(stale, row.staleness_max);
-        dropped += row.groups_dropped;
-      }
-      double span = rows.size() > 1 ? rows.back().m.elapsed_s - rows.front().m.elapsed_s : 0;
-      double sps = span > 0 ? (rows.size() - 1) / span : 0;
-      if (base_sps == 0) base_sps = sps;
-      nlohmann::json cell = {{"shape", shape},
-                             {"train", t},
-                             {"infer", i},
-                             {"max_staleness", std::stoi(k)},
-                             {"inflight", f.inflight},
-                             {"steps", rows.size()},
-                             {"steps_per_s", sps},
-                             {"speedup_vs_first", base_sps > 0 ? sps / base_sps : 0},
-                             {"gen_tok_s_wall", span > 0 ? gen_tokens / span : 0},
-                             {"engine_idle_share", median_of(eidle)},
-                             {"trainer_idle_share", median_of(tidle)},
-                             {"generate_s", median_of(gen)},
-                             {"wait_s", median_of(wait)},
-                             {"train_s", median_of(train)},
-                             {"sync_ms", median_of(sync)},
-                             {"staleness_max", stale},
-                             {"groups_dropped", dropped}};
-      std::ofstream(f.results, std::ios::app) << cell.dump() << "\n";
-      fmt::print("| {} | {}+{} | {} | {} | {:.3f} | {:.2f}x | {:.0f} | {:.0f}% | {:.0f}% | {:.2f} | "
-                 "{:.2f} | {:.2f} | {:.1f} | {:.0f} | {:.0f} |\n",
-                 shape, t, i, k, rows.size(), sps, base_sps > 0 ? sps / base_sps : 0,
-                 span > 0 ? gen_tokens / span : 0, median_of(eidle) * 100, median_of(tidle) * 100,
-                 median_of(gen), median_of(wait), median_of(train), median_of(sync), stale, dropped);
-      std::fflush(stdout);
-      std::remove(metrics.c_str());
-     }
-    }
-  }
-  fmt::print("(steps/s and tok/s: steps 2..{} over the wall clock; other columns: medians; idle: the "
-             "share of a step's wall time an engine has no request in flight / a trainer waits; "
-             "{} prompts x {} samples, <= {} new tokens; rows in {})\n",
-             f.steps, f.prompts, f.n, f.max_tokens, f.results);
-  return failures ? 1 : 0;
-}
-
 }  // namespace
 
 Runner register_bench(CLI::App& app) {
@@ -294,26 +169,8 @@ Runner register_bench(CLI::App& app) {
   cmd->require_subcommand(1);
   auto* rollout = cmd->add_subcommand("rollout", "rollout (generation) throughput against baselines");
   bench::add_rollout_flags(*rollout, *opts);
-  auto e2e = std::make_shared<E2eFlags>();
-  rollout->add_flag("--end-to-end", e2e->on,
-                    "the whole RL job instead (engines + trainers + weight sync): steps/s and "
-                    "the per-phase breakdown");
-  rollout->add_option("--e2e-shapes", e2e->shapes, "end-to-end: model presets")->capture_default_str();
-  rollout->add_option("--e2e-topologies", e2e->topologies, "end-to-end: TRAIN-INFER ranks")
-      ->capture_default_str();
-  rollout->add_option("--e2e-steps", e2e->steps, "end-to-end: GRPO steps per cell")
-      ->capture_default_str();
-  rollout->add_option("--e2e-prompts", e2e->prompts, "end-to-end: prompts per step")
-      ->capture_default_str();
-  rollout->add_option("--e2e-n", e2e->n, "end-to-end: samples per prompt")->capture_default_str();
-  rollout->add_option("--e2e-max-tokens", e2e->max_tokens, "end-to-end: new tokens per sample")
-      ->capture_default_str();
-  rollout->add_option("--e2e-results", e2e->results, "end-to-end: JSONL rows")->capture_default_str();
-  rollout->add_option("--max-staleness", e2e->staleness,
-                      "end-to-end: --max-staleness values, one cell each (e.g. 0,1,2)")
-      ->capture_default_str();
-  rollout->add_option("--inflight-update", e2e->inflight, "end-to-end: keep, recompute or abort")
-      ->capture_default_str();
+  auto e2e = std::make_shared<bench::RlBenchOptions>();
+  bench::add_rl_bench_flags(*rollout, *e2e);
   auto* sync = cmd->add_subcommand(
       "sync", "weight sync: bucket mode vs the per-tensor baseline vs one raw broadcast");
   sync->add_option("--shapes", sf->shapes, "model presets, comma-separated")->capture_default_str();
@@ -346,7 +203,8 @@ Runner register_bench(CLI::App& app) {
   return [opts, rollout, sync, sf, serve_opts, serve, e2e, tok_opts, tok, train_opts, train, linear_opts, linear]() {
     if (linear->parsed()) return bench::run_linear_bench(*linear_opts);
     if (train->parsed()) return bench::run_train_bench(*train_opts);
-    if (rollout->parsed()) return e2e->on ? run_e2e_bench(*e2e) : bench::run_rollout_bench(*opts);
+    if (rollout->parsed())
+      return e2e->on ? bench::run_rl_bench(*e2e) : bench::run_rollout_bench(*opts);
     if (serve->parsed()) return bench::run_serve_bench(*serve_opts);
     if (tok->parsed()) return bench::run_tokenizer_bench(*tok_opts);
     if (sync->parsed()) return run_sync_bench(*sf);

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <vector>
 
+#include "bench/stats.h"
 #include "engine/model/config.h"
 #include "engine/model/linear.h"
 #include "engine/kernels/batch_invariant.h"
@@ -22,12 +23,6 @@ namespace crl::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 struct Group {
   std::string name;

@@ -15,6 +15,7 @@
 #include <optional>
 #include <random>
 
+#include "bench/stats.h"
 #include "common/units.h"
 #include "engine/kernels/cpu_isa.h"
 #include "engine/llm_engine.h"
@@ -28,13 +29,6 @@ using Clock = std::chrono::steady_clock;
 
 double since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
 }
 
 std::pair<int64_t, int64_t> parse_range(const std::string& text) {

@@ -13,6 +13,7 @@
 #include <thread>
 #include <unistd.h>
 
+#include "bench/stats.h"
 #include "common/check.h"
 #include "common/units.h"
 #include "engine/llm_engine.h"
@@ -331,13 +332,6 @@ int run_sync_check_rank(const sync::RankEnv& env, const SyncJobOptions& o) {
 }
 
 namespace {
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 void wait_ready_idle(const sync::WeightSync& ws, int64_t version, std::chrono::milliseconds timeout) {
   auto deadline = Clock::now() + timeout;

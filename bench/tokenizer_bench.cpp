@@ -19,6 +19,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "bench/stats.h"
 #include "common/strings.h"
 #include "common/units.h"
 #include "engine/kernels/cpu_isa.h"
@@ -35,15 +36,6 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
 using Ids = std::vector<int32_t>;
-
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
-
 
 // The reference directory: --reference-dir, else $CRL_TOKENIZER_FIXTURES, else the test cache's
 // (what the conformance test makes), when it holds a corpus.
