@@ -48,6 +48,17 @@ Runner register_serve(CLI::App& app) {
   cmd->add_option("--http-threads", s.http_threads, "HTTP worker threads")->capture_default_str();
   cmd->add_option("--max-body-bytes", s.max_body_bytes, "larger request bodies get 413")
       ->capture_default_str();
+  cmd->add_option("--session-idle-timeout", s.sessions.idle_timeout_s,
+                  "chat sessions end after this many seconds without a request")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--max-sessions", s.sessions.max_sessions,
+                  "chat sessions held at most (the least recently used idle one ends first)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--max-session-tokens", s.sessions.max_tokens, "token ids one chat session may hold")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   return [f]() {
     engine::EngineConfig config = f->engine.resolve();
     server::Server srv(config, f->server);

@@ -11,6 +11,8 @@
 
 #include "engine/model/config.h"
 #include "engine/text/chat_encoder.h"
+#include "engine/text/jinja/template.h"
+#include "engine/text/tokenizer.h"
 #include "server/completion_render.h"
 
 namespace crl::server {
@@ -97,7 +99,8 @@ Server::Server(std::shared_ptr<engine::EngineLoop> loop, ServerOptions options)
           return dump_json(error_json(status, message, "", code));
         };
         return h;
-      }()) {
+      }()),
+      sessions_(options_.sessions) {
   loop_->set_request_observer(metrics_);
   const std::string& dir = loop_->config().model_dir;
   model_name_ = options_.served_model_name.empty() ? default_model_name(dir) : options_.served_model_name;
@@ -240,6 +243,83 @@ std::vector<int32_t> Server::encode_chat(const std::string& text,
   return chat_encoder_->encode(text, literal_spans);
 }
 
+json Server::append_reply(SessionTurn& s, const engine::RequestChannel::Snapshot& snap) {
+  const engine::RequestOutput& out = *snap.outputs.at(0);
+  if (!out.error.empty() || out.outputs.empty()) return nullptr;  // the turn stays open: a retry
+  const engine::CompletionOutput& c = out.outputs[0];
+  text::ChatTrajectory& t = s.lease->trajectory;
+  t.append_completion(c.token_ids, {{"role", "assistant"}, {"content", c.text}});
+  return {{"id", s.id},
+          {"length", t.ids().size()},
+          {"segments", t.segment_starts().size()},
+          {"new_segment", s.turn.new_segment},
+          {"rewound", s.turn.rewound},
+          {"created", s.lease.created()}};
+}
+
+std::optional<Server::SessionTurn> Server::session_turn(const HttpRequest& req, const json& body,
+                                                        const nlohmann::ordered_json* ordered,
+                                                        Endpoint endpoint, const CompletionJob& job) {
+  std::string id;
+  if (body.contains("session_id") && !body["session_id"].is_null()) {
+    if (!body["session_id"].is_string() || body["session_id"].get<std::string>().empty()) {
+      throw ApiError(400, "'session_id' must be a non-empty string", "session_id", "invalid_type");
+    }
+    id = body["session_id"].get<std::string>();
+  }
+  auto header = req.headers.find("x-session-id");
+  if (header != req.headers.end() && !header->second.empty()) {
+    if (!id.empty() && id != header->second) {
+      throw ApiError(400, "'session_id' and the X-Session-Id header name different sessions", "session_id");
+    }
+    id = header->second;
+  }
+  if (id.empty()) return std::nullopt;
+  if (id.size() > 256) throw ApiError(400, "'session_id' is longer than 256 bytes", "session_id");
+  if (endpoint != Endpoint::kChat) {
+    throw ApiError(400, "sessions are for /v1/chat/completions (a session is a conversation)", "session_id");
+  }
+  if (job.params.n != 1) throw ApiError(400, "a session continues one conversation: 'n' must be 1", "n");
+  if (job.split_special_tokens) {
+    throw ApiError(400, "'split_special_tokens' does not go with sessions", "split_special_tokens");
+  }
+  const text::ChatRenderOptions options = chat_render_options(*ordered);
+  if (!options.add_generation_prompt || options.continue_final_message) {
+    throw ApiError(400, "a session turn opens the assistant's reply: no 'continue_final_message', "
+                   "no 'add_generation_prompt': false", "add_generation_prompt");
+  }
+  const engine::Tokenizer* tok = loop_->engine().tokenizer();
+  if (!tok) throw ApiError(400, "this model has no tokenizer: sessions need one", "session_id");
+  const std::string key = nlohmann::ordered_json{{"tools", options.tools}, {"kwargs", options.kwargs}}.dump();
+  SessionStore::Lease lease = sessions_.acquire(id, [&] {
+    std::vector<int32_t> prefix = chat_.is_jinja() ? std::vector<int32_t>() : loop_->engine().prompt_prefix();
+    return std::make_unique<Session>(text::ChatTrajectory(chat_, *tok, std::move(prefix), options), key);
+  });
+  if (lease->options_key != key) {
+    throw ApiError(409, "'tools' and 'chat_template_kwargs' differ from the session's first turn",
+                   "tools", "session_conflict");
+  }
+  text::ChatTrajectory::Turn turn;
+  try {
+    turn = lease->trajectory.extend(parse_messages((*ordered)["messages"]));
+  } catch (const text::NotAnExtension& e) {
+    throw ApiError(409, "session '" + id + "': " + e.what(), "messages", "session_conflict");
+  } catch (const text::jinja::TemplateError& e) {
+    throw ApiError(400, std::string("the chat template failed on these messages: ") + e.what(), "messages");
+  } catch (const std::invalid_argument& e) {
+    throw ApiError(400, e.what(), "messages");
+  }
+  const int64_t held = static_cast<int64_t>(lease->trajectory.ids().size());
+  const int64_t want = held + (job.max_tokens_given ? job.params.max_tokens : 0);
+  if (want > sessions_.limits().max_tokens) {
+    throw ApiError(400, fmt::format("session '{}' would hold {} tokens with this turn, over its cap of "
+                                    "{} (serve --max-session-tokens)",
+                                    id, want, sessions_.limits().max_tokens),
+                   "max_tokens");
+  }
+  return SessionTurn{std::move(lease), std::move(turn), id};
+}
+
 // ---------------------------------------------------------------------------------------------
 // Completions
 
@@ -265,6 +345,9 @@ HttpResponse Server::handle_completion(const HttpRequest& req, Endpoint endpoint
                             model_name_ + "')", "model", "model_not_found");
   }
   const engine::LlmEngine& eng = loop_->engine();
+  // Shared with a stream's writer, which appends the reply when the stream ends.
+  std::shared_ptr<std::optional<SessionTurn>> session = std::make_shared<std::optional<SessionTurn>>(
+      session_turn(req, body, ordered ? &*ordered : nullptr, endpoint, job));
 
   // Requests, tokenized and validated here so a bad one is a 400 before anything is queued.
   const uint64_t serial = next_id_++;
@@ -278,7 +361,9 @@ HttpResponse Server::handle_completion(const HttpRequest& req, Endpoint endpoint
     r.request_id = id + "-" + std::to_string(i);
     r.params = job.params;
     try {
-      if (!p.is_text) {
+      if (*session) {
+        r.prompt_token_ids = (*session)->lease->trajectory.prompt();
+      } else if (!p.is_text) {
         r.prompt_token_ids = p.token_ids;
       } else if (endpoint == Endpoint::kChat) {
         r.prompt_token_ids = encode_chat(p.text, &p.literal_spans);
@@ -326,7 +411,8 @@ HttpResponse Server::handle_completion(const HttpRequest& req, Endpoint endpoint
     res.content_type = "text/event-stream";
     res.headers.emplace_back("Cache-Control", "no-cache");
     res.headers.emplace_back("X-Weight-Version", std::to_string(loop->gauges().weight_version));
-    res.stream = [this, channel, renderer, loop, ids](ChunkSink& sink) {
+    if (*session) res.headers.emplace_back("X-Session-Id", (*session)->id);
+    res.stream = [this, channel, renderer, loop, ids, session](ChunkSink& sink) {
       uint64_t seen = 0;
       auto last_check = std::chrono::steady_clock::now();
       while (true) {
@@ -341,7 +427,10 @@ HttpResponse Server::handle_completion(const HttpRequest& req, Endpoint endpoint
           last_check = std::chrono::steady_clock::now();
           if (!snap.all_finished && !sink.is_alive()) break;
         }
-        if (snap.all_finished) return sink.write(renderer->stream_end(snap));
+        if (snap.all_finished) {
+          if (*session) append_reply(**session, snap);
+          return sink.write(renderer->stream_end(snap));
+        }
         if (stopping_) break;
       }
       loop->abort(ids);  // the client left (or the server stops): free the KV blocks now
@@ -373,7 +462,10 @@ HttpResponse Server::handle_completion(const HttpRequest& req, Endpoint endpoint
     }
     seen = snap.version;
   }
-  HttpResponse res = json_response(200, renderer->response(snap));
+  json out = renderer->response(snap);
+  if (*session) out["session"] = append_reply(**session, snap);
+  HttpResponse res = json_response(200, out);
+  if (*session) res.headers.emplace_back("X-Session-Id", (*session)->id);
   res.headers.emplace_back("X-Weight-Version", std::to_string(CompletionRenderer::weight_version(snap)));
   res.headers.emplace_back("X-First-Weight-Version",
                            std::to_string(CompletionRenderer::first_weight_version(snap)));

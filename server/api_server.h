@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -34,6 +35,7 @@
 #include "engine/engine_loop.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
+#include "server/sessions.h"
 
 namespace crl::server {
 
@@ -57,6 +59,8 @@ struct ServerOptions {
   std::string api_key;
   bool key_for_health_and_metrics = false;
   ApiLimits limits;
+  // Chat sessions (server/sessions.h): idle timeout, how many, tokens each.
+  SessionLimits sessions;
 };
 
 class Server {
@@ -111,6 +115,19 @@ class Server {
   // the engine's.
   std::vector<int32_t> encode_chat(const std::string& text,
                                    const std::vector<std::pair<size_t, size_t>>* literal_spans = nullptr) const;
+  // The session a chat request names ("session_id" or X-Session-Id), held for this request, with
+  // the conversation's new turn appended; nullopt when it names none. Throws ApiError (400 for
+  // bad fields, 409 when the conversation does not extend the session, 410 when it ended).
+  struct SessionTurn {
+    SessionStore::Lease lease;
+    text::ChatTrajectory::Turn turn;
+    std::string id;
+  };
+  // Appends the finished reply of `snap` to the session; the session's state for the response.
+  static nlohmann::json append_reply(SessionTurn& s, const engine::RequestChannel::Snapshot& snap);
+  std::optional<SessionTurn> session_turn(const HttpRequest& req, const nlohmann::json& body,
+                                          const nlohmann::ordered_json* ordered, Endpoint endpoint,
+                                          const CompletionJob& job);
   // The special-token literals of the model's tokenizer (split_special_tokens in chats); made at
   // the first use. Throws ApiError(400) when the model has no tokenizer.
   const std::vector<std::string>& special_literals() const;
@@ -126,6 +143,7 @@ class Server {
   std::atomic<int> in_flight_{0};
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> next_id_{0};
+  SessionStore sessions_;
   mutable std::once_flag chat_encoder_once_;
   mutable std::unique_ptr<text::ChatEncoder> chat_encoder_;  // made at the first chat request
   mutable std::once_flag special_literals_once_;

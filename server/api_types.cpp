@@ -279,15 +279,7 @@ ojson parse_messages(const ojson& messages) {
   return out;
 }
 
-std::string render_chat(const text::ChatTemplate& chat, const ojson& body,
-                        const std::vector<std::string>* special_literals,
-                        std::vector<std::pair<size_t, size_t>>* literal_spans) {
-  if (!body.contains("messages")) {
-    throw ApiError(400, "'messages' is required", "messages", "missing_required_parameter");
-  }
-  std::optional<text::SpecialLiteralMask> mask;
-  if (special_literals) mask.emplace(*special_literals);
-  const ojson messages = mask ? mask->mask(parse_messages(body["messages"])) : parse_messages(body["messages"]);
+text::ChatRenderOptions chat_render_options(const ojson& body) {
   text::ChatRenderOptions options;
   auto flag = [&](const char* key, bool fallback) {
     if (!body.contains(key) || body[key].is_null()) return fallback;
@@ -314,6 +306,19 @@ std::string render_chat(const text::ChatTemplate& chat, const ojson& body,
     }
     options.kwargs = body["chat_template_kwargs"];
   }
+  return options;
+}
+
+std::string render_chat(const text::ChatTemplate& chat, const ojson& body,
+                        const std::vector<std::string>* special_literals,
+                        std::vector<std::pair<size_t, size_t>>* literal_spans) {
+  if (!body.contains("messages")) {
+    throw ApiError(400, "'messages' is required", "messages", "missing_required_parameter");
+  }
+  std::optional<text::SpecialLiteralMask> mask;
+  if (special_literals) mask.emplace(*special_literals);
+  const ojson messages = mask ? mask->mask(parse_messages(body["messages"])) : parse_messages(body["messages"]);
+  const text::ChatRenderOptions options = chat_render_options(body);
   try {
     std::string rendered = chat.render(messages, options);
     if (mask) {
@@ -412,7 +417,7 @@ std::vector<std::string> unknown_fields(const json& body, Endpoint endpoint) {
   static const std::set<std::string> kCommon = {
       "model", "n", "max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
       "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens", "split_special_tokens",
-      "logprobs", "return_token_ids", "stream", "stream_options"};
+      "logprobs", "return_token_ids", "stream", "stream_options", "session_id"};
   static const std::set<std::string> kCompletions = {"prompt", "echo"};
   static const std::set<std::string> kChat = {"messages", "max_completion_tokens", "top_logprobs", "tools",
                                               "add_generation_prompt", "continue_final_message",

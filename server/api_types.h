@@ -108,6 +108,10 @@ nlohmann::json parse_json_object(const std::string& body);
 // parsed into objects, as vLLM does for templates). Throws ApiError(400).
 nlohmann::ordered_json parse_messages(const nlohmann::ordered_json& messages);
 
+// The template options of a chat body: tools, add_generation_prompt (default true),
+// continue_final_message, chat_template_kwargs. Throws ApiError(400) naming a bad field.
+text::ChatRenderOptions chat_render_options(const nlohmann::ordered_json& body);
+
 // Renders a chat body (messages, tools, add_generation_prompt (default true),
 // continue_final_message, chat_template_kwargs) with `chat`. Bad fields, and a template that
 // fails or raises, are ApiError(400) with param "messages" (or the field).

@@ -226,13 +226,18 @@ std::string CompletionRenderer::stream_end(const engine::RequestChannel::Snapsho
 }
 
 json CompletionRenderer::usage(const engine::RequestChannel::Snapshot& snap) const {
-  int64_t prompt = 0, completion = 0;
+  int64_t prompt = 0, completion = 0, cached = 0;
   for (const auto& out : snap.outputs) {
     if (!out) continue;
     prompt += static_cast<int64_t>(out->prompt_token_ids.size());
+    cached += out->num_cached_tokens;
     for (const auto& c : out->outputs) completion += static_cast<int64_t>(c.token_ids.size());
   }
-  return {{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
+  // cached_tokens: prompt tokens the prefix cache served (OpenAI's and vLLM's field).
+  return {{"prompt_tokens", prompt},
+          {"completion_tokens", completion},
+          {"total_tokens", prompt + completion},
+          {"prompt_tokens_details", {{"cached_tokens", cached}}}};
 }
 
 int64_t CompletionRenderer::weight_version(const engine::RequestChannel::Snapshot& snap) {
