@@ -72,7 +72,8 @@ const char* BuiltinChatTemplate::name() const {
   return "plain";
 }
 
-std::string BuiltinChatTemplate::render(const std::vector<ChatMessage>& input) const {
+std::string BuiltinChatTemplate::render(const std::vector<ChatMessage>& input,
+                                        bool add_generation_prompt) const {
   if (input.empty()) throw std::invalid_argument("'messages' must not be empty");
   std::vector<ChatMessage> messages;
   for (const auto& m : input) messages.push_back({normalise_role(m.role), m.content});
@@ -84,7 +85,7 @@ std::string BuiltinChatTemplate::render(const std::vector<ChatMessage>& input) c
       }
       for (const auto& m : messages)
         out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
-      out += "<|im_start|>assistant\n";
+      if (add_generation_prompt) out += "<|im_start|>assistant\n";
       return out;
     }
     case ChatFormat::kLlama3: {
@@ -92,7 +93,7 @@ std::string BuiltinChatTemplate::render(const std::vector<ChatMessage>& input) c
         out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n" + trim(m.content) +
                "<|eot_id|>";
       }
-      out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+      if (add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
       return out;
     }
     case ChatFormat::kLlama2:
@@ -130,7 +131,7 @@ std::string BuiltinChatTemplate::render(const std::vector<ChatMessage>& input) c
       break;
   }
   for (const auto& m : messages) out += capitalised(m.role) + ": " + m.content + "\n";
-  out += "Assistant:";
+  if (add_generation_prompt) out += "Assistant:";
   return out;
 }
 

@@ -168,7 +168,7 @@ std::string ChatTemplate::render(const ojson& messages, const ChatRenderOptions&
       plain.push_back(
           {m["role"].get<std::string>(), m.contains("content") ? content_text(m["content"]) : ""});
     }
-    return builtin_.render(plain);
+    return builtin_.render(plain, options.add_generation_prompt);
   }
 
   ojson msgs = messages;

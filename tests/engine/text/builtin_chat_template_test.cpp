@@ -47,5 +47,26 @@ TEST(BuiltinChatTemplateTest, RecognisesFamiliesByPattern) {
   EXPECT_THROW(plain.render({}), std::invalid_argument);
 }
 
+TEST(BuiltinChatTemplateTest, WithoutAGenerationPromptTheAssistantsTurnStaysClosed) {
+  const std::vector<ChatMessage> replied = {{"user", "Hi"}, {"assistant", "Hello"}};
+  BuiltinChatTemplate plain;
+  EXPECT_EQ(plain.render(replied, false), "User: Hi\nAssistant: Hello\n");
+  auto chatml = BuiltinChatTemplate::detect("{{'<|im_start|>' + message['role'] + '\n'}}");
+  EXPECT_EQ(chatml.render(replied, false),
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello<|im_end|>\n");
+  auto llama3 = BuiltinChatTemplate::detect("{{ '<|start_header_id|>' + message['role'] }}");
+  EXPECT_EQ(llama3.render(replied, false),
+            "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\nHello<|eot_id|>");
+  // Each render of a longer conversation starts with the shorter one's: multi-turn sessions
+  // (ChatTrajectory) append to it.
+  std::vector<ChatMessage> longer = replied;
+  longer.push_back({"user", "2+2?"});
+  for (const auto& t : {plain, chatml, llama3}) {
+    const std::string a = t.render(longer), h = t.render(replied, false);
+    EXPECT_EQ(a.compare(0, h.size(), h), 0) << t.name();
+  }
+}
+
 }  // namespace
 }  // namespace crl::text
