@@ -202,6 +202,109 @@ LevelResult run_level(const std::string& url, const ServeBenchOptions& o, int32_
   return total;
 }
 
+struct EpisodeResult {
+  int64_t turns = 0, errors = 0;
+  int64_t later_prompt_tokens = 0, later_cached_tokens = 0;  // turns after the first
+  std::vector<double> later_cached_share, turn_seconds;
+};
+
+// --multi-turn: `clients` clients, each running `o.episodes` chat episodes of `o.multi_turn`
+// turns: a random user message, the reply as returned, another user message, ...
+EpisodeResult run_episodes(const std::string& url, const ServeBenchOptions& o, int32_t clients,
+                           bool sessions) {
+  static const char* kWords[] = {"the", "tool", "says", "42", "then", "add", "seven", "and",
+                                 "divide", "by", "three", "what", "is", "left", "over", "now"};
+  EpisodeResult total;
+  std::mutex mu;
+  std::vector<std::thread> threads;
+  for (int32_t c = 0; c < clients; ++c) {
+    threads.emplace_back([&, c] {
+      std::mt19937_64 rng(o.seed * 1000003 + static_cast<uint64_t>(c));
+      auto text = [&] {
+        std::string s;
+        for (int32_t i = 0; i < o.prompt_len; ++i) s += std::string(i ? " " : "") + kWords[rng() % 16];
+        return s;
+      };
+      server::HttpClient client(url);
+      client.set_api_key(o.api_key);
+      EpisodeResult local;
+      for (int32_t e = 0; e < o.episodes; ++e) {
+        json messages = json::array({{{"role", "user"}, {"content", text()}}});
+        const std::string session = fmt::format("bench-{}-{}-{}-{}", clients, sessions, c, e);
+        for (int32_t t = 0; t < o.multi_turn; ++t) {
+          json body = {{"messages", messages}, {"max_tokens", o.max_tokens}, {"temperature", 1.0},
+                       {"ignore_eos", true}, {"seed", rng()}};
+          if (sessions) body["session_id"] = session;
+          const auto t0 = Clock::now();
+          auto res = client.post("/v1/chat/completions", body.dump());
+          if (res.status != 200) {
+            local.errors++;
+            break;
+          }
+          local.turn_seconds.push_back(since(t0));
+          local.turns++;
+          const json r = json::parse(res.body);
+          if (t > 0) {
+            const int64_t prompt = r["usage"]["prompt_tokens"].get<int64_t>();
+            const int64_t cached = r["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>();
+            local.later_prompt_tokens += prompt;
+            local.later_cached_tokens += cached;
+            local.later_cached_share.push_back(prompt > 0 ? static_cast<double>(cached) / prompt : 0);
+          }
+          messages.push_back(r["choices"][0]["message"]);
+          messages.push_back({{"role", "user"}, {"content", text()}});
+        }
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      total.turns += local.turns;
+      total.errors += local.errors;
+      total.later_prompt_tokens += local.later_prompt_tokens;
+      total.later_cached_tokens += local.later_cached_tokens;
+      total.later_cached_share.insert(total.later_cached_share.end(), local.later_cached_share.begin(),
+                                      local.later_cached_share.end());
+      total.turn_seconds.insert(total.turn_seconds.end(), local.turn_seconds.begin(), local.turn_seconds.end());
+    });
+  }
+  for (auto& t : threads) t.join();
+  return total;
+}
+
+int run_multi_turn(const std::string& url, const ServeBenchOptions& o) {
+  std::cout << fmt::format("{} turns per episode, {} episodes per client, {} user words a turn, {} reply "
+                           "tokens; later turns = turns 2..{}\n",
+                           o.multi_turn, o.episodes, o.prompt_len, o.max_tokens, o.multi_turn);
+  std::cout << fmt::format("{:>8} {:>9} {:>6} {:>7} | {:>14} {:>14} {:>16} | {:>9}\n", "clients", "mode",
+                           "turns", "errors", "cached (all)", "cached p10", "prefilled/turn", "turn p50");
+  json levels = json::array();
+  int failures = 0;
+  for (int32_t c : o.concurrency) {
+    for (bool sessions : {true, false}) {
+      EpisodeResult r = run_episodes(url, o, c, sessions);
+      failures += r.errors > 0;
+      const double share = r.later_prompt_tokens > 0
+                               ? static_cast<double>(r.later_cached_tokens) / r.later_prompt_tokens : 0;
+      const size_t later = r.later_cached_share.size();
+      const double prefilled = later ? static_cast<double>(r.later_prompt_tokens - r.later_cached_tokens) / later : 0;
+      const char* mode = sessions ? "session" : "resend";
+      std::cout << fmt::format("{:>8} {:>9} {:>6} {:>7} | {:>13.1f}% {:>13.1f}% {:>16.1f} | {:>7.1f}ms\n", c,
+                               mode, r.turns, r.errors, 100 * share,
+                               100 * percentile(r.later_cached_share, 0.1), prefilled,
+                               1e3 * percentile(r.turn_seconds, 0.5));
+      std::cout.flush();
+      levels.push_back({{"clients", c}, {"mode", mode}, {"turns", r.turns}, {"errors", r.errors},
+                        {"later_cached_share", share},
+                        {"later_cached_share_p10", percentile(r.later_cached_share, 0.1)},
+                        {"later_prefilled_tokens_per_turn", prefilled},
+                        {"turn_s_p50", percentile(r.turn_seconds, 0.5)}});
+    }
+  }
+  json line = {{"bench", "serve_multi_turn"}, {"turns", o.multi_turn}, {"episodes", o.episodes},
+               {"user_words", o.prompt_len}, {"max_tokens", o.max_tokens}, {"levels", levels}};
+  std::cout << line.dump() << "\n";
+  if (!o.json_out.empty()) std::ofstream(o.json_out, std::ios::app) << line.dump() << "\n";
+  return failures ? 1 : 0;
+}
+
 }  // namespace
 
 void add_serve_bench_flags(CLI::App& cmd, ServeBenchOptions& o) {
@@ -220,6 +323,11 @@ void add_serve_bench_flags(CLI::App& cmd, ServeBenchOptions& o) {
                  "the server's API key, sent with every request (a child server requires it); "
                  "from $CRL_API_KEY when not given")
       ->envname("CRL_API_KEY");
+  cmd.add_option("--multi-turn", o.multi_turn,
+                 "chat episodes of this many turns, with a session and without (the prompt words "
+                 "per user message: --prompt-len; reply tokens: --max-tokens)")
+      ->check(CLI::NonNegativeNumber);
+  cmd.add_option("--episodes", o.episodes, "--multi-turn: episodes per client")->capture_default_str();
 }
 
 int run_serve_bench(const ServeBenchOptions& o) {
@@ -238,6 +346,7 @@ int run_serve_bench(const ServeBenchOptions& o) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
   }
+  if (o.multi_turn > 0) return run_multi_turn(url, o);
   std::cout << fmt::format("server {} ({}); prompt {} tokens, {} output tokens, streaming, {} s per level\n",
                            url, child ? "child process" : "external", o.prompt_len, o.max_tokens, o.seconds);
   {  // Warm-up: one short request.

@@ -5,6 +5,13 @@
 // back to back (random prompt token ids, ignore_eos, fixed output length) for --seconds.
 // Reports requests/s, output tokens/s, and p50/p90/p99 of time to first token (TTFT) and of
 // inter-token latency (ITL: gap between two streamed tokens), as a table plus one JSON line.
+//
+// --multi-turn T: chat episodes of T turns instead (each client runs --episodes of them, one
+// after another), once with a session per episode (server/sessions.h) and once without (the
+// baseline: the client resends the conversation and the server renders and encodes it afresh),
+// in one run. Reports, for the turns after the first, the share of prompt tokens the prefix cache
+// served (usage.prompt_tokens_details.cached_tokens), the prompt tokens prefilled per turn, and
+// the median turn latency.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +37,8 @@ struct ServeBenchOptions {
   uint64_t seed = 7;
   std::string json_out;                   // also append the JSON line to this file
   std::string api_key;                    // sent as a bearer token; the child server requires it
+  int32_t multi_turn = 0;                 // > 0: chat episodes of this many turns (see above)
+  int32_t episodes = 4;                   // per client, --multi-turn
 };
 
 void add_serve_bench_flags(CLI::App& cmd, ServeBenchOptions& opts);
