@@ -28,6 +28,13 @@ void add_engine_flags(CLI::App& cmd, EngineFlags& f) {
                  "beat OpenBLAS) or libtorch (at::linear everywhere)")
       ->check(CLI::IsMember({"auto", "libtorch"}))
       ->capture_default_str();
+  cmd.add_option("--sampler", c.sampler,
+                 "auto (on a GPU the tensor sampler: only ids and log-probs leave the device; the "
+                 "CPU engine's own sampler on the CPU), tensor, or cpu (logits copied to the host)")
+      ->check(CLI::IsMember({"auto", "tensor", "cpu"}))
+      ->capture_default_str();
+  cmd.add_flag("--cuda-graphs", c.cuda_graphs,
+               "decode steps replay CUDA graphs captured at batch-size buckets (CUDA only)");
   cmd.add_option("--threads", c.num_threads, "intra-op CPU threads (0 = libtorch default)");
   cmd.add_option("--engine-seed", c.seed, "seed for requests that bring none");
 }

@@ -8,13 +8,20 @@ every sequence to the batch's longest output, so only the requested tokens are c
 the wasted work is the baseline's real cost. Prints one JSON line.
 
   python3 bench/hf_generate.py --model DIR --workload W.json [--batch 256] [--dtype bfloat16]
+
+A DIR with config.json and no weights gets random weights of that shape (throughput does not
+depend on their values with EOS ignored), so this baseline can run while colocated-rl builds.
+--make-workload writes a workload instead of reading one (prompt and output lengths uniform in
+the given ranges, random ids): `colocated-rl bench rollout --workload-in W.json` runs the same.
 """
 import argparse
 import json
+import os
+import random
 import time
 
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 
 def main():
@@ -24,14 +31,36 @@ def main():
     ap.add_argument("--batch", type=int, default=256, help="sequences per generate call")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--make-workload", action="store_true",
+                    help="write --workload (with --prompts, --prompt-len, --output-len, --vocab, "
+                         "--seed) and exit")
+    ap.add_argument("--prompts", type=int, default=256)
+    ap.add_argument("--prompt-len", default="100..1024")
+    ap.add_argument("--output-len", default="100..1024")
+    ap.add_argument("--vocab", type=int, default=151936)
+    ap.add_argument("--seed", type=int, default=7)
     args = ap.parse_args()
+
+    if args.make_workload:
+        rng = random.Random(args.seed)
+        span = lambda r: tuple(int(x) for x in r.split(".."))
+        (pa, pb), (oa, ob) = span(args.prompt_len), span(args.output_len)
+        prompts = [[rng.randrange(4, args.vocab) for _ in range(rng.randint(pa, pb))]
+                   for _ in range(args.prompts)]
+        outputs = [rng.randint(oa, ob) for _ in range(args.prompts)]
+        json.dump({"prompts": prompts, "output_lens": outputs, "n": 1}, open(args.workload, "w"))
+        return
 
     w = json.load(open(args.workload))
     seqs = []  # (prompt ids, output length), n samples per prompt as separate rows
     for p, o in zip(w["prompts"], w["output_lens"]):
         seqs += [(p, o)] * int(w.get("n", 1))
     dtype = getattr(torch, args.dtype)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).to(args.device).eval()
+    if any(f.endswith(".safetensors") for f in os.listdir(args.model)):
+        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype)
+    else:
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(args.model)).to(dtype)
+    model = model.to(args.device).eval()
 
     def run(batch):
         longest = max(len(p) for p, _ in batch)

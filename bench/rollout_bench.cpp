@@ -50,6 +50,27 @@ struct Workload {
 };
 
 Workload make_workload(const RolloutBenchOptions& o, int64_t vocab) {
+  if (!o.workload_in.empty()) {
+    std::ifstream in(o.workload_in);
+    if (!in) throw std::invalid_argument("--workload-in: cannot read " + o.workload_in);
+    const nlohmann::json j = nlohmann::json::parse(in);
+    Workload w;
+    w.prompts = j.at("prompts").get<std::vector<std::vector<int32_t>>>();
+    w.output_lens = j.at("output_lens").get<std::vector<int32_t>>();
+    if (w.prompts.size() != w.output_lens.size() || w.prompts.empty()) {
+      throw std::invalid_argument("--workload-in " + o.workload_in + ": 'prompts' and 'output_lens' "
+                                  "must be non-empty and of one length");
+    }
+    for (const auto& p : w.prompts) {
+      for (int32_t t : p) {
+        if (t < 0 || t >= vocab) {
+          throw std::invalid_argument("--workload-in " + o.workload_in + ": token id " +
+                                      std::to_string(t) + " outside the model's vocabulary");
+        }
+      }
+    }
+    return w;
+  }
   std::mt19937_64 rng(o.seed);
   auto [pa, pb] = parse_range(o.prompt_len);
   auto [oa, ob] = parse_range(o.output_len);
@@ -102,7 +123,8 @@ std::vector<engine::GenerateRequest> make_requests(const Workload& w, int32_t n,
 
 struct RunStats {
   double seconds = 0, gen_tok_s = 0, total_tok_s = 0, samples_s = 0, kv_util = 0;
-  int64_t generated = 0, prompt_computed = 0, preemptions = 0;
+  int64_t generated = 0, prompt_computed = 0, preemptions = 0, steps = 0;
+  double d2h_per_step = 0;  // device->host bytes per engine step (0 on the CPU)
 };
 
 RunStats run_batch(engine::LlmEngine& eng, std::vector<engine::GenerateRequest> reqs) {
@@ -122,7 +144,41 @@ RunStats run_batch(engine::LlmEngine& eng, std::vector<engine::GenerateRequest> 
   s.total_tok_s = (s.generated + s.prompt_computed) / s.seconds;
   s.samples_s = samples / s.seconds;
   s.kv_util = static_cast<double>(after.max_used_blocks) / total_blocks;
+  s.steps = after.steps - before.steps;
+  s.d2h_per_step = s.steps > 0 ? static_cast<double>(after.d2h_bytes - before.d2h_bytes) / s.steps : 0;
   return s;
+}
+
+// Device copy bandwidth (GB/s, bytes read + written) of a `bytes`-byte device-to-device copy,
+// median of 10 after a warm-up; synchronised by reading one element back.
+double measure_device_copy_gbs(const at::Device& device, int64_t bytes) {
+  const auto opts = at::TensorOptions().dtype(at::kByte).device(device);
+  at::Tensor src = at::randint(0, 255, {bytes}, opts);
+  at::Tensor dst = at::empty({bytes}, opts);
+  std::vector<double> gbs;
+  for (int i = 0; i < 11; ++i) {
+    dst[0].item<uint8_t>();
+    const auto t0 = Clock::now();
+    dst.copy_(src);
+    dst[bytes - 1].item<uint8_t>();
+    if (i > 0) gbs.push_back(2.0 * static_cast<double>(bytes) / since(t0) / 1e9);
+  }
+  return median(gbs);
+}
+
+// The fewest bytes one run of the workload must read from device memory: the weights once per
+// engine step, and every decode step's KV of the tokens before it (each sequence: prompt p, then
+// o outputs read p + 1 .. p + o tokens of K and V).
+double workload_floor_bytes(const Workload& w, int32_t n, const engine::ModelConfig& mc,
+                            at::ScalarType dtype, int64_t steps) {
+  const double elt = static_cast<double>(c10::elementSize(dtype));
+  const double kv_per_token = 2.0 * mc.num_layers * mc.num_kv_heads * mc.head_dim * elt;
+  double kv_tokens = 0;
+  for (size_t i = 0; i < w.prompts.size(); ++i) {
+    const double p = static_cast<double>(w.prompts[i].size()), o = w.output_lens[i];
+    kv_tokens += n * (o * p + o * (o + 1) / 2);
+  }
+  return static_cast<double>(steps) * mc.num_params() * elt + kv_tokens * kv_per_token;
 }
 
 // Matmul GFLOP/s over the model's linear shapes at `rows` rows (what decode at that batch runs).
@@ -214,6 +270,9 @@ void add_rollout_flags(CLI::App& cmd, RolloutBenchOptions& o) {
   cmd.add_option("--json-out", o.json_out, "append the JSON result line to this file");
   cmd.add_option("--device", o.device, "cpu or cuda (the probes run on the CPU only)")
       ->capture_default_str();
+  cmd.add_option("--workload-in", o.workload_in,
+                 "read the workload from JSON (as --workload-out writes it, or bench/hf_generate.py "
+                 "--make-workload) instead of drawing one; --prompts and the lengths are ignored");
   cmd.add_option("--workload-out", o.workload_out,
                  "write the workload (prompt ids, output lengths, n) as JSON for bench/hf_generate.py");
 }
@@ -247,12 +306,15 @@ int run_rollout_bench(const RolloutBenchOptions& o) {
   std::vector<ModeRun> mode_runs;
   for (const auto& mode : o.modes) {
     if (mode != "continuous" && mode != "static" && mode != "no-share" && mode != "deterministic" &&
-        mode != "libtorch") {
+        mode != "libtorch" && mode != "host-sampler" && mode != "cuda-graphs") {
       throw std::invalid_argument("unknown bench mode '" + mode +
-                                  "' (expected continuous, static, no-share, deterministic or libtorch)");
+                                  "' (expected continuous, static, no-share, deterministic, libtorch "
+                                  "host-sampler or cuda-graphs)");
     }
     engine::EngineConfig c = engine_config(o, model_dir);
     if (mode == "libtorch") c.cpu_kernels = "libtorch";  // continuous, with at::linear everywhere
+    if (mode == "host-sampler") c.sampler = "cpu";       // continuous, logits copied to the host
+    c.cuda_graphs = mode == "cuda-graphs";               // continuous, decode steps replay graphs
     c.static_batching = mode == "static";
     c.deterministic = mode == "deterministic";
     c.enable_prefix_caching = mode != "no-share";
@@ -286,7 +348,10 @@ int run_rollout_bench(const RolloutBenchOptions& o) {
                         {"prefill_tokens", med(&RunStats::prompt_computed)},
                         {"generated_tokens", med(&RunStats::generated)},
                         {"kv_util", med(&RunStats::kv_util)},
-                        {"preemptions", med(&RunStats::preemptions)}};
+                        {"preemptions", med(&RunStats::preemptions)},
+                        {"steps", med(&RunStats::steps)},
+                        {"d2h_bytes_per_step", med(&RunStats::d2h_per_step)},
+                        {"max_step_d2h_bytes", mr.eng->stats().max_step_d2h_bytes}};
     modes[mr.mode] = m;
     std::cout << fmt::format("{:<13} {:>9.2f} {:>11.1f} {:>11.1f} {:>10.2f} {:>9.0f} {:>9.2f} {:>8.0f}\n",
                              mr.mode, m["seconds"].get<double>(), m["gen_tok_s"].get<double>(),
@@ -312,7 +377,9 @@ int run_rollout_bench(const RolloutBenchOptions& o) {
       {"deterministic_cost", {"deterministic", "continuous"}},
       {"static_vs_continuous", {"static", "continuous"}},
       {"no_share_vs_continuous", {"no-share", "continuous"}},
-      {"libtorch_vs_continuous", {"libtorch", "continuous"}}};
+      {"libtorch_vs_continuous", {"libtorch", "continuous"}},
+      {"host_sampler_vs_continuous", {"host-sampler", "continuous"}},
+      {"cuda_graphs_vs_continuous", {"cuda-graphs", "continuous"}}};
   for (const auto& [key, pair] : ratios) {
     if (auto r = paired_ratio(pair.first, pair.second)) {
       result[key] = *r;
@@ -321,8 +388,31 @@ int run_rollout_bench(const RolloutBenchOptions& o) {
     }
   }
 
-  if (o.probes && o.device != "cpu") {
-    std::cout << "(probes skipped: they measure the CPU)\n";
+  if (o.device != "cpu") {
+    // The device's roofline: the run's fewest bytes (weights each step, each decode step's KV)
+    // over the device's own copy bandwidth, against the measured time.
+    const ModeRun& m = mode_runs.front();
+    const auto& mc = m.eng->model_config();
+    const at::ScalarType dt = engine::parse_dtype(o.dtype);
+    const double copy_gbs = measure_device_copy_gbs(at::Device(o.device), int64_t{1} << 31);
+    std::vector<double> shares;
+    for (const RunStats& r : m.runs) {
+      const double floor_s = workload_floor_bytes(m.w, o.n, mc, dt, r.steps) / (copy_gbs * 1e9);
+      shares.push_back(floor_s / r.seconds);
+    }
+    const double steps = median([&] {
+      std::vector<double> v;
+      for (const RunStats& r : m.runs) v.push_back(static_cast<double>(r.steps));
+      return v;
+    }());
+    result["roofline"] = {{"mode", m.mode}, {"device_copy_gbs", copy_gbs},
+                          {"floor_bytes", workload_floor_bytes(m.w, o.n, mc, dt, static_cast<int64_t>(steps))},
+                          {"share_of_roofline", median(shares)}};
+    std::cout << fmt::format("{}: {:.1f}% of the memory roofline (device copy {:.0f} GB/s; weights "
+                             "once a step plus each decode step's KV), {:.0f} device->host bytes a step\n",
+                             m.mode, 100 * median(shares), copy_gbs,
+                             modes[m.mode]["d2h_bytes_per_step"].get<double>());
+    if (o.probes) std::cout << "(probes skipped: they measure the CPU)\n";
   } else if (o.probes) {
     engine::EngineConfig c = engine_config(o, model_dir);
     c.max_seqs = std::max(o.decode_batch, 1);

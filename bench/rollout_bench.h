@@ -5,7 +5,14 @@
 //   continuous — the engine as shipped (continuous batching, prompt blocks shared by the n samples);
 //   static     — baseline: waves of requests, every sequence decodes until its wave's slowest;
 //   no-share   — baseline: the n samples as n independent requests, prefix caching off;
-//   deterministic — continuous with batch-invariant logits (measures what that mode costs).
+//   deterministic — continuous with batch-invariant logits (measures what that mode costs);
+//   libtorch   — continuous with at::linear everywhere (--cpu-kernels libtorch);
+//   host-sampler — baseline on a device: continuous with each step's logits copied to the host
+//                  and sampled there (--sampler cpu), as before the tensor sampler;
+//   cuda-graphs — continuous with decode steps replaying CUDA graphs (--cuda-graphs).
+// Every mode reports its device->host bytes per engine step; on a device the run also reports its
+// share of the memory roofline (the weights read once a step plus every decode step's KV, over the
+// device's own measured copy bandwidth).
 // Probes: decode step time at fixed concurrency (1 and --decode-batch sequences) against the
 // machine's measured matmul throughput and memory bandwidth, and prefill throughput.
 // Prints a table and one JSON line; medians over --repeats after a warmup. --workload-out writes
@@ -42,6 +49,7 @@ struct RolloutBenchOptions {
   std::string json_out;                   // also append the JSON line to this file
   std::string device = "cpu";             // cpu or cuda (the probes are CPU-only)
   std::string workload_out;               // write the workload (prompt ids, output lengths) as JSON
+  std::string workload_in;                // read the workload from such a JSON instead of drawing it
 };
 
 void add_rollout_flags(CLI::App& cmd, RolloutBenchOptions& opts);

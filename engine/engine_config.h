@@ -44,6 +44,13 @@ struct EngineConfig {
   // kernel for one), bfloat16 ones from 3 tokens on AVX512-BF16 CPUs, RMSNorm and the SiLU gate;
   // "libtorch" runs at::linear (OpenBLAS / oneDNN) and ATen's ops as before.
   std::string cpu_kernels = "auto";
+  // Sampler: "auto" samples where the logits are (the tensor sampler on a GPU, so only ids and
+  // log-probs come back; the CPU engine's own sampler on the CPU); "tensor" and "cpu" force one
+  // ("cpu" on a GPU copies each step's logits to the host: the baseline `bench rollout` compares).
+  std::string sampler = "auto";
+  // Decode steps replay CUDA graphs captured at batch-size buckets (1, 2, 4, ... up to max_seqs);
+  // CUDA only (an error elsewhere).
+  bool cuda_graphs = false;
   // Baseline only: static batching (waves, padded to the slowest sequence).
   bool static_batching = false;
   // Seed for requests that bring none.

@@ -15,6 +15,7 @@
 #include "common/units.h"
 #include "engine/sampler.h"
 #include "engine/stop_checker.h"
+#include "engine/tensor_sampler.h"
 
 namespace crl::engine {
 
@@ -32,6 +33,7 @@ void EngineConfig::validate() const {
     bad("max_batched_tokens", std::to_string(max_batched_tokens), "must be >= 1");
   if (max_seqs < 1) bad("max_seqs", std::to_string(max_seqs), "must be >= 1");
   if (cpu_kernels != "auto" && cpu_kernels != "libtorch") bad("cpu_kernels", cpu_kernels, "auto or libtorch");
+  if (sampler != "auto" && sampler != "tensor" && sampler != "cpu") bad("sampler", sampler, "auto, tensor or cpu");
   if (max_model_len < 0) bad("max_model_len", std::to_string(max_model_len), "must be >= 0");
   if (num_threads < 0) bad("num_threads", std::to_string(num_threads), "must be >= 0");
 }
@@ -87,6 +89,13 @@ LlmEngine::LlmEngine(const EngineConfig& config) : config_(config), inbox_(std::
   sc.static_batching = config_.static_batching;
   scheduler_ = std::make_unique<Scheduler>(sc);
   runner_ = std::make_unique<ModelRunner>(*model_, config_.block_size, num_blocks);
+  tensor_sampler_ = config_.sampler == "tensor" || (config_.sampler == "auto" && !opts.device.is_cpu());
+  if (config_.cuda_graphs) {
+    std::vector<int64_t> buckets;
+    for (int64_t b = 1; b < config_.max_seqs; b *= 2) buckets.push_back(b);
+    buckets.push_back(config_.max_seqs);
+    runner_->enable_cuda_graphs(std::move(buckets), max_model_len_);
+  }
 }
 
 LlmEngine::~LlmEngine() = default;
@@ -202,7 +211,7 @@ void LlmEngine::compute_prompt_logprobs(const ScheduledSeq& s, const at::Tensor&
   constexpr int64_t kTile = 64;  // never materialise full-vocabulary logits for a whole prompt
   for (int64_t p = begin; p < end; p += kTile) {
     const int64_t n = std::min(kTile, end - p);
-    auto logits = model_->compute_logits(hidden.narrow(0, row + (p - s.start), n)).to(at::kCPU);
+    auto logits = to_host(model_->compute_logits(hidden.narrow(0, row + (p - s.start), n)));
     std::vector<int32_t> targets(req->prompt.begin() + p + 1, req->prompt.begin() + p + 1 + n);
     auto lp = token_logprobs(logits.contiguous(), targets, *req->params.prompt_logprobs);
     for (auto& [value, top] : lp) {
@@ -228,6 +237,7 @@ std::vector<RequestOutput> LlmEngine::step() {
   at::NoGradGuard no_grad;
   std::unordered_set<Request*> touched = drain_inbox();
   SchedulerOutput batch = scheduler_->schedule(weight_version_);
+  step_d2h_bytes_ = 0;
   if (!batch.empty()) {
     try {
       std::vector<SeqSamples> sampled = sample(run(batch));
@@ -237,6 +247,7 @@ std::vector<RequestOutput> LlmEngine::step() {
       fail_batch(batch, e.what(), touched);
     }
   }
+  stats_.max_step_d2h_bytes = std::max(stats_.max_step_d2h_bytes, step_d2h_bytes_);
   return collect_outputs(touched);
 }
 
@@ -245,9 +256,9 @@ LlmEngine::BatchLogits LlmEngine::run(const SchedulerOutput& batch) {
   stats_.max_used_blocks = std::max(stats_.max_used_blocks, scheduler_->allocator().num_used_blocks());
   auto t0 = std::chrono::steady_clock::now();
   ForwardOutput fwd = runner_->execute(batch);
-  // Prompt log-probs, and the rows that sample a next token.
+  stats_.h2d_bytes += fwd.h2d_bytes;
+  // Prompt log-probs, and the sequences that sample a next token (fwd.sample_hidden's rows).
   BatchLogits out;
-  std::vector<int64_t> sample_rows;
   for (size_t i = 0; i < batch.seqs.size(); ++i) {
     const ScheduledSeq& s = batch.seqs[i];
     const int64_t prompt_part = std::max<int64_t>(0, std::min(s.start + s.num_tokens, s.seq->prompt_len()) - s.start);
@@ -255,14 +266,11 @@ LlmEngine::BatchLogits LlmEngine::run(const SchedulerOutput& batch) {
     if (s.seq->request->params.prompt_logprobs && s.start < s.seq->prompt_len() - 1) {
       compute_prompt_logprobs(s, fwd.hidden, fwd.row_start[i]);
     }
-    if (s.sample) {
-      sample_rows.push_back(fwd.row_start[i] + s.num_tokens - 1);
-      out.seqs.push_back(s.seq);
-    }
+    if (s.sample) out.seqs.push_back(s.seq);
   }
   if (!out.seqs.empty()) {
-    auto idx = at::tensor(sample_rows, at::kLong).to(fwd.hidden.device());
-    out.logits = model_->compute_logits(fwd.hidden.index_select(0, idx)).to(at::kCPU).contiguous();
+    out.logits = model_->compute_logits(fwd.sample_hidden);
+    if (!tensor_sampler_) out.logits = to_host(out.logits).contiguous();
   }
   stats_.forward_seconds += seconds_since(t0);
   return out;
@@ -291,10 +299,19 @@ std::vector<SeqSamples> LlmEngine::sample(const BatchLogits& in) {
     }
     if (observer_) {
       observer_(req->id, seq->sample_index, static_cast<int64_t>(seq->tokens.size()),
-                in.logits[static_cast<int64_t>(i)]);
+                to_host(in.logits[static_cast<int64_t>(i)]));
     }
   }
-  std::vector<SampleResult> results = sample_tokens(in.logits, rows);
+  std::vector<SampleResult> results;
+  if (tensor_sampler_) {
+    TensorSamplerStats st;
+    results = sample_tokens_tensor(in.logits, rows, &st);
+    stats_.h2d_bytes += st.h2d_bytes;
+    stats_.d2h_bytes += st.d2h_bytes;
+    step_d2h_bytes_ += st.d2h_bytes;
+  } else {
+    results = sample_tokens(in.logits, rows);
+  }
   for (size_t r = 0; r < rows.size(); ++r) {
     SeqSamples& ss = out[static_cast<size_t>(rows[r].logits_row)];
     ss.seq = in.seqs[static_cast<size_t>(rows[r].logits_row)];
@@ -302,6 +319,14 @@ std::vector<SeqSamples> LlmEngine::sample(const BatchLogits& in) {
   }
   stats_.sample_seconds += seconds_since(t0);
   return out;
+}
+
+at::Tensor LlmEngine::to_host(const at::Tensor& t) {
+  if (t.device().is_cpu()) return t;
+  const int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());
+  stats_.d2h_bytes += bytes;
+  step_d2h_bytes_ += bytes;
+  return t.to(at::kCPU);
 }
 
 std::unordered_set<Request*> LlmEngine::drain_inbox() {
@@ -406,7 +431,10 @@ std::vector<RequestOutput> LlmEngine::generate(std::vector<GenerateRequest> requ
 }
 
 WeightBuffers& LlmEngine::attach_weight_buffers(int64_t bucket_bytes) {
-  if (!weight_buffers_) weight_buffers_ = std::make_unique<WeightBuffers>(*model_, bucket_bytes);
+  if (!weight_buffers_) {
+    weight_buffers_ = std::make_unique<WeightBuffers>(*model_, bucket_bytes);
+    runner_->reset_cuda_graphs();  // they read the weights' old storage
+  }
   return *weight_buffers_;
 }
 

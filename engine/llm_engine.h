@@ -79,6 +79,12 @@ struct EngineStats {
   int32_t max_used_blocks = 0;
   double forward_seconds = 0;
   double sample_seconds = 0;
+  // Bytes copied between host and device (0 on a CPU engine): device->host is the sampled ids and
+  // log-probs (the logits too with the "cpu" sampler on a device, prompt log-probs, an observer);
+  // host->device is each step's metadata and sampling parameters.
+  int64_t d2h_bytes = 0;
+  int64_t h2d_bytes = 0;
+  int64_t max_step_d2h_bytes = 0;  // the largest one step copied device->host
 };
 
 // Called on the engine thread with each row of logits the engine samples from: the request,
@@ -154,7 +160,8 @@ class LlmEngine {
   // The scheduled batch's forward: the logits row of every sequence that samples, in batch order.
   struct BatchLogits {
     std::vector<Sequence*> seqs;
-    at::Tensor logits;  // [seqs, vocab] float32, CPU
+    at::Tensor logits;  // [seqs, vocab] float32: on the model's device for the tensor sampler,
+                        // else on the CPU
   };
   // Admits the queued requests, applies the queued aborts; returns the requests those finished.
   std::unordered_set<Request*> drain_inbox();
@@ -170,6 +177,8 @@ class LlmEngine {
   void admit(GenerateRequest&& request);
   void compute_prompt_logprobs(const ScheduledSeq& s, const at::Tensor& hidden, int64_t row);
   RequestOutput make_output(const Request& req) const;
+  // `t` on the host, counting the bytes when it comes from a device.
+  at::Tensor to_host(const at::Tensor& t);
   void abort_now(const std::string& id);
 
   EngineConfig config_;
@@ -183,6 +192,8 @@ class LlmEngine {
   int64_t max_model_len_ = 0;
   int64_t weight_version_ = 0;
   int64_t next_arrival_ = 0;
+  bool tensor_sampler_ = false;  // EngineConfig::sampler resolved
+  int64_t step_d2h_bytes_ = 0;
   std::unordered_map<std::string, std::unique_ptr<Request>> requests_;
   EngineStats stats_;
   LogitsObserver observer_;

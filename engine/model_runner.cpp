@@ -1,9 +1,12 @@
 #include "engine/model_runner.h"
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include "common/check.h"
 #include "common/host_memory.h"
+#include "engine/cuda_graph.h"
 #include "kv/paged_attention.h"
 
 namespace crl::engine {
@@ -45,71 +48,240 @@ ModelRunner::ModelRunner(const Transformer& model, int32_t block_size, int32_t n
       at::TensorOptions().dtype(model.options().dtype).device(model.options().device), "the KV cache pool");
 }
 
-ForwardOutput ModelRunner::execute(const SchedulerOutput& batch) {
-  ForwardOutput out;
-  if (!batch.block_copies.empty()) {
-    std::vector<int64_t> pairs;
-    for (auto [src, dst] : batch.block_copies) {
-      pairs.push_back(src);
-      pairs.push_back(dst);
-    }
-    auto t = at::tensor(pairs, at::kLong).view({-1, 2}).to(kv_cache_.device());
-    kv::copy_blocks(kv_cache_, t);
+namespace {
+
+// Where a step's metadata sits in one byte buffer: the int64 sections first (token ids, positions,
+// cache slots, the rows that sample, copy-on-write block pairs), then the int32 ones (query
+// starts, context lengths, block tables), each 8-byte aligned.
+struct StepLayout {
+  int64_t rows = 0, seqs = 0, samples = 0, pairs = 0, max_blocks = 1;
+  int64_t tok = 0, pos = 0, slot = 0, sample = 0, pair = 0, qs = 0, cl = 0, bt = 0, bytes = 0;
+
+  StepLayout(int64_t rows_, int64_t seqs_, int64_t samples_, int64_t pairs_, int64_t max_blocks_)
+      : rows(rows_), seqs(seqs_), samples(samples_), pairs(pairs_), max_blocks(max_blocks_) {
+    auto take = [this](int64_t count, int64_t size) {
+      const int64_t off = bytes;
+      bytes += (count * size + 7) / 8 * 8;
+      return off;
+    };
+    tok = take(rows, 8);
+    pos = take(rows, 8);
+    slot = take(rows, 8);
+    sample = take(samples, 8);
+    pair = take(2 * pairs, 8);
+    qs = take(seqs + 1, 4);
+    cl = take(seqs, 4);
+    bt = take(seqs * max_blocks, 4);
+    bytes = std::max<int64_t>(bytes, 8);
   }
-  if (batch.seqs.empty()) return out;
+  // Section `off` of `buf` as `count` elements of `dtype`.
+  static at::Tensor view(const at::Tensor& buf, int64_t off, int64_t count, at::ScalarType dtype) {
+    return buf.narrow(0, off, count * static_cast<int64_t>(c10::elementSize(dtype))).view(dtype);
+  }
+  kv::PagedAttentionMetadata metadata(const at::Tensor& buf, int64_t max_q, int64_t max_ctx) const {
+    kv::PagedAttentionMetadata meta;
+    meta.slot_mapping = view(buf, slot, rows, at::kLong);
+    meta.query_start = view(buf, qs, seqs + 1, at::kInt);
+    meta.context_lens = view(buf, cl, seqs, at::kInt);
+    meta.block_tables = view(buf, bt, seqs * max_blocks, at::kInt).view({seqs, max_blocks});
+    meta.max_query_len = max_q;
+    meta.max_context_len = max_ctx;
+    return meta;
+  }
+};
 
-  const int64_t num_seqs = static_cast<int64_t>(batch.seqs.size());
-  const int64_t total = batch.num_tokens;
-  size_t max_blocks = 1;
-  for (const auto& s : batch.seqs) max_blocks = std::max(max_blocks, s.seq->block_table.size());
+// A host buffer for a step's metadata: pinned for a device, so the one upload is asynchronous (the
+// caching host allocator keeps the block until the copy has run).
+at::Tensor host_buffer(const StepLayout& layout, const at::Device& device) {
+  return at::empty({layout.bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(!device.is_cpu()));
+}
 
-  auto tokens = at::empty({total}, at::kLong);
-  auto positions = at::empty({total}, at::kLong);
-  auto slots = at::empty({total}, at::kLong);
-  auto query_start = at::empty({num_seqs + 1}, at::kInt);
-  auto context_lens = at::empty({num_seqs}, at::kInt);
-  auto block_tables = at::zeros({num_seqs, static_cast<int64_t>(max_blocks)}, at::kInt);
-  auto* tok = tokens.data_ptr<int64_t>();
-  auto* pos = positions.data_ptr<int64_t>();
-  auto* slot = slots.data_ptr<int64_t>();
-  auto* qs = query_start.data_ptr<int32_t>();
-  auto* cl = context_lens.data_ptr<int32_t>();
-  auto* bt = block_tables.data_ptr<int32_t>();
-
-  int64_t row = 0;
+struct Filled {
   int64_t max_q = 0, max_ctx = 0;
-  out.row_start.reserve(num_seqs);
-  for (int64_t i = 0; i < num_seqs; ++i) {
+};
+
+// Writes `batch` into `buf` laid out by `layout`; sequences past the batch's (up to layout.seqs)
+// are padding: one row each at position 0, no cache slot (-1: the write skips it), one attended
+// position in block 0 (finite, and discarded by the caller).
+Filled fill_step(const SchedulerOutput& batch, int32_t block_size, const StepLayout& layout,
+                 at::Tensor& buf) {
+  uint8_t* base = buf.data_ptr<uint8_t>();
+  auto* tok = reinterpret_cast<int64_t*>(base + layout.tok);
+  auto* pos = reinterpret_cast<int64_t*>(base + layout.pos);
+  auto* slot = reinterpret_cast<int64_t*>(base + layout.slot);
+  auto* sample = reinterpret_cast<int64_t*>(base + layout.sample);
+  auto* pairs = reinterpret_cast<int64_t*>(base + layout.pair);
+  auto* qs = reinterpret_cast<int32_t*>(base + layout.qs);
+  auto* cl = reinterpret_cast<int32_t*>(base + layout.cl);
+  auto* bt = reinterpret_cast<int32_t*>(base + layout.bt);
+  for (int64_t i = 0; i < layout.pairs; ++i) {
+    pairs[2 * i] = batch.block_copies[i].first;
+    pairs[2 * i + 1] = batch.block_copies[i].second;
+  }
+  Filled f;
+  int64_t row = 0, samples = 0;
+  const int64_t mb = layout.max_blocks;
+  for (size_t i = 0; i < batch.seqs.size(); ++i) {
     const ScheduledSeq& s = batch.seqs[i];
     const Sequence& seq = *s.seq;
-    CRL_CHECK(static_cast<int64_t>(seq.block_table.size()) * block_size_ >= s.start + s.num_tokens,
+    CRL_CHECK(static_cast<int64_t>(seq.block_table.size()) * block_size >= s.start + s.num_tokens,
               "seq ", seq.seq_id, " lacks blocks");
     qs[i] = static_cast<int32_t>(row);
-    out.row_start.push_back(row);
     for (int64_t p = s.start; p < s.start + s.num_tokens; ++p, ++row) {
       tok[row] = seq.tokens[p];
       pos[row] = p;
-      slot[row] = static_cast<int64_t>(seq.block_table[p / block_size_]) * block_size_ +
-                  p % block_size_;
+      slot[row] = static_cast<int64_t>(seq.block_table[p / block_size]) * block_size + p % block_size;
     }
+    if (s.sample && samples < layout.samples) sample[samples++] = row - 1;
     cl[i] = static_cast<int32_t>(s.start + s.num_tokens);
-    std::copy(seq.block_table.begin(), seq.block_table.end(), bt + i * max_blocks);
-    max_q = std::max(max_q, s.num_tokens);
-    max_ctx = std::max<int64_t>(max_ctx, cl[i]);
+    std::fill(std::copy(seq.block_table.begin(), seq.block_table.end(), bt + i * mb), bt + (i + 1) * mb, 0);
+    f.max_q = std::max(f.max_q, s.num_tokens);
+    f.max_ctx = std::max<int64_t>(f.max_ctx, cl[i]);
   }
-  qs[num_seqs] = static_cast<int32_t>(row);
+  for (int64_t i = static_cast<int64_t>(batch.seqs.size()); i < layout.seqs; ++i, ++row) {
+    qs[i] = static_cast<int32_t>(row);
+    tok[row] = 0;
+    pos[row] = 0;
+    slot[row] = -1;
+    cl[i] = 1;
+    std::fill(bt + i * mb, bt + (i + 1) * mb, 0);
+  }
+  qs[layout.seqs] = static_cast<int32_t>(row);
+  return f;
+}
 
-  const auto device = kv_cache_.device();
-  kv::PagedAttentionMetadata meta;
-  meta.slot_mapping = slots.to(device);
-  meta.query_start = query_start.to(device);
-  meta.context_lens = context_lens.to(device);
-  meta.block_tables = block_tables.to(device);
-  meta.max_query_len = max_q;
-  meta.max_context_len = max_ctx;
+}  // namespace
+
+// One captured decode forward: static inputs in one device buffer (StepLayout of `bucket` rows and
+// sequences), replayed after one upload into it.
+struct ModelRunner::DecodeGraph {
+  int64_t bucket = 0;
+  std::unique_ptr<StepLayout> layout;
+  at::Tensor inputs;  // [layout.bytes] uint8 on the device
+  std::unique_ptr<CudaGraph> graph;
+};
+
+ModelRunner::~ModelRunner() = default;
+
+void ModelRunner::enable_cuda_graphs(std::vector<int64_t> buckets, int64_t max_model_len) {
+  if (!kv_cache_.device().is_cuda()) {
+    CRL_INVALID("CUDA graphs need the model on a CUDA device, not ", kv_cache_.device());
+  }
+  std::sort(buckets.begin(), buckets.end());
+  graph_buckets_ = std::move(buckets);
+  graph_max_blocks_ = (max_model_len + block_size_ - 1) / block_size_;
+  graphs_.clear();
+}
+
+void ModelRunner::reset_cuda_graphs() { graphs_.clear(); }
+
+void ModelRunner::capture_cuda_graphs() {
+  const at::Device device = kv_cache_.device();
   const double scale = 1.0 / std::sqrt(static_cast<double>(model_.config().head_dim));
-  PagedKvAttention attention(kv_cache_, std::move(meta), scale);
-  out.hidden = model_.forward_hidden(tokens.to(device), positions.to(device), attention);
+  const int64_t max_position = model_.config().max_position_embeddings - 1;
+  // Largest first, all in the first graph's memory pool (they never replay concurrently).
+  for (auto it = graph_buckets_.rbegin(); it != graph_buckets_.rend(); ++it) {
+    auto g = std::make_unique<DecodeGraph>();
+    g->bucket = *it;
+    g->layout = std::make_unique<StepLayout>(g->bucket, g->bucket, 0, 0, graph_max_blocks_);
+    at::Tensor host = host_buffer(*g->layout, device);
+    fill_step(SchedulerOutput(), block_size_, *g->layout, host);  // all padding
+    g->inputs = host.to(device);
+    const StepLayout& l = *g->layout;
+    const kv::PagedAttentionMetadata meta = l.metadata(g->inputs, 1, graph_max_blocks_ * block_size_);
+    const at::Tensor tokens = StepLayout::view(g->inputs, l.tok, l.rows, at::kLong);
+    const at::Tensor positions = StepLayout::view(g->inputs, l.pos, l.rows, at::kLong);
+    auto forward = [&]() {
+      PagedKvAttention attention(kv_cache_, meta, scale);
+      return model_.forward_hidden(tokens, positions, attention, max_position);
+    };
+    g->graph = capture_cuda_graph(forward, device, graphs_.empty() ? nullptr : graphs_.front()->graph.get());
+    graphs_.push_back(std::move(g));
+  }
+  std::reverse(graphs_.begin(), graphs_.end());  // ascending buckets
+}
+
+ModelRunner::DecodeGraph* ModelRunner::graph_for(const SchedulerOutput& batch) {
+  if (graph_buckets_.empty() || batch.seqs.empty()) return nullptr;
+  const int64_t n = static_cast<int64_t>(batch.seqs.size());
+  if (n > graph_buckets_.back() || batch.num_tokens != n) return nullptr;
+  for (const ScheduledSeq& s : batch.seqs) {
+    if (s.num_tokens != 1 || !s.sample ||
+        static_cast<int64_t>(s.seq->block_table.size()) > graph_max_blocks_) {
+      return nullptr;
+    }
+  }
+  if (graphs_.empty()) capture_cuda_graphs();
+  for (auto& g : graphs_) {
+    if (g->bucket >= n) return g.get();
+  }
+  return nullptr;
+}
+
+ForwardOutput ModelRunner::execute_graph(const SchedulerOutput& batch, DecodeGraph& g) {
+  ForwardOutput out;
+  const at::Device device = kv_cache_.device();
+  const int64_t n = static_cast<int64_t>(batch.seqs.size());
+  if (!batch.block_copies.empty()) {
+    StepLayout pairs(0, 0, 0, static_cast<int64_t>(batch.block_copies.size()), 1);
+    at::Tensor host = host_buffer(pairs, device);
+    SchedulerOutput copies_only;
+    copies_only.block_copies = batch.block_copies;
+    fill_step(copies_only, block_size_, pairs, host);
+    at::Tensor dev = host.to(at::TensorOptions().device(device), /*non_blocking=*/true);
+    out.h2d_bytes += host.numel();
+    kv::copy_blocks(kv_cache_, StepLayout::view(dev, pairs.pair, 2 * pairs.pairs, at::kLong).view({-1, 2}));
+  }
+  at::Tensor host = host_buffer(*g.layout, device);
+  fill_step(batch, block_size_, *g.layout, host);
+  g.inputs.copy_(host, /*non_blocking=*/true);
+  out.h2d_bytes += host.numel();
+  g.graph->replay();
+  out.hidden = g.graph->output().narrow(0, 0, n);
+  out.sample_hidden = out.hidden;
+  out.row_start.resize(n);
+  std::iota(out.row_start.begin(), out.row_start.end(), 0);
+  return out;
+}
+
+ForwardOutput ModelRunner::execute(const SchedulerOutput& batch) {
+  if (DecodeGraph* g = graph_for(batch)) return execute_graph(batch, *g);
+  ForwardOutput out;
+  const int64_t num_seqs = static_cast<int64_t>(batch.seqs.size());
+  const int64_t total = batch.num_tokens;
+  int64_t num_samples = 0;
+  int64_t max_blocks = 1;
+  for (const auto& s : batch.seqs) {
+    num_samples += s.sample ? 1 : 0;
+    max_blocks = std::max<int64_t>(max_blocks, static_cast<int64_t>(s.seq->block_table.size()));
+  }
+  const StepLayout layout(total, num_seqs, num_samples, static_cast<int64_t>(batch.block_copies.size()),
+                          max_blocks);
+  const at::Device device = kv_cache_.device();
+  at::Tensor host = host_buffer(layout, device);
+  const Filled f = fill_step(batch, block_size_, layout, host);
+  out.row_start.reserve(num_seqs);
+  for (int64_t i = 0; i < num_seqs; ++i) {
+    out.row_start.push_back(reinterpret_cast<const int32_t*>(host.data_ptr<uint8_t>() + layout.qs)[i]);
+  }
+  // One upload (none on the CPU, where `buf` is the host buffer itself).
+  const at::Tensor buf = host.to(at::TensorOptions().device(device), /*non_blocking=*/true);
+  out.h2d_bytes = device.is_cpu() ? 0 : host.numel();
+
+  if (layout.pairs > 0) {
+    // Validated on the host by copy_blocks when the cache lives there.
+    kv::copy_blocks(kv_cache_, StepLayout::view(buf, layout.pair, 2 * layout.pairs, at::kLong).view({-1, 2}));
+  }
+  if (num_seqs == 0) return out;
+
+  const double scale = 1.0 / std::sqrt(static_cast<double>(model_.config().head_dim));
+  PagedKvAttention attention(kv_cache_, layout.metadata(buf, f.max_q, f.max_ctx), scale);
+  out.hidden = model_.forward_hidden(StepLayout::view(buf, layout.tok, total, at::kLong),
+                                     StepLayout::view(buf, layout.pos, total, at::kLong), attention,
+                                     /*max_position=*/f.max_ctx - 1);
+  if (num_samples > 0) {
+    out.sample_hidden = out.hidden.index_select(0, StepLayout::view(buf, layout.sample, num_samples, at::kLong));
+  }
   return out;
 }
 

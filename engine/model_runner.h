@@ -2,8 +2,11 @@
 //
 // Owns: kv_cache_ [2, num_layers, num_blocks, block_size, num_kv_heads, head_dim] in the model's
 // compute dtype and device. Builds the packed inputs of a SchedulerOutput (tokens, positions, slot
-// mapping, block tables, query offsets), performs the scheduler's copy-on-write block copies and
-// runs the forward with paged attention.
+// mapping, block tables, query offsets, the copy-on-write block pairs and the rows that sample) in
+// one host buffer, pinned on a GPU, and uploads it with one asynchronous copy a step; performs the
+// scheduler's copy-on-write block copies and runs the forward with paged attention. Nothing in a
+// step reads device memory back: the forward's host-side numbers (largest position, query and
+// context lengths) come from the schedule.
 //
 // Thread safety: only the engine thread calls it.
 #pragma once
@@ -11,6 +14,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "engine/model/transformer.h"
@@ -21,12 +25,16 @@ namespace crl::engine {
 struct ForwardOutput {
   at::Tensor hidden;               // [T, hidden]: final-normed hidden state of every scheduled token
   std::vector<int64_t> row_start;  // first row of each ScheduledSeq in `hidden`
+  at::Tensor sample_hidden;        // [S, hidden]: the last row of each ScheduledSeq that samples
+                                   // (ScheduledSeq::sample), in batch order
+  int64_t h2d_bytes = 0;           // bytes uploaded to the device for this step (0 on the CPU)
 };
 
 class ModelRunner {
  public:
   // REQUIRES: `model` outlives the runner.
   ModelRunner(const Transformer& model, int32_t block_size, int32_t num_blocks);
+  ~ModelRunner();
   ModelRunner(const ModelRunner&) = delete;
   ModelRunner& operator=(const ModelRunner&) = delete;
 
@@ -35,16 +43,33 @@ class ModelRunner {
 
   ForwardOutput execute(const SchedulerOutput& batch);
 
+  // Decode steps (one token per sequence, every sequence sampling) of up to the largest bucket
+  // replay a CUDA graph captured for the smallest bucket that holds them, padded; other steps run
+  // as before. Captured at the first such step, after the weights have their final storage:
+  // reset_cuda_graphs() after anything rebinds a parameter (in-place weight updates need nothing).
+  // Throws std::invalid_argument off CUDA.
+  void enable_cuda_graphs(std::vector<int64_t> buckets, int64_t max_model_len);
+  void reset_cuda_graphs();
+  int64_t num_cuda_graphs() const { return static_cast<int64_t>(graphs_.size()); }
+
   int32_t num_blocks() const { return num_blocks_; }
   int32_t block_size() const { return block_size_; }
   int64_t kv_cache_bytes() const { return kv_cache_.numel() * kv_cache_.element_size(); }
   const at::Tensor& kv_cache() const { return kv_cache_; }
 
  private:
+  struct DecodeGraph;
+  DecodeGraph* graph_for(const SchedulerOutput& batch);
+  void capture_cuda_graphs();
+  ForwardOutput execute_graph(const SchedulerOutput& batch, DecodeGraph& graph);
+
   const Transformer& model_;
   int32_t block_size_;
   int32_t num_blocks_;
   at::Tensor kv_cache_;
+  std::vector<int64_t> graph_buckets_;  // ascending; empty: no graphs
+  int64_t graph_max_blocks_ = 0;
+  std::vector<std::unique_ptr<DecodeGraph>> graphs_;  // by bucket, ascending; captured lazily
 };
 
 }  // namespace crl::engine

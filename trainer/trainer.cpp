@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -213,7 +214,8 @@ at::Tensor Trainer::forward_logprobs(const engine::Transformer& model, const Mic
   if (options_.activation_checkpointing && at::GradMode::is_enabled()) {
     impl_->live_attention = attention;
   }
-  at::Tensor hidden = model.forward_hidden(tokens, positions, *attention);
+  const int64_t longest = *std::max_element(b.seq_lens.begin(), b.seq_lens.end());
+  at::Tensor hidden = model.forward_hidden(tokens, positions, *attention, longest - 1);
   at::Tensor rows = loss_rows(b).to(dev);
   // Row j - 1 predicts token j (the first token of a sequence is never a loss token).
   at::Tensor logits = model.compute_logits(hidden.index_select(0, rows - 1));

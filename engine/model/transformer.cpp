@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <unordered_map>
@@ -277,16 +278,12 @@ at::Tensor Transformer::layer_forward(int64_t li, const at::Tensor& h, const at:
 }
 
 at::Tensor Transformer::forward_hidden(const at::Tensor& tokens, const at::Tensor& positions,
-                                       AttentionBackend& attention) const {
+                                       AttentionBackend& attention, int64_t max_position) const {
   const auto& c = config_;
-  const int64_t t = tokens.size(0);
-  if (t > 0) {
-    auto max_pos = positions.max().item<int64_t>();
-    if (max_pos >= c.max_position_embeddings) {
-      throw std::invalid_argument("position " + std::to_string(max_pos) +
-                                  " exceeds max_position_embeddings " +
-                                  std::to_string(c.max_position_embeddings));
-    }
+  if (tokens.size(0) > 0 && max_position >= c.max_position_embeddings) {
+    throw std::invalid_argument("position " + std::to_string(max_position) +
+                                " exceeds max_position_embeddings " +
+                                std::to_string(c.max_position_embeddings));
   }
   auto cos = rope_cos_.index_select(0, positions).to(options_.dtype);
   auto sin = rope_sin_.index_select(0, positions).to(options_.dtype);
@@ -316,8 +313,9 @@ at::Tensor Transformer::forward_packed(const at::Tensor& tokens,
   for (int64_t len : seq_lens) pos.push_back(at::arange(len, at::kLong));
   auto positions = (pos.size() == 1 ? pos[0] : at::cat(pos, 0)).to(options_.device);
   DenseCausalAttention attention(seq_lens);
+  const int64_t longest = seq_lens.empty() ? 0 : *std::max_element(seq_lens.begin(), seq_lens.end());
   // Token ids may come from the host (tests, the trainer's packed batches): gather on the device.
-  return compute_logits(forward_hidden(tokens.to(options_.device), positions, attention));
+  return compute_logits(forward_hidden(tokens.to(options_.device), positions, attention, longest - 1));
 }
 
 }  // namespace crl::engine

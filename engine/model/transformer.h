@@ -52,9 +52,12 @@ class Transformer {
   // Loads config.json and the safetensors checkpoint from a Hugging Face directory.
   static Transformer load(const std::string& dir, TransformerOptions options);
 
-  // tokens, positions: [T] int64. Returns the final-normed hidden states [T, hidden] (compute dtype).
+  // tokens, positions: [T] int64 on the model's device; `max_position`: the largest of
+  // `positions`, known to the caller on the host (checked against max_position_embeddings, so the
+  // forward never reads device memory back). Returns the final-normed hidden states [T, hidden]
+  // (compute dtype).
   at::Tensor forward_hidden(const at::Tensor& tokens, const at::Tensor& positions,
-                            AttentionBackend& attention) const;
+                            AttentionBackend& attention, int64_t max_position) const;
   // hidden: [R, hidden] -> logits [R, vocab] float32.
   at::Tensor compute_logits(const at::Tensor& hidden) const;
 

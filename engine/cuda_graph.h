@@ -1,0 +1,36 @@
+// CudaGraph: a captured run of device work, replayed with one launch (CUDA builds only:
+// engine/cuda_graph.cu; elsewhere capture_cuda_graph throws). ModelRunner uses it for decode
+// steps (EngineConfig::cuda_graphs): one graph per batch-size bucket, replayed over static input
+// buffers, which removes the per-operator launch cost of a forward.
+//
+// Contract of the captured function: it reads only device memory that outlives the graph (the
+// weights, the KV cache, the static inputs) and makes no host-device synchronisation; its output
+// lives in the graph's memory pool and is overwritten by every replay.
+//
+// Thread safety: one thread (the engine thread) captures and replays.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <functional>
+#include <memory>
+
+namespace crl::engine {
+
+class CudaGraph {
+ public:
+  virtual ~CudaGraph() = default;
+  // Replays the captured work on the current stream of the graph's device.
+  virtual void replay() = 0;
+  // The captured function's output (valid until the next replay).
+  virtual const at::Tensor& output() const = 0;
+};
+
+// Runs `fn` once on a side stream of `device` (warm-up: cuBLAS handles, workspaces), then
+// captures a second run. Graphs captured with `share_pool` set reuse that graph's memory pool
+// (they must never replay concurrently). Throws std::runtime_error in builds without CUDA.
+std::unique_ptr<CudaGraph> capture_cuda_graph(const std::function<at::Tensor()>& fn,
+                                              const at::Device& device,
+                                              const CudaGraph* share_pool = nullptr);
+
+}  // namespace crl::engine
