@@ -14,6 +14,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -143,6 +144,140 @@ __global__ void paged_attention_kernel(T* __restrict__ out, const T* __restrict_
   }
 }
 
+// The same contract and block/warp layout, with more memory work in flight: each warp takes
+// kUnroll consecutive positions per iteration (their table entries, K and V rows all loaded
+// before the first use, the kUnroll dot products reduced together), and each lane holds only
+// kPer = head_dim / 32 (rounded up) dimensions, so registers follow head_dim. Warp w walks
+// positions [w * kUnroll, w * kUnroll + kUnroll), then kWarps * kUnroll further on. Deterministic
+// and batch-invariant like the first kernel (its sums run in another, fixed order).
+constexpr int kUnroll = 4;
+
+template <typename T, int kPer>
+__global__ void paged_attention_unrolled_kernel(
+    T* __restrict__ out, const T* __restrict__ q, const T* __restrict__ k_cache,
+    const T* __restrict__ v_cache, const int32_t* __restrict__ query_start,
+    const int32_t* __restrict__ context_lens, const int32_t* __restrict__ block_tables,
+    int num_seqs, int num_heads, int num_kv_heads, int head_dim, int block_size, int max_blocks,
+    float scale) {
+  const int row = blockIdx.x;
+  const int head = blockIdx.y;
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+
+  int lo = 0, hi = num_seqs - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (query_start[mid] <= row) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const int seq = lo;
+  const int q0 = query_start[seq];
+  const int q_len = query_start[seq + 1] - q0;
+  const int n = context_lens[seq] - q_len + (row - q0) + 1;  // attended positions
+  const int kv_head = head / (num_heads / num_kv_heads);
+  const int32_t* table = block_tables + static_cast<int64_t>(seq) * max_blocks;
+
+  float qr[kPer];
+  const T* q_row = q + (static_cast<int64_t>(row) * num_heads + head) * head_dim;
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const int d = lane + k * kWarpSize;
+    qr[k] = d < head_dim ? load_float(q_row + d) * scale : 0.0f;
+  }
+
+  float m = -INFINITY;
+  float l = 0.0f;
+  float acc[kPer];
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) acc[k] = 0.0f;
+
+  for (int base = warp * kUnroll; base < n; base += kWarps * kUnroll) {
+    int64_t off[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int pos = min(base + u, n - 1);  // past the end: a valid position, weighted 0 below
+      const int64_t slot = static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size;
+      off[u] = (slot * num_kv_heads + kv_head) * head_dim;
+    }
+    float kv[kUnroll][kPer];
+    float vv[kUnroll][kPer];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) {
+        const int d = lane + k * kWarpSize;
+        kv[u][k] = d < head_dim ? load_float(k_cache + off[u] + d) : 0.0f;
+        vv[u][k] = d < head_dim ? load_float(v_cache + off[u] + d) : 0.0f;
+      }
+    }
+    float score[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      float partial = 0.0f;
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) partial += qr[k] * kv[u][k];
+      score[u] = partial;
+    }
+#pragma unroll
+    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) score[u] += __shfl_xor_sync(0xffffffffu, score[u], offset);
+    }
+    float m_new = m;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (base + u < n) m_new = fmaxf(m_new, score[u]);
+    }
+    const float corr = expf(m - m_new);  // 0 while m is -inf (m_new is finite: base < n)
+    l *= corr;
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) acc[k] *= corr;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const float p = base + u < n ? expf(score[u] - m_new) : 0.0f;
+      l += p;
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) acc[k] += p * vv[u][k];
+    }
+    m = m_new;
+  }
+
+  __shared__ float warp_m[kWarps];
+  __shared__ float warp_l[kWarps];
+  __shared__ float warp_acc[kWarps][kPer * kWarpSize];
+  if (lane == 0) {
+    warp_m[warp] = m;
+    warp_l[warp] = l;
+  }
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) warp_acc[warp][k * kWarpSize + lane] = acc[k];
+  __syncthreads();
+
+  if (warp == 0) {
+    float m_all = -INFINITY;
+    for (int w = 0; w < kWarps; ++w) m_all = fmaxf(m_all, warp_m[w]);
+    float l_all = 0.0f;
+    float o[kPer];
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) o[k] = 0.0f;
+    for (int w = 0; w < kWarps; ++w) {
+      const float c = warp_m[w] == -INFINITY ? 0.0f : expf(warp_m[w] - m_all);
+      l_all += warp_l[w] * c;
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) o[k] += warp_acc[w][k * kWarpSize + lane] * c;
+    }
+    T* out_row = out + (static_cast<int64_t>(row) * num_heads + head) * head_dim;
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int d = lane + k * kWarpSize;
+      if (d < head_dim) store_float(o[k] / l_all, out_row + d);
+    }
+  }
+}
+
 // One thread block per token: copies its k and v rows ([num_kv_heads * head_dim]) into its slot.
 template <typename T>
 __global__ void write_kv_cache_kernel(T* __restrict__ k_cache, T* __restrict__ v_cache,
@@ -158,11 +293,54 @@ __global__ void write_kv_cache_kernel(T* __restrict__ k_cache, T* __restrict__ v
   }
 }
 
+// CRL_PAGED_ATTENTION=v1 selects the first kernel (one position per warp iteration); the default
+// is the unrolled one.
+bool use_first_kernel() {
+  static const bool v1 = [] {
+    const char* e = std::getenv("CRL_PAGED_ATTENTION");
+    return e != nullptr && std::string(e) == "v1";
+  }();
+  return v1;
+}
+
+template <typename T, int kPer>
+void launch_unrolled(T* out, const T* q, const T* k_cache, const T* v_cache,
+                     const PagedAttentionMetadata& meta, const dim3& grid, int num_heads,
+                     int num_kv_heads, int head_dim, int block_size, float scale,
+                     cudaStream_t stream) {
+  paged_attention_unrolled_kernel<T, kPer><<<grid, kThreads, 0, stream>>>(
+      out, q, k_cache, v_cache, meta.query_start.data_ptr<int32_t>(),
+      meta.context_lens.data_ptr<int32_t>(), meta.block_tables.data_ptr<int32_t>(),
+      static_cast<int>(meta.context_lens.size(0)), num_heads, num_kv_heads, head_dim, block_size,
+      static_cast<int>(meta.block_tables.size(1)), scale);
+}
+
 template <typename T, typename AtT>
 void launch_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
                       const at::Tensor& v_cache, const PagedAttentionMetadata& meta, float scale,
                       cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(q.size(0)), static_cast<unsigned>(q.size(1)));
+  if (!use_first_kernel()) {
+    T* o = reinterpret_cast<T*>(out.data_ptr<AtT>());
+    const T* qp = reinterpret_cast<const T*>(q.data_ptr<AtT>());
+    const T* kp = reinterpret_cast<const T*>(k_cache.data_ptr<AtT>());
+    const T* vp = reinterpret_cast<const T*>(v_cache.data_ptr<AtT>());
+    const int heads = static_cast<int>(q.size(1)), kv_heads = static_cast<int>(k_cache.size(2));
+    const int head_dim = static_cast<int>(q.size(2)), bs = static_cast<int>(k_cache.size(1));
+    const int per = (head_dim + kWarpSize - 1) / kWarpSize;
+    if (per <= 1) {
+      launch_unrolled<T, 1>(o, qp, kp, vp, meta, grid, heads, kv_heads, head_dim, bs, scale, stream);
+    } else if (per <= 2) {
+      launch_unrolled<T, 2>(o, qp, kp, vp, meta, grid, heads, kv_heads, head_dim, bs, scale, stream);
+    } else if (per <= 4) {
+      launch_unrolled<T, 4>(o, qp, kp, vp, meta, grid, heads, kv_heads, head_dim, bs, scale, stream);
+    } else {
+      launch_unrolled<T, kMaxPerLane>(o, qp, kp, vp, meta, grid, heads, kv_heads, head_dim, bs, scale,
+                                      stream);
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return;
+  }
   paged_attention_kernel<T><<<grid, kThreads, 0, stream>>>(
       reinterpret_cast<T*>(out.data_ptr<AtT>()), reinterpret_cast<const T*>(q.data_ptr<AtT>()),
       reinterpret_cast<const T*>(k_cache.data_ptr<AtT>()),
