@@ -108,10 +108,10 @@ fi
 # the bucket update's GB/s next to the device's own copy of the same bytes (target >= 80%).
 if [[ " $STAGES " == *" sync "* ]]; then
   ctest --test-dir "$BUILD" -R 'gpu[.](sync_check_ipc|bench_sync_ipc)|CudaIpcTest|SyncTransportTest|WeightSyncIpcTest' \
-    --output-on-failure 2>&1 | tee "$OUT/tests_sync_ipc.log" | tail -30
+    -V 2>&1 | tee "$OUT/tests_sync_ipc.log" | grep -E "transport ipc|ok: exit|FAILED|tests passed|Failed|Skipped|[|] (bucket|copy) [|]" | tail -40
   note tests_sync_ipc "{\"rc\": ${PIPESTATUS[0]}}"
   timeout 300 "$BIN" bench sync --device cuda --shapes qwen2-0.5b,qwen2-1.5b --dtypes float32,bfloat16 \
-    --topologies 1-1 --repeats 5 --results "$OUT/sync_bench_ipc.jsonl" 2>&1 | tee "$OUT/bench_sync_ipc.log" | tail -8
+    --topologies 1-1 --repeats 5 --results "$OUT/sync_bench_ipc.jsonl" 2>&1 | tee "$OUT/bench_sync_ipc.log" | tail -12
   note bench_sync_ipc "{\"rc\": ${PIPESTATUS[0]}}"
 fi
 
