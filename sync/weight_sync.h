@@ -104,6 +104,8 @@ class WeightSync : public WeightSource {
   SyncStats send(const std::vector<at::Tensor>& tensors, int64_t version);
   // Train ranks, dtypes already equal: `buckets` are the layout's flat buffers (as from
   // allocate_buckets, e.g. the trainer's parameters live in them); sent without a copy.
+  // REQUIRES with CUDA IPC: the same buffers every version, kept allocated while this object
+  // lives (receivers keep each exported allocation open; freeing it under them is undefined).
   SyncStats send_buckets(const std::vector<at::Tensor>& buckets, int64_t version);
 
   // The version handshake, so a broadcast's deadline never covers an engine still busy: an infer
