@@ -181,7 +181,9 @@ Runner register_bench(CLI::App& app) {
   sync->add_option("--sync-bucket-mb", sf->bucket_mb, "bucket cap in MiB")->capture_default_str();
   sync->add_option("--timeout", sf->timeout_s, "collective timeout in seconds")->capture_default_str();
   sync->add_option("--results", sf->results, "JSONL file the rows go to")->capture_default_str();
-  sync->add_option("--device", sf->device, "cpu (Gloo) or cuda (one GPU per rank, NCCL)")
+  sync->add_option("--device", sf->device,
+                   "cpu (Gloo) or cuda (a GPU per rank: NCCL; ranks sharing a GPU: CUDA IPC, "
+                   "measured against the device's own copy)")
       ->capture_default_str();
   sync->add_flag("--matrix-cell", sf->matrix_cell, "internal: one cell of a matrix run")->group("");
   auto serve_opts = std::make_shared<bench::ServeBenchOptions>();

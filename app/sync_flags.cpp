@@ -21,6 +21,7 @@ sync::WeightSyncOptions DistFlags::sync_options() const {
   o.mode = sync::parse_sync_mode(sync_mode);
   o.inflight = inflight;
   o.verify = verify;
+  o.transport = sync::parse_sync_transport(transport);
   if (inflight < 1) CRL_INVALID("--sync-inflight must be >= 1, got ", inflight);
   return o;
 }
@@ -45,6 +46,10 @@ void add_dist_flags(CLI::App& cmd, DistFlags& f, bool with_sync) {
   cmd.add_option("--sync-inflight", f.inflight, "send buffers in flight per sender")
       ->capture_default_str();
   cmd.add_flag("--sync-verify", f.verify, "compare a checksum per bucket after every sync");
+  cmd.add_option("--sync-transport", f.transport,
+                 "auto (CUDA IPC where an engine and its trainers share one GPU, the communicator "
+                 "otherwise), communicator or ipc")
+      ->capture_default_str();
 }
 
 }  // namespace crl::app

@@ -22,6 +22,7 @@ struct DistFlags {
   std::string sync_mode = "bucket";
   int inflight = 2;
   bool verify = false;
+  std::string transport = "auto";
   std::string backend = "auto";
 
   std::chrono::milliseconds timeout() const;
@@ -30,7 +31,7 @@ struct DistFlags {
 };
 
 // --gpus-infer, --gpus-train, --timeout; with_sync adds --sync-bucket-mb, --sync-mode,
-// --sync-inflight, --sync-verify.
+// --sync-inflight, --sync-verify, --sync-transport.
 void add_dist_flags(CLI::App& cmd, DistFlags& flags, bool with_sync);
 
 }  // namespace crl::app

@@ -21,6 +21,7 @@
 #include "engine/model/model_cache.h"
 #include "engine/model/transformer.h"
 #include "engine/weight_buffers.h"
+#include "sync/cuda_ipc.h"
 #include "sync/groups.h"
 #include "sync/nccl_communicator.h"
 #include "sync/weight_sync.h"
@@ -51,13 +52,22 @@ Fault parse_fault(const std::string& s) {
   while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
-// A seeded stand-in for an optimizer step: the same on every train rank.
+// A seeded stand-in for an optimizer step: the same on every train rank (the noise is drawn on
+// the CPU, whatever device the masters are on).
 void perturb(const std::vector<at::Tensor>& masters, int64_t version) {
   for (size_t i = 0; i < masters.size(); ++i) {
     auto gen = at::detail::createCPUGenerator(static_cast<uint64_t>(version) * 1000003ULL + i);
-    at::Tensor noise = at::randn(masters[i].sizes(), gen, masters[i].options());
-    masters[i].add_(noise, 1e-2);
+    at::Tensor noise =
+        at::randn(masters[i].sizes(), gen, masters[i].options().device(at::kCPU));
+    masters[i].add_(noise.to(masters[i].device()), 1e-2);
   }
+}
+
+// --device cuda puts local rank r on GPU r mod the device count (select_cuda_device): with fewer
+// GPUs than ranks some ranks share one, which NCCL cannot serve (the job then uses Gloo groups and
+// CUDA IPC weight updates). Each process sees the same device count on one node.
+bool local_ranks_share_gpu(int ranks_per_node) {
+  return sync::cuda_device_count() < ranks_per_node;
 }
 
 std::vector<at::Tensor> tensors_of(const engine::NamedTensors& named) {
@@ -106,6 +116,7 @@ std::vector<int32_t> greedy_reference(const engine::Transformer& trainer,
   }
   engine::TransformerOptions o;
   o.dtype = engine_dtype;
+  o.device = trainer.named_parameters().front().second.device();  // where the engine runs too
   engine::Transformer model(trainer.config(), std::move(cast), o);
   std::vector<int64_t> ids(prompt.begin(), prompt.end());
   std::vector<int32_t> out;
@@ -144,7 +155,8 @@ int run_sync_check_rank(const sync::RankEnv& env, const SyncJobOptions& o) {
   if (fault.kind == "never-join" && fault.rank == env.rank) never_join();
   engine::EngineConfig engine_config = o.engine;
   const bool cuda = engine_config.device.rfind("cuda", 0) == 0;
-  const std::string backend = sync::resolve_comm_backend(o.comm_backend, cuda);
+  const std::string backend = sync::resolve_comm_backend(
+      o.comm_backend, cuda, cuda && local_ranks_share_gpu(o.infer_per_node + o.train_per_node));
   if (cuda) {
     // One device per rank: local rank mod the device count.
     engine_config.device = fmt::format("cuda:{}", sync::select_cuda_device(env.local_rank));
@@ -189,6 +201,7 @@ int run_sync_check_rank(const sync::RankEnv& env, const SyncJobOptions& o) {
     layout = std::make_unique<sync::WeightLayout>(eng->attach_weight_buffers(o.bucket_bytes).layout());
   }
   sync::WeightSyncOptions so = o.sync;
+  so.device = device;
   if (fault.kind == "die-mid-sync" && fault.rank == env.rank) {
     so.on_bucket_posted = [](int64_t) {
       spdlog::warn("fault injection: this rank dies in the middle of a sync");
@@ -270,11 +283,14 @@ int run_sync_check_rank(const sync::RankEnv& env, const SyncJobOptions& o) {
   int64_t buckets = static_cast<int64_t>(layout->buckets().size());
   bool identical = true, colls_ok = true;
   int64_t max_extra_rss = 0;
-  fmt::print("sync-check: {} node(s) x ({} infer + {} train), mode {}, {} buckets of <= {}, "
-             "{} tensors, {}\n",
+  const bool ipc = ws.transport(0) == sync::SyncTransport::kIpc;
+  fmt::print("sync-check: {} node(s) x ({} infer + {} train), mode {}, transport {} ({}), {} "
+             "buckets of <= {}, {} tensors, {}, device {}\n",
              topo.nnodes, topo.infer_per_node, topo.train_per_node,
-             sync::sync_mode_name(o.sync.mode), buckets, format_bytes(o.bucket_bytes),
-             layout->specs().size(), format_bytes(layout->total_bytes()));
+             sync::sync_mode_name(o.sync.mode), sync::sync_transport_name(ws.transport(0)),
+             ipc ? "one device copy per bucket" : groups.world->backend(), buckets,
+             format_bytes(o.bucket_bytes), layout->specs().size(),
+             format_bytes(layout->total_bytes()), engine_config.device);
   fmt::print("{:>4} {:>6} {:>5} {:>10} {:>6} {:>11} {:>8} {:>10} {:>10} {:>12}\n", "rank", "role",
              "sync", "bytes", "colls", "transfer ms", "GB/s", "pause ms", "extra RSS",
              "identical");
@@ -316,8 +332,8 @@ int run_sync_check_rank(const sync::RankEnv& env, const SyncJobOptions& o) {
   bool ok = identical && colls_ok && greedy;
   fmt::print("engine weights bit-identical to the trainer's: {}\n", identical ? "yes" : "NO");
   if (o.sync.mode == sync::SyncMode::kBucket) {
-    fmt::print("collectives per sync == buckets ({}) on every rank: {}\n", buckets,
-               colls_ok ? "yes" : "NO");
+    fmt::print("{} per sync == buckets ({}) on every rank: {}\n",
+               ipc ? "ipc bucket hand-overs" : "collectives", buckets, colls_ok ? "yes" : "NO");
   }
   fmt::print("greedy output equal to the trainer model's: {}\n", greedy ? "yes" : "NO");
   // In-place receive: a receiver's resident memory grows by less than one bucket during a sync.
@@ -348,10 +364,17 @@ void wait_ready_idle(const sync::WeightSync& ws, int64_t version, std::chrono::m
 int run_sync_bench_rank(const sync::RankEnv& env, const SyncBenchOptions& o) {
   const bool cuda = o.device.rfind("cuda", 0) == 0;
   std::string device_name = "cpu";
-  if (cuda) device_name = fmt::format("cuda:{}", sync::select_cuda_device(env.local_rank));
+  int cuda_index = -1;
+  if (cuda) {
+    cuda_index = sync::select_cuda_device(env.local_rank);
+    device_name = fmt::format("cuda:{}", cuda_index);
+  }
   const at::Device device(device_name);
   const auto on_device = at::TensorOptions().device(device);
-  sync::World world = sync::join_world(env, o.timeout, sync::resolve_comm_backend("auto", cuda));
+  sync::World world = sync::join_world(
+      env, o.timeout,
+      sync::resolve_comm_backend(
+          "auto", cuda, cuda && local_ranks_share_gpu(o.infer_per_node + o.train_per_node)));
   sync::Topology topo{env.nnodes, o.infer_per_node, o.train_per_node};
   sync::Groups groups = sync::make_groups(std::move(world.comm), topo);
   const bool train = groups.role == sync::Role::kTrain;
@@ -389,40 +412,61 @@ int run_sync_bench_rank(const sync::RankEnv& env, const SyncBenchOptions& o) {
     layout = std::make_unique<sync::WeightLayout>(eng->attach_weight_buffers(o.bucket_bytes).layout());
   }
   sync::WeightSyncOptions bucket_opts;
-  sync::WeightSyncOptions pt_opts;
+  bucket_opts.device = device;
+  sync::WeightSyncOptions pt_opts = bucket_opts;
   pt_opts.mode = sync::SyncMode::kPerTensor;
   sync::WeightSync ws(groups, world.store, *layout, bucket_opts);
   sync::WeightSync ws_pt(groups, world.store, *layout, pt_opts);
-  // The raw baseline's flat buffers exist outside the timed region, on its sender and receivers.
-  at::Tensor flat;
-  if (!train || first_train) {
+  // Ranks sharing one GPU hand buckets over through CUDA IPC: the per-tensor and raw baselines
+  // (communicator broadcasts) give way to the device's own copy bandwidth, measured on each
+  // receiver as one plain device-to-device copy of the same bytes.
+  const bool ipc = ws.transport(0) == sync::SyncTransport::kIpc;
+  const std::vector<std::string> modes =
+      ipc ? std::vector<std::string>{"bucket", "copy"}
+          : std::vector<std::string>{"bucket", "per-tensor", "raw"};
+  // The baselines' flat buffers exist outside the timed region, on their senders and receivers.
+  at::Tensor flat, copy_src;
+  if (!train || (first_train && !ipc)) {
     flat = at::empty({layout->total_bytes()}, on_device.dtype(at::kByte));
     flat.zero_();
   }
+  if (!train && ipc) copy_src = at::full({layout->total_bytes()}, 7, on_device.dtype(at::kByte));
+  auto device_synchronize = [&] {
+    if (cuda) sync::cuda_synchronize_device(cuda_index);
+  };
 
   json rows = json::array();
   int64_t v = 0;
-  for (auto mode : {sync::SyncMode::kBucket, sync::SyncMode::kPerTensor, sync::SyncMode::kRaw}) {
+  for (const std::string& mode : modes) {
     for (int rep = -1; rep < o.repeats; ++rep) {  // rep -1: warm-up, not recorded
       groups.world->barrier();
       ++v;
       sync::SyncStats st;
       double pause = 0;
       int64_t extra_rss = 0;
-      if (train) {
-        if (mode == sync::SyncMode::kBucket) {
+      if (mode == "copy") {
+        if (!train) {
+          device_synchronize();
+          auto c0 = Clock::now();
+          flat.copy_(copy_src);
+          device_synchronize();
+          st.transfer_s = pause = seconds_since(c0);
+          st.bytes = layout->total_bytes();
+        }
+      } else if (train) {
+        if (mode == "bucket") {
           st = flat_masters.empty() ? ws.send(masters, v) : ws.send_buckets(flat_masters, v);
         }
-        if (mode == sync::SyncMode::kPerTensor) st = ws_pt.send(masters, v);
-        if (mode == sync::SyncMode::kRaw && first_train) st = ws.raw_broadcast(flat, v);
+        if (mode == "per-tensor") st = ws_pt.send(masters, v);
+        if (mode == "raw" && first_train) st = ws.raw_broadcast(flat, v);
       } else {
-        wait_ready_idle(mode == sync::SyncMode::kBucket ? ws : ws_pt, v, o.timeout);
+        wait_ready_idle(mode == "bucket" ? ws : ws_pt, v, o.timeout);
         reset_rss_high_water();
         int64_t rss0 = current_rss_bytes();
         auto p0 = Clock::now();
-        if (mode == sync::SyncMode::kBucket) {
+        if (mode == "bucket") {
           st = ws.receive(eng->weight_buffers()->buckets(), v);
-        } else if (mode == sync::SyncMode::kPerTensor) {
+        } else if (mode == "per-tensor") {
           // OpenRLHF's loop: receive one tensor, then one load_weights call for it.
           const auto& params = eng->model().named_parameters();
           st = ws_pt.receive(eng->weight_buffers()->buckets(), v,
@@ -436,7 +480,7 @@ int run_sync_bench_rank(const sync::RankEnv& env, const SyncBenchOptions& o) {
       }
       if (rep < 0) continue;
       json row = stats_json(st);
-      row["mode"] = sync::sync_mode_name(mode);
+      row["mode"] = mode;
       row["pause_s"] = pause;
       row["extra_rss"] = extra_rss;
       rows.push_back(row);
@@ -453,7 +497,7 @@ int run_sync_bench_rank(const sync::RankEnv& env, const SyncBenchOptions& o) {
     params += n;
   }
   json cells = json::array();
-  for (const char* mode : {"bucket", "per-tensor", "raw"}) {
+  for (const std::string& mode : modes) {
     std::vector<double> times, pauses;
     int64_t recv_extra = 0, send_extra = 0, colls = 0, bytes = 0;
     for (int rep = 0; rep < o.repeats; ++rep) {
@@ -478,11 +522,16 @@ int run_sync_bench_rank(const sync::RankEnv& env, const SyncBenchOptions& o) {
       pauses.push_back(p);
     }
     double tm = median(times);
+    std::string transport = mode == "copy"     ? "-"
+                            : mode == "bucket" ? sync::sync_transport_name(ws.transport(0))
+                                               : "communicator";
     json cell = {{"shape", o.shape},
                  {"params", params},
                  {"dtype", o.engine_dtype},
                  {"topology", fmt::format("{}->{}", o.train_per_node, o.infer_per_node)},
+                 {"device", device_name},
                  {"mode", mode},
+                 {"transport", transport},
                  {"bytes", bytes},
                  {"buckets", layout->buckets().size()},
                  {"collectives", colls},
@@ -521,31 +570,38 @@ std::string format_sync_bench_table(const std::string& results_file) {
     return nullptr;
   };
   std::string out = fmt::format(
-      "| model | params | dtype | train->infer | mode | MB | colls | time ms | GB/s per receiver "
-      "| pause ms | pause/transfer | vs raw | per-tensor/bucket | recv extra | send extra |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "| model | params | dtype | train->infer | mode | transport | MB | colls | time ms | GB/s "
+      "per receiver | pause ms | pause/transfer | vs raw | per-tensor/bucket | of device copy | "
+      "recv extra | send extra |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const auto& r : rows) {
     if (r.contains("skipped")) {
-      out += fmt::format("| {} | | {} | {} | skipped: {} | | | | | | | | | | |\n",
+      out += fmt::format("| {} | | {} | {} | skipped: {} | | | | | | | | | | | | |\n",
                          r["shape"].get<std::string>(), r["dtype"].get<std::string>(),
                          r["topology"].get<std::string>(), r["skipped"].get<std::string>());
       continue;
     }
     const json* raw = find(r, "raw");
     const json* pt = find(r, "per-tensor");
+    const json* copy = find(r, "copy");
     double t = r["time_ms"].get<double>();
     bool bucket = r["mode"] == "bucket";
+    bool timed_pause = r["mode"] == "bucket" || r["mode"] == "per-tensor";
     out += fmt::format(
-        "| {} | {:.0f}M | {} | {} | {} | {:.1f} | {} | {:.1f} | {:.2f} | {} | {} | {} | {} | {} | "
-        "{} |\n",
+        "| {} | {:.0f}M | {} | {} | {} | {} | {:.1f} | {} | {:.2f} | {:.2f} | {} | {} | {} | {} | "
+        "{} | {} | {} |\n",
         r["shape"].get<std::string>(), r["params"].get<double>() / 1e6,
         r["dtype"].get<std::string>(), r["topology"].get<std::string>(),
-        r["mode"].get<std::string>(), r["bytes"].get<double>() / 1e6,
-        r["collectives"].get<int64_t>(), t, r["gb_s"].get<double>(),
-        r["mode"] == "raw" ? "-" : fmt::format("{:.1f}", r["pause_ms"].get<double>()),
-        r["mode"] == "raw" ? "-" : fmt::format("{:.2f}", r["pause_ms"].get<double>() / t),
+        r["mode"].get<std::string>(), r.value("transport", std::string("communicator")),
+        r["bytes"].get<double>() / 1e6, r["collectives"].get<int64_t>(), t,
+        r["gb_s"].get<double>(),
+        timed_pause ? fmt::format("{:.1f}", r["pause_ms"].get<double>()) : "-",
+        timed_pause && t > 0 ? fmt::format("{:.2f}", r["pause_ms"].get<double>() / t) : "-",
         raw && t > 0 ? fmt::format("{:.2f}x", t / (*raw)["time_ms"].get<double>()) : "-",
         bucket && pt ? fmt::format("{:.1f}x", (*pt)["time_ms"].get<double>() / t) : "-",
+        bucket && copy && t > 0
+            ? fmt::format("{:.0f}%", 100 * (*copy)["time_ms"].get<double>() / t)
+            : "-",
         format_bytes(r["recv_extra"].get<double>()), format_bytes(r["send_extra"].get<double>()));
   }
   return out;

@@ -40,7 +40,10 @@ int run_sync_check_rank(const sync::RankEnv& env, const SyncJobOptions& options)
 struct SyncBenchOptions {
   std::string shape = "default";  // preset (engine/model/model_cache)
   std::string engine_dtype = "float32";
-  std::string device = "cpu";  // "cuda": each rank on its own GPU, NCCL
+  // "cuda": rank r on GPU r mod the device count; a GPU per rank syncs over NCCL, ranks sharing
+  // a GPU over CUDA IPC (then the per-tensor and raw baselines give way to a plain device copy of
+  // the same bytes on each receiver, the "copy" row).
+  std::string device = "cpu";
   int infer_per_node = 1;
   int train_per_node = 1;
   int64_t bucket_bytes = int64_t{256} << 20;
@@ -50,7 +53,8 @@ struct SyncBenchOptions {
 };
 
 // One (shape, dtype, topology) cell: bucket mode, per-tensor baseline and one raw broadcast of the
-// same byte count, `repeats` times each, medians. World rank 0 appends one JSON row per mode.
+// same byte count (with CUDA IPC: bucket mode and a device copy), `repeats` times each, medians.
+// World rank 0 appends one JSON row per mode.
 int run_sync_bench_rank(const sync::RankEnv& env, const SyncBenchOptions& options);
 
 // Renders the rows of a results file as the benchmark's table.

@@ -6,6 +6,7 @@
 #
 #   scripts/gpu-check.sh fetch-debs                       (on a Debian machine with apt)
 #   scripts/gpu-check.sh [build] [tests] [bench] [qwen3] [rl] [unit]   (default: all, in that order)
+#   scripts/gpu-check.sh build sync     same-GPU weight updates over CUDA IPC (only when named)
 #
 # C++ dependencies the GPU machine lacks come from Debian bookworm .deb files unpacked into a
 # local prefix (nothing is installed system-wide): `scripts/gpu-check.sh fetch-debs` downloads
@@ -100,6 +101,18 @@ if want tests; then
   ctest --test-dir "$BUILD" -L gpu --output-on-failure 2>&1 | tee "$OUT/tests_gpu.log" | tail -40
   note tests_gpu "{\"rc\": ${PIPESTATUS[0]}}"
   "$BIN" generate --device cuda --dtype bfloat16 --prompt "Hello" --max-tokens 16 --json 2>&1 | tail -3 | tee "$OUT/generate.log"
+fi
+
+# Same-GPU colocation (issue 30): engine and trainer ranks share the one GPU, weights move over
+# CUDA IPC. Its tests (2-process sync-check, fp32 and bf16, --sync-verify), then `bench sync`:
+# the bucket update's GB/s next to the device's own copy of the same bytes (target >= 80%).
+if [[ " $STAGES " == *" sync "* ]]; then
+  ctest --test-dir "$BUILD" -R 'gpu[.](sync_check_ipc|bench_sync_ipc)|CudaIpcTest|SyncTransportTest|WeightSyncIpcTest' \
+    -V 2>&1 | tee "$OUT/tests_sync_ipc.log" | grep -E "transport ipc|ok: exit|FAILED|tests passed|Failed|Skipped|[|] (bucket|copy) [|]" | tail -40
+  note tests_sync_ipc "{\"rc\": ${PIPESTATUS[0]}}"
+  timeout 300 "$BIN" bench sync --device cuda --shapes qwen2-0.5b,qwen2-1.5b --dtypes float32,bfloat16 \
+    --topologies 1-1 --repeats 5 --results "$OUT/sync_bench_ipc.jsonl" 2>&1 | tee "$OUT/bench_sync_ipc.log" | tail -12
+  note bench_sync_ipc "{\"rc\": ${PIPESTATUS[0]}}"
 fi
 
 if want bench; then

@@ -6,7 +6,20 @@
 
 namespace crl::sync {
 
-std::string resolve_comm_backend(const std::string& requested, bool cuda_tensors) {
+std::string resolve_comm_backend(const std::string& requested, bool cuda_tensors,
+                                 bool ranks_share_gpu) {
+  if (cuda_tensors && ranks_share_gpu) {
+    if (requested == "nccl") {
+      throw std::invalid_argument(
+          "--comm-backend nccl: ranks of this node share a GPU and NCCL cannot hold two ranks on "
+          "one device; use auto (Gloo, with weight updates over CUDA IPC)");
+    }
+    if (requested != "auto" && requested != "gloo") {
+      throw std::invalid_argument("--comm-backend must be auto, gloo or nccl, got '" + requested +
+                                  "'");
+    }
+    return "gloo";
+  }
   if (requested == "gloo") {
     if (cuda_tensors) {
       throw std::invalid_argument("--comm-backend gloo moves CPU tensors; the weights are on CUDA");

@@ -24,7 +24,11 @@ int select_cuda_device(int local_rank);
 
 // "gloo" or "nccl" for --comm-backend: "auto" is nccl when the tensors live on CUDA and NCCL is
 // usable, gloo otherwise. An explicit "nccl" that cannot work is an error naming why.
-std::string resolve_comm_backend(const std::string& requested, bool cuda_tensors);
+// ranks_share_gpu: some ranks of a node share a GPU (fewer devices than ranks), which NCCL cannot
+// serve; "auto" is then gloo (CUDA weights move over CUDA IPC, sync/sync_transport.h) and "nccl"
+// an error.
+std::string resolve_comm_backend(const std::string& requested, bool cuda_tensors,
+                                 bool ranks_share_gpu = false);
 
 // Every member calls it with the same `prefix` and its own `info`; uses the current CUDA device.
 // Throws CollectiveError when NCCL is unavailable or the group cannot form before the deadline.

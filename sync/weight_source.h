@@ -15,7 +15,7 @@ namespace crl::sync {
 struct SyncStats {
   int64_t version = 0;
   int64_t bytes = 0;             // payload bytes this rank sent or received
-  int64_t collectives = 0;       // collective calls this rank issued
+  int64_t collectives = 0;       // collective calls this rank issued (ipc: buckets handed over)
   double transfer_s = 0;         // first op posted -> last op completed (this rank)
   double pack_s = 0;             // sender: filling/casting send buffers
   double load_s = 0;             // per-tensor receiver: the load calls

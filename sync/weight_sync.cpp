@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -11,6 +12,8 @@
 
 #include "common/check.h"
 #include "common/units.h"
+#include "sync/bucket_ipc.h"
+#include "sync/cuda_ipc.h"
 
 namespace crl::sync {
 namespace {
@@ -49,25 +52,38 @@ const char* sync_mode_name(SyncMode m) {
   return "?";
 }
 
-uint64_t checksum_bytes(const at::Tensor& tensor) {
-  at::Tensor t = tensor.device().is_cpu() ? tensor.contiguous() : tensor.cpu().contiguous();
-  const auto* p = static_cast<const unsigned char*>(t.data_ptr());
-  int64_t n = t.numel() * static_cast<int64_t>(t.element_size());
-  // Four independent multiply-xor lanes over 8-byte words, then the tail byte by byte.
+uint64_t checksum_bytes(const at::Tensor& tensor, int64_t chunk_bytes) {
+  if (chunk_bytes <= 0 || chunk_bytes % 32 != 0) {
+    CRL_INVALID("checksum chunk must be a positive multiple of 32 bytes, got ", chunk_bytes);
+  }
+  const bool host = tensor.device().is_cpu();
+  at::Tensor bytes = tensor.contiguous().reshape({-1}).view(at::kByte);
+  const int64_t n = bytes.numel();
+  // Four independent multiply-xor lanes over 8-byte words (32-byte groups), then the tail byte by
+  // byte. Chunks are multiples of 32 bytes, so they split no group and the tail is in the last.
   constexpr uint64_t kPrime = 0x100000001b3ULL;
   uint64_t h[4] = {0xcbf29ce484222325ULL, 0x84222325cbf29ce4ULL, 0x9e3779b97f4a7c15ULL,
                    0xc2b2ae3d27d4eb4fULL};
-  int64_t words = n / 32 * 4;
-  for (int64_t i = 0; i < words; i += 4) {
-    for (int l = 0; l < 4; ++l) {
-      uint64_t w;
-      std::memcpy(&w, p + (i + l) * 8, 8);
-      h[l] = (h[l] ^ w) * kPrime;
-      h[l] ^= h[l] >> 29;
+  const int64_t grouped = n / 32 * 32;
+  std::vector<unsigned char> tail;
+  for (int64_t off = 0; off < n; off += chunk_bytes) {
+    const int64_t len = std::min(chunk_bytes, n - off);
+    at::Tensor part = bytes.narrow(0, off, len);
+    if (!host) part = part.cpu();
+    const auto* p = static_cast<const unsigned char*>(part.data_ptr());
+    const int64_t in_groups = std::max<int64_t>(0, std::min(len, grouped - off));
+    for (int64_t g = 0; g < in_groups; g += 32) {
+      for (int l = 0; l < 4; ++l) {
+        uint64_t w;
+        std::memcpy(&w, p + g + l * 8, 8);
+        h[l] = (h[l] ^ w) * kPrime;
+        h[l] ^= h[l] >> 29;
+      }
     }
+    tail.insert(tail.end(), p + in_groups, p + len);
   }
   uint64_t out = h[0] ^ (h[1] * 3) ^ (h[2] * 5) ^ (h[3] * 7);
-  for (int64_t i = words * 8; i < n; ++i) out = (out ^ p[i]) * kPrime;
+  for (unsigned char c : tail) out = (out ^ c) * kPrime;
   return out ^ static_cast<uint64_t>(n);
 }
 
@@ -119,6 +135,51 @@ WeightSync::WeightSync(Groups& groups, const StorePtr& store, const WeightLayout
                                     other.hash()))));
     }
   }
+  choose_transports(deadline);
+}
+
+WeightSync::~WeightSync() = default;
+
+void WeightSync::choose_transports(Clock::time_point deadline) {
+  Communicator& sync = *groups_.sync;
+  const int T = groups_.topo.train_per_node;
+  const int I = groups_.topo.infer_per_node;
+  // Every member publishes where its buckets live; every member reads them all.
+  const DeviceIdentity mine = identify_device(options_.device);
+  store_set(store_, key(fmt::format("device/{}", sync.rank())), mine.to_json());
+  std::vector<SyncMember> members(sync.size());
+  for (int r = 0; r < sync.size(); ++r) {
+    int world = sync.info().world_ranks[r];
+    members[r].who = groups_.topo.describe(world);
+    if (r == sync.rank()) {
+      members[r].device = mine;
+      continue;
+    }
+    members[r].device = DeviceIdentity::from_json(store_get(
+        store_, key(fmt::format("device/{}", r)), deadline,
+        fmt::format("weight sync setup: op=device-exchange group={} rank={} waited for {}",
+                    sync.name(), sync.rank(), members[r].who)));
+  }
+  SyncTransport requested = options_.transport;
+  if (options_.mode != SyncMode::kBucket) {
+    if (requested == SyncTransport::kIpc) {
+      CRL_INVALID("sync transport ipc moves whole buckets; the ", sync_mode_name(options_.mode),
+                  " baseline always uses the communicator");
+    }
+    requested = SyncTransport::kCommunicator;
+  }
+  // Sync rank t is train rank t; infer rank i is sync rank T + i (groups.h).
+  bool need_ipc = false;
+  for (int t = 0; t < T; ++t) {
+    std::vector<SyncMember> group = {members.at(t)};
+    for (int i = 0; i < I; ++i) group.push_back(members.at(T + i));
+    transports_.push_back(select_transport(
+        requested, fmt::format("sync.node{}.root{}", groups_.node, t), group));
+    const bool member =
+        groups_.role == Role::kInfer || groups_.topo.role_index(groups_.world_rank) == t;
+    need_ipc |= member && transports_.back() == SyncTransport::kIpc;
+  }
+  if (need_ipc) ipc_ = mine.is_cuda() ? make_cuda_ipc_memory(mine.index) : make_host_ipc_memory();
 }
 
 std::string WeightSync::key(const std::string& what) const {
@@ -232,6 +293,7 @@ SyncStats WeightSync::send(const std::vector<at::Tensor>& tensors, int64_t versi
     return st;
   }
   CRL_CHECK(options_.mode == SyncMode::kBucket, "use raw_broadcast() for the raw baseline");
+  if (transport(t) == SyncTransport::kIpc) return send_ipc(&tensors, nullptr, version);
 
   announce(version);
   int n = options_.inflight;
@@ -280,9 +342,10 @@ SyncStats WeightSync::send_buckets(const std::vector<at::Tensor>& buckets, int64
     CRL_INVALID("weight sync: ", buckets.size(), " buckets for a layout of ",
                 layout_.buckets().size());
   }
+  int t = groups_.topo.role_index(groups_.world_rank);
+  if (transport(t) == SyncTransport::kIpc) return send_ipc(nullptr, &buckets, version);
   SyncStats st;
   st.version = version;
-  int t = groups_.topo.role_index(groups_.world_rank);
   int64_t ops0 = total_ops(groups_);
   announce(version);
   std::vector<std::unique_ptr<Work>> works;
@@ -333,25 +396,41 @@ SyncStats WeightSync::receive(std::vector<at::Tensor>& buckets, int64_t version,
   } else {
     CRL_CHECK(options_.mode == SyncMode::kBucket, "use raw_broadcast() for the raw baseline");
     std::vector<std::unique_ptr<Work>> works;
+    bool ipc = false;
     for (const auto& b : layout_.buckets()) {
       at::Tensor& dst = buckets[b.index];
       if (!dst.is_contiguous() || dst.scalar_type() != at::kByte || dst.numel() < b.nbytes) {
         CRL_INVALID("weight sync: receive bucket ", b.index, " must be contiguous uint8 of ",
                     b.nbytes, " bytes");
       }
+      if (transport(root_of_bucket(b.index)) == SyncTransport::kIpc) {
+        ipc = true;  // received below
+        continue;
+      }
       works.push_back(root_group(root_of_bucket(b.index)).broadcast_async(
           dst.narrow(0, 0, b.nbytes), 0));
       st.bytes += b.nbytes;
     }
+    if (ipc) {
+      try {
+        receive_ipc(buckets, version, st);
+      } catch (...) {
+        works.clear();  // abandoned: the rank fails anyway
+        throw;
+      }
+    }
     wait_all(works);
   }
   st.transfer_s = seconds_since(t0);
-  st.collectives = total_ops(groups_) - ops0;
+  st.collectives += total_ops(groups_) - ops0;  // receive_ipc() counted its bucket copies
   if (options_.verify && options_.mode == SyncMode::kBucket) verify_buckets(version, buckets, st);
   return st;
 }
 
 SyncStats WeightSync::raw_broadcast(at::Tensor flat, int64_t version) {
+  if (transport(0) == SyncTransport::kIpc) {
+    CRL_INVALID("the raw baseline is a communicator broadcast; this WeightSync uses CUDA IPC");
+  }
   SyncStats st;
   st.version = version;
   bool sender = groups_.role == Role::kTrain;

@@ -19,6 +19,24 @@
 // load call per tensor from the node's first train rank (as OpenRLHF did), kRaw is one broadcast of
 // one flat buffer of the layout's byte count.
 //
+// Transports (sync/sync_transport.h), chosen per sync_root group at setup, where every member
+// publishes the device its buckets live on: members on distinct devices (or all on the CPU) use
+// the group's communicator as above; members all on one GPU (an engine and a trainer colocated on
+// it, which NCCL cannot serve) hand buckets over through CUDA IPC (sync/weight_sync_ipc.cpp):
+//
+//   sender    writes the bucket (pack/cast into a send buffer, or its flat storage as is), waits
+//             until the device finished writing it, publishes (handle, offset, bytes) of the bucket
+//             memory under v<V>/ipc/<t>/<batch> (a batch: one bucket of send(), every bucket of
+//             send_buckets()), announces the version after its first batch, and before it reuses
+//             a buffer (the `inflight` send buffers) or returns waits for every infer rank's
+//             v<V>/ack/<t>/<batch>/<i>, then deletes those keys;
+//   receiver  opens each handle once (cached until destruction), makes ONE device-to-device copy
+//             per bucket into its live weight bucket, ordered after libtorch's stream, and acks a
+//             batch once its copies completed, so receive() returns with the weights in place.
+//
+// Every wait (device, batch, ack) has the group's timeout, counted from the last progress; expiry
+// throws CollectiveError naming op, group, ranks, version, bucket(s) and bytes.
+//
 // --sync-verify: after a sync every sender publishes a checksum per bucket it sent and every
 // receiver compares its received bytes with it; a mismatch names the bucket and its tensors.
 #pragma once
@@ -27,11 +45,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "sync/groups.h"
 #include "sync/store.h"
+#include "sync/sync_transport.h"
 #include "sync/weight_layout.h"
 #include "sync/weight_source.h"
 
@@ -45,6 +65,13 @@ struct WeightSyncOptions {
   SyncMode mode = SyncMode::kBucket;
   int inflight = 2;     // sender buffers in flight (>= 1)
   bool verify = false;  // per-bucket checksums compared after each sync
+  // How bucket mode moves buckets: auto (CUDA IPC where a sync_root group's members are all on
+  // one GPU, the communicator otherwise), or forced (benchmarks, tests). The per-tensor and raw
+  // baselines always use the communicator.
+  SyncTransport transport = SyncTransport::kAuto;
+  // Where this rank's buckets live (the engine's weight buckets, the trainer's tensors): published
+  // at setup to choose the transport. cuda without an index: the current device.
+  at::Device device = at::kCPU;
   // Fault-injection hook for tests: called by a sender after it posted each bucket.
   std::function<void(int64_t bucket)> on_bucket_posted;
 };
@@ -52,23 +79,33 @@ struct WeightSyncOptions {
 // Called by a per-tensor receiver with each received tensor (the "load_weights" call).
 using LoadFn = std::function<void(int64_t tensor_index, const at::Tensor& received)>;
 
+class IpcMemory;
+
 class WeightSync : public WeightSource {
  public:
   // REQUIRES: groups, store and layout outlive this object. Throws std::runtime_error naming the
-  // first differing tensor when the node's members disagree on the layout.
+  // first differing tensor when the node's members disagree on the layout, or naming the members
+  // and their devices when a sync_root group can use neither transport (select_transport()).
   WeightSync(Groups& groups, const StorePtr& store, const WeightLayout& layout,
              WeightSyncOptions options);
+  ~WeightSync() override;
+  WeightSync(const WeightSync&) = delete;
+  WeightSync& operator=(const WeightSync&) = delete;
 
   const WeightLayout& layout() const { return layout_; }
   const WeightSyncOptions& options() const { return options_; }
   // Train rank t of the node sends bucket b iff b % T == t.
   int root_of_bucket(int64_t bucket) const;
+  // The transport of the node's sync_root group t (the same on every member).
+  SyncTransport transport(int t = 0) const { return transports_.at(t); }
 
   // Train ranks. `tensors`: one per spec in spec order, spec shapes, any floating dtype (cast to
   // the layout's dtype while packing).
   SyncStats send(const std::vector<at::Tensor>& tensors, int64_t version);
   // Train ranks, dtypes already equal: `buckets` are the layout's flat buffers (as from
   // allocate_buckets, e.g. the trainer's parameters live in them); sent without a copy.
+  // REQUIRES with CUDA IPC: the same buffers every version, kept allocated while this object
+  // lives (receivers keep each exported allocation open; freeing it under them is undefined).
   SyncStats send_buckets(const std::vector<at::Tensor>& buckets, int64_t version);
 
   // The version handshake, so a broadcast's deadline never covers an engine still busy: an infer
@@ -97,16 +134,35 @@ class WeightSync : public WeightSource {
   void publish_checksum(int64_t version, int64_t bucket, const at::Tensor& bytes);
   void verify_buckets(int64_t version, const std::vector<at::Tensor>& buckets, SyncStats& stats);
   std::string key(const std::string& what) const;
+  void choose_transports(Clock::time_point deadline);
+
+  // CUDA IPC (weight_sync_ipc.cpp). One batch: buckets handed over together, acked together.
+  struct IpcBatch {
+    int64_t seq = 0;
+    std::vector<int64_t> buckets;
+    int64_t bytes = 0;
+  };
+  SyncStats send_ipc(const std::vector<at::Tensor>* tensors,
+                     const std::vector<at::Tensor>* buckets, int64_t version);
+  IpcBatch publish_ipc_batch(int64_t version, int64_t seq,
+                             const std::vector<std::pair<int64_t, at::Tensor>>& items);
+  void wait_ipc_acks(int64_t version, const IpcBatch& batch);
+  void receive_ipc(std::vector<at::Tensor>& buckets, int64_t version, SyncStats& st);
+  std::string ipc_key(int64_t version, int t, int64_t seq) const;
 
   Groups& groups_;
   StorePtr store_;
   const WeightLayout& layout_;
   WeightSyncOptions options_;
   std::vector<at::Tensor> send_buffers_;
+  std::vector<SyncTransport> transports_;  // per sync_root group t
+  std::unique_ptr<IpcMemory> ipc_;         // set when some group of this rank uses ipc
 };
 
-// 64-bit checksum of a contiguous tensor's bytes (order-sensitive; equal bytes, equal sums).
-uint64_t checksum_bytes(const at::Tensor& t);
+// 64-bit checksum of a contiguous tensor's bytes (order-sensitive; equal bytes, equal sums). A
+// device tensor is read through the host `chunk_bytes` at a time (a multiple of 32), so a receiver
+// verifying a bucket needs no bucket-sized host copy; the sum does not depend on the chunk size.
+uint64_t checksum_bytes(const at::Tensor& t, int64_t chunk_bytes = int64_t{256} << 10);
 
 // The layout as one line of JSON (specs, bucket_bytes, alignment), and back.
 std::string layout_to_json(const WeightLayout& layout);
