@@ -141,11 +141,27 @@ if want qwen3; then
 fi
 
 if want rl; then
-  # The RL job on the one GPU: 1 engine rank + 1 trainer rank sharing it.
+  # The RL job on the one GPU: 1 engine rank + 1 trainer rank sharing it. World rank 0's placement
+  # table puts both on cuda:0, the one-rank train group on NCCL, the sync_root group on Gloo.
   timeout 300 "$BIN" --gpus-infer 1 --gpus-train 1 --device cuda --steps 4 --sft-steps 2 \
     --prompts-per-step 8 --n-samples 4 --eval-every 0 --timeout 60 --metrics "$OUT/rl_steps.jsonl" \
     2>&1 | tee "$OUT/rl.log" | tail -25
   note rl "{\"rc\": ${PIPESTATUS[0]}}"
+  grep -qE '^\| 1 \| train 0 \| cuda:0 \| nccl \| root0 gloo \(one GPU\) \|$' "$OUT/rl.log"
+  note rl_placement_table "{\"rc\": $?}"
+  # Two trainers and the engine on the one GPU: the train group on Gloo with CUDA tensors (ZeRO-2
+  # through c10d's Gloo), both sync_root groups on Gloo.
+  timeout 300 "$BIN" --gpus-infer 1 --gpus-train 2 --device cuda --device-map 0,0,0 --steps 2 \
+    --sft-steps 2 --prompts-per-step 8 --n-samples 4 --eval-every 0 --timeout 60 \
+    2>&1 | tee "$OUT/rl_shared_gpu.log" | tail -12
+  note rl_shared_gpu "{\"rc\": ${PIPESTATUS[0]}}"
+  # Refused at start, naming the flag.
+  out=$("$BIN" --gpus-infer 1 --gpus-train 1 --device cuda --deterministic 2>&1)
+  grep -q -- '--deterministic needs --device cpu' <<< "$out"
+  note rl_refuses_deterministic "{\"rc\": $?}"
+  out=$("$BIN" --gpus-infer 1 --gpus-train 1 --device cuda --comm-backend nccl 2>&1)
+  grep -q -- '--comm-backend nccl: the sync_root group' <<< "$out"
+  note rl_refuses_nccl_on_one_gpu "{\"rc\": $?}"
 fi
 
 if want unit; then
