@@ -1,6 +1,8 @@
 // colocated-rl [train] --gpus-infer I --gpus-train T ...: the RL job (the project's main job).
+#include <ATen/ATen.h>
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <torch/cuda.h>
 
 #include "app/commands.h"
 #include "app/launcher.h"
@@ -9,8 +11,32 @@
 #include "common/units.h"
 #include "engine/model/model_cache.h"
 #include "sync/nccl_communicator.h"
+#include "sync/placement.h"
 
 namespace crl::app {
+namespace {
+
+// CUDA devices this process sees (0 with a libtorch built without CUDA).
+int visible_cuda_devices() {
+  return at::hasCUDA() ? static_cast<int>(torch::cuda::device_count()) : 0;
+}
+
+// A placement with NCCL groups needs libnccl and libcudart at run time: refused here rather than
+// by every rank at its first NCCL group.
+void check_nccl_usable(const RlJobOptions& o) {
+  if (o.device != "cuda") return;
+  const sync::Placement p = sync::plan_placement(
+      sync::Topology{1, o.infer_per_node, o.train_per_node}, o.placement_request());
+  std::string why;
+  if (p.any_nccl() && !sync::nccl_available(&why)) {
+    throw std::invalid_argument(fmt::format(
+        "--device cuda: the train or sync_root groups have their members on distinct GPUs and so "
+        "run on NCCL (--comm-backend {}), which is not usable here: {}; use --comm-backend gloo",
+        o.comm_backend, why));
+  }
+}
+
+}  // namespace
 
 Runner register_train(CLI::App& app) {
   struct Flags {
@@ -25,6 +51,7 @@ Runner register_train(CLI::App& app) {
     double min_lr = -1;      // unset: lr / 10
     double sft_min_lr = -1;  // unset: sft lr / 10
     std::string inflight = "keep";
+    std::string device_map;
   };
   auto f = std::make_shared<Flags>();
   f->dist.timeout_s = 300;
@@ -36,6 +63,13 @@ Runner register_train(CLI::App& app) {
                "`colocated-rl --gpus-infer I --gpus-train T` runs it)");
   add_dist_flags(*cmd, f->dist, /*with_sync=*/true);
   cmd->add_option("--model", o.model_dir, "Hugging Face model directory (default: the embedded one)");
+  cmd->add_option("--device", o.device,
+                  "cpu, or cuda: each rank's engine or trainer on one GPU (--device-map, else "
+                  "local rank mod the GPU count); world rank 0 prints where each rank runs")
+      ->capture_default_str();
+  cmd->add_option("--device-map", f->device_map,
+                  "with --device cuda: the GPU index of each local rank, infer ranks first, then "
+                  "train ranks (I + T entries), e.g. 0,0 (one GPU shared) or 0,1,2,3");
   cmd->add_option("--dtype", o.engine_dtype, "engine compute dtype: float32 or bfloat16")
       ->capture_default_str();
   cmd->add_option("--train-dtype", f->train_dtype,
@@ -161,9 +195,14 @@ Runner register_train(CLI::App& app) {
     o.rollout_timeout = std::chrono::milliseconds(static_cast<int64_t>(f->rollout_timeout_s * 1000));
     o.bucket_bytes = f->dist.bucket_bytes();
     o.sync = f->dist.sync_options();
+    o.device_map = sync::parse_device_map(f->device_map);
+    o.comm_backend = f->dist.backend;
+    // Counted only when asked for: a CPU job never touches CUDA.
+    if (o.device == "cuda") o.cuda_device_count = visible_cuda_devices();
+    // Placement errors (no CUDA device, a bad --device-map, GPU sharing NCCL cannot serve) fail
+    // here, in the launcher, before any rank starts.
     o.validate();
-    // The job runs on CPU tensors (Gloo); an explicit --comm-backend nccl is refused here.
-    sync::resolve_comm_backend(f->dist.backend, /*cuda_tensors=*/false);
+    check_nccl_usable(o);
     // Bad data, and a held-out split the data cannot give, fail here, in the launcher, once,
     // before any rank starts.
     {

@@ -172,6 +172,24 @@ if want rl; then
   note rl "{\"rc\": $rc}"
   grep -E "placement|cuda|transport|^step (1|2|10|20) |held-out accuracy|GRPO:|rror" "$OUT/rl.log" | cut -c1-300 | head -30
   sed -n '/phase (mean per step)/,/weight sync/p' "$OUT/rl.log"
+  # World rank 0's placement table: both on cuda:0, the one-rank train group on NCCL, the
+  # sync_root group on Gloo (its weights over CUDA IPC).
+  grep -qE '^\| 1 \| train 0 \| cuda:0 \| nccl \| root0 gloo \(one GPU\) \|$' "$OUT/rl.log"
+  note rl_placement_table "{\"rc\": $?}"
+  # Two trainers and the engine on the one GPU: the train group on Gloo with CUDA tensors (ZeRO-2
+  # through c10d's Gloo), both sync_root groups on Gloo.
+  timeout 200 "$BIN" --gpus-infer 1 --gpus-train 2 --device cuda --device-map 0,0,0 --steps 2 \
+    --sft-steps 2 --prompts-per-step 8 --n-samples 4 --eval-every 0 --timeout 60 \
+    > "$OUT/rl_shared_gpu.log" 2>&1
+  note rl_shared_gpu "{\"rc\": $?}"
+  tail -3 "$OUT/rl_shared_gpu.log" | cut -c1-300
+  # Refused at start, naming the flag.
+  out=$("$BIN" --gpus-infer 1 --gpus-train 1 --device cuda --deterministic 2>&1)
+  grep -q -- '--deterministic needs --device cpu' <<< "$out"
+  note rl_refuses_deterministic "{\"rc\": $?}"
+  out=$("$BIN" --gpus-infer 1 --gpus-train 1 --device cuda --comm-backend nccl 2>&1)
+  grep -q -- '--comm-backend nccl: the sync_root group' <<< "$out"
+  note rl_refuses_nccl_on_one_gpu "{\"rc\": $?}"
   stamp "rl rc=$rc"
 fi
 

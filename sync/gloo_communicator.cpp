@@ -251,6 +251,10 @@ class GlooCommunicator : public Communicator {
         fail(fmt::format("failed: {}", first_line(e.what())), what);
       }
     }
+    // On CUDA tensors (a group whose members share a GPU, see sync/placement.h) c10d's Gloo copies
+    // the result back to the device on a side stream: the caller's current stream waits for it. A
+    // no-op on CPU tensors.
+    work.synchronize();
   }
 
  private:

@@ -57,12 +57,50 @@ World join_world(const RankEnv& env, std::chrono::milliseconds timeout,
   return w;
 }
 
-Groups make_groups(std::unique_ptr<Communicator> world, const Topology& topo) {
+const std::string& GroupBackends::sync_root(int t) const {
+  static const std::string kWorld;
+  return t >= 0 && t < static_cast<int>(sync_roots.size()) ? sync_roots[t] : kWorld;
+}
+
+GroupInfo train_group_info(const Topology& topo, int world_rank,
+                           std::chrono::milliseconds timeout) {
+  GroupInfo info;
+  info.name = "train";
+  info.timeout = timeout;
+  for (int r = 0; r < topo.world_size(); ++r) {
+    if (topo.role_of(r) != Role::kTrain) continue;
+    if (r == world_rank) info.rank = info.size();
+    info.world_ranks.push_back(r);
+  }
+  return info;
+}
+
+GroupInfo sync_root_group_info(const Topology& topo, int node, int t, int world_rank,
+                               std::chrono::milliseconds timeout) {
+  GroupInfo info;
+  info.name = fmt::format("sync.node{}.root{}", node, t);
+  info.timeout = timeout;
+  const int base = node * topo.ranks_per_node();
+  info.world_ranks.push_back(base + topo.infer_per_node + t);
+  for (int l = 0; l < topo.infer_per_node; ++l) info.world_ranks.push_back(base + l);
+  for (int i = 0; i < info.size(); ++i) {
+    if (info.world_ranks[i] == world_rank) info.rank = i;
+  }
+  return info;
+}
+
+Groups make_groups(std::unique_ptr<Communicator> world, const Topology& topo,
+                   const GroupBackends& backends, const StorePtr& store,
+                   const CommFactory& make_own) {
   if (world->size() != topo.world_size()) {
     CRL_INVALID("world has ", world->size(), " ranks but the topology needs ", topo.world_size(),
                 " (", topo.nnodes, " nodes x (", topo.infer_per_node, " infer + ",
                 topo.train_per_node, " train))");
   }
+  // A group is split from the world unless it asks for another backend than the world's.
+  auto own = [&](const std::string& backend) {
+    return !backend.empty() && backend != world->backend();
+  };
   Groups g;
   g.topo = topo;
   g.world_rank = world->info().world_ranks[world->rank()];
@@ -70,17 +108,40 @@ Groups make_groups(std::unique_ptr<Communicator> world, const Topology& topo) {
   g.node = topo.node_of(g.world_rank);
   int local = topo.local_of(g.world_rank);
   bool train = g.role == Role::kTrain;
-  // Every rank takes part in every split, in this order.
-  auto train_group = world->split(train ? 0 : -1, g.world_rank, "train");
+  const int t_self = train ? topo.role_index(g.world_rank) : -1;
+  // Every rank takes part in every split, in this order (every rank computes the same backends).
+  std::unique_ptr<Communicator> train_group;
+  if (!own(backends.train)) train_group = world->split(train ? 0 : -1, g.world_rank, "train");
   auto infer_group = world->split(train ? -1 : 0, g.world_rank, "infer");
   // Train ranks first in the node's sync group: sync rank t is train rank t.
   int sync_key = train ? local - topo.infer_per_node : topo.train_per_node + local;
   g.sync = world->split(g.node, sync_key, fmt::format("sync.node{}", g.node));
+  g.sync_roots.resize(topo.train_per_node);
   for (int t = 0; t < topo.train_per_node; ++t) {
-    bool member = !train || topo.role_index(g.world_rank) == t;
+    if (own(backends.sync_root(t))) continue;
+    bool member = !train || t_self == t;
     int key = train ? 0 : 1 + local;
-    auto c = g.sync->split(member ? 0 : -1, key, fmt::format("sync.node{}.root{}", g.node, t));
-    g.sync_roots.push_back(std::move(c));
+    g.sync_roots[t] =
+        g.sync->split(member ? 0 : -1, key, fmt::format("sync.node{}.root{}", g.node, t));
+  }
+  // Then the groups of their own, each created by its members only: the train group (every train
+  // rank), then root t (train rank t after the train group, the infer ranks in order of t), so no
+  // member waits on one that waits on it.
+  auto make = [&](const std::string& backend, GroupInfo info) {
+    std::string prefix = "own/" + info.name;
+    if (make_own) return make_own(backend, prefix, std::move(info));
+    if (backend != "nccl") CRL_INVALID("group ", info.name, ": unknown backend '", backend, "'");
+    CRL_CHECK(store, "make_groups: group ", info.name, " needs the store to create its communicator");
+    return make_nccl_communicator(store, prefix, std::move(info));
+  };
+  const auto timeout = world->timeout();
+  if (own(backends.train) && train) {
+    train_group = make(backends.train, train_group_info(topo, g.world_rank, timeout));
+  }
+  for (int t = 0; t < topo.train_per_node; ++t) {
+    if (!own(backends.sync_root(t)) || (train && t_self != t)) continue;
+    g.sync_roots[t] =
+        make(backends.sync_root(t), sync_root_group_info(topo, g.node, t, g.world_rank, timeout));
   }
   g.train = std::move(train_group);
   g.infer = std::move(infer_group);

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -71,7 +72,35 @@ struct Groups {
   std::vector<std::unique_ptr<Communicator>> sync_roots;
 };
 
-// Splits `world` into the groups above. Collective over the world.
-Groups make_groups(std::unique_ptr<Communicator> world, const Topology& topo);
+// The backend of the groups that may carry CUDA tensors (the train and sync_root groups; see
+// sync/placement.h for how the RL job picks them). "" or the world's backend: split from the world
+// (Gloo in the RL job). Another backend ("nccl"): the group gets a communicator of its own, made
+// from its membership as the topology defines it -- one cannot split a Gloo world into NCCL, and an
+// NCCL world cannot exist when two ranks share a GPU.
+struct GroupBackends {
+  std::string train;
+  std::vector<std::string> sync_roots;  // index t: the sync_root group of train rank t (any node)
+
+  const std::string& sync_root(int t) const;
+};
+
+// Makes a group's own communicator; every member calls it with the same `prefix` (unique per
+// group) and its own `info`. make_groups' default makes "nccl" groups with make_nccl_communicator
+// (on the calling thread's current CUDA device); tests make Gloo ones to check membership and order.
+using CommFactory = std::function<std::unique_ptr<Communicator>(
+    const std::string& backend, const std::string& prefix, GroupInfo info)>;
+
+// The membership of the train group (every train rank, by world rank) and of the sync_root group of
+// train rank t on `node` (the train rank first, then the node's infer ranks): what split() makes.
+GroupInfo train_group_info(const Topology& topo, int world_rank, std::chrono::milliseconds timeout);
+GroupInfo sync_root_group_info(const Topology& topo, int node, int t, int world_rank,
+                               std::chrono::milliseconds timeout);
+
+// Splits `world` into the groups above. Collective over the world. Groups whose backend (in
+// `backends`) is not the world's are made afterwards by `make_own` (default: NCCL over `store`):
+// the train group first, then the sync_root groups in train-rank order, each by its members only.
+Groups make_groups(std::unique_ptr<Communicator> world, const Topology& topo,
+                   const GroupBackends& backends = {}, const StorePtr& store = StorePtr(),
+                   const CommFactory& make_own = nullptr);
 
 }  // namespace crl::sync

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "common/check.h"
+#include "sync/nccl_communicator.h"
 #include "trainer/checkpoint.h"
 
 namespace crl::trainer {
@@ -15,7 +16,24 @@ const char* const kScope = "rl/";  // the RL job's control-plane keys
 
 }  // namespace
 
+sync::PlacementRequest RlOptions::placement_request() const {
+  sync::PlacementRequest r;
+  r.kind = sync::parse_device_kind(device);
+  r.device_map = device_map;
+  r.device_count = cuda_device_count;
+  r.comm_backend = comm_backend;
+  return r;
+}
+
 void RlOptions::validate() {
+  // One node's placement: every error a placement can have (flags, GPU sharing) shows on one node.
+  const sync::PlacementRequest where = placement_request();
+  sync::plan_placement(sync::Topology{1, infer_per_node, train_per_node}, where);
+  if (where.kind == sync::DeviceKind::kCuda && deterministic) {
+    throw std::invalid_argument(
+        "--deterministic needs --device cpu: its batch-invariant kernels are CPU code (the engine "
+        "refuses it on CUDA too)");
+  }
   const double lr = trainer.schedule.lr;
   if (!(lr >= 0) || !(sft_schedule.lr >= 0)) {
     throw std::invalid_argument(fmt::format("--lr ({}) and --sft-lr ({}) must be >= 0", lr,
@@ -54,13 +72,35 @@ void RlOptions::validate() {
   }
 }
 
-namespace {
-
-RlRanks make_ranks(sync::World& world, const RlOptions& o) {
+RlRanks make_rl_ranks(sync::World& world, const RlOptions& o, const sync::CommFactory& make_own) {
   RlRanks r;
   r.env = world.env;
   sync::Topology topo{r.env.nnodes, o.infer_per_node, o.train_per_node};
-  r.g = sync::make_groups(std::move(world.comm), topo);
+  r.placement = sync::plan_placement(topo, o.placement_request());
+  r.self = r.placement.rank(r.env.rank);
+  const bool cuda = r.placement.kind == sync::DeviceKind::kCuda;
+  if (cuda && o.device_map.empty() && topo.nnodes > 1) {
+    // Without a map each node places its ranks by its own GPU count; the groups' backends agree
+    // across nodes only if the counts do.
+    at::Tensor n = at::tensor({int64_t{o.cuda_device_count}, -int64_t{o.cuda_device_count}}, at::kLong);
+    world.comm->all_reduce(n, sync::ReduceOp::kMax);
+    if (n[0].item<int64_t>() != -n[1].item<int64_t>()) {
+      CRL_INVALID("the nodes see different numbers of CUDA devices (", -n[1].item<int64_t>(),
+                  " to ", n[0].item<int64_t>(), "): give every node the same --device-map");
+    }
+  }
+  sync::CommFactory own = make_own;
+  if (!own && cuda) {
+    const int gpu = r.self.gpu;
+    sync::StorePtr store = world.store;
+    own = [store, gpu](const std::string& backend, const std::string& prefix, sync::GroupInfo info) {
+      CRL_CHECK(backend == "nccl", "group ", info.name, ": unexpected backend ", backend);
+      sync::select_cuda_device(gpu);  // an NCCL communicator lives on the current CUDA device
+      return sync::make_nccl_communicator(store, prefix, std::move(info));
+    };
+  }
+  r.g = sync::make_groups(std::move(world.comm), topo, r.placement.group_backends(), world.store,
+                          own);
   r.infer_total = topo.nnodes * topo.infer_per_node;
   r.train_total = topo.nnodes * topo.train_per_node;
   r.role_global =
@@ -68,8 +108,6 @@ RlRanks make_ranks(sync::World& world, const RlOptions& o) {
       topo.role_index(r.env.rank);
   return r;
 }
-
-}  // namespace
 
 RlContext::Start RlContext::read_start(const RlOptions& o) {
   if (o.resume_dir.empty()) return {};
@@ -98,9 +136,13 @@ RlContext::RlContext(const sync::RankEnv& env, const RlOptions& options)
 RlContext::RlContext(sync::World world, const RlOptions& options, const Start& start)
     : o(options),
       coord(std::make_unique<sync::Coordinator>(world.store, kScope)),
-      ranks(make_ranks(world, options)),
+      ranks(make_rl_ranks(world, options)),
       versions(options, start.step, start.resumed),
       data(options, start.rows_drawn) {
+  if (ranks.env.rank == 0) {
+    fmt::print("{}", ranks.placement.table());
+    std::fflush(stdout);
+  }
   if (start.resumed && ranks.env.rank == 0) {
     fmt::print("resumed from {} at step {} (data cursor {})\n", o.resume_dir, start.step,
                start.rows_drawn);

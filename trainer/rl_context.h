@@ -20,6 +20,7 @@
 #include "sync/coordinator.h"
 #include "sync/dist_env.h"
 #include "sync/groups.h"
+#include "sync/placement.h"
 #include "sync/weight_sync.h"
 #include "trainer/tasks.h"
 #include "trainer/trainer.h"
@@ -36,6 +37,15 @@ struct RlOptions {
   int64_t default_task_rows = 4000;
   int64_t eval_rows = -1;  // held-out rows; -1 = trainer::default_eval_rows
   uint64_t seed = 1;
+
+  // Where the ranks run (sync/placement.h): --device cpu|cuda; --device-map, the GPU of each
+  // local rank (infer ranks first; empty: local rank mod cuda_device_count).
+  std::string device = "cpu";
+  std::vector<int> device_map;
+  // CUDA devices visible on this node: the app counts them (0 on a build without CUDA).
+  int cuda_device_count = 0;
+  // --comm-backend: auto (NCCL where a group's members sit on distinct GPUs), gloo or nccl.
+  std::string comm_backend = "auto";
 
   std::string engine_dtype = "float32";
   bool deterministic = false;
@@ -94,18 +104,32 @@ struct RlOptions {
   // Checks the options against each other (throws std::invalid_argument naming the flags) and
   // fills the defaults that depend on others: trainer.grpo.tis_cap < 0 becomes 2 with
   // --max-staleness >= 1, else 0 (off). The RL job syncs in bucket mode only: the per-tensor and
-  // raw modes are benchmark baselines (`colocated-rl bench sync`).
+  // raw modes are benchmark baselines (`colocated-rl bench sync`). The placement is planned here
+  // too (--device, --device-map, --comm-backend; --device cuda without a CUDA device, and
+  // --deterministic on CUDA, are errors), so the launcher refuses a bad one before any rank starts.
   void validate();
+  // The placement request these options make (sync/placement.h).
+  sync::PlacementRequest placement_request() const;
 };
 
 // This rank's place in the job: its environment, its groups and its index among the ranks of its
 // role. Fixed once the world is joined.
 struct RlRanks {
   sync::RankEnv env;
+  // Every rank's device and group backends, and this rank's share (its device: the engine's on an
+  // infer rank, the trainer's on a train rank).
+  sync::Placement placement;
+  sync::RankPlacement self;
   sync::Groups g;
   int infer_total = 0, train_total = 0;
   int role_global = 0;  // index among all infer (or all train) ranks
 };
+
+// Plans the placement, makes this rank's CUDA device current when it joins an NCCL group, and
+// splits the world into the groups with the placement's backends. Collective over the world.
+// `make_own` stands in for the NCCL group factory (tests: Gloo groups on CPU); see make_groups.
+RlRanks make_rl_ranks(sync::World& world, const RlOptions& o,
+                      const sync::CommFactory& make_own = nullptr);
 
 // The weight-version arithmetic every rank agrees on (see the top of this file): a value, computed
 // from the options and the step the job starts at, the same on every rank.

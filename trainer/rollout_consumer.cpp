@@ -9,6 +9,7 @@
 #include <limits>
 #include <thread>
 
+#include "common/check.h"
 #include "common/units.h"
 #include "engine/model/config.h"
 #include "engine/text/tokenizer.h"
@@ -47,13 +48,21 @@ RolloutConsumer::RolloutConsumer(RlContext& ctx) : c_(ctx), o_(ctx.o) {
 
 RolloutConsumer::~RolloutConsumer() = default;
 
+TrainerOptions rollout_trainer_options(const RlOptions& o, const sync::RankPlacement& self,
+                                      sync::Communicator* train_group) {
+  CRL_CHECK(self.role == sync::Role::kTrain, "rank ", self.world_rank, " is not a train rank");
+  TrainerOptions topts = o.trainer;
+  topts.device = self.device;
+  topts.deterministic = o.deterministic;
+  topts.group = train_group;
+  // The trainer's buckets are the weight sync's: same cap (and, with equal dtypes, same layout).
+  topts.grad_bucket_bytes = o.bucket_bytes;
+  return topts;
+}
+
 void RolloutConsumer::run() {
   at::ScalarType edtype = engine::parse_dtype(o_.engine_dtype);
-  TrainerOptions topts = o_.trainer;
-  topts.deterministic = o_.deterministic;
-  topts.group = c_.ranks.g.train.get();
-  // The trainer's buckets are the weight sync's: same cap (and, with equal dtypes, same layout).
-  topts.grad_bucket_bytes = o_.bucket_bytes;
+  TrainerOptions topts = rollout_trainer_options(o_, c_.ranks.self, c_.ranks.g.train.get());
   std::unique_ptr<Trainer> tr;
   if (c_.versions.resumed()) {
     if (topts.grpo.kl_coef > 0) {
@@ -112,13 +121,20 @@ void RolloutConsumer::run() {
   }
 }
 
+at::TensorOptions RolloutConsumer::train_group_options() const {
+  // NCCL takes CUDA tensors only (the trainer's device); Gloo is cheapest on CPU ones.
+  const bool nccl = c_.ranks.g.train && c_.ranks.g.train->backend() == "nccl";
+  return at::TensorOptions().device(nccl ? at::Device(c_.ranks.self.device) : at::Device(at::kCPU));
+}
+
 GradScale RolloutConsumer::grad_scale() {
   // The step's loss is the mean over every loss token of every train rank. Micro-batches stream
   // in, so each is accumulated with scale = its loss-token count (a token sum); the summed
   // gradient is divided by the global count N. Micro-batch sizes and per-rank counts then do not
   // change the weighting.
   return [this] {
-    at::Tensor n = at::full({1}, static_cast<double>(local_loss_tokens_), at::kDouble);
+    at::Tensor n = at::full({1}, static_cast<double>(local_loss_tokens_),
+                            train_group_options().dtype(at::kDouble));
     c_.ranks.g.train->all_reduce(n);
     const double total = n.item<double>();
     return total > 0 ? 1.0 / total : 0.0;
@@ -130,7 +146,7 @@ std::vector<LossMetrics> RolloutConsumer::accumulate_all(Trainer& tr,
                                                          LossKind kind) {
   int64_t rounds = static_cast<int64_t>(batches.size());
   if (tr.options().zero_stage == 2 && c_.ranks.train_total > 1) {
-    at::Tensor n = at::full({1}, rounds, at::kLong);
+    at::Tensor n = at::full({1}, rounds, train_group_options().dtype(at::kLong));
     c_.ranks.g.train->all_reduce(n, sync::ReduceOp::kMax);
     rounds = n.item<int64_t>();
   }

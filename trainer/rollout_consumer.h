@@ -49,6 +49,11 @@ struct TrainReport;
 // Round i may run when have(i) >= 1 and have(i) + ended - ended(i) == ranks.
 bool round_runnable(int64_t have_i, int64_t ended, int64_t ended_i, int64_t ranks);
 
+// The trainer of train rank `self`: the options' trainer settings on the placement's device,
+// reducing over `train_group`, its buckets the weight sync's (same cap).
+TrainerOptions rollout_trainer_options(const RlOptions& o, const sync::RankPlacement& self,
+                                      sync::Communicator* train_group);
+
 class RolloutConsumer {
  public:
   explicit RolloutConsumer(RlContext& ctx);
@@ -60,6 +65,8 @@ class RolloutConsumer {
 
  private:
   GradScale grad_scale();
+  // Where the small tensors this class reduces over the train group live (see the .cpp).
+  at::TensorOptions train_group_options() const;
   // Runs `batches` through accumulate(); with ZeRO stage 2 in rounds padded to the group's largest
   // count (each round is a collective). Returns their loss metrics.
   std::vector<LossMetrics> accumulate_all(Trainer& tr, const std::vector<MicroBatch>& batches,

@@ -39,18 +39,26 @@ std::vector<int> shard_by_cost(const std::vector<int64_t>& cost, int ranks) {
 
 }  // namespace
 
-RolloutProducer::RolloutProducer(RlContext& ctx) : c_(ctx), o_(ctx.o) {
+engine::EngineConfig rollout_engine_config(const RlOptions& o, const sync::RankPlacement& self,
+                                          bool resumed) {
+  CRL_CHECK(self.role == sync::Role::kInfer, "rank ", self.world_rank, " is not an infer rank");
   engine::EngineConfig ec;
-  ec.model_dir = c_.versions.resumed() ? o_.resume_dir : o_.model_dir;
-  ec.dtype = o_.engine_dtype;
-  ec.deterministic = o_.deterministic;
-  ec.cpu_kernels = o_.cpu_kernels;
-  ec.seed = o_.seed;
-  ec.kv_memory_bytes = o_.kv_memory_bytes;
+  ec.model_dir = resumed ? o.resume_dir : o.model_dir;
+  ec.device = self.device;
+  ec.dtype = o.engine_dtype;
+  ec.deterministic = o.deterministic;
+  ec.cpu_kernels = o.cpu_kernels;
+  ec.seed = o.seed;
+  ec.kv_memory_bytes = o.kv_memory_bytes;
   // Room for K + 1 steps' sequences: the next steps are admitted while the last ones finish.
   ec.max_seqs = std::max<int32_t>(
-      256, static_cast<int32_t>(o_.prompts_per_step * o_.samples_per_prompt * (o_.max_staleness + 1)));
-  auto eng = std::make_unique<engine::LlmEngine>(ec);
+      256, static_cast<int32_t>(o.prompts_per_step * o.samples_per_prompt * (o.max_staleness + 1)));
+  return ec;
+}
+
+RolloutProducer::RolloutProducer(RlContext& ctx) : c_(ctx), o_(ctx.o) {
+  auto eng = std::make_unique<engine::LlmEngine>(
+      rollout_engine_config(o_, c_.ranks.self, c_.versions.resumed()));
   CRL_CHECK(eng->tokenizer(), "the RL job needs a model with a tokenizer (tokenizer.json or tokenizer.model)");
   prompts_ = std::make_unique<PromptEncoder>(*eng->tokenizer(), eng->prompt_prefix());
   layout_ = std::make_unique<sync::WeightLayout>(eng->attach_weight_buffers(o_.bucket_bytes).layout());

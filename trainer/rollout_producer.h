@@ -47,6 +47,11 @@ namespace crl::trainer {
 class PromptEncoder;
 struct InferReport;
 
+// The engine of infer rank `self`: the options' model (the checkpoint's when `resumed`), dtype,
+// kernels and KV pool, on the placement's device.
+engine::EngineConfig rollout_engine_config(const RlOptions& o, const sync::RankPlacement& self,
+                                          bool resumed);
+
 class RolloutProducer {
  public:
   explicit RolloutProducer(RlContext& ctx);
