@@ -153,6 +153,12 @@ std::unique_ptr<sync::Coordinator> RlContext::connect_own_coordinator() const {
   return sync::Coordinator::connect(ranks.env, o.timeout, kScope);
 }
 
+sync::WeightSyncOptions rl_sync_options(const RlOptions& o, const sync::RankPlacement& self) {
+  sync::WeightSyncOptions so = o.sync;
+  so.device = at::Device(self.device);
+  return so;
+}
+
 Fault parse_fault(const std::string& s) {
   if (s.empty()) return {};
   Fault f;

@@ -131,6 +131,10 @@ struct RlRanks {
 RlRanks make_rl_ranks(sync::World& world, const RlOptions& o,
                       const sync::CommFactory& make_own = nullptr);
 
+// The weight sync's options for this rank: --sync-* with the device its buckets live on (the
+// engine's or the trainer's), so WeightSync picks CUDA IPC where a sync_root group shares a GPU.
+sync::WeightSyncOptions rl_sync_options(const RlOptions& o, const sync::RankPlacement& self);
+
 // The weight-version arithmetic every rank agrees on (see the top of this file): a value, computed
 // from the options and the step the job starts at, the same on every rank.
 class VersionPlan {

@@ -84,7 +84,8 @@ void RolloutConsumer::run() {
     specs.push_back({name, std::vector<int64_t>(t.sizes().begin(), t.sizes().end()), edtype});
   }
   layout_ = std::make_unique<sync::WeightLayout>(sync::WeightLayout::plan(specs, o_.bucket_bytes));
-  ws_ = std::make_unique<sync::WeightSync>(c_.ranks.g, c_.coord->store(), *layout_, o_.sync);
+  ws_ = std::make_unique<sync::WeightSync>(c_.ranks.g, c_.coord->store(), *layout_,
+                                           rl_sync_options(o_, c_.ranks.self));
 
   if (c_.versions.runs_sft()) {
     tr = sft(std::move(tr), topts);

@@ -64,7 +64,8 @@ RolloutProducer::RolloutProducer(RlContext& ctx) : c_(ctx), o_(ctx.o) {
   layout_ = std::make_unique<sync::WeightLayout>(eng->attach_weight_buffers(o_.bucket_bytes).layout());
   followed_ = requested_ = c_.versions.start_step();  // the checkpoint's version on resume, else 0
   eng->set_weight_version(followed_);
-  ws_ = std::make_shared<sync::WeightSync>(c_.ranks.g, c_.coord->store(), *layout_, o_.sync);
+  ws_ = std::make_shared<sync::WeightSync>(c_.ranks.g, c_.coord->store(), *layout_,
+                                           rl_sync_options(o_, c_.ranks.self));
   sync::RolloutRoute route{c_.ranks.g.node, c_.ranks.g.topo.infer_per_node,
                            c_.ranks.g.topo.train_per_node};
   // With --reproducible the queue is not bounded by --rollout-queue: a full queue must not hold

@@ -25,6 +25,7 @@ struct RankView {
   std::string device;         // RlRanks::self
   std::string engine_device;  // rollout_engine_config (infer ranks)
   std::string trainer_device; // rollout_trainer_options (train ranks)
+  std::string sync_device;    // rl_sync_options: where the weight sync says its buckets live
   bool trainer_reduces_over_train_group = false;
   std::vector<std::string> made_own;  // groups made by the NCCL factory, in order
   std::vector<std::string> split;     // train / sync_root groups split from the Gloo world
@@ -54,6 +55,7 @@ std::vector<RankView> run_job_ranks(const RlOptions& o) {
     };
     RlRanks ranks = make_rl_ranks(world, o, nccl_stand_in);
     v.device = ranks.self.device;
+    v.sync_device = rl_sync_options(o, ranks.self).device.str();
     std::vector<const sync::Communicator*> cuda_groups{ranks.g.train.get()};
     for (const auto& c : ranks.g.sync_roots) cuda_groups.push_back(c.get());
     for (const auto* c : cuda_groups) {
@@ -92,6 +94,7 @@ TEST(RlPlacementTest, CpuJobRunsEveryRoleOnTheCpuOverGlooSplits) {
   EXPECT_EQ(v[0].device, "cpu");
   EXPECT_EQ(v[0].engine_device, "cpu");
   EXPECT_EQ(v[1].trainer_device, "cpu");
+  EXPECT_EQ(v[1].sync_device, "cpu");
   EXPECT_TRUE(v[1].trainer_reduces_over_train_group);
   EXPECT_EQ(v[0].made_own, Names{});
   EXPECT_EQ(v[1].made_own, Names{});
@@ -104,6 +107,8 @@ TEST(RlPlacementTest, OnePlusOneOnOneGpuSharesCuda0AndKeepsTheSyncRootOnGloo) {
   auto v = run_job_ranks(job(1, 1, "cuda", 1));
   EXPECT_EQ(v[0].engine_device, "cuda:0");
   EXPECT_EQ(v[1].trainer_device, "cuda:0");
+  EXPECT_EQ(v[0].sync_device, "cuda:0");  // so WeightSync sees one GPU and hands buckets over IPC
+  EXPECT_EQ(v[1].sync_device, "cuda:0");
   EXPECT_EQ(v[0].made_own, Names{});
   EXPECT_EQ(v[0].split, (Names{"sync.node0.root0"}));
   EXPECT_EQ(v[1].made_own, (Names{"train"}));
