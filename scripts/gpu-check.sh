@@ -131,7 +131,7 @@ if [ -n "$HF_PID" ]; then
 fi
 
 if want tests; then
-  timeout 420 ctest --test-dir "$BUILD" -L gpu --output-on-failure > "$OUT/tests_gpu.log" 2>&1
+  timeout 300 ctest --test-dir "$BUILD" -L gpu --output-on-failure > "$OUT/tests_gpu.log" 2>&1
   rc=$?
   note tests_gpu "{\"rc\": $rc}"
   grep -E "tests passed|\(Failed\)|Timeout|\[  FAILED  \]|transport ipc|sync-check: (PASS|FAIL)" "$OUT/tests_gpu.log" | head -30
@@ -142,7 +142,7 @@ if want bench; then
   model=$CRL_CACHE_DIR/bench-qwen2-0.5b-bf16
   [ -f "$model/config.json" ] || "$BIN" make-model --shape qwen2-0.5b --dtype bfloat16 --out "$model" > /dev/null
   # nano-vllm's protocol: 256 sequences, prompt and output lengths uniform in 100..1024, EOS ignored.
-  timeout 400 "$BIN" bench rollout --model "$model" --dtype bfloat16 --device cuda \
+  timeout 300 "$BIN" bench rollout --model "$model" --dtype bfloat16 --device cuda \
     --workload-in "$OUT/workload.json" --n 1 --repeats 1 --modes continuous,cuda-graphs \
     --max-seqs 256 --max-batched-tokens 8192 --kv-memory 24GiB --threads 8 \
     --json-out "$OUT/rollout.jsonl" > "$OUT/bench_rollout.log" 2>&1
