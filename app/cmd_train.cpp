@@ -47,7 +47,6 @@ Runner register_train(CLI::App& app) {
     std::string train_dtype;
     double lr = 1e-4;
     double rollout_timeout_s = 1800;
-    double tis_cap = -1;  // unset: by --max-staleness
     double min_lr = -1;      // unset: lr / 10
     double sft_min_lr = -1;  // unset: sft lr / 10
     std::string inflight = "keep";
@@ -136,10 +135,12 @@ Runner register_train(CLI::App& app) {
                   "tokens per packed micro-batch")->capture_default_str();
   cmd->add_option("--kl-coef", o.trainer.grpo.kl_coef, "k3 KL to the initial model (0 = off)")
       ->capture_default_str();
-  cmd->add_option("--tis-cap", f->tis_cap,
-                  "truncated importance-sampling cap: the behaviour (engine) to proximal (trainer) "
-                  "weight of each token is capped at C (0 = off; default 2 with --max-staleness >= 1, "
-                  "else off)");
+  cmd->add_option("--tis-cap", o.trainer.grpo.tis_cap,
+                  "truncated importance sampling (decoupled PPO): each token's term is weighted by "
+                  "min(proximal (trainer) / behaviour (engine) probability, C) and the PPO clip "
+                  "moves to the proximal policy; 0 = off: the clip binds against the behaviour "
+                  "log-probs (see the README for why off is the default at any --max-staleness)")
+      ->capture_default_str();
   cmd->add_option("--max-staleness", o.max_staleness,
                   "asynchronous RL: engines generate step s under weights at most K versions older "
                   "than the ones step s trains (0 = synchronous)")
@@ -189,7 +190,6 @@ Runner register_train(CLI::App& app) {
     o.trainer.schedule.total_steps = o.steps;
     o.sft_schedule.min_lr = f->sft_min_lr >= 0 ? f->sft_min_lr : o.sft_schedule.lr / 10;
     o.trainer.grpo.clip_high = o.trainer.grpo.clip_low;
-    o.trainer.grpo.tis_cap = f->tis_cap;  // < 0: validate() picks it by --max-staleness
     o.inflight = engine::parse_inflight_policy(f->inflight);
     o.timeout = f->dist.timeout();
     o.rollout_timeout = std::chrono::milliseconds(static_cast<int64_t>(f->rollout_timeout_s * 1000));

@@ -6,7 +6,7 @@
 // GRPO / PPO-clip (DESIGN.md §5 step 4), per token with ratio r = exp(logp - old):
 //   pg  = -min(r * A, clip(r, 1 - clip_low, 1 + clip_high) * A)
 //   old = the engine's raw log-prob of the token (the behaviour policy).
-// Truncated importance sampling (tis_cap > 0), for the engine/trainer mismatch: the trainer's own
+// Truncated importance sampling (tis_cap > 0, off by default), for the engine/trainer mismatch: the trainer's own
 // log-prob at the current weights (detached) becomes `old`, and each token's pg is weighted by
 // min(exp(old_trainer - old_engine), tis_cap). One optimizer step per rollout batch is assumed
 // (the weights that sampled are the weights the trainer starts from). With asynchronous rollouts

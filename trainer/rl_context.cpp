@@ -55,7 +55,6 @@ void RlOptions::validate() {
                                             sft_schedule.min_lr, sft_schedule.lr));
   }
   sft_schedule.validate();
-  if (trainer.grpo.tis_cap < 0) trainer.grpo.tis_cap = max_staleness >= 1 ? 2.0 : 0.0;
   trainer.validate();
   if (sync.mode != sync::SyncMode::kBucket) {
     throw std::invalid_argument(fmt::format(

@@ -101,9 +101,8 @@ struct RlOptions {
   // Tests only: "die-at-step:RANK:STEP" SIGKILLs that rank when it starts GRPO step STEP.
   std::string fault;
 
-  // Checks the options against each other (throws std::invalid_argument naming the flags) and
-  // fills the defaults that depend on others: trainer.grpo.tis_cap < 0 becomes 2 with
-  // --max-staleness >= 1, else 0 (off). The RL job syncs in bucket mode only: the per-tensor and
+  // Checks the options against each other (throws std::invalid_argument naming the flags). The
+  // RL job syncs in bucket mode only: the per-tensor and
   // raw modes are benchmark baselines (`colocated-rl bench sync`). The placement is planned here
   // too (--device, --device-map, --comm-backend; --device cuda without a CUDA device, and
   // --deterministic on CUDA, are errors), so the launcher refuses a bad one before any rank starts.
