@@ -6,8 +6,11 @@
 // metadata is trusted (the CUDA kernels still skip out-of-range cache slots when writing).
 #include "kv/paged_attention.h"
 
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <stdexcept>
+#include <string>
 #include <unordered_set>
 
 #include "common/check.h"
@@ -241,6 +244,41 @@ void copy_blocks(at::Tensor& kv_cache, const at::Tensor& block_pairs) {
   const at::Tensor src = pairs.select(1, 0).contiguous();
   const at::Tensor dst = pairs.select(1, 1).contiguous();
   kv_cache.index_copy_(2, dst, kv_cache.index_select(2, src));
+}
+
+namespace {
+
+CudaAttentionKernel kernel_from_env() {
+  const char* e = std::getenv("CRL_PAGED_ATTENTION");
+  const std::string v = e == nullptr ? "auto" : e;
+  if (v == "v1") return CudaAttentionKernel::kWarpPerPosition;
+  if (v == "v2") return CudaAttentionKernel::kUnrolled;
+  if (v == "v3") return CudaAttentionKernel::kGrouped;
+  if (v != "auto" && !v.empty()) {
+    throw std::invalid_argument("CRL_PAGED_ATTENTION=" + v + ": expected v1, v2, v3 or auto");
+  }
+  return CudaAttentionKernel::kAuto;
+}
+
+std::atomic<CudaAttentionKernel>& selected_kernel() {
+  static std::atomic<CudaAttentionKernel> k{kernel_from_env()};
+  return k;
+}
+
+}  // namespace
+
+void set_cuda_attention_kernel(CudaAttentionKernel kernel) { selected_kernel().store(kernel); }
+
+CudaAttentionKernel cuda_attention_kernel() { return selected_kernel().load(); }
+
+const char* cuda_attention_kernel_name(CudaAttentionKernel kernel) {
+  switch (kernel) {
+    case CudaAttentionKernel::kAuto: return "auto";
+    case CudaAttentionKernel::kWarpPerPosition: return "v1";
+    case CudaAttentionKernel::kUnrolled: return "v2";
+    case CudaAttentionKernel::kGrouped: return "v3";
+  }
+  return "?";
 }
 
 }  // namespace crl::kv

@@ -278,6 +278,173 @@ __global__ void paged_attention_unrolled_kernel(
   }
 }
 
+// The grouped kernel: one thread block per (row, KV head) computes all G = num_heads /
+// num_kv_heads query heads that share that KV head, so each K and V row is read once per row
+// instead of G times, in chunks of kChunk positions with an online softmax across chunks:
+//   scores  thread t scores positions t, t + kThreads, ... of the chunk for every head (q in shared
+//           memory, pre-scaled), into sc[g][j];
+//   softmax warp w owns heads w, w + kWarps, ...: the chunk's max, p = exp(s - m) in place, the sum,
+//           and the rescaling of its running (m, l, acc);
+//   values  warp w walks the chunk's positions in order, lane l holding dims l, l + 32, ... of
+//           each owned head's accumulator, reading each V row once (coalesced).
+// Each output still depends only on its own row's data, in a fixed order: deterministic and
+// batch-invariant.
+constexpr int kChunk = 128;
+constexpr int kMaxHeadsPerWarp = 8;  // G <= kWarps * kMaxHeadsPerWarp = 32
+
+// q . k over head_dim (q in shared memory as float; 16-byte aligned rows when head_dim allows):
+// 16-byte loads of K where the row is a whole number of them, element loads otherwise.
+__device__ __forceinline__ float dot_row(const float* qg, const float* k_row, int head_dim) {
+  float s = 0.0f;
+  if (head_dim % 4 == 0) {
+    const float4* k4 = reinterpret_cast<const float4*>(k_row);
+    const float4* q4 = reinterpret_cast<const float4*>(qg);
+    for (int c = 0; c < head_dim / 4; ++c) {
+      const float4 k = k4[c], qv = q4[c];
+      s += qv.x * k.x + qv.y * k.y + qv.z * k.z + qv.w * k.w;
+    }
+    return s;
+  }
+  for (int d = 0; d < head_dim; ++d) s += qg[d] * k_row[d];
+  return s;
+}
+
+__device__ __forceinline__ float dot_row(const float* qg, const __nv_bfloat16* k_row, int head_dim) {
+  float s = 0.0f;
+  if (head_dim % 8 == 0) {
+    const uint4* k8 = reinterpret_cast<const uint4*>(k_row);
+    const float4* q4 = reinterpret_cast<const float4*>(qg);
+    for (int c = 0; c < head_dim / 8; ++c) {
+      const uint4 raw = k8[c];
+      const __nv_bfloat162* b = reinterpret_cast<const __nv_bfloat162*>(&raw);
+      const float2 k0 = __bfloat1622float2(b[0]), k1 = __bfloat1622float2(b[1]);
+      const float2 k2 = __bfloat1622float2(b[2]), k3 = __bfloat1622float2(b[3]);
+      const float4 qa = q4[2 * c], qb = q4[2 * c + 1];
+      s += qa.x * k0.x + qa.y * k0.y + qa.z * k1.x + qa.w * k1.y;
+      s += qb.x * k2.x + qb.y * k2.y + qb.z * k3.x + qb.w * k3.y;
+    }
+    return s;
+  }
+  for (int d = 0; d < head_dim; ++d) s += qg[d] * __bfloat162float(k_row[d]);
+  return s;
+}
+
+template <typename T, int kPer>
+__global__ void paged_attention_grouped_kernel(
+    T* __restrict__ out, const T* __restrict__ q, const T* __restrict__ k_cache,
+    const T* __restrict__ v_cache, const int32_t* __restrict__ query_start,
+    const int32_t* __restrict__ context_lens, const int32_t* __restrict__ block_tables,
+    int num_seqs, int num_heads, int num_kv_heads, int head_dim, int block_size, int max_blocks,
+    float scale) {
+  extern __shared__ float smem[];
+  const int group = num_heads / num_kv_heads;
+  float* qs = smem;                          // [group][head_dim], scaled
+  float* sc = smem + group * head_dim;       // [group][kChunk]: scores, then probabilities
+  const int row = blockIdx.x;
+  const int kv_head = blockIdx.y;
+  const int tid = threadIdx.x;
+  const int warp = tid / kWarpSize;
+  const int lane = tid % kWarpSize;
+
+  int lo = 0, hi = num_seqs - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (query_start[mid] <= row) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const int seq = lo;
+  const int q0 = query_start[seq];
+  const int q_len = query_start[seq + 1] - q0;
+  const int n = context_lens[seq] - q_len + (row - q0) + 1;  // attended positions
+  const int32_t* table = block_tables + static_cast<int64_t>(seq) * max_blocks;
+
+  const T* q_row = q + (static_cast<int64_t>(row) * num_heads + kv_head * group) * head_dim;
+  for (int i = tid; i < group * head_dim; i += kThreads) qs[i] = load_float(q_row + i) * scale;
+
+  float m[kMaxHeadsPerWarp], l[kMaxHeadsPerWarp], acc[kMaxHeadsPerWarp][kPer];
+#pragma unroll
+  for (int h = 0; h < kMaxHeadsPerWarp; ++h) {
+    m[h] = -INFINITY;
+    l[h] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) acc[h][k] = 0.0f;
+  }
+  __syncthreads();
+
+  for (int c0 = 0; c0 < n; c0 += kChunk) {
+    const int cn = min(kChunk, n - c0);
+    for (int j = tid; j < cn; j += kThreads) {
+      const int pos = c0 + j;
+      const int64_t slot = static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size;
+      const T* k_row = k_cache + (slot * num_kv_heads + kv_head) * head_dim;
+      for (int g = 0; g < group; ++g) sc[g * kChunk + j] = dot_row(qs + g * head_dim, k_row, head_dim);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < kMaxHeadsPerWarp; ++h) {
+      const int g = warp + h * kWarps;
+      if (g >= group) break;
+      float* sg = sc + g * kChunk;
+      float cmax = -INFINITY;
+      for (int j = lane; j < cn; j += kWarpSize) cmax = fmaxf(cmax, sg[j]);
+      for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+        cmax = fmaxf(cmax, __shfl_xor_sync(0xffffffffu, cmax, offset));
+      }
+      const float m_new = fmaxf(m[h], cmax);  // finite: the chunk has a position
+      const float corr = expf(m[h] - m_new);  // 0 while m is -inf
+      float psum = 0.0f;
+      for (int j = lane; j < cn; j += kWarpSize) {
+        const float p = expf(sg[j] - m_new);
+        sg[j] = p;
+        psum += p;
+      }
+      psum = warp_sum(psum);
+      l[h] = l[h] * corr + psum;
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) acc[h][k] *= corr;
+      m[h] = m_new;
+    }
+    __syncwarp();
+    // Warps past the group's head count own no head (group < kWarps): they only score.
+#pragma unroll 4
+    for (int j = 0; j < (warp < group ? cn : 0); ++j) {
+      const int pos = c0 + j;
+      const int64_t slot = static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size;
+      const T* v_row = v_cache + (slot * num_kv_heads + kv_head) * head_dim;
+      float v[kPer];
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) {
+        const int d = lane + k * kWarpSize;
+        v[k] = d < head_dim ? load_float(v_row + d) : 0.0f;
+      }
+#pragma unroll
+      for (int h = 0; h < kMaxHeadsPerWarp; ++h) {
+        const int g = warp + h * kWarps;
+        if (g >= group) break;
+        const float p = sc[g * kChunk + j];
+#pragma unroll
+        for (int k = 0; k < kPer; ++k) acc[h][k] += p * v[k];
+      }
+    }
+    __syncthreads();  // sc is rewritten by the next chunk
+  }
+
+#pragma unroll
+  for (int h = 0; h < kMaxHeadsPerWarp; ++h) {
+    const int g = warp + h * kWarps;
+    if (g >= group) break;
+    T* out_row = out + (static_cast<int64_t>(row) * num_heads + kv_head * group + g) * head_dim;
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int d = lane + k * kWarpSize;
+      if (d < head_dim) store_float(acc[h][k] / l[h], out_row + d);
+    }
+  }
+}
+
 // One thread block per token: copies its k and v rows ([num_kv_heads * head_dim]) into its slot.
 template <typename T>
 __global__ void write_kv_cache_kernel(T* __restrict__ k_cache, T* __restrict__ v_cache,
@@ -293,14 +460,26 @@ __global__ void write_kv_cache_kernel(T* __restrict__ k_cache, T* __restrict__ v
   }
 }
 
-// CRL_PAGED_ATTENTION=v1 selects the first kernel (one position per warp iteration); the default
-// is the unrolled one.
-bool use_first_kernel() {
-  static const bool v1 = [] {
-    const char* e = std::getenv("CRL_PAGED_ATTENTION");
-    return e != nullptr && std::string(e) == "v1";
-  }();
-  return v1;
+// Shared memory of the grouped kernel: q and one chunk of scores for every head of the group.
+size_t grouped_smem_bytes(int group, int head_dim) {
+  return static_cast<size_t>(group) * (head_dim + kChunk) * sizeof(float);
+}
+
+bool grouped_fits(int group, int head_dim) {
+  return group <= kWarps * kMaxHeadsPerWarp && grouped_smem_bytes(group, head_dim) <= 48 * 1024;
+}
+
+template <typename T, int kPer>
+void launch_grouped(T* out, const T* q, const T* k_cache, const T* v_cache,
+                    const PagedAttentionMetadata& meta, int rows, int num_heads, int num_kv_heads,
+                    int head_dim, int block_size, float scale, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(num_kv_heads));
+  const size_t smem = grouped_smem_bytes(num_heads / num_kv_heads, head_dim);
+  paged_attention_grouped_kernel<T, kPer><<<grid, kThreads, smem, stream>>>(
+      out, q, k_cache, v_cache, meta.query_start.data_ptr<int32_t>(),
+      meta.context_lens.data_ptr<int32_t>(), meta.block_tables.data_ptr<int32_t>(),
+      static_cast<int>(meta.context_lens.size(0)), num_heads, num_kv_heads, head_dim, block_size,
+      static_cast<int>(meta.block_tables.size(1)), scale);
 }
 
 template <typename T, int kPer>
@@ -320,14 +499,37 @@ void launch_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
                       const at::Tensor& v_cache, const PagedAttentionMetadata& meta, float scale,
                       cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(q.size(0)), static_cast<unsigned>(q.size(1)));
-  if (!use_first_kernel()) {
-    T* o = reinterpret_cast<T*>(out.data_ptr<AtT>());
-    const T* qp = reinterpret_cast<const T*>(q.data_ptr<AtT>());
-    const T* kp = reinterpret_cast<const T*>(k_cache.data_ptr<AtT>());
-    const T* vp = reinterpret_cast<const T*>(v_cache.data_ptr<AtT>());
-    const int heads = static_cast<int>(q.size(1)), kv_heads = static_cast<int>(k_cache.size(2));
-    const int head_dim = static_cast<int>(q.size(2)), bs = static_cast<int>(k_cache.size(1));
-    const int per = (head_dim + kWarpSize - 1) / kWarpSize;
+  T* o = reinterpret_cast<T*>(out.data_ptr<AtT>());
+  const T* qp = reinterpret_cast<const T*>(q.data_ptr<AtT>());
+  const T* kp = reinterpret_cast<const T*>(k_cache.data_ptr<AtT>());
+  const T* vp = reinterpret_cast<const T*>(v_cache.data_ptr<AtT>());
+  const int rows = static_cast<int>(q.size(0));
+  const int heads = static_cast<int>(q.size(1)), kv_heads = static_cast<int>(k_cache.size(2));
+  const int head_dim = static_cast<int>(q.size(2)), bs = static_cast<int>(k_cache.size(1));
+  const int per = (head_dim + kWarpSize - 1) / kWarpSize;
+  CudaAttentionKernel kernel = cuda_attention_kernel();
+  if (kernel == CudaAttentionKernel::kAuto) {
+    // The grouped kernel's value pass runs on min(G, 4) warps: worth it from G = 4 (Llama-3,
+    // Qwen2: 4-7 query heads per KV head), where K and V are otherwise read G times.
+    const int group = heads / kv_heads;
+    kernel = group >= 4 && grouped_fits(group, head_dim) ? CudaAttentionKernel::kGrouped
+                                                         : CudaAttentionKernel::kUnrolled;
+  }
+  if (kernel == CudaAttentionKernel::kGrouped && grouped_fits(heads / kv_heads, head_dim)) {
+    if (per <= 1) {
+      launch_grouped<T, 1>(o, qp, kp, vp, meta, rows, heads, kv_heads, head_dim, bs, scale, stream);
+    } else if (per <= 2) {
+      launch_grouped<T, 2>(o, qp, kp, vp, meta, rows, heads, kv_heads, head_dim, bs, scale, stream);
+    } else if (per <= 4) {
+      launch_grouped<T, 4>(o, qp, kp, vp, meta, rows, heads, kv_heads, head_dim, bs, scale, stream);
+    } else {
+      launch_grouped<T, kMaxPerLane>(o, qp, kp, vp, meta, rows, heads, kv_heads, head_dim, bs, scale,
+                                     stream);
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return;
+  }
+  if (kernel != CudaAttentionKernel::kWarpPerPosition) {
     if (per <= 1) {
       launch_unrolled<T, 1>(o, qp, kp, vp, meta, grid, heads, kv_heads, head_dim, bs, scale, stream);
     } else if (per <= 2) {

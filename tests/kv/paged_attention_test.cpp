@@ -149,15 +149,33 @@ class PagedAttentionTest : public ::testing::TestWithParam<Config> {
   }
 };
 
+// Every CUDA kernel (kv::CudaAttentionKernel) on CUDA; the one kernel on the CPU.
+std::vector<CudaAttentionKernel> kernels_on(at::DeviceType dev) {
+  if (dev != at::kCUDA) return {CudaAttentionKernel::kAuto};
+  return {CudaAttentionKernel::kWarpPerPosition, CudaAttentionKernel::kUnrolled,
+          CudaAttentionKernel::kGrouped};
+}
+
+// Runs `p` with each kernel of `dev` and compares with the reference.
+void expect_every_kernel_matches(const Problem& p, at::DeviceType dev) {
+  const CudaAttentionKernel before = cuda_attention_kernel();
+  for (CudaAttentionKernel k : kernels_on(dev)) {
+    SCOPED_TRACE(std::string("kernel ") + cuda_attention_kernel_name(k));
+    set_cuda_attention_kernel(k);
+    expect_matches_reference(p, run_on(p, dev));
+  }
+  set_cuda_attention_kernel(before);
+}
+
 TEST_P(PagedAttentionTest, MatchesDenseReferenceForDecode) {
   const Problem p = make({{1, 1}, {5, 1}, {16, 1}, {17, 1}, {37, 1}, {100, 1}}, 11);
-  expect_matches_reference(p, run_on(p, device_type()));
+  expect_every_kernel_matches(p, device_type());
 }
 
 TEST_P(PagedAttentionTest, MatchesDenseReferenceForChunkedPrefillAfterCachedPrefix) {
   // Chunks continuing a cached prefix, a fresh prefill, a decode row and a sequence with no rows.
   const Problem p = make({{23, 7}, {40, 40}, {12, 0}, {9, 1}, {70, 33}}, 12);
-  expect_matches_reference(p, run_on(p, device_type()));
+  expect_every_kernel_matches(p, device_type());
 }
 
 std::string config_name(const ::testing::TestParamInfo<Config>& info) {
@@ -183,6 +201,23 @@ INSTANTIATE_TEST_SUITE_P(Cuda, PagedAttentionTest,
                                             ::testing::Values(at::kFloat, at::kBFloat16)),
                          config_name);
 #endif
+
+// Contexts past the grouped kernel's 128-position chunks (its online softmax across chunks), the
+// group sizes of Qwen2 (7, 6) and Llama-3 (4), head_dim 64 and 128, decode and prefill rows.
+TEST(CudaPagedAttentionTest, EveryKernelMatchesTheReferenceOnLongContextsAndWideGroups) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  for (int64_t group : {7, 6, 4}) {
+    for (int64_t head_dim : {64, 128}) {
+      for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+        SCOPED_TRACE("group " + std::to_string(group) + " head_dim " + std::to_string(head_dim) +
+                     (dtype == at::kFloat ? " float" : " bfloat16"));
+        const Problem p = make_problem({{1, 1}, {128, 1}, {129, 1}, {300, 1}, {777, 1}, {260, 9}},
+                                       16, 2, group, head_dim, dtype, 31 + group);
+        expect_every_kernel_matches(p, at::kCUDA);
+      }
+    }
+  }
+}
 
 TEST(PagedAttentionCpuTest, SharpScoresStayAccurate) {
   // Scores spread over tens of units: exercises the running-max rescaling and exp underflow.
