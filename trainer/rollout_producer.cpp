@@ -66,6 +66,12 @@ RolloutProducer::RolloutProducer(RlContext& ctx) : c_(ctx), o_(ctx.o) {
   eng->set_weight_version(followed_);
   ws_ = std::make_shared<sync::WeightSync>(c_.ranks.g, c_.coord->store(), *layout_,
                                            rl_sync_options(o_, c_.ranks.self));
+  if (c_.ranks.env.rank == 0) {
+    fmt::print("weight sync: {} bucket(s) of {} per version, node 0 transport {}\n",
+               layout_->buckets().size(), format_bytes(static_cast<double>(layout_->total_bytes())),
+               sync::sync_transport_name(ws_->transport(0)));
+    std::fflush(stdout);
+  }
   sync::RolloutRoute route{c_.ranks.g.node, c_.ranks.g.topo.infer_per_node,
                            c_.ranks.g.topo.train_per_node};
   // With --reproducible the queue is not bounded by --rollout-queue: a full queue must not hold
