@@ -33,8 +33,11 @@ void add_engine_flags(CLI::App& cmd, EngineFlags& f) {
                  "CPU engine's own sampler on the CPU), tensor, or cpu (logits copied to the host)")
       ->check(CLI::IsMember({"auto", "tensor", "cpu"}))
       ->capture_default_str();
-  cmd.add_flag("--cuda-graphs", c.cuda_graphs,
-               "decode steps replay CUDA graphs captured at batch-size buckets (CUDA only)");
+  cmd.add_option("--cuda-graphs", c.cuda_graphs,
+                 "decode steps replay CUDA graphs captured at batch-size buckets: auto (on a GPU), "
+                 "on, off")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
   cmd.add_option("--threads", c.num_threads, "intra-op CPU threads (0 = libtorch default)");
   cmd.add_option("--engine-seed", c.seed, "seed for requests that bring none");
 }

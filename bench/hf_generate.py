@@ -26,7 +26,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", required=True)
+    ap.add_argument("--model", help="model directory (required unless --make-workload)")
     ap.add_argument("--workload", required=True)
     ap.add_argument("--batch", type=int, default=256, help="sequences per generate call")
     ap.add_argument("--dtype", default="bfloat16")

@@ -306,15 +306,15 @@ int run_rollout_bench(const RolloutBenchOptions& o) {
   std::vector<ModeRun> mode_runs;
   for (const auto& mode : o.modes) {
     if (mode != "continuous" && mode != "static" && mode != "no-share" && mode != "deterministic" &&
-        mode != "libtorch" && mode != "host-sampler" && mode != "cuda-graphs") {
+        mode != "libtorch" && mode != "host-sampler" && mode != "eager") {
       throw std::invalid_argument("unknown bench mode '" + mode +
                                   "' (expected continuous, static, no-share, deterministic, libtorch "
-                                  "host-sampler or cuda-graphs)");
+                                  "host-sampler or eager)");
     }
     engine::EngineConfig c = engine_config(o, model_dir);
     if (mode == "libtorch") c.cpu_kernels = "libtorch";  // continuous, with at::linear everywhere
     if (mode == "host-sampler") c.sampler = "cpu";       // continuous, logits copied to the host
-    c.cuda_graphs = mode == "cuda-graphs";               // continuous, decode steps replay graphs
+    if (mode == "eager") c.cuda_graphs = "off";          // continuous without CUDA graphs
     c.static_batching = mode == "static";
     c.deterministic = mode == "deterministic";
     c.enable_prefix_caching = mode != "no-share";
@@ -379,7 +379,7 @@ int run_rollout_bench(const RolloutBenchOptions& o) {
       {"no_share_vs_continuous", {"no-share", "continuous"}},
       {"libtorch_vs_continuous", {"libtorch", "continuous"}},
       {"host_sampler_vs_continuous", {"host-sampler", "continuous"}},
-      {"cuda_graphs_vs_continuous", {"cuda-graphs", "continuous"}}};
+      {"eager_vs_continuous", {"eager", "continuous"}}};
   for (const auto& [key, pair] : ratios) {
     if (auto r = paired_ratio(pair.first, pair.second)) {
       result[key] = *r;

@@ -9,7 +9,7 @@
 //   libtorch   — continuous with at::linear everywhere (--cpu-kernels libtorch);
 //   host-sampler — baseline on a device: continuous with each step's logits copied to the host
 //                  and sampled there (--sampler cpu), as before the tensor sampler;
-//   cuda-graphs — continuous with decode steps replaying CUDA graphs (--cuda-graphs).
+//   eager      — baseline on a device: continuous without CUDA graphs (--cuda-graphs off).
 // Every mode reports its device->host bytes per engine step; on a device the run also reports its
 // share of the memory roofline (the weights read once a step plus every decode step's KV, over the
 // device's own measured copy bandwidth).

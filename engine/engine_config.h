@@ -48,9 +48,10 @@ struct EngineConfig {
   // log-probs come back; the CPU engine's own sampler on the CPU); "tensor" and "cpu" force one
   // ("cpu" on a GPU copies each step's logits to the host: the baseline `bench rollout` compares).
   std::string sampler = "auto";
-  // Decode steps replay CUDA graphs captured at batch-size buckets (1, 2, 4, ... up to max_seqs);
-  // CUDA only (an error elsewhere).
-  bool cuda_graphs = false;
+  // Decode steps replay CUDA graphs captured at batch-size buckets (1, 2, 4, ... up to max_seqs):
+  // "auto" on a CUDA device (measured 1.12x faster end to end, README "GPU"), "on" (an error off
+  // CUDA), "off".
+  std::string cuda_graphs = "auto";
   // Baseline only: static batching (waves, padded to the slowest sequence).
   bool static_batching = false;
   // Seed for requests that bring none.

@@ -33,6 +33,7 @@ void EngineConfig::validate() const {
     bad("max_batched_tokens", std::to_string(max_batched_tokens), "must be >= 1");
   if (max_seqs < 1) bad("max_seqs", std::to_string(max_seqs), "must be >= 1");
   if (cpu_kernels != "auto" && cpu_kernels != "libtorch") bad("cpu_kernels", cpu_kernels, "auto or libtorch");
+  if (cuda_graphs != "auto" && cuda_graphs != "on" && cuda_graphs != "off") bad("cuda_graphs", cuda_graphs, "auto, on or off");
   if (sampler != "auto" && sampler != "tensor" && sampler != "cpu") bad("sampler", sampler, "auto, tensor or cpu");
   if (max_model_len < 0) bad("max_model_len", std::to_string(max_model_len), "must be >= 0");
   if (num_threads < 0) bad("num_threads", std::to_string(num_threads), "must be >= 0");
@@ -90,7 +91,7 @@ LlmEngine::LlmEngine(const EngineConfig& config) : config_(config), inbox_(std::
   scheduler_ = std::make_unique<Scheduler>(sc);
   runner_ = std::make_unique<ModelRunner>(*model_, config_.block_size, num_blocks);
   tensor_sampler_ = config_.sampler == "tensor" || (config_.sampler == "auto" && !opts.device.is_cpu());
-  if (config_.cuda_graphs) {
+  if (config_.cuda_graphs == "on" || (config_.cuda_graphs == "auto" && opts.device.is_cuda())) {
     std::vector<int64_t> buckets;
     for (int64_t b = 1; b < config_.max_seqs; b *= 2) buckets.push_back(b);
     buckets.push_back(config_.max_seqs);
@@ -353,6 +354,8 @@ std::vector<RequestOutput> LlmEngine::collect_outputs(const std::unordered_set<R
   std::vector<RequestOutput> outputs;
   std::vector<std::string> done;
   for (Request* req : touched) {
+    // generate() reads only finished outputs: skip copying the running ones' growing token lists.
+    if (finished_outputs_only_ && !req->is_finished()) continue;
     outputs.push_back(make_output(*req));
     if (outputs.back().finished) done.push_back(req->id);
   }
@@ -419,6 +422,11 @@ std::vector<RequestOutput> LlmEngine::generate(std::vector<GenerateRequest> requ
   }
   const std::unordered_set<std::string> mine(ids.begin(), ids.end());
   std::unordered_map<std::string, RequestOutput> finished;
+  finished_outputs_only_ = true;
+  struct Restore {
+    bool& flag;
+    ~Restore() { flag = false; }
+  } restore{finished_outputs_only_};
   while (finished.size() < ids.size()) {
     for (auto& out : step()) {
       if (out.finished && mine.count(out.request_id)) finished[out.request_id] = std::move(out);

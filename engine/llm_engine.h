@@ -193,6 +193,7 @@ class LlmEngine {
   int64_t weight_version_ = 0;
   int64_t next_arrival_ = 0;
   bool tensor_sampler_ = false;  // EngineConfig::sampler resolved
+  bool finished_outputs_only_ = false;  // inside generate(): step() returns finished requests only
   int64_t step_d2h_bytes_ = 0;
   std::unordered_map<std::string, std::unique_ptr<Request>> requests_;
   EngineStats stats_;

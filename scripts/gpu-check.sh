@@ -143,7 +143,7 @@ if want bench; then
   [ -f "$model/config.json" ] || "$BIN" make-model --shape qwen2-0.5b --dtype bfloat16 --out "$model" > /dev/null
   # nano-vllm's protocol: 256 sequences, prompt and output lengths uniform in 100..1024, EOS ignored.
   timeout 300 "$BIN" bench rollout --model "$model" --dtype bfloat16 --device cuda \
-    --workload-in "$OUT/workload.json" --n 1 --repeats 1 --modes continuous,cuda-graphs \
+    --workload-in "$OUT/workload.json" --n 1 --repeats 1 --modes continuous,eager \
     --max-seqs 256 --max-batched-tokens 8192 --kv-memory 24GiB --threads 8 \
     --json-out "$OUT/rollout.jsonl" > "$OUT/bench_rollout.log" 2>&1
   note bench_rc "$?"

@@ -235,8 +235,10 @@ TEST(CudaEngineTest, DecodeGraphsGiveTheEagerEnginesOutputs) {
       if (i == 4) r.params.n = 3;
       reqs.push_back(r);
     }
+    cfg.cuda_graphs = "off";
     LlmEngine eager(cfg);
-    cfg.cuda_graphs = true;
+    EXPECT_EQ(eager.runner().num_cuda_graphs(), 0);
+    cfg.cuda_graphs = "auto";  // on, on a CUDA device
     LlmEngine graphed(cfg);
     const auto a = eager.generate(reqs);
     const auto b = graphed.generate(reqs);
@@ -258,7 +260,9 @@ TEST(CudaEngineTest, DecodeGraphsGiveTheEagerEnginesOutputs) {
 
 TEST(LlmEngineTest, CudaGraphsOffCudaAreAClearError) {
   EngineConfig cfg = test::test_engine_config();
-  cfg.cuda_graphs = true;
+  cfg.cuda_graphs = "auto";  // off on the CPU
+  EXPECT_EQ(LlmEngine(cfg).runner().num_cuda_graphs(), 0);
+  cfg.cuda_graphs = "on";
   ASSERT_THROWS_WITH(LlmEngine{cfg}, std::invalid_argument, "CUDA graphs need the model on a CUDA device");
 }
 
