@@ -98,22 +98,25 @@ HF_PID=""
 if want bench; then
   python3 bench/hf_generate.py --make-workload --workload "$OUT/workload.json" --prompts 256 \
     --prompt-len 100..1024 --output-len 100..1024 --vocab 151936 --seed 7
-  PYTHONUNBUFFERED=1 taskset -c 0,1 timeout 400 python3 bench/hf_generate.py \
-    --model "$ROOT/.gpu-work/qwen2-0.5b" --workload "$OUT/workload.json" --batch 256 \
-    > "$OUT/bench_hf.log" 2>&1 &
-  HF_PID=$!
-  stamp "hf generate started (pid $HF_PID)"
+  if [ "${CRL_GPU_SKIP_HF:-0}" != 1 ]; then
+    PYTHONUNBUFFERED=1 taskset -c 0,1 timeout 400 python3 bench/hf_generate.py \
+      --model "$ROOT/.gpu-work/qwen2-0.5b" --workload "$OUT/workload.json" --batch 256 \
+      > "$OUT/bench_hf.log" 2>&1 &
+    HF_PID=$!
+    stamp "hf generate started (pid $HF_PID)"
+  fi
 fi
+BUILD_CORES=$([ -n "$HF_PID" ] && echo "2-$((NPROC - 1))" || echo "0-$((NPROC - 1))")
 
 if want build; then
   start=$(date +%s)
   mkdir -p "$PREFIX/fmt-first" && ln -sfn "$PREFIX/usr/include/fmt" "$PREFIX/fmt-first/fmt"
-  taskset -c 2-$((NPROC - 1)) cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  taskset -c "$BUILD_CORES" cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_PREFIX_PATH="$TORCH_PREFIX;$PREFIX/usr" -DPKG_CONFIG_EXECUTABLE="$PKGCONF" \
     -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_COMPILER="$(command -v nvcc)" \
     -DCRL_FMT_INCLUDE_FIRST="$PREFIX/fmt-first" > "$OUT/configure.log" 2>&1
   grep -E "CUDA kernels|NCCL backend|CMake Error" "$OUT/configure.log"
-  taskset -c 2-$((NPROC - 1)) cmake --build "$BUILD" -j $((NPROC - 2)) -- -k 0 > "$OUT/build.log" 2>&1
+  taskset -c "$BUILD_CORES" cmake --build "$BUILD" -j "$(taskset -c "$BUILD_CORES" nproc)" -- -k 0 > "$OUT/build.log" 2>&1
   rc=$?
   grep -E "error|FAILED" "$OUT/build.log" | head -40
   note build "{\"rc\": $rc, \"seconds\": $(( $(date +%s) - start ))}"
@@ -142,12 +145,15 @@ if want bench; then
   model=$CRL_CACHE_DIR/bench-qwen2-0.5b-bf16
   [ -f "$model/config.json" ] || "$BIN" make-model --shape qwen2-0.5b --dtype bfloat16 --out "$model" > /dev/null
   # nano-vllm's protocol: 256 sequences, prompt and output lengths uniform in 100..1024, EOS ignored.
-  timeout 300 "$BIN" bench rollout --model "$model" --dtype bfloat16 --device cuda \
-    --workload-in "$OUT/workload.json" --n 1 --repeats 1 --modes continuous,eager \
-    --max-seqs 256 --max-batched-tokens 8192 --kv-memory 24GiB --threads 8 \
-    --json-out "$OUT/rollout.jsonl" > "$OUT/bench_rollout.log" 2>&1
-  note bench_rc "$?"
-  tail -6 "$OUT/bench_rollout.log" | cut -c1-400
+  # CRL_GPU_BENCH_KERNELS: the attention kernels to run it with (kv::CudaAttentionKernel), in turn.
+  for kern in ${CRL_GPU_BENCH_KERNELS:-auto}; do
+    CRL_PAGED_ATTENTION=$kern timeout 300 "$BIN" bench rollout --model "$model" --dtype bfloat16 \
+      --device cuda --workload-in "$OUT/workload.json" --n 1 --repeats 1 \
+      --modes "${CRL_GPU_BENCH_MODES:-continuous,eager}" --max-seqs 256 --max-batched-tokens 8192 \
+      --kv-memory 24GiB --threads 8 --json-out "$OUT/rollout.jsonl" > "$OUT/bench_rollout_$kern.log" 2>&1
+    note "bench_rc_$kern" "$?"
+    grep -E '^(continuous|eager|host-sampler) |roofline' "$OUT/bench_rollout_$kern.log" | sed "s/^/attention $kern: /" | cut -c1-300
+  done
   python3 - "$OUT" <<'EOF'
 import json, sys
 out = sys.argv[1]
@@ -166,7 +172,7 @@ fi
 
 if want rl; then
   # The RL job on the one GPU: 1 engine rank + 1 trainer rank sharing it (weights over CUDA IPC).
-  timeout 300 "$BIN" --gpus-infer 1 --gpus-train 1 --device cuda --steps 20 --eval-every 10 \
+  timeout 300 "$BIN" --gpus-infer 1 --gpus-train 1 --device cuda --steps "${CRL_GPU_RL_STEPS:-20}" --eval-every 10 \
     --timeout 120 --metrics "$OUT/rl_steps.jsonl" > "$OUT/rl.log" 2>&1
   rc=$?
   note rl "{\"rc\": $rc}"
@@ -177,7 +183,9 @@ if want rl; then
   grep -qE '^\| 1 \| train 0 \| cuda:0 \| nccl \| root0 gloo \(one GPU\) \|$' "$OUT/rl.log"
   note rl_placement_table "{\"rc\": $?}"
   # Two trainers and the engine on the one GPU: the train group on Gloo with CUDA tensors (ZeRO-2
-  # through c10d's Gloo), both sync_root groups on Gloo.
+  # through c10d's Gloo), both sync_root groups on Gloo. CRL_GPU_RL_QUICK=1 skips it and the
+  # refusals below.
+  [ "${CRL_GPU_RL_QUICK:-0}" = 1 ] || {
   timeout 200 "$BIN" --gpus-infer 1 --gpus-train 2 --device cuda --device-map 0,0,0 --steps 2 \
     --sft-steps 2 --prompts-per-step 8 --n-samples 4 --eval-every 0 --timeout 60 \
     > "$OUT/rl_shared_gpu.log" 2>&1
@@ -190,6 +198,7 @@ if want rl; then
   out=$("$BIN" --gpus-infer 1 --gpus-train 1 --device cuda --comm-backend nccl 2>&1)
   grep -q -- '--comm-backend nccl: the sync_root group' <<< "$out"
   note rl_refuses_nccl_on_one_gpu "{\"rc\": $?}"
+  }
   stamp "rl rc=$rc"
 fi
 
