@@ -36,15 +36,16 @@ void write_kv_cache(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& 
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                            const PagedAttentionMetadata& meta, double scale);
 
-// The CUDA attention kernel (process-wide; benchmarks and tests compare them). kAuto picks the
-// grouped kernel for 4 to 32 query heads per KV head (its shared memory within 48 KiB) and the
-// unrolled one elsewhere; kGrouped where it does not fit runs the unrolled one. The first value comes from CRL_PAGED_ATTENTION
+// The CUDA attention kernel (process-wide; benchmarks and tests compare them). kAuto is the
+// unrolled kernel (measured fastest end to end, README "GPU"); kGrouped where it does not fit
+// (more than 32 query heads per KV head, or over 48 KiB of shared memory) runs the unrolled one. The first value comes from CRL_PAGED_ATTENTION
 // (v1 | v2 | v3 | auto). All are deterministic and batch-invariant; they differ in summation order.
 enum class CudaAttentionKernel {
   kAuto,
   kWarpPerPosition,  // v1: a block per (row, head), one position per warp iteration
   kUnrolled,         // v2: the same blocks, four positions in flight per warp
   kGrouped,          // v3: a block per (row, KV head) for all its query heads, K and V read once
+                     //     (1.9x slower end to end on an H200: too few warps; kept to compare)
 };
 void set_cuda_attention_kernel(CudaAttentionKernel kernel);
 CudaAttentionKernel cuda_attention_kernel();
