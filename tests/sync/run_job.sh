@@ -2,7 +2,8 @@
 # Runs a multi-process colocated-rl job and checks how it ended.
 #   run_job.sh pass|fail MAX_SECONDS REGEX -- command...
 # pass: exit code 0; fail: non-zero. In both cases the output must match REGEX (grep -E; several
-# patterns separated by ' ;; ' must each match some line, in any order), the job
+# patterns separated by ' ;; ' must each match some line, in any order; a pattern written !P must
+# match no line), the job
 # must end within MAX_SECONDS, and no process of the job may outlive it (found by an environment
 # marker that only the job's processes carry).
 set -u
@@ -35,7 +36,11 @@ rest=$regex
 while [ -n "$rest" ]; do
   pattern=${rest%% ;; *}
   if [ "$pattern" = "$rest" ]; then rest=""; else rest=${rest#* ;; }; fi
-  grep -Eq -- "$pattern" "$log" || fail "output does not match /$pattern/"
+  if [ "${pattern#!}" != "$pattern" ]; then
+    ! grep -Eq -- "${pattern#!}" "$log" || fail "output matches /${pattern#!}/: $(grep -E -- "${pattern#!}" "$log" | head -1 | cut -c1-200)"
+  else
+    grep -Eq -- "$pattern" "$log" || fail "output does not match /$pattern/"
+  fi
 done
 [ -n "$survivors" ] && fail "processes outlived the job:$survivors"
 if [ "$(echo "$elapsed > $max" | bc)" = 1 ]; then fail "took longer than ${max}s"; fi
