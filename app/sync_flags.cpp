@@ -35,7 +35,8 @@ void add_dist_flags(CLI::App& cmd, DistFlags& f, bool with_sync) {
                  "seconds any collective or rendezvous may take before the job fails naming it")
       ->capture_default_str();
   cmd.add_option("--comm-backend", f.backend,
-                 "auto (NCCL for CUDA weights when usable, else Gloo), gloo or nccl")
+                 "auto (NCCL for a group whose ranks hold CUDA tensors on distinct GPUs, Gloo "
+                 "otherwise: see the placement table the RL job prints), gloo or nccl")
       ->capture_default_str();
   if (!with_sync) return;
   cmd.add_option("--sync-bucket-mb", f.bucket_mb, "weight-sync bucket cap in MiB")
