@@ -46,7 +46,8 @@ std::vector<SamplingParams> filter_configs() {
   return c;
 }
 
-// One row per (logits row, config) pair, with distinct seeds and positions.
+// One row per (logits row, config) pair, with distinct seeds and positions. The rows point into
+// `configs`, which must outlive them.
 std::vector<SampleRow> mixed_rows(int64_t logit_rows, const std::vector<SamplingParams>& configs,
                                   const std::vector<int32_t>* banned = nullptr) {
   std::vector<SampleRow> rows;
@@ -163,10 +164,10 @@ void expect_kept_sets_match_the_definition(const at::Tensor& logits, const at::T
 
 TEST(TensorSamplerTest, GreedyIdsAndRawLogprobsEqualTheCpuSamplers) {
   const at::Tensor logits = random_logits(64, 5000, 3.0, 1);
-  SamplingParams greedy;
-  greedy.temperature = 0;
-  greedy.logprobs = 3;
-  const auto rows = mixed_rows(64, {greedy});
+  std::vector<SamplingParams> greedy(1);  // outlives the rows, which point into it
+  greedy[0].temperature = 0;
+  greedy[0].logprobs = 3;
+  const auto rows = mixed_rows(64, greedy);
   expect_samplers_agree(logits, logits, rows);
 }
 
