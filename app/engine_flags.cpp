@@ -28,6 +28,11 @@ void add_engine_flags(CLI::App& cmd, EngineFlags& f) {
                  "beat OpenBLAS) or libtorch (at::linear everywhere)")
       ->check(CLI::IsMember({"auto", "libtorch"}))
       ->capture_default_str();
+  cmd.add_option("--gpu-kernels", c.gpu_kernels,
+                 "GPU elementwise ops: auto (RMSNorm, RoPE and the SiLU gate as fused CUDA kernels) "
+                 "or libtorch (ATen's ops)")
+      ->check(CLI::IsMember({"auto", "libtorch"}))
+      ->capture_default_str();
   cmd.add_option("--sampler", c.sampler,
                  "auto (on a GPU the tensor sampler: only ids and log-probs leave the device; the "
                  "CPU engine's own sampler on the CPU), tensor, or cpu (logits copied to the host)")

@@ -16,6 +16,7 @@
 #include <random>
 
 #include "bench/stats.h"
+#include "bench/step_profile.h"
 #include "common/units.h"
 #include "engine/kernels/cpu_isa.h"
 #include "engine/llm_engine.h"
@@ -125,6 +126,7 @@ struct RunStats {
   double seconds = 0, gen_tok_s = 0, total_tok_s = 0, samples_s = 0, kv_util = 0;
   int64_t generated = 0, prompt_computed = 0, preemptions = 0, steps = 0;
   double d2h_per_step = 0;  // device->host bytes per engine step (0 on the CPU)
+  double schedule_s = 0, forward_s = 0, sample_s = 0, finish_s = 0;  // host time per phase
 };
 
 RunStats run_batch(engine::LlmEngine& eng, std::vector<engine::GenerateRequest> reqs) {
@@ -146,6 +148,10 @@ RunStats run_batch(engine::LlmEngine& eng, std::vector<engine::GenerateRequest> 
   s.kv_util = static_cast<double>(after.max_used_blocks) / total_blocks;
   s.steps = after.steps - before.steps;
   s.d2h_per_step = s.steps > 0 ? static_cast<double>(after.d2h_bytes - before.d2h_bytes) / s.steps : 0;
+  s.schedule_s = after.schedule_seconds - before.schedule_seconds;
+  s.forward_s = after.forward_seconds - before.forward_seconds;
+  s.sample_s = after.sample_seconds - before.sample_seconds;
+  s.finish_s = after.finish_seconds - before.finish_seconds;
   return s;
 }
 
@@ -273,6 +279,14 @@ void add_rollout_flags(CLI::App& cmd, RolloutBenchOptions& o) {
   cmd.add_option("--workload-in", o.workload_in,
                  "read the workload from JSON (as --workload-out writes it, or bench/hf_generate.py "
                  "--make-workload) instead of drawing one; --prompts and the lengths are ignored");
+  cmd.add_option("--step-trace", o.step_trace,
+                 "write a JSON line per engine step (shape, host time per phase, wall time) of the "
+                 "first mode's first timed repeat");
+  cmd.add_option("--profile", o.profile,
+                 "Kineto traces (Chrome JSON, every kernel on a GPU) of the steps --profile-steps "
+                 "names in the first mode's first timed repeat: PREFIX.FIRST.json");
+  cmd.add_option("--profile-steps", o.profile_steps, "FIRST:COUNT[,FIRST:COUNT...] (1-based steps)")
+      ->capture_default_str();
   cmd.add_option("--workload-out", o.workload_out,
                  "write the workload (prompt ids, output lengths, n) as JSON for bench/hf_generate.py");
 }
@@ -312,7 +326,10 @@ int run_rollout_bench(const RolloutBenchOptions& o) {
                                   "host-sampler or eager)");
     }
     engine::EngineConfig c = engine_config(o, model_dir);
-    if (mode == "libtorch") c.cpu_kernels = "libtorch";  // continuous, with at::linear everywhere
+    if (mode == "libtorch") {  // continuous, with at::linear and ATen's ops everywhere
+      c.cpu_kernels = "libtorch";
+      c.gpu_kernels = "libtorch";
+    }
     if (mode == "host-sampler") c.sampler = "cpu";       // continuous, logits copied to the host
     if (mode == "eager") c.cuda_graphs = "off";          // continuous without CUDA graphs
     c.static_batching = mode == "static";
@@ -331,7 +348,17 @@ int run_rollout_bench(const RolloutBenchOptions& o) {
   for (int32_t r = 0; r < o.repeats; ++r) {
     for (ModeRun& m : mode_runs) {
       m.eng->bump_weight_version();  // no prefix-cache carry-over between repeats
+      std::unique_ptr<StepProfiler> profiler;
+      if (r == 0 && &m == &mode_runs.front() && (!o.step_trace.empty() || !o.profile.empty())) {
+        profiler = std::make_unique<StepProfiler>(o.profile, o.profile_steps, o.step_trace);
+        m.eng->set_step_observer([p = profiler.get()](const engine::StepRecord& rec) { p->after_step(rec); });
+        profiler->arm();
+      }
       m.runs.push_back(run_batch(*m.eng, make_requests(m.w, o.n, m.mode != "no-share")));
+      if (profiler) {
+        profiler->disarm();
+        m.eng->set_step_observer({});
+      }
     }
   }
   nlohmann::json modes = nlohmann::json::object();
@@ -351,6 +378,10 @@ int run_rollout_bench(const RolloutBenchOptions& o) {
                         {"preemptions", med(&RunStats::preemptions)},
                         {"steps", med(&RunStats::steps)},
                         {"d2h_bytes_per_step", med(&RunStats::d2h_per_step)},
+                        {"host_phase_s", {{"schedule", med(&RunStats::schedule_s)},
+                                          {"forward", med(&RunStats::forward_s)},
+                                          {"sample", med(&RunStats::sample_s)},
+                                          {"finish", med(&RunStats::finish_s)}}},
                         {"max_step_d2h_bytes", mr.eng->stats().max_step_d2h_bytes}};
     modes[mr.mode] = m;
     std::cout << fmt::format("{:<13} {:>9.2f} {:>11.1f} {:>11.1f} {:>10.2f} {:>9.0f} {:>9.2f} {:>8.0f}\n",

@@ -10,7 +10,8 @@
 //   host-sampler — baseline on a device: continuous with each step's logits copied to the host
 //                  and sampled there (--sampler cpu), as before the tensor sampler;
 //   eager      — baseline on a device: continuous without CUDA graphs (--cuda-graphs off).
-// Every mode reports its device->host bytes per engine step; on a device the run also reports its
+// Every mode reports its host time per engine phase (schedule, forward, sample, finish; on a
+// device the sample phase waits for the device) and its device->host bytes per engine step; on a device the run also reports its
 // share of the memory roofline (the weights read once a step plus every decode step's KV, over the
 // device's own measured copy bandwidth).
 // Probes: decode step time at fixed concurrency (1 and --decode-batch sequences) against the
@@ -50,6 +51,11 @@ struct RolloutBenchOptions {
   std::string device = "cpu";             // cpu or cuda (the probes are CPU-only)
   std::string workload_out;               // write the workload (prompt ids, output lengths) as JSON
   std::string workload_in;                // read the workload from such a JSON instead of drawing it
+  // The first mode's first timed repeat, step by step (bench/step_profile.h): a JSON line per step,
+  // and Kineto traces PREFIX.A.json of the steps in `profile_steps` ("A:N[,B:M]").
+  std::string step_trace;
+  std::string profile;
+  std::string profile_steps = "20:3";
 };
 
 void add_rollout_flags(CLI::App& cmd, RolloutBenchOptions& opts);

@@ -33,6 +33,7 @@ void EngineConfig::validate() const {
     bad("max_batched_tokens", std::to_string(max_batched_tokens), "must be >= 1");
   if (max_seqs < 1) bad("max_seqs", std::to_string(max_seqs), "must be >= 1");
   if (cpu_kernels != "auto" && cpu_kernels != "libtorch") bad("cpu_kernels", cpu_kernels, "auto or libtorch");
+  if (gpu_kernels != "auto" && gpu_kernels != "libtorch") bad("gpu_kernels", gpu_kernels, "auto or libtorch");
   if (cuda_graphs != "auto" && cuda_graphs != "on" && cuda_graphs != "off") bad("cuda_graphs", cuda_graphs, "auto, on or off");
   if (sampler != "auto" && sampler != "tensor" && sampler != "cpu") bad("sampler", sampler, "auto, tensor or cpu");
   if (max_model_len < 0) bad("max_model_len", std::to_string(max_model_len), "must be >= 0");
@@ -55,6 +56,7 @@ LlmEngine::LlmEngine(const EngineConfig& config) : config_(config), inbox_(std::
   opts.device = at::Device(config_.device);
   opts.deterministic = config_.deterministic;
   opts.project_linear = config_.cpu_kernels == "auto";
+  opts.cuda_fused = config_.gpu_kernels == "auto";
   model_ = std::make_unique<Transformer>(Transformer::load(config_.model_dir, opts));
   const ModelConfig& mc = model_->config();
 
@@ -236,20 +238,37 @@ void LlmEngine::fail_batch(const SchedulerOutput& batch, const std::string& what
 
 std::vector<RequestOutput> LlmEngine::step() {
   at::NoGradGuard no_grad;
+  auto t0 = std::chrono::steady_clock::now();
   std::unordered_set<Request*> touched = drain_inbox();
   SchedulerOutput batch = scheduler_->schedule(weight_version_);
   step_d2h_bytes_ = 0;
+  record_ = StepRecord();
+  record_.schedule_seconds = seconds_since(t0);
   if (!batch.empty()) {
     try {
       std::vector<SeqSamples> sampled = sample(run(batch));
+      t0 = std::chrono::steady_clock::now();
       scheduler_->postprocess(batch, sampled, weight_version_, *stop_, touched);
     } catch (const std::exception& e) {
       // A failed forward or sampling step fails the requests in this batch, not the engine.
+      t0 = std::chrono::steady_clock::now();
       fail_batch(batch, e.what(), touched);
     }
+  } else {
+    t0 = std::chrono::steady_clock::now();
   }
   stats_.max_step_d2h_bytes = std::max(stats_.max_step_d2h_bytes, step_d2h_bytes_);
-  return collect_outputs(touched);
+  std::vector<RequestOutput> outputs = collect_outputs(touched);
+  record_.finish_seconds = seconds_since(t0);
+  stats_.schedule_seconds += record_.schedule_seconds;
+  stats_.finish_seconds += record_.finish_seconds;
+  if (step_observer_ && !batch.empty()) {
+    record_.step = stats_.steps;
+    record_.seqs = static_cast<int64_t>(batch.seqs.size());
+    record_.tokens = batch.num_tokens;
+    step_observer_(record_);
+  }
+  return outputs;
 }
 
 LlmEngine::BatchLogits LlmEngine::run(const SchedulerOutput& batch) {
@@ -264,6 +283,7 @@ LlmEngine::BatchLogits LlmEngine::run(const SchedulerOutput& batch) {
     const ScheduledSeq& s = batch.seqs[i];
     const int64_t prompt_part = std::max<int64_t>(0, std::min(s.start + s.num_tokens, s.seq->prompt_len()) - s.start);
     stats_.prompt_tokens_computed += prompt_part;
+    record_.prefill_tokens += prompt_part;
     if (s.seq->request->params.prompt_logprobs && s.start < s.seq->prompt_len() - 1) {
       compute_prompt_logprobs(s, fwd.hidden, fwd.row_start[i]);
     }
@@ -273,7 +293,8 @@ LlmEngine::BatchLogits LlmEngine::run(const SchedulerOutput& batch) {
     out.logits = model_->compute_logits(fwd.sample_hidden);
     if (!tensor_sampler_) out.logits = to_host(out.logits).contiguous();
   }
-  stats_.forward_seconds += seconds_since(t0);
+  record_.forward_seconds = seconds_since(t0);
+  stats_.forward_seconds += record_.forward_seconds;
   return out;
 }
 
@@ -318,7 +339,8 @@ std::vector<SeqSamples> LlmEngine::sample(const BatchLogits& in) {
     ss.seq = in.seqs[static_cast<size_t>(rows[r].logits_row)];
     ss.samples.push_back(std::move(results[r]));
   }
-  stats_.sample_seconds += seconds_since(t0);
+  record_.sample_seconds = seconds_since(t0);
+  stats_.sample_seconds += record_.sample_seconds;
   return out;
 }
 

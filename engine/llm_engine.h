@@ -77,8 +77,12 @@ struct EngineStats {
   int64_t preemptions = 0;
   int64_t prefix_hit_tokens = 0;
   int32_t max_used_blocks = 0;
+  // Host time per phase, summed over steps. On a device the forward only queues work (its time is
+  // the launch cost) and sampling waits for it (its time holds the device's forward and sampler).
+  double schedule_seconds = 0;  // the inbox, the scheduler, the prompt log-probs' host part
   double forward_seconds = 0;
   double sample_seconds = 0;
+  double finish_seconds = 0;    // postprocessing (stop checks, block frees) and the outputs
   // Bytes copied between host and device (0 on a CPU engine): device->host is the sampled ids and
   // log-probs (the logits too with the "cpu" sampler on a device, prompt log-probs, an observer);
   // host->device is each step's metadata and sampling parameters.
@@ -86,6 +90,17 @@ struct EngineStats {
   int64_t h2d_bytes = 0;
   int64_t max_step_d2h_bytes = 0;  // the largest one step copied device->host
 };
+
+// One engine step: its shape and its host time per phase (EngineStats' phases, this step only).
+struct StepRecord {
+  int64_t step = 0;  // EngineStats::steps after it
+  int64_t seqs = 0;
+  int64_t tokens = 0;          // rows of the forward
+  int64_t prefill_tokens = 0;  // of which prompt tokens
+  double schedule_seconds = 0, forward_seconds = 0, sample_seconds = 0, finish_seconds = 0;
+};
+// Called on the engine thread after every step that ran a forward (benchmarks' traces, profilers).
+using StepObserver = std::function<void(const StepRecord&)>;
 
 // Called on the engine thread with each row of logits the engine samples from: the request,
 // the sample index of the sequence, the position of the sampled token, and logits [vocab] float32.
@@ -128,6 +143,8 @@ class LlmEngine {
 
   // Debug/test hook: observe every sampled logits row (empty function = off).
   void set_logits_observer(LogitsObserver observer) { observer_ = std::move(observer); }
+  // Observe every step that ran a forward (empty function = off).
+  void set_step_observer(StepObserver observer) { step_observer_ = std::move(observer); }
 
   // Moves the weights into sync buckets (once; later calls return the same buffers) so updates
   // are received in place. Engine thread only (or before an EngineLoop starts stepping the
@@ -198,6 +215,8 @@ class LlmEngine {
   std::unordered_map<std::string, std::unique_ptr<Request>> requests_;
   EngineStats stats_;
   LogitsObserver observer_;
+  StepObserver step_observer_;
+  StepRecord record_;  // the step in progress
   std::unique_ptr<Inbox> inbox_;
 };
 

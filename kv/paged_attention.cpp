@@ -254,8 +254,9 @@ CudaAttentionKernel kernel_from_env() {
   if (v == "v1") return CudaAttentionKernel::kWarpPerPosition;
   if (v == "v2") return CudaAttentionKernel::kUnrolled;
   if (v == "v3") return CudaAttentionKernel::kGrouped;
+  if (v == "v4") return CudaAttentionKernel::kFlash;
   if (v != "auto" && !v.empty()) {
-    throw std::invalid_argument("CRL_PAGED_ATTENTION=" + v + ": expected v1, v2, v3 or auto");
+    throw std::invalid_argument("CRL_PAGED_ATTENTION=" + v + ": expected v1, v2, v3, v4 or auto");
   }
   return CudaAttentionKernel::kAuto;
 }
@@ -277,6 +278,7 @@ const char* cuda_attention_kernel_name(CudaAttentionKernel kernel) {
     case CudaAttentionKernel::kWarpPerPosition: return "v1";
     case CudaAttentionKernel::kUnrolled: return "v2";
     case CudaAttentionKernel::kGrouped: return "v3";
+    case CudaAttentionKernel::kFlash: return "v4";
   }
   return "?";
 }

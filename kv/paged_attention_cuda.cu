@@ -445,6 +445,243 @@ __global__ void paged_attention_grouped_kernel(
   }
 }
 
+// v4, the lane-per-position kernel: one thread block per (row, KV head[, pass]) for up to kG query
+// heads of that KV head, kFlashWarps warps. Warp w takes 32 positions at a time (w * 32, then
+// kFlashWarps * 32 further on), lane j the j-th of them:
+//   scores  lane j reads its position's whole K row (16-byte loads) once and scores it against
+//           every head's q (in shared memory, pre-scaled): no cross-lane sum per position;
+//   softmax per head, the 32 scores' max and sum by warp reductions (once per 32 positions, not
+//           once per position), the running (m, l, acc) rescaled; probabilities to shared memory;
+//   values  the warp walks the 32 positions, lane l holding dims [l * kPer, l * kPer + kPer) of
+//           every head's accumulator: each V row is read once (coalesced) for all kG heads.
+// The warps' states are merged in warp order at the end. K and V are read once per KV head, and
+// the instruction count per (position, head) is a few, not a few dozen. Each output depends only
+// on its own row's data, in an order fixed by the row's context length: deterministic and
+// batch-invariant. Needs head_dim = 32 * kPer with kPer in {1, 2, 4} (flash_fits).
+constexpr int kFlashWarps = 8;
+constexpr int kFlashThreads = kFlashWarps * kWarpSize;
+
+// kPer consecutive elements of a row into floats (aligned: the row offset is a multiple of kPer).
+template <int kPer>
+__device__ __forceinline__ void load_run(const float* p, float* out) {
+  if constexpr (kPer == 4) {
+    const float4 v = *reinterpret_cast<const float4*>(p);
+    out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
+  } else if constexpr (kPer == 2) {
+    const float2 v = *reinterpret_cast<const float2*>(p);
+    out[0] = v.x, out[1] = v.y;
+  } else {
+    out[0] = *p;
+  }
+}
+
+template <int kPer>
+__device__ __forceinline__ void load_run(const __nv_bfloat16* p, float* out) {
+  if constexpr (kPer == 4) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(p);
+    const __nv_bfloat162* b = reinterpret_cast<const __nv_bfloat162*>(&raw);
+    const float2 a = __bfloat1622float2(b[0]), c = __bfloat1622float2(b[1]);
+    out[0] = a.x, out[1] = a.y, out[2] = c.x, out[3] = c.y;
+  } else if constexpr (kPer == 2) {
+    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+    out[0] = a.x, out[1] = a.y;
+  } else {
+    out[0] = __bfloat162float(*p);
+  }
+}
+
+// Eight consecutive elements (16 bytes of bfloat16, two 16-byte loads of float32).
+__device__ __forceinline__ void load8(const float* p, float* out) {
+  const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
+  out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w, out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+}
+
+__device__ __forceinline__ void load8(const __nv_bfloat16* p, float* out) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const __nv_bfloat162* b = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(b[i]);
+    out[2 * i] = f.x, out[2 * i + 1] = f.y;
+  }
+}
+
+template <typename T, int kG, int kPer>
+__global__ void __launch_bounds__(kFlashThreads) paged_attention_flash_kernel(
+    T* __restrict__ out, const T* __restrict__ q, const T* __restrict__ k_cache,
+    const T* __restrict__ v_cache, const int32_t* __restrict__ query_start,
+    const int32_t* __restrict__ context_lens, const int32_t* __restrict__ block_tables,
+    int num_seqs, int num_heads, int num_kv_heads, int block_size, int max_blocks, float scale,
+    int passes) {
+  constexpr int kDim = kPer * kWarpSize;
+  __shared__ __align__(16) float qs[kG][kDim];
+  __shared__ float ps[kFlashWarps][kG][kWarpSize];
+  __shared__ float wm[kFlashWarps][kG];
+  __shared__ float wl[kFlashWarps][kG];
+  __shared__ float wacc[kFlashWarps][kG][kDim];
+
+  const int group = num_heads / num_kv_heads;
+  // Blocks in (row, KV head, pass) order: the KV heads of one row run side by side.
+  int64_t b = blockIdx.x;
+  const int pass = static_cast<int>(b % passes);
+  b /= passes;
+  const int kv_head = static_cast<int>(b % num_kv_heads);
+  const int row = static_cast<int>(b / num_kv_heads);
+  const int g0 = pass * kG;
+  const int gn = min(kG, group - g0);  // heads of this pass
+  const int tid = threadIdx.x;
+  const int warp = tid / kWarpSize;
+  const int lane = tid % kWarpSize;
+
+  int lo = 0, hi = num_seqs - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (query_start[mid] <= row) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const int seq = lo;
+  const int q0 = query_start[seq];
+  const int q_len = query_start[seq + 1] - q0;
+  const int n = context_lens[seq] - q_len + (row - q0) + 1;  // attended positions (>= 1)
+  const int32_t* table = block_tables + static_cast<int64_t>(seq) * max_blocks;
+
+  const int head0 = kv_head * group + g0;  // first query head of this block
+  const T* q_row = q + (static_cast<int64_t>(row) * num_heads + head0) * kDim;
+  for (int i = tid; i < kG * kDim; i += kFlashThreads) {
+    qs[i / kDim][i % kDim] = i / kDim < gn ? load_float(q_row + i) * scale : 0.0f;
+  }
+  __syncthreads();
+
+  float m[kG], l[kG], acc[kG][kPer];
+#pragma unroll
+  for (int g = 0; g < kG; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) acc[g][k] = 0.0f;
+  }
+
+  for (int c0 = warp * kWarpSize; c0 < n; c0 += kFlashWarps * kWarpSize) {
+    const int pos = c0 + lane;
+    const bool valid = pos < n;
+    int64_t slot = 0;
+    float s[kG];
+#pragma unroll
+    for (int g = 0; g < kG; ++g) s[g] = 0.0f;
+    if (valid) {
+      slot = static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size;
+      const T* k_row = k_cache + (slot * num_kv_heads + kv_head) * kDim;
+#pragma unroll
+      for (int c = 0; c < kDim / 8; ++c) {
+        float kf[8];
+        load8(k_row + c * 8, kf);
+#pragma unroll
+        for (int g = 0; g < kG; ++g) {
+          const float4 qa = *reinterpret_cast<const float4*>(&qs[g][c * 8]);
+          const float4 qb = *reinterpret_cast<const float4*>(&qs[g][c * 8 + 4]);
+          s[g] += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] + qb.x * kf[4] +
+                  qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7];
+        }
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < kG; ++g) {
+      float cmax = valid ? s[g] : -INFINITY;
+      for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+        cmax = fmaxf(cmax, __shfl_xor_sync(0xffffffffu, cmax, offset));
+      }
+      const float m_new = fmaxf(m[g], cmax);  // finite: lane 0's position is valid
+      const float corr = expf(m[g] - m_new);  // 0 while m is -inf
+      const float p = valid ? expf(s[g] - m_new) : 0.0f;
+      l[g] = l[g] * corr + warp_sum(p);
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) acc[g][k] *= corr;
+      m[g] = m_new;
+      ps[warp][g][lane] = p;
+    }
+    __syncwarp();
+    const int cnt = min(kWarpSize, n - c0);
+#pragma unroll 4
+    for (int j = 0; j < cnt; ++j) {
+      const int64_t slot_j = __shfl_sync(0xffffffffu, slot, j);
+      float vf[kPer];
+      load_run<kPer>(v_cache + (slot_j * num_kv_heads + kv_head) * kDim + lane * kPer, vf);
+#pragma unroll
+      for (int g = 0; g < kG; ++g) {
+        const float p = ps[warp][g][j];
+#pragma unroll
+        for (int k = 0; k < kPer; ++k) acc[g][k] += p * vf[k];
+      }
+    }
+    __syncwarp();  // ps is rewritten by the next chunk
+  }
+
+#pragma unroll
+  for (int g = 0; g < kG; ++g) {
+    if (lane == 0) {
+      wm[warp][g] = m[g];
+      wl[warp][g] = l[g];
+    }
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) wacc[warp][g][lane * kPer + k] = acc[g][k];
+  }
+  __syncthreads();
+  for (int i = tid; i < gn * kDim; i += kFlashThreads) {
+    const int g = i / kDim, d = i % kDim;
+    float m_all = -INFINITY;
+    for (int w = 0; w < kFlashWarps; ++w) m_all = fmaxf(m_all, wm[w][g]);
+    float l_all = 0.0f, o = 0.0f;
+    for (int w = 0; w < kFlashWarps; ++w) {
+      // A warp that saw no position has m = -inf and contributes nothing.
+      const float c = wm[w][g] == -INFINITY ? 0.0f : expf(wm[w][g] - m_all);
+      l_all += wl[w][g] * c;
+      o += wacc[w][g][d] * c;
+    }
+    store_float(o / l_all, out + (static_cast<int64_t>(row) * num_heads + head0 + g) * kDim + d);
+  }
+}
+
+// Heads per pass of the flash kernel for a group size: the group when an instantiation has it,
+// else the next one up (masked heads cost their arithmetic), 8 at most (more take passes).
+int flash_heads_per_pass(int group) {
+  if (group <= 2) return group;
+  if (group <= 4) return 4;
+  if (group == 7) return 7;
+  return 8;
+}
+
+bool flash_fits(int head_dim) { return head_dim == 32 || head_dim == 64 || head_dim == 128; }
+
+template <typename T, int kG, int kPer>
+void launch_flash_g(T* out, const T* q, const T* k_cache, const T* v_cache,
+                    const PagedAttentionMetadata& meta, int rows, int num_heads, int num_kv_heads,
+                    int block_size, float scale, cudaStream_t stream) {
+  const int passes = (num_heads / num_kv_heads + kG - 1) / kG;
+  const int64_t blocks = static_cast<int64_t>(rows) * num_kv_heads * passes;
+  if (blocks > 0x7fffffff) throw std::invalid_argument("paged_attention: too many rows for one launch");
+  paged_attention_flash_kernel<T, kG, kPer><<<static_cast<unsigned>(blocks), kFlashThreads, 0, stream>>>(
+      out, q, k_cache, v_cache, meta.query_start.data_ptr<int32_t>(),
+      meta.context_lens.data_ptr<int32_t>(), meta.block_tables.data_ptr<int32_t>(),
+      static_cast<int>(meta.context_lens.size(0)), num_heads, num_kv_heads, block_size,
+      static_cast<int>(meta.block_tables.size(1)), scale, passes);
+}
+
+template <typename T, int kPer>
+void launch_flash(T* out, const T* q, const T* k_cache, const T* v_cache,
+                  const PagedAttentionMetadata& meta, int rows, int num_heads, int num_kv_heads,
+                  int block_size, float scale, cudaStream_t stream) {
+  switch (flash_heads_per_pass(num_heads / num_kv_heads)) {
+    case 1: return launch_flash_g<T, 1, kPer>(out, q, k_cache, v_cache, meta, rows, num_heads, num_kv_heads, block_size, scale, stream);
+    case 2: return launch_flash_g<T, 2, kPer>(out, q, k_cache, v_cache, meta, rows, num_heads, num_kv_heads, block_size, scale, stream);
+    case 4: return launch_flash_g<T, 4, kPer>(out, q, k_cache, v_cache, meta, rows, num_heads, num_kv_heads, block_size, scale, stream);
+    case 7: return launch_flash_g<T, 7, kPer>(out, q, k_cache, v_cache, meta, rows, num_heads, num_kv_heads, block_size, scale, stream);
+    default: return launch_flash_g<T, 8, kPer>(out, q, k_cache, v_cache, meta, rows, num_heads, num_kv_heads, block_size, scale, stream);
+  }
+}
+
 // One thread block per token: copies its k and v rows ([num_kv_heads * head_dim]) into its slot.
 template <typename T>
 __global__ void write_kv_cache_kernel(T* __restrict__ k_cache, T* __restrict__ v_cache,
@@ -514,6 +751,17 @@ void launch_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
     // (29.2 s against 15.3 s): its 4-warp blocks per (row, KV head) leave the GPU too few warps
     // and each thread's whole-row dot products wait on memory. It stays selectable.
     kernel = CudaAttentionKernel::kUnrolled;
+  }
+  if (kernel == CudaAttentionKernel::kFlash && flash_fits(head_dim)) {
+    if (head_dim == 32) {
+      launch_flash<T, 1>(o, qp, kp, vp, meta, rows, heads, kv_heads, bs, scale, stream);
+    } else if (head_dim == 64) {
+      launch_flash<T, 2>(o, qp, kp, vp, meta, rows, heads, kv_heads, bs, scale, stream);
+    } else {
+      launch_flash<T, 4>(o, qp, kp, vp, meta, rows, heads, kv_heads, bs, scale, stream);
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return;
   }
   if (kernel == CudaAttentionKernel::kGrouped && grouped_fits(heads / kv_heads, head_dim)) {
     if (per <= 1) {

@@ -7,7 +7,12 @@
 # printed as they come.
 #
 #   scripts/gpu-check.sh fetch-debs                              (on a Debian machine with apt)
-#   scripts/gpu-check.sh [build] [tests] [bench] [rl] [sync] [qwen3] [unit]   (default: the first five)
+#   scripts/gpu-check.sh [build] [tests] [cudatests] [bench] [rl] [sync] [qwen3] [unit]
+#                                     (default: build tests bench rl sync)
+# cudatests: crl_tests' Cuda suites alone (quicker than `tests`, the whole gpu label).
+# CRL_GPU_TARGETS: the build targets (default: all). CRL_GPU_PROFILE=1: the benchmark's first mode
+# also writes a per-step trace and Kineto traces of the steps in CRL_GPU_PROFILE_STEPS, summarised
+# by scripts/profile_summary.py.
 #
 # C++ dependencies the GPU machine lacks come from Debian bookworm .deb files unpacked into a
 # local prefix (nothing is installed system-wide): `scripts/gpu-check.sh fetch-debs` downloads
@@ -116,7 +121,9 @@ if want build; then
     -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_COMPILER="$(command -v nvcc)" \
     -DCRL_FMT_INCLUDE_FIRST="$PREFIX/fmt-first" > "$OUT/configure.log" 2>&1
   grep -E "CUDA kernels|NCCL backend|CMake Error" "$OUT/configure.log"
-  taskset -c "$BUILD_CORES" cmake --build "$BUILD" -j "$(taskset -c "$BUILD_CORES" nproc)" -- -k 0 > "$OUT/build.log" 2>&1
+  targets=""
+  for t in ${CRL_GPU_TARGETS:-}; do targets="$targets --target $t"; done
+  taskset -c "$BUILD_CORES" cmake --build "$BUILD" $targets -j "$(taskset -c "$BUILD_CORES" nproc)" -- -k 0 > "$OUT/build.log" 2>&1
   rc=$?
   grep -E "error|FAILED" "$OUT/build.log" | head -40
   note build "{\"rc\": $rc, \"seconds\": $(( $(date +%s) - start ))}"
@@ -141,6 +148,14 @@ if want tests; then
   stamp "gpu tests rc=$rc"
 fi
 
+if want cudatests; then
+  timeout 300 "$BUILD/tests/crl_tests" --gtest_filter='Cuda*:*/*Cuda*' > "$OUT/tests_cuda.log" 2>&1
+  rc=$?
+  note tests_cuda "{\"rc\": $rc}"
+  grep -E "^\[  (PASSED|FAILED|  OK|SKIPPED) |Failure|Expected|Which is|error" "$OUT/tests_cuda.log" | cut -c1-250 | head -60
+  stamp "cuda tests rc=$rc"
+fi
+
 if want bench; then
   model=$CRL_CACHE_DIR/bench-qwen2-0.5b-bf16
   [ -f "$model/config.json" ] || "$BIN" make-model --shape qwen2-0.5b --dtype bfloat16 --out "$model" > /dev/null
@@ -150,9 +165,17 @@ if want bench; then
     CRL_PAGED_ATTENTION=$kern timeout 300 "$BIN" bench rollout --model "$model" --dtype bfloat16 \
       --device cuda --workload-in "$OUT/workload.json" --n 1 --repeats 1 \
       --modes "${CRL_GPU_BENCH_MODES:-continuous,eager}" --max-seqs 256 --max-batched-tokens 8192 \
-      --kv-memory 24GiB --threads 8 --json-out "$OUT/rollout.jsonl" > "$OUT/bench_rollout_$kern.log" 2>&1
+      --kv-memory 24GiB --threads 8 --json-out "$OUT/rollout.jsonl" \
+      ${CRL_GPU_PROFILE:+--step-trace "$OUT/steps_$kern.jsonl" --profile "$OUT/prof_$kern" --profile-steps "${CRL_GPU_PROFILE_STEPS:-3:2,60:3,700:3}"} \
+      > "$OUT/bench_rollout_$kern.log" 2>&1
     note "bench_rc_$kern" "$?"
-    grep -E '^(continuous|eager|host-sampler) |roofline' "$OUT/bench_rollout_$kern.log" | sed "s/^/attention $kern: /" | cut -c1-300
+    grep -E '^(continuous|eager|host-sampler|libtorch) |roofline|time of' "$OUT/bench_rollout_$kern.log" | sed "s/^/attention $kern: /" | cut -c1-300
+    if [ -n "${CRL_GPU_PROFILE:-}" ]; then
+      python3 scripts/profile_summary.py --top "${CRL_GPU_PROFILE_TOP:-22}" --steps "$OUT/steps_$kern.jsonl" "$OUT"/prof_"$kern".*.json \
+        > "$OUT/profile_$kern.txt" 2>&1
+      cat "$OUT/profile_$kern.txt"
+      gzip -f "$OUT"/prof_"$kern".*.json "$OUT/steps_$kern.jsonl"
+    fi
   done
   python3 - "$OUT" <<'EOF'
 import json, sys
@@ -165,7 +188,8 @@ except Exception as e:
 for mode, m in ours["modes"].items():
     print(f"engine {mode}: {m['gen_tok_s']:.0f} output tok/s ({m['seconds']:.1f} s), "
           f"{m['d2h_bytes_per_step']:.0f} B/step device->host; HF generate {hf['output_tok_s']:.0f} "
-          f"({hf['seconds']:.1f} s): {m['gen_tok_s'] / hf['output_tok_s']:.1f}x")
+          f"({hf['seconds']:.1f} s): {m['gen_tok_s'] / hf['output_tok_s']:.1f}x; host phases (s) "
+          f"{m.get('host_phase_s')}")
 EOF
   stamp "bench done"
 fi

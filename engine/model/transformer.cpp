@@ -11,6 +11,7 @@
 #include "common/check.h"
 #include "engine/kernels/batch_invariant.h"
 #include "engine/kernels/cpu_isa.h"
+#include "engine/kernels/cuda_ops.h"
 #include "engine/model/deterministic_ops.h"
 #include "engine/model/linear.h"
 
@@ -227,8 +228,20 @@ at::Tensor Transformer::linear(const at::Tensor& x, const at::Tensor& weight,
   return apply_linear(x, weight, bias);
 }
 
+bool Transformer::cuda_fused_fits(std::initializer_list<const at::Tensor*> ts) const {
+  if (!options_.cuda_fused || !options_.device.is_cuda() || !kernels::cuda_ops_built()) return false;
+  for (const at::Tensor* t : ts) {
+    if (!t->is_cuda() || (t->scalar_type() != at::kFloat && t->scalar_type() != at::kBFloat16)) return false;
+    if (at::GradMode::is_enabled() && t->requires_grad()) return false;
+  }
+  return true;
+}
+
 at::Tensor Transformer::rms_norm(const at::Tensor& x, const at::Tensor& weight) const {
   if (options_.deterministic) return det_rms_norm(x, weight, config_.rms_norm_eps);
+  if (x.dim() == 2 && cuda_fused_fits({&x, &weight})) {
+    return kernels::cuda_rms_norm(x.contiguous(), weight.contiguous(), config_.rms_norm_eps);
+  }
   if (options_.project_linear && project_rowwise_fits({&x, &weight})) {
     return kernels::bi_rms_norm(x, weight, config_.rms_norm_eps);
   }
@@ -237,6 +250,7 @@ at::Tensor Transformer::rms_norm(const at::Tensor& x, const at::Tensor& weight) 
 
 at::Tensor Transformer::silu_mul(const at::Tensor& gate, const at::Tensor& up) const {
   if (options_.deterministic) return det_silu_mul(gate, up);
+  if (cuda_fused_fits({&gate, &up})) return kernels::cuda_silu_mul(gate.contiguous(), up.contiguous());
   if (options_.project_linear && project_rowwise_fits({&gate, &up})) return kernels::bi_silu_mul(gate, up);
   return at::silu(gate) * up;
 }
@@ -252,8 +266,8 @@ at::Tensor Transformer::apply_rope(const at::Tensor& x, const at::Tensor& cos,
   return at::cat({x1 * c - x2 * s, x2 * c + x1 * s}, -1);
 }
 
-at::Tensor Transformer::layer_forward(int64_t li, const at::Tensor& h, const at::Tensor& cos,
-                                      const at::Tensor& sin, AttentionBackend& attention) const {
+at::Tensor Transformer::layer_forward(int64_t li, const at::Tensor& h, const Rope& rope,
+                                      AttentionBackend& attention) const {
   const auto& c = config_;
   const int64_t t = h.size(0);
   const int64_t q_dim = c.num_heads * c.head_dim;
@@ -268,8 +282,16 @@ at::Tensor Transformer::layer_forward(int64_t li, const at::Tensor& h, const at:
     k = rms_norm(k.reshape({t * c.num_kv_heads, c.head_dim}), l.k_norm)
             .view({t, c.num_kv_heads, c.head_dim});
   }
-  q = apply_rope(q, cos, sin);
-  k = apply_rope(k, cos, sin);
+  if (rope.cos.defined() || !cuda_fused_fits({&q, &k})) {
+    const at::Tensor cos = rope.cos.defined() ? rope.cos : rope_cos_.index_select(0, rope.positions).to(options_.dtype);
+    const at::Tensor sin = rope.sin.defined() ? rope.sin : rope_sin_.index_select(0, rope.positions).to(options_.dtype);
+    q = apply_rope(q, cos, sin);
+    k = apply_rope(k, cos, sin);
+  } else {
+    q = q.contiguous();
+    k = k.contiguous();
+    kernels::cuda_rope_(q, k, rope.positions, rope_cos_, rope_sin_);
+  }
   auto attn = attention.attend(li, q.contiguous(), k.contiguous(), v.contiguous())
                   .reshape({t, q_dim});
   auto h2 = h + linear(attn, l.o_proj);
@@ -285,18 +307,21 @@ at::Tensor Transformer::forward_hidden(const at::Tensor& tokens, const at::Tenso
                                 " exceeds max_position_embeddings " +
                                 std::to_string(c.max_position_embeddings));
   }
-  auto cos = rope_cos_.index_select(0, positions).to(options_.dtype);
-  auto sin = rope_sin_.index_select(0, positions).to(options_.dtype);
   auto h = embed_.index_select(0, tokens);  // [T, hidden]
+  Rope rope{positions, {}, {}};
+  if (!cuda_fused_fits({&h})) {  // the fused kernel reads the tables itself
+    rope.cos = rope_cos_.index_select(0, positions).to(options_.dtype);
+    rope.sin = rope_sin_.index_select(0, positions).to(options_.dtype);
+  }
 
   for (int64_t li = 0; li < c.num_layers; ++li) {
     if (!layer_runner_) {
-      h = layer_forward(li, h, cos, sin, attention);
+      h = layer_forward(li, h, rope, attention);
       continue;
     }
     auto fn = std::make_shared<LayerFn>(
-        [this, li, cos, sin, &attention](const at::Tensor& x) {
-          return layer_forward(li, x, cos, sin, attention);
+        [this, li, rope, &attention](const at::Tensor& x) {
+          return layer_forward(li, x, rope, attention);
         });
     h = layer_runner_(li, h, std::move(fn));
   }

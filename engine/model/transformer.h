@@ -43,6 +43,9 @@ struct TransformerOptions {
   // AVX512-BF16 (kernels::bf16_dot_linear); RMSNorm and the SiLU gate on a vector path
   // (kernels::bi_rms_norm, bi_silu_mul).
   bool project_linear = false;
+  // On a CUDA device, RMSNorm, RoPE and the SiLU gate run the project's fused kernels
+  // (engine/kernels/cuda_ops.h) where no autograd graph is needed; else ATen's composition.
+  bool cuda_fused = true;
 };
 
 class Transformer {
@@ -93,9 +96,17 @@ class Transformer {
     at::Tensor post_norm, gate_proj, up_proj, down_proj;
   };
 
+  // A forward's RoPE inputs: the positions, and their cos and sin rows in the compute dtype
+  // (undefined where the fused CUDA kernel reads the tables itself).
+  struct Rope {
+    at::Tensor positions, cos, sin;
+  };
+
   void bind_parameters();
-  at::Tensor layer_forward(int64_t li, const at::Tensor& h, const at::Tensor& cos,
-                           const at::Tensor& sin, AttentionBackend& attention) const;
+  at::Tensor layer_forward(int64_t li, const at::Tensor& h, const Rope& rope,
+                           AttentionBackend& attention) const;
+  // Whether the fused CUDA kernels may run on `ts` (a CUDA build and device, no autograd graph).
+  bool cuda_fused_fits(std::initializer_list<const at::Tensor*> ts) const;
   // The row-wise ops, through the batch-invariant kernels in deterministic mode.
   at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight) const;
   at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {}) const;

@@ -153,7 +153,7 @@ class PagedAttentionTest : public ::testing::TestWithParam<Config> {
 std::vector<CudaAttentionKernel> kernels_on(at::DeviceType dev) {
   if (dev != at::kCUDA) return {CudaAttentionKernel::kAuto};
   return {CudaAttentionKernel::kWarpPerPosition, CudaAttentionKernel::kUnrolled,
-          CudaAttentionKernel::kGrouped};
+          CudaAttentionKernel::kGrouped, CudaAttentionKernel::kFlash};
 }
 
 // Runs `p` with each kernel of `dev` and compares with the reference.

@@ -1,0 +1,118 @@
+// The fused CUDA ops (engine/kernels/cuda_ops.h) against the ATen composition they replace, and
+// whole engines with and without them. CUDA-only (skipped without a device); `ctest -L gpu`.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "engine/kernels/cuda_ops.h"
+#include "engine/llm_engine.h"
+#include "engine/model/deterministic_ops.h"
+#include "tests/engine/test_model.h"
+
+namespace crl::engine {
+namespace {
+
+at::Tensor aten_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  auto x1 = x.narrow(-1, 0, half);
+  auto x2 = x.narrow(-1, half, half);
+  auto c = cos.unsqueeze(1);
+  auto s = sin.unsqueeze(1);
+  return at::cat({x1 * c - x2 * s, x2 * c + x1 * s}, -1);
+}
+
+// Share of elements equal bit for bit, and the relative error of the whole tensor.
+void expect_close(const at::Tensor& got, const at::Tensor& want, double min_equal, double max_rel,
+                  const std::string& what) {
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  const at::Tensor g = got.to(at::kCPU, at::kDouble), w = want.to(at::kCPU, at::kDouble);
+  ASSERT_FALSE(g.isnan().any().item<bool>()) << what;
+  const double equal = g.eq(w).to(at::kDouble).mean().item<double>();
+  const double rel = (g - w).norm().item<double>() / std::max(w.norm().item<double>(), 1e-30);
+  EXPECT_GE(equal, min_equal) << what << ": share of equal elements";
+  EXPECT_LE(rel, max_rel) << what << ": relative error";
+}
+
+TEST(CudaFusedOpsTest, EachOpMatchesTheAtenComposition) {
+  if (!at::hasCUDA() || !kernels::cuda_ops_built()) GTEST_SKIP() << "no CUDA device or build";
+  at::manual_seed(3);
+  for (at::ScalarType dt : {at::kFloat, at::kBFloat16}) {
+    const auto opts = at::TensorOptions().dtype(dt).device(at::kCUDA);
+    // float32: only the sum of squares' order differs; bfloat16 rounds at the same points.
+    const double rel = dt == at::kFloat ? 1e-6 : 4e-3;
+    for (int64_t rows : {1, 7, 256, 1031}) {
+      for (int64_t h : {48, 896, 4864}) {
+        const std::string what = std::string(c10::toString(dt)) + " rows " + std::to_string(rows) +
+                                 " h " + std::to_string(h);
+        const at::Tensor x = at::randn({rows, h}, opts) * 3;
+        const at::Tensor w = at::randn({h}, opts);
+        // float32: rsqrt of a differently ordered sum differs in its last bit for many rows, so
+        // only the error bounds it; bfloat16's rounding hides that for nearly every element.
+        expect_close(kernels::cuda_rms_norm(x, w, 1e-6), aten_rms_norm(x, w, 1e-6),
+                     dt == at::kFloat ? 0.0 : 0.95, rel, "rms_norm " + what);
+        const at::Tensor g = at::randn({rows, h}, opts) * 4;
+        expect_close(kernels::cuda_silu_mul(g, x), at::silu(g) * x, 0.99, rel, "silu_mul " + what);
+      }
+    }
+    // RoPE over q [T, 14, 64] and k [T, 2, 64] at scattered positions of real tables.
+    const int64_t max_pos = 4096, half = 32;
+    const at::Tensor inv = 1.0 / at::pow(1e6, at::arange(0, half, at::kDouble) * 2.0 / 64);
+    const at::Tensor angle = at::arange(max_pos, at::kDouble).unsqueeze(1) * inv.unsqueeze(0);
+    const at::Tensor cos_t = angle.cos().to(at::kFloat).to(at::kCUDA);
+    const at::Tensor sin_t = angle.sin().to(at::kFloat).to(at::kCUDA);
+    for (int64_t t : {1, 256, 3000}) {
+      const at::Tensor pos = at::randint(0, max_pos, {t}, at::TensorOptions().dtype(at::kLong).device(at::kCUDA));
+      at::Tensor q = at::randn({t, 14, 64}, opts), k = at::randn({t, 2, 64}, opts);
+      const at::Tensor cos = cos_t.index_select(0, pos).to(dt), sin = sin_t.index_select(0, pos).to(dt);
+      const at::Tensor q_ref = aten_rope(q, cos, sin), k_ref = aten_rope(k, cos, sin);
+      kernels::cuda_rope_(q, k, pos, cos_t, sin_t);
+      const std::string what = std::string(c10::toString(dt)) + " t " + std::to_string(t);
+      expect_close(q, q_ref, 0.99, rel, "rope q " + what);
+      expect_close(k, k_ref, 0.99, rel, "rope k " + what);
+    }
+  }
+  // Bad operands are errors naming the op, not a launch on garbage.
+  const at::Tensor x = at::randn({4, 8}, at::TensorOptions().device(at::kCUDA));
+  EXPECT_THROW(kernels::cuda_rms_norm(x, at::ones({9}, x.options()), 1e-6), std::exception);
+  EXPECT_THROW(kernels::cuda_silu_mul(x, x.to(at::kBFloat16)), std::exception);
+  EXPECT_THROW(kernels::cuda_rms_norm(x.cpu(), at::ones({8}), 1e-6), std::exception);
+}
+
+// Whole engines, float32, with the fused ops and with ATen's: the same greedy tokens and log-probs
+// to float32 rounding, for every model variant (qkv bias, Qwen3's per-head norms, llama3 RoPE).
+TEST(CudaFusedOpsTest, EnginesWithAndWithoutTheFusedOpsAgree) {
+  if (!at::hasCUDA() || !kernels::cuda_ops_built()) GTEST_SKIP() << "no CUDA device or build";
+  for (const std::string variant : {"llama", "qwen2", "qwen3", "llama3"}) {
+    SCOPED_TRACE(variant);
+    EngineConfig cfg = test::test_engine_config(variant);
+    cfg.device = "cuda";
+    std::vector<GenerateRequest> reqs;
+    std::mt19937 rng(11);
+    std::uniform_int_distribution<int32_t> tok(3, 200);
+    for (int i = 0; i < 6; ++i) {
+      GenerateRequest r;
+      r.request_id = "r" + std::to_string(i);
+      for (int j = 0; j < 5 + 9 * i; ++j) r.prompt_token_ids.push_back(tok(rng));
+      r.params.max_tokens = 12;
+      r.params.temperature = 0.0;
+      r.params.ignore_eos = true;
+      reqs.push_back(r);
+    }
+    cfg.gpu_kernels = "libtorch";
+    const auto a = LlmEngine(cfg).generate(reqs);
+    cfg.gpu_kernels = "auto";
+    const auto b = LlmEngine(cfg).generate(reqs);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(a[i].outputs[0].token_ids, b[i].outputs[0].token_ids) << a[i].request_id;
+      const auto& x = a[i].outputs[0].raw_logprobs;
+      const auto& y = b[i].outputs[0].raw_logprobs;
+      ASSERT_EQ(x.size(), y.size());
+      for (size_t t = 0; t < x.size(); ++t) EXPECT_NEAR(x[t], y[t], 1e-4) << a[i].request_id << " @" << t;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace crl::engine
