@@ -29,8 +29,8 @@ void add_engine_flags(CLI::App& cmd, EngineFlags& f) {
       ->check(CLI::IsMember({"auto", "libtorch"}))
       ->capture_default_str();
   cmd.add_option("--gpu-kernels", c.gpu_kernels,
-                 "GPU elementwise ops: auto (RMSNorm, RoPE and the SiLU gate as fused CUDA kernels) "
-                 "or libtorch (ATen's ops)")
+                 "GPU elementwise ops: auto (RMSNorm, RoPE, the SiLU gate and plain sampling rows as "
+                 "fused CUDA kernels) or libtorch (ATen's ops)")
       ->check(CLI::IsMember({"auto", "libtorch"}))
       ->capture_default_str();
   cmd.add_option("--sampler", c.sampler,

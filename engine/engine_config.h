@@ -44,8 +44,9 @@ struct EngineConfig {
   // kernel for one), bfloat16 ones from 3 tokens on AVX512-BF16 CPUs, RMSNorm and the SiLU gate;
   // "libtorch" runs at::linear (OpenBLAS / oneDNN) and ATen's ops as before.
   std::string cpu_kernels = "auto";
-  // GPU kernels: "auto" runs RMSNorm, RoPE and the SiLU gate as the project's fused CUDA kernels
-  // (engine/kernels/cuda_ops.h) on a CUDA device; "libtorch" runs ATen's composition of them.
+  // GPU kernels: "auto" runs RMSNorm, RoPE, the SiLU gate and the tensor sampler's plain rows as
+  // the project's fused CUDA kernels (engine/kernels/cuda_ops.h) on a CUDA device; "libtorch" runs
+  // ATen's composition of them.
   std::string gpu_kernels = "auto";
   // Sampler: "auto" samples where the logits are (the tensor sampler on a GPU, so only ids and
   // log-probs come back; the CPU engine's own sampler on the CPU); "tensor" and "cpu" force one

@@ -327,7 +327,7 @@ std::vector<SeqSamples> LlmEngine::sample(const BatchLogits& in) {
   std::vector<SampleResult> results;
   if (tensor_sampler_) {
     TensorSamplerStats st;
-    results = sample_tokens_tensor(in.logits, rows, &st);
+    results = sample_tokens_tensor(in.logits, rows, &st, /*fused=*/config_.gpu_kernels == "auto");
     stats_.h2d_bytes += st.h2d_bytes;
     stats_.d2h_bytes += st.d2h_bytes;
     step_d2h_bytes_ += st.d2h_bytes;

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "common/check.h"
+#include "engine/kernels/cuda_ops.h"
 
 namespace crl::engine {
 namespace {
@@ -185,15 +186,15 @@ void check_input(const at::Tensor& logits) {
             "vocabulary size out of range: ", logits.size(1));
 }
 
-}  // namespace
-
-std::vector<SampleResult> sample_tokens_tensor(const at::Tensor& logits,
-                                               const std::vector<SampleRow>& rows,
-                                               TensorSamplerStats* stats) {
-  check_input(logits);
-  if (rows.empty()) return {};
+// One download of the sampler's results: [token, raw, processed, bad] per row, then the top ids
+// and log-probs (k per row); the first four as int32 words, the log-probs as float32 bits.
+at::Tensor sample_on_device(const at::Tensor& logits, const Plan& plan, bool fused) {
   const int64_t vocab = logits.size(1);
-  const Plan plan = make_plan(rows, logits.size(0), vocab, logits.device(), stats);
+  if (fused && logits.is_cuda() && kernels::cuda_ops_built() && logits.scalar_type() == at::kFloat &&
+      logits.is_contiguous() && !plan.sort_all && !plan.sort_rows.defined() && !plan.ban_rows.defined() &&
+      !plan.any_min_p && plan.max_logprobs == 0) {
+    return kernels::cuda_sample_plain_rows(logits, plan.params).flatten();
+  }
   const Processed p = process(logits, plan);
   const at::Tensor greedy_tok = p.z.argmax(1);
   at::Tensor token = greedy_tok;
@@ -213,7 +214,6 @@ std::vector<SampleResult> sample_tokens_tensor(const at::Tensor& logits,
   }
   const at::Tensor raw = p.x.gather(1, column(token)).squeeze(1) - p.lse;
 
-  // One download: [token, raw, processed, bad] per row, then the top ids and log-probs.
   std::vector<at::Tensor> parts = {token.to(at::kInt), raw.view(at::kInt), processed.view(at::kInt),
                                    p.bad.to(at::kInt)};
   const int64_t k = plan.max_logprobs;
@@ -222,7 +222,19 @@ std::vector<SampleResult> sample_tokens_tensor(const at::Tensor& logits,
     parts.push_back(std::get<1>(top).to(at::kInt).flatten());
     parts.push_back((std::get<0>(top) - column(p.lse)).contiguous().view(at::kInt).flatten());
   }
-  const at::Tensor host = at::cat(parts, 0).to(at::kCPU).contiguous();
+  return at::cat(parts, 0);
+}
+
+}  // namespace
+
+std::vector<SampleResult> sample_tokens_tensor(const at::Tensor& logits,
+                                               const std::vector<SampleRow>& rows,
+                                               TensorSamplerStats* stats, bool fused) {
+  check_input(logits);
+  if (rows.empty()) return {};
+  const Plan plan = make_plan(rows, logits.size(0), logits.size(1), logits.device(), stats);
+  const int64_t k = plan.max_logprobs;
+  const at::Tensor host = sample_on_device(logits, plan, fused).to(at::kCPU).contiguous();
   if (stats != nullptr && !logits.device().is_cpu()) stats->d2h_bytes += host.numel() * 4;
 
   const int64_t r_count = plan.num_rows;

@@ -34,9 +34,12 @@ struct TensorSamplerStats {
 };
 
 // logits: [R, V] float32 or bfloat16 on any device. One result per row, in order.
+// `fused`: on a CUDA device, a batch whose rows use no top-k, top-p, min-p, banned ids or top
+// log-probs runs as one kernel (kernels::cuda_sample_plain_rows: the same draws up to the order of
+// its double sums); false keeps the tensor ops (the baseline `bench rollout` compares).
 std::vector<SampleResult> sample_tokens_tensor(const at::Tensor& logits,
                                                const std::vector<SampleRow>& rows,
-                                               TensorSamplerStats* stats = nullptr);
+                                               TensorSamplerStats* stats = nullptr, bool fused = true);
 
 // Tests: the kept set of each row's processed distribution after its filters, [rows, V] bool on
 // the logits' device (all true for a greedy row).

@@ -16,6 +16,7 @@ bool cuda_ops_built() { return false; }
 at::Tensor cuda_rms_norm(const at::Tensor&, const at::Tensor&, double) { no_cuda(); }
 at::Tensor cuda_silu_mul(const at::Tensor&, const at::Tensor&) { no_cuda(); }
 void cuda_rope_(at::Tensor&, at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&) { no_cuda(); }
+at::Tensor cuda_sample_plain_rows(const at::Tensor&, const at::Tensor&) { no_cuda(); }
 
 }  // namespace crl::engine::kernels
 #endif

@@ -105,6 +105,157 @@ __global__ void rope_kernel(T* __restrict__ q, T* __restrict__ k, const int64_t*
   }
 }
 
+// --- The plain-row sampler (cuda_sample_plain_rows) ---
+
+constexpr int kSampleThreads = 1024;
+constexpr int kSampleWarps = kSampleThreads / 32;
+
+// Field rows of the tensor sampler's params [8, R] (engine/tensor_sampler.cpp, enum Field).
+enum SampleField { kFRow = 0, kFScale = 1, kFInvT = 2, kFUniform = 6, kFGreedy = 7 };
+
+struct MaxSum {
+  float m;    // running max (-inf: nothing yet)
+  float s;    // sum of exp(x - m)
+  int idx;    // first index of the max
+};
+
+__device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
+  MaxSum r;
+  r.m = fmaxf(a.m, b.m);
+  if (r.m == -INFINITY) {
+    r.s = 0.0f;
+  } else {
+    r.s = (a.m == -INFINITY ? 0.0f : a.s * expf(a.m - r.m)) + (b.m == -INFINITY ? 0.0f : b.s * expf(b.m - r.m));
+  }
+  r.idx = a.m > b.m ? a.idx : b.m > a.m ? b.idx : min(a.idx, b.idx);
+  return r;
+}
+
+__device__ __forceinline__ double warp_sum_d(double v) {
+  for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
+// q of one logit: exp((x - max) * scale) in float, each step an ATen op of its own.
+__device__ __forceinline__ float plain_q(float x, float zmax, float scale) {
+  return expf(__fmul_rn(__fsub_rn(x, zmax), scale));
+}
+
+__global__ void __launch_bounds__(kSampleThreads) sample_plain_kernel(
+    int32_t* __restrict__ out, const float* __restrict__ logits, const double* __restrict__ params,
+    int64_t num_rows, int64_t vocab) {
+  const int64_t r = blockIdx.x;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int64_t logit_row = static_cast<int64_t>(params[kFRow * num_rows + r]);
+  const float* x = logits + logit_row * vocab;
+  __shared__ MaxSum warp_ms[kSampleWarps];
+  __shared__ int warp_nan[kSampleWarps];
+  __shared__ double seg_sum[kSampleWarps];
+  __shared__ MaxSum row_ms;
+  __shared__ int row_nan;
+  __shared__ int drawn;
+
+  // Pass 1: max, sum of exp(x - max), first argmax, NaN (coalesced, any order).
+  MaxSum ms{-INFINITY, 0.0f, 0x7fffffff};
+  int nan = 0;
+  for (int64_t i = tid; i < vocab; i += kSampleThreads) {
+    const float v = x[i];
+    if (isnan(v)) {
+      nan = 1;
+      continue;
+    }
+    ms = combine(ms, MaxSum{v, 1.0f, static_cast<int>(i)});
+  }
+  for (int off = 16; off > 0; off /= 2) {
+    MaxSum o;
+    o.m = __shfl_xor_sync(0xffffffffu, ms.m, off);
+    o.s = __shfl_xor_sync(0xffffffffu, ms.s, off);
+    o.idx = __shfl_xor_sync(0xffffffffu, ms.idx, off);
+    ms = combine(ms, o);
+    nan |= __shfl_xor_sync(0xffffffffu, nan, off);
+  }
+  if (lane == 0) {
+    warp_ms[warp] = ms;
+    warp_nan[warp] = nan;
+  }
+  __syncthreads();
+  if (tid == 0) {
+    MaxSum all = warp_ms[0];
+    int any_nan = warp_nan[0];
+    for (int w = 1; w < kSampleWarps; ++w) {
+      all = combine(all, warp_ms[w]);
+      any_nan |= warp_nan[w];
+    }
+    row_ms = all;
+    row_nan = any_nan;
+  }
+  __syncthreads();
+  const float zmax = row_ms.m;
+  const float lse = zmax + logf(row_ms.s);
+  const bool bad = row_nan != 0 || isinf(zmax);
+  const bool greedy = params[kFGreedy * num_rows + r] > 0.5;
+
+  int token = row_ms.idx;
+  float processed = 0.0f;
+  if (!greedy && !bad) {
+    const float scale = static_cast<float>(params[kFScale * num_rows + r]);
+    // Pass 2: each warp's contiguous segment of ids sums its q in double.
+    const int64_t seg = ((vocab + kSampleWarps - 1) / kSampleWarps + 31) / 32 * 32;
+    const int64_t begin = warp * seg, end = min(vocab, begin + seg);
+    double part = 0.0;
+    for (int64_t i = begin + lane; i < end; i += 32) part += static_cast<double>(plain_q(x[i], zmax, scale));
+    part = warp_sum_d(part);
+    if (lane == 0) seg_sum[warp] = part;
+    __syncthreads();
+    // Every thread forms the prefix sums (32 values) and the target itself.
+    double mass = 0.0;
+    for (int w = 0; w < kSampleWarps; ++w) mass += seg_sum[w];
+    const double target = params[kFUniform * num_rows + r] * mass;
+    int first_w = kSampleWarps;
+    double prefix = 0.0;
+    for (int w = 0; w < kSampleWarps; ++w) {
+      if (prefix + seg_sum[w] > target) {
+        first_w = w;
+        break;
+      }
+      prefix += seg_sum[w];
+    }
+    if (tid == 0) drawn = static_cast<int>(vocab - 1);  // target at or past the total: the last id
+    __syncthreads();
+    // Pass 3: that warp walks ids in order from its segment (on past it if rounding says so) to the
+    // first running sum above the target.
+    if (warp == first_w) {
+      double running = prefix;
+      for (int64_t base = begin; base < vocab; base += 32) {
+        const int64_t i = base + lane;
+        double v = i < vocab ? static_cast<double>(plain_q(x[i], zmax, scale)) : 0.0;
+        for (int off = 1; off < 32; off *= 2) {  // inclusive scan
+          const double o = __shfl_up_sync(0xffffffffu, v, off);
+          if (lane >= off) v += o;
+        }
+        const unsigned hit = __ballot_sync(0xffffffffu, i < vocab && running + v > target);
+        if (hit != 0) {
+          if (lane == 0) drawn = static_cast<int>(base + __ffs(hit) - 1);
+          break;
+        }
+        running += __shfl_sync(0xffffffffu, v, 31);
+      }
+    }
+    __syncthreads();
+    token = drawn;
+    const double inv_t = params[kFInvT * num_rows + r];
+    const double logp = (static_cast<double>(x[token]) - static_cast<double>(zmax)) * inv_t - log(mass);
+    processed = static_cast<float>(fmin(logp, 0.0));
+  }
+  if (tid == 0) {
+    const float raw = __fsub_rn(x[token], lse);
+    out[r] = token;
+    out[num_rows + r] = __float_as_int(raw);
+    out[2 * num_rows + r] = __float_as_int(processed);
+    out[3 * num_rows + r] = bad ? 1 : 0;
+  }
+}
+
 void check_operand(const at::Tensor& t, const char* what, const at::Tensor& like) {
   CRL_CHECK(t.defined() && t.is_cuda(), what, " must be a CUDA tensor");
   CRL_CHECK(t.scalar_type() == like.scalar_type(), what, " is ", t.scalar_type(), ", expected ",
@@ -211,6 +362,23 @@ void cuda_rope_(at::Tensor& q, at::Tensor& k, const at::Tensor& positions, const
         positions.data_ptr<int64_t>(), cos_table.data_ptr<float>(), sin_table.data_ptr<float>(), hq, hk, half);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+at::Tensor cuda_sample_plain_rows(const at::Tensor& logits, const at::Tensor& params) {
+  CRL_CHECK(logits.is_cuda() && logits.scalar_type() == at::kFloat && logits.dim() == 2 && logits.is_contiguous(),
+            "plain-row sampler: logits must be [N, V] float32, contiguous, on a CUDA device");
+  CRL_CHECK(params.is_cuda() && params.scalar_type() == at::kDouble && params.dim() == 2 &&
+                params.size(0) == 8 && params.is_contiguous() && params.device() == logits.device(),
+            "plain-row sampler: params must be [8, R] float64 on ", logits.device());
+  CRL_CHECK(logits.size(1) < (int64_t{1} << 31), "plain-row sampler: vocabulary too large");
+  const int64_t rows = params.size(1);
+  at::Tensor out = at::empty({4, rows}, logits.options().dtype(at::kInt));
+  if (rows == 0) return out;
+  const c10::cuda::CUDAGuard guard(logits.device());
+  sample_plain_kernel<<<static_cast<unsigned>(rows), kSampleThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+      out.data_ptr<int32_t>(), logits.data_ptr<float>(), params.data_ptr<double>(), rows, logits.size(1));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
 }
 
 }  // namespace crl::engine::kernels

@@ -31,3 +31,16 @@ void cuda_rope_(at::Tensor& q, at::Tensor& k, const at::Tensor& positions, const
                 const at::Tensor& sin_table);
 
 }  // namespace crl::engine::kernels
+
+namespace crl::engine::kernels {
+
+// The tensor sampler's (engine/tensor_sampler.h) plain rows in one kernel: rows with no top-k,
+// top-p, min-p, banned ids or top log-probs. logits [N, V] float32 (contiguous); params [8, R]
+// float64 in the tensor sampler's field order (logits row, scale, 1/T, top-k, top-p, min-p,
+// uniform, greedy). Returns [4, R] int32: the token (argmax for greedy rows; else the first id whose
+// running sum of exp((x - max) * scale), in double, exceeds uniform * the total, as the tensor
+// sampler's inverse CDF in id order), the raw log-prob and the processed one (float32 bits), and 1
+// where the row has a NaN or no finite maximum. Two passes over each row instead of a dozen.
+at::Tensor cuda_sample_plain_rows(const at::Tensor& logits, const at::Tensor& params);
+
+}  // namespace crl::engine::kernels

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <random>
@@ -359,6 +360,35 @@ TEST(CudaTensorSamplerTest, MatchesTheCpuSamplerOnTheSameLogits) {
   TensorSamplerStats stats;
   sample_tokens_tensor(dev, rows, &stats);
   EXPECT_EQ(stats.d2h_bytes, 256 * 4 * 4);
+}
+
+// A batch of plain rows (temperatures, greedy rows; no filter, ban or top log-probs) runs as the
+// fused kernel: against the CPU sampler, and against the tensor ops on the same device.
+TEST(CudaTensorSamplerTest, PlainRowsTakeTheFusedKernelAndMatchTheCpuSampler) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  std::vector<SamplingParams> configs(4);
+  configs[0].temperature = 0;
+  configs[1].temperature = 0.7;
+  configs[2].temperature = 1.0;
+  configs[3].temperature = 1.3;
+  const at::Tensor cpu = random_logits(256, 151936, 2.5, 23);
+  const at::Tensor dev = cpu.to(at::Device("cuda"));
+  const auto rows = mixed_rows(256, configs);
+  expect_samplers_agree(cpu, dev, rows, /*max_draw_mismatches=*/2);
+  const auto fused = sample_tokens_tensor(dev, rows, nullptr, /*fused=*/true);
+  const auto ops = sample_tokens_tensor(dev, rows, nullptr, /*fused=*/false);
+  int differ = 0;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    differ += fused[r].token != ops[r].token;
+    if (fused[r].token != ops[r].token) continue;
+    EXPECT_NEAR(fused[r].raw_logprob, ops[r].raw_logprob, 1e-5) << "row " << r;
+    EXPECT_NEAR(fused[r].processed_logprob, ops[r].processed_logprob, 1e-5) << "row " << r;
+  }
+  EXPECT_LE(differ, 2);
+  // A NaN row is the same error as on the other paths.
+  at::Tensor bad = dev.clone();
+  bad[5][77] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_THROW(sample_tokens_tensor(bad, rows), std::runtime_error);
 }
 
 TEST(CudaTensorSamplerTest, AnEngineOnTheDeviceCopiesOnlyIdsAndLogprobs) {
