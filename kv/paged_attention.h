@@ -36,10 +36,12 @@ void write_kv_cache(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& 
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                            const PagedAttentionMetadata& meta, double scale);
 
-// The CUDA attention kernel (process-wide; benchmarks and tests compare them). kAuto is the
-// unrolled kernel (measured fastest end to end, README "GPU"); kGrouped where it does not fit
-// (more than 32 query heads per KV head, or over 48 KiB of shared memory) runs the unrolled one. The first value comes from CRL_PAGED_ATTENTION
-// (v1 | v2 | v3 | v4 | auto). All are deterministic and batch-invariant; they differ in summation order.
+// The CUDA attention kernel (process-wide; benchmarks and tests compare them). kAuto is v4 (the
+// lane-per-position kernel, measured 2.2x faster than v2 end to end on an H100, README "GPU") where
+// head_dim is 32, 64 or 128, else v2; a kernel that does not fit (v3: more than 32 query heads per
+// KV head or over 48 KiB of shared memory; v4: another head_dim) runs v2. The first value comes
+// from CRL_PAGED_ATTENTION (v1 | v2 | v3 | v4 | auto). All are deterministic and batch-invariant;
+// they differ in summation order.
 enum class CudaAttentionKernel {
   kAuto,
   kWarpPerPosition,  // v1: a block per (row, head), one position per warp iteration
