@@ -56,6 +56,11 @@ struct EngineConfig {
   // "auto" on a CUDA device (measured 1.12x faster end to end, README "GPU"), "on" (an error off
   // CUDA), "off".
   std::string cuda_graphs = "auto";
+  // LoRA adapters served unmerged (engine/model/lora.h): slots (0 = none), the largest rank a slot
+  // holds, and the layers slots may adapt ("all-linear" or a list of q,k,v,o,gate,up,down).
+  int32_t max_loras = 0;
+  int32_t max_lora_rank = 16;
+  std::string lora_targets = "all-linear";
   // Baseline only: static batching (waves, padded to the slowest sequence).
   bool static_batching = false;
   // Seed for requests that bring none.

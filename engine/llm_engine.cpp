@@ -36,6 +36,13 @@ void EngineConfig::validate() const {
   if (gpu_kernels != "auto" && gpu_kernels != "libtorch") bad("gpu_kernels", gpu_kernels, "auto or libtorch");
   if (cuda_graphs != "auto" && cuda_graphs != "on" && cuda_graphs != "off") bad("cuda_graphs", cuda_graphs, "auto, on or off");
   if (sampler != "auto" && sampler != "tensor" && sampler != "cpu") bad("sampler", sampler, "auto, tensor or cpu");
+  if (max_loras < 0) bad("max_loras", std::to_string(max_loras), "must be >= 0");
+  if (max_lora_rank < 1) bad("max_lora_rank", std::to_string(max_lora_rank), "must be >= 1");
+  try {
+    parse_lora_targets(lora_targets);
+  } catch (const std::invalid_argument& e) {
+    bad("lora_targets", lora_targets, e.what());
+  }
   if (max_model_len < 0) bad("max_model_len", std::to_string(max_model_len), "must be >= 0");
   if (num_threads < 0) bad("num_threads", std::to_string(num_threads), "must be >= 0");
 }
@@ -92,6 +99,13 @@ LlmEngine::LlmEngine(const EngineConfig& config) : config_(config), inbox_(std::
   sc.static_batching = config_.static_batching;
   scheduler_ = std::make_unique<Scheduler>(sc);
   runner_ = std::make_unique<ModelRunner>(*model_, config_.block_size, num_blocks);
+  if (config_.max_loras > 0) {
+    lora_slots_ = std::make_unique<LoraSlots>(mc, config_.max_loras, config_.max_lora_rank,
+                                              parse_lora_targets(config_.lora_targets), opts.dtype, opts.device);
+    lora_entries_.resize(static_cast<size_t>(config_.max_loras));
+    model_->set_lora_slots(lora_slots_.get());
+    runner_->set_lora_slots(lora_slots_.get());
+  }
   tensor_sampler_ = config_.sampler == "tensor" || (config_.sampler == "auto" && !opts.device.is_cpu());
   if (config_.cuda_graphs == "on" || (config_.cuda_graphs == "auto" && opts.device.is_cuda())) {
     std::vector<int64_t> buckets;
@@ -140,6 +154,19 @@ void LlmEngine::validate_request(GenerateRequest& request) const {
   request.params.validate(vocab);
   if (request.prompt_token_ids.empty()) request.prompt_token_ids = encode_prompt(request.prompt);
   if (request.prompt_token_ids.empty()) throw std::invalid_argument("the prompt is empty");
+  if (!request.lora.empty()) {
+    std::lock_guard<std::mutex> lock(lora_mu_);
+    bool found = false;
+    std::string loaded;
+    for (const auto& e : lora_entries_) {
+      found |= e.name == request.lora;
+      if (!e.name.empty()) loaded += (loaded.empty() ? "" : ", ") + e.name;
+    }
+    if (!found) {
+      throw std::invalid_argument("unknown LoRA adapter '" + request.lora + "' (loaded: " +
+                                  (loaded.empty() ? "none" : loaded) + ")");
+    }
+  }
   for (int32_t id : request.prompt_token_ids) {
     if (id < 0 || id >= vocab) {
       throw std::invalid_argument("prompt token id " + std::to_string(id) +
@@ -161,6 +188,41 @@ void LlmEngine::validate_request(GenerateRequest& request) const {
   }
 }
 
+void LlmEngine::add_lora(const std::string& name, const LoraAdapter& adapter) {
+  if (name.empty()) throw std::invalid_argument("a LoRA adapter needs a name");
+  if (!lora_slots_) {
+    throw std::invalid_argument("LoRA adapter '" + name + "': the engine has no LoRA slots (--max-loras)");
+  }
+  size_t slot = lora_entries_.size();
+  {
+    std::lock_guard<std::mutex> lock(lora_mu_);
+    for (size_t i = 0; i < lora_entries_.size(); ++i) {
+      if (lora_entries_[i].name == name) throw std::invalid_argument("LoRA adapter '" + name + "' is already loaded");
+      if (lora_entries_[i].name.empty() && slot == lora_entries_.size()) slot = i;
+    }
+    if (slot == lora_entries_.size()) {
+      throw std::invalid_argument("LoRA adapter '" + name + "': all " + std::to_string(lora_entries_.size()) +
+                                  " LoRA slots are in use (--max-loras)");
+    }
+  }
+  lora_slots_->load(static_cast<int64_t>(slot), adapter);  // throws for a misfit, slot untouched
+  std::lock_guard<std::mutex> lock(lora_mu_);
+  lora_entries_[slot] = LoraEntry{name, next_lora_uid_++};
+}
+
+void LlmEngine::load_lora(const std::string& name, const std::string& dir) {
+  add_lora(name, load_peft_adapter(dir, model_->config()));
+}
+
+std::vector<std::string> LlmEngine::lora_names() const {
+  std::lock_guard<std::mutex> lock(lora_mu_);
+  std::vector<std::string> names;
+  for (const auto& e : lora_entries_) {
+    if (!e.name.empty()) names.push_back(e.name);
+  }
+  return names;
+}
+
 void LlmEngine::abort(const std::string& request_id) {
   std::lock_guard<std::mutex> lock(inbox_->mu);
   inbox_->aborts.push_back(request_id);
@@ -180,6 +242,15 @@ void LlmEngine::admit(GenerateRequest&& r) {
   req->arrival = next_arrival_++;
   req->params = std::move(r.params);
   req->prompt = std::move(r.prompt_token_ids);
+  if (!r.lora.empty()) {
+    std::lock_guard<std::mutex> lock(lora_mu_);
+    for (size_t i = 0; i < lora_entries_.size(); ++i) {
+      if (lora_entries_[i].name == r.lora) {
+        req->lora_slot = static_cast<int32_t>(i);
+        req->lora_uid = lora_entries_[i].uid;
+      }
+    }
+  }
   // Requests without a seed get a distinct one derived from the engine seed and arrival order.
   req->seed = req->params.seed ? *req->params.seed
                                : config_.seed * 0x9e3779b97f4a7c15ULL + static_cast<uint64_t>(req->arrival) + 1;

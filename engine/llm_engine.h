@@ -40,6 +40,8 @@ struct GenerateRequest {
   // Token-in: the prompt as ids, used as given.
   std::vector<int32_t> prompt_token_ids;
   SamplingParams params;
+  // A LoRA adapter added with add_lora, by name; empty = the base model.
+  std::string lora;
 };
 
 struct CompletionOutput {
@@ -141,6 +143,16 @@ class LlmEngine {
   // returned to anyone, so an engine shared with other submitters (the server) uses step().
   std::vector<RequestOutput> generate(std::vector<GenerateRequest> requests);
 
+  // LoRA (EngineConfig::max_loras slots): serves `adapter` under `name` from a free slot, unmerged.
+  // Throws std::invalid_argument when no slot is free, the name is taken or empty, or the adapter
+  // does not fit the model or the slots (naming the tensor or flag). Engine thread only (or before
+  // an EngineLoop starts stepping the engine).
+  void add_lora(const std::string& name, const LoraAdapter& adapter);
+  // add_lora of a PEFT adapter directory (adapter_config.json + adapter_model.safetensors).
+  void load_lora(const std::string& name, const std::string& dir);
+  // The adapters' names, in slot order. Any thread.
+  std::vector<std::string> lora_names() const;
+
   // Debug/test hook: observe every sampled logits row (empty function = off).
   void set_logits_observer(LogitsObserver observer) { observer_ = std::move(observer); }
   // Observe every step that ran a forward (empty function = off).
@@ -204,6 +216,14 @@ class LlmEngine {
   std::unique_ptr<StopChecker> stop_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<LoraSlots> lora_slots_;
+  struct LoraEntry {
+    std::string name;  // empty: a free slot
+    uint64_t uid = 0;
+  };
+  mutable std::mutex lora_mu_;        // guards lora_entries_ (validate_request runs on any thread)
+  std::vector<LoraEntry> lora_entries_;  // by slot
+  uint64_t next_lora_uid_ = 1;
   std::unique_ptr<WeightBuffers> weight_buffers_;
   std::vector<int32_t> eos_ids_;
   int64_t max_model_len_ = 0;

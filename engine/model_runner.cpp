@@ -201,8 +201,24 @@ void ModelRunner::capture_cuda_graphs() {
   std::reverse(graphs_.begin(), graphs_.end());  // ascending buckets
 }
 
+namespace {
+
+// Each forward row's LoRA slot (-1: the base), and whether any row has one.
+bool lora_rows(const SchedulerOutput& batch, std::vector<int32_t>* slots) {
+  bool any = false;
+  for (const ScheduledSeq& s : batch.seqs) {
+    const int32_t slot = s.seq->request->lora_slot;
+    any |= slot >= 0;
+    if (slots != nullptr) slots->insert(slots->end(), static_cast<size_t>(s.num_tokens), slot);
+  }
+  return any;
+}
+
+}  // namespace
+
 ModelRunner::DecodeGraph* ModelRunner::graph_for(const SchedulerOutput& batch) {
   if (graph_buckets_.empty() || batch.seqs.empty()) return nullptr;
+  if (lora_rows(batch, nullptr)) return nullptr;
   const int64_t n = static_cast<int64_t>(batch.seqs.size());
   if (n > graph_buckets_.back() || batch.num_tokens != n) return nullptr;
   for (const ScheduledSeq& s : batch.seqs) {
@@ -276,9 +292,15 @@ ForwardOutput ModelRunner::execute(const SchedulerOutput& batch) {
 
   const double scale = 1.0 / std::sqrt(static_cast<double>(model_.config().head_dim));
   PagedKvAttention attention(kv_cache_, layout.metadata(buf, f.max_q, f.max_ctx), scale);
+  at::Tensor lora_mask;
+  std::vector<int32_t> row_slots;
+  if (lora_ != nullptr && lora_rows(batch, &row_slots)) {
+    lora_mask = lora_->row_mask(row_slots);
+    out.h2d_bytes += device.is_cpu() ? 0 : lora_mask.numel() * lora_mask.element_size();
+  }
   out.hidden = model_.forward_hidden(StepLayout::view(buf, layout.tok, total, at::kLong),
                                      StepLayout::view(buf, layout.pos, total, at::kLong), attention,
-                                     /*max_position=*/f.max_ctx - 1);
+                                     /*max_position=*/f.max_ctx - 1, lora_mask);
   if (num_samples > 0) {
     out.sample_hidden = out.hidden.index_select(0, StepLayout::view(buf, layout.sample, num_samples, at::kLong));
   }

@@ -56,6 +56,9 @@ class ModelRunner {
   int32_t block_size() const { return block_size_; }
   int64_t kv_cache_bytes() const { return kv_cache_.numel() * kv_cache_.element_size(); }
   const at::Tensor& kv_cache() const { return kv_cache_; }
+  // The LoRA slots the rows' requests name (Request::lora_slot); nullptr = none. Not owned. A batch
+  // with an adapted row runs eagerly (the decode graphs hold no LoRA mask).
+  void set_lora_slots(const LoraSlots* slots) { lora_ = slots; }
 
  private:
   struct DecodeGraph;
@@ -70,6 +73,7 @@ class ModelRunner {
   std::vector<int64_t> graph_buckets_;  // ascending; empty: no graphs
   int64_t graph_max_blocks_ = 0;
   std::vector<std::unique_ptr<DecodeGraph>> graphs_;  // by bucket, ascending; captured lazily
+  const LoraSlots* lora_ = nullptr;
 };
 
 }  // namespace crl::engine

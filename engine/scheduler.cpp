@@ -204,7 +204,9 @@ kv::BlockHash Scheduler::block_hash(Sequence* seq, int64_t index, int64_t versio
   while (static_cast<int64_t>(seq->block_hashes.size()) <= index) {
     const int64_t i = static_cast<int64_t>(seq->block_hashes.size());
     CRL_CHECK((i + 1) * bs <= static_cast<int64_t>(seq->tokens.size()), "hashing a partial block");
-    kv::BlockHash parent = i == 0 ? kRootHash : seq->block_hashes[i - 1];
+    // An adapter's KV differs from the base's: its uid salts the chain (0, the base, leaves it).
+    kv::BlockHash parent = i == 0 ? kRootHash ^ (seq->request->lora_uid * 0xbf58476d1ce4e5b9ULL)
+                                  : seq->block_hashes[i - 1];
     seq->block_hashes.push_back(
         kv::BlockAllocator::hash_block(parent, seq->tokens.data() + i * bs, bs, version));
   }

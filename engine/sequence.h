@@ -72,6 +72,8 @@ struct Request {
   std::vector<int32_t> prompt;
   std::vector<std::unique_ptr<Sequence>> seqs;
   bool forked = false;                    // children created (after the parent's first sample)
+  int32_t lora_slot = -1;                 // LoRA slot its rows use (-1: the base model)
+  uint64_t lora_uid = 0;                  // that adapter's load id (salts its prefix-cache keys)
   std::vector<int32_t> banned_until_min_tokens;  // EOS + stop ids masked before min_tokens
   // Prompt log-probs: entry i is for prompt token i + 1 (the first token has none).
   std::vector<float> prompt_logprobs;

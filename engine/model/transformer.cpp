@@ -266,16 +266,26 @@ at::Tensor Transformer::apply_rope(const at::Tensor& x, const at::Tensor& cos,
   return at::cat({x1 * c - x2 * s, x2 * c + x1 * s}, -1);
 }
 
+at::Tensor Transformer::adapted_linear(int64_t li, LoraTarget target, const at::Tensor& x,
+                                      const at::Tensor& weight, const at::Tensor& bias,
+                                      const at::Tensor& lora_mask) const {
+  at::Tensor y = linear(x, weight, bias);
+  if (lora_ == nullptr || !lora_mask.defined() || !lora_->targets(target)) return y;
+  // ((x A^T) * mask) B^T: every slot's down-projection at once, each row keeping its own slot's.
+  return y + linear(linear(x, lora_->a(li, target)) * lora_mask, lora_->b(li, target));
+}
+
 at::Tensor Transformer::layer_forward(int64_t li, const at::Tensor& h, const Rope& rope,
                                       AttentionBackend& attention) const {
   const auto& c = config_;
   const int64_t t = h.size(0);
   const int64_t q_dim = c.num_heads * c.head_dim;
   const Layer& l = layers_[li];
+  const at::Tensor& m = rope.lora_mask;
   auto n = rms_norm(h, l.input_norm);
-  auto q = linear(n, l.q_proj, l.q_bias).view({t, c.num_heads, c.head_dim});
-  auto k = linear(n, l.k_proj, l.k_bias).view({t, c.num_kv_heads, c.head_dim});
-  auto v = linear(n, l.v_proj, l.v_bias).view({t, c.num_kv_heads, c.head_dim});
+  auto q = adapted_linear(li, LoraTarget::kQ, n, l.q_proj, l.q_bias, m).view({t, c.num_heads, c.head_dim});
+  auto k = adapted_linear(li, LoraTarget::kK, n, l.k_proj, l.k_bias, m).view({t, c.num_kv_heads, c.head_dim});
+  auto v = adapted_linear(li, LoraTarget::kV, n, l.v_proj, l.v_bias, m).view({t, c.num_kv_heads, c.head_dim});
   if (c.qk_norm) {  // Qwen3: each head's q and k normalised over head_dim before RoPE
     q = rms_norm(q.reshape({t * c.num_heads, c.head_dim}), l.q_norm)
             .view({t, c.num_heads, c.head_dim});
@@ -294,13 +304,16 @@ at::Tensor Transformer::layer_forward(int64_t li, const at::Tensor& h, const Rop
   }
   auto attn = attention.attend(li, q.contiguous(), k.contiguous(), v.contiguous())
                   .reshape({t, q_dim});
-  auto h2 = h + linear(attn, l.o_proj);
+  auto h2 = h + adapted_linear(li, LoraTarget::kO, attn, l.o_proj, {}, m);
   auto n2 = rms_norm(h2, l.post_norm);
-  return h2 + linear(silu_mul(linear(n2, l.gate_proj), linear(n2, l.up_proj)), l.down_proj);
+  auto gate = adapted_linear(li, LoraTarget::kGate, n2, l.gate_proj, {}, m);
+  auto up = adapted_linear(li, LoraTarget::kUp, n2, l.up_proj, {}, m);
+  return h2 + adapted_linear(li, LoraTarget::kDown, silu_mul(gate, up), l.down_proj, {}, m);
 }
 
 at::Tensor Transformer::forward_hidden(const at::Tensor& tokens, const at::Tensor& positions,
-                                       AttentionBackend& attention, int64_t max_position) const {
+                                       AttentionBackend& attention, int64_t max_position,
+                                       const at::Tensor& lora_mask) const {
   const auto& c = config_;
   if (tokens.size(0) > 0 && max_position >= c.max_position_embeddings) {
     throw std::invalid_argument("position " + std::to_string(max_position) +
@@ -308,7 +321,14 @@ at::Tensor Transformer::forward_hidden(const at::Tensor& tokens, const at::Tenso
                                 std::to_string(c.max_position_embeddings));
   }
   auto h = embed_.index_select(0, tokens);  // [T, hidden]
-  Rope rope{positions, {}, {}};
+  if (lora_mask.defined()) {
+    CRL_CHECK(lora_ != nullptr, "forward_hidden: a LoRA mask without LoRA slots");
+    CRL_CHECK(lora_mask.dim() == 2 && lora_mask.size(0) == tokens.size(0) &&
+                  lora_mask.size(1) == lora_->num_slots() * lora_->max_rank(),
+              "forward_hidden: LoRA mask ", lora_mask.sizes(), " for ", tokens.size(0), " rows and ",
+              lora_->num_slots(), " slots of rank ", lora_->max_rank());
+  }
+  Rope rope{positions, {}, {}, lora_mask};
   if (!cuda_fused_fits({&h})) {  // the fused kernel reads the tables itself
     rope.cos = rope_cos_.index_select(0, positions).to(options_.dtype);
     rope.sin = rope_sin_.index_select(0, positions).to(options_.dtype);

@@ -26,6 +26,7 @@
 
 #include "engine/model/attention.h"
 #include "engine/model/config.h"
+#include "engine/model/lora.h"
 #include "engine/model/weight_loader.h"
 
 namespace crl::engine {
@@ -58,9 +59,11 @@ class Transformer {
   // tokens, positions: [T] int64 on the model's device; `max_position`: the largest of
   // `positions`, known to the caller on the host (checked against max_position_embeddings, so the
   // forward never reads device memory back). Returns the final-normed hidden states [T, hidden]
-  // (compute dtype).
+  // (compute dtype). `lora_mask` [T, S * r] (LoraSlots::row_mask): each row's LoRA slot, with the
+  // slots set by set_lora_slots; undefined = no adapter for any row.
   at::Tensor forward_hidden(const at::Tensor& tokens, const at::Tensor& positions,
-                            AttentionBackend& attention, int64_t max_position) const;
+                            AttentionBackend& attention, int64_t max_position,
+                            const at::Tensor& lora_mask = {}) const;
   // hidden: [R, hidden] -> logits [R, vocab] float32.
   at::Tensor compute_logits(const at::Tensor& hidden) const;
 
@@ -88,6 +91,8 @@ class Transformer {
   using LayerRunner =
       std::function<at::Tensor(int64_t index, const at::Tensor& h, std::shared_ptr<LayerFn> layer)>;
   void set_layer_runner(LayerRunner runner) { layer_runner_ = std::move(runner); }
+  // The LoRA adapters forward_hidden's lora_mask selects from (nullptr = none); not owned.
+  void set_lora_slots(const LoraSlots* slots) { lora_ = slots; }
 
  private:
   struct Layer {
@@ -96,10 +101,10 @@ class Transformer {
     at::Tensor post_norm, gate_proj, up_proj, down_proj;
   };
 
-  // A forward's RoPE inputs: the positions, and their cos and sin rows in the compute dtype
-  // (undefined where the fused CUDA kernel reads the tables itself).
+  // A forward's inputs every layer reads: the positions, their RoPE cos and sin rows in the compute
+  // dtype (undefined where the fused CUDA kernel reads the tables itself), and the LoRA row mask.
   struct Rope {
-    at::Tensor positions, cos, sin;
+    at::Tensor positions, cos, sin, lora_mask;
   };
 
   void bind_parameters();
@@ -112,6 +117,9 @@ class Transformer {
   at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {}) const;
   at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) const;
   at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const;
+  // linear(x, weight, bias) plus layer `li`'s LoRA delta for target `t` where the mask selects one.
+  at::Tensor adapted_linear(int64_t li, LoraTarget t, const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& bias, const at::Tensor& lora_mask) const;
 
   ModelConfig config_;
   TransformerOptions options_;
@@ -120,6 +128,7 @@ class Transformer {
   std::vector<Layer> layers_;
   at::Tensor rope_cos_, rope_sin_;  // [max_positions, head_dim / 2] float32
   LayerRunner layer_runner_;
+  const LoraSlots* lora_ = nullptr;
 };
 
 // RoPE inverse frequencies [head_dim / 2] for the config's rope_theta and rope_scaling.

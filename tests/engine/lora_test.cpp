@@ -1,0 +1,217 @@
+// LoRA adapters served unmerged (engine/model/lora.h): against the base, against the merged
+// weights, mixed in one batch, in PEFT's format, and refused when they do not fit.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "engine/llm_engine.h"
+#include "engine/model/lora.h"
+#include "engine/model/model_cache.h"
+#include "engine/model/model_writer.h"
+#include "engine/model/safetensors.h"
+#include "tests/engine/test_model.h"
+#include "tests/test_utils.h"
+
+namespace crl::engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<GenerateRequest> greedy_requests(const std::string& prefix, int count, uint32_t seed,
+                                             const std::vector<std::string>& loras) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> tok(3, 200);
+  std::vector<GenerateRequest> reqs;
+  for (int i = 0; i < count; ++i) {
+    GenerateRequest r;
+    r.request_id = prefix + std::to_string(i);
+    for (int j = 0; j < 6 + 5 * i; ++j) r.prompt_token_ids.push_back(tok(rng));
+    r.params.max_tokens = 10;
+    r.params.temperature = 0.0;
+    r.params.ignore_eos = true;
+    r.lora = loras[static_cast<size_t>(i) % loras.size()];
+    reqs.push_back(r);
+  }
+  return reqs;
+}
+
+void expect_same_outputs(const std::vector<RequestOutput>& a, const std::vector<RequestOutput>& b,
+                         double tol) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    SCOPED_TRACE(a[i].request_id);
+    EXPECT_EQ(a[i].outputs[0].token_ids, b[i].outputs[0].token_ids);
+    const auto& x = a[i].outputs[0].raw_logprobs;
+    const auto& y = b[i].outputs[0].raw_logprobs;
+    ASSERT_EQ(x.size(), y.size());
+    for (size_t t = 0; t < x.size(); ++t) {
+      if (tol == 0) {
+        EXPECT_EQ(x[t], y[t]) << "@" << t;
+      } else {
+        EXPECT_NEAR(x[t], y[t], tol) << "@" << t;
+      }
+    }
+  }
+}
+
+EngineConfig lora_config(const std::string& variant, int32_t slots) {
+  EngineConfig cfg = test::test_engine_config(variant);
+  cfg.max_loras = slots;
+  cfg.max_lora_rank = 8;
+  return cfg;
+}
+
+TEST(LoraTest, ZeroInitialisedBLeavesTheBaseOutputs) {
+  EngineConfig cfg = lora_config("qwen2", 1);
+  LlmEngine eng(cfg);
+  eng.add_lora("fresh", make_lora_adapter(eng.model_config(), 8, 16, parse_lora_targets("all-linear"), 1, false));
+  const auto base = eng.generate(greedy_requests("r", 4, 3, {""}));
+  const auto adapted = eng.generate(greedy_requests("r", 4, 3, {"fresh"}));
+  expect_same_outputs(base, adapted, 0);
+}
+
+// The adapter unmerged in the engine against an engine whose checkpoint has it merged.
+TEST(LoraTest, UnmergedAdapterMatchesTheMergedWeights) {
+  for (const std::string variant : {"llama", "qwen2", "qwen3"}) {
+    SCOPED_TRACE(variant);
+    EngineConfig cfg = lora_config(variant, 2);
+    LlmEngine eng(cfg);
+    const ModelConfig mc = eng.model_config();
+    const LoraAdapter ad = make_lora_adapter(mc, 6, 12, parse_lora_targets("all-linear"), 7, true);
+    eng.add_lora("a", ad);
+    const auto unmerged = eng.generate(greedy_requests("m", 5, 9, {"a"}));
+
+    const auto base = load_checkpoint(cfg.model_dir, model_param_specs(mc), at::kFloat);
+    test::TempDir tmp;
+    const std::string dir = tmp.file("merged");
+    write_model_dir(dir, mc, merge_lora(base, ad, mc), cfg.model_dir);
+    EngineConfig merged_cfg = test::test_engine_config(variant);
+    merged_cfg.model_dir = dir;
+    const auto merged = LlmEngine(merged_cfg).generate(greedy_requests("m", 5, 9, {""}));
+    expect_same_outputs(unmerged, merged, 2e-4);
+    // And the adapter changed something: the base's outputs differ.
+    const auto plain = eng.generate(greedy_requests("m", 5, 9, {""}));
+    int differ = 0;
+    for (size_t i = 0; i < plain.size(); ++i) differ += plain[i].outputs[0].token_ids != unmerged[i].outputs[0].token_ids;
+    EXPECT_GT(differ, 0);
+  }
+}
+
+// Rows of three adapters and the base in one batch: each row as when its adapter runs alone. In
+// deterministic mode the equality is exact.
+TEST(LoraTest, OneBatchMixingThreeAdaptersEqualsEachAlone) {
+  EngineConfig cfg = lora_config("qwen2", 3);
+  cfg.deterministic = true;
+  LlmEngine eng(cfg);
+  const ModelConfig mc = eng.model_config();
+  eng.add_lora("x", make_lora_adapter(mc, 8, 16, parse_lora_targets("all-linear"), 11, true));
+  eng.add_lora("y", make_lora_adapter(mc, 4, 4, parse_lora_targets("q,v"), 12, true));
+  eng.add_lora("z", make_lora_adapter(mc, 2, 8, parse_lora_targets("gate,up,down,o"), 13, true));
+  EXPECT_EQ(eng.lora_names(), (std::vector<std::string>{"x", "y", "z"}));
+  const std::vector<std::string> names = {"x", "", "y", "z"};
+  const auto mixed = eng.generate(greedy_requests("q", 8, 21, names));
+  for (const std::string& name : names) {
+    SCOPED_TRACE("adapter '" + name + "'");
+    auto all = greedy_requests("q", 8, 21, names);
+    std::vector<GenerateRequest> alone;
+    std::vector<RequestOutput> want;
+    for (size_t i = 0; i < all.size(); ++i) {
+      if (all[i].lora != name) continue;
+      alone.push_back(all[i]);
+      want.push_back(mixed[i]);
+    }
+    eng.bump_weight_version();  // no prefix-cache hits from the mixed run
+    expect_same_outputs(eng.generate(alone), want, 0);
+  }
+}
+
+TEST(LoraTest, AdaptersDoNotShareTheBasesPrefixCache) {
+  EngineConfig cfg = lora_config("llama", 1);
+  LlmEngine eng(cfg);
+  eng.add_lora("a", make_lora_adapter(eng.model_config(), 4, 8, parse_lora_targets("all-linear"), 5, true));
+  auto reqs = greedy_requests("p", 1, 4, {""});
+  reqs[0].prompt_token_ids.resize(40, 7);
+  eng.generate(reqs);
+  auto again = reqs;
+  again[0].request_id = "p-again";
+  EXPECT_GT(eng.generate(again)[0].num_cached_tokens, 0);  // the base hits its own blocks
+  auto adapted = reqs;
+  adapted[0].request_id = "p-lora";
+  adapted[0].lora = "a";
+  EXPECT_EQ(eng.generate(adapted)[0].num_cached_tokens, 0);
+}
+
+TEST(LoraTest, PeftAdapterRoundTripsWithPeftsNames) {
+  const ModelConfig mc = LlmEngine(test::test_engine_config("qwen2")).model_config();
+  const LoraAdapter ad = make_lora_adapter(mc, 4, 32, parse_lora_targets("q,k,v,o"), 3, true);
+  test::TempDir tmp;
+  const std::string dir = tmp.file("peft");
+  save_peft_adapter(ad, dir, "test-base");
+  const auto file = SafetensorsFile::open(dir + "/adapter_model.safetensors");
+  EXPECT_TRUE(file->contains("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"));
+  EXPECT_TRUE(file->contains("base_model.model.model.layers.2.self_attn.o_proj.lora_B.weight"));
+  EXPECT_EQ(file->tensors().size(), static_cast<size_t>(mc.num_layers * 4 * 2));
+  std::ifstream cfg_in(dir + "/adapter_config.json");
+  const auto cfg = nlohmann::json::parse(cfg_in);
+  EXPECT_EQ(cfg["peft_type"], "LORA");
+  EXPECT_EQ(cfg["r"], 4);
+  EXPECT_EQ(cfg["lora_alpha"], 32.0);
+  const LoraAdapter back = load_peft_adapter(dir, mc);
+  EXPECT_EQ(back.rank, 4);
+  EXPECT_EQ(back.alpha, 32.0);
+  EXPECT_EQ(back.targets, ad.targets);
+  for (int64_t li = 0; li < mc.num_layers; ++li) {
+    for (LoraTarget t : ad.targets) {
+      EXPECT_TRUE(back.a[li][static_cast<int>(t)].equal(ad.a[li][static_cast<int>(t)]));
+      EXPECT_TRUE(back.b[li][static_cast<int>(t)].equal(ad.b[li][static_cast<int>(t)]));
+    }
+  }
+  // Served by name from the directory.
+  EngineConfig ecfg = lora_config("qwen2", 1);
+  LlmEngine eng(ecfg);
+  eng.load_lora("peft", dir);
+  EXPECT_EQ(eng.lora_names(), std::vector<std::string>{"peft"});
+}
+
+TEST(LoraTest, AdaptersThatDoNotFitAreNamedErrors) {
+  const ModelConfig mc = LlmEngine(test::test_engine_config("qwen2")).model_config();
+  // A tensor of the wrong shape, named.
+  LoraAdapter ad = make_lora_adapter(mc, 4, 8, parse_lora_targets("q"), 3, true);
+  ad.a[1][static_cast<int>(LoraTarget::kQ)] = at::zeros({4, mc.hidden_size + 1});
+  test::TempDir tmp;
+  const std::string dir = tmp.file("bad");
+  save_peft_adapter(ad, dir);
+  ASSERT_THROWS_WITH(load_peft_adapter(dir, mc), std::invalid_argument,
+                     "model.layers.1.self_attn.q_proj.lora_A.weight' has shape");
+  // A layer the model does not have.
+  ModelConfig deeper = mc;
+  deeper.num_layers = mc.num_layers + 1;
+  save_peft_adapter(make_lora_adapter(deeper, 4, 8, parse_lora_targets("q"), 3, true), dir);
+  ASSERT_THROWS_WITH(load_peft_adapter(dir, mc), std::invalid_argument, "the model has 3");
+  // Not a LoRA adapter.
+  std::ofstream(dir + "/adapter_config.json") << R"({"peft_type": "PREFIX_TUNING", "r": 4})";
+  ASSERT_THROWS_WITH(load_peft_adapter(dir, mc), std::invalid_argument, "is not LORA");
+  ASSERT_THROWS_WITH(parse_lora_targets("q,embed"), std::invalid_argument, "LoRA target 'embed'");
+
+  EngineConfig cfg = lora_config("qwen2", 1);
+  cfg.lora_targets = "q,k,v";
+  LlmEngine eng(cfg);
+  ASSERT_THROWS_WITH(eng.add_lora("big", make_lora_adapter(mc, 9, 8, parse_lora_targets("q"), 1, true)),
+                     std::invalid_argument, "--max-lora-rank");
+  ASSERT_THROWS_WITH(eng.add_lora("mlp", make_lora_adapter(mc, 2, 8, parse_lora_targets("down"), 1, true)),
+                     std::invalid_argument, "down_proj");
+  eng.add_lora("ok", make_lora_adapter(mc, 2, 8, parse_lora_targets("q"), 1, true));
+  ASSERT_THROWS_WITH(eng.add_lora("two", make_lora_adapter(mc, 2, 8, parse_lora_targets("q"), 1, true)),
+                     std::invalid_argument, "all 1 LoRA slots are in use");
+  auto r = greedy_requests("e", 1, 1, {"nope"});
+  ASSERT_THROWS_WITH(eng.add_request(r[0]), std::invalid_argument, "unknown LoRA adapter 'nope' (loaded: ok)");
+  ASSERT_THROWS_WITH(LlmEngine(test::test_engine_config("qwen2")).add_lora("x", ad), std::invalid_argument,
+                     "--max-loras");
+}
+
+}  // namespace
+}  // namespace crl::engine
