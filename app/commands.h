@@ -3,6 +3,8 @@
 #pragma once
 
 #include <functional>
+#include <string>
+#include <vector>
 
 #include "engine/engine_config.h"
 
@@ -27,6 +29,7 @@ Runner register_detokenize(CLI::App& app);
 struct EngineFlags {
   engine::EngineConfig config;
   std::string kv_memory = "256MiB";
+  std::vector<std::string> loras;  // --lora NAME=DIR
   // Resolves --model (the embedded default when empty) and --kv-memory into `config`.
   engine::EngineConfig resolve();
 };

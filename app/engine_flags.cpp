@@ -43,6 +43,15 @@ void add_engine_flags(CLI::App& cmd, EngineFlags& f) {
                  "on, off")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
+  cmd.add_option("--max-loras", c.max_loras, "LoRA adapter slots (at least one per --lora)")
+      ->capture_default_str();
+  cmd.add_option("--max-lora-rank", c.max_lora_rank, "the largest LoRA rank a slot holds")->capture_default_str();
+  cmd.add_option("--lora-targets", c.lora_targets,
+                 "layers LoRA slots may adapt: all-linear or a list of q,k,v,o,gate,up,down")
+      ->capture_default_str();
+  cmd.add_option("--lora", f.loras,
+                 "NAME=DIR: serve the PEFT LoRA adapter in DIR as model NAME (repeatable; a request "
+                 "picks it by its \"model\" field)");
   cmd.add_option("--threads", c.num_threads, "intra-op CPU threads (0 = libtorch default)");
   cmd.add_option("--engine-seed", c.seed, "seed for requests that bring none");
 }
@@ -51,6 +60,13 @@ engine::EngineConfig EngineFlags::resolve() {
   engine::EngineConfig c = config;
   if (c.model_dir.empty()) c.model_dir = engine::ensure_preset_model("default");
   c.kv_memory_bytes = parse_bytes(kv_memory);
+  for (const std::string& spec : loras) {
+    const size_t eq = spec.find('=');
+    if (eq == 0 || eq == std::string::npos || eq + 1 == spec.size()) {
+      throw std::invalid_argument("--lora '" + spec + "': expected NAME=DIR (a PEFT adapter directory)");
+    }
+    c.lora_modules.emplace_back(spec.substr(0, eq), spec.substr(eq + 1));
+  }
   return c;
 }
 

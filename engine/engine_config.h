@@ -3,6 +3,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace crl::engine {
 
@@ -61,6 +63,9 @@ struct EngineConfig {
   int32_t max_loras = 0;
   int32_t max_lora_rank = 16;
   std::string lora_targets = "all-linear";
+  // PEFT adapter directories the engine loads at start, by name (serve --lora NAME=DIR); at least
+  // this many slots are made whatever max_loras says.
+  std::vector<std::pair<std::string, std::string>> lora_modules;
   // Baseline only: static batching (waves, padded to the slowest sequence).
   bool static_batching = false;
   // Seed for requests that bring none.

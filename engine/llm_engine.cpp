@@ -99,12 +99,21 @@ LlmEngine::LlmEngine(const EngineConfig& config) : config_(config), inbox_(std::
   sc.static_batching = config_.static_batching;
   scheduler_ = std::make_unique<Scheduler>(sc);
   runner_ = std::make_unique<ModelRunner>(*model_, config_.block_size, num_blocks);
+  config_.max_loras = std::max<int32_t>(config_.max_loras, static_cast<int32_t>(config_.lora_modules.size()));
   if (config_.max_loras > 0) {
+    int64_t rank = config_.max_lora_rank;  // large enough for the adapters given at start
+    std::vector<LoraAdapter> given;
+    for (const auto& [name, dir] : config_.lora_modules) {
+      given.push_back(load_peft_adapter(dir, mc));
+      rank = std::max(rank, given.back().rank);
+    }
+    config_.max_lora_rank = static_cast<int32_t>(rank);
     lora_slots_ = std::make_unique<LoraSlots>(mc, config_.max_loras, config_.max_lora_rank,
                                               parse_lora_targets(config_.lora_targets), opts.dtype, opts.device);
     lora_entries_.resize(static_cast<size_t>(config_.max_loras));
     model_->set_lora_slots(lora_slots_.get());
     runner_->set_lora_slots(lora_slots_.get());
+    for (size_t i = 0; i < given.size(); ++i) add_lora(config_.lora_modules[i].first, given[i]);
   }
   tensor_sampler_ = config_.sampler == "tensor" || (config_.sampler == "auto" && !opts.device.is_cpu());
   if (config_.cuda_graphs == "on" || (config_.cuda_graphs == "auto" && opts.device.is_cuda())) {

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 #include <optional>
@@ -340,11 +341,19 @@ HttpResponse Server::handle_completion(const HttpRequest& req, Endpoint endpoint
   CompletionJob job = parse_completion_request(body, endpoint, options_.limits, chat_,
                                                ordered ? &*ordered : nullptr,
                                                split && endpoint == Endpoint::kChat ? &special_literals() : nullptr);
-  if (!job.model.empty() && job.model != model_name_) {
-    throw ApiError(400, "the model '" + job.model + "' does not exist (this server serves '" +
-                            model_name_ + "')", "model", "model_not_found");
-  }
   const engine::LlmEngine& eng = loop_->engine();
+  // The "model" field: the base model's name (or none) runs the base, an adapter's name that LoRA.
+  std::string lora;
+  if (!job.model.empty() && job.model != model_name_) {
+    const std::vector<std::string> adapters = eng.lora_names();
+    if (std::find(adapters.begin(), adapters.end(), job.model) == adapters.end()) {
+      std::string served = "'" + model_name_ + "'";
+      for (const auto& a : adapters) served += ", '" + a + "'";
+      throw ApiError(400, "the model '" + job.model + "' does not exist (this server serves " + served + ")",
+                     "model", "model_not_found");
+    }
+    lora = job.model;
+  }
   // Shared with a stream's writer, which appends the reply when the stream ends.
   std::shared_ptr<std::optional<SessionTurn>> session = std::make_shared<std::optional<SessionTurn>>(
       session_turn(req, body, ordered ? &*ordered : nullptr, endpoint, job));
@@ -360,6 +369,7 @@ HttpResponse Server::handle_completion(const HttpRequest& req, Endpoint endpoint
     engine::GenerateRequest r;
     r.request_id = id + "-" + std::to_string(i);
     r.params = job.params;
+    r.lora = lora;
     try {
       if (*session) {
         r.prompt_token_ids = (*session)->lease->trajectory.prompt();
@@ -401,7 +411,7 @@ HttpResponse Server::handle_completion(const HttpRequest& req, Endpoint endpoint
     throw ApiError(503, e.what());
   }
   const std::vector<std::string> ids = channel->ids();
-  auto renderer = std::make_shared<CompletionRenderer>(job, id, model_name_,
+  auto renderer = std::make_shared<CompletionRenderer>(job, id, lora.empty() ? model_name_ : lora,
                                                        static_cast<int64_t>(std::time(nullptr)),
                                                        eng.tokenizer(), std::move(echo_texts));
   engine::EngineLoop* loop = loop_.get();
@@ -483,7 +493,15 @@ HttpResponse Server::handle_models(const HttpRequest&) {
                 {"root", loop_->config().model_dir},
                 {"max_model_len", loop_->ready() ? loop_->engine().max_model_len() : 0},
                 {"weight_version", loop_->gauges().weight_version}};
-  return json_response(200, {{"object", "list"}, {"data", json::array({model})}});
+  json data = json::array({model});
+  if (loop_->ready()) {  // the LoRA adapters, vLLM's way: each a model whose parent is the base
+    for (const std::string& name : loop_->engine().lora_names()) {
+      data.push_back({{"id", name}, {"object", "model"}, {"created", model["created"]},
+                      {"owned_by", "colocated-rl"}, {"root", name}, {"parent", model_name_},
+                      {"max_model_len", model["max_model_len"]}});
+    }
+  }
+  return json_response(200, {{"object", "list"}, {"data", data}});
 }
 
 HttpResponse Server::handle_health(const HttpRequest&) {

@@ -7,8 +7,10 @@
 #include <map>
 #include <thread>
 
+#include "engine/model/lora.h"
 #include "tests/engine/test_model.h"
 #include "tests/server/server_test_util.h"
+#include "tests/test_utils.h"
 
 namespace crl::test {
 namespace {
@@ -683,6 +685,55 @@ TEST(ServerLimitsTest, HealthIs503UntilTheModelLoadsAndWhenItFails) {
   EXPECT_EQ(r->status, 503);
   EXPECT_TRUE(json::parse(r->body).contains("error"));
   srv.stop();
+}
+
+// `serve --lora NAME=DIR`: a request's "model" picks the adapter (vLLM's convention), /v1/models
+// lists it under the base, and its tokens are an engine's with that adapter.
+TEST(ServerLoraTest, RequestsPickAnAdapterByTheirModelField) {
+  TempDir tmp;
+  engine::EngineConfig cfg = server_test_config();
+  {
+    engine::LlmEngine probe(cfg);
+    engine::save_peft_adapter(engine::make_lora_adapter(probe.model_config(), 4, 8,
+                                                        engine::parse_lora_targets("all-linear"), 17, true),
+                              tmp.file("sql"));
+  }
+  cfg.lora_modules = {{"sql", tmp.file("sql")}};
+  server::ServerOptions o;
+  o.served_model_name = "tiny";
+  ServedModel served(cfg, o);
+  engine::LlmEngine reference(cfg);
+
+  auto c = served.client();
+  auto models = c->Get("/v1/models");
+  ASSERT_TRUE(models);
+  const json m = json::parse(models->body);
+  ASSERT_EQ(m["data"].size(), 2u) << models->body;
+  EXPECT_EQ(m["data"][1]["id"], "sql");
+  EXPECT_EQ(m["data"][1]["parent"], "tiny");
+
+  const std::vector<int32_t> prompt = {5, 17, 99, 200, 31, 8};
+  std::vector<std::vector<int32_t>> got;
+  for (const std::string model : {"sql", "tiny"}) {
+    SCOPED_TRACE(model);
+    auto [status, text] = served.post("/v1/completions", {{"model", model}, {"prompt", prompt}, {"max_tokens", 12},
+                                                          {"temperature", 0}, {"return_token_ids", true}});
+    ASSERT_EQ(status, 200) << text;
+    const json r = json::parse(text);
+    EXPECT_EQ(r["model"], model);
+    engine::GenerateRequest ref;
+    ref.prompt_token_ids = prompt;
+    ref.params.max_tokens = 12;
+    ref.params.temperature = 0;
+    ref.lora = model == "sql" ? "sql" : "";
+    EXPECT_EQ(r["choices"][0]["token_ids"].get<std::vector<int32_t>>(),
+              reference.generate({ref}).at(0).outputs[0].token_ids);
+    got.push_back(r["choices"][0]["token_ids"].get<std::vector<int32_t>>());
+  }
+  EXPECT_NE(got[0], got[1]);  // the adapter changed the greedy continuation
+  auto [status, text] = served.post("/v1/completions", {{"model", "nosuch"}, {"prompt", prompt}});
+  EXPECT_EQ(status, 400) << text;
+  EXPECT_NE(text.find("'tiny', 'sql'"), std::string::npos) << text;
 }
 
 }  // namespace
