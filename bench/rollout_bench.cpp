@@ -20,6 +20,7 @@
 #include "common/units.h"
 #include "engine/kernels/cpu_isa.h"
 #include "engine/llm_engine.h"
+#include "engine/model/lora.h"
 #include "engine/model/model_cache.h"
 
 namespace crl::bench {
@@ -267,8 +268,11 @@ void add_rollout_flags(CLI::App& cmd, RolloutBenchOptions& o) {
   cmd.add_option("--kv-memory", o.kv_memory, "KV pool size")->capture_default_str();
   cmd.add_option("--modes", o.modes,
                  "comma-separated: continuous, static, no-share, deterministic, libtorch (continuous "
-                 "with --cpu-kernels libtorch)")
+                 "with ATen's ops), host-sampler, eager, lora-1 and lora-4 (continuous with 1 or 4 "
+                 "LoRA adapters of --lora-rank, requests taking them in turn)")
       ->delimiter(',')
+      ->capture_default_str();
+  cmd.add_option("--lora-rank", o.lora_rank, "rank of the lora-k modes' adapters (all-linear)")
       ->capture_default_str();
   cmd.add_flag("!--no-probes", o.probes, "skip the decode/prefill probes");
   cmd.add_option("--decode-batch", o.decode_batch, "concurrency of the decode probe")->capture_default_str();
@@ -316,14 +320,21 @@ int run_rollout_bench(const RolloutBenchOptions& o) {
     std::unique_ptr<engine::LlmEngine> eng;
     Workload w;
     std::vector<RunStats> runs;
+    int32_t adapters = 0;  // lora-k: requests take adapters a0..a{k-1} in turn
   };
   std::vector<ModeRun> mode_runs;
+  auto requests_for = [&](const ModeRun& m, int32_t n, bool share, int32_t div) {
+    auto reqs = make_requests(m.w, n, share, div);
+    for (size_t i = 0; m.adapters > 0 && i < reqs.size(); ++i) reqs[i].lora = "a" + std::to_string(i % m.adapters);
+    return reqs;
+  };
   for (const auto& mode : o.modes) {
     if (mode != "continuous" && mode != "static" && mode != "no-share" && mode != "deterministic" &&
-        mode != "libtorch" && mode != "host-sampler" && mode != "eager") {
+        mode != "libtorch" && mode != "host-sampler" && mode != "eager" && mode != "lora-1" &&
+        mode != "lora-4") {
       throw std::invalid_argument("unknown bench mode '" + mode +
-                                  "' (expected continuous, static, no-share, deterministic, libtorch "
-                                  "host-sampler or eager)");
+                                  "' (expected continuous, static, no-share, deterministic, libtorch, "
+                                  "host-sampler, eager, lora-1 or lora-4)");
     }
     engine::EngineConfig c = engine_config(o, model_dir);
     if (mode == "libtorch") {  // continuous, with at::linear and ATen's ops everywhere
@@ -335,14 +346,25 @@ int run_rollout_bench(const RolloutBenchOptions& o) {
     c.static_batching = mode == "static";
     c.deterministic = mode == "deterministic";
     c.enable_prefix_caching = mode != "no-share";
+    const int32_t adapters = mode == "lora-1" ? 1 : mode == "lora-4" ? 4 : 0;
+    if (adapters > 0) {
+      c.max_loras = adapters;
+      c.max_lora_rank = o.lora_rank;
+    }
     ModeRun m{mode, std::make_unique<engine::LlmEngine>(c), {}, {}};
+    for (int32_t a = 0; a < adapters; ++a) {  // random B: a real adapter's arithmetic
+      m.eng->add_lora("a" + std::to_string(a),
+                      engine::make_lora_adapter(m.eng->model_config(), o.lora_rank, 2.0 * o.lora_rank,
+                                                engine::parse_lora_targets("all-linear"), 100 + a, true));
+    }
+    m.adapters = adapters;
     m.w = make_workload(o, m.eng->model_config().vocab_size);
     if (!o.workload_out.empty() && mode_runs.empty()) {
       std::ofstream(o.workload_out) << nlohmann::json{{"prompts", m.w.prompts},
                                                       {"output_lens", m.w.output_lens},
                                                       {"n", o.n}}.dump();
     }
-    run_batch(*m.eng, make_requests(m.w, 1, true, 8));  // warmup
+    run_batch(*m.eng, requests_for(m, 1, true, 8));  // warmup
     mode_runs.push_back(std::move(m));
   }
   for (int32_t r = 0; r < o.repeats; ++r) {
@@ -354,7 +376,7 @@ int run_rollout_bench(const RolloutBenchOptions& o) {
         m.eng->set_step_observer([p = profiler.get()](const engine::StepRecord& rec) { p->after_step(rec); });
         profiler->arm();
       }
-      m.runs.push_back(run_batch(*m.eng, make_requests(m.w, o.n, m.mode != "no-share")));
+      m.runs.push_back(run_batch(*m.eng, requests_for(m, o.n, m.mode != "no-share", 1)));
       if (profiler) {
         profiler->disarm();
         m.eng->set_step_observer({});
@@ -410,7 +432,9 @@ int run_rollout_bench(const RolloutBenchOptions& o) {
       {"no_share_vs_continuous", {"no-share", "continuous"}},
       {"libtorch_vs_continuous", {"libtorch", "continuous"}},
       {"host_sampler_vs_continuous", {"host-sampler", "continuous"}},
-      {"eager_vs_continuous", {"eager", "continuous"}}};
+      {"eager_vs_continuous", {"eager", "continuous"}},
+      {"lora_1_vs_continuous", {"lora-1", "continuous"}},
+      {"lora_4_vs_continuous", {"lora-4", "continuous"}}};
   for (const auto& [key, pair] : ratios) {
     if (auto r = paired_ratio(pair.first, pair.second)) {
       result[key] = *r;

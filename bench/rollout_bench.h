@@ -9,7 +9,9 @@
 //   libtorch   — continuous with at::linear everywhere (--cpu-kernels libtorch);
 //   host-sampler — baseline on a device: continuous with each step's logits copied to the host
 //                  and sampled there (--sampler cpu), as before the tensor sampler;
-//   eager      — baseline on a device: continuous without CUDA graphs (--cuda-graphs off).
+//   eager      — baseline on a device: continuous without CUDA graphs (--cuda-graphs off);
+//   lora-1, lora-4 — continuous with 1 or 4 LoRA adapters (rank --lora-rank, all linear layers),
+//                  unmerged, the requests taking them in turn: what serving adapters costs.
 // Every mode reports its host time per engine phase (schedule, forward, sample, finish; on a
 // device the sample phase waits for the device) and its device->host bytes per engine step; on a device the run also reports its
 // share of the memory roofline (the weights read once a step plus every decode step's KV, over the
@@ -56,6 +58,7 @@ struct RolloutBenchOptions {
   std::string step_trace;
   std::string profile;
   std::string profile_steps = "20:3";
+  int32_t lora_rank = 32;                 // the lora-1 / lora-4 modes' adapters
 };
 
 void add_rollout_flags(CLI::App& cmd, RolloutBenchOptions& opts);
