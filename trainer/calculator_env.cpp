@@ -3,7 +3,6 @@
 #include <cctype>
 #include <stdexcept>
 
-#include "trainer/process_env.h"
 
 namespace crl::trainer {
 namespace {
@@ -160,18 +159,6 @@ ojson CalculatorEnv::demonstration(EnvSplit split, int64_t index) const {
                         {"content", std::to_string(a + b)}},
                        {{"role", "assistant"}, {"content", std::to_string(a + b)}}});
   return {{"messages", std::move(messages)}, {"tools", tools()}};
-}
-
-// --- environment.h ---
-
-const char* env_split_name(EnvSplit split) { return split == EnvSplit::kTrain ? "train" : "eval"; }
-
-std::string env_error_kind(const std::string& error) { return error.substr(0, error.find(':')); }
-
-std::unique_ptr<Environment> make_environment(const std::string& spec, const EnvOptions& options) {
-  if (spec.empty()) throw std::invalid_argument("--env: empty environment (calculator, or a command)");
-  if (spec == "calculator") return std::make_unique<CalculatorEnv>(options);
-  return std::make_unique<ProcessEnv>(spec, options);
 }
 
 }  // namespace crl::trainer

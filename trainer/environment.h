@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 namespace crl::trainer {
 
@@ -76,6 +77,26 @@ struct EnvOptions {
   std::chrono::milliseconds timeout{30000};
   // The built-in calculator: digits of each operand.
   int32_t calculator_digits = 4;
+  // Injected latency of every step, uniform in [min, max] ms, seeded by the episode and its step
+  // count (`bench multi-turn`: tools that take time); 0, 0: none.
+  int32_t latency_min_ms = 0;
+  int32_t latency_max_ms = 0;
+};
+
+// `inner` with EnvOptions' injected step latency (make_environment wraps with it when set).
+class DelayedEnv : public Environment {
+ public:
+  DelayedEnv(std::unique_ptr<Environment> inner, const EnvOptions& options);
+  std::string name() const override;
+  EnvReply reset(const std::string& episode_id, EnvSplit split, int64_t index) override;
+  EnvReply step(const std::string& episode_id, const nlohmann::ordered_json& assistant) override;
+  void close(const std::string& episode_id) override;
+  nlohmann::ordered_json demonstration(EnvSplit split, int64_t index) const override;
+
+ private:
+  std::unique_ptr<Environment> inner_;
+  uint64_t seed_;
+  int32_t min_ms_, max_ms_;
 };
 
 // "calculator" or a command line (see the top of this file). Throws std::invalid_argument for an

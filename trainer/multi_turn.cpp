@@ -20,7 +20,7 @@ using Clock = std::chrono::steady_clock;
 
 // One episode in flight.
 struct Live {
-  enum class Phase { kEnv, kEngine, kDone };
+  enum class Phase { kEnv, kEngine, kReady, kDone };  // kReady: waits for the turn's barrier
   Phase phase = Phase::kEnv;
   std::unique_ptr<text::ChatTrajectory> traj;
   ojson messages = ojson::array();
@@ -83,6 +83,10 @@ void EpisodeRunner::run(const std::vector<EpisodeSpec>& specs,
   };
   auto submit = [&](size_t i) {
     Live& l = live[i];
+    if (o_.turn_synchronous && l.phase != Live::Phase::kReady) {
+      l.phase = Live::Phase::kReady;  // submitted at the barrier (below)
+      return;
+    }
     const int64_t used = static_cast<int64_t>(l.traj->ids().size());
     if (used >= o_.max_episode_tokens) return finish(i, "token_cap");
     engine::GenerateRequest q;
@@ -155,6 +159,10 @@ void EpisodeRunner::run(const std::vector<EpisodeSpec>& specs,
                                " failed: " + out.error);
     }
     const engine::CompletionOutput& c = out.outputs.at(0);
+    if (l.ep.turns > 0) {
+      l.ep.later_prompt_tokens += static_cast<int64_t>(out.prompt_token_ids.size());
+      l.ep.later_cached_tokens += out.num_cached_tokens;
+    }
     const text::ParsedReply parsed = text::parse_tool_calls(format_, tokenizer_.decode(c.token_ids));
     const ojson message = parsed.message();
     l.traj->append_completion(c.token_ids, message);
@@ -196,6 +204,16 @@ void EpisodeRunner::run(const std::vector<EpisodeSpec>& specs,
         } else if (Clock::now() - l.submitted > o_.timeout) {
           throw std::runtime_error(fmt::format("episode {}: turn {} unfinished after {} s",
                                                specs[i].id, l.ep.turns + 1, o_.timeout.count() / 1000));
+        }
+      }
+    }
+    if (o_.turn_synchronous) {
+      // The barrier: nobody generates or waits for a tool, so every live episode is ready.
+      bool busy = false;
+      for (const Live& l : live) busy = busy || l.phase == Live::Phase::kEnv || l.phase == Live::Phase::kEngine;
+      if (!busy) {
+        for (size_t i = 0; i < live.size(); ++i) {
+          if (live[i].phase == Live::Phase::kReady) submit(i);
         }
       }
     }

@@ -51,6 +51,11 @@ struct MultiTurnOptions {
   int32_t max_episode_tokens = 384;
   // The longest an episode's engine request may run before the runner fails.
   std::chrono::milliseconds timeout{1800000};
+  // The baseline of `bench multi-turn`: episodes advance in lockstep, turn k + 1 of any episode
+  // starts once every live episode has finished turn k and heard from its environment (each turn
+  // waits for the slowest tool call). Off: an episode's next turn starts as soon as its own
+  // environment answered.
+  bool turn_synchronous = false;
 };
 
 // Where an episode is played: its id (unique in the job), task and sampling.
@@ -75,6 +80,10 @@ struct Episode {
   int32_t tool_errors = 0;         // calls that did not parse
   std::string end;                 // "answer", "turn_cap", "token_cap" or "env_error"
   std::string env_error;           // with end "env_error": the environment's named error
+  // The prompts of its engine requests after the first turn, summed, and how many of those
+  // tokens the engine's prefix cache served.
+  int64_t later_prompt_tokens = 0;
+  int64_t later_cached_tokens = 0;
   int64_t env_tokens() const;      // mask-0 ids after the first segment's opening prompt
   int64_t model_tokens() const;    // mask-1 ids
 };
