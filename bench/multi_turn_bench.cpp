@@ -77,6 +77,7 @@ void add_multi_turn_bench_flags(CLI::App& cmd, MultiTurnBenchOptions& o) {
   cmd.add_option("--seed", o.seed, "seed of the tasks, sampling and latencies")->capture_default_str();
   cmd.add_option("--threads", o.threads, "engine threads")->capture_default_str();
   cmd.add_option("--kv-memory", o.kv_memory, "KV cache pool")->capture_default_str();
+  cmd.add_flag("--sync-first", o.sync_first, "run the turn-synchronous mode first");
 }
 
 int run_multi_turn_bench(const MultiTurnBenchOptions& o) {
@@ -113,8 +114,27 @@ int run_multi_turn_bench(const MultiTurnBenchOptions& o) {
              "model {}, {} engine threads\n",
              o.episodes, env->name(), text::tool_call_format_name(format), o.max_turns, o.max_tokens,
              ec.model_dir, o.threads);
-  const ModeResult a = run_mode(async_runner, o, false);
-  const ModeResult s = run_mode(sync_runner, o, true);
+  {  // warm-up (threads, allocator, caches), not reported
+    MultiTurnBenchOptions w = o;
+    w.episodes = std::min<int32_t>(8, o.episodes);
+    w.seed = o.seed + 1000;
+    run_mode(async_runner, w, false);
+  }
+  // Both modes play the same episodes, each from an empty prefix cache (else the second would
+  // find the first one's blocks).
+  auto fresh = [&] { loop->post([](engine::LlmEngine& e) { e.reset_prefix_cache(); }).get(); };
+  ModeResult a, s;
+  if (o.sync_first) {
+    fresh();
+    s = run_mode(sync_runner, o, true);
+    fresh();
+    a = run_mode(async_runner, o, false);
+  } else {
+    fresh();
+    a = run_mode(async_runner, o, false);
+    fresh();
+    s = run_mode(sync_runner, o, true);
+  }
   loop->stop();
   fmt::print("| mode | seconds | episodes/s | gen tok/s | turns/episode | tool calls | tool errors | "
              "env errors | later-turn prompt tokens cached |\n|---|---|---|---|---|---|---|---|---|\n");

@@ -35,6 +35,7 @@ struct MultiTurnBenchOptions {
   uint64_t seed = 1;
   int32_t threads = 2;
   std::string kv_memory = "256MiB";
+  bool sync_first = false;      // run the turn-synchronous mode first (after a warm-up either way)
 };
 
 void add_multi_turn_bench_flags(CLI::App& cmd, MultiTurnBenchOptions& opts);
