@@ -163,7 +163,12 @@ void EpisodeRunner::run(const std::vector<EpisodeSpec>& specs,
       l.ep.later_prompt_tokens += static_cast<int64_t>(out.prompt_token_ids.size());
       l.ep.later_cached_tokens += out.num_cached_tokens;
     }
-    const text::ParsedReply parsed = text::parse_tool_calls(format_, tokenizer_.decode(c.token_ids));
+    // Ids past the tokenizer's vocabulary (a model's padded embeddings) have no text.
+    std::vector<int32_t> known;
+    for (int32_t id : c.token_ids) {
+      if (id >= 0 && id < tokenizer_.vocab_size()) known.push_back(id);
+    }
+    const text::ParsedReply parsed = text::parse_tool_calls(format_, tokenizer_.decode(known));
     const ojson message = parsed.message();
     l.traj->append_completion(c.token_ids, message);
     l.messages.push_back(message);

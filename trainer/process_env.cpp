@@ -309,8 +309,13 @@ EnvReply ProcessEnv::step(const std::string& episode_id, const ojson& assistant)
 }
 
 void ProcessEnv::close(const std::string& episode_id) {
+  // Queued, not waited for: the caller (the episode runner's thread) never waits behind a slow
+  // request of another episode.
   ojson q = {{"op", "close"}, {"episode_id", episode_id}};
-  exchange(q, false, false);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_) return;
+  jobs_.push_back([this, q] { exchange_now(q, false, false); });
+  cv_.notify_all();
 }
 
 }  // namespace crl::trainer
