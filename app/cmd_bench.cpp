@@ -13,6 +13,7 @@
 #include "app/commands.h"
 #include "app/launcher.h"
 #include "bench/linear_bench.h"
+#include "bench/multi_turn_bench.h"
 #include "bench/rl_bench.h"
 #include "bench/rollout_bench.h"
 #include "bench/serve_bench.h"
@@ -202,7 +203,14 @@ Runner register_bench(CLI::App& app) {
   auto* linear = cmd->add_subcommand("linear", "the engine's linear layers on the CPU: at::linear (OpenBLAS) "
                                                "against the project's kernels, GFLOP/s per row count");
   bench::add_linear_bench_flags(*linear, *linear_opts);
-  return [opts, rollout, sync, sf, serve_opts, serve, e2e, tok_opts, tok, train_opts, train, linear_opts, linear]() {
+  auto mt_opts = std::make_shared<bench::MultiTurnBenchOptions>();
+  auto* mt = cmd->add_subcommand("multi-turn", "multi-turn rollouts with tool latency: episodes "
+                                               "that overlap their tool waits vs the turn-synchronous "
+                                               "baseline, prefix-cache share, trainer tokens");
+  bench::add_multi_turn_bench_flags(*mt, *mt_opts);
+  return [opts, rollout, sync, sf, serve_opts, serve, e2e, tok_opts, tok, train_opts, train, linear_opts, linear,
+          mt_opts, mt]() {
+    if (mt->parsed()) return bench::run_multi_turn_bench(*mt_opts);
     if (linear->parsed()) return bench::run_linear_bench(*linear_opts);
     if (train->parsed()) return bench::run_train_bench(*train_opts);
     if (rollout->parsed())

@@ -47,6 +47,7 @@ Runner register_train(CLI::App& app) {
     std::string train_dtype;
     double lr = 1e-4;
     double rollout_timeout_s = 1800;
+    double env_timeout_s = 30;
     double min_lr = -1;      // unset: lr / 10
     double sft_min_lr = -1;  // unset: sft lr / 10
     std::string inflight = "keep";
@@ -174,6 +175,22 @@ Runner register_train(CLI::App& app) {
                   "the API (--serve-port) requires 'Authorization: Bearer KEY' on every endpoint "
                   "but /health and /metrics; from $CRL_API_KEY when not given")
       ->envname("CRL_API_KEY");
+  cmd->add_option("--env", o.env,
+                  "multi-turn RL against an environment: 'calculator' (built in: 4-digit additions "
+                  "with an add tool) or a command speaking JSON lines on stdin/stdout (started per "
+                  "infer rank; see trainer/process_env.h); --max-tokens caps each assistant turn");
+  cmd->add_option("--max-turns", o.multi_turn.max_turns, "--env: assistant turns per episode at most")
+      ->capture_default_str();
+  cmd->add_option("--max-episode-tokens", o.multi_turn.max_episode_tokens,
+                  "--env: token ids per episode at most (prompt, turns and tool results)")
+      ->capture_default_str();
+  cmd->add_option("--env-timeout", f->env_timeout_s,
+                  "--env: seconds an external environment has for one reply (then the episode ends "
+                  "with env_timeout, reward 0)")
+      ->capture_default_str();
+  cmd->add_option("--env-digits", o.env_options.calculator_digits,
+                  "--env calculator: digits of each operand")
+      ->capture_default_str();
   cmd->add_option("--rollout-timeout", f->rollout_timeout_s,
                   "seconds a train rank waits for one step's rollouts")->capture_default_str();
   cmd->add_option("--inject-fault", o.fault, "tests only: die-at-step:RANK:STEP")->group("");
@@ -193,6 +210,8 @@ Runner register_train(CLI::App& app) {
     o.inflight = engine::parse_inflight_policy(f->inflight);
     o.timeout = f->dist.timeout();
     o.rollout_timeout = std::chrono::milliseconds(static_cast<int64_t>(f->rollout_timeout_s * 1000));
+    o.env_options.timeout = std::chrono::milliseconds(static_cast<int64_t>(f->env_timeout_s * 1000));
+    o.env_options.seed = o.seed;
     o.bucket_bytes = f->dist.bucket_bytes();
     o.sync = f->dist.sync_options();
     o.device_map = sync::parse_device_map(f->device_map);

@@ -126,6 +126,10 @@ LossOutput sft_loss(const at::Tensor& logprobs, const at::Tensor& old_logprobs) 
   return out;
 }
 
+at::Tensor loss_token_rows(const at::Tensor& loss_mask) {
+  return (loss_mask != 0).nonzero().squeeze(1);
+}
+
 at::Tensor target_logprobs(const at::Tensor& logits, const at::Tensor& targets, bool match_engine) {
   CRL_CHECK(logits.dim() == 2 && targets.dim() == 1 && logits.size(0) == targets.size(0),
             "target_logprobs: logits ", logits.sizes(), " targets ", targets.sizes());

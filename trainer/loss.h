@@ -69,6 +69,12 @@ LossOutput grpo_loss(const at::Tensor& logprobs, const at::Tensor& old_logprobs,
 // metric then).
 LossOutput sft_loss(const at::Tensor& logprobs, const at::Tensor& old_logprobs);
 
+// The rows j of a micro-batch's tokens that carry loss (loss_mask[j] != 0), int64 [N]: their
+// logits are row j - 1's. Only these rows' logits are computed and enter a loss, so a token off
+// the mask (a prompt, tool or environment token: weight exactly 0) has no part in the loss or its
+// gradient, whatever its logits, log-prob or advantage.
+at::Tensor loss_token_rows(const at::Tensor& loss_mask);
+
 // Log-probs [N] of `targets` [N] under `logits` [N, V] float32, differentiable through log_softmax.
 // When match_engine is set (CPU logits), the *values* are the engine sampler's raw log-probs
 // (engine::token_logprobs: same max, exp polynomial and summation order), bit for bit, while the

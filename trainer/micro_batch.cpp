@@ -100,10 +100,15 @@ std::vector<MicroBatch> pack_micro_batches(const std::vector<SampleGroup>& group
     lens.clear();
   };
   for (const auto& g : groups) {
-    if (g.prompt_ids.empty()) CRL_INVALID("sample group ", g.prompt_index, " has an empty prompt");
-    const int64_t prompt_len = static_cast<int64_t>(g.prompt_ids.size());
     for (size_t si = 0; si < g.samples.size(); ++si) {
       const Sample& s = g.samples[si];
+      const std::vector<int32_t>& prompt = s.prompt_ids.empty() ? g.prompt_ids : s.prompt_ids;
+      if (prompt.empty()) CRL_INVALID("sample group ", g.prompt_index, " has an empty prompt");
+      const int64_t prompt_len = static_cast<int64_t>(prompt.size());
+      if (!s.loss_mask.empty() && s.loss_mask.size() != s.completion_ids.size()) {
+        CRL_INVALID("sample ", si, " of group ", g.prompt_index, " has ", s.completion_ids.size(),
+                    " tokens but a loss mask of ", s.loss_mask.size());
+      }
       if (s.logprobs.size() != s.completion_ids.size()) {
         CRL_INVALID("sample ", si, " of group ", g.prompt_index, " has ", s.completion_ids.size(),
                     " tokens but ", s.logprobs.size(), " log-probs");
@@ -119,7 +124,7 @@ std::vector<MicroBatch> pack_micro_batches(const std::vector<SampleGroup>& group
                     ") exceeds micro_batch_tokens ", micro_batch_tokens);
       }
       if (static_cast<int64_t>(tokens.size()) + len > micro_batch_tokens) flush();
-      for (int32_t id : g.prompt_ids) {
+      for (int32_t id : prompt) {
         tokens.push_back(id);
         mask.push_back(0.0f);
         old_lp.push_back(0.0f);
@@ -127,11 +132,12 @@ std::vector<MicroBatch> pack_micro_batches(const std::vector<SampleGroup>& group
         versions.push_back(-1);
       }
       for (size_t i = 0; i < s.completion_ids.size(); ++i) {
+        const bool on = s.loss_mask.empty() || s.loss_mask[i] != 0;
         tokens.push_back(s.completion_ids[i]);
-        mask.push_back(1.0f);
-        old_lp.push_back(s.logprobs[i]);
-        adv.push_back(static_cast<float>(s.advantage));
-        versions.push_back(s.versions.empty() ? weight_version : s.versions[i]);
+        mask.push_back(on ? 1.0f : 0.0f);
+        old_lp.push_back(on ? s.logprobs[i] : 0.0f);
+        adv.push_back(on ? static_cast<float>(s.advantage) : 0.0f);
+        versions.push_back(!on ? -1 : s.versions.empty() ? weight_version : s.versions[i]);
       }
       lens.push_back(len);
     }

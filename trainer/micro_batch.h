@@ -30,6 +30,11 @@ struct Sample {
                                         // version given to pack_micro_batches)
   double reward = 0;                    // verifiable reward
   double advantage = 0;                 // set by compute_group_advantages (GRPO) or the caller
+  // Multi-turn (issue 28): the loss weight of each completion token, 1 for the model's tokens,
+  // exactly 0 for tool/environment text inside the completion (empty: all 1), and the sample's
+  // own prompt (empty: its group's; a trajectory's later segment has its own).
+  std::vector<uint8_t> loss_mask;
+  std::vector<int32_t> prompt_ids;
 };
 
 // The n samples of one prompt (a GRPO group; never split across infer ranks).
@@ -70,8 +75,10 @@ struct MicroBatch {
 };
 
 // Packs the groups' sequences in order into micro-batches of at most `micro_batch_tokens` tokens.
-// Throws std::invalid_argument when one sequence alone exceeds the cap, a sample's logprobs and
-// completion lengths differ, or a prompt is empty. Samples with an empty completion are skipped.
+// Completion tokens off a sample's loss_mask get mask 0, log-prob 0, advantage 0 and version -1.
+// Throws std::invalid_argument when one sequence alone exceeds the cap, a sample's logprobs (or
+// loss_mask) and completion lengths differ, or a prompt is empty. Samples with an empty completion
+// are skipped.
 std::vector<MicroBatch> pack_micro_batches(const std::vector<SampleGroup>& groups,
                                            int64_t micro_batch_tokens, int64_t weight_version = 0);
 

@@ -66,6 +66,28 @@ void RlOptions::validate() {
     throw std::invalid_argument("--micro-batch-tokens must exceed --max-tokens (a sequence never "
                                 "splits across micro-batches)");
   }
+  if (!env.empty()) {
+    multi_turn.max_tokens_per_turn = max_tokens;
+    if (multi_turn.max_turns < 1 || multi_turn.max_episode_tokens <= max_tokens) {
+      throw std::invalid_argument("--max-turns must be >= 1 and --max-episode-tokens above --max-tokens");
+    }
+    if (trainer.micro_batch_tokens < multi_turn.max_episode_tokens) {
+      throw std::invalid_argument(fmt::format(
+          "--micro-batch-tokens ({}) must be at least --max-episode-tokens ({}): a trajectory never "
+          "splits across micro-batches", trainer.micro_batch_tokens, multi_turn.max_episode_tokens));
+    }
+    if (env != "calculator" && sft_steps > 0) {
+      throw std::invalid_argument("--env " + env + ": an external environment gives no "
+                                  "demonstrations for the SFT warm-up; pass --sft-steps 0");
+    }
+    if (!data_path.empty()) {
+      throw std::invalid_argument("--env and --data exclude each other: the environment sets the tasks");
+    }
+    if (reproducible) {
+      throw std::invalid_argument("--reproducible is not supported with --env: episodes finish in "
+                                  "the order their environment answers");
+    }
+  }
   if (steps < 0 || prompts_per_step < 1 || samples_per_prompt < 1 || max_tokens < 1) {
     throw std::invalid_argument("--steps >= 0, --prompts-per-step, --n-samples and --max-tokens >= 1");
   }

@@ -22,6 +22,8 @@
 #include "sync/groups.h"
 #include "sync/placement.h"
 #include "sync/weight_sync.h"
+#include "trainer/environment.h"
+#include "trainer/multi_turn.h"
 #include "trainer/tasks.h"
 #include "trainer/trainer.h"
 
@@ -98,6 +100,14 @@ struct RlOptions {
   // Packed micro-batches an infer rank queues for its train ranks before it stops admitting
   // new prompts (back-pressure).
   size_t rollout_queue = 4;
+  // Multi-turn RL (issue 28): --env "calculator" (built in) or a command speaking JSON lines
+  // (trainer/environment.h); "" = the single-turn job. A GRPO group is --n-samples episodes of one
+  // task (the task rows' index is the environment's task index); --max-tokens caps each assistant
+  // turn. The SFT warm-up runs on the environment's demonstrations (an external environment has
+  // none: --sft-steps 0).
+  std::string env;
+  trainer::MultiTurnOptions multi_turn;
+  trainer::EnvOptions env_options;
   // Tests only: "die-at-step:RANK:STEP" SIGKILLs that rank when it starts GRPO step STEP.
   std::string fault;
 

@@ -21,9 +21,11 @@ void report_rl_job(const RlContext& j, sync::Coordinator& coord) {
     if (!metrics) throw std::runtime_error("cannot open the metrics file " + o.metrics_path);
   }
   if (!j.versions.resumed()) {
-    fmt::print("data: {} rows ({}): {} held out for evaluation{}, {} for training\n",
-               j.data.split().eval.size() + j.data.split().train.size(),
-               o.data_path.empty() ? std::string("built-in copy task") : o.data_path,
+    fmt::print("data: {} {} ({}): {} held out for evaluation{}, {} for training\n",
+               j.data.split().eval.size() + j.data.split().train.size(), o.env.empty() ? "rows" : "tasks",
+               !o.env.empty()          ? "episodes of --env " + o.env
+               : o.data_path.empty() ? std::string("built-in copy task")
+                                     : o.data_path,
                j.data.split().eval.size(),
                o.eval_rows < 0 ? " (default: a fifth, at most 128; --eval-rows sets it)" : "",
                j.data.split().train.size());
@@ -79,6 +81,12 @@ void report_rl_job(const RlContext& j, sync::Coordinator& coord) {
                row.is_weight_mean, row.is_weight_max, row.time_generate_s, row.time_wait_rollouts_s,
                row.time_train_s, row.time_sync_s * 1e3, row.engine_idle_share * 100,
                row.trainer_idle_share * 100);
+    if (t.episodes > 0) {  // multi-turn (--env)
+      fmt::print("  episodes {:.0f} | turns/episode {:.2f} | tool errors {:.0f} | env errors {:.0f} | "
+                 "masked tokens {:.1f}%\n",
+                 t.episodes, row.turns_per_episode, row.tool_errors, row.env_errors,
+                 row.masked_token_share * 100);
+    }
     std::fflush(stdout);
     if (m.eval_accuracy) evals.push_back({fmt::format("step {}", m.step), *m.eval_accuracy});
     sum_gen += t.gen_s;

@@ -28,10 +28,22 @@ void to_json(json& j, const InferReport& r) {
        {"engine_version", r.engine_version},
        {"elapsed_s", r.elapsed_s},
        {"store_ops", r.store_ops},
-       {"store_bytes", r.store_bytes}};
+       {"store_bytes", r.store_bytes},
+       {"episodes", r.episodes},
+       {"turns", r.turns},
+       {"tool_errors", r.tool_errors},
+       {"env_errors", r.env_errors},
+       {"env_tokens", r.env_tokens},
+       {"model_tokens", r.model_tokens}};
 }
 
 void from_json(const json& j, InferReport& r) {
+  j.at("episodes").get_to(r.episodes);
+  j.at("turns").get_to(r.turns);
+  j.at("tool_errors").get_to(r.tool_errors);
+  j.at("env_errors").get_to(r.env_errors);
+  j.at("env_tokens").get_to(r.env_tokens);
+  j.at("model_tokens").get_to(r.model_tokens);
   j.at("samples").get_to(r.samples);
   j.at("reward_sum").get_to(r.reward_sum);
   j.at("reward_sq").get_to(r.reward_sq);
@@ -146,6 +158,12 @@ StepTotals combine(const std::vector<RankReport>& reports, const std::vector<dou
       t.correct += static_cast<double>(x->correct);
       t.gen_tokens += static_cast<double>(x->gen_tokens);
       t.dropped += static_cast<double>(x->groups_dropped);
+      t.episodes += static_cast<double>(x->episodes);
+      t.turns += static_cast<double>(x->turns);
+      t.tool_errors += static_cast<double>(x->tool_errors);
+      t.env_errors += static_cast<double>(x->env_errors);
+      t.env_tokens += static_cast<double>(x->env_tokens);
+      t.model_tokens += static_cast<double>(x->model_tokens);
       t.gen_s = std::max(t.gen_s, x->gen_s);
       t.sync_s = std::max(t.sync_s, x->sync_s);
       t.engine_version = std::max(t.engine_version, x->engine_version);
@@ -212,6 +230,10 @@ void to_json(json& j, const RlMetricsRow& r) {
   j["store_ops"] = r.store_ops;
   j["store_bytes"] = r.store_bytes;
   j["zero_rounds_while_receiving_share"] = r.zero_rounds_while_receiving_share;
+  j["turns_per_episode"] = r.turns_per_episode;
+  j["tool_errors"] = r.tool_errors;
+  j["env_errors"] = r.env_errors;
+  j["masked_token_share"] = r.masked_token_share;
 }
 
 void from_json(const json& j, RlMetricsRow& r) {
@@ -233,6 +255,10 @@ void from_json(const json& j, RlMetricsRow& r) {
   j.at("store_ops").get_to(r.store_ops);
   j.at("store_bytes").get_to(r.store_bytes);
   j.at("zero_rounds_while_receiving_share").get_to(r.zero_rounds_while_receiving_share);
+  j.at("turns_per_episode").get_to(r.turns_per_episode);
+  j.at("tool_errors").get_to(r.tool_errors);
+  j.at("env_errors").get_to(r.env_errors);
+  j.at("masked_token_share").get_to(r.masked_token_share);
 }
 
 RlMetricsRow make_metrics_row(const StepTotals& t) {
@@ -271,6 +297,11 @@ RlMetricsRow make_metrics_row(const StepTotals& t) {
   row.store_bytes = t.store_bytes;
   row.zero_rounds_while_receiving_share =
       t.zero_rounds > 0 ? t.zero_rounds_while_receiving / t.zero_rounds : 0.0;
+  row.turns_per_episode = t.episodes > 0 ? t.turns / t.episodes : 0;
+  row.tool_errors = t.tool_errors;
+  row.env_errors = t.env_errors;
+  const double traj = t.env_tokens + t.model_tokens;
+  row.masked_token_share = traj > 0 ? t.env_tokens / traj : 0;
   return row;
 }
 

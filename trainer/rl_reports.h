@@ -39,6 +39,15 @@ struct InferReport {
   double elapsed_s = 0;        // since the job started
   int64_t store_ops = 0;       // store requests since the last report (sync/store.h)
   int64_t store_bytes = 0;     // their key + value bytes
+  // Multi-turn (--env) only, else 0: episodes played, their assistant turns, tool calls that did
+  // not parse, episodes ended by an environment error, and the trajectories' ids after the first
+  // model id by loss weight (env_tokens: weight 0, model_tokens: weight 1).
+  int64_t episodes = 0;
+  int64_t turns = 0;
+  int64_t tool_errors = 0;
+  int64_t env_errors = 0;
+  int64_t env_tokens = 0;
+  int64_t model_tokens = 0;
 };
 void to_json(nlohmann::json& j, const InferReport& r);
 void from_json(const nlohmann::json& j, InferReport& r);
@@ -88,6 +97,7 @@ struct StepTotals {
   double isw_mean_w = 0, isw_max = 0, stale_sum = 0, stale_max = 0, dropped = 0;
   double train_s = 0, wait_s = 0, gnorm = 0, lr = 0, elapsed = 0;
   double store_ops = 0, store_bytes = 0;
+  double episodes = 0, turns = 0, tool_errors = 0, env_errors = 0, env_tokens = 0, model_tokens = 0;
   double infer_busy = 0, infer_span = 0, train_idle = 0, train_span = 0;
   double zero_rounds = 0, zero_rounds_while_receiving = 0;  // ZeRO-2 rounds, summed over train ranks
   int64_t engine_version = 0, peak_rss = 0;
@@ -138,6 +148,13 @@ struct RlMetricsRow {
   // ZeRO stage 2: the share of collective rounds a train rank ran while its own rollout stream
   // was still open (over all train ranks).
   double zero_rounds_while_receiving_share = 0;
+  // Multi-turn (--env): assistant turns per episode, unparsable tool calls, episodes ended by an
+  // environment error, and the share of trajectory ids (after the first model id) with loss
+  // weight 0 (tool and environment text).
+  double turns_per_episode = 0;
+  double tool_errors = 0;
+  double env_errors = 0;
+  double masked_token_share = 0;
 };
 void to_json(nlohmann::json& j, const RlMetricsRow& r);
 void from_json(const nlohmann::json& j, RlMetricsRow& r);

@@ -12,11 +12,14 @@
 #include "common/check.h"
 #include "common/units.h"
 #include "engine/model/config.h"
+#include "engine/text/chat_template.h"
 #include "engine/text/tokenizer.h"
 #include "sync/rollout_transport.h"
 #include "sync/weight_layout.h"
 #include "sync/weight_sync.h"
 #include "trainer/checkpoint.h"
+#include "trainer/environment.h"
+#include "trainer/multi_turn.h"
 #include "trainer/metrics.h"
 #include "trainer/micro_batch.h"
 #include "trainer/prompt_encoder.h"
@@ -232,11 +235,33 @@ std::unique_ptr<Trainer> RolloutConsumer::sft(std::unique_ptr<Trainer> tr, const
   engine::Tokenizer tok(o_.model_dir);
   auto cfg = engine::load_model_config(o_.model_dir);
   const PromptEncoder prompts(tok, tok.special_prefix());
+  // --env: the environment's demonstrations (whole episodes: the model's turns are the targets,
+  // the prompt and the tool results carry weight 0), rendered as the engines render episodes.
+  std::unique_ptr<Environment> env;
+  std::unique_ptr<text::ChatTemplate> chat;
+  std::vector<int32_t> chat_prefix;
+  text::ToolCallFormat format = text::ToolCallFormat::kHermes;
+  if (!o_.env.empty()) {
+    env = make_environment(o_.env, o_.env_options);
+    chat = std::make_unique<text::ChatTemplate>(text::ChatTemplate::from_model_dir(o_.model_dir));
+    if (!chat->is_jinja()) chat_prefix = tok.special_prefix();
+    format = text::detect_tool_call_format(*chat);
+  }
   for (int64_t s = 0; s < o_.sft_steps; ++s) {
     std::vector<int64_t> picked = c_.data.draw(o_.sft_rows_per_step);
     std::vector<SampleGroup> groups;
     for (size_t i = 0; i < picked.size(); ++i) {
       if (static_cast<int>(i % c_.ranks.train_total) != c_.ranks.role_global) continue;
+      if (env) {
+        const nlohmann::ordered_json demo = env->demonstration(EnvSplit::kTrain, picked[i]);
+        if (demo.is_null()) throw std::invalid_argument("--env " + o_.env + " gives no demonstrations");
+        SampleGroup g;
+        g.samples.push_back(demonstration_sample(demo["messages"], demo["tools"], *chat, tok, chat_prefix,
+                                                 format, static_cast<int32_t>(cfg.eos_token_ids.at(0))));
+        g.prompt_ids = g.samples[0].prompt_ids;
+        groups.push_back(std::move(g));
+        continue;
+      }
       const auto& row = c_.data.split().train[picked[i]];
       groups.push_back(sft_group(prompts.encode(row), tok.encode(row.answer, PromptEncoder::answer_options(row)),
                                  static_cast<int32_t>(cfg.eos_token_ids.at(0))));

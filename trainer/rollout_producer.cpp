@@ -1,6 +1,7 @@
 #include "trainer/rollout_producer.h"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <csignal>
@@ -11,9 +12,12 @@
 #include "common/check.h"
 #include "engine/engine_loop.h"
 #include "engine/llm_engine.h"
+#include "engine/text/chat_template.h"
 #include "sync/rollout_transport.h"
 #include "sync/weight_layout.h"
 #include "sync/weight_sync.h"
+#include "trainer/environment.h"
+#include "trainer/multi_turn.h"
 #include "trainer/prompt_encoder.h"
 #include "trainer/rl_reports.h"
 
@@ -86,18 +90,40 @@ RolloutProducer::RolloutProducer(RlContext& ctx) : c_(ctx), o_(ctx.o) {
   for (size_t i = 0; i < c_.data.split().eval.size(); ++i) {
     if (static_cast<int>(i % c_.ranks.infer_total) == c_.ranks.role_global) eval_rows_.push_back(i);
   }
+  std::vector<int32_t> chat_prefix;
+  if (!o_.env.empty()) {
+    chat_ = std::make_unique<text::ChatTemplate>(text::ChatTemplate::from_model_dir(eng->config().model_dir));
+    if (!chat_->is_jinja()) chat_prefix = eng->prompt_prefix();  // a built-in format: BOS first
+  }
+  const engine::Tokenizer* tok = eng->tokenizer();
   loop_ = std::make_shared<engine::EngineLoop>(std::move(eng));
   loop_->set_weight_source(ws_, o_.inflight);
   loop_->start();
   loop_->wait_ready();
+  if (!o_.env.empty()) {
+    env_ = make_environment(o_.env, o_.env_options);
+    const text::ToolCallFormat format = text::detect_tool_call_format(*chat_);
+    MultiTurnOptions mo = o_.multi_turn;
+    mo.timeout = o_.rollout_timeout;
+    episodes_ = std::make_unique<EpisodeRunner>(*loop_, *env_, *chat_, *tok, chat_prefix, format, mo);
+    if (c_.ranks.env.rank == 0) {
+      fmt::print("multi-turn: environment {}, tool calls in the {} form, up to {} turns and {} "
+                 "tokens an episode\n", env_->name(), text::tool_call_format_name(format),
+                 mo.max_turns, mo.max_episode_tokens);
+      std::fflush(stdout);
+    }
+  }
 }
 
 RolloutProducer::~RolloutProducer() {
   sender_.reset();
   loop_->stop();
+  episodes_.reset();
+  env_.reset();
 }
 
 double RolloutProducer::evaluate() {
+  if (episodes_) return evaluate_episodes();
   std::vector<engine::GenerateRequest> reqs;
   for (size_t k = 0; k < eval_rows_.size(); ++k) {
     engine::GenerateRequest q;
@@ -240,6 +266,7 @@ void RolloutProducer::run() {
 }
 
 InferReport RolloutProducer::rollout(int64_t step) {
+  if (episodes_) return rollout_episodes(step);
   auto t_start = Clock::now();
   std::vector<int64_t> picked = c_.data.draw(o_.prompts_per_step);
   std::vector<std::vector<int32_t>> prompt_ids;
@@ -349,6 +376,126 @@ int64_t RolloutProducer::send(std::vector<SampleGroup>& pending, int64_t step) {
     }
   }
   return bytes;
+}
+
+double RolloutProducer::evaluate_episodes() {
+  std::vector<EpisodeSpec> specs;
+  for (size_t k = 0; k < eval_rows_.size(); ++k) {
+    EpisodeSpec e;
+    e.id = fmt::format("eval{}-{}", evals_, k);
+    e.split = EnvSplit::kEval;
+    e.index = static_cast<int64_t>(eval_rows_[k]);
+    e.temperature = 0;
+    specs.push_back(std::move(e));
+  }
+  ++evals_;
+  double correct = 0;
+  auto t0 = Clock::now();
+  // Evaluation takes no weight update: it measures one version.
+  episodes_->run(specs, [&](size_t, Episode& ep) { correct += ep.correct; });
+  busy_s_ += seconds_since(t0);
+  at::Tensor t = at::tensor({correct, static_cast<double>(eval_rows_.size())}, at::kDouble);
+  c_.ranks.g.infer->all_reduce(t);
+  return t[1].item<double>() > 0 ? t[0].item<double>() / t[1].item<double>() : 0.0;
+}
+
+InferReport RolloutProducer::rollout_episodes(int64_t step) {
+  auto t_start = Clock::now();
+  const int64_t n = o_.samples_per_prompt;
+  std::vector<int64_t> picked = c_.data.draw(o_.prompts_per_step);
+  // Every task costs about the same (n episodes up to the token cap): the LPT shard spreads them.
+  std::vector<int> owner = shard_by_cost(std::vector<int64_t>(picked.size(), 1), c_.ranks.infer_total);
+  std::vector<EpisodeSpec> specs;
+  std::vector<size_t> task_of;  // spec -> index into `tasks`
+  std::vector<int64_t> tasks;   // this rank's tasks (rows)
+  for (size_t i = 0; i < picked.size(); ++i) {
+    if (owner[i] != c_.ranks.role_global) continue;
+    for (int64_t k = 0; k < n; ++k) {
+      EpisodeSpec e;
+      e.id = fmt::format("s{}p{}e{}", step, i, k);
+      e.split = EnvSplit::kTrain;
+      e.index = picked[i];
+      e.temperature = o_.temperature;
+      e.seed = (o_.seed * 1000003 + static_cast<uint64_t>(step) * 1009 + i) * 131 + static_cast<uint64_t>(k);
+      specs.push_back(std::move(e));
+      task_of.push_back(tasks.size());
+    }
+    tasks.push_back(picked[i]);
+  }
+  const int64_t oldest_allowed = c_.versions.version_at(step) - o_.max_staleness;
+  std::vector<std::vector<Episode>> done(tasks.size());
+  std::vector<SampleGroup> pending;
+  InferReport r;
+  int64_t pending_tokens = 0, sent_bytes = 0;
+  double rsum = 0, rsq = 0;
+  episodes_->run(
+      specs,
+      [&](size_t index, Episode& ep) {
+        const size_t t = task_of[index];
+        ++r.episodes;
+        r.turns += ep.turns;
+        r.tool_errors += ep.tool_errors;
+        r.env_errors += ep.end == "env_error";
+        if (ep.end == "env_error") {
+          spdlog::warn("episode {}: {} (reward 0)", specs[index].id, ep.env_error);
+        }
+        r.env_tokens += ep.env_tokens();
+        r.model_tokens += ep.model_tokens();
+        r.gen_tokens += ep.model_tokens();
+        r.correct += ep.correct;
+        rsum += ep.reward;
+        rsq += ep.reward * ep.reward;
+        ++r.samples;
+        for (size_t j = 0; j < ep.ids.size(); ++j) {
+          if (ep.mask[j]) r.stale_tokens += ep.versions[j] < c_.versions.version_at(step);
+        }
+        done[t].push_back(std::move(ep));
+        if (static_cast<int64_t>(done[t].size()) < n) return;
+        // The group is complete: advantages over its episodes' rewards (GRPO), then one sample
+        // per segment, each with its episode's advantage.
+        std::vector<SampleGroup> rewards(1);
+        bool too_old = false;
+        for (const Episode& e : done[t]) {
+          Sample s;
+          s.reward = e.reward;
+          rewards[0].samples.push_back(s);
+          for (size_t j = 0; j < e.ids.size(); ++j) too_old = too_old || (e.mask[j] && e.versions[j] < oldest_allowed);
+        }
+        if (too_old) {  // never trained on; counted in the step's metrics
+          ++r.groups_dropped;
+          done[t].clear();
+          return;
+        }
+        compute_group_advantages(rewards);
+        SampleGroup grp;
+        grp.prompt_index = tasks[t];
+        for (size_t k = 0; k < done[t].size(); ++k) {
+          for (Sample& s : episode_samples(done[t][k], rewards[0].samples[k].advantage)) {
+            pending_tokens += static_cast<int64_t>(s.prompt_ids.size() + s.completion_ids.size());
+            grp.samples.push_back(std::move(s));
+          }
+        }
+        done[t].clear();
+        if (grp.samples.empty()) return;
+        grp.prompt_ids = grp.samples[0].prompt_ids;
+        pending.push_back(std::move(grp));
+        if (pending_tokens >= o_.trainer.micro_batch_tokens) {
+          sent_bytes += send(pending, step);
+          pending_tokens = 0;
+        }
+      },
+      [&] {
+        if (!o_.reproducible) follow_updates();
+      });
+  busy_s_ += seconds_since(t_start);
+  r.gen_s = seconds_since(t_start);
+  sent_bytes += send(pending, step);
+  sender_->end_step(step);
+  r.reward_sum = rsum;
+  r.reward_sq = rsq;
+  r.reward_mean = rsum / std::max<double>(1, static_cast<double>(r.samples));
+  r.rollout_bytes = sent_bytes;
+  return r;
 }
 
 }  // namespace crl::trainer

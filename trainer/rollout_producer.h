@@ -17,6 +17,9 @@
 //      prompt order, so the weights that sampled a token and the
 //      micro-batches are functions of the step count, not of timing; its rollout queue is then
 //      unbounded (at most K + 1 steps' rollouts).
+// With --env the rollouts are multi-turn episodes against an environment (multi_turn.h): a group
+// is n episodes of one task, its advantages come from the episodes' rewards, and each episode is
+// one sample per prefix-preserving segment, its tool/environment tokens with loss weight 0.
 // Held-out accuracy is measured greedily on the version that ends an evaluated step, before the
 // engine asks for the next one. Each step's InferReport (rl_reports.h) and the evaluations go to
 // world rank 0 through the coordinator.
@@ -36,6 +39,9 @@ class EngineLoop;
 struct GenerateRequest;
 struct RequestOutput;
 }  // namespace crl::engine
+namespace crl::text {
+class ChatTemplate;
+}
 namespace crl::sync {
 class RolloutSender;
 class WeightLayout;
@@ -45,6 +51,8 @@ class WeightSync;
 namespace crl::trainer {
 
 class PromptEncoder;
+class Environment;
+class EpisodeRunner;
 struct InferReport;
 
 // The engine of infer rank `self`: the options' model (the checkpoint's when `resumed`), dtype,
@@ -83,6 +91,10 @@ class RolloutProducer {
   // Asks the train ranks for version followed_ + 1 (once).
   void request_next();
   InferReport rollout(int64_t step);
+  // Multi-turn (--env): step s's episodes (n per task of this rank's shard), scored by the
+  // environment, one sample per trajectory segment; and the held-out success rate (greedy).
+  InferReport rollout_episodes(int64_t step);
+  double evaluate_episodes();
   // Packs `pending` and queues the micro-batches; waits (following updates) while the queue is full.
   int64_t send(std::vector<SampleGroup>& pending, int64_t step);
 
@@ -93,6 +105,10 @@ class RolloutProducer {
   std::unique_ptr<sync::WeightLayout> layout_;
   std::shared_ptr<sync::WeightSync> ws_;  // the engine loop's weight source; request() only here
   std::unique_ptr<sync::RolloutSender> sender_;
+  // --env: the model's chat template, the environment and the episode runner over the engine.
+  std::unique_ptr<text::ChatTemplate> chat_;
+  std::unique_ptr<Environment> env_;
+  std::unique_ptr<EpisodeRunner> episodes_;
   std::vector<size_t> eval_rows_;
   // The newest version after_update ran for. The engine's version (loop_->weight_version()) is at
   // most one ahead: the next is asked for only at the end of after_update.

@@ -87,7 +87,7 @@ struct LayerCheckpoint : public torch::autograd::Function<LayerCheckpoint> {
 };
 
 // Row indices of the loss tokens (CPU int64).
-at::Tensor loss_rows(const MicroBatch& b) { return b.loss_mask.nonzero().squeeze(1); }
+at::Tensor loss_rows(const MicroBatch& b) { return loss_token_rows(b.loss_mask); }
 
 }  // namespace
 

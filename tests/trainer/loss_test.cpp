@@ -7,6 +7,7 @@
 #include "engine/sampler.h"
 #include "tests/test_utils.h"
 #include "trainer/lr_schedule.h"
+#include "trainer/micro_batch.h"
 
 namespace crl::trainer {
 namespace {
@@ -117,6 +118,54 @@ TEST(LrScheduleTest, WarmupThenCosineToTheFloor) {
   EXPECT_DOUBLE_EQ(lr_at(s, 50), 1.0);
   s.min_lr = 2.0;
   ASSERT_THROWS_WITH(s.validate(), std::invalid_argument, "min_lr");
+}
+
+}  // namespace
+}  // namespace crl::trainer
+
+namespace crl::trainer {
+namespace {
+
+// Issue 28: a tool token's logits perturbed leave the loss and its gradient unchanged (its loss
+// weight is exactly 0). The loss of a packed micro-batch is computed as the trainer computes it:
+// the rows on the loss mask (loss_token_rows), their logits (row j - 1 predicts token j), the
+// engine-matched log-probs and the GRPO loss.
+TEST(MaskedLossTest, ToolTokenLogitsPerturbedLeaveTheLossAndGradientUnchanged) {
+  SampleGroup g;
+  g.prompt_ids = {1, 2, 3};
+  Sample s;
+  s.completion_ids = {7, 8, 9, 10, 11, 12, 13};  // model, model, tool, tool, tool, model, model
+  s.loss_mask = {1, 1, 0, 0, 0, 1, 1};
+  s.logprobs = {-1.0f, -2.0f, -0.1f, -0.2f, -0.3f, -1.5f, -0.7f};
+  s.advantage = 0.8;
+  g.samples.push_back(s);
+  MicroBatch mb = pack_micro_batches({g}, 64).at(0);
+  const int64_t t = mb.num_tokens(), v = 16;
+  at::Tensor rows = loss_token_rows(mb.loss_mask);
+  ASSERT_EQ(rows.size(0), 4);
+  auto loss_and_grad = [&](const at::Tensor& logits_in) {
+    at::Tensor logits = logits_in.clone().requires_grad_(true);
+    at::Tensor lp = target_logprobs(logits.index_select(0, rows - 1), mb.tokens.index_select(0, rows),
+                                    /*match_engine=*/true);
+    LossOutput out = grpo_loss(lp, mb.old_logprobs.index_select(0, rows),
+                               mb.advantages.index_select(0, rows), at::Tensor(), GrpoOptions{});
+    out.loss.backward();
+    return std::make_pair(out.loss.detach(), logits.grad());
+  };
+  at::Generator gen = at::detail::createCPUGenerator(3);
+  at::Tensor logits = at::randn({t, v}, gen, at::kFloat);
+  auto [loss, grad] = loss_and_grad(logits);
+  // The rows whose logits predict the tool tokens (positions 3 + 2, 3 + 3, 3 + 4: rows 4, 5, 6).
+  at::Tensor perturbed = logits.clone();
+  for (int64_t row : {4, 5, 6}) perturbed[row] += 50 * at::randn({v}, gen, at::kFloat);
+  auto [loss2, grad2] = loss_and_grad(perturbed);
+  EXPECT_TRUE(at::equal(loss, loss2));
+  EXPECT_TRUE(at::equal(grad, grad2));
+  for (int64_t row : {4, 5, 6}) EXPECT_EQ(grad[row].abs().max().item<float>(), 0.0f);
+  // Not vacuous: a model token's logits perturbed do change the gradient.
+  at::Tensor model_row = logits.clone();
+  model_row[3] += 50 * at::randn({v}, gen, at::kFloat);
+  EXPECT_FALSE(at::equal(loss_and_grad(model_row).second, grad));
 }
 
 }  // namespace

@@ -178,6 +178,53 @@ TEST(TrainerTest, KlToTheFrozenReferenceStartsAtZeroAndGrowsAsThePolicyMoves) {
   EXPECT_GT(later.loss.logprob_gap_max, 1e-3);
 }
 
+// Issue 28: tool/environment tokens inside a completion (loss mask 0) have no part in the step:
+// NaN log-probs and advantages there give bit-identical gradients and weights, while the same NaN
+// on a model token poisons the step (so the comparison can fail).
+TEST(TrainerTest, MaskedToolTokensHaveNoPartInTheStep) {
+  engine::EngineConfig cfg = test::test_engine_config();
+  engine::LlmEngine eng(cfg);
+  auto mbs = engine_rollouts(eng, 3, 2, 10, 1 << 20, 17);
+  ASSERT_EQ(mbs.size(), 1u);
+  MicroBatch base = mbs[0];
+  // In every sequence, completion positions 3..5 become tool tokens.
+  std::vector<int64_t> tool_rows;
+  int64_t start = 0;
+  for (int64_t len : base.seq_lens) {
+    int64_t first = start;
+    while (base.loss_mask[first].item<float>() == 0.0f) ++first;
+    for (int64_t k = 3; k < 6; ++k) tool_rows.push_back(first + k);
+    start += len;
+  }
+  for (int64_t r : tool_rows) {
+    base.loss_mask[r] = 0.0f;
+    base.old_logprobs[r] = 0.0f;
+    base.advantages[r] = 0.0f;
+  }
+  MicroBatch poisoned = base;
+  poisoned.old_logprobs = base.old_logprobs.clone();
+  poisoned.advantages = base.advantages.clone();
+  for (int64_t r : tool_rows) {
+    poisoned.old_logprobs[r] = std::nanf("");
+    poisoned.advantages[r] = std::nanf("");
+  }
+  Trainer a(cfg.model_dir, TrainerOptions{}), b(cfg.model_dir, TrainerOptions{});
+  StepStats sa = a.train_step({base}, LossKind::kGrpo);
+  StepStats sb = b.train_step({poisoned}, LossKind::kGrpo);
+  EXPECT_GT(sa.grad_norm, 0.0);
+  EXPECT_EQ(sa.grad_norm, sb.grad_norm);
+  EXPECT_EQ(sa.loss.loss, sb.loss.loss);
+  EXPECT_EQ(sa.loss.num_tokens, static_cast<int64_t>(3 * 2 * 10 - tool_rows.size()));
+  auto wa = a.master_weights(), wb = b.master_weights();
+  for (size_t i = 0; i < wa.size(); ++i) EXPECT_TRUE(at::equal(wa[i].second, wb[i].second)) << wa[i].first;
+  // The same NaN on the mask: the step sees it.
+  MicroBatch on = poisoned;
+  on.loss_mask = base.loss_mask.clone();
+  for (int64_t r : tool_rows) on.loss_mask[r] = 1.0f;
+  Trainer c(cfg.model_dir, TrainerOptions{});
+  EXPECT_TRUE(std::isnan(c.train_step({on}, LossKind::kGrpo).grad_norm));
+}
+
 TEST(TrainerTest, MicroBatchesOverTheTokenCapAreRejected) {
   engine::EngineConfig cfg = test::test_engine_config();
   engine::LlmEngine eng(cfg);

@@ -1,0 +1,155 @@
+// Environments (issue 28): the built-in calculator, and external programs speaking JSON lines,
+// including ones that die, lie and hang (tests/fixtures/envs/test_env.py).
+#include "trainer/environment.h"
+
+#include <gtest/gtest.h>
+
+#include <future>
+#include <vector>
+
+#include "trainer/calculator_env.h"
+#include "trainer/process_env.h"
+
+namespace crl::trainer {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+std::string test_env(const std::string& flags = "") {
+  return "python3 " + std::string(CRL_FIXTURES_DIR) + "/envs/test_env.py " + flags;
+}
+
+ojson call_add(const ojson& a, const ojson& b, const std::string& id = "call_0") {
+  return ojson::array({{{"id", id},
+                        {"type", "function"},
+                        {"function", {{"name", "add"}, {"arguments", {{"a", a}, {"b", b}}}}}}});
+}
+
+ojson assistant(const std::string& content, const ojson& calls = nullptr) {
+  ojson m = {{"role", "assistant"}, {"content", content}};
+  if (!calls.is_null()) m["tool_calls"] = calls;
+  return m;
+}
+
+TEST(CalculatorEnvTest, ToolAnswersAndTheFinalAnswerIsScored) {
+  EnvOptions o;
+  o.seed = 5;
+  CalculatorEnv env(o);
+  auto [a, b] = env.operands(EnvSplit::kTrain, 7);
+  EXPECT_GE(a, 1000);
+  EXPECT_LT(a, 10000);
+  EXPECT_NE(env.operands(EnvSplit::kEval, 7), env.operands(EnvSplit::kTrain, 7));
+  EnvReply r = env.reset("e", EnvSplit::kTrain, 7);
+  ASSERT_EQ(r.messages.size(), 1u);
+  EXPECT_EQ(r.messages[0]["content"], CalculatorEnv::question(a, b));
+  EXPECT_TRUE(r.tools.is_array());
+  r = env.step("e", assistant("", call_add(a, std::to_string(b))));  // a numeric string is accepted
+  EXPECT_FALSE(r.done);
+  ASSERT_EQ(r.messages.size(), 1u);
+  EXPECT_EQ(r.messages[0]["role"], "tool");
+  EXPECT_EQ(r.messages[0]["content"], std::to_string(a + b));
+  EXPECT_EQ(r.messages[0]["tool_call_id"], "call_0");
+  r = env.step("e", assistant("", call_add("x", 1)));  // bad arguments: an error, the episode goes on
+  EXPECT_FALSE(r.done);
+  EXPECT_EQ(r.messages[0]["content"].get<std::string>().rfind("error:", 0), 0u);
+  r = env.step("e", assistant("The sum is " + std::to_string(a + b) + "."));
+  EXPECT_TRUE(r.done);
+  EXPECT_TRUE(r.correct);
+  EXPECT_EQ(r.reward, 1.0);
+  env.reset("f", EnvSplit::kTrain, 7);
+  r = env.step("f", assistant(std::to_string(a + b + 1)));
+  EXPECT_TRUE(r.done);
+  EXPECT_FALSE(r.correct);
+  EXPECT_EQ(r.reward, 0.0);
+  r = env.step("nobody", assistant("1"));
+  EXPECT_EQ(env_error_kind(r.error), "env_malformed");
+  ojson demo = env.demonstration(EnvSplit::kTrain, 7);
+  EXPECT_EQ(demo["messages"].size(), 4u);
+  EXPECT_EQ(demo["messages"][3]["content"], std::to_string(a + b));
+}
+
+TEST(ProcessEnvTest, PlaysEpisodesOverJsonLines) {
+  auto env = make_environment(test_env(), EnvOptions{});
+  EnvReply r = env->reset("e1", EnvSplit::kTrain, 3);
+  ASSERT_TRUE(r.error.empty()) << r.error;
+  EXPECT_EQ(r.messages[0]["content"], "Question: what is 1111 plus 1273?");
+  EXPECT_TRUE(r.tools.is_array());
+  r = env->step("e1", assistant("", call_add(1111, 1273)));
+  ASSERT_TRUE(r.error.empty()) << r.error;
+  EXPECT_EQ(r.messages[0]["content"], "2384");
+  r = env->step("e1", assistant("2384"));
+  EXPECT_TRUE(r.done);
+  EXPECT_TRUE(r.correct);
+  EXPECT_EQ(r.reward, 1.0);
+  // Concurrent episodes from several threads: requests are sent one at a time.
+  std::vector<std::future<EnvReply>> replies;
+  for (int i = 0; i < 8; ++i) {
+    replies.push_back(std::async(std::launch::async, [&env, i] {
+      return env->reset("c" + std::to_string(i), EnvSplit::kEval, i);
+    }));
+  }
+  for (auto& f : replies) EXPECT_TRUE(f.get().error.empty());
+}
+
+TEST(ProcessEnvTest, ADyingEnvironmentEndsThatEpisodeAndIsStartedAgain) {
+  ProcessEnv env(test_env("--die-at-request 2"), EnvOptions{});
+  EXPECT_TRUE(env.reset("e1", EnvSplit::kTrain, 0).error.empty());
+  EnvReply r = env.step("e1", assistant("7"));
+  EXPECT_TRUE(r.done);
+  EXPECT_EQ(r.reward, 0.0);
+  EXPECT_EQ(env_error_kind(r.error), "env_died") << r.error;
+  EXPECT_NE(r.error.find("exit status 3"), std::string::npos) << r.error;
+  EXPECT_NE(r.error.find("step of episode 'e1'"), std::string::npos) << r.error;
+  // The next episode gets a new process.
+  r = env.reset("e2", EnvSplit::kTrain, 1);
+  EXPECT_TRUE(r.error.empty()) << r.error;
+  EXPECT_EQ(env.starts(), 2);
+  // A command that cannot run: every request says the process died.
+  ProcessEnv bad("/nonexistent/env-program", EnvOptions{});
+  r = bad.reset("e", EnvSplit::kTrain, 0);
+  EXPECT_EQ(env_error_kind(r.error), "env_died") << r.error;
+  EXPECT_NE(r.error.find("exit status 127"), std::string::npos) << r.error;
+}
+
+TEST(ProcessEnvTest, ALyingEnvironmentGetsNamedMalformedErrors) {
+  ProcessEnv env(test_env("--lie-every 1"), EnvOptions{});
+  const char* why[] = {"is not a JSON object", "names episode 'e2-other'", "without a numeric \"reward\"",
+                       "\"messages\" must be a list"};
+  for (int i = 0; i < 4; ++i) {
+    EnvReply r = env.reset("e" + std::to_string(i + 1), EnvSplit::kTrain, i);
+    EXPECT_TRUE(r.done);
+    EXPECT_EQ(env_error_kind(r.error), "env_malformed") << r.error;
+    // The third lie ("done" without a reward) is refused on a reset for ending it first.
+    if (i != 2) EXPECT_NE(r.error.find(why[i]), std::string::npos) << r.error;
+  }
+  EXPECT_EQ(env.starts(), 1);  // a malformed line does not restart the process
+}
+
+TEST(ProcessEnvTest, AHangingEnvironmentTimesOutAndALateReplyNeverAnswersALaterRequest) {
+  EnvOptions o;
+  o.timeout = std::chrono::milliseconds(300);
+  ProcessEnv env(test_env("--hang-at-request 2"), o);
+  EXPECT_TRUE(env.reset("first", EnvSplit::kTrain, 0).error.empty());
+  auto t0 = std::chrono::steady_clock::now();
+  EnvReply r = env.reset("slow", EnvSplit::kTrain, 0);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  EXPECT_EQ(env_error_kind(r.error), "env_timeout") << r.error;
+  EXPECT_NE(r.error.find("300 ms"), std::string::npos) << r.error;
+  r = env.reset("next", EnvSplit::kTrain, 0);  // a new process (the hung one was killed)
+  EXPECT_TRUE(r.error.empty()) << r.error;
+  EXPECT_EQ(env.starts(), 2);
+  // The episode begun on the killed process cannot go on.
+  r = env.step("first", assistant("1"));
+  EXPECT_EQ(env_error_kind(r.error), "env_died") << r.error;
+}
+
+TEST(EnvironmentTest, MakeEnvironmentChoosesBuiltInOrCommand) {
+  EXPECT_EQ(make_environment("calculator", EnvOptions{})->name(), "calculator");
+  EXPECT_THROW(make_environment("", EnvOptions{}), std::invalid_argument);
+  EnvOptions o;
+  o.calculator_digits = 0;
+  EXPECT_THROW(make_environment("calculator", o), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace crl::trainer

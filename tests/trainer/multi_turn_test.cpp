@@ -1,0 +1,248 @@
+// Multi-turn episodes on the real engine (issue 28): masks, caps, concurrency, environment
+// failures, and trajectories packed as one training sample per segment.
+#include "trainer/multi_turn.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "engine/engine_loop.h"
+#include "engine/llm_engine.h"
+#include "engine/text/chat_template.h"
+#include "engine/text/tokenizer.h"
+#include "tests/engine/test_model.h"
+#include "trainer/calculator_env.h"
+#include "trainer/process_env.h"
+
+namespace crl::trainer {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+std::string test_env(const std::string& flags = "") {
+  return "python3 " + std::string(CRL_FIXTURES_DIR) + "/envs/test_env.py " + flags;
+}
+
+// The engine loop over the test model (deterministic: a seeded episode samples the same ids in
+// any batch), its plain chat format and tokenizer.
+struct Engine {
+  std::shared_ptr<engine::EngineLoop> loop;
+  text::ChatTemplate chat;
+  const engine::Tokenizer* tok = nullptr;
+  std::vector<int32_t> prefix;
+
+  Engine() {
+    engine::EngineConfig cfg = test::test_engine_config();
+    cfg.deterministic = true;
+    cfg.max_seqs = 32;
+    auto eng = std::make_unique<engine::LlmEngine>(cfg);
+    chat = text::ChatTemplate::from_model_dir(cfg.model_dir);
+    prefix = eng->prompt_prefix();
+    tok = eng->tokenizer();
+    loop = std::make_shared<engine::EngineLoop>(std::move(eng));
+    loop->start();
+    loop->wait_ready();
+  }
+  ~Engine() { loop->stop(); }
+};
+
+std::vector<EpisodeSpec> specs(int count, uint64_t seed = 1) {
+  std::vector<EpisodeSpec> out;
+  for (int i = 0; i < count; ++i) {
+    EpisodeSpec s;
+    s.id = "ep" + std::to_string(i);
+    s.index = i;
+    s.seed = seed + static_cast<uint64_t>(i);
+    out.push_back(s);
+  }
+  return out;
+}
+
+// Runs of equal mask values: (value, length) in order.
+std::vector<std::pair<int, size_t>> runs(const std::vector<uint8_t>& mask) {
+  std::vector<std::pair<int, size_t>> out;
+  for (uint8_t m : mask) {
+    if (out.empty() || out.back().first != m) out.push_back({m, 0});
+    ++out.back().second;
+  }
+  return out;
+}
+
+void expect_consistent(const Episode& ep) {
+  ASSERT_EQ(ep.ids.size(), ep.mask.size());
+  ASSERT_EQ(ep.ids.size(), ep.logprobs.size());
+  ASSERT_EQ(ep.ids.size(), ep.versions.size());
+  for (size_t j = 0; j < ep.ids.size(); ++j) {
+    if (ep.mask[j]) {
+      EXPECT_EQ(ep.versions[j], 0);
+      EXPECT_LE(ep.logprobs[j], 0.0f);
+    } else {
+      EXPECT_EQ(ep.versions[j], -1);
+      EXPECT_EQ(ep.logprobs[j], 0.0f);
+    }
+  }
+}
+
+TEST(MultiTurnTest, EpisodesRunToTheTurnCapWithEnvironmentTextMaskedOut) {
+  Engine e;
+  ProcessEnv env(test_env("--never-done"), EnvOptions{});
+  MultiTurnOptions o;
+  o.max_turns = 3;
+  o.max_tokens_per_turn = 6;
+  o.max_episode_tokens = 400;
+  EpisodeRunner runner(*e.loop, env, e.chat, *e.tok, e.prefix, text::ToolCallFormat::kHermes, o);
+  std::map<size_t, Episode> got;
+  int between = 0;
+  runner.run(specs(6), [&](size_t i, Episode& ep) { got[i] = ep; }, [&] { ++between; });
+  ASSERT_EQ(got.size(), 6u);
+  EXPECT_GT(between, 0);
+  for (auto& [i, ep] : got) {
+    SCOPED_TRACE("episode " + std::to_string(i));
+    expect_consistent(ep);
+    EXPECT_EQ(ep.end, "turn_cap");
+    EXPECT_EQ(ep.turns, 3);
+    EXPECT_EQ(ep.segments, std::vector<size_t>{0});  // the plain format preserves prefixes
+    // prompt, turn, "go on", turn, "go on", turn: the model's turns are the 1-runs.
+    auto r = runs(ep.mask);
+    ASSERT_EQ(r.size(), 6u);
+    for (size_t k = 1; k < r.size(); k += 2) EXPECT_LE(r[k].second, 6u);
+    // The environment's text is the rendered follow-up, never the model's.
+    const size_t env_begin = r[0].second + r[1].second;
+    std::vector<int32_t> env_ids(ep.ids.begin() + env_begin, ep.ids.begin() + env_begin + r[2].second);
+    EXPECT_NE(e.tok->decode(env_ids).find("User: go on"), std::string::npos) << e.tok->decode(env_ids);
+    EXPECT_EQ(ep.env_tokens(), static_cast<int64_t>(r[2].second + r[4].second));
+    EXPECT_EQ(ep.model_tokens(), static_cast<int64_t>(r[1].second + r[3].second + r[5].second));
+  }
+  // The same seeded episode alone samples the same ids as among five others.
+  std::vector<EpisodeSpec> one = {specs(6)[4]};
+  runner.run(one, [&](size_t, Episode& ep) { EXPECT_EQ(ep.ids, got[4].ids); });
+}
+
+TEST(MultiTurnTest, TheTokenCapEndsAnEpisode) {
+  Engine e;
+  ProcessEnv env(test_env("--never-done"), EnvOptions{});
+  MultiTurnOptions o;
+  o.max_turns = 50;
+  o.max_tokens_per_turn = 8;
+  o.max_episode_tokens = 60;
+  EpisodeRunner runner(*e.loop, env, e.chat, *e.tok, e.prefix, text::ToolCallFormat::kHermes, o);
+  runner.run(specs(3), [&](size_t, Episode& ep) {
+    expect_consistent(ep);
+    EXPECT_EQ(ep.end, "token_cap");
+    EXPECT_LT(ep.turns, 50);
+    // The cap bounds what the model samples; one environment reply may pass it, and is cut off
+    // the training sample (trailing mask-0 ids carry no loss).
+    auto samples = episode_samples(ep, 1.0);
+    ASSERT_EQ(samples.size(), 1u);
+    EXPECT_LE(samples[0].prompt_ids.size() + samples[0].completion_ids.size(), 60u);
+    EXPECT_EQ(samples[0].loss_mask.back(), 1);
+  });
+}
+
+TEST(MultiTurnTest, ADyingEnvironmentEndsItsEpisodesWithANamedErrorAndTheJobGoesOn) {
+  Engine e;
+  // The four resets are queued at once: the third kills the process. Its episode and the two
+  // reset before it (their state died with the process) end with env_died; the fourth is reset
+  // on a new process and plays to its end.
+  ProcessEnv env(test_env("--die-at-request 3"), EnvOptions{});
+  MultiTurnOptions o;
+  o.max_turns = 2;
+  o.max_tokens_per_turn = 4;
+  EpisodeRunner runner(*e.loop, env, e.chat, *e.tok, e.prefix, text::ToolCallFormat::kHermes, o);
+  int errors = 0, answered = 0;
+  runner.run(specs(4), [&](size_t, Episode& ep) {
+    expect_consistent(ep);
+    if (ep.end == "env_error") {
+      ++errors;
+      EXPECT_EQ(env_error_kind(ep.env_error), "env_died") << ep.env_error;
+      EXPECT_EQ(ep.reward, 0.0);
+    } else {
+      ++answered;
+    }
+  });
+  EXPECT_EQ(errors, 3);
+  EXPECT_EQ(answered, 1);
+  EXPECT_EQ(env.starts(), 2);
+}
+
+TEST(MultiTurnTest, ALyingEnvironmentEndsItsEpisodesAndTheRestFinish) {
+  Engine e;
+  ProcessEnv env(test_env("--lie-every 3"), EnvOptions{});
+  MultiTurnOptions o;
+  o.max_turns = 2;
+  o.max_tokens_per_turn = 4;
+  EpisodeRunner runner(*e.loop, env, e.chat, *e.tok, e.prefix, text::ToolCallFormat::kHermes, o);
+  int malformed = 0, finished = 0;
+  runner.run(specs(9), [&](size_t, Episode& ep) {
+    ++finished;
+    if (ep.end == "env_error") {
+      EXPECT_EQ(env_error_kind(ep.env_error), "env_malformed") << ep.env_error;
+      ++malformed;
+    }
+  });
+  EXPECT_EQ(finished, 9);
+  EXPECT_GE(malformed, 3);
+}
+
+TEST(MultiTurnTest, EpisodeSamplesAreOnePerSegmentWithToolTokensWeightZero) {
+  Episode ep;
+  // Segment 0: prompt 3, model 2, tool 2, model 1, tool 1 (trailing); segment 1: prompt 2, model 2.
+  ep.ids = {1, 2, 3, 10, 11, 20, 21, 12, 22, 4, 5, 13, 14};
+  ep.mask = {0, 0, 0, 1, 1, 0, 0, 1, 0, 0, 0, 1, 1};
+  ep.logprobs = {0, 0, 0, -.5f, -.25f, 0, 0, -1, 0, 0, 0, -2, -3};
+  ep.versions = {-1, -1, -1, 4, 4, -1, -1, 5, -1, -1, -1, 5, 5};
+  ep.segments = {0, 9};
+  ep.reward = 1;
+  auto s = episode_samples(ep, 0.75);
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_EQ(s[0].prompt_ids, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(s[0].completion_ids, (std::vector<int32_t>{10, 11, 20, 21, 12}));
+  EXPECT_EQ(s[0].loss_mask, (std::vector<uint8_t>{1, 1, 0, 0, 1}));
+  EXPECT_EQ(s[1].prompt_ids, (std::vector<int32_t>{4, 5}));
+  EXPECT_EQ(s[1].completion_ids, (std::vector<int32_t>{13, 14}));
+  SampleGroup g;
+  g.samples = s;
+  auto mbs = pack_micro_batches({g}, 64, 5);
+  ASSERT_EQ(mbs.size(), 1u);
+  const MicroBatch& mb = mbs[0];
+  EXPECT_EQ(mb.seq_lens, (std::vector<int64_t>{8, 4}));
+  EXPECT_EQ(mb.num_loss_tokens(), 5);
+  at::Tensor expect_mask = at::tensor({0, 0, 0, 1, 1, 0, 0, 1, 0, 0, 1, 1}, at::kFloat);
+  EXPECT_TRUE(at::equal(mb.loss_mask, expect_mask));
+  // Off the mask: no log-prob, no advantage, no version.
+  EXPECT_EQ(mb.advantages[5].item<float>(), 0.0f);
+  EXPECT_EQ(mb.advantages[7].item<float>(), 0.75f);
+  EXPECT_EQ(mb.versions[6].item<int64_t>(), -1);
+  EXPECT_EQ(mb.versions[7].item<int64_t>(), 5);
+  EXPECT_EQ(mb.old_logprobs[7].item<float>(), -1.0f);
+  // A mask of the wrong length is refused.
+  g.samples[0].loss_mask.pop_back();
+  EXPECT_THROW(pack_micro_batches({g}, 64), std::invalid_argument);
+}
+
+TEST(MultiTurnTest, ADemonstrationIsTheModelTurnsAsTargetsAndTheRestMasked) {
+  engine::EngineConfig cfg = test::test_engine_config();
+  engine::Tokenizer tok(cfg.model_dir);
+  const text::ChatTemplate chat = text::ChatTemplate::from_model_dir(cfg.model_dir);
+  CalculatorEnv env(EnvOptions{});
+  ojson demo = env.demonstration(EnvSplit::kTrain, 3);
+  auto [a, b] = env.operands(EnvSplit::kTrain, 3);
+  const int32_t eos = 2;
+  Sample s = demonstration_sample(demo["messages"], demo["tools"], chat, tok, tok.special_prefix(),
+                                  text::ToolCallFormat::kHermes, eos);
+  auto r = runs(s.loss_mask);
+  ASSERT_EQ(r.size(), 3u);  // call, tool result, answer
+  std::vector<int32_t> call(s.completion_ids.begin(), s.completion_ids.begin() + r[0].second);
+  auto parsed = text::parse_tool_calls(text::ToolCallFormat::kHermes, tok.decode(call));
+  ASSERT_EQ(parsed.calls.size(), 1u) << tok.decode(call);
+  EXPECT_EQ(parsed.calls[0].arguments["a"], a);
+  EXPECT_EQ(s.completion_ids.back(), eos);
+  std::vector<int32_t> answer(s.completion_ids.end() - r[2].second, s.completion_ids.end() - 1);
+  EXPECT_EQ(tok.decode(answer), std::to_string(a + b));
+  std::vector<int32_t> tool(s.completion_ids.begin() + r[0].second,
+                            s.completion_ids.begin() + r[0].second + r[1].second);
+  EXPECT_NE(tok.decode(tool).find(std::to_string(a + b)), std::string::npos) << tok.decode(tool);
+}
+
+}  // namespace
+}  // namespace crl::trainer

@@ -1,0 +1,164 @@
+#include "trainer/calculator_env.h"
+
+#include <cctype>
+#include <stdexcept>
+
+
+namespace crl::trainer {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+uint64_t splitmix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// An integer argument: a JSON integer, or a string of digits (optionally signed).
+bool read_integer(const ojson& v, int64_t* out) {
+  if (v.is_number_integer()) {
+    *out = v.get<int64_t>();
+    return true;
+  }
+  if (!v.is_string()) return false;
+  const std::string s = v.get<std::string>();
+  if (s.empty() || s.size() > 18) return false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (!std::isdigit(static_cast<unsigned char>(s[i])) && !(i == 0 && s[i] == '-' && s.size() > 1)) {
+      return false;
+    }
+  }
+  *out = std::stoll(s);
+  return true;
+}
+
+// The first integer in `text` (digits, optionally after '-'), or false.
+bool first_integer(const std::string& text, int64_t* out) {
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (!std::isdigit(static_cast<unsigned char>(text[i]))) continue;
+    size_t j = i;
+    while (j < text.size() && std::isdigit(static_cast<unsigned char>(text[j]))) ++j;
+    if (j - i > 18) return false;
+    const bool neg = i > 0 && text[i - 1] == '-';
+    *out = std::stoll(text.substr(i, j - i)) * (neg ? -1 : 1);
+    return true;
+  }
+  return false;
+}
+
+ojson tool_message(const ojson& call, const std::string& content) {
+  ojson m = {{"role", "tool"}, {"content", content}};
+  if (call.contains("id")) m["tool_call_id"] = call["id"];
+  if (call.contains("function") && call["function"].contains("name")) m["name"] = call["function"]["name"];
+  return m;
+}
+
+}  // namespace
+
+CalculatorEnv::CalculatorEnv(const EnvOptions& options)
+    : seed_(options.seed), digits_(options.calculator_digits) {
+  if (digits_ < 1 || digits_ > 9) {
+    throw std::invalid_argument("calculator digits must be in [1, 9], got " + std::to_string(digits_));
+  }
+}
+
+std::pair<int64_t, int64_t> CalculatorEnv::operands(EnvSplit split, int64_t index) const {
+  int64_t lo = 1;
+  for (int32_t i = 1; i < digits_; ++i) lo *= 10;
+  const int64_t span = lo * 9;  // [lo, 10 lo)
+  const uint64_t h = splitmix(seed_ * 0x100000001b3ULL + (split == EnvSplit::kEval ? 1 : 0) +
+                              2 * static_cast<uint64_t>(index));
+  const int64_t a = lo + static_cast<int64_t>(h % static_cast<uint64_t>(span));
+  const int64_t b = lo + static_cast<int64_t>(splitmix(h) % static_cast<uint64_t>(span));
+  return {a, b};
+}
+
+std::string CalculatorEnv::question(int64_t a, int64_t b) {
+  return "Question: what is " + std::to_string(a) + " plus " + std::to_string(b) + "?";
+}
+
+ojson CalculatorEnv::tools() {
+  return ojson::parse(R"([{"type": "function", "function": {"name": "add",
+    "description": "Adds two integers.", "parameters": {"type": "object",
+    "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}])");
+}
+
+EnvReply CalculatorEnv::reset(const std::string& episode_id, EnvSplit split, int64_t index) {
+  auto ab = operands(split, index);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    episodes_[episode_id] = ab;
+  }
+  EnvReply r;
+  r.messages = ojson::array({{{"role", "user"}, {"content", question(ab.first, ab.second)}}});
+  r.tools = tools();
+  return r;
+}
+
+EnvReply CalculatorEnv::step(const std::string& episode_id, const ojson& assistant) {
+  std::pair<int64_t, int64_t> ab;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = episodes_.find(episode_id);
+    if (it == episodes_.end()) {
+      EnvReply r;
+      r.done = true;
+      r.error = "env_malformed: step of unknown episode '" + episode_id + "'";
+      return r;
+    }
+    ab = it->second;
+  }
+  EnvReply r;
+  const ojson calls = assistant.contains("tool_calls") && assistant["tool_calls"].is_array()
+                          ? assistant["tool_calls"]
+                          : ojson::array();
+  if (calls.empty()) {
+    int64_t got = 0;
+    const std::string content =
+        assistant.contains("content") && assistant["content"].is_string() ? assistant["content"].get<std::string>() : "";
+    r.done = true;
+    r.correct = first_integer(content, &got) && got == ab.first + ab.second;
+    r.reward = r.correct ? 1.0 : 0.0;
+    close(episode_id);
+    return r;
+  }
+  for (const ojson& call : calls) {
+    const ojson fn = call.value("function", ojson::object());
+    const std::string name = fn.value("name", "");
+    if (name != "add") {
+      r.messages.push_back(tool_message(call, "error: unknown tool '" + name + "' (the tool is add)"));
+      continue;
+    }
+    const ojson args = fn.value("arguments", ojson::object());
+    int64_t a = 0, b = 0;
+    if (!args.is_object() || !args.contains("a") || !args.contains("b") || !read_integer(args["a"], &a) ||
+        !read_integer(args["b"], &b)) {
+      r.messages.push_back(tool_message(call, "error: add takes integers a and b"));
+      continue;
+    }
+    r.messages.push_back(tool_message(call, std::to_string(a + b)));
+  }
+  return r;
+}
+
+void CalculatorEnv::close(const std::string& episode_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  episodes_.erase(episode_id);
+}
+
+ojson CalculatorEnv::demonstration(EnvSplit split, int64_t index) const {
+  auto [a, b] = operands(split, index);
+  ojson call = {{"id", "call_0"},
+                {"type", "function"},
+                {"function", {{"name", "add"}, {"arguments", {{"a", a}, {"b", b}}}}}};
+  ojson messages = ojson::array({{{"role", "user"}, {"content", question(a, b)}},
+                       {{"role", "assistant"}, {"content", ""}, {"tool_calls", ojson::array({call})}},
+                       {{"role", "tool"}, {"tool_call_id", "call_0"}, {"name", "add"},
+                        {"content", std::to_string(a + b)}},
+                       {{"role", "assistant"}, {"content", std::to_string(a + b)}}});
+  return {{"messages", std::move(messages)}, {"tools", tools()}};
+}
+
+}  // namespace crl::trainer

@@ -1,0 +1,45 @@
+// CalculatorEnv: the built-in tool environment (issue 28), learnable by the embedded default
+// model on CPU.
+//
+// Task `index` of a split: "Question: what is A plus B?" with A and B of `digits` digits each
+// (seeded by the split, the index and the job's seed; train and eval tasks differ), more than the
+// small model can add in one step. One tool, "add" ({"a": integer, "b": integer}; numeric strings
+// are accepted): each call is answered with a tool message holding the sum, or an error text for
+// an unknown tool or bad arguments (the episode goes on). An assistant message without tool calls
+// is the final answer: the episode ends with reward 1 when its first integer is A + B, else 0.
+//
+// Thread safety: all methods may be called concurrently (episodes are kept under a mutex).
+#pragma once
+
+#include <map>
+#include <mutex>
+#include <utility>
+
+#include "trainer/environment.h"
+
+namespace crl::trainer {
+
+class CalculatorEnv : public Environment {
+ public:
+  explicit CalculatorEnv(const EnvOptions& options);
+
+  std::string name() const override { return "calculator"; }
+  EnvReply reset(const std::string& episode_id, EnvSplit split, int64_t index) override;
+  EnvReply step(const std::string& episode_id, const nlohmann::ordered_json& assistant) override;
+  void close(const std::string& episode_id) override;
+  nlohmann::ordered_json demonstration(EnvSplit split, int64_t index) const override;
+
+  // The operands of task `index` of `split`.
+  std::pair<int64_t, int64_t> operands(EnvSplit split, int64_t index) const;
+  // The opening user message of a task, and the tool schemas.
+  static std::string question(int64_t a, int64_t b);
+  static nlohmann::ordered_json tools();
+
+ private:
+  uint64_t seed_;
+  int32_t digits_;
+  std::mutex mu_;
+  std::map<std::string, std::pair<int64_t, int64_t>> episodes_;  // guarded by mu_
+};
+
+}  // namespace crl::trainer

@@ -1,0 +1,106 @@
+// Environments for multi-turn RL (issue 28; DESIGN.md §4 "Environments act between turns").
+//
+// An Environment plays the other side of an episode: reset() opens it on a task (the opening
+// messages and the tool schemas), step() answers each assistant message (tool results, or the
+// end of the episode with its reward). Episodes are named by the caller (episode ids are unique
+// within a job) and run concurrently: reset() and step() may be called from several threads at
+// once, for different episodes.
+//
+// Tasks are (split, index) pairs: the job draws the index from its task rows and the environment
+// decides what task `index` of a split is (the built-in calculator derives its operands from it;
+// an external program may index its own data). The n trajectories of a GRPO group reset on the
+// same task.
+//
+// make_environment(spec): "calculator" is the built-in tool environment (calculator_env.h);
+// anything else is a command line, run by /bin/sh -c, that speaks JSON lines on stdin/stdout
+// (process_env.h). An environment that fails (its process died, a malformed line, no reply in
+// time) ends the episode with a named error (EnvReply::error, "env_died: ..."), reward 0; the
+// job counts it and goes on.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+
+namespace crl::trainer {
+
+enum class EnvSplit { kTrain, kEval };
+const char* env_split_name(EnvSplit split);  // "train" | "eval"
+
+// The environment's answer to reset() or step().
+struct EnvReply {
+  // reset: the opening conversation (system/user messages); step: the messages to append after
+  // the assistant's (role "tool" results, or a "user" follow-up).
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  // reset only: the tool schemas the chat template shows ([{"type": "function", ...}]; null: none).
+  nlohmann::ordered_json tools = nullptr;
+  bool done = false;     // the episode is over: `reward` (and `correct`) are final
+  double reward = 0;
+  bool correct = false;  // counts toward accuracy (held-out success)
+  // Set when the environment failed: "env_died: ...", "env_timeout: ..." or "env_malformed: ..."
+  // (the kind before the colon). The episode ends with reward 0.
+  std::string error;
+};
+
+// The kind of an EnvReply::error: its text before the first ':'.
+std::string env_error_kind(const std::string& error);
+
+class Environment {
+ public:
+  virtual ~Environment() = default;
+  virtual std::string name() const = 0;
+  // Opens episode `episode_id` on task `index` of `split`.
+  virtual EnvReply reset(const std::string& episode_id, EnvSplit split, int64_t index) = 0;
+  // Answers the assistant's message (OpenAI form: role, content, tool_calls with arguments as
+  // objects) in an episode reset before.
+  virtual EnvReply step(const std::string& episode_id, const nlohmann::ordered_json& assistant) = 0;
+  // The episode ended on the job's side (a turn or token cap, an error): forget it. Optional.
+  virtual void close(const std::string& episode_id) { (void)episode_id; }
+  // A worked episode for task `index`, for a supervised warm-up: {"messages": [user, assistant
+  // tool calls, tool results, the final answer], "tools": the reset's tools}; null when the
+  // environment has none.
+  virtual nlohmann::ordered_json demonstration(EnvSplit split, int64_t index) const {
+    (void)split;
+    (void)index;
+    return nullptr;
+  }
+};
+
+struct EnvOptions {
+  // Seeds the built-in environment's tasks.
+  uint64_t seed = 1;
+  // External environments: the longest wait for one reply line.
+  std::chrono::milliseconds timeout{30000};
+  // The built-in calculator: digits of each operand.
+  int32_t calculator_digits = 4;
+  // Injected latency of every step, uniform in [min, max] ms, seeded by the episode and its step
+  // count (`bench multi-turn`: tools that take time); 0, 0: none.
+  int32_t latency_min_ms = 0;
+  int32_t latency_max_ms = 0;
+};
+
+// `inner` with EnvOptions' injected step latency (make_environment wraps with it when set).
+class DelayedEnv : public Environment {
+ public:
+  DelayedEnv(std::unique_ptr<Environment> inner, const EnvOptions& options);
+  std::string name() const override;
+  EnvReply reset(const std::string& episode_id, EnvSplit split, int64_t index) override;
+  EnvReply step(const std::string& episode_id, const nlohmann::ordered_json& assistant) override;
+  void close(const std::string& episode_id) override;
+  nlohmann::ordered_json demonstration(EnvSplit split, int64_t index) const override;
+
+ private:
+  std::unique_ptr<Environment> inner_;
+  uint64_t seed_;
+  int32_t min_ms_, max_ms_;
+};
+
+// "calculator" or a command line (see the top of this file). Throws std::invalid_argument for an
+// empty spec.
+std::unique_ptr<Environment> make_environment(const std::string& spec, const EnvOptions& options);
+
+}  // namespace crl::trainer

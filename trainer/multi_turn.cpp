@@ -1,0 +1,307 @@
+#include "trainer/multi_turn.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <future>
+#include <memory>
+#include <stdexcept>
+#include <thread>
+
+#include "engine/engine_loop.h"
+#include "engine/text/chat_trajectory.h"
+#include "engine/text/tokenizer.h"
+
+namespace crl::trainer {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+using Clock = std::chrono::steady_clock;
+
+// One episode in flight.
+struct Live {
+  enum class Phase { kEnv, kEngine, kReady, kDone };  // kReady: waits for the turn's barrier
+  Phase phase = Phase::kEnv;
+  std::unique_ptr<text::ChatTrajectory> traj;
+  ojson messages = ojson::array();
+  Episode ep;
+  std::future<EnvReply> env;
+  bool env_is_reset = true;
+  ojson errors_after = ojson::array();  // error observations to append after the env's messages
+  std::shared_ptr<engine::RequestChannel> channel;
+  uint64_t seen = 0;
+  Clock::time_point submitted;
+};
+
+ojson error_observation(const std::string& why) {
+  return {{"role", "tool"}, {"content", "error: " + why}};
+}
+
+}  // namespace
+
+int64_t Episode::env_tokens() const {
+  auto first = std::find(mask.begin(), mask.end(), uint8_t{1});
+  return std::count(first, mask.end(), uint8_t{0});
+}
+
+int64_t Episode::model_tokens() const { return std::count(mask.begin(), mask.end(), uint8_t{1}); }
+
+EpisodeRunner::EpisodeRunner(engine::EngineLoop& loop, Environment& env,
+                             const text::ChatTemplate& chat, const engine::Tokenizer& tokenizer,
+                             std::vector<int32_t> prefix, text::ToolCallFormat format,
+                             MultiTurnOptions options)
+    : loop_(loop),
+      env_(env),
+      chat_(chat),
+      tokenizer_(tokenizer),
+      prefix_(std::move(prefix)),
+      format_(format),
+      o_(options) {
+  if (o_.max_turns < 1 || o_.max_tokens_per_turn < 1 || o_.max_episode_tokens < 1) {
+    throw std::invalid_argument("--max-turns, --max-tokens and --max-episode-tokens must be >= 1");
+  }
+}
+
+void EpisodeRunner::run(const std::vector<EpisodeSpec>& specs,
+                        const std::function<void(size_t, Episode&)>& on_finished,
+                        const std::function<void()>& between) {
+  std::vector<Live> live(specs.size());
+  size_t finished = 0;
+  auto finish = [&](size_t i, const std::string& end) {
+    Live& l = live[i];
+    if (l.traj) {
+      l.ep.ids = l.traj->ids();
+      l.ep.mask = l.traj->mask();
+      l.ep.segments = l.traj->segment_starts();
+    }
+    l.ep.end = end;
+    if (end == "turn_cap" || end == "token_cap") env_.close(specs[i].id);
+    l.phase = Live::Phase::kDone;
+    l.channel.reset();
+    ++finished;
+    on_finished(i, l.ep);
+  };
+  auto submit = [&](size_t i) {
+    Live& l = live[i];
+    if (o_.turn_synchronous && l.phase != Live::Phase::kReady) {
+      l.phase = Live::Phase::kReady;  // submitted at the barrier (below)
+      return;
+    }
+    const int64_t used = static_cast<int64_t>(l.traj->ids().size());
+    if (used >= o_.max_episode_tokens) return finish(i, "token_cap");
+    engine::GenerateRequest q;
+    q.request_id = fmt::format("{}-t{}", specs[i].id, l.ep.turns);
+    q.prompt_token_ids = l.traj->prompt();
+    q.params.n = 1;
+    q.params.temperature = specs[i].temperature;
+    q.params.max_tokens = static_cast<int32_t>(
+        std::min<int64_t>(o_.max_tokens_per_turn, o_.max_episode_tokens - used));
+    q.params.seed = specs[i].seed + static_cast<uint64_t>(l.ep.turns) * 1000003ULL;
+    q.params.stop = text::tool_call_stop_strings(format_);
+    std::vector<engine::GenerateRequest> one;
+    one.push_back(std::move(q));
+    l.channel = loop_.submit(std::move(one));
+    l.seen = 0;
+    l.submitted = Clock::now();
+    l.phase = Live::Phase::kEngine;
+  };
+  // Appends `add` to the conversation (rendered, mask 0) and asks for the next assistant turn.
+  auto continue_with = [&](size_t i, const ojson& add) {
+    Live& l = live[i];
+    for (const auto& m : add) l.messages.push_back(m);
+    const size_t before = l.traj->ids().size();
+    try {
+      l.traj->extend(l.messages);
+    } catch (const std::exception& e) {
+      l.ep.env_error = std::string("env_malformed: the conversation does not render: ") + e.what();
+      return finish(i, "env_error");
+    }
+    const size_t added = l.traj->ids().size() - before;
+    l.ep.logprobs.insert(l.ep.logprobs.end(), added, 0.0f);
+    l.ep.versions.insert(l.ep.versions.end(), added, -1);
+    submit(i);
+  };
+  auto on_env = [&](size_t i, EnvReply r) {
+    Live& l = live[i];
+    if (!r.error.empty()) {
+      l.ep.env_error = r.error;
+      return finish(i, "env_error");
+    }
+    if (l.env_is_reset) {
+      text::ChatRenderOptions ro;
+      ro.tools = r.tools;
+      l.traj = std::make_unique<text::ChatTrajectory>(chat_, tokenizer_, prefix_, ro);
+      return continue_with(i, r.messages);
+    }
+    if (r.done) {
+      l.ep.reward = r.reward;
+      l.ep.correct = r.correct;
+      return finish(i, "answer");
+    }
+    if (l.ep.turns >= o_.max_turns) return finish(i, "turn_cap");  // it wants more: no room
+    ojson add = r.messages;
+    for (const auto& m : l.errors_after) add.push_back(m);
+    l.errors_after = ojson::array();
+    continue_with(i, add);
+  };
+  auto step_env = [&](size_t i, const ojson& message) {
+    Live& l = live[i];
+    l.env_is_reset = false;
+    l.phase = Live::Phase::kEnv;
+    Environment* env = &env_;
+    std::string id = specs[i].id;
+    l.env = std::async(std::launch::async, [env, id, message] { return env->step(id, message); });
+  };
+  auto on_turn = [&](size_t i, const engine::RequestOutput& out) {
+    Live& l = live[i];
+    if (!out.error.empty()) {
+      throw std::runtime_error("episode " + specs[i].id + ": request " + out.request_id +
+                               " failed: " + out.error);
+    }
+    const engine::CompletionOutput& c = out.outputs.at(0);
+    if (l.ep.turns > 0) {
+      l.ep.later_prompt_tokens += static_cast<int64_t>(out.prompt_token_ids.size());
+      l.ep.later_cached_tokens += out.num_cached_tokens;
+    }
+    // Ids past the tokenizer's vocabulary (a model's padded embeddings) have no text.
+    std::vector<int32_t> known;
+    for (int32_t id : c.token_ids) {
+      if (id >= 0 && id < tokenizer_.vocab_size()) known.push_back(id);
+    }
+    const text::ParsedReply parsed = text::parse_tool_calls(format_, tokenizer_.decode(known));
+    const ojson message = parsed.message();
+    l.traj->append_completion(c.token_ids, message);
+    l.messages.push_back(message);
+    l.ep.logprobs.insert(l.ep.logprobs.end(), c.raw_logprobs.begin(), c.raw_logprobs.end());
+    l.ep.versions.insert(l.ep.versions.end(), c.token_versions.begin(), c.token_versions.end());
+    ++l.ep.turns;
+    l.ep.tool_calls += static_cast<int32_t>(parsed.calls.size());
+    l.ep.tool_errors += static_cast<int32_t>(parsed.errors.size());
+    if (parsed.calls.empty() && parsed.errors.empty()) return step_env(i, message);  // the answer
+    if (l.ep.turns >= o_.max_turns) return finish(i, "turn_cap");
+    ojson errors = ojson::array();
+    for (const auto& e : parsed.errors) errors.push_back(error_observation(e));
+    if (parsed.calls.empty()) return continue_with(i, errors);  // nothing for the environment
+    l.errors_after = errors;
+    step_env(i, message);
+  };
+
+  for (size_t i = 0; i < specs.size(); ++i) {
+    Environment* env = &env_;
+    const EpisodeSpec s = specs[i];
+    live[i].env = std::async(std::launch::async,
+                             [env, s] { return env->reset(s.id, s.split, s.index); });
+  }
+  while (finished < specs.size()) {
+    bool progress = false;
+    for (size_t i = 0; i < live.size(); ++i) {
+      Live& l = live[i];
+      if (l.phase == Live::Phase::kEnv &&
+          l.env.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
+        progress = true;
+        on_env(i, l.env.get());
+      } else if (l.phase == Live::Phase::kEngine) {
+        auto snap = l.channel->wait(l.seen, std::chrono::milliseconds(0));
+        l.seen = snap.version;
+        if (snap.outputs[0] && snap.outputs[0]->finished) {
+          progress = true;
+          on_turn(i, *snap.outputs[0]);
+        } else if (Clock::now() - l.submitted > o_.timeout) {
+          throw std::runtime_error(fmt::format("episode {}: turn {} unfinished after {} s",
+                                               specs[i].id, l.ep.turns + 1, o_.timeout.count() / 1000));
+        }
+      }
+    }
+    if (o_.turn_synchronous) {
+      // The barrier: nobody generates or waits for a tool, so every live episode is ready.
+      bool busy = false;
+      for (const Live& l : live) busy = busy || l.phase == Live::Phase::kEnv || l.phase == Live::Phase::kEngine;
+      if (!busy) {
+        for (size_t i = 0; i < live.size(); ++i) {
+          if (live[i].phase == Live::Phase::kReady) submit(i);
+        }
+      }
+    }
+    if (between) between();
+    if (!progress) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+std::vector<Sample> episode_samples(const Episode& ep, double advantage) {
+  std::vector<Sample> out;
+  if (ep.ids.size() != ep.mask.size() || ep.ids.size() != ep.logprobs.size() ||
+      ep.ids.size() != ep.versions.size()) {
+    throw std::invalid_argument(fmt::format(
+        "episode_samples: {} ids, {} mask entries, {} log-probs, {} versions", ep.ids.size(),
+        ep.mask.size(), ep.logprobs.size(), ep.versions.size()));
+  }
+  for (size_t k = 0; k < ep.segments.size(); ++k) {
+    const size_t b = ep.segments[k];
+    const size_t e = k + 1 < ep.segments.size() ? ep.segments[k + 1] : ep.ids.size();
+    size_t first = b;
+    while (first < e && ep.mask[first] == 0) ++first;
+    if (first == e || first == b) continue;  // no model token (or no prompt: never, see extend)
+    size_t last = e;
+    while (ep.mask[last - 1] == 0) --last;
+    Sample s;
+    s.prompt_ids.assign(ep.ids.begin() + b, ep.ids.begin() + first);
+    s.completion_ids.assign(ep.ids.begin() + first, ep.ids.begin() + last);
+    s.loss_mask.assign(ep.mask.begin() + first, ep.mask.begin() + last);
+    s.logprobs.assign(ep.logprobs.begin() + first, ep.logprobs.begin() + last);
+    s.versions.assign(ep.versions.begin() + first, ep.versions.begin() + last);
+    s.reward = ep.reward;
+    s.advantage = advantage;
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+Sample demonstration_sample(const ojson& messages, const ojson& tools, const text::ChatTemplate& chat,
+                            const engine::Tokenizer& tokenizer, const std::vector<int32_t>& prefix,
+                            text::ToolCallFormat format, int32_t eos) {
+  if (!messages.is_array() || messages.empty()) {
+    throw std::invalid_argument("a demonstration must be a non-empty list of messages");
+  }
+  text::ChatRenderOptions ro;
+  ro.tools = tools;
+  text::ChatTrajectory traj(chat, tokenizer, prefix, ro);
+  ojson held = ojson::array();
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ojson& m = messages[i];
+    if (m.value("role", "") != "assistant") {
+      held.push_back(m);
+      continue;
+    }
+    traj.extend(held);
+    std::string text = m.contains("content") && m["content"].is_string() ? m["content"].get<std::string>() : "";
+    bool calls = false;
+    if (m.contains("tool_calls") && m["tool_calls"].is_array()) {
+      for (const auto& c : m["tool_calls"]) {
+        text::ToolCall call;
+        call.name = c["function"]["name"].get<std::string>();
+        call.arguments = c["function"]["arguments"];
+        text += (text.empty() ? "" : "\n") + text::format_tool_call(format, call);
+        calls = true;
+      }
+    }
+    std::vector<int32_t> ids = tokenizer.encode(text);
+    // A Hermes call turn ends at its stop string; every other turn at the end of turn.
+    if (!(calls && format == text::ToolCallFormat::kHermes)) ids.push_back(eos);
+    traj.append_completion(ids, m);
+    held.push_back(m);
+  }
+  Episode ep;
+  ep.ids = traj.ids();
+  ep.mask = traj.mask();
+  ep.segments = traj.segment_starts();
+  ep.logprobs.assign(ep.ids.size(), 0.0f);
+  ep.versions.assign(ep.ids.size(), -1);
+  auto samples = episode_samples(ep, 0.0);
+  if (samples.size() != 1) {
+    throw std::invalid_argument(fmt::format(
+        "a demonstration must render as one segment with a reply (got {} samples)", samples.size()));
+  }
+  return std::move(samples[0]);
+}
+
+}  // namespace crl::trainer

@@ -1,0 +1,321 @@
+#include "trainer/process_env.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <future>
+#include <stdexcept>
+
+namespace crl::trainer {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+using Clock = std::chrono::steady_clock;
+
+std::string excerpt(const std::string& s) { return s.size() <= 120 ? s : s.substr(0, 117) + "..."; }
+
+EnvReply failed(const std::string& error) {
+  EnvReply r;
+  r.done = true;
+  r.error = error;
+  return r;
+}
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return "exit status " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return std::string("signal ") + strsignal(WTERMSIG(status));
+  return "status " + std::to_string(status);
+}
+
+// Checks a reply line's fields (EnvReply from a parsed JSON object); "" when it is well formed.
+std::string read_reply(const ojson& j, const std::string& episode_id, bool is_reset, EnvReply* r) {
+  if (!j.contains("episode_id") || !j["episode_id"].is_string()) return "no \"episode_id\" string";
+  if (j["episode_id"] != episode_id) {
+    return "reply names episode '" + j["episode_id"].get<std::string>() + "', the request '" +
+           episode_id + "'";
+  }
+  r->done = false;
+  if (j.contains("done")) {
+    if (!j["done"].is_boolean()) return "\"done\" must be true or false";
+    r->done = j["done"].get<bool>();
+  }
+  if (is_reset && r->done) return "a reset cannot end the episode";
+  if (j.contains("messages")) {
+    if (!j["messages"].is_array()) return "\"messages\" must be a list";
+    for (const auto& m : j["messages"]) {
+      if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
+        return "every message must be an object with a string \"role\"";
+      }
+    }
+    r->messages = j["messages"];
+  }
+  if (!r->done && r->messages.empty()) {
+    return is_reset ? "a reset must give the opening \"messages\""
+                    : "a step that does not end the episode must give \"messages\"";
+  }
+  if (j.contains("tools") && !j["tools"].is_null()) {
+    if (!j["tools"].is_array()) return "\"tools\" must be a list";
+    r->tools = j["tools"];
+  }
+  if (r->done) {
+    if (!j.contains("reward") || !j["reward"].is_number()) return "\"done\" without a numeric \"reward\"";
+    r->reward = j["reward"].get<double>();
+    r->correct = r->reward > 0;
+    if (j.contains("correct")) {
+      if (!j["correct"].is_boolean()) return "\"correct\" must be true or false";
+      r->correct = j["correct"].get<bool>();
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+ProcessEnv::ProcessEnv(std::string command, const EnvOptions& options)
+    : command_(std::move(command)), timeout_(options.timeout) {
+  if (timeout_.count() <= 0) throw std::invalid_argument("the environment timeout must be > 0");
+  thread_ = std::thread([this] { worker(); });
+  // Start the process now (on the worker: a process dies with the thread that started it,
+  // PR_SET_PDEATHSIG). A command sh cannot run exits 127: the first request says so (env_died).
+  std::promise<void> started;
+  auto done = started.get_future();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_.push_back([this, &started] {
+      try {
+        start_process();
+        started.set_value();
+      } catch (...) {
+        started.set_exception(std::current_exception());
+      }
+    });
+  }
+  cv_.notify_all();
+  try {
+    done.get();
+  } catch (...) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+    throw;
+  }
+}
+
+ProcessEnv::~ProcessEnv() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+int64_t ProcessEnv::starts() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return starts_;
+}
+
+void ProcessEnv::worker() {
+  for (;;) {
+    std::function<void()> job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+      if (jobs_.empty()) break;  // stopping, nothing left
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    job();
+  }
+  if (fd_ >= 0) {
+    ::shutdown(fd_, SHUT_WR);  // EOF on its stdin: a well-behaved environment exits
+  }
+  stop_process();
+}
+
+void ProcessEnv::start_process() {
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+    throw std::runtime_error(std::string("environment: socketpair: ") + std::strerror(errno));
+  }
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(sv[0]);
+    ::close(sv[1]);
+    throw std::runtime_error(std::string("environment: fork: ") + std::strerror(errno));
+  }
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);
+    ::setpgid(0, 0);  // its own group: stop_process() ends what the shell started too
+    ::dup2(sv[1], 0);
+    ::dup2(sv[1], 1);
+    ::execl("/bin/sh", "sh", "-c", command_.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::setpgid(pid, pid);  // as the child does: whichever runs first
+  ::close(sv[1]);
+  fd_ = sv[0];
+  pid_ = pid;
+  buffer_.clear();
+  std::lock_guard<std::mutex> lock(mu_);
+  ++starts_;
+}
+
+std::string ProcessEnv::stop_process() {
+  std::string how = "not running";
+  if (pid_ > 0) {
+    int status = 0;
+    pid_t got = ::waitpid(pid_, &status, WNOHANG);
+    ::kill(-pid_, SIGKILL);  // the shell's group: a command it forked rather than exec'ed too
+    if (got == 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, &status, 0);
+      how = "killed";
+    } else if (got == pid_) {
+      how = describe_status(status);
+    }
+  }
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  pid_ = -1;
+  buffer_.clear();
+  return how;
+}
+
+EnvReply ProcessEnv::exchange(const ojson& request, bool expect_reply, bool is_reset) {
+  auto task = std::make_shared<std::packaged_task<EnvReply()>>(
+      [this, request, expect_reply, is_reset] { return exchange_now(request, expect_reply, is_reset); });
+  auto reply = task->get_future();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return failed("env_died: the environment is shutting down");
+    jobs_.push_back([task] { (*task)(); });
+  }
+  cv_.notify_all();
+  return reply.get();
+}
+
+EnvReply ProcessEnv::exchange_now(const ojson& request, bool expect_reply, bool is_reset) {
+  const std::string episode_id = request["episode_id"].get<std::string>();
+  const std::string what = request["op"].get<std::string>() + " of episode '" + episode_id + "'";
+  const std::string op = request["op"].get<std::string>();
+  if (op != "reset") {
+    auto it = born_.find(episode_id);
+    int64_t current;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      current = pid_ > 0 ? starts_ : -1;
+    }
+    if (it == born_.end() || it->second != current) {
+      if (!expect_reply) return {};  // nothing to close in a process that never saw it
+      if (it != born_.end()) born_.erase(it);
+      return failed("env_died: the environment process (" + command_ + ") that began episode '" +
+                    episode_id + "' is gone");
+    }
+    if (op == "close") born_.erase(it);
+  }
+  if (pid_ < 0) {
+    try {
+      start_process();
+    } catch (const std::exception& e) {
+      return failed(std::string("env_died: ") + e.what());
+    }
+  }
+  auto died = [&](const std::string& doing) {
+    // Give a dying process a moment to be reaped, so the error says how it ended.
+    for (int i = 0; i < 50; ++i) {
+      siginfo_t info{};
+      if (::waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT) != 0 ||
+          info.si_pid != 0) {
+        break;
+      }
+      ::usleep(2000);
+    }
+    const std::string how = stop_process();
+    born_.erase(episode_id);
+    return failed("env_died: the environment process (" + command_ + ") " + doing + " at the " +
+                  what + " (" + how + ")");
+  };
+  const std::string line = request.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  for (size_t sent = 0; sent < line.size();) {
+    const ssize_t n = ::send(fd_, line.data() + sent, line.size() - sent, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return died("stopped reading its stdin");
+    sent += static_cast<size_t>(n);
+  }
+  if (!expect_reply) return {};
+  const auto deadline = Clock::now() + timeout_;
+  size_t eol;
+  while ((eol = buffer_.find('\n')) == std::string::npos) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) {
+      stop_process();  // a late reply must not answer a later request
+      born_.erase(episode_id);
+      return failed("env_timeout: no reply from the environment (" + command_ + ") within " +
+                    std::to_string(timeout_.count()) + " ms to the " + what);
+    }
+    pollfd p{fd_, POLLIN, 0};
+    const int ready = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
+    if (ready < 0 && errno != EINTR) return died("failed a poll");
+    if (ready <= 0) continue;
+    char buf[4096];
+    const ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return died("closed its stdout");
+    buffer_.append(buf, static_cast<size_t>(n));
+  }
+  const std::string reply_line = buffer_.substr(0, eol);
+  buffer_.erase(0, eol + 1);
+  ojson j = ojson::parse(reply_line, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return failed("env_malformed: the reply to the " + what + " is not a JSON object: " +
+                  excerpt(reply_line));
+  }
+  EnvReply r;
+  const std::string bad = read_reply(j, episode_id, is_reset, &r);
+  if (!bad.empty()) {
+    born_.erase(episode_id);
+    return failed("env_malformed: the reply to the " + what + ": " + bad + ": " + excerpt(reply_line));
+  }
+  if (is_reset) {
+    std::lock_guard<std::mutex> lock(mu_);
+    born_[episode_id] = starts_;
+  } else if (r.done) {
+    born_.erase(episode_id);
+  }
+  return r;
+}
+
+EnvReply ProcessEnv::reset(const std::string& episode_id, EnvSplit split, int64_t index) {
+  ojson q = {{"op", "reset"}, {"episode_id", episode_id}, {"split", env_split_name(split)}, {"index", index}};
+  return exchange(q, true, true);
+}
+
+EnvReply ProcessEnv::step(const std::string& episode_id, const ojson& assistant) {
+  ojson q = {{"op", "step"}, {"episode_id", episode_id}, {"message", assistant}};
+  return exchange(q, true, false);
+}
+
+void ProcessEnv::close(const std::string& episode_id) {
+  // Queued, not waited for: the caller (the episode runner's thread) never waits behind a slow
+  // request of another episode.
+  ojson q = {{"op", "close"}, {"episode_id", episode_id}};
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_) return;
+  jobs_.push_back([this, q] { exchange_now(q, false, false); });
+  cv_.notify_all();
+}
+
+}  // namespace crl::trainer

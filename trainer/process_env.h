@@ -1,0 +1,84 @@
+// ProcessEnv: an environment that is any program speaking JSON lines on stdin/stdout (issue 28),
+// started by the job (`/bin/sh -c COMMAND`, stderr shared with the job's), one per infer rank.
+//
+// One request line in, one reply line out, in order:
+//   {"op": "reset", "episode_id": "s3-p1-e2", "split": "train", "index": 17}
+//     -> {"episode_id": "s3-p1-e2", "messages": [{"role": "user", "content": "..."}],
+//         "tools": [...]}                                  (tools optional)
+//   {"op": "step", "episode_id": "s3-p1-e2", "message": {"role": "assistant", "content": "...",
+//                                                        "tool_calls": [...]}}
+//     -> {"episode_id": "s3-p1-e2", "messages": [{"role": "tool", "content": "..."}]}
+//     or {"episode_id": "s3-p1-e2", "done": true, "reward": 1.0, "correct": true}
+//                                                          (correct optional: reward > 0)
+//   {"op": "close", "episode_id": "s3-p1-e2"}             (no reply: the job ended the episode)
+// Failures end the episode with a named error and reward 0, and the job goes on:
+//   env_died       the process exited or closed its stdout (it is started again for the next
+//                  reset; the other episodes it held end with env_died at their next step),
+//   env_timeout    no reply line within the timeout (the process is killed and started again, so a
+//                  late reply cannot answer a later request),
+//   env_malformed  a line that is not a JSON object, names another episode, or has fields of the
+//                  wrong type.
+// The process runs in a process group of its own, killed whole when the ProcessEnv is destroyed
+// or a reply times out. If the rank dies, the shell gets SIGKILL (PR_SET_PDEATHSIG) and a command
+// it forked reads EOF on its stdin.
+//
+// Thread safety: reset/step/close may be called from any thread; requests are sent one at a time,
+// by one worker thread the ProcessEnv owns (which also starts the process).
+#pragma once
+
+#include <sys/types.h>
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "trainer/environment.h"
+
+namespace crl::trainer {
+
+class ProcessEnv : public Environment {
+ public:
+  ProcessEnv(std::string command, const EnvOptions& options);
+  ~ProcessEnv() override;
+  ProcessEnv(const ProcessEnv&) = delete;
+  ProcessEnv& operator=(const ProcessEnv&) = delete;
+
+  std::string name() const override { return command_; }
+  EnvReply reset(const std::string& episode_id, EnvSplit split, int64_t index) override;
+  EnvReply step(const std::string& episode_id, const nlohmann::ordered_json& assistant) override;
+  void close(const std::string& episode_id) override;
+
+  // Processes started so far (the first one included).
+  int64_t starts() const;
+
+ private:
+  // Sends `request` and reads one reply line (on the worker thread); expect_reply false: send only.
+  EnvReply exchange(const nlohmann::ordered_json& request, bool expect_reply, bool is_reset);
+  EnvReply exchange_now(const nlohmann::ordered_json& request, bool expect_reply, bool is_reset);
+  void start_process();
+  // Kills the process (if any) and reaps it; returns how it ended ("exit status 3", ...).
+  std::string stop_process();
+  void worker();
+
+  const std::string command_;
+  const std::chrono::milliseconds timeout_;
+  // The worker's state: only the worker thread touches these.
+  pid_t pid_ = -1;
+  int fd_ = -1;         // our end of the socket pair (the child's stdin and stdout)
+  std::string buffer_;  // bytes read past the last line
+  // The process each open episode was reset on (starts_ at its reset): a step of an episode whose
+  // process is gone fails (env_died) without reaching the new one, which never saw it.
+  std::map<std::string, int64_t> born_;
+  // The request queue.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;  // guarded by mu_
+  bool stopping_ = false;                   // guarded by mu_
+  int64_t starts_ = 0;                      // guarded by mu_
+  std::thread thread_;
+};
+
+}  // namespace crl::trainer
