@@ -129,6 +129,23 @@ INSTANTIATE_TEST_SUITE_P(Models, EngineVsFullForwardTest,
 
 // fp32 on the device: the paged, continuously batched, chunked engine against the plain full
 // forward of the same device model (cuBLAS may pick other algorithms per shape: 2e-3).
+// A later turn (the earlier prompt, its reply as sampled, new text) prefills only what the cache
+// cannot hold: every full block of the earlier sequence, generated ones included, is a hit.
+TEST(LlmEngineTest, ALaterTurnReusesTheEarlierTurnsGeneratedBlocks) {
+  EngineConfig cfg = test::test_engine_config("llama");
+  LlmEngine eng(cfg);
+  std::mt19937 rng(4);
+  GenerateRequest first = greedy("t1", random_tokens(rng, 23), 30);
+  const RequestOutput a = eng.generate({first}).at(0);
+  ASSERT_EQ(a.outputs[0].token_ids.size(), 30u);
+  GenerateRequest second = greedy("t2", first.prompt_token_ids, 5);
+  for (int32_t t : a.outputs[0].token_ids) second.prompt_token_ids.push_back(t);
+  for (int32_t t : random_tokens(rng, 9)) second.prompt_token_ids.push_back(t);
+  const RequestOutput b = eng.generate({second}).at(0);
+  // 23 + 30 ids, the last sampled one never fed: 52 computed, 13 full blocks of 4.
+  EXPECT_EQ(b.num_cached_tokens, (23 + 30 - 1) / cfg.block_size * cfg.block_size);
+}
+
 TEST(CudaEngineTest, PagedContinuousBatchingMatchesFullForwardOnCuda) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
   for (const std::string variant : {"llama", "qwen2"}) {
