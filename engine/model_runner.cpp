@@ -292,15 +292,21 @@ ForwardOutput ModelRunner::execute(const SchedulerOutput& batch) {
 
   const double scale = 1.0 / std::sqrt(static_cast<double>(model_.config().head_dim));
   PagedKvAttention attention(kv_cache_, layout.metadata(buf, f.max_q, f.max_ctx), scale);
-  at::Tensor lora_mask;
+  LoraBatch lora;
   std::vector<int32_t> row_slots;
   if (lora_ != nullptr && lora_rows(batch, &row_slots)) {
-    lora_mask = lora_->row_mask(row_slots);
-    out.h2d_bytes += device.is_cpu() ? 0 : lora_mask.numel() * lora_mask.element_size();
+    const bool uniform = std::all_of(row_slots.begin(), row_slots.end(), [&](int32_t s) { return s == row_slots[0]; });
+    if (uniform && !model_.options().deterministic) {
+      lora.slot = row_slots[0];  // one adapter: its own product (in deterministic mode the masked
+                                 // one, so a row's bits do not depend on its batch neighbours)
+    } else {
+      lora.mask = lora_->row_mask(row_slots);
+      out.h2d_bytes += device.is_cpu() ? 0 : lora.mask.numel() * lora.mask.element_size();
+    }
   }
   out.hidden = model_.forward_hidden(StepLayout::view(buf, layout.tok, total, at::kLong),
                                      StepLayout::view(buf, layout.pos, total, at::kLong), attention,
-                                     /*max_position=*/f.max_ctx - 1, lora_mask);
+                                     /*max_position=*/f.max_ctx - 1, lora);
   if (num_samples > 0) {
     out.sample_hidden = out.hidden.index_select(0, StepLayout::view(buf, layout.sample, num_samples, at::kLong));
   }

@@ -255,12 +255,14 @@ LoraSlots::LoraSlots(const ModelConfig& config, int64_t num_slots, int64_t max_r
   for (LoraTarget t : targets) enabled_[static_cast<int>(t)] = true;
   a_.resize(config.num_layers);
   b_.resize(config.num_layers);
+  slot_b_.assign(static_cast<size_t>(num_slots), std::vector<std::array<at::Tensor, kNumLoraTargets>>(config.num_layers));
   const auto opts = at::TensorOptions().dtype(dtype).device(device);
   for (int64_t li = 0; li < config.num_layers; ++li) {
     for (LoraTarget t : targets) {
       const auto [in, out] = lora_target_shape(config, t);
       a_[li][static_cast<int>(t)] = at::zeros({num_slots * max_rank, in}, opts);
       b_[li][static_cast<int>(t)] = at::zeros({out, num_slots * max_rank}, opts);
+      for (auto& slot : slot_b_) slot[li][static_cast<int>(t)] = at::zeros({out, max_rank}, opts);
     }
   }
 }
@@ -304,6 +306,7 @@ void LoraSlots::load(int64_t slot, const LoraAdapter& ad) {
       const int ti = static_cast<int>(t);
       a_[li][ti].narrow(0, c0, ad.rank).copy_(ad.a[li][ti].to(at::kFloat));
       b_[li][ti].narrow(1, c0, ad.rank).copy_(ad.b[li][ti].to(at::kFloat) * ad.scaling());
+      slot_b_[static_cast<size_t>(slot)][li][ti].copy_(b_[li][ti].narrow(1, c0, max_rank_));
     }
   }
 }
@@ -318,6 +321,11 @@ void LoraSlots::clear(int64_t slot) {
   for (auto& layer : b_) {
     for (auto& t : layer) {
       if (t.defined()) t.narrow(1, slot * max_rank_, max_rank_).zero_();
+    }
+  }
+  for (auto& t : slot_b_[static_cast<size_t>(slot)]) {
+    for (auto& b : t) {
+      if (b.defined()) b.zero_();
     }
   }
 }

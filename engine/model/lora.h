@@ -64,6 +64,14 @@ void save_peft_adapter(const LoraAdapter& adapter, const std::string& dir,
 // weight's dtype. The reference for unmerged serving, and a merged checkpoint's weights.
 NamedTensors merge_lora(const NamedTensors& base, const LoraAdapter& adapter, const ModelConfig& config);
 
+// A forward's adapters: every row on one slot (`slot`; the slot's own A and B, no mask) or rows on
+// different slots or none (`mask`, LoraSlots::row_mask); neither = no adapter.
+struct LoraBatch {
+  at::Tensor mask;
+  int32_t slot = -1;
+  bool active() const { return mask.defined() || slot >= 0; }
+};
+
 class LoraSlots {
  public:
   // `targets`: the layers slots may adapt (an adapter targeting another one is refused).
@@ -84,6 +92,13 @@ class LoraSlots {
   // targets(t)).
   const at::Tensor& a(int64_t li, LoraTarget t) const { return a_[li][static_cast<int>(t)]; }
   const at::Tensor& b(int64_t li, LoraTarget t) const { return b_[li][static_cast<int>(t)]; }
+  // One slot's A [r, in] (a view of a()) and scaled B [out, r] (its own contiguous copy).
+  at::Tensor slot_a(int64_t li, LoraTarget t, int64_t slot) const {
+    return a_[li][static_cast<int>(t)].narrow(0, slot * max_rank_, max_rank_);
+  }
+  const at::Tensor& slot_b(int64_t li, LoraTarget t, int64_t slot) const {
+    return slot_b_[static_cast<size_t>(slot)][li][static_cast<int>(t)];
+  }
   // The batch's mask [rows, S * r] in the model's dtype and device: row i's slot's columns 1
   // (row_slots[i] in [0, S)), the rest 0 (a row of slot -1 takes no adapter).
   at::Tensor row_mask(const std::vector<int32_t>& row_slots) const;
@@ -95,6 +110,7 @@ class LoraSlots {
   at::ScalarType dtype_;
   at::Device device_;
   std::vector<std::array<at::Tensor, kNumLoraTargets>> a_, b_;
+  std::vector<std::vector<std::array<at::Tensor, kNumLoraTargets>>> slot_b_;  // [slot][layer][target]
 };
 
 }  // namespace crl::engine

@@ -268,11 +268,14 @@ at::Tensor Transformer::apply_rope(const at::Tensor& x, const at::Tensor& cos,
 
 at::Tensor Transformer::adapted_linear(int64_t li, LoraTarget target, const at::Tensor& x,
                                       const at::Tensor& weight, const at::Tensor& bias,
-                                      const at::Tensor& lora_mask) const {
+                                      const LoraBatch& lora) const {
   at::Tensor y = linear(x, weight, bias);
-  if (lora_ == nullptr || !lora_mask.defined() || !lora_->targets(target)) return y;
+  if (lora_ == nullptr || !lora.active() || !lora_->targets(target)) return y;
+  if (lora.slot >= 0) {  // one adapter for every row: its own A and B alone
+    return y + linear(linear(x, lora_->slot_a(li, target, lora.slot)), lora_->slot_b(li, target, lora.slot));
+  }
   // ((x A^T) * mask) B^T: every slot's down-projection at once, each row keeping its own slot's.
-  return y + linear(linear(x, lora_->a(li, target)) * lora_mask, lora_->b(li, target));
+  return y + linear(linear(x, lora_->a(li, target)) * lora.mask, lora_->b(li, target));
 }
 
 at::Tensor Transformer::layer_forward(int64_t li, const at::Tensor& h, const Rope& rope,
@@ -281,7 +284,7 @@ at::Tensor Transformer::layer_forward(int64_t li, const at::Tensor& h, const Rop
   const int64_t t = h.size(0);
   const int64_t q_dim = c.num_heads * c.head_dim;
   const Layer& l = layers_[li];
-  const at::Tensor& m = rope.lora_mask;
+  const LoraBatch& m = rope.lora;
   auto n = rms_norm(h, l.input_norm);
   auto q = adapted_linear(li, LoraTarget::kQ, n, l.q_proj, l.q_bias, m).view({t, c.num_heads, c.head_dim});
   auto k = adapted_linear(li, LoraTarget::kK, n, l.k_proj, l.k_bias, m).view({t, c.num_kv_heads, c.head_dim});
@@ -313,7 +316,7 @@ at::Tensor Transformer::layer_forward(int64_t li, const at::Tensor& h, const Rop
 
 at::Tensor Transformer::forward_hidden(const at::Tensor& tokens, const at::Tensor& positions,
                                        AttentionBackend& attention, int64_t max_position,
-                                       const at::Tensor& lora_mask) const {
+                                       const LoraBatch& lora) const {
   const auto& c = config_;
   if (tokens.size(0) > 0 && max_position >= c.max_position_embeddings) {
     throw std::invalid_argument("position " + std::to_string(max_position) +
@@ -321,14 +324,15 @@ at::Tensor Transformer::forward_hidden(const at::Tensor& tokens, const at::Tenso
                                 std::to_string(c.max_position_embeddings));
   }
   auto h = embed_.index_select(0, tokens);  // [T, hidden]
-  if (lora_mask.defined()) {
-    CRL_CHECK(lora_ != nullptr, "forward_hidden: a LoRA mask without LoRA slots");
-    CRL_CHECK(lora_mask.dim() == 2 && lora_mask.size(0) == tokens.size(0) &&
-                  lora_mask.size(1) == lora_->num_slots() * lora_->max_rank(),
-              "forward_hidden: LoRA mask ", lora_mask.sizes(), " for ", tokens.size(0), " rows and ",
+  if (lora.active()) {
+    CRL_CHECK(lora_ != nullptr, "forward_hidden: LoRA rows without LoRA slots");
+    CRL_CHECK(lora.slot < lora_->num_slots(), "forward_hidden: LoRA slot ", lora.slot, " of ", lora_->num_slots());
+    CRL_CHECK(lora.slot >= 0 || (lora.mask.dim() == 2 && lora.mask.size(0) == tokens.size(0) &&
+                                 lora.mask.size(1) == lora_->num_slots() * lora_->max_rank()),
+              "forward_hidden: LoRA mask ", lora.mask.sizes(), " for ", tokens.size(0), " rows and ",
               lora_->num_slots(), " slots of rank ", lora_->max_rank());
   }
-  Rope rope{positions, {}, {}, lora_mask};
+  Rope rope{positions, {}, {}, lora};
   if (!cuda_fused_fits({&h})) {  // the fused kernel reads the tables itself
     rope.cos = rope_cos_.index_select(0, positions).to(options_.dtype);
     rope.sin = rope_sin_.index_select(0, positions).to(options_.dtype);

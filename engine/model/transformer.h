@@ -59,11 +59,10 @@ class Transformer {
   // tokens, positions: [T] int64 on the model's device; `max_position`: the largest of
   // `positions`, known to the caller on the host (checked against max_position_embeddings, so the
   // forward never reads device memory back). Returns the final-normed hidden states [T, hidden]
-  // (compute dtype). `lora_mask` [T, S * r] (LoraSlots::row_mask): each row's LoRA slot, with the
-  // slots set by set_lora_slots; undefined = no adapter for any row.
+  // (compute dtype). `lora`: the rows' LoRA slots (of set_lora_slots); default: none.
   at::Tensor forward_hidden(const at::Tensor& tokens, const at::Tensor& positions,
                             AttentionBackend& attention, int64_t max_position,
-                            const at::Tensor& lora_mask = {}) const;
+                            const LoraBatch& lora = {}) const;
   // hidden: [R, hidden] -> logits [R, vocab] float32.
   at::Tensor compute_logits(const at::Tensor& hidden) const;
 
@@ -91,7 +90,7 @@ class Transformer {
   using LayerRunner =
       std::function<at::Tensor(int64_t index, const at::Tensor& h, std::shared_ptr<LayerFn> layer)>;
   void set_layer_runner(LayerRunner runner) { layer_runner_ = std::move(runner); }
-  // The LoRA adapters forward_hidden's lora_mask selects from (nullptr = none); not owned.
+  // The LoRA adapters forward_hidden's `lora` selects from (nullptr = none); not owned.
   void set_lora_slots(const LoraSlots* slots) { lora_ = slots; }
 
  private:
@@ -104,7 +103,8 @@ class Transformer {
   // A forward's inputs every layer reads: the positions, their RoPE cos and sin rows in the compute
   // dtype (undefined where the fused CUDA kernel reads the tables itself), and the LoRA row mask.
   struct Rope {
-    at::Tensor positions, cos, sin, lora_mask;
+    at::Tensor positions, cos, sin;
+    LoraBatch lora;
   };
 
   void bind_parameters();
@@ -119,7 +119,7 @@ class Transformer {
   at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const;
   // linear(x, weight, bias) plus layer `li`'s LoRA delta for target `t` where the mask selects one.
   at::Tensor adapted_linear(int64_t li, LoraTarget t, const at::Tensor& x, const at::Tensor& weight,
-                            const at::Tensor& bias, const at::Tensor& lora_mask) const;
+                            const at::Tensor& bias, const LoraBatch& lora) const;
 
   ModelConfig config_;
   TransformerOptions options_;
