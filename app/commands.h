@@ -17,6 +17,7 @@ namespace crl::app {
 using Runner = std::function<int()>;
 
 Runner register_make_model(CLI::App& app);
+Runner register_merge_lora(CLI::App& app);
 Runner register_generate(CLI::App& app);
 Runner register_serve(CLI::App& app);
 Runner register_bench(CLI::App& app);

@@ -67,6 +67,7 @@ int main(int argc, char** argv) {
     if (subs.size() > before) runners[subs.back()] = std::move(r);
   };
   add(crl::app::register_make_model);
+  add(crl::app::register_merge_lora);
   add(crl::app::register_generate);
   add(crl::app::register_serve);
   add(crl::app::register_bench);

@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "common/check.h"
+#include "engine/model/model_writer.h"
 #include "engine/model/safetensors.h"
 
 namespace crl::engine {
@@ -245,6 +246,20 @@ NamedTensors merge_lora(const NamedTensors& base, const LoraAdapter& adapter, co
     }
   }
   return out;
+}
+
+void write_merged_lora_model(const std::string& model_dir, const std::string& lora_dir,
+                             const std::string& out_dir, const std::string& dtype) {
+  if (dtype != "float32" && dtype != "bfloat16") {
+    throw std::invalid_argument("merged model dtype '" + dtype + "': expected float32 or bfloat16");
+  }
+  const ModelConfig config = load_model_config(model_dir);
+  const LoraAdapter adapter = load_peft_adapter(lora_dir, config);
+  NamedTensors merged = merge_lora(load_checkpoint(model_dir, model_param_specs(config), at::kFloat), adapter, config);
+  if (dtype == "bfloat16") {
+    for (auto& [name, t] : merged) t = t.to(at::kBFloat16);
+  }
+  write_model_dir(out_dir, config, merged, model_dir);
 }
 
 LoraSlots::LoraSlots(const ModelConfig& config, int64_t num_slots, int64_t max_rank,

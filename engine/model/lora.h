@@ -72,6 +72,13 @@ struct LoraBatch {
   bool active() const { return mask.defined() || slot >= 0; }
 };
 
+// Writes a Hugging Face model directory to `out_dir`: the model in `model_dir` with the PEFT
+// adapter in `lora_dir` merged into its weights (merge_lora), stored in `dtype` ("float32" or
+// "bfloat16"), its config and tokenizer files copied. Throws as load_peft_adapter and
+// write_model_dir do.
+void write_merged_lora_model(const std::string& model_dir, const std::string& lora_dir,
+                             const std::string& out_dir, const std::string& dtype = "float32");
+
 class LoraSlots {
  public:
   // `targets`: the layers slots may adapt (an adapter targeting another one is refused).

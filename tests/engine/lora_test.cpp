@@ -74,7 +74,8 @@ TEST(LoraTest, ZeroInitialisedBLeavesTheBaseOutputs) {
   expect_same_outputs(base, adapted, 0);
 }
 
-// The adapter unmerged in the engine against an engine whose checkpoint has it merged.
+// The adapter unmerged in the engine against an engine whose checkpoint has it merged
+// (write_merged_lora_model, the merge-lora command).
 TEST(LoraTest, UnmergedAdapterMatchesTheMergedWeights) {
   for (const std::string variant : {"llama", "qwen2", "qwen3"}) {
     SCOPED_TRACE(variant);
@@ -85,10 +86,11 @@ TEST(LoraTest, UnmergedAdapterMatchesTheMergedWeights) {
     eng.add_lora("a", ad);
     const auto unmerged = eng.generate(greedy_requests("m", 5, 9, {"a"}));
 
-    const auto base = load_checkpoint(cfg.model_dir, model_param_specs(mc), at::kFloat);
+    // Through the PEFT files and `merge-lora`'s function: load, merge, write a model directory.
     test::TempDir tmp;
+    save_peft_adapter(ad, tmp.file("adapter"));
     const std::string dir = tmp.file("merged");
-    write_model_dir(dir, mc, merge_lora(base, ad, mc), cfg.model_dir);
+    write_merged_lora_model(cfg.model_dir, tmp.file("adapter"), dir);
     EngineConfig merged_cfg = test::test_engine_config(variant);
     merged_cfg.model_dir = dir;
     const auto merged = LlmEngine(merged_cfg).generate(greedy_requests("m", 5, 9, {""}));
