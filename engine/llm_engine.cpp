@@ -207,16 +207,23 @@ void LlmEngine::add_lora(const std::string& name, const LoraAdapter& adapter) {
     std::lock_guard<std::mutex> lock(lora_mu_);
     for (size_t i = 0; i < lora_entries_.size(); ++i) {
       if (lora_entries_[i].name == name) throw std::invalid_argument("LoRA adapter '" + name + "' is already loaded");
-      if (lora_entries_[i].name.empty() && slot == lora_entries_.size()) slot = i;
+      if (lora_entries_[i].name.empty() && !lora_entries_[i].reserved && slot == lora_entries_.size()) slot = i;
     }
     if (slot == lora_entries_.size()) {
       throw std::invalid_argument("LoRA adapter '" + name + "': all " + std::to_string(lora_entries_.size()) +
                                   " LoRA slots are in use (--max-loras)");
     }
+    lora_entries_[slot].reserved = true;  // no other add_lora takes it while it loads
   }
-  lora_slots_->load(static_cast<int64_t>(slot), adapter);  // throws for a misfit, slot untouched
+  try {
+    lora_slots_->load(static_cast<int64_t>(slot), adapter);  // throws for a misfit
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(lora_mu_);
+    lora_entries_[slot].reserved = false;
+    throw;
+  }
   std::lock_guard<std::mutex> lock(lora_mu_);
-  lora_entries_[slot] = LoraEntry{name, next_lora_uid_++};
+  lora_entries_[slot] = LoraEntry{name, next_lora_uid_++, false};
 }
 
 void LlmEngine::load_lora(const std::string& name, const std::string& dir) {

@@ -220,6 +220,7 @@ class LlmEngine {
   struct LoraEntry {
     std::string name;  // empty: a free slot
     uint64_t uid = 0;
+    bool reserved = false;  // an add_lora is loading it
   };
   mutable std::mutex lora_mu_;        // guards lora_entries_ (validate_request runs on any thread)
   std::vector<LoraEntry> lora_entries_;  // by slot

@@ -653,7 +653,12 @@ int flash_heads_per_pass(int group) {
   return 8;
 }
 
-bool flash_fits(int head_dim) { return head_dim == 32 || head_dim == 64 || head_dim == 128; }
+// v4 loads 16 bytes at a time from the caches: their storage must start 16-byte aligned (the
+// engine's pool slices always do; a view at an odd offset runs v2).
+bool flash_fits(int head_dim, const void* k_cache, const void* v_cache) {
+  const bool aligned = reinterpret_cast<uintptr_t>(k_cache) % 16 == 0 && reinterpret_cast<uintptr_t>(v_cache) % 16 == 0;
+  return aligned && (head_dim == 32 || head_dim == 64 || head_dim == 128);
+}
 
 template <typename T, int kG, int kPer>
 void launch_flash_g(T* out, const T* q, const T* k_cache, const T* v_cache,
@@ -750,9 +755,9 @@ void launch_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
     // shape, G = 7) 2.2x faster end to end than v2 (5.85 s against 12.98 s; decode attention 60 us
     // against 178 us a layer at 256 sequences, prefill 537 us against 2,160 us). v2 elsewhere: the
     // grouped v3 made the same benchmark 1.9x slower than v2 on an H200 (too few warps).
-    kernel = flash_fits(head_dim) ? CudaAttentionKernel::kFlash : CudaAttentionKernel::kUnrolled;
+    kernel = flash_fits(head_dim, kp, vp) ? CudaAttentionKernel::kFlash : CudaAttentionKernel::kUnrolled;
   }
-  if (kernel == CudaAttentionKernel::kFlash && flash_fits(head_dim)) {
+  if (kernel == CudaAttentionKernel::kFlash && flash_fits(head_dim, kp, vp)) {
     if (head_dim == 32) {
       launch_flash<T, 1>(o, qp, kp, vp, meta, rows, heads, kv_heads, bs, scale, stream);
     } else if (head_dim == 64) {

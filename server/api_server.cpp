@@ -105,6 +105,12 @@ Server::Server(std::shared_ptr<engine::EngineLoop> loop, ServerOptions options)
   loop_->set_request_observer(metrics_);
   const std::string& dir = loop_->config().model_dir;
   model_name_ = options_.served_model_name.empty() ? default_model_name(dir) : options_.served_model_name;
+  for (const auto& [name, lora_dir] : loop_->config().lora_modules) {
+    if (name == model_name_) {
+      throw std::invalid_argument("--lora " + name + "=" + lora_dir + ": the adapter's name is the served model's; "
+                                  "requests could never pick it (rename it or set --served-model-name)");
+    }
+  }
   try {
     chat_ = text::ChatTemplate::from_model_dir(dir);
   } catch (const std::exception& e) {  // serve completions; chat requests report it

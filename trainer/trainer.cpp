@@ -146,6 +146,10 @@ void Trainer::init(engine::ModelConfig config, engine::NamedTensors weights) {
   topts.device = s.device;
   topts.deterministic = options_.deterministic;
   topts.project_linear = options_.cpu_kernels == "project";
+  // ATen's ops in every pass on a GPU: the fused kernels serve only no-grad passes, and a
+  // no-grad pass (old log-probs, the reference) must round as the gradient pass does, so the
+  // first PPO ratio is exactly 1 and the KL to an equal reference exactly 0.
+  topts.cuda_fused = false;
 
   if (options_.zero_stage < 0) options_.zero_stage = options_.group && options_.group->size() > 1 ? 2 : 0;
   TrainStateOptions so;

@@ -135,27 +135,40 @@ LoraAdapter load_peft_adapter(const std::string& dir, const ModelConfig& config)
     throw std::invalid_argument(cfg_path + ": not valid JSON (" + e.what() + ")");
   }
   auto bad = [&](const std::string& what) { return std::invalid_argument(cfg_path + ": " + what); };
-  if (j.value("peft_type", std::string("LORA")) != "LORA") {
-    throw bad("peft_type '" + j.value("peft_type", std::string()) + "' is not LORA");
-  }
-  if (!j.contains("r") || !j["r"].is_number_integer() || j["r"].get<int64_t>() < 1) {
-    throw bad("'r' must be a positive integer");
-  }
-  if (j.value("use_rslora", false)) throw bad("use_rslora adapters are not supported");
-  if (j.value("use_dora", false)) throw bad("DoRA adapters are not supported");
-  if (j.value("fan_in_fan_out", false)) throw bad("fan_in_fan_out adapters are not supported");
   LoraAdapter ad;
-  ad.rank = j["r"].get<int64_t>();
-  ad.alpha = j.value("lora_alpha", static_cast<double>(ad.rank));
-  const auto& tm = j.contains("target_modules") ? j["target_modules"] : nlohmann::json();
-  if (tm.is_string()) {
-    ad.targets = parse_lora_targets(tm.get<std::string>());
-  } else if (tm.is_array()) {
-    std::string list;
-    for (const auto& e : tm) list += (list.empty() ? "" : ",") + e.get<std::string>();
-    ad.targets = parse_lora_targets(list);
-  } else {
-    throw bad("'target_modules' must be a list of module names or \"all-linear\"");
+  try {
+    if (!j.is_object()) throw bad("not a JSON object");
+    if (j.value("peft_type", std::string("LORA")) != "LORA") {
+      throw bad("peft_type '" + j.value("peft_type", std::string()) + "' is not LORA");
+    }
+    if (!j.contains("r") || !j["r"].is_number_integer() || j["r"].get<int64_t>() < 1) {
+      throw bad("'r' must be a positive integer");
+    }
+    auto flag = [&](const char* key) { return j.contains(key) && !j[key].is_null() && j[key].get<bool>(); };
+    if (flag("use_rslora")) throw bad("use_rslora adapters are not supported");
+    if (flag("use_dora")) throw bad("DoRA adapters are not supported");
+    if (flag("fan_in_fan_out")) throw bad("fan_in_fan_out adapters are not supported");
+    for (const char* key : {"rank_pattern", "alpha_pattern"}) {  // per-module ranks or scalings
+      if (j.contains(key) && !j[key].is_null() && !j[key].empty()) throw bad(std::string(key) + " is not supported");
+    }
+    ad.rank = j["r"].get<int64_t>();
+    ad.alpha = j.contains("lora_alpha") && !j["lora_alpha"].is_null() ? j["lora_alpha"].get<double>() : 8.0;  // PEFT's default
+    const auto& tm = j.contains("target_modules") ? j["target_modules"] : nlohmann::json();
+    if (tm.is_string()) {
+      ad.targets = parse_lora_targets(tm.get<std::string>());
+    } else if (tm.is_array()) {
+      std::string list;
+      for (const auto& e : tm) list += (list.empty() ? "" : ",") + e.get<std::string>();
+      ad.targets = parse_lora_targets(list);
+    } else {
+      throw bad("'target_modules' must be a list of module names or \"all-linear\"");
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw bad(std::string("a field has the wrong type (") + e.what() + ")");
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    if (what.rfind(cfg_path, 0) == 0) throw;
+    throw bad(what);
   }
   ad.a.resize(config.num_layers);
   ad.b.resize(config.num_layers);
@@ -170,7 +183,7 @@ LoraAdapter load_peft_adapter(const std::string& dir, const ModelConfig& config)
       throw std::invalid_argument(st_path + ": tensor '" + name +
                                   "' is not a LoRA A or B weight of a decoder layer's linear");
     }
-    const int64_t li = std::stoll(m[1].str());
+    const int64_t li = m[1].str().size() > 9 ? config.num_layers : std::stoll(m[1].str());
     const auto t = target_from_name(m[3].str());
     if (li >= config.num_layers) {
       throw std::invalid_argument(st_path + ": tensor '" + name + "' is for layer " + std::to_string(li) +

@@ -205,6 +205,12 @@ TEST(LoraTest, AdaptersThatDoNotFitAreNamedErrors) {
   std::ofstream(dir + "/adapter_config.json") << R"({"peft_type": "PREFIX_TUNING", "r": 4})";
   ASSERT_THROWS_WITH(load_peft_adapter(dir, mc), std::invalid_argument, "is not LORA");
   ASSERT_THROWS_WITH(parse_lora_targets("q,embed"), std::invalid_argument, "LoRA target 'embed'");
+  // PEFT fields this loader does not apply are refused, not ignored; wrong types are named.
+  std::ofstream(dir + "/adapter_config.json")
+      << R"({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj"], "alpha_pattern": {"q_proj": 32}})";
+  ASSERT_THROWS_WITH(load_peft_adapter(dir, mc), std::invalid_argument, "alpha_pattern is not supported");
+  std::ofstream(dir + "/adapter_config.json") << R"({"peft_type": "LORA", "r": 4, "target_modules": [3]})";
+  ASSERT_THROWS_WITH(load_peft_adapter(dir, mc), std::invalid_argument, "adapter_config.json: a field has the wrong type");
 
   EngineConfig cfg = lora_config("qwen2", 1);
   cfg.lora_targets = "q,k,v";

@@ -203,10 +203,11 @@ INSTANTIATE_TEST_SUITE_P(Cuda, PagedAttentionTest,
 #endif
 
 // Contexts past the grouped kernel's 128-position chunks (its online softmax across chunks), the
-// group sizes of Qwen2 (7, 6) and Llama-3 (4), head_dim 64 and 128, decode and prefill rows.
+// group sizes of Qwen2 (7, 6) and Llama-3 (4), 5 and 12 (v4's masked heads and its second pass),
+// head_dim 64 and 128, decode and prefill rows.
 TEST(CudaPagedAttentionTest, EveryKernelMatchesTheReferenceOnLongContextsAndWideGroups) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
-  for (int64_t group : {7, 6, 4}) {
+  for (int64_t group : {7, 6, 4, 5, 12}) {  // 5: v4 masks heads; 12: v4 takes two passes
     for (int64_t head_dim : {64, 128}) {
       for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
         SCOPED_TRACE("group " + std::to_string(group) + " head_dim " + std::to_string(head_dim) +

@@ -734,6 +734,10 @@ TEST(ServerLoraTest, RequestsPickAnAdapterByTheirModelField) {
   auto [status, text] = served.post("/v1/completions", {{"model", "nosuch"}, {"prompt", prompt}});
   EXPECT_EQ(status, 400) << text;
   EXPECT_NE(text.find("'tiny', 'sql'"), std::string::npos) << text;
+  // An adapter named like the served model could never be picked: refused at start.
+  engine::EngineConfig clash = cfg;
+  clash.lora_modules = {{"tiny", tmp.file("sql")}};
+  EXPECT_THROW(server::Server(clash, o), std::invalid_argument);
 }
 
 }  // namespace
