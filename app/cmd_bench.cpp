@@ -41,6 +41,7 @@ struct SyncBenchFlags {
   double timeout_s = 300;
   std::string results = "sync_bench.jsonl";
   std::string device = "cpu";
+  int64_t lora_rank = 0;
   bool matrix_cell = false;  // a cell spawned by the matrix below: append, print nothing
 };
 
@@ -105,6 +106,7 @@ int run_sync_bench(const SyncBenchFlags& f) {
     o.timeout = timeout;
     o.results_file = f.results;
     o.device = f.device;
+    o.lora_rank = f.lora_rank;
     engine::ensure_preset_model(o.shape, "bfloat16");  // once, before the ranks start
     if (!f.matrix_cell) std::remove(f.results.c_str());
     LaunchOptions lo{o.infer_per_node, o.train_per_node, timeout};
@@ -140,7 +142,7 @@ int run_sync_bench(const SyncBenchFlags& f) {
             "--topologies", fmt::format("{}-{}", t, i), "--repeats", std::to_string(f.repeats),
             "--sync-bucket-mb", std::to_string(f.bucket_mb), "--timeout",
             std::to_string(f.timeout_s), "--results", f.results, "--device", f.device,
-            "--matrix-cell"};
+            "--lora-rank", std::to_string(f.lora_rank), "--matrix-cell"};
         std::vector<char*> argv;
         for (auto& a : args) argv.push_back(a.data());
         argv.push_back(nullptr);
@@ -182,6 +184,10 @@ Runner register_bench(CLI::App& app) {
   sync->add_option("--sync-bucket-mb", sf->bucket_mb, "bucket cap in MiB")->capture_default_str();
   sync->add_option("--timeout", sf->timeout_s, "collective timeout in seconds")->capture_default_str();
   sync->add_option("--results", sf->results, "JSONL file the rows go to")->capture_default_str();
+  sync->add_option("--lora-rank", sf->lora_rank,
+                   "also sync an all-linear LoRA adapter of this rank alone (LoRA RL's update) in "
+                   "the same run, next to the whole model (0 = no LoRA row)")
+      ->check(CLI::NonNegativeNumber);
   sync->add_option("--device", sf->device,
                    "cpu (Gloo) or cuda (a GPU per rank: NCCL; ranks sharing a GPU: CUDA IPC, "
                    "measured against the device's own copy)")

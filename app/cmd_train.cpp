@@ -132,6 +132,18 @@ Runner register_train(CLI::App& app) {
                 "recompute each decoder layer's activations in backward");
   cmd->add_flag("--offload-optimizer", o.trainer.offload_optimizer,
                 "keep fp32 masters and Adam moments in host memory (AdamW steps there)");
+  cmd->add_option("--lora-rank", o.trainer.lora.rank,
+                  "train a LoRA adapter of this rank on the frozen base and sync only the adapter "
+                  "(0 = full fine-tuning)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--lora-alpha", o.trainer.lora.alpha, "LoRA alpha (the update is scaled by alpha / rank)")
+      ->capture_default_str();
+  cmd->add_option("--lora-targets", o.trainer.lora.targets,
+                  "the adapted linear layers: all-linear or a comma list of q,k,v,o,gate,up,down")
+      ->capture_default_str();
+  cmd->add_option("--lora-dropout", o.trainer.lora.dropout, "dropout on the adapters' input (training passes)")
+      ->capture_default_str();
   cmd->add_option("--micro-batch-tokens", o.trainer.micro_batch_tokens,
                   "tokens per packed micro-batch")->capture_default_str();
   cmd->add_option("--kl-coef", o.trainer.grpo.kl_coef, "k3 KL to the initial model (0 = off)")
@@ -168,6 +180,9 @@ Runner register_train(CLI::App& app) {
   cmd->add_option("--save-every", o.save_every,
                   "checkpoint every N steps; with --save-dir there is always one at the end");
   cmd->add_option("--resume", o.resume_dir, "continue from a checkpoint directory");
+  cmd->add_flag("--save-merged", o.save_merged,
+                "with --lora-rank: each checkpoint also holds merged/, a model directory of the base "
+                "with the adapter merged in (the adapter alone is the checkpoint)");
   cmd->add_option("--serve-port", o.serve_port,
                   "serve the OpenAI API during training: infer rank k on PORT + k (0: any port)");
   cmd->add_option("--serve-host", o.serve_host, "address the API binds")->capture_default_str();
@@ -212,6 +227,7 @@ Runner register_train(CLI::App& app) {
     o.rollout_timeout = std::chrono::milliseconds(static_cast<int64_t>(f->rollout_timeout_s * 1000));
     o.env_options.timeout = std::chrono::milliseconds(static_cast<int64_t>(f->env_timeout_s * 1000));
     o.env_options.seed = o.seed;
+    o.trainer.lora.seed = o.seed;
     o.bucket_bytes = f->dist.bucket_bytes();
     o.sync = f->dist.sync_options();
     o.device_map = sync::parse_device_map(f->device_map);

@@ -408,8 +408,36 @@ int run_sync_bench_rank(const sync::RankEnv& env, const SyncBenchOptions& o) {
     ec.device = device_name;
     ec.num_kv_blocks = 64;
     ec.max_model_len = 256;
+    if (o.lora_rank > 0) {
+      ec.max_loras = 1;
+      ec.max_lora_rank = static_cast<int32_t>(o.lora_rank);
+    }
     eng = std::make_unique<engine::LlmEngine>(ec);
     layout = std::make_unique<sync::WeightLayout>(eng->attach_weight_buffers(o.bucket_bytes).layout());
+  }
+  // The LoRA row: the adapter's tensors alone, fp32 masters on the train ranks (sent from their
+  // flat storage when the dtypes match), the engine's LoRA receive buffers on the infer ranks.
+  const std::string lora_mode = fmt::format("lora-r{}", o.lora_rank);
+  std::unique_ptr<sync::WeightLayout> lora_layout;
+  std::vector<at::Tensor> lora_masters, lora_flat;
+  if (o.lora_rank > 0) {
+    const engine::LoraAdapter ad = engine::make_lora_adapter(
+        cfg, o.lora_rank, 32, engine::parse_lora_targets("all-linear"), 1, /*random_b=*/true);
+    if (train) {
+      lora_layout = std::make_unique<sync::WeightLayout>(
+          sync::WeightLayout::plan(engine::tensor_specs(engine::lora_tensors(ad), edtype), o.bucket_bytes));
+      if (edtype == at::kFloat) {
+        lora_flat = lora_layout->allocate_buckets(on_device);
+        lora_masters = lora_layout->views(lora_flat);
+        const auto src = engine::lora_tensors(ad);
+        for (size_t i = 0; i < src.size(); ++i) lora_masters[i].copy_(src[i].second);
+      } else {
+        for (const auto& [name, t] : engine::lora_tensors(ad)) lora_masters.push_back(t.to(device));
+      }
+    } else {
+      lora_layout = std::make_unique<sync::WeightLayout>(
+          eng->attach_lora_buffers("policy", ad, o.bucket_bytes).layout());
+    }
   }
   sync::WeightSyncOptions bucket_opts;
   bucket_opts.device = device;
@@ -417,13 +445,19 @@ int run_sync_bench_rank(const sync::RankEnv& env, const SyncBenchOptions& o) {
   pt_opts.mode = sync::SyncMode::kPerTensor;
   sync::WeightSync ws(groups, world.store, *layout, bucket_opts);
   sync::WeightSync ws_pt(groups, world.store, *layout, pt_opts);
+  std::unique_ptr<sync::WeightSync> ws_lora;
+  if (lora_layout) {
+    sync::WeightSyncOptions lora_opts = bucket_opts;
+    lora_opts.scope = "lora";
+    ws_lora = std::make_unique<sync::WeightSync>(groups, world.store, *lora_layout, lora_opts);
+  }
   // Ranks sharing one GPU hand buckets over through CUDA IPC: the per-tensor and raw baselines
   // (communicator broadcasts) give way to the device's own copy bandwidth, measured on each
   // receiver as one plain device-to-device copy of the same bytes.
   const bool ipc = ws.transport(0) == sync::SyncTransport::kIpc;
-  const std::vector<std::string> modes =
-      ipc ? std::vector<std::string>{"bucket", "copy"}
-          : std::vector<std::string>{"bucket", "per-tensor", "raw"};
+  std::vector<std::string> modes = ipc ? std::vector<std::string>{"bucket", "copy"}
+                                        : std::vector<std::string>{"bucket", "per-tensor", "raw"};
+  if (ws_lora) modes.insert(modes.begin() + 1, lora_mode);
   // The baselines' flat buffers exist outside the timed region, on their senders and receivers.
   at::Tensor flat, copy_src;
   if (!train || (first_train && !ipc)) {
@@ -452,6 +486,20 @@ int run_sync_bench_rank(const sync::RankEnv& env, const SyncBenchOptions& o) {
           device_synchronize();
           st.transfer_s = pause = seconds_since(c0);
           st.bytes = layout->total_bytes();
+        }
+      } else if (mode == lora_mode) {
+        if (train) {
+          st = lora_flat.empty() ? ws_lora->send(lora_masters, v) : ws_lora->send_buckets(lora_flat, v);
+        } else {
+          wait_ready_idle(*ws_lora, v, o.timeout);
+          reset_rss_high_water();
+          const int64_t rss0 = current_rss_bytes();
+          auto p0 = Clock::now();
+          st = ws_lora->receive(eng->lora_buffers()->buckets(), v);
+          eng->load_lora_buffers();  // into the adapter's slot: part of the update's pause
+          eng->bump_weight_version();
+          pause = seconds_since(p0);
+          extra_rss = std::max<int64_t>(0, rss_high_water_bytes() - rss0);
         }
       } else if (train) {
         if (mode == "bucket") {
@@ -522,9 +570,10 @@ int run_sync_bench_rank(const sync::RankEnv& env, const SyncBenchOptions& o) {
       pauses.push_back(p);
     }
     double tm = median(times);
-    std::string transport = mode == "copy"     ? "-"
-                            : mode == "bucket" ? sync::sync_transport_name(ws.transport(0))
-                                               : "communicator";
+    std::string transport = mode == "copy"        ? "-"
+                            : mode == "bucket"    ? sync::sync_transport_name(ws.transport(0))
+                            : mode == lora_mode   ? sync::sync_transport_name(ws_lora->transport(0))
+                                                  : "communicator";
     json cell = {{"shape", o.shape},
                  {"params", params},
                  {"dtype", o.engine_dtype},
@@ -533,7 +582,7 @@ int run_sync_bench_rank(const sync::RankEnv& env, const SyncBenchOptions& o) {
                  {"mode", mode},
                  {"transport", transport},
                  {"bytes", bytes},
-                 {"buckets", layout->buckets().size()},
+                 {"buckets", (mode == lora_mode ? *lora_layout : *layout).buckets().size()},
                  {"collectives", colls},
                  {"time_ms", tm * 1e3},
                  {"gb_s", tm > 0 ? bytes / tm / 1e9 : 0},
@@ -572,11 +621,11 @@ std::string format_sync_bench_table(const std::string& results_file) {
   std::string out = fmt::format(
       "| model | params | dtype | train->infer | mode | transport | MB | colls | time ms | GB/s "
       "per receiver | pause ms | pause/transfer | vs raw | per-tensor/bucket | of device copy | "
-      "recv extra | send extra |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "recv extra | send extra | of model sync |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const auto& r : rows) {
     if (r.contains("skipped")) {
-      out += fmt::format("| {} | | {} | {} | skipped: {} | | | | | | | | | | | | |\n",
+      out += fmt::format("| {} | | {} | {} | skipped: {} | | | | | | | | | | | | | |\n",
                          r["shape"].get<std::string>(), r["dtype"].get<std::string>(),
                          r["topology"].get<std::string>(), r["skipped"].get<std::string>());
       continue;
@@ -586,10 +635,12 @@ std::string format_sync_bench_table(const std::string& results_file) {
     const json* copy = find(r, "copy");
     double t = r["time_ms"].get<double>();
     bool bucket = r["mode"] == "bucket";
-    bool timed_pause = r["mode"] == "bucket" || r["mode"] == "per-tensor";
+    const bool lora = r["mode"].get<std::string>().rfind("lora", 0) == 0;
+    const json* model = lora ? find(r, "bucket") : nullptr;
+    bool timed_pause = r["mode"] == "bucket" || r["mode"] == "per-tensor" || lora;
     out += fmt::format(
         "| {} | {:.0f}M | {} | {} | {} | {} | {:.1f} | {} | {:.2f} | {:.2f} | {} | {} | {} | {} | "
-        "{} | {} | {} |\n",
+        "{} | {} | {} | {} |\n",
         r["shape"].get<std::string>(), r["params"].get<double>() / 1e6,
         r["dtype"].get<std::string>(), r["topology"].get<std::string>(),
         r["mode"].get<std::string>(), r.value("transport", std::string("communicator")),
@@ -602,7 +653,12 @@ std::string format_sync_bench_table(const std::string& results_file) {
         bucket && copy && t > 0
             ? fmt::format("{:.0f}%", 100 * (*copy)["time_ms"].get<double>() / t)
             : "-",
-        format_bytes(r["recv_extra"].get<double>()), format_bytes(r["send_extra"].get<double>()));
+        format_bytes(r["recv_extra"].get<double>()), format_bytes(r["send_extra"].get<double>()),
+        model && (*model)["time_ms"].get<double>() > 0
+            ? fmt::format("{:.1f}% of the time, {:.2f}% of the bytes",
+                          100 * t / (*model)["time_ms"].get<double>(),
+                          100 * r["bytes"].get<double>() / (*model)["bytes"].get<double>())
+            : "-");
   }
   return out;
 }

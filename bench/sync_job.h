@@ -50,6 +50,10 @@ struct SyncBenchOptions {
   int repeats = 5;
   std::chrono::milliseconds timeout{120000};
   std::string results_file;  // JSONL rows appended by world rank 0
+  // > 0: a "lora-rR" row too: an all-linear adapter of this rank synced alone (LoRA RL's update,
+  // issue 29) into the engine's LoRA receive buffers and loaded into its slot, in the same run as
+  // the whole model's bucket sync.
+  int64_t lora_rank = 0;
 };
 
 // One (shape, dtype, topology) cell: bucket mode, per-tensor baseline and one raw broadcast of the

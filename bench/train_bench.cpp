@@ -79,6 +79,7 @@ struct Cell {
   int ranks = 1, stage = 0;
   bool ac = false, offload = false;
   std::string kernels = "libtorch";
+  int64_t lora = 0;  // LoRA rank (0: full fine-tuning)
 };
 
 }  // namespace
@@ -103,6 +104,10 @@ void add_train_bench_flags(CLI::App& cmd, TrainBenchOptions& o) {
   cmd.add_option("--cpu-kernels", o.cpu_kernels,
                  "trainer CPU linear paths, comma-separated: project (the project's kernels), libtorch")
       ->capture_default_str();
+  cmd.add_option("--lora-rank", o.lora_rank,
+                 "also run every cell training an all-linear LoRA adapter of this rank on the frozen "
+                 "base (0 = full fine-tuning only)")
+      ->check(CLI::NonNegativeNumber);
 }
 
 int run_train_bench(const TrainBenchOptions& o) {
@@ -143,6 +148,15 @@ int run_train_bench(const TrainBenchOptions& o) {
     }
     cells = std::move(each);
   }
+  if (o.lora_rank > 0) {
+    std::vector<Cell> both;
+    for (const Cell& c : cells) {
+      both.push_back(c);
+      both.push_back(c);
+      both.back().lora = o.lora_rank;
+    }
+    cells = std::move(both);
+  }
 
   at::set_num_threads(cores);
   const double gemm = model_gemm_gflops(cfg, o.seq_tokens, dt);
@@ -156,14 +170,17 @@ int run_train_bench(const TrainBenchOptions& o) {
              "{} cores | model GEMM {:.1f} GFLOP/s\n",
              o.shape, params / 1e6, o.dtype, o.seq_tokens, o.micro_batches, cores, gemm);
   fmt::print("CPU: {}\n", engine::kernels::describe_cpu());
-  fmt::print("{:>8} {:>5} {:>4} {:>3} {:>7} | {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} | {:>9} | {:>8} {:>7} {:>6}\n",
-             "kernels", "ranks", "zero", "ac", "offload", "params", "grads", "optim", "state", "ideal-z2",
+  fmt::print("{:>8} {:>4} {:>5} {:>4} {:>3} {:>7} | {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} | {:>9} | {:>8} {:>7} {:>6}\n",
+             "kernels", "lora", "ranks", "zero", "ac", "offload", "params", "grads", "optim", "state", "ideal-z2",
              "ratio", "activ", "tok/s", "vs z0", "mm %");
   std::ofstream jsonl;
   if (!o.results.empty()) jsonl.open(o.results, std::ios::app);
   std::map<std::pair<int, std::string>, double> z0_tps;
   std::vector<std::pair<std::string, double>> project_over_libtorch;  // per cell with both paths
   double project_tps = 0;
+  std::vector<std::string> lora_lines;  // per cell: LoRA against the same cell's full fine-tuning
+  double full_tps = 0;
+  int64_t full_state = 0;
   for (const Cell& c : cells) {
     at::set_num_threads(std::max(1, cores / c.ranks));
     std::vector<double> step_s;
@@ -183,6 +200,7 @@ int run_train_bench(const TrainBenchOptions& o) {
       to.grad_bucket_bytes = o.bucket_mb << 20;
       to.micro_batch_tokens = o.seq_tokens;
       to.schedule.lr = 1e-5;
+      to.lora.rank = c.lora;
       trainer::Trainer tr(dir, to);
       std::mt19937 rng(1234 + r);
       std::uniform_int_distribution<int32_t> tok(3, static_cast<int32_t>(cfg.vocab_size) - 1);
@@ -221,10 +239,23 @@ int run_train_bench(const TrainBenchOptions& o) {
     const double med = step_s[step_s.size() / 2];
     const double tokens = static_cast<double>(c.ranks) * o.micro_batches * o.seq_tokens;
     const double tps = tokens / med;
-    if (c.stage == 0 && !c.ac && !c.offload) z0_tps[{c.ranks, c.kernels}] = tps;
-    const double vs0 = z0_tps.count({c.ranks, c.kernels}) ? tps / z0_tps[{c.ranks, c.kernels}] : 0;
-    if (c.kernels == "project") project_tps = tps;
-    if (c.kernels == "libtorch" && project_tps > 0) {
+    const std::string zkey = c.kernels + (c.lora ? "/lora" : "");
+    if (c.stage == 0 && !c.ac && !c.offload) z0_tps[{c.ranks, zkey}] = tps;
+    const double vs0 = z0_tps.count({c.ranks, zkey}) ? tps / z0_tps[{c.ranks, zkey}] : 0;
+    if (c.lora == 0) {
+      full_tps = tps;
+      full_state = bytes.total();
+    } else if (full_tps > 0) {
+      lora_lines.push_back(fmt::format(
+          "ranks {} zero {} ac {} offload {} ({}): LoRA rank {} state {:.2f} MiB vs full {:.2f} MiB "
+          "({:.2f}%; the frozen base adds {:.1f} MiB in {}), tokens/s {:.0f} vs {:.0f} ({:.2f}x)",
+          c.ranks, c.stage, c.ac ? "on" : "off", c.offload ? "on" : "off", c.kernels, c.lora,
+          bytes.total() / 1048576.0, full_state / 1048576.0, 100.0 * bytes.total() / full_state,
+          params * static_cast<double>(c10::elementSize(dt)) / 1048576.0, o.dtype, tps, full_tps,
+          tps / full_tps));
+    }
+    if (c.kernels == "project" && c.lora == 0) project_tps = tps;
+    if (c.kernels == "libtorch" && c.lora == 0 && project_tps > 0) {
       project_over_libtorch.emplace_back(fmt::format("ranks {} zero {} ac {} offload {}", c.ranks, c.stage,
                                                   c.ac ? "on" : "off", c.offload ? "on" : "off"),
                                       project_tps / tps);
@@ -237,14 +268,14 @@ int run_train_bench(const TrainBenchOptions& o) {
     const double ideal = params * esize + 16.0 * params / c.ranks + bucket_bytes;
     const double activ = static_cast<double>(rss_samples.at(0) - rss_before) / c.ranks;
     auto mib = [](double b) { return fmt::format("{:.1f}M", b / (1 << 20)); };
-    fmt::print("{:>8} {:>5} {:>4} {:>3} {:>7} | {:>9} {:>9} {:>9} {:>9} {:>9} {:>6.3f} | {:>9} | {:>8.0f} {:>6.2f}x {:>5.1f}%\n",
-               c.kernels, c.ranks, c.stage, c.ac ? "on" : "off", c.offload ? "on" : "off", mib(bytes.parameters),
+    fmt::print("{:>8} {:>4} {:>5} {:>4} {:>3} {:>7} | {:>9} {:>9} {:>9} {:>9} {:>9} {:>6.3f} | {:>9} | {:>8.0f} {:>6.2f}x {:>5.1f}%\n",
+               c.kernels, c.lora, c.ranks, c.stage, c.ac ? "on" : "off", c.offload ? "on" : "off", mib(bytes.parameters),
                mib(bytes.gradients), mib(bytes.optimizer), mib(bytes.total()), mib(ideal),
                bytes.total() / ideal, mib(activ), tps, vs0, 100 * mm_share);
     if (jsonl) {
       nlohmann::json row = {{"shape", o.shape}, {"dtype", o.dtype}, {"cpu_kernels", c.kernels},
                             {"cpu", engine::kernels::cpu_model_name()}, {"ranks", c.ranks},
-                            {"zero", c.stage}, {"activation_checkpointing", c.ac},
+                            {"zero", c.stage}, {"lora_rank", c.lora}, {"activation_checkpointing", c.ac},
                             {"offload_optimizer", c.offload}, {"param_bytes", bytes.parameters},
                             {"grad_bytes", bytes.gradients}, {"optimizer_bytes", bytes.optimizer},
                             {"stage2_ideal_bytes", ideal}, {"activation_bytes", activ},
@@ -253,6 +284,7 @@ int run_train_bench(const TrainBenchOptions& o) {
       jsonl << row.dump() << "\n";
     }
   }
+  for (const auto& line : lora_lines) fmt::print("{}\n", line);
   for (const auto& [cell, ratio] : project_over_libtorch) {
     fmt::print("{}: tokens/s project / libtorch = {:.3f}\n", cell, ratio);
   }

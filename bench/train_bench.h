@@ -9,7 +9,9 @@
 // trained tokens/s (median step), the ratio to stage 0 at the same T, and the share of the
 // measured matmul throughput (6 x params x tokens / time against a GEMM of the model's own shapes
 // timed in the same run). With --cpu-kernels project,libtorch every cell runs on both linear
-// paths, back to back, and the ratio of their tokens/s follows the table.
+// paths, back to back, and the ratio of their tokens/s follows the table. With --lora-rank R every
+// cell runs again training a rank-R adapter on the frozen base, and its state bytes and tokens/s
+// against full fine-tuning's follow the table.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -32,6 +34,8 @@ struct TrainBenchOptions {
   int steps = 3;                          // timed steps per cell (after one warm-up)
   int64_t bucket_mb = 64;
   std::string results;                    // JSONL rows
+  int64_t lora_rank = 0;                  // > 0: every cell again training an all-linear LoRA
+                                          // adapter of this rank (issue 29), compared after
 };
 
 void add_train_bench_flags(CLI::App& cmd, TrainBenchOptions& o);

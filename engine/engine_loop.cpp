@@ -233,13 +233,18 @@ bool EngineLoop::take_weight_update(sync::WeightSource& source, InflightPolicy p
   double seconds = 0;
   try {
     if (!source.ready(next)) return false;
-    WeightBuffers* buffers = engine_->weight_buffers();
-    if (!buffers) {
-      throw std::logic_error("the engine's weights are not in sync buckets (attach_weight_buffers "
-                             "was not called)");
-    }
     const auto t0 = Clock::now();
-    source.receive(buffers->buckets(), next);
+    if (LoraBuffers* adapter = engine_->lora_buffers()) {  // LoRA RL: the policy adapter's version
+      source.receive(adapter->buckets(), next);
+      engine_->load_lora_buffers();
+    } else {
+      WeightBuffers* buffers = engine_->weight_buffers();
+      if (!buffers) {
+        throw std::logic_error("the engine's weights are not in sync buckets (attach_weight_buffers "
+                               "was not called)");
+      }
+      source.receive(buffers->buckets(), next);
+    }
     engine_->set_weight_version(next, policy);
     seconds = seconds_between(t0, Clock::now());
   } catch (const std::exception& e) {

@@ -266,6 +266,10 @@ void LlmEngine::admit(GenerateRequest&& r) {
         req->lora_uid = lora_entries_[i].uid;
       }
     }
+  } else if (policy_slot_ >= 0) {  // RL with LoRA: the policy adapter
+    std::lock_guard<std::mutex> lock(lora_mu_);
+    req->lora_slot = policy_slot_;
+    req->lora_uid = lora_entries_[static_cast<size_t>(policy_slot_)].uid;
   }
   // Requests without a seed get a distinct one derived from the engine seed and arrival order.
   req->seed = req->params.seed ? *req->params.seed
@@ -553,6 +557,26 @@ WeightBuffers& LlmEngine::attach_weight_buffers(int64_t bucket_bytes) {
     runner_->reset_cuda_graphs();  // they read the weights' old storage
   }
   return *weight_buffers_;
+}
+
+LoraBuffers& LlmEngine::attach_lora_buffers(const std::string& name, const LoraAdapter& initial,
+                                            int64_t bucket_bytes) {
+  CRL_CHECK(!lora_buffers_, "attach_lora_buffers: the engine already has a policy adapter");
+  add_lora(name, initial);
+  {
+    std::lock_guard<std::mutex> lock(lora_mu_);
+    for (size_t i = 0; i < lora_entries_.size(); ++i) {
+      if (lora_entries_[i].name == name) policy_slot_ = static_cast<int32_t>(i);
+    }
+  }
+  lora_buffers_ = std::make_unique<LoraBuffers>(initial, model_->options().dtype, model_->options().device,
+                                                bucket_bytes);
+  return *lora_buffers_;
+}
+
+void LlmEngine::load_lora_buffers() {
+  CRL_CHECK(lora_buffers_ && policy_slot_ >= 0, "load_lora_buffers: no policy adapter (attach_lora_buffers)");
+  lora_slots_->load(policy_slot_, lora_buffers_->adapter());
 }
 
 const char* inflight_policy_name(InflightPolicy policy) {

@@ -163,6 +163,15 @@ class LlmEngine {
   // engine); see WeightBuffers for the write contract. EngineLoop receives into them.
   WeightBuffers& attach_weight_buffers(int64_t bucket_bytes);
   WeightBuffers* weight_buffers() { return weight_buffers_.get(); }
+  // RL with LoRA (issue 29): serves `initial` as adapter `name` (add_lora) and makes it the
+  // policy: requests that name no adapter run on it, and weight updates are its new versions,
+  // received into the returned buffers (whose layout the trainer sends) instead of the model's
+  // weights, then loaded into its slot (load_lora_buffers) between two steps. Once; engine thread
+  // only (or before an EngineLoop starts stepping the engine).
+  LoraBuffers& attach_lora_buffers(const std::string& name, const LoraAdapter& initial, int64_t bucket_bytes);
+  LoraBuffers* lora_buffers() { return lora_buffers_.get(); }
+  // Loads what the buffers received into the policy adapter's slot. Engine thread only.
+  void load_lora_buffers();
 
   // New weights were installed: they are version `v` (the sender's number; resumed runs start at
   // the checkpoint's). Engine thread only: EngineLoop calls it after each update it receives. Drops prefix-cache entries and treats the sequences in flight by `policy`
@@ -226,6 +235,8 @@ class LlmEngine {
   std::vector<LoraEntry> lora_entries_;  // by slot
   uint64_t next_lora_uid_ = 1;
   std::unique_ptr<WeightBuffers> weight_buffers_;
+  std::unique_ptr<LoraBuffers> lora_buffers_;
+  int32_t policy_slot_ = -1;  // attach_lora_buffers' slot: requests without an adapter use it
   std::vector<int32_t> eos_ids_;
   int64_t max_model_len_ = 0;
   int64_t weight_version_ = 0;

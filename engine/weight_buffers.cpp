@@ -37,4 +37,27 @@ WeightBuffers::WeightBuffers(Transformer& model, int64_t bucket_bytes)
   model.set_parameters(rebound);
 }
 
+std::vector<sync::TensorSpec> tensor_specs(const NamedTensors& tensors, at::ScalarType dtype) {
+  std::vector<sync::TensorSpec> specs;
+  for (const auto& [name, t] : tensors) {
+    specs.push_back({name, std::vector<int64_t>(t.sizes().begin(), t.sizes().end()), dtype});
+  }
+  return specs;
+}
+
+LoraBuffers::LoraBuffers(const LoraAdapter& initial, at::ScalarType dtype, at::Device device,
+                         int64_t bucket_bytes)
+    : layout_(sync::WeightLayout::plan(tensor_specs(lora_tensors(initial), dtype), bucket_bytes)) {
+  buckets_ = layout_.allocate_buckets(at::TensorOptions().device(device));
+  std::vector<at::Tensor> current;
+  for (const auto& [name, t] : lora_tensors(initial)) current.push_back(t.to(device, dtype));
+  for (size_t b = 0; b < layout_.buckets().size(); ++b) {
+    layout_.pack(current, static_cast<int64_t>(b), buckets_[b]);
+  }
+  std::vector<at::Tensor> views = layout_.views(buckets_);
+  NamedTensors named;
+  for (size_t i = 0; i < views.size(); ++i) named.emplace_back(layout_.specs()[i].name, views[i]);
+  adapter_ = lora_with_tensors(initial, named);
+}
+
 }  // namespace crl::engine

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/model/lora.h"
 #include "sync/weight_layout.h"
 
 namespace crl::engine {
@@ -37,6 +38,31 @@ class WeightBuffers {
   sync::WeightLayout layout_;
   std::vector<at::Tensor> buckets_;
 };
+
+// LoraBuffers: a LoRA adapter's receive buckets, for RL that trains and syncs the adapter alone
+// (issue 29). The adapter's tensors (lora_tensors order and PEFT names, in the engine's compute
+// dtype) are planned into sync buckets; an update is received there in place, one collective per
+// bucket, and then loaded into the adapter's slot (LoraSlots::load, which scales B): one
+// adapter-sized copy, megabytes against the model's gigabytes. Same write contract as WeightBuffers.
+class LoraBuffers {
+ public:
+  LoraBuffers(const LoraAdapter& initial, at::ScalarType dtype, at::Device device, int64_t bucket_bytes);
+  LoraBuffers(const LoraBuffers&) = delete;
+  LoraBuffers& operator=(const LoraBuffers&) = delete;
+
+  const sync::WeightLayout& layout() const { return layout_; }
+  std::vector<at::Tensor>& buckets() { return buckets_; }
+  // The adapter whose A and B are views of the buckets (what the last receive wrote).
+  const LoraAdapter& adapter() const { return adapter_; }
+
+ private:
+  sync::WeightLayout layout_;
+  std::vector<at::Tensor> buckets_;
+  LoraAdapter adapter_;
+};
+
+// The sync specs of tensors in `dtype` (their names and shapes).
+std::vector<sync::TensorSpec> tensor_specs(const NamedTensors& tensors, at::ScalarType dtype);
 
 // The sync specs of a model's parameters, in model_param_specs order, in the model's dtype.
 std::vector<sync::TensorSpec> weight_specs(const Transformer& model);

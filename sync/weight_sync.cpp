@@ -183,7 +183,8 @@ void WeightSync::choose_transports(Clock::time_point deadline) {
 }
 
 std::string WeightSync::key(const std::string& what) const {
-  return fmt::format("wsync/node{}/{}", groups_.node, what);
+  if (options_.scope.empty()) return fmt::format("wsync/node{}/{}", groups_.node, what);
+  return fmt::format("wsync/node{}/{}/{}", groups_.node, options_.scope, what);
 }
 
 int WeightSync::root_of_bucket(int64_t bucket) const {

@@ -72,6 +72,9 @@ struct WeightSyncOptions {
   // Where this rank's buckets live (the engine's weight buckets, the trainer's tensors): published
   // at setup to choose the transport. cuda without an index: the current device.
   at::Device device = at::kCPU;
+  // Store keys of this sync live under wsync/node<n>/<scope>: two WeightSyncs with different layouts
+  // on the same groups (bench sync's model and LoRA rows) need different scopes.
+  std::string scope;
   // Fault-injection hook for tests: called by a sender after it posted each bucket.
   std::function<void(int64_t bucket)> on_bucket_posted;
 };

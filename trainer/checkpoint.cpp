@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
@@ -10,6 +11,7 @@
 
 #include "common/check.h"
 #include "common/file_util.h"
+#include "engine/model/lora.h"
 #include "engine/model/model_writer.h"
 #include "engine/model/safetensors.h"
 
@@ -23,9 +25,19 @@ constexpr int kFormat = 1;
 }
 
 void save_checkpoint(Trainer& trainer, const std::string& dir,
-                     const std::string& tokenizer_source, const json& extra) {
+                     const std::string& tokenizer_source, const json& extra, bool merged) {
   const bool writer = trainer.is_group_leader();
-  engine::NamedTensors weights = trainer.master_weights(writer);
+  const LoraTrainOptions& lora = trainer.options().lora;
+  if (merged && (!lora.enabled() || tokenizer_source.empty())) {
+    CRL_INVALID("save_checkpoint: a merged model needs a LoRA trainer and the base model directory");
+  }
+  engine::LoraAdapter adapter;
+  engine::NamedTensors weights;
+  if (lora.enabled()) {
+    adapter = trainer.lora_adapter(writer);
+  } else {
+    weights = trainer.master_weights(writer);
+  }
   int64_t adam_step = 0;
   engine::NamedTensors opt = trainer.optimizer_state(&adam_step, writer);
   if (!writer) return;
@@ -45,7 +57,11 @@ void save_checkpoint(Trainer& trainer, const std::string& dir,
     for (auto& [name, m] : weights) m = m.to(at::kCPU, at::kFloat).contiguous();
     engine::ModelConfig config = trainer.config();
     config.torch_dtype = "float32";
-    if (!tokenizer_source.empty()) {
+    if (lora.enabled()) {  // the adapter alone, as PEFT writes it; the base stays where it is
+      fs::create_directories(tmp);
+      engine::save_peft_adapter(adapter, tmp.string(), tokenizer_source);
+      if (merged) engine::write_merged_lora_model(tokenizer_source, tmp.string(), (tmp / "merged").string());
+    } else if (!tokenizer_source.empty()) {
       engine::write_model_dir(tmp.string(), config, weights, tokenizer_source);
     } else {
       fs::create_directories(tmp);
@@ -62,6 +78,10 @@ void save_checkpoint(Trainer& trainer, const std::string& dir,
                   {"train_ranks", trainer.options().group ? trainer.options().group->size() : 1},
                   {"layout_hash", fmt::format("{:016x}", trainer.layout().hash())},
                   {"extra", extra}};
+    if (lora.enabled()) {
+      state["lora"] = {{"rank", lora.rank}, {"alpha", lora.alpha}, {"targets", lora.targets},
+                       {"base_model", tokenizer_source}};
+    }
     crl::write_file_atomic((tmp / "trainer_state.json").string(), state.dump(2) + "\n");
 
     const fs::path old = target.string() + ".old." + pid;
@@ -99,6 +119,7 @@ CheckpointState read_checkpoint_state(const std::string& dir) {
   s.step = j["step"].get<int64_t>();
   s.reference_model_dir = j.value("reference_model_dir", std::string());
   s.extra = j.value("extra", json::object());
+  s.lora = j.value("lora", json());
   return s;
 }
 
@@ -107,6 +128,26 @@ CheckpointState load_trainer_state(Trainer& trainer, const std::string& dir) {
   std::ifstream in(dir + "/trainer_state.json");
   const json j = json::parse(in);
   const int64_t adam_step = j.value("adam_step", int64_t{0});
+  const LoraTrainOptions& lo = trainer.options().lora;
+  if (s.lora.is_object() != lo.enabled()) {
+    CRL_INVALID(dir, lo.enabled() ? " holds full-model weights, not a LoRA adapter: resume it with --lora-rank 0"
+                                  : " holds a LoRA adapter of rank " + s.lora.value("rank", json()).dump() +
+                                        ": resume it with --lora-rank " + s.lora.value("rank", json()).dump() +
+                                        " and the run's --model as the base");
+  }
+  if (lo.enabled()) {
+    const engine::LoraAdapter ad = engine::load_peft_adapter(dir, trainer.config());
+    std::vector<engine::LoraTarget> want = engine::parse_lora_targets(lo.targets);
+    std::sort(want.begin(), want.end());
+    std::vector<engine::LoraTarget> have = ad.targets;
+    std::sort(have.begin(), have.end());
+    if (ad.rank != lo.rank || ad.alpha != lo.alpha || have != want) {
+      CRL_INVALID(dir, ": the adapter has rank ", ad.rank, ", alpha ", ad.alpha, " and ", have.size(),
+                  " target module(s); the run asks for --lora-rank ", lo.rank, " --lora-alpha ", lo.alpha,
+                  " --lora-targets ", lo.targets);
+    }
+    trainer.load_master_weights(engine::lora_tensors(ad));
+  }
   // Each rank reads its own slices out of the mapping: no full copy of the moments per rank.
   auto file = engine::SafetensorsFile::open(dir + "/optimizer.safetensors");
   trainer.load_optimizer_state(*file, adam_step, s.step);

@@ -4,6 +4,9 @@
 // Layout of a checkpoint directory:
 //   config.json, generation_config.json, model.safetensors   the fp32 master weights (engine/
 //   tokenizer.json or .model, tokenizer_config.json, ...     model/model_writer's layout)
+//   (LoRA: adapter_config.json + adapter_model.safetensors instead, the fp32 adapter as PEFT
+//   writes it, base_model_name_or_path = the base model directory; `colocated-rl merge-lora`
+//   turns it into a merged model directory)
 //   optimizer.safetensors   AdamW exp_avg/<param> and exp_avg_sq/<param>, float32
 //   trainer_state.json      {"format": 1, "step", "adam_step", "reference_model_dir", "extra",
 //                            "zero_stage", "train_ranks", "layout_hash"}
@@ -29,21 +32,26 @@ namespace crl::trainer {
 // extra: caller state kept verbatim in trainer_state.json (e.g. the data cursor).
 // A collective when the trainer's state is sharded: every train rank calls it, the group's rank 0
 // writes (the others take part in the gathers and return).
+// merged (LoRA only): also write <dir>/merged, a Hugging Face model directory of the base
+// (tokenizer_source, which must then be the base model directory) with the adapter merged in.
 void save_checkpoint(Trainer& trainer, const std::string& dir,
                      const std::string& tokenizer_source,
-                     const nlohmann::json& extra = nlohmann::json::object());
+                     const nlohmann::json& extra = nlohmann::json::object(), bool merged = false);
 
 struct CheckpointState {
   int64_t step = 0;                 // optimizer steps taken
   std::string reference_model_dir;  // as the saving trainer had it
   nlohmann::json extra;             // the caller's state
+  nlohmann::json lora;              // a LoRA run's {"rank", "alpha", "targets", "base_model"}, else null
 };
 
 // Reads trainer_state.json of a checkpoint. Throws std::runtime_error naming the file.
 CheckpointState read_checkpoint_state(const std::string& dir);
 
 // Resume: restores optimizer state and step into `trainer`, which must have been created from
-// the same checkpoint directory (Trainer(dir, options)). Returns the checkpoint's state.
+// the same checkpoint directory (Trainer(dir, options)), or with LoRA from the run's base model
+// (the adapter is read from the checkpoint and must have the trainer's rank, alpha and targets).
+// Returns the checkpoint's state.
 // With kl_coef > 0, create that trainer with options.reference_model_dir set to the original
 // reference (an empty one would make the checkpoint itself the reference).
 CheckpointState load_trainer_state(Trainer& trainer, const std::string& dir);

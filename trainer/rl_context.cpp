@@ -56,6 +56,10 @@ void RlOptions::validate() {
   }
   sft_schedule.validate();
   trainer.validate();
+  if (save_merged && (!trainer.lora.enabled() || save_dir.empty())) {
+    throw std::invalid_argument("--save-merged needs --lora-rank > 0 and --save-dir (a full fine-tuning "
+                                "checkpoint is already a model directory)");
+  }
   if (sync.mode != sync::SyncMode::kBucket) {
     throw std::invalid_argument(fmt::format(
         "--sync-mode {} is a benchmark baseline (`colocated-rl bench sync` compares it); the RL "

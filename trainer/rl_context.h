@@ -74,6 +74,7 @@ struct RlOptions {
   std::string save_dir;
   int64_t save_every = 0;
   std::string resume_dir;
+  bool save_merged = false;  // LoRA: each checkpoint also holds merged/, the base with the adapter merged
 
   // --serve-port: infer rank k serves the OpenAI API on port + k (0: any free port) during
   // training, its HTTP requests in the same continuous batch as the rollouts; -1: off.

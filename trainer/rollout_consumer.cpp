@@ -77,7 +77,8 @@ void RolloutConsumer::run() {
       }
       topts.reference_model_dir = o_.model_dir;  // the run's reference: its initial model
     }
-    tr = std::make_unique<Trainer>(o_.resume_dir, topts);
+    // LoRA: the base from --model, the adapter from the checkpoint (load_trainer_state).
+    tr = std::make_unique<Trainer>(topts.lora.enabled() ? o_.model_dir : o_.resume_dir, topts);
     load_trainer_state(*tr, o_.resume_dir);
   } else {
     tr = std::make_unique<Trainer>(o_.model_dir, topts);
@@ -110,7 +111,8 @@ void RolloutConsumer::run() {
       // Every train rank takes part (the sharded state is gathered); the group's rank 0 writes.
       auto t0 = Clock::now();
       std::string dir = fmt::format("{}/step-{}", o_.save_dir, step + 1);
-      save_checkpoint(*tr, dir, o_.model_dir, {{"rows_drawn", c_.data.drawn()}, {"phase", "grpo"}});
+      save_checkpoint(*tr, dir, o_.model_dir, {{"rows_drawn", c_.data.drawn()}, {"phase", "grpo"}},
+                      o_.save_merged);
       if (c_.ranks.role_global == 0) {
         m.checkpoint = dir;
         m.checkpoint_s = seconds_since(t0);
@@ -278,6 +280,13 @@ std::unique_ptr<Trainer> RolloutConsumer::sft(std::unique_ptr<Trainer> tr, const
   }
   engine::NamedTensors w = sft->master_weights();  // gathered on every train rank
   auto config = sft->config();
+  if (topts.lora.enabled()) {  // the same frozen base, the warmed-up adapter
+    engine::NamedTensors base = sft->model_weights();
+    sft.reset();
+    auto next = std::make_unique<Trainer>(config, std::move(base), topts);
+    next->load_master_weights(w);
+    return next;
+  }
   sft.reset();
   return std::make_unique<Trainer>(config, std::move(w), topts);
 }

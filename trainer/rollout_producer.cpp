@@ -47,7 +47,13 @@ engine::EngineConfig rollout_engine_config(const RlOptions& o, const sync::RankP
                                           bool resumed) {
   CRL_CHECK(self.role == sync::Role::kInfer, "rank ", self.world_rank, " is not an infer rank");
   engine::EngineConfig ec;
-  ec.model_dir = resumed ? o.resume_dir : o.model_dir;
+  // A LoRA run's checkpoint holds the adapter alone: the engine loads the base from --model.
+  ec.model_dir = resumed && !o.trainer.lora.enabled() ? o.resume_dir : o.model_dir;
+  if (o.trainer.lora.enabled()) {  // one slot: the policy adapter, updated in place
+    ec.max_loras = 1;
+    ec.max_lora_rank = static_cast<int32_t>(o.trainer.lora.rank);
+    ec.lora_targets = o.trainer.lora.targets;
+  }
   ec.device = self.device;
   ec.dtype = o.engine_dtype;
   ec.deterministic = o.deterministic;
@@ -65,7 +71,20 @@ RolloutProducer::RolloutProducer(RlContext& ctx) : c_(ctx), o_(ctx.o) {
       rollout_engine_config(o_, c_.ranks.self, c_.versions.resumed()));
   CRL_CHECK(eng->tokenizer(), "the RL job needs a model with a tokenizer (tokenizer.json or tokenizer.model)");
   prompts_ = std::make_unique<PromptEncoder>(*eng->tokenizer(), eng->prompt_prefix());
-  layout_ = std::make_unique<sync::WeightLayout>(eng->attach_weight_buffers(o_.bucket_bytes).layout());
+  if (o_.trainer.lora.enabled()) {
+    // LoRA RL: the engine's updates are the policy adapter's versions (adapter bytes only); it
+    // starts as the trainer does (B = 0: the base's outputs), or from the checkpoint's adapter.
+    const LoraTrainOptions& lo = o_.trainer.lora;
+    const engine::LoraAdapter initial =
+        c_.versions.resumed()
+            ? engine::load_peft_adapter(o_.resume_dir, eng->model_config())
+            : engine::make_lora_adapter(eng->model_config(), lo.rank, lo.alpha,
+                                        engine::parse_lora_targets(lo.targets), lo.seed, /*random_b=*/false);
+    layout_ = std::make_unique<sync::WeightLayout>(
+        eng->attach_lora_buffers("policy", initial, o_.bucket_bytes).layout());
+  } else {
+    layout_ = std::make_unique<sync::WeightLayout>(eng->attach_weight_buffers(o_.bucket_bytes).layout());
+  }
   followed_ = requested_ = c_.versions.start_step();  // the checkpoint's version on resume, else 0
   eng->set_weight_version(followed_);
   ws_ = std::make_shared<sync::WeightSync>(c_.ranks.g, c_.coord->store(), *layout_,

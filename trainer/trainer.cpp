@@ -35,6 +35,16 @@ void TrainerOptions::validate() const {
   }
   if (grad_bucket_bytes < 4) bad("grad_bucket_bytes", std::to_string(grad_bucket_bytes), "must be >= 4");
   if (cpu_kernels != "project" && cpu_kernels != "libtorch") bad("cpu_kernels", cpu_kernels, "project or libtorch");
+  if (lora.rank < 0) bad("lora.rank", std::to_string(lora.rank), "must be >= 0 (0: full fine-tuning)");
+  if (lora.enabled()) {
+    if (!(lora.alpha > 0)) bad("lora.alpha", std::to_string(lora.alpha), "must be > 0");
+    if (!(lora.dropout >= 0 && lora.dropout < 1)) bad("lora.dropout", std::to_string(lora.dropout), "must be in [0, 1)");
+    try {
+      engine::parse_lora_targets(lora.targets);
+    } catch (const std::invalid_argument& e) {
+      bad("lora.targets", lora.targets, e.what());
+    }
+  }
 }
 
 namespace {
@@ -103,7 +113,19 @@ struct Trainer::Impl {
   // Activation checkpointing: the attention backend of the micro-batch in flight, which the
   // layers recomputed in backward use again.
   std::shared_ptr<engine::AttentionBackend> live_attention;
+  // LoRA: the state's parameters are the adapter's A and B; `live` is the adapter the model runs
+  // (the parameters, or their sinks during a micro-batch), `lora_shape` its rank, alpha and
+  // targets, `reference_adapter` the KL reference's frozen copy.
+  bool lora = false;
+  engine::LoraAdapter lora_shape, live, reference_adapter;
 
+  void bind(const engine::NamedTensors& values) {
+    if (lora) {
+      live = engine::lora_with_tensors(lora_shape, values);
+    } else {
+      model->set_parameters(values);
+    }
+  }
   // Rebinds the model to a fresh sink per parameter (one micro-batch's forward and backward).
   void bind_sinks() {
     engine::NamedTensors sinks;
@@ -113,9 +135,15 @@ struct Trainer::Impl {
       sinks.emplace_back(params[i].first, GradSink::apply(params[i].second, anchor, state.get(),
                                                           static_cast<int64_t>(i))[0]);
     }
-    model->set_parameters(sinks);
+    bind(sinks);
   }
-  void bind_plain() { model->set_parameters(state->parameters()); }
+  void bind_plain() { bind(state->parameters()); }
+  // The reference's adapter: a frozen copy of the current parameters.
+  void snapshot_reference_adapter() {
+    engine::NamedTensors copy;
+    for (const auto& [name, p] : state->parameters()) copy.emplace_back(name, p.detach().clone());
+    reference_adapter = engine::lora_with_tensors(lora_shape, copy);
+  }
 };
 
 Trainer::Trainer(const std::string& model_dir, TrainerOptions options)
@@ -158,11 +186,27 @@ void Trainer::init(engine::ModelConfig config, engine::NamedTensors weights) {
   so.device = s.device;
   so.offload_optimizer = options_.offload_optimizer;
   so.bucket_bytes = options_.grad_bucket_bytes;
-  for (auto& [name, w] : weights) w = w.detach().to(s.device, at::kFloat);
-  s.state = std::make_unique<TrainState>(weights, so, options_.group);
-  weights.clear();
-  // Validates names and shapes against the config.
-  s.model = std::make_unique<engine::Transformer>(config, s.state->parameters(), topts);
+  if (options_.lora.enabled()) {
+    // The base, frozen in the compute dtype; the state holds the adapter alone.
+    s.lora = true;
+    for (auto& [name, w] : weights) w = w.detach().to(s.device, s.compute_dtype);
+    const LoraTrainOptions& lo = options_.lora;
+    s.lora_shape = engine::make_lora_adapter(config, lo.rank, lo.alpha, engine::parse_lora_targets(lo.targets),
+                                             lo.seed, /*random_b=*/false);
+    engine::NamedTensors adapter = engine::lora_tensors(s.lora_shape);
+    for (auto& [name, t] : adapter) t = t.to(s.device, at::kFloat);
+    s.state = std::make_unique<TrainState>(adapter, so, options_.group);
+    s.model = std::make_unique<engine::Transformer>(config, std::move(weights), topts);
+    weights.clear();
+    s.bind_plain();
+    s.model->set_adapter(&s.live, lo.dropout);
+  } else {
+    for (auto& [name, w] : weights) w = w.detach().to(s.device, at::kFloat);
+    s.state = std::make_unique<TrainState>(weights, so, options_.group);
+    weights.clear();
+    // Validates names and shapes against the config.
+    s.model = std::make_unique<engine::Transformer>(config, s.state->parameters(), topts);
+  }
   if (options_.activation_checkpointing) {
     s.model->set_layer_runner([](int64_t, const at::Tensor& h,
                                  std::shared_ptr<engine::Transformer::LayerFn> layer) {
@@ -177,6 +221,10 @@ void Trainer::init(engine::ModelConfig config, engine::NamedTensors weights) {
     if (!options_.reference_model_dir.empty()) {
       s.reference = std::make_unique<engine::Transformer>(
           engine::Transformer::load(options_.reference_model_dir, topts));
+    } else if (s.lora) {  // the shared frozen base with a frozen copy of the adapter
+      s.reference = std::make_unique<engine::Transformer>(config, s.model->named_parameters(), topts);
+      s.snapshot_reference_adapter();
+      s.reference->set_adapter(&s.reference_adapter);
     } else {
       engine::NamedTensors ref;
       for (const auto& [name, p] : s.state->parameters()) ref.emplace_back(name, p.clone());
@@ -197,8 +245,20 @@ const engine::ModelConfig& Trainer::config() const { return impl_->config; }
 engine::NamedTensors Trainer::master_weights(bool keep) { return impl_->state->gather(0, keep); }
 
 void Trainer::load_master_weights(const engine::NamedTensors& weights) {
-  impl_->state->scatter(0, weights);
+  Impl& s = *impl_;
+  s.state->scatter(0, weights);
+  if (s.lora && s.reference && options_.reference_model_dir.empty()) s.snapshot_reference_adapter();
 }
+
+engine::LoraAdapter Trainer::lora_adapter(bool keep) {
+  CRL_CHECK(impl_->lora, "lora_adapter: the trainer fine-tunes the full model (--lora-rank 0)");
+  engine::NamedTensors w = master_weights(keep);
+  if (!keep) return {};
+  for (auto& [name, t] : w) t = t.to(at::kCPU, at::kFloat).contiguous();
+  return engine::lora_with_tensors(impl_->lora_shape, w);
+}
+
+const engine::NamedTensors& Trainer::model_weights() const { return impl_->model->named_parameters(); }
 
 void Trainer::zero_grad() { impl_->state->zero_grad(); }
 
@@ -316,6 +376,7 @@ at::Tensor Trainer::compute_logprobs(const MicroBatch& b) const {
 }
 
 void Trainer::copy_weights_to(engine::Transformer& model) const {
+  CRL_CHECK(!impl_->lora, "copy_weights_to: a LoRA trainer's weights are its adapter (lora_adapter())");
   at::NoGradGuard no_grad;
   const engine::NamedTensors& dst = model.named_parameters();
   const engine::NamedTensors& src = impl_->state->parameters();

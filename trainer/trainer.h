@@ -50,6 +50,20 @@ namespace crl::trainer {
 
 enum class LossKind { kGrpo, kSft };
 
+// LoRA training (issue 29): low-rank adapters on a frozen base. The base stays in the compute
+// dtype and takes no gradient; only the adapters' A and B are trainable, so the training state
+// (fp32 masters, gradients, AdamW moments, ZeRO slices, the weight-sync buckets) holds the adapter
+// alone, under PEFT's tensor names (engine::lora_tensors order). B starts at zero: the first
+// forward equals the base's.
+struct LoraTrainOptions {
+  int64_t rank = 0;                   // 0: full fine-tuning
+  double alpha = 32;                  // scaling alpha / rank (LoRA Without Regret's fixed 32)
+  std::string targets = "all-linear"; // engine::parse_lora_targets
+  double dropout = 0;                 // PEFT's lora_dropout on A's input, gradient passes only
+  uint64_t seed = 1;                  // A's initialisation
+  bool enabled() const { return rank > 0; }
+};
+
 struct TrainerOptions {
   // Compute dtype of forward and backward: "float32" or "bfloat16" (masters stay float32).
   std::string dtype = "float32";
@@ -90,6 +104,8 @@ struct TrainerOptions {
   bool offload_optimizer = false;
   // Cap of one flat bucket (the weight sync's --bucket-bytes, so the layouts agree).
   int64_t grad_bucket_bytes = int64_t{64} << 20;
+  // LoRA instead of full fine-tuning (rank > 0).
+  LoraTrainOptions lora;
 
   // Throws std::invalid_argument naming the field and value.
   void validate() const;
@@ -155,9 +171,16 @@ class Trainer {
   // The train group's rank 0 (or a single rank): the one that writes checkpoints.
   bool is_group_leader() const;
 
-  // fp32 master weights, model_param_specs order (copies). Gathered over the group when sharded:
-  // every train rank calls it; `keep` false takes part and returns nothing.
+  // fp32 master weights, model_param_specs order (copies); with LoRA the adapter's A and B
+  // (engine::lora_tensors order and names). Gathered over the group when sharded: every train rank
+  // calls it; `keep` false takes part and returns nothing.
   engine::NamedTensors master_weights(bool keep = true);
+  // LoRA: the adapter of the fp32 masters (a collective as master_weights; empty A/B when !keep).
+  // REQUIRES: options().lora.enabled().
+  engine::LoraAdapter lora_adapter(bool keep = true);
+  // The frozen base weights the model computes with (compute dtype; with full fine-tuning the
+  // trained parameters themselves), model_param_specs order.
+  const engine::NamedTensors& model_weights() const;
   const engine::ModelConfig& config() const;
   const TrainerOptions& options() const { return options_; }
   int64_t step() const { return step_; }
@@ -170,7 +193,9 @@ class Trainer {
   // A file without tensors is a fresh state. Throws std::invalid_argument naming a missing or
   // mis-shaped tensor.
   void load_optimizer_state(const engine::SafetensorsFile& saved, int64_t adam_step, int64_t step);
-  // Replaces the fp32 masters (and parameters) by `weights` (model_param_specs order, full).
+  // Replaces the fp32 masters (and parameters) by `weights` (master_weights()' order, full). With
+  // LoRA and a KL reference made from the trainer's own weights, the reference takes the loaded
+  // adapter too (the reference is the weights the run starts training from).
   void load_master_weights(const engine::NamedTensors& weights);
 
  private:

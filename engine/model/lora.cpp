@@ -123,6 +123,53 @@ LoraAdapter make_lora_adapter(const ModelConfig& config, int64_t rank, double al
   return ad;
 }
 
+NamedTensors lora_tensors(const LoraAdapter& adapter) {
+  NamedTensors out;
+  for (size_t li = 0; li < adapter.a.size(); ++li) {
+    for (int ti = 0; ti < kNumLoraTargets; ++ti) {
+      const auto t = static_cast<LoraTarget>(ti);
+      if (!adapter.has(t)) continue;
+      out.emplace_back(LoraAdapter::peft_name(static_cast<int64_t>(li), t, true), adapter.a[li][ti]);
+      out.emplace_back(LoraAdapter::peft_name(static_cast<int64_t>(li), t, false), adapter.b[li][ti]);
+    }
+  }
+  return out;
+}
+
+LoraAdapter lora_with_tensors(const LoraAdapter& like, const NamedTensors& tensors) {
+  LoraAdapter ad;
+  ad.rank = like.rank;
+  ad.alpha = like.alpha;
+  ad.targets = like.targets;
+  ad.a.resize(like.a.size());
+  ad.b.resize(like.b.size());
+  size_t k = 0;
+  for (size_t li = 0; li < like.a.size(); ++li) {
+    for (int ti = 0; ti < kNumLoraTargets; ++ti) {
+      const auto t = static_cast<LoraTarget>(ti);
+      if (!like.has(t)) continue;
+      for (bool is_a : {true, false}) {
+        const std::string name = LoraAdapter::peft_name(static_cast<int64_t>(li), t, is_a);
+        const at::Tensor& ref = is_a ? like.a[li][ti] : like.b[li][ti];
+        if (k >= tensors.size() || tensors[k].first != name || tensors[k].second.sizes() != ref.sizes()) {
+          throw std::invalid_argument(
+              "LoRA tensor " + std::to_string(k) + " should be '" + name + "' of shape " +
+              c10::str(ref.sizes()) + ", got " +
+              (k < tensors.size() ? "'" + tensors[k].first + "' " + c10::str(tensors[k].second.sizes())
+                                  : std::string("none")));
+        }
+        (is_a ? ad.a[li][ti] : ad.b[li][ti]) = tensors[k++].second;
+      }
+    }
+  }
+  if (k != tensors.size()) {
+    throw std::invalid_argument("LoRA tensors: " + std::to_string(tensors.size() - k) +
+                                " more than the adapter's " + std::to_string(k) + " (first: '" +
+                                tensors[k].first + "')");
+  }
+  return ad;
+}
+
 LoraAdapter load_peft_adapter(const std::string& dir, const ModelConfig& config) {
   const std::string cfg_path = dir + "/adapter_config.json";
   const std::string st_path = dir + "/adapter_model.safetensors";

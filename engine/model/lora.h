@@ -51,6 +51,14 @@ struct LoraAdapter {
 LoraAdapter make_lora_adapter(const ModelConfig& config, int64_t rank, double alpha,
                               const std::vector<LoraTarget>& targets, uint64_t seed, bool random_b);
 
+// The adapter's tensors in the one order the trainer's state, the weight sync and the engine's
+// receive buffers share: layer by layer, targets in LoraTarget order, A then B, under PEFT's names.
+NamedTensors lora_tensors(const LoraAdapter& adapter);
+// An adapter with `like`'s rank, alpha and targets whose A and B are `tensors` (lora_tensors'
+// order and names, any dtype and device; kept as given, not copied). Throws std::invalid_argument
+// naming the first tensor that is missing, misnamed or of the wrong shape.
+LoraAdapter lora_with_tensors(const LoraAdapter& like, const NamedTensors& tensors);
+
 // Reads a PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors). Throws
 // std::invalid_argument naming the file and tensor when the adapter does not fit `config`: another
 // peft_type, a missing or unknown target, a tensor of the wrong shape or layer count, rank-less

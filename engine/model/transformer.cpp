@@ -270,6 +270,13 @@ at::Tensor Transformer::adapted_linear(int64_t li, LoraTarget target, const at::
                                       const at::Tensor& weight, const at::Tensor& bias,
                                       const LoraBatch& lora) const {
   at::Tensor y = linear(x, weight, bias);
+  if (adapter_ != nullptr && adapter_->has(target)) {
+    const int ti = static_cast<int>(target);
+    const at::Tensor in = adapter_dropout_ > 0 && at::GradMode::is_enabled()
+                              ? at::dropout(x, adapter_dropout_, /*train=*/true)
+                              : x;
+    y = y + linear(linear(in, adapter_->a[li][ti]), adapter_->b[li][ti] * adapter_->scaling());
+  }
   if (lora_ == nullptr || !lora.active() || !lora_->targets(target)) return y;
   if (lora.slot >= 0) {  // one adapter for every row: its own A and B alone
     return y + linear(linear(x, lora_->slot_a(li, target, lora.slot)), lora_->slot_b(li, target, lora.slot));

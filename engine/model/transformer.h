@@ -92,6 +92,14 @@ class Transformer {
   void set_layer_runner(LayerRunner runner) { layer_runner_ = std::move(runner); }
   // The LoRA adapters forward_hidden's `lora` selects from (nullptr = none); not owned.
   void set_lora_slots(const LoraSlots* slots) { lora_ = slots; }
+  // A trainable adapter on every row (the trainer's LoRA; nullptr = none; not owned): each target
+  // layer adds linear(linear(dropout(x), A), B * scaling), the arithmetic of an engine slot (B
+  // scaled first), so a no-grad pass matches an engine serving the same adapter. A and B may be
+  // autograd outputs; dropout (PEFT's lora_dropout, on A's input) runs only where grad mode is on.
+  void set_adapter(const LoraAdapter* adapter, double dropout = 0) {
+    adapter_ = adapter;
+    adapter_dropout_ = dropout;
+  }
 
  private:
   struct Layer {
@@ -129,6 +137,8 @@ class Transformer {
   at::Tensor rope_cos_, rope_sin_;  // [max_positions, head_dim / 2] float32
   LayerRunner layer_runner_;
   const LoraSlots* lora_ = nullptr;
+  const LoraAdapter* adapter_ = nullptr;
+  double adapter_dropout_ = 0;
 };
 
 // RoPE inverse frequencies [head_dim / 2] for the config's rope_theta and rope_scaling.
