@@ -52,6 +52,8 @@ Runner register_train(CLI::App& app) {
     double sft_min_lr = -1;  // unset: sft lr / 10
     std::string inflight = "keep";
     std::string device_map;
+    // Given on the command line (else --lora-rank picks its own defaults).
+    CLI::Option *lr_opt = nullptr, *sft_lr_opt = nullptr, *sft_steps_opt = nullptr;
   };
   auto f = std::make_shared<Flags>();
   f->dist.timeout_s = 300;
@@ -96,10 +98,12 @@ Runner register_train(CLI::App& app) {
                   "held-out rows, never trained on (default: a fifth of the rows, at most 128)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--seed", o.seed, "seed of the split, prompt order and sampling")->capture_default_str();
-  cmd->add_option("--sft-steps", o.sft_steps, "SFT warm-up steps before GRPO (0 = none)")
-      ->capture_default_str();
+  f->sft_steps_opt = cmd->add_option("--sft-steps", o.sft_steps,
+                                     "SFT warm-up steps before GRPO (0 = none; 400 with --lora-rank)")
+                         ->capture_default_str();
   cmd->add_option("--sft-rows", o.sft_rows_per_step, "rows per SFT step")->capture_default_str();
-  cmd->add_option("--sft-lr", o.sft_schedule.lr, "SFT peak learning rate")->capture_default_str();
+  f->sft_lr_opt = cmd->add_option("--sft-lr", o.sft_schedule.lr, "SFT peak learning rate (2e-3 with --lora-rank)")
+                      ->capture_default_str();
   cmd->add_option("--sft-warmup-steps", o.sft_schedule.warmup_steps,
                   "SFT linear warmup steps (to --sft-lr)")
       ->capture_default_str();
@@ -114,7 +118,7 @@ Runner register_train(CLI::App& app) {
   cmd->add_option("--temperature", o.temperature, "rollout sampling temperature")->capture_default_str();
   cmd->add_option("--max-tokens", o.max_tokens, "generated tokens per sample at most")
       ->capture_default_str();
-  cmd->add_option("--lr", f->lr, "GRPO peak learning rate")->capture_default_str();
+  f->lr_opt = cmd->add_option("--lr", f->lr, "GRPO peak learning rate (1e-3 with --lora-rank)")->capture_default_str();
   cmd->add_option("--warmup-steps", o.trainer.schedule.warmup_steps, "GRPO linear warmup steps")
       ->capture_default_str();
   cmd->add_option("--min-lr", f->min_lr,
@@ -217,6 +221,14 @@ Runner register_train(CLI::App& app) {
     o.kv_memory_bytes = parse_bytes(f->kv_memory);
     o.reward.kind = trainer::parse_reward_kind(f->reward);
     o.trainer.dtype = f->train_dtype.empty() ? o.engine_dtype : f->train_dtype;
+    if (o.trainer.lora.enabled()) {
+      // LoRA's recipe where the flags are not given (README "LoRA RL": the rank x learning-rate
+      // sweep): adapters take ~10x full fine-tuning's GRPO rate, and on the embedded random-init
+      // model the warm-up must teach the task through the adapter (400 steps at 2e-3).
+      if (f->lr_opt->count() == 0) f->lr = 1e-3;
+      if (f->sft_lr_opt->count() == 0) o.sft_schedule.lr = 2e-3;
+      if (f->sft_steps_opt->count() == 0) o.sft_steps = 400;
+    }
     o.trainer.schedule.lr = f->lr;
     o.trainer.schedule.min_lr = f->min_lr >= 0 ? f->min_lr : f->lr / 10;
     o.trainer.schedule.total_steps = o.steps;

@@ -337,7 +337,10 @@ LoraSlots::LoraSlots(const ModelConfig& config, int64_t num_slots, int64_t max_r
       const auto [in, out] = lora_target_shape(config, t);
       a_[li][static_cast<int>(t)] = at::zeros({num_slots * max_rank, in}, opts);
       b_[li][static_cast<int>(t)] = at::zeros({out, num_slots * max_rank}, opts);
-      for (auto& slot : slot_b_) slot[li][static_cast<int>(t)] = at::zeros({out, max_rank}, opts);
+      // One slot: b_ is that slot's B, contiguous already (no second copy to keep in step).
+      for (auto& slot : slot_b_) {
+        slot[li][static_cast<int>(t)] = num_slots == 1 ? b_[li][static_cast<int>(t)] : at::zeros({out, max_rank}, opts);
+      }
     }
   }
 }
@@ -374,14 +377,20 @@ void LoraSlots::load(int64_t slot, const LoraAdapter& ad) {
       }
     }
   }
-  clear(slot);
+  // An adapter that fills the slot (its rank, every target the slots hold: an RL policy update)
+  // overwrites every value, so the slot is not zeroed first.
+  bool fills = ad.rank == max_rank_;
+  for (int ti = 0; ti < kNumLoraTargets; ++ti) fills = fills && (!enabled_[ti] || ad.has(static_cast<LoraTarget>(ti)));
+  if (!fills) clear(slot);
   const int64_t c0 = slot * max_rank_;
   for (int64_t li = 0; li < config_.num_layers; ++li) {
     for (LoraTarget t : ad.targets) {
       const int ti = static_cast<int>(t);
-      a_[li][ti].narrow(0, c0, ad.rank).copy_(ad.a[li][ti].to(at::kFloat));
+      a_[li][ti].narrow(0, c0, ad.rank).copy_(ad.a[li][ti]);
+      // B scaled in float32, then rounded once to the slots' dtype (the trainer's arithmetic).
       b_[li][ti].narrow(1, c0, ad.rank).copy_(ad.b[li][ti].to(at::kFloat) * ad.scaling());
-      slot_b_[static_cast<size_t>(slot)][li][ti].copy_(b_[li][ti].narrow(1, c0, max_rank_));
+      at::Tensor& own = slot_b_[static_cast<size_t>(slot)][li][ti];
+      if (!own.is_same(b_[li][ti])) own.copy_(b_[li][ti].narrow(1, c0, max_rank_));
     }
   }
 }

@@ -107,7 +107,8 @@ class LoraSlots {
   // targets(t)).
   const at::Tensor& a(int64_t li, LoraTarget t) const { return a_[li][static_cast<int>(t)]; }
   const at::Tensor& b(int64_t li, LoraTarget t) const { return b_[li][static_cast<int>(t)]; }
-  // One slot's A [r, in] (a view of a()) and scaled B [out, r] (its own contiguous copy).
+  // One slot's A [r, in] (a view of a()) and scaled B [out, r] (its own contiguous copy; with one
+  // slot, b() itself).
   at::Tensor slot_a(int64_t li, LoraTarget t, int64_t slot) const {
     return a_[li][static_cast<int>(t)].narrow(0, slot * max_rank_, max_rank_);
   }
