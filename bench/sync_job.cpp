@@ -648,7 +648,7 @@ std::string format_sync_bench_table(const std::string& results_file) {
         r["gb_s"].get<double>(),
         timed_pause ? fmt::format("{:.1f}", r["pause_ms"].get<double>()) : "-",
         timed_pause && t > 0 ? fmt::format("{:.2f}", r["pause_ms"].get<double>() / t) : "-",
-        raw && t > 0 ? fmt::format("{:.2f}x", t / (*raw)["time_ms"].get<double>()) : "-",
+        raw && t > 0 && !lora ? fmt::format("{:.2f}x", t / (*raw)["time_ms"].get<double>()) : "-",
         bucket && pt ? fmt::format("{:.1f}x", (*pt)["time_ms"].get<double>() / t) : "-",
         bucket && copy && t > 0
             ? fmt::format("{:.0f}%", 100 * (*copy)["time_ms"].get<double>() / t)

@@ -266,10 +266,12 @@ void LlmEngine::admit(GenerateRequest&& r) {
         req->lora_uid = lora_entries_[i].uid;
       }
     }
-  } else if (policy_slot_ >= 0) {  // RL with LoRA: the policy adapter
+  } else {
     std::lock_guard<std::mutex> lock(lora_mu_);
-    req->lora_slot = policy_slot_;
-    req->lora_uid = lora_entries_[static_cast<size_t>(policy_slot_)].uid;
+    if (policy_slot_ >= 0) {  // RL with LoRA: the policy adapter
+      req->lora_slot = policy_slot_;
+      req->lora_uid = lora_entries_[static_cast<size_t>(policy_slot_)].uid;
+    }
   }
   // Requests without a seed get a distinct one derived from the engine seed and arrival order.
   req->seed = req->params.seed ? *req->params.seed
@@ -562,15 +564,16 @@ WeightBuffers& LlmEngine::attach_weight_buffers(int64_t bucket_bytes) {
 LoraBuffers& LlmEngine::attach_lora_buffers(const std::string& name, const LoraAdapter& initial,
                                             int64_t bucket_bytes) {
   CRL_CHECK(!lora_buffers_, "attach_lora_buffers: the engine already has a policy adapter");
-  add_lora(name, initial);
-  {
-    std::lock_guard<std::mutex> lock(lora_mu_);
-    for (size_t i = 0; i < lora_entries_.size(); ++i) {
-      if (lora_entries_[i].name == name) policy_slot_ = static_cast<int32_t>(i);
-    }
+  // The slot takes the buffers' contents (the adapter in the compute dtype, as every later update
+  // arrives), not `initial` itself: an fp32 adapter from a checkpoint scales as the trainer does.
+  auto buffers = std::make_unique<LoraBuffers>(initial, model_->options().dtype, model_->options().device,
+                                               bucket_bytes);
+  add_lora(name, buffers->adapter());
+  lora_buffers_ = std::move(buffers);
+  std::lock_guard<std::mutex> lock(lora_mu_);
+  for (size_t i = 0; i < lora_entries_.size(); ++i) {
+    if (lora_entries_[i].name == name) policy_slot_ = static_cast<int32_t>(i);
   }
-  lora_buffers_ = std::make_unique<LoraBuffers>(initial, model_->options().dtype, model_->options().device,
-                                                bucket_bytes);
   return *lora_buffers_;
 }
 

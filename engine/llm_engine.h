@@ -236,7 +236,7 @@ class LlmEngine {
   uint64_t next_lora_uid_ = 1;
   std::unique_ptr<WeightBuffers> weight_buffers_;
   std::unique_ptr<LoraBuffers> lora_buffers_;
-  int32_t policy_slot_ = -1;  // attach_lora_buffers' slot: requests without an adapter use it
+  int32_t policy_slot_ = -1;  // attach_lora_buffers' slot: requests without an adapter use it (lora_mu_)
   std::vector<int32_t> eos_ids_;
   int64_t max_model_len_ = 0;
   int64_t weight_version_ = 0;

@@ -56,6 +56,22 @@ void RlOptions::validate() {
   }
   sft_schedule.validate();
   trainer.validate();
+  if (!resume_dir.empty()) {
+    // A LoRA checkpoint holds the adapter alone and a full one no adapter: say so before any rank
+    // fails to load the other kind.
+    const CheckpointState st = read_checkpoint_state(resume_dir);
+    if (st.lora.is_object() && !trainer.lora.enabled()) {
+      throw std::invalid_argument(fmt::format(
+          "--resume {}: the checkpoint is a LoRA adapter of rank {} trained on {}; resume it with "
+          "--lora-rank {} and that base as --model", resume_dir, st.lora.value("rank", 0),
+          st.lora.value("base_model", std::string("?")), st.lora.value("rank", 0)));
+    }
+    if (!st.lora.is_object() && trainer.lora.enabled()) {
+      throw std::invalid_argument(fmt::format(
+          "--resume {}: the checkpoint holds full-model weights, not a LoRA adapter; resume it "
+          "without --lora-rank", resume_dir));
+    }
+  }
   if (save_merged && (!trainer.lora.enabled() || save_dir.empty())) {
     throw std::invalid_argument("--save-merged needs --lora-rank > 0 and --save-dir (a full fine-tuning "
                                 "checkpoint is already a model directory)");

@@ -93,6 +93,17 @@ RolloutProducer::RolloutProducer(RlContext& ctx) : c_(ctx), o_(ctx.o) {
     fmt::print("weight sync: {} bucket(s) of {} per version, node 0 transport {}\n",
                layout_->buckets().size(), format_bytes(static_cast<double>(layout_->total_bytes())),
                sync::sync_transport_name(ws_->transport(0)));
+    if (o_.trainer.lora.enabled()) {
+      int64_t n = 0;
+      for (const auto& spec : layout_->specs()) {
+        int64_t e = 1;
+        for (int64_t d : spec.shape) e *= d;
+        n += e;
+      }
+      const LoraTrainOptions& lo = o_.trainer.lora;
+      fmt::print("LoRA: rank {}, alpha {}, targets {}: {} adapter parameters trained and synced, the "
+                 "base frozen\n", lo.rank, lo.alpha, lo.targets, n);
+    }
     std::fflush(stdout);
   }
   sync::RolloutRoute route{c_.ranks.g.node, c_.ranks.g.topo.infer_per_node,

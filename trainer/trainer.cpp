@@ -39,6 +39,10 @@ void TrainerOptions::validate() const {
   if (lora.enabled()) {
     if (!(lora.alpha > 0)) bad("lora.alpha", std::to_string(lora.alpha), "must be > 0");
     if (!(lora.dropout >= 0 && lora.dropout < 1)) bad("lora.dropout", std::to_string(lora.dropout), "must be in [0, 1)");
+    if (lora.dropout > 0 && activation_checkpointing) {
+      // The recomputed layer would draw other dropout masks than the forward that made the loss.
+      bad("lora.dropout", std::to_string(lora.dropout), "must be 0 with activation checkpointing");
+    }
     try {
       engine::parse_lora_targets(lora.targets);
     } catch (const std::invalid_argument& e) {
@@ -71,11 +75,14 @@ struct GradSink : public torch::autograd::Function<GradSink> {
 
 // Activation checkpointing of one decoder layer: forward keeps only the layer's input; backward
 // recomputes the layer with grad enabled and back-propagates through it (a reentrant backward, as
-// torch.utils.checkpoint's reentrant variant), so the parameters' sinks fire from there.
+// torch.utils.checkpoint's reentrant variant), so the parameters' sinks fire from there. `anchor`
+// (the sinks' graph anchor) puts the node into the graph even where `h` needs no gradient (LoRA:
+// the frozen embedding's output feeds the first layer).
 struct LayerCheckpoint : public torch::autograd::Function<LayerCheckpoint> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
-                                                const at::Tensor& h,
+                                                const at::Tensor& h, const at::Tensor& anchor,
                                                 std::shared_ptr<engine::Transformer::LayerFn> layer) {
+    (void)anchor;
     ctx->save_for_backward({h});
     at::Tensor out = (*layer)(h);  // grad mode is off inside a custom forward
     ctx->saved_data["layer"] = c10::IValue(reinterpret_cast<int64_t>(new auto(std::move(layer))));
@@ -92,7 +99,7 @@ struct LayerCheckpoint : public torch::autograd::Function<LayerCheckpoint> {
       out = (**layer)(h);
     }
     torch::autograd::backward({out}, {grads[0]});
-    return {h.grad(), at::Tensor()};
+    return {h.grad(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -207,15 +214,15 @@ void Trainer::init(engine::ModelConfig config, engine::NamedTensors weights) {
     // Validates names and shapes against the config.
     s.model = std::make_unique<engine::Transformer>(config, s.state->parameters(), topts);
   }
-  if (options_.activation_checkpointing) {
-    s.model->set_layer_runner([](int64_t, const at::Tensor& h,
-                                 std::shared_ptr<engine::Transformer::LayerFn> layer) {
-      if (!at::GradMode::is_enabled()) return (*layer)(h);
-      return LayerCheckpoint::apply(h, std::move(layer))[0];
-    });
-  }
   s.anchor = at::zeros({}, at::TensorOptions().dtype(s.compute_dtype).device(s.device))
                  .requires_grad_(true);
+  if (options_.activation_checkpointing) {
+    s.model->set_layer_runner([anchor = s.anchor](int64_t, const at::Tensor& h,
+                                                  std::shared_ptr<engine::Transformer::LayerFn> layer) {
+      if (!at::GradMode::is_enabled()) return (*layer)(h);
+      return LayerCheckpoint::apply(h, anchor, std::move(layer))[0];
+    });
+  }
 
   if (options_.grpo.kl_coef > 0) {
     if (!options_.reference_model_dir.empty()) {

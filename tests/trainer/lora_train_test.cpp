@@ -211,6 +211,28 @@ TEST(LoraTrainTest, ACheckpointIsAPeftAdapterAndResumesTheSameStep) {
                      std::invalid_argument, "a merged model needs a LoRA trainer");
 }
 
+// Activation checkpointing recomputes each layer in backward: with a frozen embedding the first
+// layer's input needs no gradient, and the adapters still train as without checkpointing.
+TEST(LoraTrainTest, ActivationCheckpointingTrainsTheAdapterAsWithout) {
+  engine::EngineConfig cfg = test::test_engine_config();
+  engine::LlmEngine eng(cfg);
+  auto mbs = rollouts(eng, 3, 3, 6, 61);
+  TrainerOptions o = lora_options(4);
+  Trainer plain(cfg.model_dir, o);
+  o.activation_checkpointing = true;
+  Trainer ckpt(cfg.model_dir, o);
+  for (int s = 0; s < 2; ++s) {
+    const StepStats a = plain.train_step(mbs, LossKind::kGrpo);
+    const StepStats b = ckpt.train_step(mbs, LossKind::kGrpo);
+    EXPECT_GT(b.grad_norm, 0.0);
+    EXPECT_NEAR(a.grad_norm, b.grad_norm, 1e-5 * a.grad_norm) << "step " << s;
+  }
+  const auto wa = plain.master_weights(), wb = ckpt.master_weights();
+  for (size_t i = 0; i < wa.size(); ++i) test::expect_tensor_near(wb[i].second, wa[i].second, 1e-6);
+  o.lora.dropout = 0.1;
+  ASSERT_THROWS_WITH(o.validate(), std::invalid_argument, "must be 0 with activation checkpointing");
+}
+
 // ZeRO over two ranks shards the adapter's state and trains as one rank does.
 TEST(LoraTrainTest, TwoShardedRanksTrainTheAdapterAsOneRank) {
   engine::EngineConfig cfg = test::test_engine_config();
