@@ -268,9 +268,10 @@ void LlmEngine::admit(GenerateRequest&& r) {
     }
   } else {
     std::lock_guard<std::mutex> lock(lora_mu_);
-    if (policy_slot_ >= 0) {  // RL with LoRA: the policy adapter
+    if (policy_slot_ >= 0) {  // RL with LoRA: the policy adapter's latest version
       req->lora_slot = policy_slot_;
       req->lora_uid = lora_entries_[static_cast<size_t>(policy_slot_)].uid;
+      req->policy_version = weight_version_;
     }
   }
   // Requests without a seed get a distinct one derived from the engine seed and arrival order.
@@ -562,8 +563,11 @@ WeightBuffers& LlmEngine::attach_weight_buffers(int64_t bucket_bytes) {
 }
 
 LoraBuffers& LlmEngine::attach_lora_buffers(const std::string& name, const LoraAdapter& initial,
-                                            int64_t bucket_bytes) {
+                                            int64_t bucket_bytes, int32_t versions) {
   CRL_CHECK(!lora_buffers_, "attach_lora_buffers: the engine already has a policy adapter");
+  CRL_CHECK(versions >= 1 && lora_slots_ && versions <= lora_slots_->num_slots(), "attach_lora_buffers: ",
+            versions, " policy versions need as many LoRA slots (--max-loras), the engine has ",
+            lora_slots_ ? lora_slots_->num_slots() : 0);
   // The slot takes the buffers' contents (the adapter in the compute dtype, as every later update
   // arrives), not `initial` itself: an fp32 adapter from a checkpoint scales as the trainer does.
   auto buffers = std::make_unique<LoraBuffers>(initial, model_->options().dtype, model_->options().device,
@@ -571,15 +575,56 @@ LoraBuffers& LlmEngine::attach_lora_buffers(const std::string& name, const LoraA
   add_lora(name, buffers->adapter());
   lora_buffers_ = std::move(buffers);
   std::lock_guard<std::mutex> lock(lora_mu_);
+  slot_version_.assign(lora_entries_.size(), -1);
   for (size_t i = 0; i < lora_entries_.size(); ++i) {
     if (lora_entries_[i].name == name) policy_slot_ = static_cast<int32_t>(i);
   }
+  policy_name_ = name;
+  policy_slots_.push_back(policy_slot_);
+  slot_version_[static_cast<size_t>(policy_slot_)] = weight_version_;
+  // The older versions' slots: reserved (add_lora cannot take them), nameless (not addressable).
+  for (size_t i = 0; i < lora_entries_.size() && static_cast<int32_t>(policy_slots_.size()) < versions; ++i) {
+    if (lora_entries_[i].name.empty() && !lora_entries_[i].reserved) {
+      lora_entries_[i].reserved = true;
+      policy_slots_.push_back(static_cast<int32_t>(i));
+    }
+  }
+  CRL_CHECK(static_cast<int32_t>(policy_slots_.size()) == versions, "attach_lora_buffers: ", versions,
+            " policy versions, but only ", policy_slots_.size(), " LoRA slots are free (--max-loras)");
   return *lora_buffers_;
 }
 
 void LlmEngine::load_lora_buffers() {
   CRL_CHECK(lora_buffers_ && policy_slot_ >= 0, "load_lora_buffers: no policy adapter (attach_lora_buffers)");
-  lora_slots_->load(policy_slot_, lora_buffers_->adapter());
+  // A slot no unfinished request uses, the oldest version first; else the oldest other one (its
+  // requests go on under the new version); with one version, the policy's own slot.
+  std::unordered_map<int32_t, int64_t> users;
+  for (const auto& [id, req] : requests_) {
+    if (!req->is_finished() && req->lora_slot >= 0) users[req->lora_slot]++;
+  }
+  int32_t target = -1, oldest = -1;
+  for (int32_t s : policy_slots_) {
+    if (s == policy_slot_ && policy_slots_.size() > 1) continue;
+    const int64_t v = slot_version_[static_cast<size_t>(s)];
+    if (oldest < 0 || v < slot_version_[static_cast<size_t>(oldest)]) oldest = s;
+    if (users.count(s) == 0 && (target < 0 || v < slot_version_[static_cast<size_t>(target)])) target = s;
+  }
+  if (target < 0) {
+    target = oldest;
+    if (policy_slots_.size() > 1) ++lora_slot_reuses_;
+  }
+  lora_slots_->load(target, lora_buffers_->adapter());
+  std::lock_guard<std::mutex> lock(lora_mu_);
+  const uint64_t uid = next_lora_uid_++;  // this version's K/V is its own in the prefix cache
+  if (target != policy_slot_) {
+    lora_entries_[static_cast<size_t>(policy_slot_)].name.clear();
+    lora_entries_[static_cast<size_t>(policy_slot_)].reserved = true;
+  }
+  lora_entries_[static_cast<size_t>(target)] = LoraEntry{policy_name_, uid, false};
+  for (auto& [id, req] : requests_) {  // requests of a reused slot go on under the new version
+    if (req->lora_slot == target) req->lora_uid = uid;
+  }
+  policy_slot_ = target;
 }
 
 const char* inflight_policy_name(InflightPolicy policy) {
@@ -601,6 +646,19 @@ InflightPolicy parse_inflight_policy(const std::string& name) {
 
 void LlmEngine::set_weight_version(int64_t v, InflightPolicy policy) {
   weight_version_ = v;
+  if (policy_slot_ >= 0) {
+    // The policy's slot holds version v now; its requests (all of them unless kKeep) record it.
+    slot_version_[static_cast<size_t>(policy_slot_)] = v;
+    const uint64_t uid = lora_entries_[static_cast<size_t>(policy_slot_)].uid;
+    for (auto& [id, req] : requests_) {
+      if (req->lora_slot == policy_slot_ ||
+          (policy != InflightPolicy::kKeep && req->policy_version >= 0)) {
+        req->lora_slot = policy_slot_;
+        req->lora_uid = uid;
+        req->policy_version = v;
+      }
+    }
+  }
   scheduler_->on_weight_update(policy);
 }
 

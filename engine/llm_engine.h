@@ -166,12 +166,23 @@ class LlmEngine {
   // RL with LoRA (issue 29): serves `initial` as adapter `name` (add_lora) and makes it the
   // policy: requests that name no adapter run on it, and weight updates are its new versions,
   // received into the returned buffers (whose layout the trainer sends) instead of the model's
-  // weights, then loaded into its slot (load_lora_buffers) between two steps. Once; engine thread
-  // only (or before an EngineLoop starts stepping the engine).
-  LoraBuffers& attach_lora_buffers(const std::string& name, const LoraAdapter& initial, int64_t bucket_bytes);
+  // weights, then loaded into a slot (load_lora_buffers) between two steps. `versions` slots hold
+  // the policy's latest versions (at most max_loras; hidden from lora_names): under
+  // InflightPolicy::kKeep a request stays on the version it was admitted under, its tokens
+  // recording that version, and an update takes a slot no unfinished request uses. When every
+  // other slot is in use (more updates than versions - 1 while a request runs) the oldest one is
+  // reused and its requests go on under the new version with their K/V, as whole-model updates
+  // do (counted in lora_slot_reuses()); kRecompute and kAbort move every request to the new one.
+  // With one version the slot is updated in place. Once; engine thread only (or before an
+  // EngineLoop starts stepping the engine).
+  LoraBuffers& attach_lora_buffers(const std::string& name, const LoraAdapter& initial, int64_t bucket_bytes,
+                                   int32_t versions = 1);
   LoraBuffers* lora_buffers() { return lora_buffers_.get(); }
-  // Loads what the buffers received into the policy adapter's slot. Engine thread only.
+  // Loads what the buffers received into a policy slot (see above), which becomes the policy's;
+  // the set_weight_version that follows gives it its version. Engine thread only.
   void load_lora_buffers();
+  // Updates that had to reuse a slot unfinished requests were using.
+  int64_t lora_slot_reuses() const { return lora_slot_reuses_; }
 
   // New weights were installed: they are version `v` (the sender's number; resumed runs start at
   // the checkpoint's). Engine thread only: EngineLoop calls it after each update it receives. Drops prefix-cache entries and treats the sequences in flight by `policy`
@@ -237,6 +248,10 @@ class LlmEngine {
   std::unique_ptr<WeightBuffers> weight_buffers_;
   std::unique_ptr<LoraBuffers> lora_buffers_;
   int32_t policy_slot_ = -1;  // attach_lora_buffers' slot: requests without an adapter use it (lora_mu_)
+  std::vector<int32_t> policy_slots_;    // the slots holding the policy's versions (lora_mu_)
+  std::vector<int64_t> slot_version_;    // per slot: the weight version a policy slot holds
+  std::string policy_name_;
+  int64_t lora_slot_reuses_ = 0;
   std::vector<int32_t> eos_ids_;
   int64_t max_model_len_ = 0;
   int64_t weight_version_ = 0;

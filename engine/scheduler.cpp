@@ -172,7 +172,9 @@ void Scheduler::append(Sequence* seq, const SampleResult& res, int64_t weight_ve
     return;
   }
   num_generated_tokens_++;
-  seq->token_versions.push_back(weight_version);
+  // A request kept on an older policy adapter version records that version (LoRA RL).
+  const int64_t pv = seq->request->policy_version;
+  seq->token_versions.push_back(pv >= 0 ? pv : weight_version);
   seq->raw_logprobs.push_back(res.raw_logprob);
   seq->processed_logprobs.push_back(res.processed_logprob);
   if (seq->request->params.logprobs > 0) seq->top_logprobs.push_back(res.top_logprobs);

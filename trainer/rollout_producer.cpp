@@ -49,8 +49,8 @@ engine::EngineConfig rollout_engine_config(const RlOptions& o, const sync::RankP
   engine::EngineConfig ec;
   // A LoRA run's checkpoint holds the adapter alone: the engine loads the base from --model.
   ec.model_dir = resumed && !o.trainer.lora.enabled() ? o.resume_dir : o.model_dir;
-  if (o.trainer.lora.enabled()) {  // one slot: the policy adapter, updated in place
-    ec.max_loras = 1;
+  if (o.trainer.lora.enabled()) {  // the policy adapter's last K + 1 versions
+    ec.max_loras = static_cast<int32_t>(o.max_staleness + 1);
     ec.max_lora_rank = static_cast<int32_t>(o.trainer.lora.rank);
     ec.lora_targets = o.trainer.lora.targets;
   }
@@ -81,7 +81,8 @@ RolloutProducer::RolloutProducer(RlContext& ctx) : c_(ctx), o_(ctx.o) {
             : engine::make_lora_adapter(eng->model_config(), lo.rank, lo.alpha,
                                         engine::parse_lora_targets(lo.targets), lo.seed, /*random_b=*/false);
     layout_ = std::make_unique<sync::WeightLayout>(
-        eng->attach_lora_buffers("policy", initial, o_.bucket_bytes).layout());
+        eng->attach_lora_buffers("policy", initial, o_.bucket_bytes,
+                                 static_cast<int32_t>(o_.max_staleness + 1)).layout());
   } else {
     layout_ = std::make_unique<sync::WeightLayout>(eng->attach_weight_buffers(o_.bucket_bytes).layout());
   }

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <map>
 #include <random>
 
 #include "engine/llm_engine.h"
@@ -133,6 +134,99 @@ TEST_P(LoraMixTest, OneBatchMixingThreeAdaptersEqualsEachAlone) {
     eng.bump_weight_version();  // no prefix-cache hits from the mixed run
     expect_same_outputs(eng.generate(alone), want, deterministic ? 0 : 1e-4);
   }
+}
+
+// LoRA RL's policy versions (attach_lora_buffers with 2 versions): a request admitted under
+// version 0 finishes on version 0 after version 1 arrives (InflightPolicy::kKeep), its tokens
+// recording 0 and equal to an engine serving version 0 alone; a request admitted after runs on
+// version 1; a third update while a request of version 1 runs must reuse its slot (counted), and
+// that request goes on under the new version.
+TEST(LoraTest, PolicyVersionsKeepARunningRequestOnTheVersionItStartedOn) {
+  EngineConfig cfg = lora_config("qwen2", 2);
+  cfg.deterministic = true;
+  LlmEngine eng(cfg);
+  const ModelConfig mc = eng.model_config();
+  const auto targets = parse_lora_targets("all-linear");
+  std::vector<LoraAdapter> v;
+  for (uint64_t seed : {31, 32, 33, 34}) v.push_back(make_lora_adapter(mc, 8, 16, targets, seed, true));
+  LoraBuffers& lb = eng.attach_lora_buffers("policy", v[0], 1 << 20, 2);
+  eng.set_weight_version(0);
+  auto send = [&](const LoraAdapter& ad, int64_t version) {  // what a weight sync does
+    std::vector<at::Tensor> tensors;
+    for (const auto& [name, t] : lora_tensors(ad)) tensors.push_back(t);
+    for (size_t b = 0; b < lb.buckets().size(); ++b) lb.layout().pack(tensors, static_cast<int64_t>(b), lb.buckets()[b]);
+    eng.load_lora_buffers();
+    eng.set_weight_version(version, InflightPolicy::kKeep);
+  };
+  auto request = [&](const std::string& id, int max_tokens) {
+    auto r = greedy_requests(id, 1, 77, {""})[0];
+    r.request_id = id;
+    r.params.max_tokens = max_tokens;
+    return r;
+  };
+  auto run_until = [&](const std::string& id, int64_t generated) {
+    RequestOutput last;
+    while (eng.has_unfinished()) {
+      for (auto& out : eng.step()) {
+        if (out.request_id == id) last = out;
+      }
+      if (!last.outputs.empty() && (static_cast<int64_t>(last.outputs[0].token_ids.size()) >= generated || last.finished)) break;
+    }
+    return last;
+  };
+  eng.add_request(request("a", 12));
+  run_until("a", 4);
+  send(v[1], 1);
+  eng.add_request(request("b", 12));
+  std::map<std::string, CompletionOutput> done;
+  while (eng.has_unfinished()) {
+    for (auto& out : eng.step()) {
+      if (out.finished) done[out.request_id] = out.outputs[0];
+    }
+  }
+  EXPECT_EQ(done["a"].token_versions, std::vector<int64_t>(12, 0));
+  EXPECT_EQ(done["b"].token_versions, std::vector<int64_t>(12, 1));
+  // Each request alone, on an engine whose slots hold the same versions (the same stacked
+  // products: deterministic mode makes a row's result independent of the other rows).
+  CompletionOutput a0, b1;
+  {
+    LlmEngine ref(cfg);
+    LoraBuffers& rb = ref.attach_lora_buffers("policy", v[0], 1 << 20, 2);
+    ref.set_weight_version(0);
+    a0 = ref.generate({request("a", 12)})[0].outputs[0];
+    std::vector<at::Tensor> tensors;
+    for (const auto& [name, t] : lora_tensors(v[1])) tensors.push_back(t);
+    for (size_t b = 0; b < rb.buckets().size(); ++b) rb.layout().pack(tensors, static_cast<int64_t>(b), rb.buckets()[b]);
+    ref.load_lora_buffers();
+    ref.set_weight_version(1);
+    b1 = ref.generate({request("b", 12)})[0].outputs[0];
+  }
+  EXPECT_EQ(done["a"].token_ids, a0.token_ids);
+  EXPECT_EQ(done["a"].raw_logprobs, a0.raw_logprobs);
+  EXPECT_EQ(done["b"].token_ids, b1.token_ids);
+  EXPECT_EQ(done["b"].raw_logprobs, b1.raw_logprobs);
+  EXPECT_NE(a0.token_ids, b1.token_ids);
+  EXPECT_EQ(eng.lora_names(), std::vector<std::string>{"policy"});  // old versions are hidden
+  EXPECT_EQ(eng.lora_slot_reuses(), 0);
+
+  // c runs on version 1; version 2 takes the free slot; version 3 finds c's slot the only other
+  // one and reuses it: c goes on under version 3.
+  eng.add_request(request("c", 12));
+  run_until("c", 3);
+  send(v[2], 2);
+  EXPECT_EQ(eng.lora_slot_reuses(), 0);
+  RequestOutput mid = run_until("c", 6);
+  send(v[3], 3);
+  EXPECT_EQ(eng.lora_slot_reuses(), 1);
+  while (eng.has_unfinished()) {
+    for (auto& out : eng.step()) {
+      if (out.finished) done[out.request_id] = out.outputs[0];
+    }
+  }
+  const auto& cv = done["c"].token_versions;
+  ASSERT_EQ(cv.size(), 12u);
+  const size_t before = mid.outputs[0].token_ids.size();
+  for (size_t i = 0; i < cv.size(); ++i) EXPECT_EQ(cv[i], i < before ? 1 : 3) << "token " << i;
 }
 
 INSTANTIATE_TEST_SUITE_P(Lora, LoraMixTest, ::testing::Bool(),
