@@ -53,7 +53,7 @@ Runner register_train(CLI::App& app) {
     std::string inflight = "keep";
     std::string device_map;
     // Given on the command line (else --lora-rank picks its own defaults).
-    CLI::Option *lr_opt = nullptr, *sft_lr_opt = nullptr, *sft_steps_opt = nullptr;
+    CLI::Option *sft_lr_opt = nullptr, *sft_steps_opt = nullptr, *temperature_opt = nullptr;
   };
   auto f = std::make_shared<Flags>();
   f->dist.timeout_s = 300;
@@ -115,10 +115,12 @@ Runner register_train(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--n-samples", o.samples_per_prompt, "samples per prompt (a GRPO group)")
       ->capture_default_str();
-  cmd->add_option("--temperature", o.temperature, "rollout sampling temperature")->capture_default_str();
+  f->temperature_opt = cmd->add_option("--temperature", o.temperature,
+                                       "rollout sampling temperature (0.3 with --lora-rank)")
+                           ->capture_default_str();
   cmd->add_option("--max-tokens", o.max_tokens, "generated tokens per sample at most")
       ->capture_default_str();
-  f->lr_opt = cmd->add_option("--lr", f->lr, "GRPO peak learning rate (1e-3 with --lora-rank)")->capture_default_str();
+  cmd->add_option("--lr", f->lr, "GRPO peak learning rate")->capture_default_str();
   cmd->add_option("--warmup-steps", o.trainer.schedule.warmup_steps, "GRPO linear warmup steps")
       ->capture_default_str();
   cmd->add_option("--min-lr", f->min_lr,
@@ -223,11 +225,14 @@ Runner register_train(CLI::App& app) {
     o.trainer.dtype = f->train_dtype.empty() ? o.engine_dtype : f->train_dtype;
     if (o.trainer.lora.enabled()) {
       // LoRA's recipe where the flags are not given (README "LoRA RL": the rank x learning-rate
-      // sweep): adapters take ~10x full fine-tuning's GRPO rate, and on the embedded random-init
-      // model the warm-up must teach the task through the adapter (400 steps at 2e-3).
-      if (f->lr_opt->count() == 0) f->lr = 1e-3;
+      // sweep on the embedded random-init model): the warm-up must teach the task through the
+      // adapters (400 steps at 2e-3), and adapters cannot sharpen that model's output distribution
+      // (its final norm and tied embeddings stay frozen), so rollouts at temperature 1 all score 0
+      // and GRPO gets no signal; at 0.3 they score ~0.6. GRPO keeps full fine-tuning's 1e-4 (1e-3
+      // undid the warm-up on one seed of two).
       if (f->sft_lr_opt->count() == 0) o.sft_schedule.lr = 2e-3;
       if (f->sft_steps_opt->count() == 0) o.sft_steps = 400;
+      if (f->temperature_opt->count() == 0) o.temperature = 0.3;
     }
     o.trainer.schedule.lr = f->lr;
     o.trainer.schedule.min_lr = f->min_lr >= 0 ? f->min_lr : f->lr / 10;

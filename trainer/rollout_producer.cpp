@@ -103,7 +103,9 @@ RolloutProducer::RolloutProducer(RlContext& ctx) : c_(ctx), o_(ctx.o) {
       }
       const LoraTrainOptions& lo = o_.trainer.lora;
       fmt::print("LoRA: rank {}, alpha {}, targets {}: {} adapter parameters trained and synced, the "
-                 "base frozen\n", lo.rank, lo.alpha, lo.targets, n);
+                 "base frozen, {} versions held; warm-up {} steps at {:g}, GRPO at {:g}, rollouts at "
+                 "temperature {:g}\n", lo.rank, lo.alpha, lo.targets, n, o_.max_staleness + 1, o_.sft_steps,
+                 o_.sft_schedule.lr, o_.trainer.schedule.lr, o_.temperature);
     }
     std::fflush(stdout);
   }
