@@ -10,6 +10,7 @@
 #include "engine/model/lora.h"
 #include "tests/engine/test_model.h"
 #include "tests/test_utils.h"
+#include "tests/trainer/engine_rollouts.h"
 #include "trainer/checkpoint.h"
 #include "trainer/trainer.h"
 
@@ -18,37 +19,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Engine rollouts on random prompts (requests without an adapter: the engine's policy adapter when
-// it has one), one micro-batch.
+// Engine rollouts, one micro-batch (requests without an adapter: the engine's policy adapter).
 std::vector<MicroBatch> rollouts(engine::LlmEngine& eng, int prompts, int n, int max_tokens, uint64_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> tok(4, 500), len(3, 12);
-  std::vector<engine::GenerateRequest> reqs;
-  for (int i = 0; i < prompts; ++i) {
-    engine::GenerateRequest r;
-    for (int j = len(rng); j > 0; --j) r.prompt_token_ids.push_back(tok(rng));
-    r.params.n = n;
-    r.params.temperature = 1.0;
-    r.params.max_tokens = max_tokens;
-    r.params.ignore_eos = true;
-    r.params.seed = seed + i;
-    reqs.push_back(r);
-  }
-  std::vector<SampleGroup> groups;
-  for (auto& out : eng.generate(reqs)) {
-    SampleGroup g;
-    g.prompt_ids = out.prompt_token_ids;
-    for (auto& c : out.outputs) {
-      Sample s;
-      s.completion_ids = c.token_ids;
-      s.logprobs = c.raw_logprobs;
-      s.reward = static_cast<double>(c.token_ids[0] % 5);
-      g.samples.push_back(s);
-    }
-    groups.push_back(g);
-  }
-  compute_group_advantages(groups);
-  return pack_micro_batches(groups, 1 << 20);
+  return test::engine_rollouts(eng, prompts, n, max_tokens, 1 << 20, seed, 5);
 }
 
 at::Tensor old_logprobs(const MicroBatch& mb) {

@@ -12,43 +12,13 @@
 #include "sync/communicator.h"
 #include "tests/engine/test_model.h"
 #include "tests/test_utils.h"
+#include "tests/trainer/engine_rollouts.h"
 #include "trainer/checkpoint.h"
 
 namespace crl::trainer {
 namespace {
 
-// Rollouts of the engine on a few random prompts, packed into one micro-batch per `cap` tokens.
-std::vector<MicroBatch> engine_rollouts(engine::LlmEngine& eng, int prompts, int n, int max_tokens,
-                                        int64_t cap, uint64_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> tok(4, 500), len(3, 12);
-  std::vector<engine::GenerateRequest> reqs;
-  for (int i = 0; i < prompts; ++i) {
-    engine::GenerateRequest r;
-    for (int j = len(rng); j > 0; --j) r.prompt_token_ids.push_back(tok(rng));
-    r.params.n = n;
-    r.params.temperature = 1.0;
-    r.params.max_tokens = max_tokens;
-    r.params.ignore_eos = true;
-    r.params.seed = seed + i;
-    reqs.push_back(r);
-  }
-  std::vector<SampleGroup> groups;
-  for (auto& out : eng.generate(reqs)) {
-    SampleGroup g;
-    g.prompt_ids = out.prompt_token_ids;
-    for (auto& c : out.outputs) {
-      Sample s;
-      s.completion_ids = c.token_ids;
-      s.logprobs = c.raw_logprobs;
-      s.reward = static_cast<double>(c.token_ids[0] % 7);  // arbitrary but varied
-      g.samples.push_back(s);
-    }
-    groups.push_back(g);
-  }
-  compute_group_advantages(groups);
-  return pack_micro_batches(groups, cap);
-}
+using test::engine_rollouts;
 
 at::Tensor loss_old(const MicroBatch& mb) {
   return mb.old_logprobs.index_select(0, mb.loss_mask.nonzero().squeeze(1));
