@@ -205,6 +205,7 @@ LevelResult run_level(const std::string& url, const ServeBenchOptions& o, int32_
 struct EpisodeResult {
   int64_t turns = 0, errors = 0;
   int64_t later_prompt_tokens = 0, later_cached_tokens = 0;  // turns after the first
+  int64_t later_held_tokens = 0;  // of those prompts, the previous turn's prompt and reply
   std::vector<double> later_cached_share, turn_seconds;
 };
 
@@ -230,6 +231,7 @@ EpisodeResult run_episodes(const std::string& url, const ServeBenchOptions& o, i
       EpisodeResult local;
       for (int32_t e = 0; e < o.episodes; ++e) {
         json messages = json::array({{{"role", "user"}, {"content", text()}}});
+        int64_t held = 0;
         const std::string session = fmt::format("bench-{}-{}-{}-{}", clients, sessions, c, e);
         for (int32_t t = 0; t < o.multi_turn; ++t) {
           json body = {{"messages", messages}, {"max_tokens", o.max_tokens}, {"temperature", 1.0},
@@ -244,13 +246,15 @@ EpisodeResult run_episodes(const std::string& url, const ServeBenchOptions& o, i
           local.turn_seconds.push_back(since(t0));
           local.turns++;
           const json r = json::parse(res.body);
+          const int64_t prompt = r["usage"]["prompt_tokens"].get<int64_t>();
           if (t > 0) {
-            const int64_t prompt = r["usage"]["prompt_tokens"].get<int64_t>();
             const int64_t cached = r["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>();
             local.later_prompt_tokens += prompt;
             local.later_cached_tokens += cached;
+            local.later_held_tokens += std::min(held, prompt);
             local.later_cached_share.push_back(prompt > 0 ? static_cast<double>(cached) / prompt : 0);
           }
+          held = prompt + r["usage"]["completion_tokens"].get<int64_t>();
           messages.push_back(r["choices"][0]["message"]);
           messages.push_back({{"role", "user"}, {"content", text()}});
         }
@@ -260,6 +264,7 @@ EpisodeResult run_episodes(const std::string& url, const ServeBenchOptions& o, i
       total.errors += local.errors;
       total.later_prompt_tokens += local.later_prompt_tokens;
       total.later_cached_tokens += local.later_cached_tokens;
+      total.later_held_tokens += local.later_held_tokens;
       total.later_cached_share.insert(total.later_cached_share.end(), local.later_cached_share.begin(),
                                       local.later_cached_share.end());
       total.turn_seconds.insert(total.turn_seconds.end(), local.turn_seconds.begin(), local.turn_seconds.end());
@@ -273,8 +278,9 @@ int run_multi_turn(const std::string& url, const ServeBenchOptions& o) {
   std::cout << fmt::format("{} turns per episode, {} episodes per client, {} user words a turn, {} reply "
                            "tokens; later turns = turns 2..{}\n",
                            o.multi_turn, o.episodes, o.prompt_len, o.max_tokens, o.multi_turn);
-  std::cout << fmt::format("{:>8} {:>9} {:>6} {:>7} | {:>14} {:>14} {:>16} | {:>9}\n", "clients", "mode",
-                           "turns", "errors", "cached (all)", "cached p10", "prefilled/turn", "turn p50");
+  std::cout << fmt::format("{:>8} {:>9} {:>6} {:>7} | {:>14} {:>14} {:>14} {:>16} | {:>9}\n", "clients",
+                           "mode", "turns", "errors", "cached (all)", "cached p10", "of seen ids",
+                           "prefilled/turn", "turn p50");
   json levels = json::array();
   int failures = 0;
   for (int32_t c : o.concurrency) {
@@ -283,17 +289,20 @@ int run_multi_turn(const std::string& url, const ServeBenchOptions& o) {
       failures += r.errors > 0;
       const double share = r.later_prompt_tokens > 0
                                ? static_cast<double>(r.later_cached_tokens) / r.later_prompt_tokens : 0;
+      const double of_held = r.later_held_tokens > 0
+                                 ? static_cast<double>(r.later_cached_tokens) / r.later_held_tokens : 0;
       const size_t later = r.later_cached_share.size();
       const double prefilled = later ? static_cast<double>(r.later_prompt_tokens - r.later_cached_tokens) / later : 0;
       const char* mode = sessions ? "session" : "resend";
-      std::cout << fmt::format("{:>8} {:>9} {:>6} {:>7} | {:>13.1f}% {:>13.1f}% {:>16.1f} | {:>7.1f}ms\n", c,
-                               mode, r.turns, r.errors, 100 * share,
-                               100 * percentile(r.later_cached_share, 0.1), prefilled,
+      std::cout << fmt::format("{:>8} {:>9} {:>6} {:>7} | {:>13.1f}% {:>13.1f}% {:>13.1f}% {:>16.1f} | {:>7.1f}ms\n",
+                               c, mode, r.turns, r.errors, 100 * share,
+                               100 * percentile(r.later_cached_share, 0.1), 100 * of_held, prefilled,
                                1e3 * percentile(r.turn_seconds, 0.5));
       std::cout.flush();
       levels.push_back({{"clients", c}, {"mode", mode}, {"turns", r.turns}, {"errors", r.errors},
                         {"later_cached_share", share},
                         {"later_cached_share_p10", percentile(r.later_cached_share, 0.1)},
+                        {"later_cached_of_seen", of_held},
                         {"later_prefilled_tokens_per_turn", prefilled},
                         {"turn_s_p50", percentile(r.turn_seconds, 0.5)}});
     }

@@ -55,6 +55,7 @@ void Scheduler::release_blocks(Sequence* seq) {
   seq->block_table.clear();
   seq->num_computed = 0;
   seq->num_registered_blocks = 0;
+  seq->copy_tail = false;
 }
 
 void Scheduler::remove(Sequence* seq) {
@@ -184,6 +185,7 @@ void Scheduler::append(Sequence* seq, const SampleResult& res, int64_t weight_ve
   if (config_.static_batching && !at_context_end) {
     seq->padding = true;  // keeps decoding until its wave ends
   } else {
+    register_tail(seq, weight_version);
     finish(seq, reason);
   }
 }
@@ -197,6 +199,36 @@ void Scheduler::recompute_running() {
   running_.clear();
 }
 
+kv::BlockHash Scheduler::parent_hash(Sequence* seq, int64_t index, int64_t version) {
+  // An adapter's KV differs from the base's: its uid salts the chain (0, the base, leaves it).
+  return index == 0 ? kRootHash ^ (seq->request->lora_uid * 0xbf58476d1ce4e5b9ULL)
+                    : block_hash(seq, index - 1, version);
+}
+
+kv::BlockHash Scheduler::partial_hash(Sequence* seq, int64_t index, int64_t num_tokens, int64_t version) {
+  CRL_CHECK(num_tokens > 0 && num_tokens < config_.block_size &&
+                index * config_.block_size + num_tokens <= static_cast<int64_t>(seq->tokens.size()),
+            "partial entry of ", num_tokens, " ids at block ", index);
+  // The salt keeps partial and full entries apart even where a hash could coincide.
+  return kv::BlockAllocator::hash_block(parent_hash(seq, index, version) ^ 0x5851f42d4c957f2dULL,
+                                        seq->tokens.data() + index * config_.block_size,
+                                        static_cast<int32_t>(num_tokens), version);
+}
+
+void Scheduler::register_tail(Sequence* seq, int64_t version) {
+  const int64_t bs = config_.block_size;
+  const int64_t k = seq->num_computed % bs;
+  const int64_t index = seq->num_computed / bs;
+  // Only a block this sequence alone holds, computed under the current weights: nobody else can
+  // write its slots once it is free (allocate() evicts the entry first).
+  if (!config_.enable_prefix_caching || k == 0 || seq->kv_version != version || seq->copy_tail ||
+      index >= static_cast<int64_t>(seq->block_table.size()) ||
+      allocator_.ref_count(seq->block_table[index]) != 1) {
+    return;
+  }
+  allocator_.register_partial(seq->block_table[index], partial_hash(seq, index, k, version));
+}
+
 kv::BlockHash Scheduler::block_hash(Sequence* seq, int64_t index, int64_t version) {
   if (seq->hashes_version != version) {
     seq->block_hashes.clear();
@@ -206,9 +238,7 @@ kv::BlockHash Scheduler::block_hash(Sequence* seq, int64_t index, int64_t versio
   while (static_cast<int64_t>(seq->block_hashes.size()) <= index) {
     const int64_t i = static_cast<int64_t>(seq->block_hashes.size());
     CRL_CHECK((i + 1) * bs <= static_cast<int64_t>(seq->tokens.size()), "hashing a partial block");
-    // An adapter's KV differs from the base's: its uid salts the chain (0, the base, leaves it).
-    kv::BlockHash parent = i == 0 ? kRootHash ^ (seq->request->lora_uid * 0xbf58476d1ce4e5b9ULL)
-                                  : seq->block_hashes[i - 1];
+    const kv::BlockHash parent = i == 0 ? parent_hash(seq, 0, version) : seq->block_hashes[i - 1];
     seq->block_hashes.push_back(
         kv::BlockAllocator::hash_block(parent, seq->tokens.data() + i * bs, bs, version));
   }
@@ -228,6 +258,16 @@ int64_t Scheduler::match_prefix(Sequence* seq, int64_t version) {
   const int64_t hits = static_cast<int64_t>(seq->block_table.size());
   seq->num_computed = hits * config_.block_size;
   seq->num_registered_blocks = hits;
+  // The next block, partly: the longest cached partial entry (copied before it is written).
+  const int64_t room = std::min<int64_t>(config_.block_size - 1, len - 1 - seq->num_computed);
+  for (int64_t k = room; k > 0; --k) {
+    auto hit = allocator_.lookup_partial(partial_hash(seq, hits, k, version));
+    if (!hit) continue;
+    seq->block_table.push_back(*hit);
+    seq->copy_tail = true;
+    seq->num_computed += k;
+    break;
+  }
   return seq->num_computed;
 }
 
@@ -238,14 +278,15 @@ bool Scheduler::reserve(Sequence* seq, int64_t end, SchedulerOutput& out) {
   int64_t need_new = std::max<int64_t>(0, need_total - have);
   // The block receiving position num_computed may hold earlier positions and be shared.
   const int64_t first = seq->num_computed / bs;
-  const bool cow = first < have && allocator_.ref_count(seq->block_table[first]) > 1;
+  const bool cow = first < have && (seq->copy_tail || allocator_.ref_count(seq->block_table[first]) > 1);
   if (!allocator_.can_allocate(static_cast<int32_t>(need_new + (cow ? 1 : 0)))) return false;
   if (cow) {
     const kv::BlockId src = seq->block_table[first];
     const kv::BlockId dst = *allocator_.allocate();
     out.block_copies.emplace_back(src, dst);
-    allocator_.release(src);
+    allocator_.release(src);  // read before the forward writes anything (ModelRunner)
     seq->block_table[first] = dst;
+    seq->copy_tail = false;
   }
   for (int64_t i = 0; i < need_new; ++i) seq->block_table.push_back(*allocator_.allocate());
   return true;

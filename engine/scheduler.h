@@ -11,7 +11,12 @@
 // Copy-on-write: a block about to be written while shared (the n samples after a fork) is copied
 // first; the copies are returned so the ModelRunner can do them before the forward.
 // Prefix caching: full blocks computed under the current weight version are registered under a
-// hash chain that includes that version, so KV from older weights is never reused.
+// hash chain that includes that version, so KV from older weights is never reused. A sequence
+// that finishes also registers its last, unfilled block as a partial entry (its computed slots:
+// every id but the last sampled one), so the next turn of a conversation, whose prompt is this
+// sequence's ids and more, reuses all of them: the partial block is copied into a fresh one (one
+// block of K/V, cheaper than prefilling up to block_size - 1 tokens) and the turn prefills from
+// there.
 // After the forward and the sampler, postprocess() does the step's bookkeeping (nano-vllm's
 // split): it appends the sampled tokens, forks a request's n samples at its first, and finishes
 // what stops. on_weight_update() applies the in-flight policy when new weights land.
@@ -134,9 +139,17 @@ class Scheduler {
   bool reserve(Sequence* seq, int64_t end, SchedulerOutput& out);
   void preempt(Sequence* seq, SchedulerOutput& out);
   void release_blocks(Sequence* seq);
-  // Reuses cached full blocks of the sequence's tokens; returns the number of tokens covered.
+  // Reuses cached full blocks of the sequence's tokens, then the longest cached partial block
+  // after them; returns the number of tokens covered.
   int64_t match_prefix(Sequence* seq, int64_t weight_version);
   kv::BlockHash block_hash(Sequence* seq, int64_t block_index, int64_t weight_version);
+  // The hash a block's chain starts from: the previous full block's, or the root's (salted by
+  // the request's adapter) for block 0.
+  kv::BlockHash parent_hash(Sequence* seq, int64_t block_index, int64_t weight_version);
+  // The partial entry of `seq`'s first `num_tokens` ids of block `block_index`.
+  kv::BlockHash partial_hash(Sequence* seq, int64_t block_index, int64_t num_tokens, int64_t weight_version);
+  // A sequence that ends normally leaves its last, unfilled block as a partial entry.
+  void register_tail(Sequence* seq, int64_t weight_version);
   void insert_running(Sequence* seq);
   // Appends one sampled token to `seq` and finishes it when `stop` says so.
   void append(Sequence* seq, const SampleResult& res, int64_t weight_version, const StopChecker& stop);

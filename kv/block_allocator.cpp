@@ -34,6 +34,7 @@ BlockAllocator::BlockAllocator(int32_t num_blocks) {
   prev_.assign(n, -1);
   next_.assign(n, -1);
   block_hash_.assign(n, std::nullopt);
+  block_partial_.assign(n, std::nullopt);
   hash_to_block_.reserve(n);
   // Initially every block is free, in id order.
   for (BlockId id = 0; id < num_blocks; ++id) push_free_back(id);
@@ -51,6 +52,10 @@ std::optional<BlockId> BlockAllocator::allocate() {
               " has a hash not mapped back to it");
     hash_to_block_.erase(it);
     block_hash_[id].reset();
+  }
+  if (block_partial_[id].has_value()) {
+    partial_to_block_.erase(*block_partial_[id]);
+    block_partial_[id].reset();
   }
   ref_counts_[id] = 1;
   return id;
@@ -96,9 +101,30 @@ std::optional<BlockId> BlockAllocator::lookup_cached(BlockHash hash) {
   return id;
 }
 
+bool BlockAllocator::register_partial(BlockId id, BlockHash hash) {
+  CRL_CHECK(id >= 0 && id < num_blocks(), "register_partial: block id ", id, " out of range [0, ",
+            num_blocks(), ")");
+  CRL_CHECK(ref_counts_[id] > 0, "register_partial of free block ", id);
+  if (block_partial_[id].has_value() || partial_to_block_.count(hash) != 0) return false;
+  partial_to_block_.emplace(hash, id);
+  block_partial_[id] = hash;
+  return true;
+}
+
+std::optional<BlockId> BlockAllocator::lookup_partial(BlockHash hash) {
+  auto it = partial_to_block_.find(hash);
+  if (it == partial_to_block_.end()) return std::nullopt;
+  const BlockId id = it->second;
+  if (ref_counts_[id] == 0) unlink_free(id);
+  ++ref_counts_[id];
+  return id;
+}
+
 void BlockAllocator::reset_prefix_cache() {
   hash_to_block_.clear();
   for (auto& h : block_hash_) h.reset();
+  partial_to_block_.clear();
+  for (auto& h : block_partial_) h.reset();
 }
 
 BlockHash BlockAllocator::hash_block(BlockHash parent_hash, const int32_t* tokens,
@@ -119,7 +145,7 @@ BlockHash BlockAllocator::hash_block(BlockHash parent_hash, const int32_t* token
 void BlockAllocator::check_invariants() const {
   const int32_t n = num_blocks();
   CRL_CHECK(prev_.size() == ref_counts_.size() && next_.size() == ref_counts_.size() &&
-                block_hash_.size() == ref_counts_.size(),
+                block_hash_.size() == ref_counts_.size() && block_partial_.size() == ref_counts_.size(),
             "per-block arrays differ in size");
   CRL_CHECK(num_free_ >= 0 && num_free_ <= n, "num_free ", num_free_, " outside [0, ", n, "]");
 
@@ -163,6 +189,16 @@ void BlockAllocator::check_invariants() const {
     CRL_CHECK(block_hash_[id].has_value() && *block_hash_[id] == hash, "hash map entry for block ",
               id, " does not match the block's hash");
   }
+  int64_t num_partial = 0;
+  for (BlockId id = 0; id < n; ++id) {
+    if (!block_partial_[id].has_value()) continue;
+    ++num_partial;
+    auto it = partial_to_block_.find(*block_partial_[id]);
+    CRL_CHECK(it != partial_to_block_.end() && it->second == id, "partial entry of block ", id,
+              " is not mapped back to it");
+  }
+  CRL_CHECK(num_partial == static_cast<int64_t>(partial_to_block_.size()), num_partial,
+            " blocks carry a partial entry but the map has ", partial_to_block_.size());
 }
 
 void BlockAllocator::unlink_free(BlockId id) {

@@ -8,6 +8,10 @@
 // hash, the block's token ids and the weight version (hash_block). When its last reference is
 // released the block goes back to the free list but keeps its hash, so a later lookup_cached() can
 // revive it until allocate() reuses (evicts) it. reset_prefix_cache() forgets every hash.
+// A block may also carry one *partial* entry: its first k < block_size slots hold the K/V of the
+// tokens the partial hash names (a finished sequence's last, unfilled block: the earlier turn of a
+// multi-turn conversation). A partial hit is never written in place: the scheduler copies it into
+// a fresh block first (so the slots it vouches for stay as they were until allocate() evicts it).
 //
 // Thread safety: none. Only the engine thread (which owns the Scheduler) may call it.
 #pragma once
@@ -58,7 +62,15 @@ class BlockAllocator {
   // True when `hash` is registered (no reference taken).
   bool contains_hash(BlockHash hash) const { return hash_to_block_.count(hash) != 0; }
 
-  // Forgets every registered hash (weight update, explicit reset). Blocks and refs are unchanged.
+  // Registers a partial entry of block `id` (see above). A block keeps its first partial entry;
+  // a hash owned by another block is left alone (returns false). REQUIRES: ref_count(id) > 0.
+  bool register_partial(BlockId id, BlockHash hash);
+  // The block whose partial entry is `hash`, with a reference taken (as lookup_cached), or nullopt.
+  std::optional<BlockId> lookup_partial(BlockHash hash);
+  int64_t num_partial_entries() const { return static_cast<int64_t>(partial_to_block_.size()); }
+
+  // Forgets every registered hash, partial ones included (weight update, explicit reset). Blocks
+  // and refs are unchanged.
   void reset_prefix_cache();
 
   int64_t num_cached_hashes() const { return static_cast<int64_t>(hash_to_block_.size()); }
@@ -81,6 +93,8 @@ class BlockAllocator {
   std::vector<BlockId> next_;
   std::vector<std::optional<BlockHash>> block_hash_;
   std::unordered_map<BlockHash, BlockId> hash_to_block_;
+  std::vector<std::optional<BlockHash>> block_partial_;
+  std::unordered_map<BlockHash, BlockId> partial_to_block_;
   BlockId free_head_ = -1;
   BlockId free_tail_ = -1;
   int32_t num_free_ = 0;

@@ -130,20 +130,34 @@ INSTANTIATE_TEST_SUITE_P(Models, EngineVsFullForwardTest,
 // fp32 on the device: the paged, continuously batched, chunked engine against the plain full
 // forward of the same device model (cuBLAS may pick other algorithms per shape: 2e-3).
 // A later turn (the earlier prompt, its reply as sampled, new text) prefills only what the cache
-// cannot hold: every full block of the earlier sequence, generated ones included, is a hit.
-TEST(LlmEngineTest, ALaterTurnReusesTheEarlierTurnsGeneratedBlocks) {
+// cannot hold: every id the earlier sequence computed is a hit, its full blocks and its unfilled
+// last block (copied), and the later turn's logits are the full forward's.
+TEST(LlmEngineTest, ALaterTurnReusesEveryIdTheEarlierTurnComputed) {
   EngineConfig cfg = test::test_engine_config("llama");
   LlmEngine eng(cfg);
+  std::map<LogitsKey, at::Tensor> seen;
+  eng.set_logits_observer([&](const std::string& id, int32_t, int64_t pos, const at::Tensor& l) {
+    seen[{id, pos}] = l.clone();
+  });
   std::mt19937 rng(4);
-  GenerateRequest first = greedy("t1", random_tokens(rng, 23), 30);
+  GenerateRequest first = greedy("t1", random_tokens(rng, 23), 29);
   const RequestOutput a = eng.generate({first}).at(0);
-  ASSERT_EQ(a.outputs[0].token_ids.size(), 30u);
+  ASSERT_EQ(a.outputs[0].token_ids.size(), 29u);
   GenerateRequest second = greedy("t2", first.prompt_token_ids, 5);
   for (int32_t t : a.outputs[0].token_ids) second.prompt_token_ids.push_back(t);
   for (int32_t t : random_tokens(rng, 9)) second.prompt_token_ids.push_back(t);
   const RequestOutput b = eng.generate({second}).at(0);
-  // 23 + 30 ids, the last sampled one never fed: 52 computed, 13 full blocks of 4.
-  EXPECT_EQ(b.num_cached_tokens, (23 + 30 - 1) / cfg.block_size * cfg.block_size);
+  // 23 + 29 ids, the last sampled one never fed: 51 computed, 12 full blocks of 4 and 3 ids.
+  ASSERT_EQ(cfg.block_size, 4);
+  EXPECT_EQ(b.num_cached_tokens, 23 + 29 - 1);
+  std::vector<int32_t> tokens = b.prompt_token_ids;
+  for (int32_t t : b.outputs[0].token_ids) {
+    const int64_t pos = static_cast<int64_t>(tokens.size());
+    ASSERT_TRUE(seen.count({"t2", pos}));
+    test::expect_tensor_near(seen[{"t2", pos}], full_forward_last(eng.model(), tokens), 1e-4);
+    tokens.push_back(t);
+  }
+  EXPECT_EQ(eng.scheduler().allocator().num_free_blocks(), cfg.num_kv_blocks);
 }
 
 TEST(CudaEngineTest, PagedContinuousBatchingMatchesFullForwardOnCuda) {

@@ -153,6 +153,46 @@ TEST(SchedulerTest, ReusesCachedPrefixBlocksAndComputesAtLeastTheLastToken) {
   EXPECT_EQ(b->num_cached_prompt_tokens, 8);
 }
 
+// The next turn of a conversation: a prompt of the earlier sequence's ids and more reuses every
+// id the earlier one computed (all but its last sample), its unfilled last block by a copy.
+TEST(SchedulerTest, ALaterTurnReusesTheEarlierTurnsPartialLastBlockByACopy) {
+  Harness h(small_config());
+  std::mt19937 rng(5);
+  Sequence* a = h.add(10, 4);  // 13 ids computed at the end: 3 full blocks and 1 of 4
+  while (h.sched.has_work()) h.step(rng);
+  ASSERT_EQ(a->status, SeqStatus::kFinished);
+  ASSERT_EQ(a->tokens.size(), 14u);
+  EXPECT_EQ(h.sched.allocator().num_partial_entries(), 1);
+  Sequence* b = h.add(20, 1);
+  b->tokens = a->tokens;  // the earlier turn as sampled, then new text
+  for (int i = 0; i < 6; ++i) b->tokens.push_back(900 + i);
+  b->request->prompt = b->tokens;
+  auto out = h.step(rng);
+  ASSERT_EQ(out.seqs.size(), 1u);
+  EXPECT_EQ(out.seqs[0].start, 13) << "3 full blocks and the 1 computed id of the fourth";
+  EXPECT_EQ(b->num_cached_prompt_tokens, 13);
+  ASSERT_EQ(out.block_copies.size(), 1u) << "the partial block is copied, never written in place";
+  EXPECT_NE(out.block_copies[0].first, out.block_copies[0].second);
+  EXPECT_EQ(b->block_table[3], out.block_copies[0].second);
+  h.check();
+  // A prompt that differs inside the partial block gets the full blocks only.
+  Sequence* c = h.add(20, 1);
+  c->tokens.assign(a->tokens.begin(), a->tokens.begin() + 12);
+  c->tokens.push_back(a->tokens[12] + 1);
+  for (int i = 0; i < 4; ++i) c->tokens.push_back(950 + i);
+  c->request->prompt = c->tokens;
+  out = h.step(rng);
+  bool found = false;
+  for (const auto& s : out.seqs) {
+    if (s.seq != c) continue;
+    found = true;
+    EXPECT_EQ(s.start, 12);
+  }
+  EXPECT_TRUE(found);
+  while (h.sched.has_work()) h.step(rng);
+  h.check();
+}
+
 TEST(SchedulerTest, PostprocessForksAtTheFirstSampleAndFinishesAtMaxTokens) {
   SchedulerConfig c;
   c.block_size = 4;

@@ -236,6 +236,33 @@ TEST(BlockAllocatorTest, ResetPrefixCacheForgetsHashes) {
   a.check_invariants();
 }
 
+// A partial entry (a finished turn's last, unfilled block) lives beside the block's full hash:
+// one per block, revived by a hit, evicted with the block, forgotten by a reset.
+TEST(BlockAllocatorTest, PartialEntryIsRevivedByAHitAndEvictedWithItsBlock) {
+  BlockAllocator a(3);
+  const BlockId tail = *a.allocate();
+  ASSERT_TRUE(a.register_partial(tail, 41));
+  EXPECT_FALSE(a.register_partial(tail, 42)) << "a block keeps its first partial entry";
+  const BlockId other = *a.allocate();
+  EXPECT_FALSE(a.register_partial(other, 41)) << "the hash belongs to another block";
+  EXPECT_FALSE(a.lookup_cached(41).has_value()) << "partial and full entries are apart";
+  a.release(other);
+  a.release(tail);  // free list: 2, other, tail
+  a.check_invariants();
+  EXPECT_EQ(a.lookup_partial(41), std::optional<BlockId>(tail));
+  EXPECT_EQ(a.ref_count(tail), 1);
+  a.release(tail);  // free list: 2, other, tail
+  EXPECT_EQ(allocate_n(a, 2), (std::vector<BlockId>{2, other}));
+  EXPECT_EQ(a.num_partial_entries(), 1);
+  EXPECT_EQ(a.allocate(), std::optional<BlockId>(tail));
+  EXPECT_EQ(a.num_partial_entries(), 0) << "reusing the block evicts its entry";
+  EXPECT_FALSE(a.lookup_partial(41).has_value());
+  ASSERT_TRUE(a.register_partial(tail, 43));
+  a.reset_prefix_cache();
+  EXPECT_FALSE(a.lookup_partial(43).has_value());
+  a.check_invariants();
+}
+
 TEST(BlockAllocatorTest, HashBlockIsDeterministicAndSensitiveToEveryInput) {
   const std::vector<int32_t> t = {5, 17, 3, 99};
   const BlockHash base = BlockAllocator::hash_block(123, t.data(), 4, 7);
