@@ -174,6 +174,9 @@ Runner register_bench(CLI::App& app) {
   bench::add_rollout_flags(*rollout, *opts);
   auto e2e = std::make_shared<bench::RlBenchOptions>();
   bench::add_rl_bench_flags(*rollout, *e2e);
+  // Never parsed here: main() turns `bench rollout --multi-turn` into `bench multi-turn`.
+  rollout->add_flag("--multi-turn", "multi-turn rollouts with tool latency against the turn-synchronous "
+                                    "baseline: the same as `bench multi-turn` (see its --help for its flags)");
   auto* sync = cmd->add_subcommand(
       "sync", "weight sync: bucket mode vs the per-tensor baseline vs one raw broadcast");
   sync->add_option("--shapes", sf->shapes, "model presets, comma-separated")->capture_default_str();

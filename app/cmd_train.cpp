@@ -212,6 +212,10 @@ Runner register_train(CLI::App& app) {
   cmd->add_option("--env-digits", o.env_options.calculator_digits,
                   "--env calculator: digits of each operand")
       ->capture_default_str();
+  cmd->add_option("--env-operands", o.env_options.calculator_operands,
+                  "--env calculator: operands of each task (N: N - 1 add calls, N turns)")
+      ->capture_default_str()
+      ->check(CLI::Range(2, 8));
   cmd->add_option("--rollout-timeout", f->rollout_timeout_s,
                   "seconds a train rank waits for one step's rollouts")->capture_default_str();
   cmd->add_option("--inject-fault", o.fault, "tests only: die-at-step:RANK:STEP")->group("");

@@ -5,6 +5,7 @@
 #include <malloc.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstring>
 #include <vector>
@@ -50,6 +51,15 @@ int main(int argc, char** argv) {
   static char train[] = "train";
   if (argc > 1 && std::strncmp(argv[1], "--", 2) == 0 && std::strcmp(argv[1], "--help") != 0) {
     args.insert(args.begin() + 1, train);
+  }
+  // `bench rollout --multi-turn ...` is `bench multi-turn ...` (its own flags).
+  static char multi_turn[] = "multi-turn";
+  if (args.size() > 2 && std::strcmp(args[1], "bench") == 0 && std::strcmp(args[2], "rollout") == 0) {
+    auto flag = std::find_if(args.begin() + 3, args.end(), [](char* a) { return std::strcmp(a, "--multi-turn") == 0; });
+    if (flag != args.end()) {
+      args.erase(flag);
+      args[2] = multi_turn;
+    }
   }
   argc = static_cast<int>(args.size());
   args.push_back(nullptr);

@@ -22,7 +22,7 @@ namespace {
 struct ModeResult {
   double seconds = 0;
   int64_t episodes = 0, turns = 0, gen_tokens = 0, tool_calls = 0, tool_errors = 0, env_errors = 0;
-  int64_t later_prompt = 0, later_cached = 0;  // turns after the first
+  int64_t later_prompt = 0, later_cached = 0, later_held = 0;  // turns after the first
   int64_t trajectory_tokens = 0, per_turn_tokens = 0;
 };
 
@@ -50,6 +50,7 @@ ModeResult run_mode(trainer::EpisodeRunner& runner, const MultiTurnBenchOptions&
     while (first_prompt < static_cast<int64_t>(ep.mask.size()) && ep.mask[first_prompt] == 0) ++first_prompt;
     r.later_prompt += ep.later_prompt_tokens;
     r.later_cached += ep.later_cached_tokens;
+    r.later_held += ep.later_held_tokens;
     for (const auto& s : trainer::episode_samples(ep, 0.0)) {
       r.trajectory_tokens += static_cast<int64_t>(s.prompt_ids.size() + s.completion_ids.size());
     }
@@ -67,6 +68,14 @@ void add_multi_turn_bench_flags(CLI::App& cmd, MultiTurnBenchOptions& o) {
   cmd.add_option("--env", o.env, "environment: calculator or a command (as the RL job's --env)")
       ->capture_default_str();
   cmd.add_option("--episodes", o.episodes, "episodes per mode")->capture_default_str();
+  cmd.add_option("--env-operands", o.operands, "--env calculator: operands per task (N turns)")
+      ->capture_default_str()
+      ->check(CLI::Range(2, 8));
+  cmd.add_option("--concurrency", o.concurrency,
+                 "episodes in flight at most (environment instances; 0: all at once): async starts "
+                 "one as one ends, the baseline plays waves of this many")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd.add_option("--max-turns", o.max_turns, "assistant turns per episode at most")->capture_default_str();
   cmd.add_option("--max-tokens", o.max_tokens, "tokens per assistant turn at most")->capture_default_str();
   cmd.add_option("--max-episode-tokens", o.max_episode_tokens, "ids per episode at most")
@@ -83,6 +92,7 @@ void add_multi_turn_bench_flags(CLI::App& cmd, MultiTurnBenchOptions& o) {
 int run_multi_turn_bench(const MultiTurnBenchOptions& o) {
   trainer::EnvOptions eo;
   eo.seed = o.seed;
+  eo.calculator_operands = o.operands;
   if (std::sscanf(o.latency.c_str(), "%d-%d", &eo.latency_min_ms, &eo.latency_max_ms) != 2) {
     throw std::invalid_argument("--latency must be MIN-MAX in ms, e.g. 50-500; got '" + o.latency + "'");
   }
@@ -106,14 +116,15 @@ int run_multi_turn_bench(const MultiTurnBenchOptions& o) {
   mo.max_turns = o.max_turns;
   mo.max_tokens_per_turn = o.max_tokens;
   mo.max_episode_tokens = o.max_episode_tokens;
+  mo.max_in_flight = o.concurrency;
   trainer::MultiTurnOptions so = mo;
   so.turn_synchronous = true;
   trainer::EpisodeRunner async_runner(*loop, *env, chat, *tok, prefix, format, mo);
   trainer::EpisodeRunner sync_runner(*loop, *env, chat, *tok, prefix, format, so);
   fmt::print("bench multi-turn: {} episodes of {} (tool calls: {}), up to {} turns x {} tokens, "
-             "model {}, {} engine threads\n",
+             "{} in flight, model {}, {} engine threads\n",
              o.episodes, env->name(), text::tool_call_format_name(format), o.max_turns, o.max_tokens,
-             ec.model_dir, o.threads);
+             o.concurrency > 0 ? std::to_string(o.concurrency) : std::string("all"), ec.model_dir, o.threads);
   {  // warm-up (threads, allocator, caches), not reported
     MultiTurnBenchOptions w = o;
     w.episodes = std::min<int32_t>(8, o.episodes);
@@ -137,13 +148,17 @@ int run_multi_turn_bench(const MultiTurnBenchOptions& o) {
   }
   loop->stop();
   fmt::print("| mode | seconds | episodes/s | gen tok/s | turns/episode | tool calls | tool errors | "
-             "env errors | later-turn prompt tokens cached |\n|---|---|---|---|---|---|---|---|---|\n");
+             "env errors | later-turn prompt cached | of it seen before |\n"
+             "|---|---|---|---|---|---|---|---|---|---|\n");
+  auto pct = [](int64_t num, int64_t den) { return den > 0 ? 100.0 * num / den : 0.0; };
   for (const auto& [name, r] : {std::pair<const char*, const ModeResult&>{"async", a}, {"turn-synchronous", s}}) {
-    fmt::print("| {} | {:.2f} | {:.2f} | {:.0f} | {:.2f} | {} | {} | {} | {:.1f}% |\n", name, r.seconds,
-               r.episodes / r.seconds, r.gen_tokens / r.seconds,
+    fmt::print("| {} | {:.2f} | {:.2f} | {:.0f} | {:.2f} | {} | {} | {} | {:.1f}% | {:.1f}% |\n", name,
+               r.seconds, r.episodes / r.seconds, r.gen_tokens / r.seconds,
                static_cast<double>(r.turns) / std::max<int64_t>(1, r.episodes), r.tool_calls, r.tool_errors,
-               r.env_errors, r.later_prompt > 0 ? 100.0 * r.later_cached / r.later_prompt : 0.0);
+               r.env_errors, pct(r.later_cached, r.later_prompt), pct(r.later_cached, r.later_held));
   }
+  fmt::print("later turns (async): {} prompt ids, {} of them the earlier turns' (seen before), {} served "
+             "by the prefix cache\n", a.later_prompt, a.later_held, a.later_cached);
   fmt::print("async / turn-synchronous throughput: {:.2f}x (episodes/s)\n",
              (a.episodes / a.seconds) / std::max(1e-9, s.episodes / s.seconds));
   fmt::print("trainer tokens: {} as one sample per trajectory, {} packed per turn ({:.2f}x fewer)\n",

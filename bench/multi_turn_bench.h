@@ -7,6 +7,10 @@
 //                     engine decodes the others while one waits (EpisodeRunner's mode in the job);
 //   turn-synchronous  every episode's turn k + 1 waits for turn k of all of them and the slowest
 //                     tool call (MultiTurnOptions::turn_synchronous).
+// With --concurrency C (environment instances: episodes in flight at most) the async mode starts
+// an episode as soon as one ends and the baseline plays waves of C in lockstep. Both modes wait
+// the same latency at the same step of a task (DelayedEnv keys it by task and step).
+// `colocated-rl bench rollout --multi-turn ...` is the same command.
 // Reports wall time, generated tokens/s and episodes/s of each, their ratio, turns per episode,
 // the share of later turns' prompt tokens served by the prefix cache, and the trainer tokens per
 // trajectory (one sample per segment) against per-turn packing (one sample per turn: its prompt
@@ -27,6 +31,8 @@ struct MultiTurnBenchOptions {
   std::string model_dir;        // empty: the embedded default
   std::string env = "calculator";
   int32_t episodes = 64;
+  int32_t operands = 2;         // the calculator's operands per task (N turns)
+  int32_t concurrency = 0;      // episodes in flight at most (0: all at once)
   int32_t max_turns = 4;
   int32_t max_tokens = 64;      // per turn
   int32_t max_episode_tokens = 384;

@@ -58,25 +58,33 @@ ojson tool_message(const ojson& call, const std::string& content) {
 }  // namespace
 
 CalculatorEnv::CalculatorEnv(const EnvOptions& options)
-    : seed_(options.seed), digits_(options.calculator_digits) {
+    : seed_(options.seed), digits_(options.calculator_digits), num_operands_(options.calculator_operands) {
   if (digits_ < 1 || digits_ > 9) {
     throw std::invalid_argument("calculator digits must be in [1, 9], got " + std::to_string(digits_));
   }
+  if (num_operands_ < 2 || num_operands_ > 8) {
+    throw std::invalid_argument("calculator operands must be in [2, 8], got " + std::to_string(num_operands_));
+  }
 }
 
-std::pair<int64_t, int64_t> CalculatorEnv::operands(EnvSplit split, int64_t index) const {
+std::vector<int64_t> CalculatorEnv::operands(EnvSplit split, int64_t index) const {
   int64_t lo = 1;
   for (int32_t i = 1; i < digits_; ++i) lo *= 10;
-  const int64_t span = lo * 9;  // [lo, 10 lo)
-  const uint64_t h = splitmix(seed_ * 0x100000001b3ULL + (split == EnvSplit::kEval ? 1 : 0) +
-                              2 * static_cast<uint64_t>(index));
-  const int64_t a = lo + static_cast<int64_t>(h % static_cast<uint64_t>(span));
-  const int64_t b = lo + static_cast<int64_t>(splitmix(h) % static_cast<uint64_t>(span));
-  return {a, b};
+  const uint64_t span = static_cast<uint64_t>(lo) * 9;  // [lo, 10 lo)
+  uint64_t h = splitmix(seed_ * 0x100000001b3ULL + (split == EnvSplit::kEval ? 1 : 0) +
+                        2 * static_cast<uint64_t>(index));
+  std::vector<int64_t> out;
+  for (int32_t i = 0; i < num_operands_; ++i) {
+    out.push_back(lo + static_cast<int64_t>(h % span));
+    h = splitmix(h);
+  }
+  return out;
 }
 
-std::string CalculatorEnv::question(int64_t a, int64_t b) {
-  return "Question: what is " + std::to_string(a) + " plus " + std::to_string(b) + "?";
+std::string CalculatorEnv::question(const std::vector<int64_t>& operands) {
+  std::string q = "Question: what is ";
+  for (size_t i = 0; i < operands.size(); ++i) q += (i ? " plus " : "") + std::to_string(operands[i]);
+  return q + "?";
 }
 
 ojson CalculatorEnv::tools() {
@@ -86,19 +94,21 @@ ojson CalculatorEnv::tools() {
 }
 
 EnvReply CalculatorEnv::reset(const std::string& episode_id, EnvSplit split, int64_t index) {
-  auto ab = operands(split, index);
+  const std::vector<int64_t> v = operands(split, index);
+  int64_t sum = 0;
+  for (int64_t x : v) sum += x;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    episodes_[episode_id] = ab;
+    episodes_[episode_id] = sum;
   }
   EnvReply r;
-  r.messages = ojson::array({{{"role", "user"}, {"content", question(ab.first, ab.second)}}});
+  r.messages = ojson::array({{{"role", "user"}, {"content", question(v)}}});
   r.tools = tools();
   return r;
 }
 
 EnvReply CalculatorEnv::step(const std::string& episode_id, const ojson& assistant) {
-  std::pair<int64_t, int64_t> ab;
+  int64_t sum = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = episodes_.find(episode_id);
@@ -108,7 +118,7 @@ EnvReply CalculatorEnv::step(const std::string& episode_id, const ojson& assista
       r.error = "env_malformed: step of unknown episode '" + episode_id + "'";
       return r;
     }
-    ab = it->second;
+    sum = it->second;
   }
   EnvReply r;
   const ojson calls = assistant.contains("tool_calls") && assistant["tool_calls"].is_array()
@@ -119,7 +129,7 @@ EnvReply CalculatorEnv::step(const std::string& episode_id, const ojson& assista
     const std::string content =
         assistant.contains("content") && assistant["content"].is_string() ? assistant["content"].get<std::string>() : "";
     r.done = true;
-    r.correct = first_integer(content, &got) && got == ab.first + ab.second;
+    r.correct = first_integer(content, &got) && got == sum;
     r.reward = r.correct ? 1.0 : 0.0;
     close(episode_id);
     return r;
@@ -148,16 +158,20 @@ void CalculatorEnv::close(const std::string& episode_id) {
   episodes_.erase(episode_id);
 }
 
-ojson CalculatorEnv::demonstration(EnvSplit split, int64_t index) const {
-  auto [a, b] = operands(split, index);
-  ojson call = {{"id", "call_0"},
-                {"type", "function"},
-                {"function", {{"name", "add"}, {"arguments", {{"a", a}, {"b", b}}}}}};
-  ojson messages = ojson::array({{{"role", "user"}, {"content", question(a, b)}},
-                       {{"role", "assistant"}, {"content", ""}, {"tool_calls", ojson::array({call})}},
-                       {{"role", "tool"}, {"tool_call_id", "call_0"}, {"name", "add"},
-                        {"content", std::to_string(a + b)}},
-                       {{"role", "assistant"}, {"content", std::to_string(a + b)}}});
+ojson CalculatorEnv::demonstration(EnvSplit split, int64_t index) {
+  const std::vector<int64_t> v = operands(split, index);
+  ojson messages = ojson::array({{{"role", "user"}, {"content", question(v)}}});
+  int64_t sum = v[0];
+  for (size_t i = 1; i < v.size(); ++i) {  // one add a turn: the running sum and the next operand
+    const std::string id = "call_" + std::to_string(i - 1);
+    ojson call = {{"id", id},
+                  {"type", "function"},
+                  {"function", {{"name", "add"}, {"arguments", {{"a", sum}, {"b", v[i]}}}}}};
+    sum += v[i];
+    messages.push_back({{"role", "assistant"}, {"content", ""}, {"tool_calls", ojson::array({call})}});
+    messages.push_back({{"role", "tool"}, {"tool_call_id", id}, {"name", "add"}, {"content", std::to_string(sum)}});
+  }
+  messages.push_back({{"role", "assistant"}, {"content", std::to_string(sum)}});
   return {{"messages", std::move(messages)}, {"tools", tools()}};
 }
 

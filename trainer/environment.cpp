@@ -41,20 +41,47 @@ std::string DelayedEnv::name() const {
 }
 
 EnvReply DelayedEnv::reset(const std::string& episode_id, EnvSplit split, int64_t index) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    steps_[episode_id] = {split, index, 0};
+  }
   return inner_->reset(episode_id, split, index);
 }
 
-EnvReply DelayedEnv::step(const std::string& episode_id, const nlohmann::ordered_json& assistant) {
-  // Seeded by the episode and the assistant's message, so a run's delays repeat.
-  const uint64_t h = std::hash<std::string>{}(episode_id + assistant.dump()) ^ (seed_ * 0x9e3779b97f4a7c15ULL);
-  const int32_t span = max_ms_ - min_ms_ + 1;
-  std::this_thread::sleep_for(std::chrono::milliseconds(min_ms_ + static_cast<int32_t>(h % span)));
-  return inner_->step(episode_id, assistant);
+int32_t DelayedEnv::step_latency_ms(EnvSplit split, int64_t index, int64_t step) const {
+  uint64_t h = (static_cast<uint64_t>(index) * 2 + (split == EnvSplit::kEval ? 1 : 0)) * 1000003ULL +
+               static_cast<uint64_t>(step);
+  h = (h ^ (seed_ * 0x9e3779b97f4a7c15ULL)) + 0x9e3779b97f4a7c15ULL;  // splitmix64
+  h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  h = (h ^ (h >> 27)) * 0x94d049bb133111ebULL;
+  h ^= h >> 31;
+  return min_ms_ + static_cast<int32_t>(h % static_cast<uint64_t>(max_ms_ - min_ms_ + 1));
 }
 
-void DelayedEnv::close(const std::string& episode_id) { inner_->close(episode_id); }
+EnvReply DelayedEnv::step(const std::string& episode_id, const nlohmann::ordered_json& assistant) {
+  int32_t ms = max_ms_;  // an episode it never saw reset: the longest wait
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = steps_.find(episode_id);
+    if (it != steps_.end()) ms = step_latency_ms(it->second.split, it->second.index, it->second.steps++);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  EnvReply r = inner_->step(episode_id, assistant);
+  if (r.done || !r.error.empty()) forget(episode_id);
+  return r;
+}
 
-nlohmann::ordered_json DelayedEnv::demonstration(EnvSplit split, int64_t index) const {
+void DelayedEnv::close(const std::string& episode_id) {
+  forget(episode_id);
+  inner_->close(episode_id);
+}
+
+void DelayedEnv::forget(const std::string& episode_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  steps_.erase(episode_id);
+}
+
+nlohmann::ordered_json DelayedEnv::demonstration(EnvSplit split, int64_t index) {
   return inner_->demonstration(split, index);
 }
 

@@ -22,7 +22,9 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 
@@ -44,6 +46,8 @@ struct EnvReply {
   // Set when the environment failed: "env_died: ...", "env_timeout: ..." or "env_malformed: ..."
   // (the kind before the colon). The episode ends with reward 0.
   std::string error;
+  // op "demonstration" (ProcessEnv): {"messages", "tools"} or null.
+  nlohmann::ordered_json demonstration = nullptr;
 };
 
 // The kind of an EnvReply::error: its text before the first ':'.
@@ -62,8 +66,8 @@ class Environment {
   virtual void close(const std::string& episode_id) { (void)episode_id; }
   // A worked episode for task `index`, for a supervised warm-up: {"messages": [user, assistant
   // tool calls, tool results, the final answer], "tools": the reset's tools}; null when the
-  // environment has none.
-  virtual nlohmann::ordered_json demonstration(EnvSplit split, int64_t index) const {
+  // environment has none. Throws std::runtime_error when the environment fails to answer.
+  virtual nlohmann::ordered_json demonstration(EnvSplit split, int64_t index) {
     (void)split;
     (void)index;
     return nullptr;
@@ -77,8 +81,11 @@ struct EnvOptions {
   std::chrono::milliseconds timeout{30000};
   // The built-in calculator: digits of each operand.
   int32_t calculator_digits = 4;
-  // Injected latency of every step, uniform in [min, max] ms, seeded by the episode and its step
-  // count (`bench multi-turn`: tools that take time); 0, 0: none.
+  // The built-in calculator: operands of each task (N: N - 1 tool calls, N turns).
+  int32_t calculator_operands = 2;
+  // Injected latency of every step, uniform in [min, max] ms, seeded by the task index and the
+  // step count, so two runs of the same tasks wait the same (`bench multi-turn`: tools that take
+  // time); 0, 0: none.
   int32_t latency_min_ms = 0;
   int32_t latency_max_ms = 0;
 };
@@ -91,12 +98,25 @@ class DelayedEnv : public Environment {
   EnvReply reset(const std::string& episode_id, EnvSplit split, int64_t index) override;
   EnvReply step(const std::string& episode_id, const nlohmann::ordered_json& assistant) override;
   void close(const std::string& episode_id) override;
-  nlohmann::ordered_json demonstration(EnvSplit split, int64_t index) const override;
+  nlohmann::ordered_json demonstration(EnvSplit split, int64_t index) override;
+
+  // The wait of step `step` (0 first) of task `index` of `split`: the same in every run, whatever
+  // the episode's id or the model's words.
+  int32_t step_latency_ms(EnvSplit split, int64_t index, int64_t step) const;
 
  private:
+  struct Open {
+    EnvSplit split;
+    int64_t index;
+    int64_t steps;
+  };
+  void forget(const std::string& episode_id);
+
   std::unique_ptr<Environment> inner_;
   uint64_t seed_;
   int32_t min_ms_, max_ms_;
+  std::mutex mu_;
+  std::map<std::string, Open> steps_;  // guarded by mu_
 };
 
 // "calculator" or a command line (see the top of this file). Throws std::invalid_argument for an

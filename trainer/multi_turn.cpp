@@ -20,8 +20,9 @@ using Clock = std::chrono::steady_clock;
 
 // One episode in flight.
 struct Live {
-  enum class Phase { kEnv, kEngine, kReady, kDone };  // kReady: waits for the turn's barrier
-  Phase phase = Phase::kEnv;
+  // kPending: not started (the in-flight cap); kReady: waits for the turn's barrier.
+  enum class Phase { kPending, kEnv, kEngine, kReady, kDone };
+  Phase phase = Phase::kPending;
   std::unique_ptr<text::ChatTrajectory> traj;
   ojson messages = ojson::array();
   Episode ep;
@@ -30,6 +31,7 @@ struct Live {
   ojson errors_after = ojson::array();  // error observations to append after the env's messages
   std::shared_ptr<engine::RequestChannel> channel;
   uint64_t seen = 0;
+  int64_t held = 0;  // ids of the last request's prompt and reply: what the engine has seen
   Clock::time_point submitted;
 };
 
@@ -60,13 +62,29 @@ EpisodeRunner::EpisodeRunner(engine::EngineLoop& loop, Environment& env,
   if (o_.max_turns < 1 || o_.max_tokens_per_turn < 1 || o_.max_episode_tokens < 1) {
     throw std::invalid_argument("--max-turns, --max-tokens and --max-episode-tokens must be >= 1");
   }
+  if (o_.max_in_flight < 0) throw std::invalid_argument("episodes in flight must be >= 0 (0: all)");
 }
 
 void EpisodeRunner::run(const std::vector<EpisodeSpec>& specs,
                         const std::function<void(size_t, Episode&)>& on_finished,
                         const std::function<void()>& between) {
   std::vector<Live> live(specs.size());
-  size_t finished = 0;
+  size_t finished = 0, started = 0;
+  const size_t cap = o_.max_in_flight > 0 ? static_cast<size_t>(o_.max_in_flight) : specs.size();
+  auto start = [&](size_t i) {
+    Live& l = live[i];
+    l.phase = Live::Phase::kEnv;
+    Environment* env = &env_;
+    const EpisodeSpec s = specs[i];
+    l.env = std::async(std::launch::async, [env, s] { return env->reset(s.id, s.split, s.index); });
+    ++started;
+  };
+  // Up to the cap: an episode starts as soon as one ends, or, turn-synchronously, a wave of `cap`
+  // starts once the last one has ended.
+  auto start_more = [&] {
+    if (o_.turn_synchronous && finished < started) return;
+    while (started < specs.size() && started - finished < cap) start(started);
+  };
   auto finish = [&](size_t i, const std::string& end) {
     Live& l = live[i];
     if (l.traj) {
@@ -80,6 +98,7 @@ void EpisodeRunner::run(const std::vector<EpisodeSpec>& specs,
     l.channel.reset();
     ++finished;
     on_finished(i, l.ep);
+    start_more();
   };
   auto submit = [&](size_t i) {
     Live& l = live[i];
@@ -159,10 +178,13 @@ void EpisodeRunner::run(const std::vector<EpisodeSpec>& specs,
                                " failed: " + out.error);
     }
     const engine::CompletionOutput& c = out.outputs.at(0);
+    const int64_t prompt = static_cast<int64_t>(out.prompt_token_ids.size());
     if (l.ep.turns > 0) {
-      l.ep.later_prompt_tokens += static_cast<int64_t>(out.prompt_token_ids.size());
+      l.ep.later_prompt_tokens += prompt;
       l.ep.later_cached_tokens += out.num_cached_tokens;
+      l.ep.later_held_tokens += std::min(l.held, prompt);
     }
+    l.held = prompt + static_cast<int64_t>(c.token_ids.size());
     // Ids past the tokenizer's vocabulary (a model's padded embeddings) have no text.
     std::vector<int32_t> known;
     for (int32_t id : c.token_ids) {
@@ -186,12 +208,7 @@ void EpisodeRunner::run(const std::vector<EpisodeSpec>& specs,
     step_env(i, message);
   };
 
-  for (size_t i = 0; i < specs.size(); ++i) {
-    Environment* env = &env_;
-    const EpisodeSpec s = specs[i];
-    live[i].env = std::async(std::launch::async,
-                             [env, s] { return env->reset(s.id, s.split, s.index); });
-  }
+  start_more();
   while (finished < specs.size()) {
     bool progress = false;
     for (size_t i = 0; i < live.size(); ++i) {

@@ -56,6 +56,10 @@ struct MultiTurnOptions {
   // waits for the slowest tool call). Off: an episode's next turn starts as soon as its own
   // environment answered.
   bool turn_synchronous = false;
+  // Episodes in flight at most (environment instances, sandboxes); 0: every episode at once. The
+  // next episode starts as one ends; turn-synchronously, a wave of this many starts once the last
+  // wave has ended.
+  int32_t max_in_flight = 0;
 };
 
 // Where an episode is played: its id (unique in the job), task and sampling.
@@ -84,6 +88,9 @@ struct Episode {
   // tokens the engine's prefix cache served.
   int64_t later_prompt_tokens = 0;
   int64_t later_cached_tokens = 0;
+  // Of those prompts, the ids the engine had already seen: the previous turn's prompt and reply
+  // (the rest is what the turn adds: the tool's answer and the template's text).
+  int64_t later_held_tokens = 0;
   int64_t env_tokens() const;      // mask-0 ids after the first segment's opening prompt
   int64_t model_tokens() const;    // mask-1 ids
 };

@@ -211,7 +211,8 @@ EnvReply ProcessEnv::exchange_now(const ojson& request, bool expect_reply, bool 
   const std::string episode_id = request["episode_id"].get<std::string>();
   const std::string what = request["op"].get<std::string>() + " of episode '" + episode_id + "'";
   const std::string op = request["op"].get<std::string>();
-  if (op != "reset") {
+  const bool demo = op == "demonstration";  // no episode: nothing to check or remember
+  if (op != "reset" && !demo) {
     auto it = born_.find(episode_id);
     int64_t current;
     {
@@ -284,6 +285,19 @@ EnvReply ProcessEnv::exchange_now(const ojson& request, bool expect_reply, bool 
                   excerpt(reply_line));
   }
   EnvReply r;
+  if (demo) {
+    if (!j.contains("episode_id") || j["episode_id"] != episode_id || !j.contains("demonstration")) {
+      return failed("env_malformed: the reply to the " + what + " must name the request's \"episode_id\" " +
+                    "and hold \"demonstration\" (an object, or null): " + excerpt(reply_line));
+    }
+    const ojson& d = j["demonstration"];
+    if (!d.is_null() && (!d.is_object() || !d.contains("messages") || !d["messages"].is_array())) {
+      return failed("env_malformed: the reply to the " + what + ": \"demonstration\" must be null or " +
+                    "{\"messages\": [...], \"tools\": [...]}: " + excerpt(reply_line));
+    }
+    r.demonstration = d;
+    return r;
+  }
   const std::string bad = read_reply(j, episode_id, is_reset, &r);
   if (!bad.empty()) {
     born_.erase(episode_id);
@@ -306,6 +320,15 @@ EnvReply ProcessEnv::reset(const std::string& episode_id, EnvSplit split, int64_
 EnvReply ProcessEnv::step(const std::string& episode_id, const ojson& assistant) {
   ojson q = {{"op", "step"}, {"episode_id", episode_id}, {"message", assistant}};
   return exchange(q, true, false);
+}
+
+ojson ProcessEnv::demonstration(EnvSplit split, int64_t index) {
+  const std::string id = std::string("demo-") + env_split_name(split) + "-" + std::to_string(index);
+  ojson q = {{"op", "demonstration"}, {"episode_id", id}, {"split", env_split_name(split)}, {"index", index}};
+  EnvReply r = exchange(q, true, false);
+  if (!r.error.empty()) throw std::runtime_error("--env " + command_ + ": no demonstration for the warm-up: " + r.error);
+  if (!r.demonstration.is_null() && !r.demonstration.contains("tools")) r.demonstration["tools"] = nullptr;
+  return r.demonstration;
 }
 
 void ProcessEnv::close(const std::string& episode_id) {

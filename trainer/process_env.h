@@ -11,6 +11,11 @@
 //     or {"episode_id": "s3-p1-e2", "done": true, "reward": 1.0, "correct": true}
 //                                                          (correct optional: reward > 0)
 //   {"op": "close", "episode_id": "s3-p1-e2"}             (no reply: the job ended the episode)
+//   {"op": "demonstration", "episode_id": "demo-train-17", "split": "train", "index": 17}
+//     -> {"episode_id": "demo-train-17", "demonstration": {"messages": [user, assistant with
+//         tool_calls, tool, ..., the final assistant answer], "tools": [...]}}
+//     or {"episode_id": "demo-train-17", "demonstration": null}   (none: no SFT warm-up)
+//                                 (asked by the train ranks for the SFT warm-up: --sft-steps > 0)
 // Failures end the episode with a named error and reward 0, and the job goes on:
 //   env_died       the process exited or closed its stdout (it is started again for the next
 //                  reset; the other episodes it held end with env_died at their next step),
@@ -50,6 +55,8 @@ class ProcessEnv : public Environment {
   EnvReply reset(const std::string& episode_id, EnvSplit split, int64_t index) override;
   EnvReply step(const std::string& episode_id, const nlohmann::ordered_json& assistant) override;
   void close(const std::string& episode_id) override;
+  // Throws std::runtime_error naming the error when the process fails to answer.
+  nlohmann::ordered_json demonstration(EnvSplit split, int64_t index) override;
 
   // Processes started so far (the first one included).
   int64_t starts() const;

@@ -96,10 +96,6 @@ void RlOptions::validate() {
           "--micro-batch-tokens ({}) must be at least --max-episode-tokens ({}): a trajectory never "
           "splits across micro-batches", trainer.micro_batch_tokens, multi_turn.max_episode_tokens));
     }
-    if (env != "calculator" && sft_steps > 0) {
-      throw std::invalid_argument("--env " + env + ": an external environment gives no "
-                                  "demonstrations for the SFT warm-up; pass --sft-steps 0");
-    }
     if (!data_path.empty()) {
       throw std::invalid_argument("--env and --data exclude each other: the environment sets the tasks");
     }

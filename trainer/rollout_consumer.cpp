@@ -256,7 +256,10 @@ std::unique_ptr<Trainer> RolloutConsumer::sft(std::unique_ptr<Trainer> tr, const
       if (static_cast<int>(i % c_.ranks.train_total) != c_.ranks.role_global) continue;
       if (env) {
         const nlohmann::ordered_json demo = env->demonstration(EnvSplit::kTrain, picked[i]);
-        if (demo.is_null()) throw std::invalid_argument("--env " + o_.env + " gives no demonstrations");
+        if (demo.is_null()) {
+          throw std::invalid_argument("--env " + o_.env + " gives no demonstration for task " +
+                                      std::to_string(picked[i]) + " (the SFT warm-up needs them; pass --sft-steps 0)");
+        }
         SampleGroup g;
         g.samples.push_back(demonstration_sample(demo["messages"], demo["tools"], *chat, tok, chat_prefix,
                                                  format, static_cast<int32_t>(cfg.eos_token_ids.at(0))));

@@ -35,13 +35,15 @@ TEST(CalculatorEnvTest, ToolAnswersAndTheFinalAnswerIsScored) {
   EnvOptions o;
   o.seed = 5;
   CalculatorEnv env(o);
-  auto [a, b] = env.operands(EnvSplit::kTrain, 7);
+  const std::vector<int64_t> ab = env.operands(EnvSplit::kTrain, 7);
+  ASSERT_EQ(ab.size(), 2u);
+  const int64_t a = ab[0], b = ab[1];
   EXPECT_GE(a, 1000);
   EXPECT_LT(a, 10000);
   EXPECT_NE(env.operands(EnvSplit::kEval, 7), env.operands(EnvSplit::kTrain, 7));
   EnvReply r = env.reset("e", EnvSplit::kTrain, 7);
   ASSERT_EQ(r.messages.size(), 1u);
-  EXPECT_EQ(r.messages[0]["content"], CalculatorEnv::question(a, b));
+  EXPECT_EQ(r.messages[0]["content"], "Question: what is " + std::to_string(a) + " plus " + std::to_string(b) + "?");
   EXPECT_TRUE(r.tools.is_array());
   r = env.step("e", assistant("", call_add(a, std::to_string(b))));  // a numeric string is accepted
   EXPECT_FALSE(r.done);
@@ -68,6 +70,63 @@ TEST(CalculatorEnvTest, ToolAnswersAndTheFinalAnswerIsScored) {
   EXPECT_EQ(demo["messages"][3]["content"], std::to_string(a + b));
 }
 
+// Three operands: the same first two, and a demonstration that adds one operand a turn (two
+// calls, then the answer: three turns).
+TEST(CalculatorEnvTest, ThreeOperandsTakeTwoCallsAndThreeTurns) {
+  EnvOptions o;
+  o.seed = 5;
+  CalculatorEnv two(o);
+  o.calculator_operands = 3;
+  CalculatorEnv env(o);
+  const std::vector<int64_t> v = env.operands(EnvSplit::kTrain, 7);
+  ASSERT_EQ(v.size(), 3u);
+  EXPECT_EQ(std::vector<int64_t>(v.begin(), v.begin() + 2), two.operands(EnvSplit::kTrain, 7));
+  EnvReply r = env.reset("e", EnvSplit::kTrain, 7);
+  EXPECT_EQ(r.messages[0]["content"], CalculatorEnv::question(v));
+  EXPECT_NE(r.messages[0]["content"].get<std::string>().find(" plus " + std::to_string(v[2]) + "?"),
+            std::string::npos);
+  ojson demo = env.demonstration(EnvSplit::kTrain, 7);
+  ASSERT_EQ(demo["messages"].size(), 6u);  // user, call, tool, call, tool, answer
+  EXPECT_EQ(demo["messages"][3]["tool_calls"][0]["function"]["arguments"]["a"], v[0] + v[1]);
+  EXPECT_EQ(demo["messages"][3]["tool_calls"][0]["function"]["arguments"]["b"], v[2]);
+  // The demonstration plays as an episode: each call's result is the environment's.
+  for (size_t i : {1u, 3u}) {
+    r = env.step("e", demo["messages"][i]);
+    ASSERT_FALSE(r.done);
+    EXPECT_EQ(r.messages[0]["content"], demo["messages"][i + 1]["content"]);
+  }
+  r = env.step("e", demo["messages"][5]);
+  EXPECT_TRUE(r.done);
+  EXPECT_TRUE(r.correct);
+  o.calculator_operands = 1;
+  EXPECT_THROW(CalculatorEnv bad(o), std::invalid_argument);
+}
+
+// Injected latency is keyed by the task and the step, not the episode's id or the words: the
+// bench's two modes wait the same at each step of a task; a step sleeps at least its latency.
+TEST(DelayedEnvTest, ATasksStepsWaitTheSameInEveryRun) {
+  EnvOptions o;
+  o.latency_min_ms = 5;
+  o.latency_max_ms = 60;
+  DelayedEnv env(std::make_unique<CalculatorEnv>(o), o);
+  std::vector<int32_t> want;
+  for (int64_t step = 0; step < 3; ++step) {
+    want.push_back(env.step_latency_ms(EnvSplit::kTrain, 2, step));
+    EXPECT_EQ(want.back(), env.step_latency_ms(EnvSplit::kTrain, 2, step));
+    EXPECT_GE(want.back(), 5);
+    EXPECT_LE(want.back(), 60);
+  }
+  EXPECT_FALSE(want[0] == want[1] && want[1] == want[2]) << "each step draws its own latency";
+  for (const std::string id : {"first", "second-id"}) {
+    env.reset(id, EnvSplit::kTrain, 2);
+    const auto t0 = std::chrono::steady_clock::now();
+    env.step(id, assistant("", call_add(1, 2)));
+    env.step(id, assistant("", call_add(3, 4)));
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+    EXPECT_GE(ms.count(), want[0] + want[1]) << id;
+  }
+}
+
 TEST(ProcessEnvTest, PlaysEpisodesOverJsonLines) {
   auto env = make_environment(test_env(), EnvOptions{});
   EnvReply r = env->reset("e1", EnvSplit::kTrain, 3);
@@ -89,6 +148,31 @@ TEST(ProcessEnvTest, PlaysEpisodesOverJsonLines) {
     }));
   }
   for (auto& f : replies) EXPECT_TRUE(f.get().error.empty());
+}
+
+// Op "demonstration": a worked episode for the SFT warm-up (or null: none); a process that
+// answers it badly is a named error, thrown (the warm-up cannot go on without it).
+TEST(ProcessEnvTest, GivesDemonstrationsForTheWarmUpOverJsonLines) {
+  auto env = make_environment(test_env(), EnvOptions{});
+  ojson demo = env->demonstration(EnvSplit::kTrain, 3);
+  ASSERT_TRUE(demo.is_object());
+  ASSERT_EQ(demo["messages"].size(), 4u);
+  EXPECT_EQ(demo["messages"][0]["content"], "Question: what is 1111 plus 1273?");
+  EXPECT_EQ(demo["messages"][1]["tool_calls"][0]["function"]["arguments"]["b"], 1273);
+  EXPECT_EQ(demo["messages"][3]["content"], "2384");
+  EXPECT_TRUE(demo["tools"].is_array());
+  // Episodes go on around it.
+  EnvReply r = env->reset("e1", EnvSplit::kTrain, 3);
+  ASSERT_TRUE(r.error.empty()) << r.error;
+  EXPECT_TRUE(make_environment(test_env("--no-demonstrations"), EnvOptions{})->demonstration(EnvSplit::kTrain, 3).is_null());
+  auto liar = make_environment(test_env("--lie-every 1"), EnvOptions{});
+  try {
+    liar->demonstration(EnvSplit::kTrain, 3);
+    ADD_FAILURE() << "a malformed demonstration must throw";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("env_malformed"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("demonstration"), std::string::npos) << e.what();
+  }
 }
 
 TEST(ProcessEnvTest, ADyingEnvironmentEndsThatEpisodeAndIsStartedAgain) {

@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
+#include <mutex>
 
 #include "engine/engine_loop.h"
 #include "engine/llm_engine.h"
@@ -118,6 +120,85 @@ TEST(MultiTurnTest, EpisodesRunToTheTurnCapWithEnvironmentTextMaskedOut) {
   runner.run(one, [&](size_t, Episode& ep) { EXPECT_EQ(ep.ids, got[4].ids); });
 }
 
+// Counts the episodes open at once (reset until done, an error or close) and logs the order of
+// resets and ends.
+class CountingEnv : public Environment {
+ public:
+  explicit CountingEnv(std::unique_ptr<Environment> inner) : inner_(std::move(inner)) {}
+  std::string name() const override { return inner_->name(); }
+  EnvReply reset(const std::string& id, EnvSplit split, int64_t index) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      max_open = std::max(max_open, ++open);
+      log.push_back("reset " + id);
+    }
+    return inner_->reset(id, split, index);
+  }
+  EnvReply step(const std::string& id, const ojson& assistant) override {
+    EnvReply r = inner_->step(id, assistant);
+    if (r.done || !r.error.empty()) ended(id);
+    return r;
+  }
+  void close(const std::string& id) override {
+    ended(id);
+    inner_->close(id);
+  }
+  int open = 0, max_open = 0;
+  std::vector<std::string> log;
+
+ private:
+  void ended(const std::string& id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    --open;
+    log.push_back("end " + id);
+  }
+  std::unique_ptr<Environment> inner_;
+  std::mutex mu_;
+};
+
+// --concurrency (environment instances): at most that many episodes in flight; async starts one as
+// one ends, the turn-synchronous baseline plays waves. The episodes sample what they sample
+// without a cap (a seeded episode is the same in any batch).
+TEST(MultiTurnTest, TheInFlightCapBoundsOpenEpisodesAndWavesAreLockstep) {
+  Engine e;
+  MultiTurnOptions o;
+  o.max_turns = 2;
+  o.max_tokens_per_turn = 5;
+  std::map<size_t, std::vector<int32_t>> free_ids;
+  {
+    CountingEnv env(make_environment(test_env("--never-done"), EnvOptions{}));
+    EpisodeRunner runner(*e.loop, env, e.chat, *e.tok, e.prefix, text::ToolCallFormat::kHermes, o);
+    runner.run(specs(5), [&](size_t i, Episode& ep) { free_ids[i] = ep.ids; });
+    EXPECT_EQ(env.max_open, 5);
+  }
+  for (bool sync : {false, true}) {
+    SCOPED_TRACE(sync ? "turn-synchronous" : "async");
+    CountingEnv env(make_environment(test_env("--never-done"), EnvOptions{}));
+    MultiTurnOptions c = o;
+    c.max_in_flight = 2;
+    c.turn_synchronous = sync;
+    EpisodeRunner runner(*e.loop, env, e.chat, *e.tok, e.prefix, text::ToolCallFormat::kHermes, c);
+    size_t done = 0;
+    runner.run(specs(5), [&](size_t i, Episode& ep) {
+      EXPECT_EQ(ep.ids, free_ids[i]) << "episode " << i;
+      EXPECT_EQ(ep.end, "turn_cap");
+      ++done;
+    });
+    EXPECT_EQ(done, 5u);
+    EXPECT_EQ(env.max_open, 2);
+    EXPECT_EQ(env.open, 0);
+    auto at = [&](const std::string& line) {
+      return std::find(env.log.begin(), env.log.end(), line) - env.log.begin();
+    };
+    if (sync) {  // waves {0, 1}, {2, 3}, {4}: a wave starts once the last has ended
+      EXPECT_GT(at("reset ep2"), std::max(at("end ep0"), at("end ep1")));
+      EXPECT_GT(at("reset ep4"), std::max(at("end ep2"), at("end ep3")));
+    } else {
+      EXPECT_GT(at("reset ep2"), std::min(at("end ep0"), at("end ep1")));
+    }
+  }
+}
+
 TEST(MultiTurnTest, TheTokenCapEndsAnEpisode) {
   Engine e;
   ProcessEnv env(test_env("--never-done"), EnvOptions{});
@@ -226,7 +307,8 @@ TEST(MultiTurnTest, ADemonstrationIsTheModelTurnsAsTargetsAndTheRestMasked) {
   const text::ChatTemplate chat = text::ChatTemplate::from_model_dir(cfg.model_dir);
   CalculatorEnv env(EnvOptions{});
   ojson demo = env.demonstration(EnvSplit::kTrain, 3);
-  auto [a, b] = env.operands(EnvSplit::kTrain, 3);
+  const std::vector<int64_t> ab = env.operands(EnvSplit::kTrain, 3);
+  const int64_t a = ab[0], b = ab[1];
   const int32_t eos = 2;
   Sample s = demonstration_sample(demo["messages"], demo["tools"], chat, tok, tok.special_prefix(),
                                   text::ToolCallFormat::kHermes, eos);
