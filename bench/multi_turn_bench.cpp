@@ -82,6 +82,10 @@ void add_multi_turn_bench_flags(CLI::App& cmd, MultiTurnBenchOptions& o) {
       ->capture_default_str();
   cmd.add_option("--latency", o.latency, "injected environment latency per step, MIN-MAX ms")
       ->capture_default_str();
+  cmd.add_option("--latency-dist", o.latency_dist,
+                 "uniform in MIN-MAX, or log-uniform (most calls quick, a long tail)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"uniform", "log-uniform"}));
   cmd.add_option("--temperature", o.temperature, "sampling temperature")->capture_default_str();
   cmd.add_option("--seed", o.seed, "seed of the tasks, sampling and latencies")->capture_default_str();
   cmd.add_option("--threads", o.threads, "engine threads")->capture_default_str();
@@ -96,6 +100,7 @@ int run_multi_turn_bench(const MultiTurnBenchOptions& o) {
   if (std::sscanf(o.latency.c_str(), "%d-%d", &eo.latency_min_ms, &eo.latency_max_ms) != 2) {
     throw std::invalid_argument("--latency must be MIN-MAX in ms, e.g. 50-500; got '" + o.latency + "'");
   }
+  eo.latency_log_uniform = o.latency_dist == "log-uniform";
   engine::EngineConfig ec;
   ec.model_dir = o.model_dir.empty() ? engine::ensure_preset_model("default") : o.model_dir;
   ec.num_threads = o.threads;

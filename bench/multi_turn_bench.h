@@ -37,6 +37,7 @@ struct MultiTurnBenchOptions {
   int32_t max_tokens = 64;      // per turn
   int32_t max_episode_tokens = 384;
   std::string latency = "50-500";  // ms per environment step, MIN-MAX
+  std::string latency_dist = "uniform";  // or log-uniform
   double temperature = 1.0;
   uint64_t seed = 1;
   int32_t threads = 2;

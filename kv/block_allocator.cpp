@@ -95,10 +95,7 @@ bool BlockAllocator::register_hash(BlockId id, BlockHash hash) {
 std::optional<BlockId> BlockAllocator::lookup_cached(BlockHash hash) {
   auto it = hash_to_block_.find(hash);
   if (it == hash_to_block_.end()) return std::nullopt;
-  const BlockId id = it->second;
-  if (ref_counts_[id] == 0) unlink_free(id);  // revive a cached-but-free block
-  ++ref_counts_[id];
-  return id;
+  return take(it->second);
 }
 
 bool BlockAllocator::register_partial(BlockId id, BlockHash hash) {
@@ -114,8 +111,11 @@ bool BlockAllocator::register_partial(BlockId id, BlockHash hash) {
 std::optional<BlockId> BlockAllocator::lookup_partial(BlockHash hash) {
   auto it = partial_to_block_.find(hash);
   if (it == partial_to_block_.end()) return std::nullopt;
-  const BlockId id = it->second;
-  if (ref_counts_[id] == 0) unlink_free(id);
+  return take(it->second);
+}
+
+BlockId BlockAllocator::take(BlockId id) {
+  if (ref_counts_[id] == 0) unlink_free(id);  // revive a cached-but-free block
   ++ref_counts_[id];
   return id;
 }

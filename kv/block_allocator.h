@@ -85,6 +85,8 @@ class BlockAllocator {
   void check_invariants() const;
 
  private:
+  // A reference to a cached block, reviving it from the free list if it was free.
+  BlockId take(BlockId id);
   void unlink_free(BlockId id);
   void push_free_back(BlockId id);
 

@@ -1,5 +1,6 @@
 #include "trainer/environment.h"
 
+#include <cmath>
 #include <functional>
 #include <stdexcept>
 #include <thread>
@@ -29,7 +30,11 @@ DelayedEnv::DelayedEnv(std::unique_ptr<Environment> inner, const EnvOptions& opt
     : inner_(std::move(inner)),
       seed_(options.seed),
       min_ms_(options.latency_min_ms),
-      max_ms_(options.latency_max_ms) {
+      max_ms_(options.latency_max_ms),
+      log_uniform_(options.latency_log_uniform) {
+  if (log_uniform_ && min_ms_ <= 0) {
+    throw std::invalid_argument("log-uniform injected latency needs min > 0 ms, got " + std::to_string(min_ms_));
+  }
   if (min_ms_ < 0 || max_ms_ < min_ms_) {
     throw std::invalid_argument("injected latency: need 0 <= min <= max ms, got " +
                                 std::to_string(min_ms_) + "-" + std::to_string(max_ms_));
@@ -37,7 +42,8 @@ DelayedEnv::DelayedEnv(std::unique_ptr<Environment> inner, const EnvOptions& opt
 }
 
 std::string DelayedEnv::name() const {
-  return inner_->name() + " (+" + std::to_string(min_ms_) + "-" + std::to_string(max_ms_) + " ms a step)";
+  return inner_->name() + " (+" + std::to_string(min_ms_) + "-" + std::to_string(max_ms_) + " ms a step, " +
+         (log_uniform_ ? "log-uniform" : "uniform") + ")";
 }
 
 EnvReply DelayedEnv::reset(const std::string& episode_id, EnvSplit split, int64_t index) {
@@ -55,6 +61,10 @@ int32_t DelayedEnv::step_latency_ms(EnvSplit split, int64_t index, int64_t step)
   h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ULL;
   h = (h ^ (h >> 27)) * 0x94d049bb133111ebULL;
   h ^= h >> 31;
+  if (log_uniform_) {
+    const double u = static_cast<double>(h >> 11) * 0x1.0p-53;  // [0, 1)
+    return static_cast<int32_t>(std::lround(min_ms_ * std::pow(static_cast<double>(max_ms_) / min_ms_, u)));
+  }
   return min_ms_ + static_cast<int32_t>(h % static_cast<uint64_t>(max_ms_ - min_ms_ + 1));
 }
 

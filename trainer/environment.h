@@ -88,6 +88,9 @@ struct EnvOptions {
   // time); 0, 0: none.
   int32_t latency_min_ms = 0;
   int32_t latency_max_ms = 0;
+  // Log-uniform instead of uniform in [min, max] (min > 0): most calls quick, a long tail, as
+  // web searches and code runs are.
+  bool latency_log_uniform = false;
 };
 
 // `inner` with EnvOptions' injected step latency (make_environment wraps with it when set).
@@ -115,6 +118,7 @@ class DelayedEnv : public Environment {
   std::unique_ptr<Environment> inner_;
   uint64_t seed_;
   int32_t min_ms_, max_ms_;
+  bool log_uniform_;
   std::mutex mu_;
   std::map<std::string, Open> steps_;  // guarded by mu_
 };

@@ -191,6 +191,18 @@ TEST(SchedulerTest, ALaterTurnReusesTheEarlierTurnsPartialLastBlockByACopy) {
   EXPECT_TRUE(found);
   while (h.sched.has_work()) h.step(rng);
   h.check();
+  // New weights: the earlier turn's K/V is not reused, partial block included.
+  h.sched.on_weight_update(InflightPolicy::kKeep);
+  EXPECT_EQ(h.sched.allocator().num_partial_entries(), 0);
+  Sequence* d = h.add(20, 1);
+  d->tokens = b->tokens;
+  d->request->prompt = d->tokens;
+  out = h.step(rng);
+  ASSERT_EQ(out.seqs.size(), 1u);
+  EXPECT_EQ(out.seqs[0].start, 0);
+  EXPECT_TRUE(out.block_copies.empty());
+  while (h.sched.has_work()) h.step(rng);
+  h.check();
 }
 
 TEST(SchedulerTest, PostprocessForksAtTheFirstSampleAndFinishesAtMaxTokens) {

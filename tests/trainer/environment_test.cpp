@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <future>
 #include <vector>
 
@@ -117,6 +119,14 @@ TEST(DelayedEnvTest, ATasksStepsWaitTheSameInEveryRun) {
     EXPECT_LE(want.back(), 60);
   }
   EXPECT_FALSE(want[0] == want[1] && want[1] == want[2]) << "each step draws its own latency";
+  o.latency_log_uniform = true;  // most calls quick: the median near the geometric mean
+  DelayedEnv tail(std::make_unique<CalculatorEnv>(o), o);
+  std::vector<int32_t> draws;
+  for (int64_t i = 0; i < 2000; ++i) draws.push_back(tail.step_latency_ms(EnvSplit::kTrain, i, 0));
+  std::sort(draws.begin(), draws.end());
+  EXPECT_GE(draws.front(), 5);
+  EXPECT_LE(draws.back(), 60);
+  EXPECT_NEAR(draws[1000], std::sqrt(5.0 * 60.0), 3.0);
   for (const std::string id : {"first", "second-id"}) {
     env.reset(id, EnvSplit::kTrain, 2);
     const auto t0 = std::chrono::steady_clock::now();
