@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <mutex>
+#include <random>
 
 #include "engine/engine_loop.h"
 #include "engine/llm_engine.h"
@@ -15,6 +17,7 @@
 #include "tests/engine/test_model.h"
 #include "trainer/calculator_env.h"
 #include "trainer/process_env.h"
+#include "trainer/trainer.h"
 
 namespace crl::trainer {
 namespace {
@@ -299,6 +302,70 @@ TEST(MultiTurnTest, EpisodeSamplesAreOnePerSegmentWithToolTokensWeightZero) {
   // A mask of the wrong length is refused.
   g.samples[0].loss_mask.pop_back();
   EXPECT_THROW(pack_micro_batches({g}, 64), std::invalid_argument);
+}
+
+// One sample per trajectory against per-turn packing (each turn a sample of its whole history and
+// its reply): the same loss and gradient over the same model tokens, from far fewer trainer tokens.
+TEST(MultiTurnTest, OneSamplePerTrajectoryHasTheLossOfPerTurnPackingFromFewerTokens) {
+  engine::EngineConfig cfg = test::test_engine_config();
+  std::mt19937 rng(8);
+  std::uniform_int_distribution<int32_t> id(4, 400);
+  Episode ep;
+  ep.segments = {0};
+  auto add = [&](int n, bool model) {
+    for (int k = 0; k < n; ++k) {
+      ep.ids.push_back(id(rng));
+      ep.mask.push_back(model);
+      ep.logprobs.push_back(model ? -1.5f - 0.01f * k : 0.0f);
+      ep.versions.push_back(model ? 0 : -1);
+    }
+  };
+  const int turns = 10;
+  add(12, false);  // the opening prompt
+  for (int t = 0; t < turns; ++t) {
+    add(6, true);   // the model's turn
+    add(5, false);  // the tool's answer and the template's text
+  }
+  auto trajectory = episode_samples(ep, 0.5);
+  ASSERT_EQ(trajectory.size(), 1u);
+  std::vector<Sample> per_turn;
+  int64_t trajectory_tokens = static_cast<int64_t>(trajectory[0].prompt_ids.size() + trajectory[0].completion_ids.size());
+  int64_t per_turn_tokens = 0;
+  for (size_t j = 0; j < ep.ids.size();) {  // each run of model ids: a sample of all before it and the run
+    if (!ep.mask[j]) {
+      ++j;
+      continue;
+    }
+    size_t e = j;
+    while (e < ep.ids.size() && ep.mask[e]) ++e;
+    Sample s;
+    s.prompt_ids.assign(ep.ids.begin(), ep.ids.begin() + j);
+    s.completion_ids.assign(ep.ids.begin() + j, ep.ids.begin() + e);
+    s.logprobs.assign(ep.logprobs.begin() + j, ep.logprobs.begin() + e);
+    s.versions.assign(e - j, 0);
+    s.advantage = 0.5;
+    per_turn_tokens += static_cast<int64_t>(e);
+    per_turn.push_back(std::move(s));
+    j = e;
+  }
+  ASSERT_EQ(per_turn.size(), static_cast<size_t>(turns));
+  auto group = [](std::vector<Sample> samples) {
+    SampleGroup g;
+    g.samples = std::move(samples);
+    return g;
+  };
+  Trainer a(cfg.model_dir, TrainerOptions{}), b(cfg.model_dir, TrainerOptions{});
+  const StepStats sa = a.train_step(pack_micro_batches({group(trajectory)}, 1 << 14), LossKind::kGrpo);
+  const StepStats sb = b.train_step(pack_micro_batches({group(per_turn)}, 1 << 14), LossKind::kGrpo);
+  EXPECT_EQ(sa.loss.num_tokens, 6 * turns);
+  EXPECT_EQ(sb.loss.num_tokens, 6 * turns);
+  EXPECT_NEAR(sa.loss.loss, sb.loss.loss, 1e-6 * std::max(1.0, std::abs(sb.loss.loss)));
+  EXPECT_NEAR(sa.grad_norm, sb.grad_norm, 1e-5 * sb.grad_norm);
+  EXPECT_GT(sa.grad_norm, 0.0);
+  // 117 ids against the ten histories with their replies, 675 (5.8x: about (T + 1) / 2 when the
+  // opening prompt is short, up to T when it dominates).
+  EXPECT_EQ(trajectory_tokens, 12 + 11 * turns - 5);  // the trailing tool text carries no loss
+  EXPECT_EQ(per_turn_tokens, 12 * turns + 11 * (turns * (turns + 1) / 2) - 5 * turns);
 }
 
 TEST(MultiTurnTest, ADemonstrationIsTheModelTurnsAsTargetsAndTheRestMasked) {
