@@ -218,6 +218,7 @@ void EngineLoop::publish_gauges() {
   g.num_preemptions = engine_->stats().preemptions;
   g.prefix_cache_hit_tokens = engine_->stats().prefix_hit_tokens;
   g.steps = engine_->stats().steps;
+  g.lora_slot_reuses = engine_->lora_slot_reuses();
   g.loaded = true;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -34,7 +34,8 @@ void to_json(json& j, const InferReport& r) {
        {"tool_errors", r.tool_errors},
        {"env_errors", r.env_errors},
        {"env_tokens", r.env_tokens},
-       {"model_tokens", r.model_tokens}};
+       {"model_tokens", r.model_tokens},
+       {"lora_slot_reuses", r.lora_slot_reuses}};
 }
 
 void from_json(const json& j, InferReport& r) {
@@ -44,6 +45,7 @@ void from_json(const json& j, InferReport& r) {
   j.at("env_errors").get_to(r.env_errors);
   j.at("env_tokens").get_to(r.env_tokens);
   j.at("model_tokens").get_to(r.model_tokens);
+  j.at("lora_slot_reuses").get_to(r.lora_slot_reuses);
   j.at("samples").get_to(r.samples);
   j.at("reward_sum").get_to(r.reward_sum);
   j.at("reward_sq").get_to(r.reward_sq);
@@ -164,6 +166,7 @@ StepTotals combine(const std::vector<RankReport>& reports, const std::vector<dou
       t.env_errors += static_cast<double>(x->env_errors);
       t.env_tokens += static_cast<double>(x->env_tokens);
       t.model_tokens += static_cast<double>(x->model_tokens);
+      t.lora_slot_reuses += static_cast<double>(x->lora_slot_reuses);
       t.gen_s = std::max(t.gen_s, x->gen_s);
       t.sync_s = std::max(t.sync_s, x->sync_s);
       t.engine_version = std::max(t.engine_version, x->engine_version);
@@ -234,6 +237,7 @@ void to_json(json& j, const RlMetricsRow& r) {
   j["tool_errors"] = r.tool_errors;
   j["env_errors"] = r.env_errors;
   j["masked_token_share"] = r.masked_token_share;
+  j["lora_slot_reuses"] = r.lora_slot_reuses;
 }
 
 void from_json(const json& j, RlMetricsRow& r) {
@@ -259,6 +263,7 @@ void from_json(const json& j, RlMetricsRow& r) {
   j.at("tool_errors").get_to(r.tool_errors);
   j.at("env_errors").get_to(r.env_errors);
   j.at("masked_token_share").get_to(r.masked_token_share);
+  j.at("lora_slot_reuses").get_to(r.lora_slot_reuses);
 }
 
 RlMetricsRow make_metrics_row(const StepTotals& t) {
@@ -298,6 +303,7 @@ RlMetricsRow make_metrics_row(const StepTotals& t) {
   row.zero_rounds_while_receiving_share =
       t.zero_rounds > 0 ? t.zero_rounds_while_receiving / t.zero_rounds : 0.0;
   row.turns_per_episode = t.episodes > 0 ? t.turns / t.episodes : 0;
+  row.lora_slot_reuses = t.lora_slot_reuses;
   row.tool_errors = t.tool_errors;
   row.env_errors = t.env_errors;
   const double traj = t.env_tokens + t.model_tokens;

@@ -48,6 +48,8 @@ struct InferReport {
   int64_t env_errors = 0;
   int64_t env_tokens = 0;
   int64_t model_tokens = 0;
+  // LoRA RL: updates since the last report that loaded into a slot a running request still used.
+  int64_t lora_slot_reuses = 0;
 };
 void to_json(nlohmann::json& j, const InferReport& r);
 void from_json(const nlohmann::json& j, InferReport& r);
@@ -98,6 +100,7 @@ struct StepTotals {
   double train_s = 0, wait_s = 0, gnorm = 0, lr = 0, elapsed = 0;
   double store_ops = 0, store_bytes = 0;
   double episodes = 0, turns = 0, tool_errors = 0, env_errors = 0, env_tokens = 0, model_tokens = 0;
+  double lora_slot_reuses = 0;
   double infer_busy = 0, infer_span = 0, train_idle = 0, train_span = 0;
   double zero_rounds = 0, zero_rounds_while_receiving = 0;  // ZeRO-2 rounds, summed over train ranks
   int64_t engine_version = 0, peak_rss = 0;
@@ -155,6 +158,8 @@ struct RlMetricsRow {
   double tool_errors = 0;
   double env_errors = 0;
   double masked_token_share = 0;
+  // LoRA RL: policy updates loaded into a slot a running request still used (every infer rank).
+  double lora_slot_reuses = 0;
 };
 void to_json(nlohmann::json& j, const RlMetricsRow& r);
 void from_json(const nlohmann::json& j, RlMetricsRow& r);

@@ -281,6 +281,9 @@ void RolloutProducer::run() {
     sync_mark_s_ = sync_s;
     busy_s_ = 0;
     m.engine_version = loop_->weight_version();
+    const int64_t reuses = loop_->gauges().lora_slot_reuses;
+    m.lora_slot_reuses = reuses - reuses_mark_;
+    reuses_mark_ = reuses;
     m.elapsed_s = seconds_since(c_.t0);
     auto now = sync::Coordinator::store_traffic();
     m.store_ops = now.ops - counters.ops;

@@ -116,6 +116,7 @@ class RolloutProducer {
   int64_t requested_ = 0;  // the newest version asked for
   int64_t evals_ = 0;
   double sync_mark_s_ = 0;  // loop_->weight_update_seconds() at the last step's metrics
+  int64_t reuses_mark_ = 0;  // loop_->gauges().lora_slot_reuses at the last step's metrics
   double busy_s_ = 0;    // rollout/eval requests in flight since the last step's metrics
 };
 

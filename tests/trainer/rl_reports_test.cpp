@@ -26,6 +26,7 @@ InferReport infer_report(int64_t samples, double busy_s, double elapsed_s) {
   r.elapsed_s = elapsed_s;
   r.store_ops = 7;
   r.store_bytes = 100;
+  r.lora_slot_reuses = 1;
   return r;
 }
 
@@ -56,6 +57,7 @@ TEST(RlReportsTest, InferAndTrainReportsRoundTripTheirJsonWithTheirRole) {
   auto back = ij.get<InferReport>();
   EXPECT_EQ(back.samples, 8);
   EXPECT_EQ(back.store_bytes, 100);
+  EXPECT_EQ(back.lora_slot_reuses, 1);
   TrainReport t = train_report(2, 30, 0.1);
   t.checkpoint = "/ckpt/step-1";
   t.checkpoint_s = 0.7;
@@ -84,6 +86,7 @@ TEST(RlReportsTest, CombineSumsTakesMaximaAndAveragesOnlyRanksThatTrained) {
   EXPECT_DOUBLE_EQ(t.clip, 0.5 * 30);      // token-weighted
   EXPECT_EQ(t.zero_rounds, 8);             // ... but its rounds count
   EXPECT_EQ(t.store_ops, 7 + 7 + 3 + 3);
+  EXPECT_EQ(t.lora_slot_reuses, 2);        // every engine's
   EXPECT_DOUBLE_EQ(t.elapsed, 9.0);
   EXPECT_DOUBLE_EQ(elapsed_of(reports[1]), 6.0);
 }
@@ -99,7 +102,8 @@ TEST(RlReportsTest, MetricsRowKeepsTheMetricsFileFieldsAndReadsBack) {
                         "train_tokens", "staleness_mean", "staleness_max", "groups_dropped",
                         "is_weight_mean", "is_weight_max", "engine_idle_share",
                         "trainer_idle_share", "engine_version", "store_ops", "store_bytes",
-                        "zero_rounds_while_receiving_share"}) {
+                        "zero_rounds_while_receiving_share", "turns_per_episode", "tool_errors",
+                        "env_errors", "masked_token_share", "lora_slot_reuses"}) {
     EXPECT_TRUE(j.contains(k)) << k;
   }
   EXPECT_TRUE(j["eval_accuracy"].is_null());
