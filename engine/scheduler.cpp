@@ -55,7 +55,7 @@ void Scheduler::release_blocks(Sequence* seq) {
   seq->block_table.clear();
   seq->num_computed = 0;
   seq->num_registered_blocks = 0;
-  seq->copy_tail = false;
+  seq->partial_tail = false;
 }
 
 void Scheduler::remove(Sequence* seq) {
@@ -221,7 +221,7 @@ void Scheduler::register_tail(Sequence* seq, int64_t version) {
   const int64_t index = seq->num_computed / bs;
   // Only a block this sequence alone holds, computed under the current weights: nobody else can
   // write its slots once it is free (allocate() evicts the entry first).
-  if (!config_.enable_prefix_caching || k == 0 || seq->kv_version != version || seq->copy_tail ||
+  if (!config_.enable_prefix_caching || k == 0 || seq->kv_version != version ||
       index >= static_cast<int64_t>(seq->block_table.size()) ||
       allocator_.ref_count(seq->block_table[index]) != 1) {
     return;
@@ -258,13 +258,13 @@ int64_t Scheduler::match_prefix(Sequence* seq, int64_t version) {
   const int64_t hits = static_cast<int64_t>(seq->block_table.size());
   seq->num_computed = hits * config_.block_size;
   seq->num_registered_blocks = hits;
-  // The next block, partly: the longest cached partial entry (copied before it is written).
+  // The next block, partly: the longest cached partial entry (its entry dropped in reserve()).
   const int64_t room = std::min<int64_t>(config_.block_size - 1, len - 1 - seq->num_computed);
   for (int64_t k = room; k > 0; --k) {
     auto hit = allocator_.lookup_partial(partial_hash(seq, hits, k, version));
     if (!hit) continue;
     seq->block_table.push_back(*hit);
-    seq->copy_tail = true;
+    seq->partial_tail = true;
     seq->num_computed += k;
     break;
   }
@@ -278,15 +278,20 @@ bool Scheduler::reserve(Sequence* seq, int64_t end, SchedulerOutput& out) {
   int64_t need_new = std::max<int64_t>(0, need_total - have);
   // The block receiving position num_computed may hold earlier positions and be shared.
   const int64_t first = seq->num_computed / bs;
-  const bool cow = first < have && (seq->copy_tail || allocator_.ref_count(seq->block_table[first]) > 1);
+  const bool cow = first < have && allocator_.ref_count(seq->block_table[first]) > 1;
   if (!allocator_.can_allocate(static_cast<int32_t>(need_new + (cow ? 1 : 0)))) return false;
+  if (seq->partial_tail) {
+    // A cached partial block about to be written: its entry goes first, so no later lookup trusts
+    // slots this sequence overwrites (held by another too, it is also copied just below).
+    allocator_.drop_partial(seq->block_table[first]);
+    seq->partial_tail = false;
+  }
   if (cow) {
     const kv::BlockId src = seq->block_table[first];
     const kv::BlockId dst = *allocator_.allocate();
     out.block_copies.emplace_back(src, dst);
     allocator_.release(src);  // read before the forward writes anything (ModelRunner)
     seq->block_table[first] = dst;
-    seq->copy_tail = false;
   }
   for (int64_t i = 0; i < need_new; ++i) seq->block_table.push_back(*allocator_.allocate());
   return true;

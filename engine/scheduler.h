@@ -14,9 +14,9 @@
 // hash chain that includes that version, so KV from older weights is never reused. A sequence
 // that finishes also registers its last, unfilled block as a partial entry (its computed slots:
 // every id but the last sampled one), so the next turn of a conversation, whose prompt is this
-// sequence's ids and more, reuses all of them: the partial block is copied into a fresh one (one
-// block of K/V, cheaper than prefilling up to block_size - 1 tokens) and the turn prefills from
-// there.
+// sequence's ids and more, reuses all of them: it takes the partial block over (the entry is dropped
+// before the block is written; copied first, as any shared block, when another sequence holds it)
+// and prefills from there.
 // After the forward and the sampler, postprocess() does the step's bookkeeping (nano-vllm's
 // split): it appends the sampled tokens, forks a request's n samples at its first, and finishes
 // what stops. on_weight_update() applies the in-flight policy when new weights land.

@@ -40,8 +40,8 @@ struct Sequence {
   int64_t hashes_version = -1;            // weight version block_hashes were computed with
   int64_t kv_version = -1;                // weight version of the K/V in this sequence's blocks
   int64_t num_registered_blocks = 0;      // full blocks already registered in the prefix cache
-  bool copy_tail = false;                 // block_table.back() is a cached partial block: copy it
-                                          // before writing (Scheduler::match_prefix)
+  bool partial_tail = false;              // block_table.back() is a cached partial block: its
+                                          // entry goes before it is written (Scheduler::reserve)
   int64_t num_cached_prompt_tokens = 0;   // prompt tokens served by the prefix cache at admission
   int64_t num_preemptions = 0;
 

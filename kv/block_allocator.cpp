@@ -53,10 +53,7 @@ std::optional<BlockId> BlockAllocator::allocate() {
     hash_to_block_.erase(it);
     block_hash_[id].reset();
   }
-  if (block_partial_[id].has_value()) {
-    partial_to_block_.erase(*block_partial_[id]);
-    block_partial_[id].reset();
-  }
+  drop_partial(id);
   ref_counts_[id] = 1;
   return id;
 }
@@ -112,6 +109,13 @@ std::optional<BlockId> BlockAllocator::lookup_partial(BlockHash hash) {
   auto it = partial_to_block_.find(hash);
   if (it == partial_to_block_.end()) return std::nullopt;
   return take(it->second);
+}
+
+void BlockAllocator::drop_partial(BlockId id) {
+  CRL_CHECK(id >= 0 && id < num_blocks(), "drop_partial: block id ", id, " out of range [0, ", num_blocks(), ")");
+  if (!block_partial_[id].has_value()) return;
+  partial_to_block_.erase(*block_partial_[id]);
+  block_partial_[id].reset();
 }
 
 BlockId BlockAllocator::take(BlockId id) {

@@ -10,8 +10,8 @@
 // revive it until allocate() reuses (evicts) it. reset_prefix_cache() forgets every hash.
 // A block may also carry one *partial* entry: its first k < block_size slots hold the K/V of the
 // tokens the partial hash names (a finished sequence's last, unfilled block: the earlier turn of a
-// multi-turn conversation). A partial hit is never written in place: the scheduler copies it into
-// a fresh block first (so the slots it vouches for stay as they were until allocate() evicts it).
+// multi-turn conversation). Whoever writes such a block drops its entry first (drop_partial), so
+// the slots an entry vouches for never change while it is registered.
 //
 // Thread safety: none. Only the engine thread (which owns the Scheduler) may call it.
 #pragma once
@@ -67,6 +67,8 @@ class BlockAllocator {
   bool register_partial(BlockId id, BlockHash hash);
   // The block whose partial entry is `hash`, with a reference taken (as lookup_cached), or nullopt.
   std::optional<BlockId> lookup_partial(BlockHash hash);
+  // Forgets block `id`'s partial entry, if it has one.
+  void drop_partial(BlockId id);
   int64_t num_partial_entries() const { return static_cast<int64_t>(partial_to_block_.size()); }
 
   // Forgets every registered hash, partial ones included (weight update, explicit reset). Blocks

@@ -154,8 +154,9 @@ TEST(SchedulerTest, ReusesCachedPrefixBlocksAndComputesAtLeastTheLastToken) {
 }
 
 // The next turn of a conversation: a prompt of the earlier sequence's ids and more reuses every
-// id the earlier one computed (all but its last sample), its unfilled last block by a copy.
-TEST(SchedulerTest, ALaterTurnReusesTheEarlierTurnsPartialLastBlockByACopy) {
+// id the earlier one computed (all but its last sample), its unfilled last block taken over (the
+// entry dropped before the block is written).
+TEST(SchedulerTest, ALaterTurnTakesOverTheEarlierTurnsPartialLastBlock) {
   Harness h(small_config());
   std::mt19937 rng(5);
   Sequence* a = h.add(10, 4);  // 13 ids computed at the end: 3 full blocks and 1 of 4
@@ -171,9 +172,8 @@ TEST(SchedulerTest, ALaterTurnReusesTheEarlierTurnsPartialLastBlockByACopy) {
   ASSERT_EQ(out.seqs.size(), 1u);
   EXPECT_EQ(out.seqs[0].start, 13) << "3 full blocks and the 1 computed id of the fourth";
   EXPECT_EQ(b->num_cached_prompt_tokens, 13);
-  ASSERT_EQ(out.block_copies.size(), 1u) << "the partial block is copied, never written in place";
-  EXPECT_NE(out.block_copies[0].first, out.block_copies[0].second);
-  EXPECT_EQ(b->block_table[3], out.block_copies[0].second);
+  EXPECT_TRUE(out.block_copies.empty()) << "its only holder writes it in place";
+  EXPECT_EQ(h.sched.allocator().num_partial_entries(), 0) << "the entry goes before the block is written";
   h.check();
   // A prompt that differs inside the partial block gets the full blocks only.
   Sequence* c = h.add(20, 1);
@@ -202,6 +202,28 @@ TEST(SchedulerTest, ALaterTurnReusesTheEarlierTurnsPartialLastBlockByACopy) {
   EXPECT_EQ(out.seqs[0].start, 0);
   EXPECT_TRUE(out.block_copies.empty());
   while (h.sched.has_work()) h.step(rng);
+  h.check();
+}
+
+// A prompt that needs the whole pool is admitted with a partial hit as without one (the hit
+// costs no extra block).
+TEST(SchedulerTest, APartialHitNeedsNoBlockMoreThanTheSequence) {
+  SchedulerConfig c = small_config();
+  c.num_blocks = 4;
+  Harness h(c);
+  std::mt19937 rng(6);
+  Sequence* a = h.add(2, 2);  // 4 ids, 3 computed: a partial entry of 3
+  while (h.sched.has_work()) h.step(rng);
+  ASSERT_EQ(h.sched.allocator().num_partial_entries(), 1);
+  Sequence* b = h.add(15, 1);
+  b->tokens = a->tokens;
+  for (int i = 0; i < 11; ++i) b->tokens.push_back(700 + i);  // 15 ids + 1 sampled: all 4 blocks
+  b->request->prompt = b->tokens;
+  auto out = h.step(rng);
+  ASSERT_EQ(out.seqs.size(), 1u) << "admitted at once";
+  EXPECT_EQ(out.seqs[0].start, 3);
+  while (h.sched.has_work()) h.step(rng);
+  EXPECT_EQ(b->status, SeqStatus::kFinished);
   h.check();
 }
 

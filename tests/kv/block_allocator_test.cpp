@@ -258,6 +258,9 @@ TEST(BlockAllocatorTest, PartialEntryIsRevivedByAHitAndEvictedWithItsBlock) {
   EXPECT_EQ(a.num_partial_entries(), 0) << "reusing the block evicts its entry";
   EXPECT_FALSE(a.lookup_partial(41).has_value());
   ASSERT_TRUE(a.register_partial(tail, 43));
+  a.drop_partial(tail);
+  EXPECT_FALSE(a.lookup_partial(43).has_value());
+  ASSERT_TRUE(a.register_partial(tail, 43));
   a.reset_prefix_cache();
   EXPECT_FALSE(a.lookup_partial(43).has_value());
   a.check_invariants();
