@@ -17,13 +17,20 @@ struct Harness {
 
   StopChecker stop{/*tokenizer=*/nullptr, /*eos_ids=*/{}, /*max_model_len=*/1 << 30};
 
+  // A prompt of `prompt_len` ids derived from the length (equal lengths, equal prompts).
   Sequence* add(int prompt_len, int max_tokens, int n = 1) {
+    std::vector<int32_t> prompt;
+    for (int i = 0; i < prompt_len; ++i) prompt.push_back(static_cast<int32_t>(prompt_len * 7 + i % 5));
+    return add_ids(std::move(prompt), max_tokens, n);
+  }
+
+  Sequence* add_ids(std::vector<int32_t> prompt, int max_tokens, int n = 1) {
     auto req = std::make_unique<Request>();
     req->id = std::to_string(next_arrival);
     req->arrival = next_arrival++;
     req->params.n = n;
     req->params.max_tokens = max_tokens;
-    for (int i = 0; i < prompt_len; ++i) req->prompt.push_back(static_cast<int32_t>(prompt_len * 7 + i % 5));
+    req->prompt = std::move(prompt);
     auto seq = std::make_unique<Sequence>();
     seq->request = req.get();
     seq->tokens = req->prompt;
@@ -79,6 +86,12 @@ struct Harness {
   int64_t next_arrival = 0;
   int64_t next_seq = 0;
 };
+
+// `ids` followed by `count` new ids from `first` on (a conversation's next turn).
+std::vector<int32_t> then_new(std::vector<int32_t> ids, int count, int32_t first) {
+  for (int i = 0; i < count; ++i) ids.push_back(first + i);
+  return ids;
+}
 
 SchedulerConfig small_config() {
   SchedulerConfig c;
@@ -164,10 +177,7 @@ TEST(SchedulerTest, ALaterTurnTakesOverTheEarlierTurnsPartialLastBlock) {
   ASSERT_EQ(a->status, SeqStatus::kFinished);
   ASSERT_EQ(a->tokens.size(), 14u);
   EXPECT_EQ(h.sched.allocator().num_partial_entries(), 1);
-  Sequence* b = h.add(20, 1);
-  b->tokens = a->tokens;  // the earlier turn as sampled, then new text
-  for (int i = 0; i < 6; ++i) b->tokens.push_back(900 + i);
-  b->request->prompt = b->tokens;
+  Sequence* b = h.add_ids(then_new(a->tokens, 6, 900), 1);  // the earlier turn as sampled, new text
   auto out = h.step(rng);
   ASSERT_EQ(out.seqs.size(), 1u);
   EXPECT_EQ(out.seqs[0].start, 13) << "3 full blocks and the 1 computed id of the fourth";
@@ -176,11 +186,9 @@ TEST(SchedulerTest, ALaterTurnTakesOverTheEarlierTurnsPartialLastBlock) {
   EXPECT_EQ(h.sched.allocator().num_partial_entries(), 0) << "the entry goes before the block is written";
   h.check();
   // A prompt that differs inside the partial block gets the full blocks only.
-  Sequence* c = h.add(20, 1);
-  c->tokens.assign(a->tokens.begin(), a->tokens.begin() + 12);
-  c->tokens.push_back(a->tokens[12] + 1);
-  for (int i = 0; i < 4; ++i) c->tokens.push_back(950 + i);
-  c->request->prompt = c->tokens;
+  std::vector<int32_t> edited(a->tokens.begin(), a->tokens.begin() + 12);
+  edited.push_back(a->tokens[12] + 1);
+  Sequence* c = h.add_ids(then_new(edited, 4, 950), 1);
   out = h.step(rng);
   bool found = false;
   for (const auto& s : out.seqs) {
@@ -194,9 +202,7 @@ TEST(SchedulerTest, ALaterTurnTakesOverTheEarlierTurnsPartialLastBlock) {
   // New weights: the earlier turn's K/V is not reused, partial block included.
   h.sched.on_weight_update(InflightPolicy::kKeep);
   EXPECT_EQ(h.sched.allocator().num_partial_entries(), 0);
-  Sequence* d = h.add(20, 1);
-  d->tokens = b->tokens;
-  d->request->prompt = d->tokens;
+  h.add_ids(b->tokens, 1);
   out = h.step(rng);
   ASSERT_EQ(out.seqs.size(), 1u);
   EXPECT_EQ(out.seqs[0].start, 0);
@@ -215,10 +221,7 @@ TEST(SchedulerTest, APartialHitNeedsNoBlockMoreThanTheSequence) {
   Sequence* a = h.add(2, 2);  // 4 ids, 3 computed: a partial entry of 3
   while (h.sched.has_work()) h.step(rng);
   ASSERT_EQ(h.sched.allocator().num_partial_entries(), 1);
-  Sequence* b = h.add(15, 1);
-  b->tokens = a->tokens;
-  for (int i = 0; i < 11; ++i) b->tokens.push_back(700 + i);  // 15 ids + 1 sampled: all 4 blocks
-  b->request->prompt = b->tokens;
+  Sequence* b = h.add_ids(then_new(a->tokens, 11, 700), 1);  // 15 ids + 1 sampled: all 4 blocks
   auto out = h.step(rng);
   ASSERT_EQ(out.seqs.size(), 1u) << "admitted at once";
   EXPECT_EQ(out.seqs[0].start, 3);
