@@ -74,10 +74,15 @@ struct GemmShape {
 void run_gemm(const detail::GemmArgs& a, const GemmShape& s,
               void (*gemm)(const detail::GemmArgs&, int64_t, int64_t, int64_t, int64_t, float*)) {
   const int64_t m = a.m, nr = s.nr;
-  const int64_t row_blocks = (m + s.max_rows - 1) / s.max_rows;
-  const int64_t mc = (m + row_blocks - 1) / row_blocks;
   const int64_t panels = (a.n + nr - 1) / nr;
   const int64_t threads = std::max(1, at::get_num_threads());
+  int64_t row_blocks = (m + s.max_rows - 1) / s.max_rows;
+  if (row_blocks * panels < threads) {
+    // Fewer panels than threads (a skinny product, such as a LoRA adapter's x A^T of one panel):
+    // split the rows further, a micro-tile at least each, so that no thread only waits.
+    row_blocks = std::max(row_blocks, std::min((m + s.mr - 1) / s.mr, (threads + panels - 1) / panels));
+  }
+  const int64_t mc = (m + row_blocks - 1) / row_blocks;
   const int64_t g = std::max<int64_t>(1, (panels + 4 * threads - 1) / (4 * threads));
   const int64_t groups = (panels + g - 1) / g;
   const int64_t scratch_floats = s.panel_floats + mc * nr;
@@ -110,8 +115,21 @@ detail::GemmArgs gemm_args(const at::Tensor& w, const at::Tensor& b, at::Tensor&
 
 }  // namespace
 
-at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                     const at::Tensor& x2, const at::Tensor& weight2) {
   const at::Tensor b = check_linear(x, weight, bias);
+  const bool second = x2.defined() || weight2.defined();
+  if (second) {
+    check_cpu_dtype(x2, "linear", "x2");
+    check_cpu_dtype(weight2, "linear", "weight2");
+    CRL_CHECK(x2.dim() == 2 && weight2.dim() == 2 && x2.size(0) == x.size(0) && weight2.size(0) == weight.size(0) &&
+                  x2.size(1) == weight2.size(1),
+              "linear: second segment x2 ", x2.sizes(), " and weight2 ", weight2.sizes(), " do not fit x ",
+              x.sizes(), " and weight ", weight.sizes(), " ([M, K2] and [N, K2])");
+    CRL_CHECK(weight2.scalar_type() == weight.scalar_type(), "linear: weight2 is ", weight2.scalar_type(),
+              ", weight ", weight.scalar_type());
+  }
+  if (second && x.size(1) == 0) return bi_linear(x2, weight2, bias);
   if (at::Tensor t = trivial_linear(x, weight.size(0), b); t.defined()) return t;
   const at::Tensor xf = x.to(at::kFloat).contiguous();  // bfloat16 widens exactly
   const at::Tensor w = weight.contiguous();
@@ -119,6 +137,15 @@ at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& weight, const at::Te
   detail::GemmArgs args = gemm_args(w, b, y);
   args.x = xf.data_ptr<float>();
   args.ldx = args.k;
+  at::Tensor x2f, w2;
+  if (second && x2.size(1) > 0) {
+    x2f = x2.to(at::kFloat).contiguous();
+    w2 = weight2.contiguous();
+    args.x2 = x2f.data_ptr<float>();
+    args.ldx2 = x2f.size(1);
+    args.w2 = w2.data_ptr();
+    args.k2 = w2.size(1);
+  }
   const detail::KernelTable& t = active_table();
   run_gemm(args, {t.nr, t.mr, t.kc * t.nr, 256}, t.gemm);
   return y;

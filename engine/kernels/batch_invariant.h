@@ -18,7 +18,11 @@
 namespace crl::engine::kernels {
 
 // y = x w^T + b. x: [M, K], weight: [N, K] (same dtype as x), bias: [N] or undefined. y: [M, N].
-at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});
+// With x2 [M, K2] (float32 or bfloat16) and weight2 [N, K2] (weight's dtype) defined:
+// y = [x | x2] [weight | weight2]^T + b, bit for bit bi_linear of the concatenations without
+// making them: a LoRA adapter's delta (x A^T) (s B)^T inside the base product.
+at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {},
+                     const at::Tensor& x2 = {}, const at::Tensor& weight2 = {});
 
 // bi_linear for bfloat16 x and weight on a CPU with AVX512-BF16 (bf16_dot_supported(),
 // engine/kernels/cpu_isa.h): vdpbf16ps, two depths per instruction. The same canonical chain and

@@ -4,6 +4,9 @@
 //   linear:   y[m, n] = out(c + b[n]) (or out(c) without bias), where c is the chain
 //             c = 0; for k = 0 .. K-1: c = fma(x[m, k], w[n, k], c)   (float32, in this order)
 //             and out() rounds to the output dtype (bfloat16: round to nearest even; NaN -> 0x7FC0).
+//             With a second depth segment (GemmArgs::k2 > 0) the chain goes on over it:
+//             for j = 0 .. k2-1: c = fma(x2[m, j], w2[n, j], c), i.e. the linear of [x | x2] and
+//             [w | w2] (a LoRA delta inside the base product: no second product, no add).
 //   rms_norm: s = 16 lane sums, lane l adding x[i]*x[i] (mul, then add) for i = l, l + 16, ...;
 //             lanes folded l += l + w for w = 8, 4, 2, 1; r = 1 / sqrt(s / H + eps);
 //             y[i] = out(out(x[i] * r) * w[i]).
@@ -34,7 +37,27 @@ struct GemmArgs {
   // stride ldxp; pair j holds x[., 2j] in its high half and x[., 2j + 1] (zero past k) in its low.
   const uint32_t* xp = nullptr;
   int64_t ldxp = 0;
+  // Optional second depth segment (not for the bf16 dot kernel): x2 [m, k2] float32 with row
+  // stride ldx2, w2 [n, k2] row-major in w's dtype; k2 = 0: none.
+  const float* x2 = nullptr;
+  int64_t ldx2 = 0;
+  const void* w2 = nullptr;
+  int64_t k2 = 0;
 };
+
+// The depth segments of `a` as arguments of their own (x, w, k the segment's; the outputs a's):
+// segment 0 is x w, segment 1 is x2 w2. Returns the number of segments (1 or 2).
+inline int gemm_segments(const GemmArgs& a, GemmArgs seg[2]) {
+  seg[0] = a;
+  seg[0].k2 = 0;
+  if (a.k2 <= 0) return 1;
+  seg[1] = seg[0];
+  seg[1].x = a.x2;
+  seg[1].ldx = a.ldx2;
+  seg[1].w = a.w2;
+  seg[1].k = a.k2;
+  return 2;
+}
 
 struct RowArgs {
   const void* x;  // rms_norm: [rows, h] input; silu_mul: gate

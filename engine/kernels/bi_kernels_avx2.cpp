@@ -170,19 +170,24 @@ void gemm(const GemmArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1, flo
   float* acc = scratch + kKc * kNr;  // [m1 - m0][kNr] partial chains
   const int64_t rows = m1 - m0;
   const int64_t tiles = (rows + kMr - 1) / kMr;
+  GemmArgs seg[2];
+  const int segs = gemm_segments(a, seg);
   for (int64_t p = p0; p < p1; ++p) {
     const int64_t n0 = p * kNr;
     const int64_t cols = a.n - n0 < kNr ? a.n - n0 : kNr;
-    for (int64_t kb = 0; kb < a.k; kb += kKc) {
-      const int64_t kc = a.k - kb < kKc ? a.k - kb : kKc;
-      const bool first = kb == 0;
-      const bool last = kb + kc == a.k;
-      pack_panel(a, n0, cols, kb, kc, pw);
-      int64_t r = m0;
-      for (int64_t t = 0; t < tiles; ++t) {
-        const int64_t mr = (rows * (t + 1)) / tiles - (rows * t) / tiles;
-        kTiles[mr](a, a.x + r * a.ldx + kb, pw, kc, acc + (r - m0) * kNr, first, last, r, n0, cols);
-        r += mr;
+    for (int si = 0; si < segs; ++si) {
+      const GemmArgs& s = seg[si];
+      for (int64_t kb = 0; kb < s.k; kb += kKc) {
+        const int64_t kc = s.k - kb < kKc ? s.k - kb : kKc;
+        const bool first = si == 0 && kb == 0;
+        const bool last = si == segs - 1 && kb + kc == s.k;
+        pack_panel(s, n0, cols, kb, kc, pw);
+        int64_t r = m0;
+        for (int64_t t = 0; t < tiles; ++t) {
+          const int64_t mr = (rows * (t + 1)) / tiles - (rows * t) / tiles;
+          kTiles[mr](s, s.x + r * s.ldx + kb, pw, kc, acc + (r - m0) * kNr, first, last, r, n0, cols);
+          r += mr;
+        }
       }
     }
   }

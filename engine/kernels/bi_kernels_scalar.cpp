@@ -17,15 +17,20 @@ constexpr int64_t kNr = 16;
 // Each output is the canonical chain, computed directly (no packing: the order is the definition).
 void gemm(const GemmArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1, float* scratch) {
   float* acc = scratch;  // [kNr]
+  GemmArgs seg[2];
+  const int segs = gemm_segments(a, seg);
   for (int64_t p = p0; p < p1; ++p) {
     const int64_t n0 = p * kNr;
     const int64_t cols = a.n - n0 < kNr ? a.n - n0 : kNr;
     for (int64_t row = m0; row < m1; ++row) {
-      const float* x = a.x + row * a.ldx;
       for (int64_t j = 0; j < cols; ++j) {
-        const int64_t w0 = (n0 + j) * a.k;
         float c = 0.0f;
-        for (int64_t kk = 0; kk < a.k; ++kk) c = std::fma(x[kk], load_elem(a.w, w0 + kk, a.w_bf16), c);
+        for (int si = 0; si < segs; ++si) {
+          const GemmArgs& s = seg[si];
+          const float* x = s.x + row * s.ldx;
+          const int64_t w0 = (n0 + j) * s.k;
+          for (int64_t kk = 0; kk < s.k; ++kk) c = std::fma(x[kk], load_elem(s.w, w0 + kk, s.w_bf16), c);
+        }
         acc[j] = c;
       }
       store_outputs(a, row, n0, cols, acc);

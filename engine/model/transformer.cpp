@@ -269,6 +269,16 @@ at::Tensor Transformer::apply_rope(const at::Tensor& x, const at::Tensor& cos,
 at::Tensor Transformer::adapted_linear(int64_t li, LoraTarget target, const at::Tensor& x,
                                       const at::Tensor& weight, const at::Tensor& bias,
                                       const LoraBatch& lora) const {
+  if (fuses_lora(li, target, x, weight, bias, lora)) {
+    // The engine's slots outside deterministic mode, on the project's float32 kernel: the adapter's
+    // up-projection is a second depth segment of the base product, y = [x | x A^T] [W | s B]^T + b,
+    // one product and no add per target. (Rounding differs from the path below, which rounds the
+    // delta before adding it; deterministic mode keeps that one, the trainer's arithmetic.)
+    const at::Tensor xa = lora.slot >= 0 ? linear(x, lora_->slot_a(li, target, lora.slot))
+                                         : linear(x, lora_->a(li, target)) * lora.mask;
+    return kernels::bi_linear(x, weight, bias, xa,
+                              lora.slot >= 0 ? lora_->slot_b(li, target, lora.slot) : lora_->b(li, target));
+  }
   at::Tensor y = linear(x, weight, bias);
   if (adapter_ != nullptr && adapter_->has(target)) {
     const int ti = static_cast<int>(target);
@@ -283,6 +293,14 @@ at::Tensor Transformer::adapted_linear(int64_t li, LoraTarget target, const at::
   }
   // ((x A^T) * mask) B^T: every slot's down-projection at once, each row keeping its own slot's.
   return y + linear(linear(x, lora_->a(li, target)) * lora.mask, lora_->b(li, target));
+}
+
+bool Transformer::fuses_lora(int64_t li, LoraTarget target, const at::Tensor& x, const at::Tensor& weight,
+                             const at::Tensor& bias, const LoraBatch& lora) const {
+  return lora_ != nullptr && lora.active() && lora_->targets(target) && !options_.deterministic &&
+         options_.project_linear && (adapter_ == nullptr || !adapter_->has(target)) &&
+         project_linear_for(x, weight, bias) == ProjectLinear::kFloat32 &&
+         lora_->a(li, target).scalar_type() == weight.scalar_type();
 }
 
 at::Tensor Transformer::layer_forward(int64_t li, const at::Tensor& h, const Rope& rope,

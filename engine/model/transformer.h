@@ -128,6 +128,10 @@ class Transformer {
   // linear(x, weight, bias) plus layer `li`'s LoRA delta for target `t` where the mask selects one.
   at::Tensor adapted_linear(int64_t li, LoraTarget t, const at::Tensor& x, const at::Tensor& weight,
                             const at::Tensor& bias, const LoraBatch& lora) const;
+  // Whether adapted_linear runs the engine slots' delta inside the base product (the float32
+  // kernel's second depth segment; not in deterministic mode, not with a trainer adapter there).
+  bool fuses_lora(int64_t li, LoraTarget t, const at::Tensor& x, const at::Tensor& weight,
+                  const at::Tensor& bias, const LoraBatch& lora) const;
 
   ModelConfig config_;
   TransformerOptions options_;

@@ -60,6 +60,42 @@ TEST(BatchInvariantTest, EveryKernelPathGivesTheScalarReferenceBits) {
   }
 }
 
+TEST(BatchInvariantTest, ASecondDepthSegmentIsTheLinearOfTheConcatenations) {
+  // bi_linear(x, w, b, x2, w2) (an unmerged LoRA delta inside the base product) must give the bits
+  // of one linear over [x | x2] and [w | w2] on every path: depths of the second segment below,
+  // at and past one packed block, rows on both sides of a micro-tile, a row stride that is not k2.
+  at::manual_seed(12);
+  for (auto dt : {at::kFloat, at::kBFloat16}) {
+    for (const Shape& s : kShapes) {
+      for (int64_t k2 : {1, 32, 400}) {
+        const auto x = at::randn({s.m, s.k}).to(dt);
+        const auto w = at::randn({s.n, s.k}).to(dt);
+        const auto b = at::randn({s.n}).to(dt);
+        const auto x2 = at::randn({s.m, k2 + 3}).narrow(1, 2, k2);  // strided rows: made contiguous
+        const auto w2 = at::randn({s.n, k2}).to(dt);
+        at::Tensor want;
+        {
+          ScopedCpuIsa scalar(CpuIsa::kScalar);
+          want = bi_linear(at::cat({x.to(at::kFloat), x2}, 1).to(dt), at::cat({w, w2}, 1), b);
+        }
+        for (CpuIsa isa : supported_cpu_isas()) {
+          SCOPED_TRACE(std::string(cpu_isa_name(isa)) + " " + label(dt, s) + " k2=" + std::to_string(k2));
+          ScopedCpuIsa path(isa);
+          if (dt == at::kFloat) test::expect_tensor_equal(bi_linear(x, w, b, x2, w2), want);
+          // bfloat16 x2 as the model's own activations would be: the same widening.
+          test::expect_tensor_equal(bi_linear(x, w, b, x2.to(dt), w2),
+                                    bi_linear(at::cat({x, x2.to(dt)}, 1), at::cat({w, w2}, 1), b));
+        }
+      }
+    }
+  }
+  ASSERT_THROWS_WITH(bi_linear(at::randn({2, 4}), at::randn({3, 4}), {}, at::randn({2, 5}), at::randn({3, 4})),
+                     std::logic_error, "second segment x2 [2, 5] and weight2 [3, 4] do not fit");
+  ASSERT_THROWS_WITH(bi_linear(at::randn({2, 4}), at::randn({3, 4}), {}, at::randn({2, 4}),
+                               at::randn({3, 4}).to(at::kBFloat16)),
+                     std::logic_error, "weight2 is BFloat16, weight Float");
+}
+
 TEST(BatchInvariantTest, ValuesMatchLibtorchWithinRounding) {
   at::manual_seed(12);
   for (CpuIsa isa : supported_cpu_isas()) {
