@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <map>
+#include <set>
 #include <stdexcept>
 
 #include "common/check.h"
@@ -159,7 +161,12 @@ Trainer::Trainer(const std::string& model_dir, TrainerOptions options)
   engine::ModelConfig config = engine::load_model_config(model_dir);
   engine::NamedTensors weights =
       engine::load_checkpoint(model_dir, engine::model_param_specs(config), at::kFloat);
-  init(std::move(config), std::move(weights));
+  // A LoRA run whose KL reference is the very base it adapts (a resumed run: it started from a zero
+  // B, so base + adapter was the base, bit for bit): the reference shares the frozen base.
+  std::error_code ec;
+  const bool reference_is_base = options_.lora.enabled() && !options_.reference_model_dir.empty() &&
+                                 std::filesystem::equivalent(options_.reference_model_dir, model_dir, ec);
+  init(std::move(config), std::move(weights), reference_is_base);
 }
 
 Trainer::Trainer(engine::ModelConfig config, engine::NamedTensors weights, TrainerOptions options)
@@ -170,7 +177,7 @@ Trainer::Trainer(engine::ModelConfig config, engine::NamedTensors weights, Train
 
 Trainer::~Trainer() = default;
 
-void Trainer::init(engine::ModelConfig config, engine::NamedTensors weights) {
+void Trainer::init(engine::ModelConfig config, engine::NamedTensors weights, bool reference_is_base) {
   Impl& s = *impl_;
   config.validate();
   s.config = config;
@@ -225,7 +232,9 @@ void Trainer::init(engine::ModelConfig config, engine::NamedTensors weights) {
   }
 
   if (options_.grpo.kl_coef > 0) {
-    if (!options_.reference_model_dir.empty()) {
+    if (reference_is_base) {
+      s.reference = std::make_unique<engine::Transformer>(config, s.model->named_parameters(), topts);
+    } else if (!options_.reference_model_dir.empty()) {
       s.reference = std::make_unique<engine::Transformer>(
           engine::Transformer::load(options_.reference_model_dir, topts));
     } else if (s.lora) {  // the shared frozen base with a frozen copy of the adapter
@@ -246,6 +255,19 @@ const engine::NamedTensors& Trainer::parameters() const { return impl_->state->p
 const std::vector<at::Tensor>& Trainer::buckets() const { return impl_->state->buckets(); }
 const sync::WeightLayout& Trainer::layout() const { return impl_->state->layout(); }
 StateBytes Trainer::state_bytes() const { return impl_->state->bytes(); }
+
+int64_t Trainer::reference_bytes() const {
+  const Impl& s = *impl_;
+  if (!s.reference) return 0;
+  std::set<const void*> trainer_storage;
+  for (const auto& [name, t] : s.model->named_parameters()) trainer_storage.insert(t.storage().data());
+  int64_t bytes = 0;
+  for (const auto& [name, t] : s.reference->named_parameters()) {
+    if (trainer_storage.count(t.storage().data()) == 0) bytes += t.numel() * t.element_size();
+  }
+  for (const auto& [name, t] : engine::lora_tensors(s.reference_adapter)) bytes += t.numel() * t.element_size();
+  return bytes;
+}
 bool Trainer::is_group_leader() const { return !options_.group || options_.group->rank() == 0; }
 const engine::ModelConfig& Trainer::config() const { return impl_->config; }
 

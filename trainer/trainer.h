@@ -168,6 +168,10 @@ class Trainer {
   const sync::WeightLayout& layout() const;
   // Persistent training-state bytes of this rank by kind.
   StateBytes state_bytes() const;
+  // Bytes the KL reference holds beyond the trainer's own tensors (0 without one): a full copy
+  // for full fine-tuning, only the adapter's frozen copy where a LoRA reference shares the base
+  // (also a resumed LoRA run whose reference_model_dir is the base it adapts).
+  int64_t reference_bytes() const;
   // The train group's rank 0 (or a single rank): the one that writes checkpoints.
   bool is_group_leader() const;
 
@@ -200,7 +204,7 @@ class Trainer {
 
  private:
   struct Impl;
-  void init(engine::ModelConfig config, engine::NamedTensors weights);
+  void init(engine::ModelConfig config, engine::NamedTensors weights, bool reference_is_base = false);
   // Rows' hidden states -> logits -> log-probs of the loss tokens, through `model`.
   at::Tensor forward_logprobs(const engine::Transformer& model, const MicroBatch& batch) const;
 

@@ -184,6 +184,41 @@ TEST(LoraTrainTest, ACheckpointIsAPeftAdapterAndResumesTheSameStep) {
                      std::invalid_argument, "a merged model needs a LoRA trainer");
 }
 
+// --resume of a LoRA run with --kl-coef names the initial model as the reference: that is the base
+// the trainer adapts, so the reference shares it (no second copy of the model) and the resumed
+// run's steps, KL included, are the uninterrupted run's.
+TEST(LoraTrainTest, AResumedKlReferenceSharesTheBaseAndContinuesTheRun) {
+  engine::EngineConfig cfg = test::test_engine_config();
+  engine::LlmEngine eng(cfg);
+  auto mbs = rollouts(eng, 3, 3, 6, 47);
+  test::TempDir tmp;
+  const std::string dir = tmp.file("ckpt");
+  TrainerOptions o = lora_options(2);
+  o.grpo.kl_coef = 0.5;
+  Trainer a(cfg.model_dir, o);
+  const int64_t adapter_bytes = a.state_bytes().parameters;
+  EXPECT_EQ(a.reference_bytes(), adapter_bytes);  // the adapter's frozen copy; the base is shared
+  for (int s = 0; s < 2; ++s) a.train_step(mbs, LossKind::kGrpo);
+  save_checkpoint(a, dir, cfg.model_dir, nlohmann::json::object(), /*merged=*/false);
+
+  o.reference_model_dir = cfg.model_dir + "/";  // another spelling of the same directory
+  Trainer b(cfg.model_dir, o);
+  load_trainer_state(b, dir);
+  EXPECT_EQ(b.reference_bytes(), 0);
+  const StepStats sa = a.train_step(mbs, LossKind::kGrpo);
+  const StepStats sb = b.train_step(mbs, LossKind::kGrpo);
+  EXPECT_GT(sa.loss.kl, 0.0);
+  EXPECT_EQ(sa.loss.kl, sb.loss.kl);
+  EXPECT_EQ(sa.loss.loss, sb.loss.loss);
+  EXPECT_EQ(sa.grad_norm, sb.grad_norm);
+
+  // Full fine-tuning's reference is its own copy of the model.
+  TrainerOptions full;
+  full.grpo.kl_coef = 0.5;
+  Trainer f(cfg.model_dir, full);
+  EXPECT_EQ(f.reference_bytes(), f.state_bytes().parameters);
+}
+
 // Activation checkpointing recomputes each layer in backward: with a frozen embedding the first
 // layer's input needs no gradient, and the adapters still train as without checkpointing.
 TEST(LoraTrainTest, ActivationCheckpointingTrainsTheAdapterAsWithout) {
