@@ -207,6 +207,7 @@ struct EpisodeResult {
   int64_t later_prompt_tokens = 0, later_cached_tokens = 0;  // turns after the first
   int64_t later_held_tokens = 0;  // of those prompts, the previous turn's prompt and reply
   std::vector<double> later_cached_share, turn_seconds;
+  std::string first_error;  // status and body of the first refused turn
 };
 
 // --multi-turn: `clients` clients, each running `o.episodes` chat episodes of `o.multi_turn`
@@ -240,6 +241,9 @@ EpisodeResult run_episodes(const std::string& url, const ServeBenchOptions& o, i
           const auto t0 = Clock::now();
           auto res = client.post("/v1/chat/completions", body.dump());
           if (res.status != 200) {
+            if (local.first_error.empty()) {
+              local.first_error = fmt::format("turn {}: HTTP {}: {}", t + 1, res.status, res.body.substr(0, 300));
+            }
             local.errors++;
             break;
           }
@@ -262,6 +266,7 @@ EpisodeResult run_episodes(const std::string& url, const ServeBenchOptions& o, i
       std::lock_guard<std::mutex> lock(mu);
       total.turns += local.turns;
       total.errors += local.errors;
+      if (total.first_error.empty()) total.first_error = local.first_error;
       total.later_prompt_tokens += local.later_prompt_tokens;
       total.later_cached_tokens += local.later_cached_tokens;
       total.later_held_tokens += local.later_held_tokens;
@@ -298,8 +303,12 @@ int run_multi_turn(const std::string& url, const ServeBenchOptions& o) {
                                c, mode, r.turns, r.errors, 100 * share,
                                100 * percentile(r.later_cached_share, 0.1), 100 * of_held, prefilled,
                                1e3 * percentile(r.turn_seconds, 0.5));
+      // A refused turn ends its episode; say why (resending re-encodes the replies, so a prompt
+      // can outgrow the context, which sessions never do).
+      if (!r.first_error.empty()) std::cout << "         first error: " << r.first_error << "\n";
       std::cout.flush();
       levels.push_back({{"clients", c}, {"mode", mode}, {"turns", r.turns}, {"errors", r.errors},
+                        {"first_error", r.first_error},
                         {"later_cached_share", share},
                         {"later_cached_share_p10", percentile(r.later_cached_share, 0.1)},
                         {"later_cached_of_seen", of_held},
