@@ -79,10 +79,11 @@ void run_gemm(const detail::GemmArgs& a, const GemmShape& s,
   int64_t row_blocks = (m + s.max_rows - 1) / s.max_rows;
   if (row_blocks * panels < threads) {
     // Fewer panels than threads (a skinny product, such as a LoRA adapter's x A^T of one panel):
-    // split the rows further, a micro-tile at least each, so that no thread only waits.
+    // split the rows further, into no more blocks than micro-tiles, so that no thread only waits.
     row_blocks = std::max(row_blocks, std::min((m + s.mr - 1) / s.mr, (threads + panels - 1) / panels));
   }
   const int64_t mc = (m + row_blocks - 1) / row_blocks;
+  row_blocks = (m + mc - 1) / mc;  // no block left without rows
   const int64_t g = std::max<int64_t>(1, (panels + 4 * threads - 1) / (4 * threads));
   const int64_t groups = (panels + g - 1) / g;
   const int64_t scratch_floats = s.panel_floats + mc * nr;
@@ -129,16 +130,19 @@ at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& weight, const at::Te
     CRL_CHECK(weight2.scalar_type() == weight.scalar_type(), "linear: weight2 is ", weight2.scalar_type(),
               ", weight ", weight.scalar_type());
   }
-  if (second && x.size(1) == 0) return bi_linear(x2, weight2, bias);
-  if (at::Tensor t = trivial_linear(x, weight.size(0), b); t.defined()) return t;
-  const at::Tensor xf = x.to(at::kFloat).contiguous();  // bfloat16 widens exactly
-  const at::Tensor w = weight.contiguous();
+  // [x | x2] with an empty x is x2 alone: the one segment (the output still in x's dtype).
+  const bool only_second = second && x.size(1) == 0;
+  const at::Tensor& x1 = only_second ? x2 : x;
+  const at::Tensor& w1 = only_second ? weight2 : weight;
+  if (at::Tensor t = trivial_linear(x1, w1.size(0), b); t.defined()) return t.to(x.scalar_type());
+  const at::Tensor xf = x1.to(at::kFloat).contiguous();  // bfloat16 widens exactly
+  const at::Tensor w = w1.contiguous();
   at::Tensor y = at::empty({x.size(0), w.size(0)}, x.options());
   detail::GemmArgs args = gemm_args(w, b, y);
   args.x = xf.data_ptr<float>();
   args.ldx = args.k;
   at::Tensor x2f, w2;
-  if (second && x2.size(1) > 0) {
+  if (second && !only_second && x2.size(1) > 0) {
     x2f = x2.to(at::kFloat).contiguous();
     w2 = weight2.contiguous();
     args.x2 = x2f.data_ptr<float>();

@@ -300,7 +300,8 @@ bool Transformer::fuses_lora(int64_t li, LoraTarget target, const at::Tensor& x,
   return lora_ != nullptr && lora.active() && lora_->targets(target) && !options_.deterministic &&
          options_.project_linear && (adapter_ == nullptr || !adapter_->has(target)) &&
          project_linear_for(x, weight, bias) == ProjectLinear::kFloat32 &&
-         lora_->a(li, target).scalar_type() == weight.scalar_type();
+         lora_->a(li, target).scalar_type() == weight.scalar_type() &&
+         !lora_->a(li, target).requires_grad() && !lora_->b(li, target).requires_grad();  // no autograd here
 }
 
 at::Tensor Transformer::layer_forward(int64_t li, const at::Tensor& h, const Rope& rope,

@@ -76,12 +76,13 @@ TEST(BatchInvariantTest, ASecondDepthSegmentIsTheLinearOfTheConcatenations) {
         at::Tensor want;
         {
           ScopedCpuIsa scalar(CpuIsa::kScalar);
-          want = bi_linear(at::cat({x.to(at::kFloat), x2}, 1).to(dt), at::cat({w, w2}, 1), b);
+          want = bi_linear(x, w, b, x2, w2);  // float32 x2 also beside bfloat16 weights
+          if (dt == at::kFloat) test::expect_tensor_equal(want, bi_linear(at::cat({x, x2}, 1), at::cat({w, w2}, 1), b));
         }
         for (CpuIsa isa : supported_cpu_isas()) {
           SCOPED_TRACE(std::string(cpu_isa_name(isa)) + " " + label(dt, s) + " k2=" + std::to_string(k2));
           ScopedCpuIsa path(isa);
-          if (dt == at::kFloat) test::expect_tensor_equal(bi_linear(x, w, b, x2, w2), want);
+          test::expect_tensor_equal(bi_linear(x, w, b, x2, w2), want);
           // bfloat16 x2 as the model's own activations would be: the same widening.
           test::expect_tensor_equal(bi_linear(x, w, b, x2.to(dt), w2),
                                     bi_linear(at::cat({x, x2.to(dt)}, 1), at::cat({w, w2}, 1), b));
@@ -89,6 +90,11 @@ TEST(BatchInvariantTest, ASecondDepthSegmentIsTheLinearOfTheConcatenations) {
       }
     }
   }
+  // An empty first segment: the second alone (x2 widened as ever), in x's dtype.
+  const auto x2 = at::randn({3, 5}).to(at::kBFloat16);
+  const auto w2 = at::randn({4, 5});
+  test::expect_tensor_equal(bi_linear(at::empty({3, 0}), at::empty({4, 0}), {}, x2, w2),
+                            bi_linear(x2.to(at::kFloat), w2));
   ASSERT_THROWS_WITH(bi_linear(at::randn({2, 4}), at::randn({3, 4}), {}, at::randn({2, 5}), at::randn({3, 4})),
                      std::logic_error, "second segment x2 [2, 5] and weight2 [3, 4] do not fit");
   ASSERT_THROWS_WITH(bi_linear(at::randn({2, 4}), at::randn({3, 4}), {}, at::randn({2, 4}),
