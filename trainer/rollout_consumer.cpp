@@ -108,16 +108,12 @@ void RolloutConsumer::run() {
     bool save = !o_.save_dir.empty() &&
                 ((o_.save_every > 0 && (step + 1) % o_.save_every == 0) || step + 1 == o_.steps);
     if (save) {
-      // Every train rank takes part (the sharded state is gathered); the group's rank 0 writes.
       auto t0 = Clock::now();
-      std::string dir = fmt::format("{}/step-{}", o_.save_dir, step + 1);
-      save_checkpoint(*tr, dir, o_.model_dir, {{"rows_drawn", c_.data.drawn()}, {"phase", "grpo"}},
-                      o_.save_merged);
+      std::string dir = checkpoint(*tr, step + 1, "grpo");
       if (c_.ranks.role_global == 0) {
         m.checkpoint = dir;
         m.checkpoint_s = seconds_since(t0);
       }
-      barrier(fmt::format("checkpoint-s{}", step));  // a slow write is not a dead rank
     }
     auto now = sync::Coordinator::store_traffic();
     m.store_ops = now.ops - counters.ops;
@@ -125,6 +121,21 @@ void RolloutConsumer::run() {
     counters = now;
     publish_report(*c_.coord, step, c_.ranks.env.rank, m);
   }
+  // No GRPO step ran (--steps 0, or a resume at the last step): the job's end still leaves a
+  // checkpoint, the warmed-up model after an SFT-only run (resuming it starts GRPO at step 0).
+  if (!o_.save_dir.empty() && c_.versions.start_step() >= o_.steps && c_.versions.runs_sft()) {
+    std::string dir = checkpoint(*tr, c_.versions.start_step(), "sft");
+    if (c_.ranks.role_global == 0) spdlog::info("checkpoint after the SFT warm-up: {}", dir);
+  }
+}
+
+std::string RolloutConsumer::checkpoint(Trainer& tr, int64_t step, const char* phase) {
+  // Every train rank takes part (the sharded state is gathered); the group's rank 0 writes.
+  std::string dir = fmt::format("{}/step-{}", o_.save_dir, step);
+  save_checkpoint(tr, dir, o_.model_dir, {{"rows_drawn", c_.data.drawn()}, {"phase", phase}},
+                  o_.save_merged);
+  barrier(fmt::format("checkpoint-s{}", step));  // a slow write is not a dead rank
+  return dir;
 }
 
 at::TensorOptions RolloutConsumer::train_group_options() const {

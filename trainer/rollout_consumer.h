@@ -88,6 +88,8 @@ class RolloutConsumer {
   bool run_rounds(Trainer& tr, Rounds& r, std::vector<LossMetrics>& parts);
   void barrier(const std::string& name);
   double send(Trainer& tr, int64_t version);
+  // Writes DIR/step-N (all train ranks; the group's rank 0 writes) and returns the directory.
+  std::string checkpoint(Trainer& tr, int64_t step, const char* phase);
   std::unique_ptr<Trainer> sft(std::unique_ptr<Trainer> tr, const TrainerOptions& topts);
   TrainReport train_step(Trainer& tr, int64_t step);
 
