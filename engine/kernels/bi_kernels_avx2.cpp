@@ -17,6 +17,7 @@ namespace crl::engine::kernels::detail {
 namespace {
 
 #include "engine/kernels/bi_rowwise_impl.h"
+#include "engine/kernels/bi_gemm_impl.h"
 
 constexpr int64_t kNr = 16;
 constexpr int64_t kMr = 6;
@@ -62,14 +63,6 @@ inline void transpose8(__m256 r[8]) {
   }
 }
 
-// The weights of column `col + kNr` (the next panel's) at depth k0, into L2: a panel reads kNr rows
-// at once, more streams than the hardware prefetcher follows.
-inline void prefetch_next_panel(const GemmArgs& a, int64_t col, int64_t k0) {
-  if (col + kNr >= a.n) return;
-  const int64_t elem = a.w_bf16 ? 2 : 4;
-  _mm_prefetch(static_cast<const char*>(a.w) + ((col + kNr) * a.k + k0) * elem, _MM_HINT_T1);
-}
-
 // pw[kk * kNr + j] = w[n0 + j, kb + kk] for kk < kc, j < kNr (zero for columns past `cols`).
 void pack_panel(const GemmArgs& a, int64_t n0, int64_t cols, int64_t kb, int64_t kc, float* pw) {
   for (int64_t k0 = 0; k0 < kc; k0 += 8) {
@@ -80,7 +73,7 @@ void pack_panel(const GemmArgs& a, int64_t n0, int64_t cols, int64_t kb, int64_t
         const int64_t col = part * 8 + j;
         if (col < cols) {
           r[j] = load_w(a, n0 + col, kb + k0, kcnt);
-          prefetch_next_panel(a, n0 + col, kb + k0);
+          prefetch_next_panel<kNr>(a, n0 + col, kb + k0);
         } else {
           r[j] = _mm256_setzero_ps();
         }
@@ -158,39 +151,10 @@ void tile(const GemmArgs& a, const float* x, const float* pw, int64_t kc, float*
   }
 }
 
-using TileFn = void (*)(const GemmArgs&, const float*, const float*, int64_t, float*, bool, bool,
-                        int64_t, int64_t, int64_t);
 constexpr TileFn kTiles[kMr + 1] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>};
 
-// Panel by panel, each over the whole depth: a panel's partial chains stay in L1 between depth
-// blocks. Row tiles are balanced (as many as kMr-row tiles would be, sizes differing by at most
-// one), which keeps the most chains in flight; neither choice changes a bit.
 void gemm(const GemmArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1, float* scratch) {
-  float* pw = scratch;               // [kKc][kNr] packed panel block
-  float* acc = scratch + kKc * kNr;  // [m1 - m0][kNr] partial chains
-  const int64_t rows = m1 - m0;
-  const int64_t tiles = (rows + kMr - 1) / kMr;
-  GemmArgs seg[2];
-  const int segs = gemm_segments(a, seg);
-  for (int64_t p = p0; p < p1; ++p) {
-    const int64_t n0 = p * kNr;
-    const int64_t cols = a.n - n0 < kNr ? a.n - n0 : kNr;
-    for (int si = 0; si < segs; ++si) {
-      const GemmArgs& s = seg[si];
-      for (int64_t kb = 0; kb < s.k; kb += kKc) {
-        const int64_t kc = s.k - kb < kKc ? s.k - kb : kKc;
-        const bool first = si == 0 && kb == 0;
-        const bool last = si == segs - 1 && kb + kc == s.k;
-        pack_panel(s, n0, cols, kb, kc, pw);
-        int64_t r = m0;
-        for (int64_t t = 0; t < tiles; ++t) {
-          const int64_t mr = (rows * (t + 1)) / tiles - (rows * t) / tiles;
-          kTiles[mr](s, s.x + r * s.ldx + kb, pw, kc, acc + (r - m0) * kNr, first, last, r, n0, cols);
-          r += mr;
-        }
-      }
-    }
-  }
+  gemm_panels<kNr, kMr, kKc>(a, m0, m1, p0, p1, scratch, pack_panel, kTiles);
 }
 
 }  // namespace
