@@ -153,11 +153,15 @@ Filled fill_step(const SchedulerOutput& batch, int32_t block_size, const StepLay
 }  // namespace
 
 // One captured decode forward: static inputs in one device buffer (StepLayout of `bucket` rows and
-// sequences), replayed after one upload into it.
+// sequences), replayed after one upload into it. A LoRA graph also reads a static mask [bucket,
+// S * r] (LoraSlots::row_mask; padding rows take no adapter): every row on the masked product, so
+// one graph serves any mix of slots, and the slots' A and B are read in place (updates copy into
+// them), so a new adapter version needs no capture.
 struct ModelRunner::DecodeGraph {
   int64_t bucket = 0;
   std::unique_ptr<StepLayout> layout;
-  at::Tensor inputs;  // [layout.bytes] uint8 on the device
+  at::Tensor inputs;     // [layout.bytes] uint8 on the device
+  at::Tensor lora_mask;  // LoRA graphs: [bucket, S * r] in the slots' dtype on the device
   std::unique_ptr<CudaGraph> graph;
 };
 
@@ -170,16 +174,23 @@ void ModelRunner::enable_cuda_graphs(std::vector<int64_t> buckets, int64_t max_m
   std::sort(buckets.begin(), buckets.end());
   graph_buckets_ = std::move(buckets);
   graph_max_blocks_ = (max_model_len + block_size_ - 1) / block_size_;
-  graphs_.clear();
+  reset_cuda_graphs();
 }
 
-void ModelRunner::reset_cuda_graphs() { graphs_.clear(); }
+void ModelRunner::reset_cuda_graphs() {
+  graphs_.clear();
+  lora_graphs_.clear();
+}
 
-void ModelRunner::capture_cuda_graphs() {
+void ModelRunner::capture_cuda_graphs(bool lora) {
   const at::Device device = kv_cache_.device();
   const double scale = 1.0 / std::sqrt(static_cast<double>(model_.config().head_dim));
   const int64_t max_position = model_.config().max_position_embeddings - 1;
-  // Largest first, all in the first graph's memory pool (they never replay concurrently).
+  auto& graphs = lora ? lora_graphs_ : graphs_;
+  // Largest first, all in one memory pool (no two graphs ever replay concurrently).
+  const CudaGraph* pool = !graphs_.empty() ? graphs_.front()->graph.get()
+                          : !lora_graphs_.empty() ? lora_graphs_.front()->graph.get()
+                                                  : nullptr;
   for (auto it = graph_buckets_.rbegin(); it != graph_buckets_.rend(); ++it) {
     auto g = std::make_unique<DecodeGraph>();
     g->bucket = *it;
@@ -187,18 +198,24 @@ void ModelRunner::capture_cuda_graphs() {
     at::Tensor host = host_buffer(*g->layout, device);
     fill_step(SchedulerOutput(), block_size_, *g->layout, host);  // all padding
     g->inputs = host.to(device);
+    LoraBatch batch;
+    if (lora) {
+      g->lora_mask = lora_->row_mask(std::vector<int32_t>(static_cast<size_t>(g->bucket), -1));
+      batch.mask = g->lora_mask;
+    }
     const StepLayout& l = *g->layout;
     const kv::PagedAttentionMetadata meta = l.metadata(g->inputs, 1, graph_max_blocks_ * block_size_);
     const at::Tensor tokens = StepLayout::view(g->inputs, l.tok, l.rows, at::kLong);
     const at::Tensor positions = StepLayout::view(g->inputs, l.pos, l.rows, at::kLong);
     auto forward = [&]() {
       PagedKvAttention attention(kv_cache_, meta, scale);
-      return model_.forward_hidden(tokens, positions, attention, max_position);
+      return model_.forward_hidden(tokens, positions, attention, max_position, batch);
     };
-    g->graph = capture_cuda_graph(forward, device, graphs_.empty() ? nullptr : graphs_.front()->graph.get());
-    graphs_.push_back(std::move(g));
+    g->graph = capture_cuda_graph(forward, device, pool);
+    if (pool == nullptr) pool = g->graph.get();
+    graphs.push_back(std::move(g));
   }
-  std::reverse(graphs_.begin(), graphs_.end());  // ascending buckets
+  std::reverse(graphs.begin(), graphs.end());  // ascending buckets
 }
 
 namespace {
@@ -218,7 +235,7 @@ bool lora_rows(const SchedulerOutput& batch, std::vector<int32_t>* slots) {
 
 ModelRunner::DecodeGraph* ModelRunner::graph_for(const SchedulerOutput& batch) {
   if (graph_buckets_.empty() || batch.seqs.empty()) return nullptr;
-  if (lora_rows(batch, nullptr)) return nullptr;
+  const bool lora = lora_ != nullptr && lora_rows(batch, nullptr);
   const int64_t n = static_cast<int64_t>(batch.seqs.size());
   if (n > graph_buckets_.back() || batch.num_tokens != n) return nullptr;
   for (const ScheduledSeq& s : batch.seqs) {
@@ -227,8 +244,9 @@ ModelRunner::DecodeGraph* ModelRunner::graph_for(const SchedulerOutput& batch) {
       return nullptr;
     }
   }
-  if (graphs_.empty()) capture_cuda_graphs();
-  for (auto& g : graphs_) {
+  auto& graphs = lora ? lora_graphs_ : graphs_;
+  if (graphs.empty()) capture_cuda_graphs(lora);
+  for (auto& g : graphs) {
     if (g->bucket >= n) return g.get();
   }
   return nullptr;
@@ -252,6 +270,14 @@ ForwardOutput ModelRunner::execute_graph(const SchedulerOutput& batch, DecodeGra
   fill_step(batch, block_size_, *g.layout, host);
   g.inputs.copy_(host, /*non_blocking=*/true);
   out.h2d_bytes += host.numel();
+  if (g.lora_mask.defined()) {
+    std::vector<int32_t> row_slots;
+    lora_rows(batch, &row_slots);
+    row_slots.resize(static_cast<size_t>(g.bucket), -1);  // padding rows: no adapter
+    const at::Tensor mask = lora_->row_mask(row_slots);
+    g.lora_mask.copy_(mask);
+    out.h2d_bytes += mask.numel() * mask.element_size();
+  }
   g.graph->replay();
   out.hidden = g.graph->output().narrow(0, 0, n);
   out.sample_hidden = out.hidden;

@@ -50,20 +50,24 @@ class ModelRunner {
   // Throws std::invalid_argument off CUDA.
   void enable_cuda_graphs(std::vector<int64_t> buckets, int64_t max_model_len);
   void reset_cuda_graphs();
-  int64_t num_cuda_graphs() const { return static_cast<int64_t>(graphs_.size()); }
+  // Captured graphs: the base model's, and those of batches with adapted rows (LoRA).
+  int64_t num_cuda_graphs() const { return static_cast<int64_t>(graphs_.size() + lora_graphs_.size()); }
+  int64_t num_lora_cuda_graphs() const { return static_cast<int64_t>(lora_graphs_.size()); }
 
   int32_t num_blocks() const { return num_blocks_; }
   int32_t block_size() const { return block_size_; }
   int64_t kv_cache_bytes() const { return kv_cache_.numel() * kv_cache_.element_size(); }
   const at::Tensor& kv_cache() const { return kv_cache_; }
-  // The LoRA slots the rows' requests name (Request::lora_slot); nullptr = none. Not owned. A batch
-  // with an adapted row runs eagerly (the decode graphs hold no LoRA mask).
+  // The LoRA slots the rows' requests name (Request::lora_slot); nullptr = none. Not owned. A decode
+  // step with an adapted row replays a LoRA graph (the masked product for every row, whatever the
+  // mix of slots; captured at the first such step); eagerly, one adapter for every row takes its
+  // own product instead (rounding differs, to cuBLAS's tolerance).
   void set_lora_slots(const LoraSlots* slots) { lora_ = slots; }
 
  private:
   struct DecodeGraph;
   DecodeGraph* graph_for(const SchedulerOutput& batch);
-  void capture_cuda_graphs();
+  void capture_cuda_graphs(bool lora);
   ForwardOutput execute_graph(const SchedulerOutput& batch, DecodeGraph& graph);
 
   const Transformer& model_;
@@ -72,7 +76,8 @@ class ModelRunner {
   at::Tensor kv_cache_;
   std::vector<int64_t> graph_buckets_;  // ascending; empty: no graphs
   int64_t graph_max_blocks_ = 0;
-  std::vector<std::unique_ptr<DecodeGraph>> graphs_;  // by bucket, ascending; captured lazily
+  std::vector<std::unique_ptr<DecodeGraph>> graphs_;       // by bucket, ascending; captured lazily
+  std::vector<std::unique_ptr<DecodeGraph>> lora_graphs_;  // the same, for batches with adapted rows
   const LoraSlots* lora_ = nullptr;
 };
 

@@ -232,6 +232,41 @@ TEST(LoraTest, PolicyVersionsKeepARunningRequestOnTheVersionItStartedOn) {
 INSTANTIATE_TEST_SUITE_P(Lora, LoraMixTest, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "Deterministic" : "Default"; });
 
+// Decode steps with adapted rows replaying LoRA graphs (the masked product, padded to the bucket)
+// against the eager engine on the same GPU: mixed slots and base rows, and one adapter for every
+// row (eagerly its own product), equal tokens and log-probs to cuBLAS's tolerance; a new version
+// loaded into a slot is read by the captured graphs (no new capture).
+TEST(CudaLoraTest, DecodeGraphsServeMixedAdaptersAsTheEagerEngine) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  EngineConfig cfg = lora_config("qwen2", 3);
+  cfg.device = "cuda";
+  cfg.max_seqs = 12;
+  cfg.cuda_graphs = "off";
+  LlmEngine eager(cfg);
+  cfg.cuda_graphs = "on";
+  LlmEngine graphed(cfg);
+  const ModelConfig mc = eager.model_config();
+  for (LlmEngine* e : {&eager, &graphed}) {
+    e->add_lora("x", make_lora_adapter(mc, 8, 16, parse_lora_targets("all-linear"), 11, true));
+    e->add_lora("y", make_lora_adapter(mc, 4, 4, parse_lora_targets("q,v"), 12, true));
+  }
+  for (const std::vector<std::string>& names :
+       {std::vector<std::string>{"x", "", "y"}, std::vector<std::string>{"x"}}) {
+    SCOPED_TRACE(names.size() == 1 ? "one adapter" : "mixed");
+    const auto reqs = greedy_requests("g", 7, 31, names);
+    expect_same_outputs(eager.generate(reqs), graphed.generate(reqs), 2e-3);
+  }
+  const int64_t captured = graphed.runner().num_lora_cuda_graphs();
+  EXPECT_GT(captured, 0);
+  for (LlmEngine* e : {&eager, &graphed}) {
+    e->add_lora("z", make_lora_adapter(mc, 8, 8, parse_lora_targets("all-linear"), 14, true));
+    e->bump_weight_version();
+  }
+  const auto reqs = greedy_requests("h", 7, 32, {"z", "x", ""});
+  expect_same_outputs(eager.generate(reqs), graphed.generate(reqs), 2e-3);
+  EXPECT_EQ(graphed.runner().num_lora_cuda_graphs(), captured);
+}
+
 TEST(LoraTest, AdaptersDoNotShareTheBasesPrefixCache) {
   EngineConfig cfg = lora_config("llama", 1);
   LlmEngine eng(cfg);
