@@ -212,6 +212,7 @@ void ModelRunner::capture_cuda_graphs(bool lora) {
       return model_.forward_hidden(tokens, positions, attention, max_position, batch);
     };
     g->graph = capture_cuda_graph(forward, device, pool);
+    ++graph_captures_;
     if (pool == nullptr) pool = g->graph.get();
     graphs.push_back(std::move(g));
   }
@@ -274,8 +275,9 @@ ForwardOutput ModelRunner::execute_graph(const SchedulerOutput& batch, DecodeGra
     std::vector<int32_t> row_slots;
     lora_rows(batch, &row_slots);
     row_slots.resize(static_cast<size_t>(g.bucket), -1);  // padding rows: no adapter
-    const at::Tensor mask = lora_->row_mask(row_slots);
-    g.lora_mask.copy_(mask);
+    // From pinned memory, queued before the replay on the same stream (no host wait).
+    const at::Tensor mask = lora_->row_mask(row_slots, /*on_host=*/true).pin_memory();
+    g.lora_mask.copy_(mask, /*non_blocking=*/true);
     out.h2d_bytes += mask.numel() * mask.element_size();
   }
   g.graph->replay();

@@ -53,6 +53,7 @@ class ModelRunner {
   // Captured graphs: the base model's, and those of batches with adapted rows (LoRA).
   int64_t num_cuda_graphs() const { return static_cast<int64_t>(graphs_.size() + lora_graphs_.size()); }
   int64_t num_lora_cuda_graphs() const { return static_cast<int64_t>(lora_graphs_.size()); }
+  int64_t num_cuda_graph_captures() const { return graph_captures_; }  // over the runner's life
 
   int32_t num_blocks() const { return num_blocks_; }
   int32_t block_size() const { return block_size_; }
@@ -78,6 +79,7 @@ class ModelRunner {
   int64_t graph_max_blocks_ = 0;
   std::vector<std::unique_ptr<DecodeGraph>> graphs_;       // by bucket, ascending; captured lazily
   std::vector<std::unique_ptr<DecodeGraph>> lora_graphs_;  // the same, for batches with adapted rows
+  int64_t graph_captures_ = 0;
   const LoraSlots* lora_ = nullptr;
 };
 

@@ -414,7 +414,7 @@ void LoraSlots::clear(int64_t slot) {
   }
 }
 
-at::Tensor LoraSlots::row_mask(const std::vector<int32_t>& row_slots) const {
+at::Tensor LoraSlots::row_mask(const std::vector<int32_t>& row_slots, bool on_host) const {
   const int64_t rows = static_cast<int64_t>(row_slots.size());
   at::Tensor m = at::zeros({rows, num_slots_ * max_rank_}, at::kFloat);
   float* p = m.data_ptr<float>();
@@ -424,7 +424,7 @@ at::Tensor LoraSlots::row_mask(const std::vector<int32_t>& row_slots) const {
     CRL_CHECK(s < num_slots_, "LoRA slot ", s, " outside [0, ", num_slots_, ")");
     std::fill(p + r * num_slots_ * max_rank_ + s * max_rank_, p + r * num_slots_ * max_rank_ + (s + 1) * max_rank_, 1.0f);
   }
-  return m.to(device_, dtype_);
+  return on_host ? m.to(dtype_) : m.to(device_, dtype_);
 }
 
 }  // namespace crl::engine

@@ -115,9 +115,10 @@ class LoraSlots {
   const at::Tensor& slot_b(int64_t li, LoraTarget t, int64_t slot) const {
     return slot_b_[static_cast<size_t>(slot)][li][static_cast<int>(t)];
   }
-  // The batch's mask [rows, S * r] in the model's dtype and device: row i's slot's columns 1
-  // (row_slots[i] in [0, S)), the rest 0 (a row of slot -1 takes no adapter).
-  at::Tensor row_mask(const std::vector<int32_t>& row_slots) const;
+  // The batch's mask [rows, S * r] in the model's dtype and device (with `on_host`, on the CPU):
+  // row i's slot's columns 1 (row_slots[i] in [0, S)), the rest 0 (a row of slot -1 takes no
+  // adapter).
+  at::Tensor row_mask(const std::vector<int32_t>& row_slots, bool on_host = false) const;
 
  private:
   ModelConfig config_;

@@ -256,15 +256,15 @@ TEST(CudaLoraTest, DecodeGraphsServeMixedAdaptersAsTheEagerEngine) {
     const auto reqs = greedy_requests("g", 7, 31, names);
     expect_same_outputs(eager.generate(reqs), graphed.generate(reqs), 2e-3);
   }
-  const int64_t captured = graphed.runner().num_lora_cuda_graphs();
-  EXPECT_GT(captured, 0);
+  EXPECT_GT(graphed.runner().num_lora_cuda_graphs(), 0);
+  const int64_t captures = graphed.runner().num_cuda_graph_captures();
   for (LlmEngine* e : {&eager, &graphed}) {
     e->add_lora("z", make_lora_adapter(mc, 8, 8, parse_lora_targets("all-linear"), 14, true));
     e->bump_weight_version();
   }
   const auto reqs = greedy_requests("h", 7, 32, {"z", "x", ""});
   expect_same_outputs(eager.generate(reqs), graphed.generate(reqs), 2e-3);
-  EXPECT_EQ(graphed.runner().num_lora_cuda_graphs(), captured);
+  EXPECT_EQ(graphed.runner().num_cuda_graph_captures(), captures);
 }
 
 TEST(LoraTest, AdaptersDoNotShareTheBasesPrefixCache) {
