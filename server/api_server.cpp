@@ -316,15 +316,18 @@ std::optional<Server::SessionTurn> Server::session_turn(const HttpRequest& req, 
   } catch (const std::invalid_argument& e) {
     throw ApiError(400, e.what(), "messages");
   }
-  const int64_t held = static_cast<int64_t>(lease->trajectory.ids().size());
-  const int64_t want = held + (job.max_tokens_given ? job.params.max_tokens : 0);
+  return SessionTurn{std::move(lease), std::move(turn), id};
+}
+
+void Server::check_session_cap(const SessionTurn& s, int64_t max_tokens) const {
+  // The reply may take all of max_tokens (the rest of the context when the request gave none).
+  const int64_t want = static_cast<int64_t>(s.lease->trajectory.ids().size()) + max_tokens;
   if (want > sessions_.limits().max_tokens) {
     throw ApiError(400, fmt::format("session '{}' would hold {} tokens with this turn, over its cap of "
                                     "{} (serve --max-session-tokens)",
-                                    id, want, sessions_.limits().max_tokens),
+                                    s.id, want, sessions_.limits().max_tokens),
                    "max_tokens");
   }
-  return SessionTurn{std::move(lease), std::move(turn), id};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -363,6 +366,15 @@ HttpResponse Server::handle_completion(const HttpRequest& req, Endpoint endpoint
   // Shared with a stream's writer, which appends the reply when the stream ends.
   std::shared_ptr<std::optional<SessionTurn>> session = std::make_shared<std::optional<SessionTurn>>(
       session_turn(req, body, ordered ? &*ordered : nullptr, endpoint, job));
+  // Until the engine has the request, a refusal takes the session's new turn back (the session,
+  // and the turn a retry would rewind, stay as they were).
+  struct TurnGuard {
+    std::optional<SessionTurn>& s;
+    bool submitted = false;
+    ~TurnGuard() {
+      if (!submitted && s && s->lease->trajectory.turn_open()) s->lease->trajectory.abort_turn();
+    }
+  } guard{*session};
 
   // Requests, tokenized and validated here so a bad one is a 400 before anything is queued.
   const uint64_t serial = next_id_++;
@@ -387,10 +399,15 @@ HttpResponse Server::handle_completion(const HttpRequest& req, Endpoint endpoint
         r.prompt_token_ids = eng.encode_prompt(p.text, job.split_special_tokens);
       }
       if (endpoint == Endpoint::kChat && !job.max_tokens_given) {  // the rest of the context
-        const int64_t room = eng.max_model_len() - static_cast<int64_t>(r.prompt_token_ids.size());
+        int64_t room = eng.max_model_len() - static_cast<int64_t>(r.prompt_token_ids.size());
+        if (*session) {  // and of the session's token cap
+          room = std::min<int64_t>(room, sessions_.limits().max_tokens -
+                                             static_cast<int64_t>((*session)->lease->trajectory.ids().size()));
+        }
         r.params.max_tokens = static_cast<int32_t>(std::max<int64_t>(1, room));
         r.params.min_tokens = std::min(r.params.min_tokens, r.params.max_tokens);
       }
+      if (*session) check_session_cap(**session, r.params.max_tokens);
       eng.validate_request(r);
     } catch (const std::invalid_argument& e) {
       throw ApiError(400, e.what(), param_from_message(e.what()));
@@ -416,6 +433,7 @@ HttpResponse Server::handle_completion(const HttpRequest& req, Endpoint endpoint
   } catch (const std::runtime_error& e) {
     throw ApiError(503, e.what());
   }
+  guard.submitted = true;
   const std::vector<std::string> ids = channel->ids();
   auto renderer = std::make_shared<CompletionRenderer>(job, id, lora.empty() ? model_name_ : lora,
                                                        static_cast<int64_t>(std::time(nullptr)),
@@ -445,11 +463,13 @@ HttpResponse Server::handle_completion(const HttpRequest& req, Endpoint endpoint
         }
         if (snap.all_finished) {
           if (*session) append_reply(**session, snap);
+          session->reset();  // the session is free once its reply is in, before the last chunk
           return sink.write(renderer->stream_end(snap));
         }
         if (stopping_) break;
       }
       loop->abort(ids);  // the client left (or the server stops): free the KV blocks now
+      session->reset();  // the turn stays open: a retry rewinds it
       return false;
     };
     // Also covers a client that left before the stream started. Aborting a finished request is

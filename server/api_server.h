@@ -128,6 +128,8 @@ class Server {
   std::optional<SessionTurn> session_turn(const HttpRequest& req, const nlohmann::json& body,
                                           const nlohmann::ordered_json* ordered, Endpoint endpoint,
                                           const CompletionJob& job);
+  // 400 when the session with this turn's prompt and a reply of `max_tokens` passes its token cap.
+  void check_session_cap(const SessionTurn& s, int64_t max_tokens) const;
   // The special-token literals of the model's tokenizer (split_special_tokens in chats); made at
   // the first use. Throws ApiError(400) when the model has no tokenizer.
   const std::vector<std::string>& special_literals() const;

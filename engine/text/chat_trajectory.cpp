@@ -49,6 +49,11 @@ ChatRenderOptions open(ChatRenderOptions o) {
   return o;
 }
 
+// Whether message `i` exists and is the assistant's.
+bool is_assistant(const ojson& messages, size_t i) {
+  return i < messages.size() && messages[i].is_object() && messages[i].value("role", "") == "assistant";
+}
+
 ojson head(const ojson& messages, size_t count) {
   ojson out = ojson::array();
   for (size_t i = 0; i < count; ++i) out.push_back(messages[i]);
@@ -100,7 +105,10 @@ ChatTrajectory::Turn ChatTrajectory::extend(const ojson& messages) {
     throw NotAnExtension(
         d, "the conversation adds no message to the session's " + std::to_string(held));
   } else if (last_turn_ && messages.size() > last_turn_->messages &&
-             first_difference(messages, messages_, last_turn_->messages) == last_turn_->messages) {
+             first_difference(messages, messages_, last_turn_->messages) == last_turn_->messages &&
+             !(!open_ && is_assistant(messages, held - 1))) {
+    // A retry resends what came before the last turn and asks anew; an assistant message where
+    // the engine's reply stood would be a reply it did not sample (an edit: refused below).
     base = last_turn_;
     turn.rewound = true;
   } else if (d >= messages.size()) {
@@ -129,6 +137,16 @@ ChatTrajectory::Turn ChatTrajectory::extend(const ojson& messages) {
     turn.appended.insert(turn.appended.end(), ids.begin(), ids.end());
   }
 
+  // What abort_turn puts back: the held state, including a rewound turn's ids.
+  const size_t kept = base ? base->ids : ids_.size();
+  undo_ = Undo{messages_,
+               kept,
+               std::vector<int32_t>(ids_.begin() + static_cast<std::ptrdiff_t>(kept), ids_.end()),
+               std::vector<uint8_t>(mask_.begin() + static_cast<std::ptrdiff_t>(kept), mask_.end()),
+               segments_,
+               closer_rest_,
+               last_turn_,
+               open_};
   if (base) rewind(*base);
   last_turn_ = Mark{messages_.size(), ids_.size(), segments_.size(), closer_rest_};
   if (segments_.empty() || turn.new_segment) segments_.push_back(ids_.size());
@@ -140,8 +158,24 @@ ChatTrajectory::Turn ChatTrajectory::extend(const ojson& messages) {
   return turn;
 }
 
+void ChatTrajectory::abort_turn() {
+  if (!open_ || !undo_) throw std::logic_error("abort_turn: no turn is open");
+  Undo& u = *undo_;
+  ids_.resize(u.ids_kept);
+  mask_.resize(u.ids_kept);
+  ids_.insert(ids_.end(), u.ids_tail.begin(), u.ids_tail.end());
+  mask_.insert(mask_.end(), u.mask_tail.begin(), u.mask_tail.end());
+  segments_ = std::move(u.segments);
+  messages_ = std::move(u.messages);
+  closer_rest_ = std::move(u.closer_rest);
+  last_turn_ = u.last_turn;
+  open_ = u.open;
+  undo_.reset();
+}
+
 void ChatTrajectory::append_completion(const std::vector<int32_t>& ids, const ojson& message) {
   if (!open_) throw std::logic_error("append_completion: no turn is open");
+  undo_.reset();
   ids_.insert(ids_.end(), ids.begin(), ids.end());
   mask_.insert(mask_.end(), ids.size(), 1);
   messages_.push_back(message);

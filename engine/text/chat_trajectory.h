@@ -68,10 +68,15 @@ class ChatTrajectory {
   // Appends the new messages of `messages` (the whole conversation so far; it must extend the
   // held messages by at least one). A conversation that extends the held messages as they were
   // before the last turn is a retry of that turn: the turn (its prompt and reply) is taken back
-  // first. Throws NotAnExtension naming the first message that differs, std::invalid_argument or
+  // first (an assistant message where the engine's reply stood is an edit, not a retry). Throws
+  // NotAnExtension naming the first message that differs, std::invalid_argument or
   // jinja::TemplateError when the template refuses the conversation (nothing is changed then).
   Turn extend(const nlohmann::ordered_json& messages);
 
+  // Takes the open turn back as if its extend never ran (a request refused or never started
+  // after the turn was made: the session, its retry point included, is as before). REQUIRES: a
+  // turn is open.
+  void abort_turn();
   // The model's reply to the open turn: its sampled ids (the stop token included when it stopped
   // on one) and the assistant message the caller handed out for them. REQUIRES: a turn is open.
   void append_completion(const std::vector<int32_t>& ids, const nlohmann::ordered_json& message);
@@ -92,6 +97,16 @@ class ChatTrajectory {
     std::string closer_rest;
   };
   void rewind(const Mark& m);
+  struct Undo {  // the state before the open turn's extend (abort_turn)
+    nlohmann::ordered_json messages;
+    size_t ids_kept;                  // ids_ up to here stayed; a rewound turn's ids follow
+    std::vector<int32_t> ids_tail;
+    std::vector<uint8_t> mask_tail;
+    std::vector<size_t> segments;
+    std::string closer_rest;
+    std::optional<Mark> last_turn;
+    bool open;
+  };
 
   const ChatTemplate& chat_;
   const engine::Tokenizer& tokenizer_;
@@ -107,6 +122,7 @@ class ChatTrajectory {
   std::string closer_rest_;  // the closer's text not yet in ids_ (after the last reply)
   bool open_ = false;        // a prompt is appended and its reply is not
   std::optional<Mark> last_turn_;
+  std::optional<Undo> undo_;  // while a turn is open
 };
 
 // Why the template is not prefix-preserving (it rewrites an earlier turn when the conversation

@@ -171,6 +171,50 @@ TEST_F(ServerSessionTest, ATurnPastTheSessionsTokenCapIs400) {
   EXPECT_NE(b2.find("over its cap of 30"), std::string::npos) << b2;
 }
 
+// A turn refused after it was made (its prompt and max_tokens past the context) changes nothing:
+// the turn before it can still be retried; with no max_tokens the reply room stops at the
+// session's cap; an edited reply is a 409, not a retry.
+TEST_F(ServerSessionTest, ARefusedTurnLeavesTheSessionAndItsRetryPoint) {
+  server::ServerOptions options;
+  options.sessions.max_tokens = 200;
+  ServedModel served(config_for(model_), options);
+  json messages = json::array({user("first")});
+  auto [s1, b1] = served.post("/v1/chat/completions", turn_body(messages, "s8"));
+  ASSERT_EQ(s1, 200) << b1;
+  messages.push_back(json::parse(b1)["choices"][0]["message"]);
+  messages.push_back(user("second"));
+  auto [s2, b2] = served.post("/v1/chat/completions", turn_body(messages, "s8"));
+  ASSERT_EQ(s2, 200) << b2;
+  const json second = json::parse(b2);
+  json third = messages;
+  third.push_back(second["choices"][0]["message"]);
+  third.push_back(user("third"));
+  json too_long = turn_body(third, "s8");
+  too_long["max_tokens"] = 100000;
+  auto [s3, b3] = served.post("/v1/chat/completions", too_long);
+  ASSERT_EQ(s3, 400) << b3;
+  json retry = messages;
+  retry.back() = user("second, asked again");
+  auto [s4, b4] = served.post("/v1/chat/completions", turn_body(retry, "s8"));
+  ASSERT_EQ(s4, 200) << b4;
+  EXPECT_TRUE(json::parse(b4)["session"]["rewound"].get<bool>()) << b4;
+  // The engine's reply edited: 409 naming it.
+  json edited = retry;
+  edited.push_back(json::parse(b4)["choices"][0]["message"]);
+  edited.back()["content"] = "a reply the model never gave";
+  edited.push_back(user("fourth"));
+  auto [s5, b5] = served.post("/v1/chat/completions", turn_body(edited, "s8"));
+  EXPECT_EQ(s5, 409) << b5;
+  EXPECT_NE(b5.find("message 3 differs"), std::string::npos) << b5;
+  // No max_tokens: the reply may take the rest of the cap, and the session ends within it.
+  json open_ended = turn_body(edited, "s8");
+  open_ended["messages"][3] = json::parse(b4)["choices"][0]["message"];
+  open_ended.erase("max_tokens");
+  auto [s6, b6] = served.post("/v1/chat/completions", open_ended);
+  ASSERT_EQ(s6, 200) << b6;
+  EXPECT_LE(json::parse(b6)["session"]["length"].get<int64_t>(), 200) << b6;
+}
+
 TEST_F(ServerSessionTest, AnIdleSessionEndsAndSaysSo) {
   server::ServerOptions options;
   options.sessions.idle_timeout_s = 0.2;

@@ -356,6 +356,63 @@ TEST_F(ChatTrajectoryTest, ARetryOfTheLastTurnRewindsIt) {
   EXPECT_EQ(traj.prompt(), encode(m));
 }
 
+// The engine's reply edited and sent back is an edit, not a retry of its turn: refused naming it,
+// never re-encoded (also after the first turn, where the retried turn starts at message 0).
+TEST_F(ChatTrajectoryTest, AnEditedReplyIsRefusedNotTakenForARetry) {
+  ChatTrajectory traj(chat_, tok_, {}, options_with_now());
+  ojson m = ojson::array({msg("user", "hi")});
+  traj.extend(m);
+  traj.append_completion({id("ok"), id("<|im_end|>")}, msg("assistant", "ok"));
+  const auto ids = traj.ids();
+  for (const ojson& edited :
+       {ojson::array({msg("user", "hi"), msg("assistant", "not ok"), msg("user", "next")}),
+        ojson::array({msg("user", "hello"), msg("assistant", "ok"), msg("user", "next")})}) {
+    try {
+      traj.extend(edited);
+      ADD_FAILURE() << "accepted: " << edited.dump();
+    } catch (const NotAnExtension& e) {
+      EXPECT_EQ(e.index(), edited[0]["content"] == "hi" ? 1u : 0u) << e.what();
+    }
+    EXPECT_EQ(traj.ids(), ids);
+  }
+  // The turn asked anew (no reply in it) is still a retry.
+  EXPECT_TRUE(traj.extend(ojson::array({msg("user", "hello")})).rewound);
+}
+
+// abort_turn takes an extend back whole: a new turn, and a retry (the rewound turn's ids, reply
+// and retry point come back, so the same retry works afterwards).
+TEST_F(ChatTrajectoryTest, AnAbortedTurnLeavesTheSessionAsItWas) {
+  ChatTrajectory traj(chat_, tok_, {}, options_with_now());
+  ojson m = ojson::array({msg("user", "hi")});
+  traj.extend(m);
+  traj.append_completion({id("ok"), id("<|im_end|>")}, msg("assistant", "ok"));
+  m.push_back(msg("assistant", "ok"));
+  m.push_back(msg("user", "and?"));
+  traj.extend(m);
+  traj.append_completion({id("yes"), id("<|im_end|>")}, msg("assistant", "yes"));
+  const auto ids = traj.ids();
+  const auto mask = traj.mask();
+  const auto segments = traj.segment_starts();
+  ojson next = m;
+  next.push_back(msg("assistant", "yes"));
+  next.push_back(msg("user", "more"));
+  ojson retry = m;
+  retry.back() = msg("user", "or?");
+  for (const ojson& turn : {next, retry}) {
+    traj.extend(turn);
+    EXPECT_TRUE(traj.turn_open());
+    traj.abort_turn();
+    EXPECT_FALSE(traj.turn_open());
+    EXPECT_EQ(traj.ids(), ids);
+    EXPECT_EQ(traj.mask(), mask);
+    EXPECT_EQ(traj.segment_starts(), segments);
+    EXPECT_EQ(traj.num_messages(), 4u);
+  }
+  EXPECT_TRUE(traj.extend(retry).rewound);
+  EXPECT_EQ(traj.prompt(), encode(retry));
+  EXPECT_THROW(ChatTrajectory(chat_, tok_, {}, options_with_now()).abort_turn(), std::logic_error);
+}
+
 TEST(ChatTrajectoryQwen3Test, AReplyWithReasoningStartsANewSegmentAtTheNextTurn) {
   const ChatTemplate chat = load_template("Qwen3");
   const engine::Tokenizer& tok = tokenizer("qwen3");
