@@ -285,7 +285,11 @@ Sample demonstration_sample(const ojson& messages, const ojson& tools, const tex
   ojson held = ojson::array();
   for (size_t i = 0; i < messages.size(); ++i) {
     const ojson& m = messages[i];
-    if (m.value("role", "") != "assistant") {
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
+      throw std::invalid_argument("demonstration message " + std::to_string(i) +
+                                  " is not an object with a string \"role\"");
+    }
+    if (m["role"].get<std::string>() != "assistant") {
       held.push_back(m);
       continue;
     }
@@ -294,9 +298,17 @@ Sample demonstration_sample(const ojson& messages, const ojson& tools, const tex
     bool calls = false;
     if (m.contains("tool_calls") && m["tool_calls"].is_array()) {
       for (const auto& c : m["tool_calls"]) {
+        const ojson* f = c.is_object() && c.contains("function") ? &c["function"] : nullptr;
+        if (f == nullptr || !f->is_object() || !f->contains("name") || !(*f)["name"].is_string() ||
+            !f->contains("arguments")) {
+          throw std::invalid_argument(
+              "demonstration message " + std::to_string(i) + ": a tool call must be {\"function\": "
+              "{\"name\": string, \"arguments\": object or string}}, not " +
+              c.dump(-1, ' ', false, ojson::error_handler_t::replace).substr(0, 120));
+        }
         text::ToolCall call;
-        call.name = c["function"]["name"].get<std::string>();
-        call.arguments = c["function"]["arguments"];
+        call.name = (*f)["name"].get<std::string>();
+        call.arguments = (*f)["arguments"];
         text += (text.empty() ? "" : "\n") + text::format_tool_call(format, call);
         calls = true;
       }

@@ -13,13 +13,21 @@
 #include <future>
 #include <stdexcept>
 
+#include <spdlog/spdlog.h>
+
 namespace crl::trainer {
 namespace {
 
 using ojson = nlohmann::ordered_json;
 using Clock = std::chrono::steady_clock;
 
-std::string excerpt(const std::string& s) { return s.size() <= 120 ? s : s.substr(0, 117) + "..."; }
+// At most 120 bytes of `s`, cut at a UTF-8 character boundary (errors land in JSON metrics).
+std::string excerpt(const std::string& s) {
+  if (s.size() <= 120) return s;
+  size_t cut = 117;
+  while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
+  return s.substr(0, cut) + "...";
+}
 
 EnvReply failed(const std::string& error) {
   EnvReply r;
@@ -249,6 +257,7 @@ EnvReply ProcessEnv::exchange_now(const ojson& request, bool expect_reply, bool 
     return failed("env_died: the environment process (" + command_ + ") " + doing + " at the " +
                   what + " (" + how + ")");
   };
+  drop_stray_output();
   const std::string line = request.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   for (size_t sent = 0; sent < line.size();) {
     const ssize_t n = ::send(fd_, line.data() + sent, line.size() - sent, MSG_NOSIGNAL);
@@ -310,6 +319,25 @@ EnvReply ProcessEnv::exchange_now(const ojson& request, bool expect_reply, bool 
     born_.erase(episode_id);
   }
   return r;
+}
+
+void ProcessEnv::drop_stray_output() {
+  // One request at a time, each reply read or timed out (the process then restarted): what the
+  // process wrote before this request cannot answer it. A stray line (a banner, a log line, a
+  // second reply, an answer to "close") is dropped here, so it costs at most the one request it
+  // was read for instead of shifting every later reply by one.
+  for (;;) {
+    pollfd p{fd_, POLLIN, 0};
+    if (::poll(&p, 1, 0) <= 0 || !(p.revents & POLLIN)) break;
+    char buf[4096];
+    const ssize_t n = ::recv(fd_, buf, sizeof(buf), MSG_DONTWAIT);
+    if (n <= 0) break;  // death shows at the send or the read that follows
+    buffer_.append(buf, static_cast<size_t>(n));
+  }
+  if (buffer_.empty()) return;
+  spdlog::warn("environment ({}): dropped {} bytes it wrote unasked: {}", command_, buffer_.size(),
+               excerpt(buffer_));
+  buffer_.clear();
 }
 
 EnvReply ProcessEnv::reset(const std::string& episode_id, EnvSplit split, int64_t index) {

@@ -18,9 +18,13 @@ std::string trim(const std::string& s) {
   return s.substr(b, s.find_last_not_of(ws) - b + 1);
 }
 
-// At most 80 characters of `s`, for error lines.
+// At most 80 bytes of `s`, for error lines (which become tool messages: cut at a UTF-8 character
+// boundary, so the message stays valid UTF-8).
 std::string excerpt(const std::string& s) {
-  return s.size() <= 80 ? s : s.substr(0, 77) + "...";
+  if (s.size() <= 80) return s;
+  size_t cut = 77;
+  while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
+  return s.substr(0, cut) + "...";
 }
 
 // One call object: {"name": string, "arguments" | "parameters": object or a JSON string of one}.

@@ -219,6 +219,27 @@ TEST(ProcessEnvTest, ALyingEnvironmentGetsNamedMalformedErrors) {
   EXPECT_EQ(env.starts(), 1);  // a malformed line does not restart the process
 }
 
+// Lines the environment writes unasked (a banner at start, an answer to "close") cost at most the
+// request they were read for: they are dropped before the next request, so the replies do not
+// stay shifted by one (every later episode malformed) and the process is not restarted.
+TEST(ProcessEnvTest, UnaskedLinesDoNotShiftTheLaterReplies) {
+  ProcessEnv env(test_env("--chatty"), EnvOptions{});
+  int failures = 0;
+  for (int i = 0; i < 6; ++i) {
+    const std::string id = "c" + std::to_string(i);
+    EnvReply r = env.reset(id, EnvSplit::kTrain, i);
+    if (!r.error.empty()) {
+      ++failures;
+      EXPECT_EQ(env_error_kind(r.error), "env_malformed") << r.error;
+      continue;
+    }
+    if (i == 2) env.close(id);  // answered with a line nobody reads
+  }
+  EXPECT_LE(failures, 2);
+  EXPECT_TRUE(env.reset("last", EnvSplit::kTrain, 7).error.empty());
+  EXPECT_EQ(env.starts(), 1);
+}
+
 TEST(ProcessEnvTest, AHangingEnvironmentTimesOutAndALateReplyNeverAnswersALaterRequest) {
   EnvOptions o;
   o.timeout = std::chrono::milliseconds(300);

@@ -15,6 +15,7 @@
 #include "engine/text/chat_template.h"
 #include "engine/text/tokenizer.h"
 #include "tests/engine/test_model.h"
+#include "tests/test_utils.h"
 #include "trainer/calculator_env.h"
 #include "trainer/process_env.h"
 #include "trainer/trainer.h"
@@ -391,6 +392,17 @@ TEST(MultiTurnTest, ADemonstrationIsTheModelTurnsAsTargetsAndTheRestMasked) {
   std::vector<int32_t> tool(s.completion_ids.begin() + r[0].second,
                             s.completion_ids.begin() + r[0].second + r[1].second);
   EXPECT_NE(tok.decode(tool).find(std::to_string(a + b)), std::string::npos) << tok.decode(tool);
+  // A malformed call (flat, without "function") or a message without a string role: named errors.
+  ojson flat = demo["messages"];
+  flat[1]["tool_calls"][0] = {{"name", "add"}, {"arguments", {{"a", a}, {"b", b}}}};
+  ASSERT_THROWS_WITH(demonstration_sample(flat, demo["tools"], chat, tok, tok.special_prefix(),
+                                          text::ToolCallFormat::kHermes, eos),
+                     std::invalid_argument, "demonstration message 1: a tool call must be");
+  ojson roleless = demo["messages"];
+  roleless[0]["role"] = 7;
+  ASSERT_THROWS_WITH(demonstration_sample(roleless, demo["tools"], chat, tok, tok.special_prefix(),
+                                          text::ToolCallFormat::kHermes, eos),
+                     std::invalid_argument, "demonstration message 0 is not an object with a string");
 }
 
 }  // namespace

@@ -69,6 +69,14 @@ TEST(ToolCallsTest, BadHermesCallsAreErrorsNotExceptions) {
     ASSERT_EQ(r.errors.size(), 1u) << text;
     EXPECT_NE(r.errors[0].find("tool call"), std::string::npos) << r.errors[0];
   }
+  // An error's excerpt of the call is cut at a character boundary: the tool message that carries
+  // it back to the model stays valid UTF-8 (a strict JSON dump of it does not throw).
+  for (size_t pad = 74; pad <= 78; ++pad) {
+    const std::string call = "<tool_call>" + std::string(pad, 'x') + "\xc3\xa9" + std::string(10, 'y') + "</tool_call>";
+    ParsedReply bad_utf8 = parse_tool_calls(ToolCallFormat::kHermes, call);
+    ASSERT_EQ(bad_utf8.errors.size(), 1u);
+    EXPECT_NO_THROW((void)ojson(bad_utf8.errors[0]).dump()) << pad;
+  }
   // One good and one bad call: the good one is kept.
   auto r = parse_tool_calls(ToolCallFormat::kHermes,
                             "<tool_call>{\"name\": \"a\"}</tool_call><tool_call>{x}</tool_call>");
