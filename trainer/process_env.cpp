@@ -21,6 +21,8 @@ namespace {
 using ojson = nlohmann::ordered_json;
 using Clock = std::chrono::steady_clock;
 
+constexpr size_t kMaxLineBytes = size_t{64} << 20;  // one reply line
+
 // At most 120 bytes of `s`, cut at a UTF-8 character boundary (errors land in JSON metrics).
 std::string excerpt(const std::string& s) {
   if (s.size() <= 120) return s;
@@ -267,28 +269,47 @@ EnvReply ProcessEnv::exchange_now(const ojson& request, bool expect_reply, bool 
   }
   if (!expect_reply) return {};
   const auto deadline = Clock::now() + timeout_;
-  size_t eol;
-  while ((eol = buffer_.find('\n')) == std::string::npos) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    if (left.count() <= 0) {
-      stop_process();  // a late reply must not answer a later request
-      born_.erase(episode_id);
-      return failed("env_timeout: no reply from the environment (" + command_ + ") within " +
-                    std::to_string(timeout_.count()) + " ms to the " + what);
+  std::string reply_line;
+  ojson j;
+  for (;;) {  // until a line that is meant as a reply (what is not is dropped: see below)
+    size_t eol;
+    while ((eol = buffer_.find('\n')) == std::string::npos) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      if (left.count() <= 0) {
+        stop_process();  // a late reply must not answer a later request
+        born_.erase(episode_id);
+        return failed("env_timeout: no reply from the environment (" + command_ + ") within " +
+                      std::to_string(timeout_.count()) + " ms to the " + what);
+      }
+      if (buffer_.size() > kMaxLineBytes) {
+        stop_process();
+        born_.erase(episode_id);
+        return failed("env_malformed: the reply to the " + what + " is a line of over " +
+                      std::to_string(kMaxLineBytes >> 20) + " MiB: " + excerpt(buffer_));
+      }
+      pollfd p{fd_, POLLIN, 0};
+      const int ready = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
+      if (ready < 0 && errno != EINTR) return died("failed a poll");
+      if (ready <= 0) continue;
+      char buf[4096];
+      const ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return died("closed its stdout");
+      buffer_.append(buf, static_cast<size_t>(n));
     }
-    pollfd p{fd_, POLLIN, 0};
-    const int ready = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
-    if (ready < 0 && errno != EINTR) return died("failed a poll");
-    if (ready <= 0) continue;
-    char buf[4096];
-    const ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return died("closed its stdout");
-    buffer_.append(buf, static_cast<size_t>(n));
+    reply_line = buffer_.substr(0, eol);
+    buffer_.erase(0, eol + 1);
+    // A line that does not open a JSON object (a banner, a log line) or an object without an
+    // "episode_id" (an answer to "close") is no reply: dropped, so it cannot take the place of
+    // this reply and shift every later one. A line that opens an object is the reply, good or bad.
+    const size_t b = reply_line.find_first_not_of(" \t\r");
+    if (b != std::string::npos && reply_line[b] == '{') {
+      j = ojson::parse(reply_line, nullptr, /*allow_exceptions=*/false);
+      if (j.is_discarded() || !j.is_object() || j.contains("episode_id")) break;
+    }
+    spdlog::warn("environment ({}): dropped a line that is not a reply (waiting for the {}'s): {}",
+                 command_, what, excerpt(reply_line));
   }
-  const std::string reply_line = buffer_.substr(0, eol);
-  buffer_.erase(0, eol + 1);
-  ojson j = ojson::parse(reply_line, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
     return failed("env_malformed: the reply to the " + what + " is not a JSON object: " +
                   excerpt(reply_line));
@@ -323,12 +344,11 @@ EnvReply ProcessEnv::exchange_now(const ojson& request, bool expect_reply, bool 
 
 void ProcessEnv::drop_stray_output() {
   // One request at a time, each reply read or timed out (the process then restarted): what the
-  // process wrote before this request cannot answer it. A stray line (a banner, a log line, a
-  // second reply, an answer to "close") is dropped here, so it costs at most the one request it
-  // was read for instead of shifting every later reply by one.
+  // process wrote before this request cannot answer it (a banner, a log line, a second reply, an
+  // answer to "close"). What comes after the request is sorted by the reading loop.
   for (;;) {
     pollfd p{fd_, POLLIN, 0};
-    if (::poll(&p, 1, 0) <= 0 || !(p.revents & POLLIN)) break;
+    if (buffer_.size() > kMaxLineBytes || ::poll(&p, 1, 0) <= 0 || !(p.revents & POLLIN)) break;
     char buf[4096];
     const ssize_t n = ::recv(fd_, buf, sizeof(buf), MSG_DONTWAIT);
     if (n <= 0) break;  // death shows at the send or the read that follows
