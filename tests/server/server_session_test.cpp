@@ -38,6 +38,13 @@ json turn_body(const json& messages, const std::string& session) {
 
 json user(const std::string& text) { return {{"role", "user"}, {"content", text}}; }
 
+// One turn that must succeed: its response.
+json post_turn(ServedModel& served, const json& messages, const std::string& session) {
+  auto [status, body] = served.post("/v1/chat/completions", turn_body(messages, session));
+  EXPECT_EQ(status, 200) << body;
+  return json::parse(body);
+}
+
 class ServerSessionTest : public ::testing::Test {
  protected:
   TempDir dir_;
@@ -162,9 +169,7 @@ TEST_F(ServerSessionTest, ATurnPastTheSessionsTokenCapIs400) {
   options.sessions.max_tokens = 30;
   ServedModel served(config_for(model_), options);
   json messages = json::array({user("hello")});
-  auto [s1, b1] = served.post("/v1/chat/completions", turn_body(messages, "s6"));
-  ASSERT_EQ(s1, 200) << b1;
-  messages.push_back(json::parse(b1)["choices"][0]["message"]);
+  messages.push_back(post_turn(served, messages, "s6")["choices"][0]["message"]);
   messages.push_back(user("a longer question that brings the session past thirty tokens"));
   auto [s2, b2] = served.post("/v1/chat/completions", turn_body(messages, "s6"));
   EXPECT_EQ(s2, 400) << b2;
@@ -179,13 +184,9 @@ TEST_F(ServerSessionTest, ARefusedTurnLeavesTheSessionAndItsRetryPoint) {
   options.sessions.max_tokens = 200;
   ServedModel served(config_for(model_), options);
   json messages = json::array({user("first")});
-  auto [s1, b1] = served.post("/v1/chat/completions", turn_body(messages, "s8"));
-  ASSERT_EQ(s1, 200) << b1;
-  messages.push_back(json::parse(b1)["choices"][0]["message"]);
+  messages.push_back(post_turn(served, messages, "s8")["choices"][0]["message"]);
   messages.push_back(user("second"));
-  auto [s2, b2] = served.post("/v1/chat/completions", turn_body(messages, "s8"));
-  ASSERT_EQ(s2, 200) << b2;
-  const json second = json::parse(b2);
+  const json second = post_turn(served, messages, "s8");
   json third = messages;
   third.push_back(second["choices"][0]["message"]);
   third.push_back(user("third"));
@@ -195,12 +196,11 @@ TEST_F(ServerSessionTest, ARefusedTurnLeavesTheSessionAndItsRetryPoint) {
   ASSERT_EQ(s3, 400) << b3;
   json retry = messages;
   retry.back() = user("second, asked again");
-  auto [s4, b4] = served.post("/v1/chat/completions", turn_body(retry, "s8"));
-  ASSERT_EQ(s4, 200) << b4;
-  EXPECT_TRUE(json::parse(b4)["session"]["rewound"].get<bool>()) << b4;
+  const json r4 = post_turn(served, retry, "s8");
+  EXPECT_TRUE(r4["session"]["rewound"].get<bool>()) << r4;
   // The engine's reply edited: 409 naming it.
   json edited = retry;
-  edited.push_back(json::parse(b4)["choices"][0]["message"]);
+  edited.push_back(r4["choices"][0]["message"]);
   edited.back()["content"] = "a reply the model never gave";
   edited.push_back(user("fourth"));
   auto [s5, b5] = served.post("/v1/chat/completions", turn_body(edited, "s8"));
@@ -208,7 +208,7 @@ TEST_F(ServerSessionTest, ARefusedTurnLeavesTheSessionAndItsRetryPoint) {
   EXPECT_NE(b5.find("message 3 differs"), std::string::npos) << b5;
   // No max_tokens: the reply may take the rest of the cap, and the session ends within it.
   json open_ended = turn_body(edited, "s8");
-  open_ended["messages"][3] = json::parse(b4)["choices"][0]["message"];
+  open_ended["messages"][3] = r4["choices"][0]["message"];
   open_ended.erase("max_tokens");
   auto [s6, b6] = served.post("/v1/chat/completions", open_ended);
   ASSERT_EQ(s6, 200) << b6;

@@ -238,6 +238,11 @@ class ChatTrajectoryTest : public ::testing::Test {
     EXPECT_EQ(ids.size(), 1u) << text;
     return ids.at(0);
   }
+  // A turn of `m` answered with the one-id `reply` and the end of turn.
+  void answered(ChatTrajectory& traj, const ojson& m, const std::string& reply) const {
+    traj.extend(m);
+    traj.append_completion({id(reply), id("<|im_end|>")}, {{"role", "assistant"}, {"content", reply}});
+  }
 };
 
 ojson msg(const char* role, const std::string& content) {
@@ -330,12 +335,10 @@ TEST_F(ChatTrajectoryTest, AnEditedEarlierMessageIsRefusedNamingItAndChangesNoth
 TEST_F(ChatTrajectoryTest, ARetryOfTheLastTurnRewindsIt) {
   ChatTrajectory traj(chat_, tok_, {}, options_with_now());
   ojson m = ojson::array({msg("user", "hi")});
-  traj.extend(m);
-  traj.append_completion({id("ok"), id("<|im_end|>")}, msg("assistant", "ok"));
+  answered(traj, m, "ok");
   m.push_back(msg("assistant", "ok"));
   m.push_back(msg("user", "first try"));
-  traj.extend(m);
-  traj.append_completion({id("no"), id("<|im_end|>")}, msg("assistant", "no"));
+  answered(traj, m, "no");
   // The client takes the last turn back and asks differently.
   m[2] = msg("user", "second try");
   auto turn = traj.extend(m);
@@ -361,8 +364,7 @@ TEST_F(ChatTrajectoryTest, ARetryOfTheLastTurnRewindsIt) {
 TEST_F(ChatTrajectoryTest, AnEditedReplyIsRefusedNotTakenForARetry) {
   ChatTrajectory traj(chat_, tok_, {}, options_with_now());
   ojson m = ojson::array({msg("user", "hi")});
-  traj.extend(m);
-  traj.append_completion({id("ok"), id("<|im_end|>")}, msg("assistant", "ok"));
+  answered(traj, m, "ok");
   const auto ids = traj.ids();
   for (const ojson& edited :
        {ojson::array({msg("user", "hi"), msg("assistant", "not ok"), msg("user", "next")}),
@@ -384,12 +386,10 @@ TEST_F(ChatTrajectoryTest, AnEditedReplyIsRefusedNotTakenForARetry) {
 TEST_F(ChatTrajectoryTest, AnAbortedTurnLeavesTheSessionAsItWas) {
   ChatTrajectory traj(chat_, tok_, {}, options_with_now());
   ojson m = ojson::array({msg("user", "hi")});
-  traj.extend(m);
-  traj.append_completion({id("ok"), id("<|im_end|>")}, msg("assistant", "ok"));
+  answered(traj, m, "ok");
   m.push_back(msg("assistant", "ok"));
   m.push_back(msg("user", "and?"));
-  traj.extend(m);
-  traj.append_completion({id("yes"), id("<|im_end|>")}, msg("assistant", "yes"));
+  answered(traj, m, "yes");
   const auto ids = traj.ids();
   const auto mask = traj.mask();
   const auto segments = traj.segment_starts();
