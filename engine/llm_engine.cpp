@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <filesystem>
@@ -335,6 +336,14 @@ std::vector<RequestOutput> LlmEngine::step() {
   auto t0 = std::chrono::steady_clock::now();
   std::unordered_set<Request*> touched = drain_inbox();
   SchedulerOutput batch = scheduler_->schedule(weight_version_);
+  if (lora_slots_ && !config_.deterministic) {
+    // Rows of one adapter next to each other: the forward runs each slot's rows as one run
+    // (ModelRunner, LoraBatch::runs). Nothing downstream depends on the order of batch.seqs
+    // (sampling is seeded per request and position); deterministic mode keeps the scheduler's.
+    std::stable_sort(batch.seqs.begin(), batch.seqs.end(), [](const ScheduledSeq& a, const ScheduledSeq& b) {
+      return a.seq->request->lora_slot < b.seq->request->lora_slot;
+    });
+  }
   step_d2h_bytes_ = 0;
   record_ = StepRecord();
   record_.schedule_seconds = seconds_since(t0);

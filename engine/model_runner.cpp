@@ -330,6 +330,9 @@ ForwardOutput ModelRunner::execute(const SchedulerOutput& batch) {
     } else {
       lora.mask = lora_->row_mask(row_slots);
       out.h2d_bytes += device.is_cpu() ? 0 : lora.mask.numel() * lora.mask.element_size();
+      // The runs the CPU kernel takes outside deterministic mode (LlmEngine::step orders the batch
+      // by slot, so there is one per slot).
+      if (device.is_cpu() && !model_.options().deterministic) lora.runs = lora_row_runs(row_slots);
     }
   }
   out.hidden = model_.forward_hidden(StepLayout::view(buf, layout.tok, total, at::kLong),

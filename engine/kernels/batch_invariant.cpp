@@ -68,36 +68,67 @@ struct GemmShape {
   int64_t max_rows;      // rows per task at most
 };
 
-// Runs gemm over all of a.m x a.n. Work split (it changes no result): row blocks of at most
-// max_rows rows, as even as can be, each times groups of panels (about 4 per thread); a task keeps
-// one panel's float32 partial chains of its rows in its scratch, after the packed panel.
-void run_gemm(const detail::GemmArgs& a, const GemmShape& s,
-              void (*gemm)(const detail::GemmArgs&, int64_t, int64_t, int64_t, int64_t, float*)) {
-  const int64_t m = a.m, nr = s.nr;
-  const int64_t panels = (a.n + nr - 1) / nr;
+using GemmFn = void (*)(const detail::GemmArgs&, int64_t, int64_t, int64_t, int64_t, float*);
+
+// Rows [m0, m1) of one product of a grouped call (its own arguments: weights, segments).
+struct GemmPart {
+  detail::GemmArgs args;
+  int64_t m0, m1;
+};
+
+// Runs gemm over every part's rows x all its a.n columns, in one parallel region. Work split (it
+// changes no result): per part, row blocks of at most max_rows rows, as even as can be, each times
+// groups of panels (about 4 per thread); a task keeps one panel's float32 partial chains of its
+// rows in its scratch, after the packed panel.
+void run_gemm_parts(const std::vector<GemmPart>& parts, const GemmShape& s, GemmFn gemm) {
+  struct Split {
+    int64_t mc, row_blocks, panels, g, groups, first_task;
+  };
   const int64_t threads = std::max(1, at::get_num_threads());
-  int64_t row_blocks = (m + s.max_rows - 1) / s.max_rows;
-  if (row_blocks * panels < threads) {
-    // Fewer panels than threads (a skinny product, such as a LoRA adapter's x A^T of one panel):
-    // split the rows further, into no more blocks than micro-tiles, so that no thread only waits.
-    row_blocks = std::max(row_blocks, std::min((m + s.mr - 1) / s.mr, (threads + panels - 1) / panels));
+  std::vector<Split> splits;
+  splits.reserve(parts.size());
+  int64_t tasks = 0, scratch_floats = 0;
+  for (const GemmPart& part : parts) {
+    const int64_t m = part.m1 - part.m0;
+    Split sp{};
+    sp.panels = (part.args.n + s.nr - 1) / s.nr;
+    sp.row_blocks = (m + s.max_rows - 1) / s.max_rows;
+    if (sp.row_blocks * sp.panels < threads) {
+      // Fewer panels than threads (a skinny product, such as a LoRA adapter's x A^T of one panel):
+      // split the rows further, into no more blocks than micro-tiles, so that no thread only waits.
+      sp.row_blocks = std::max(sp.row_blocks, std::min((m + s.mr - 1) / s.mr, (threads + sp.panels - 1) / sp.panels));
+    }
+    sp.mc = std::max<int64_t>(1, (m + sp.row_blocks - 1) / sp.row_blocks);
+    sp.row_blocks = m > 0 && sp.panels > 0 ? (m + sp.mc - 1) / sp.mc : 0;  // no block left without rows
+    sp.g = std::max<int64_t>(1, (sp.panels + 4 * threads - 1) / (4 * threads));
+    sp.groups = (sp.panels + sp.g - 1) / sp.g;
+    sp.first_task = tasks;
+    tasks += sp.row_blocks * sp.groups;
+    scratch_floats = std::max(scratch_floats, s.panel_floats + sp.mc * s.nr);
+    splits.push_back(sp);
   }
-  const int64_t mc = (m + row_blocks - 1) / row_blocks;
-  row_blocks = (m + mc - 1) / mc;  // no block left without rows
-  const int64_t g = std::max<int64_t>(1, (panels + 4 * threads - 1) / (4 * threads));
-  const int64_t groups = (panels + g - 1) / g;
-  const int64_t scratch_floats = s.panel_floats + mc * nr;
-  at::parallel_for(0, row_blocks * groups, 1, [&](int64_t begin, int64_t end) {
+  if (tasks == 0) return;
+  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
     // Up to ~80 KB, asked for by every call of every layer: each thread keeps its own rather than
     // allocate (and fault in) a fresh one each time.
     thread_local std::vector<float> scratch;
     if (scratch.size() < static_cast<size_t>(scratch_floats)) scratch.resize(scratch_floats);
+    size_t pi = 0;  // the part of `task` (tasks ascend)
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t m0 = task / groups * mc;
-      const int64_t p0 = task % groups * g;
-      gemm(a, m0, std::min(m, m0 + mc), p0, std::min(panels, p0 + g), scratch.data());
+      while (pi + 1 < splits.size() && splits[pi + 1].first_task <= task) ++pi;
+      const Split& sp = splits[pi];
+      const GemmPart& part = parts[pi];
+      const int64_t local = task - sp.first_task;
+      const int64_t m0 = part.m0 + local / sp.groups * sp.mc;
+      const int64_t p0 = local % sp.groups * sp.g;
+      gemm(part.args, m0, std::min(part.m1, m0 + sp.mc), p0, std::min(sp.panels, p0 + sp.g), scratch.data());
     }
   });
+}
+
+// Runs gemm over all of a.m x a.n.
+void run_gemm(const detail::GemmArgs& a, const GemmShape& s, GemmFn gemm) {
+  run_gemm_parts({GemmPart{a, 0, a.m}}, s, gemm);
 }
 
 detail::GemmArgs gemm_args(const at::Tensor& w, const at::Tensor& b, at::Tensor& y) {
@@ -149,6 +180,95 @@ at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& weight, const at::Te
     args.ldx2 = x2f.size(1);
     args.w2 = w2.data_ptr();
     args.k2 = w2.size(1);
+  }
+  const detail::KernelTable& t = active_table();
+  run_gemm(args, {t.nr, t.mr, t.kc * t.nr, 256}, t.gemm);
+  return y;
+}
+
+namespace {
+
+// Checks that `groups` cover rows [0, m) in order; `op` names the caller.
+void check_row_groups(const std::vector<RowGroup>& groups, int64_t m, const char* op) {
+  int64_t next = 0;
+  for (const RowGroup& g : groups) {
+    CRL_CHECK(g.begin == next && g.end >= g.begin, op, ": row groups must cover the rows in order; a group [",
+              g.begin, ", ", g.end, ") follows row ", next);
+    next = g.end;
+  }
+  CRL_CHECK(next == m, op, ": row groups cover ", next, " of ", m, " rows");
+}
+
+}  // namespace
+
+at::Tensor bi_grouped_linear(const at::Tensor& x, const std::vector<RowGroup>& groups, int64_t n) {
+  check_cpu_dtype(x, "grouped_linear", "x");
+  CRL_CHECK(x.dim() == 2, "grouped_linear: x ", x.sizes(), " must be [M, K]");
+  const int64_t m = x.size(0), k = x.size(1);
+  check_row_groups(groups, m, "grouped_linear");
+  for (const RowGroup& g : groups) {
+    if (!g.weight.defined()) continue;
+    check_cpu_dtype(g.weight, "grouped_linear", "weight");
+    CRL_CHECK(g.weight.dim() == 2 && g.weight.size(0) == n && g.weight.size(1) == k &&
+                  g.weight.scalar_type() == x.scalar_type() && g.weight.is_contiguous(),
+              "grouped_linear: the weight of rows [", g.begin, ", ", g.end, ") is ", g.weight.sizes(), " ",
+              g.weight.scalar_type(), ", not a contiguous [", n, ", ", k, "] ", x.scalar_type());
+  }
+  at::Tensor y = at::empty({m, n}, x.options());
+  if (m == 0 || n == 0) return y;
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  std::vector<GemmPart> parts;
+  for (const RowGroup& g : groups) {
+    if (g.begin == g.end) continue;
+    if (!g.weight.defined() || k == 0) {
+      y.narrow(0, g.begin, g.end - g.begin).zero_();
+      continue;
+    }
+    detail::GemmArgs args = gemm_args(g.weight, {}, y);
+    args.x = xf.data_ptr<float>();
+    args.ldx = k;
+    parts.push_back({args, g.begin, g.end});
+  }
+  const detail::KernelTable& t = active_table();
+  run_gemm_parts(parts, {t.nr, t.mr, t.kc * t.nr, 256}, t.gemm);
+  return y;
+}
+
+at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& x2,
+                     const std::vector<RowGroup>& second) {
+  const at::Tensor b = check_linear(x, weight, bias);
+  const int64_t m = x.size(0), n = weight.size(0);
+  check_row_groups(second, m, "linear");
+  check_cpu_dtype(x2, "linear", "x2");
+  CRL_CHECK(x2.dim() == 2 && x2.size(0) == m, "linear: second segment x2 ", x2.sizes(), " for ", m, " rows");
+  for (const RowGroup& g : second) {
+    if (!g.weight.defined()) continue;
+    check_cpu_dtype(g.weight, "linear", "weight2");
+    CRL_CHECK(g.weight.dim() == 2 && g.weight.size(0) == n && g.weight.size(1) == x2.size(1) &&
+                  g.weight.scalar_type() == weight.scalar_type() && g.weight.is_contiguous(),
+              "linear: the second-segment weight of rows [", g.begin, ", ", g.end, ") is ", g.weight.sizes(), " ",
+              g.weight.scalar_type(), ", not a contiguous [", n, ", ", x2.size(1), "] ", weight.scalar_type());
+  }
+  CRL_CHECK(x.size(1) > 0, "linear: grouped second segments need a first one (x has no columns)");
+  if (at::Tensor t = trivial_linear(x, n, b); t.defined()) return t;
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  const at::Tensor x2f = x2.to(at::kFloat).contiguous();
+  const at::Tensor w = weight.contiguous();
+  at::Tensor y = at::empty({m, n}, x.options());
+  detail::GemmArgs args = gemm_args(w, b, y);
+  args.x = xf.data_ptr<float>();
+  args.ldx = args.k;
+  // One product: each panel of the base weight is packed once for every row, each group's
+  // second-segment block once for its rows (bi_gemm_impl.h).
+  std::vector<detail::RowGroupW2> groups;
+  groups.reserve(second.size());
+  for (const RowGroup& g : second) groups.push_back({g.end, g.weight.defined() ? g.weight.data_ptr() : nullptr});
+  if (x2f.size(1) > 0) {
+    args.x2 = x2f.data_ptr<float>();
+    args.ldx2 = x2f.size(1);
+    args.k2 = x2f.size(1);
+    args.groups2 = groups.data();
+    args.num_groups2 = static_cast<int64_t>(groups.size());
   }
   const detail::KernelTable& t = active_table();
   run_gemm(args, {t.nr, t.mr, t.kc * t.nr, 256}, t.gemm);

@@ -15,6 +15,8 @@
 
 #include <ATen/ATen.h>
 
+#include <vector>
+
 namespace crl::engine::kernels {
 
 // y = x w^T + b. x: [M, K], weight: [N, K] (same dtype as x), bias: [N] or undefined. y: [M, N].
@@ -23,6 +25,28 @@ namespace crl::engine::kernels {
 // making them: a LoRA adapter's delta (x A^T) (s B)^T inside the base product.
 at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {},
                      const at::Tensor& x2 = {}, const at::Tensor& weight2 = {});
+
+// Rows [begin, end) of a grouped product and the weight they use (see each function for an
+// undefined one). A call's groups cover its rows in order: the first begins at 0, each begins where
+// the one before ends, the last ends at M; a group may be empty.
+struct RowGroup {
+  int64_t begin = 0, end = 0;
+  at::Tensor weight;
+};
+
+// Each group's rows times its own weight: y[r] = x[r] weight_g^T, bit for bit bi_linear of the
+// group's rows alone; rows of a group without a weight are zero. x: [M, K]; each weight: a
+// contiguous [n, K] of x's dtype. One parallel region for all groups (rows of several LoRA
+// adapters: each row's x A^T with its own adapter's A).
+at::Tensor bi_grouped_linear(const at::Tensor& x, const std::vector<RowGroup>& groups, int64_t n);
+
+// bi_linear with a second depth segment per row group: the rows of a group with weight2 W2_g
+// (contiguous [N, K2], weight's dtype) are [x | x2] [weight | W2_g]^T + b, those of a group
+// without one x weight^T + b (their x2 unread), each bit for bit bi_linear of the row alone with
+// its own segments. x2: [M, K2]; x needs K > 0. Several LoRA adapters' up-projections in one
+// product, each row reading only its own adapter's B.
+at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& x2,
+                     const std::vector<RowGroup>& second);
 
 // bi_linear for bfloat16 x and weight on a CPU with AVX512-BF16 (bf16_dot_supported(),
 // engine/kernels/cpu_isa.h): vdpbf16ps, two depths per instruction. The same canonical chain and

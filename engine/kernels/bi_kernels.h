@@ -43,6 +43,17 @@ struct GemmArgs {
   int64_t ldx2 = 0;
   const void* w2 = nullptr;
   int64_t k2 = 0;
+  // Optional, with k2 > 0: a second-segment weight per row group instead of w2 for every row. The
+  // groups cover rows [0, m) in order, group g ending at groups2[g].end; its rows take
+  // groups2[g].w2 ([n, k2], w's dtype) or, where that is null, no second segment (their chains end
+  // with the first). Several LoRA adapters in one product.
+  const struct RowGroupW2* groups2 = nullptr;
+  int64_t num_groups2 = 0;
+};
+
+struct RowGroupW2 {
+  int64_t end;
+  const void* w2;
 };
 
 // The depth segments of `a` as arguments of their own (x, w, k the segment's; the outputs a's):

@@ -22,10 +22,14 @@ void gemm(const GemmArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1, flo
   for (int64_t p = p0; p < p1; ++p) {
     const int64_t n0 = p * kNr;
     const int64_t cols = a.n - n0 < kNr ? a.n - n0 : kNr;
+    int64_t group = 0;  // the row's group of second-segment weights (GemmArgs::groups2)
     for (int64_t row = m0; row < m1; ++row) {
+      while (group < a.num_groups2 && a.groups2[group].end <= row) ++group;
+      if (a.num_groups2 > 0) seg[1].w = a.groups2[group].w2;
+      const int row_segs = segs == 2 && seg[1].w == nullptr ? 1 : segs;
       for (int64_t j = 0; j < cols; ++j) {
         float c = 0.0f;
-        for (int si = 0; si < segs; ++si) {
+        for (int si = 0; si < row_segs; ++si) {
           const GemmArgs& s = seg[si];
           const float* x = s.x + row * s.ldx;
           const int64_t w0 = (n0 + j) * s.k;

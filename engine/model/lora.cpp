@@ -427,4 +427,15 @@ at::Tensor LoraSlots::row_mask(const std::vector<int32_t>& row_slots, bool on_ho
   return on_host ? m.to(dtype_) : m.to(device_, dtype_);
 }
 
+std::vector<LoraRowRun> lora_row_runs(const std::vector<int32_t>& row_slots) {
+  std::vector<LoraRowRun> runs;
+  for (size_t i = 0; i < row_slots.size(); ++i) {
+    if (runs.empty() || runs.back().slot != row_slots[i]) {
+      runs.push_back({static_cast<int64_t>(i), static_cast<int64_t>(i), row_slots[i]});
+    }
+    runs.back().end = static_cast<int64_t>(i) + 1;
+  }
+  return runs;
+}
+
 }  // namespace crl::engine

@@ -72,13 +72,27 @@ void save_peft_adapter(const LoraAdapter& adapter, const std::string& dir,
 // weight's dtype. The reference for unmerged serving, and a merged checkpoint's weights.
 NamedTensors merge_lora(const NamedTensors& base, const LoraAdapter& adapter, const ModelConfig& config);
 
+// Rows [begin, end) of a forward, all on LoRA slot `slot` (-1: none).
+struct LoraRowRun {
+  int64_t begin = 0, end = 0;
+  int32_t slot = -1;
+};
+
 // A forward's adapters: every row on one slot (`slot`; the slot's own A and B, no mask) or rows on
-// different slots or none (`mask`, LoraSlots::row_mask); neither = no adapter.
+// different slots or none (`mask`, LoraSlots::row_mask); neither = no adapter. With a mask, `runs`
+// may also give the rows as runs of one slot each (in order, covering every row): where the
+// project's float32 kernel runs a target layer outside deterministic mode, each run then reads its
+// own slot's A and B alone (kernels::bi_grouped_linear and the grouped bi_linear) instead of every
+// slot's columns under the mask.
 struct LoraBatch {
   at::Tensor mask;
   int32_t slot = -1;
+  std::vector<LoraRowRun> runs;
   bool active() const { return mask.defined() || slot >= 0; }
 };
+
+// `row_slots` (each forward row's slot, -1 for none) as runs of equal slots, in order.
+std::vector<LoraRowRun> lora_row_runs(const std::vector<int32_t>& row_slots);
 
 // Writes a Hugging Face model directory to `out_dir`: the model in `model_dir` with the PEFT
 // adapter in `lora_dir` merged into its weights (merge_lora), stored in `dtype` ("float32" or

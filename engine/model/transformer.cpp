@@ -274,6 +274,19 @@ at::Tensor Transformer::adapted_linear(int64_t li, LoraTarget target, const at::
     // up-projection is a second depth segment of the base product, y = [x | x A^T] [W | s B]^T + b,
     // one product and no add per target. (Rounding differs from the path below, which rounds the
     // delta before adding it; deterministic mode keeps that one, the trainer's arithmetic.)
+    if (lora.slot < 0 && !lora.runs.empty()) {
+      // Rows of several slots, in runs: each run's x A^T and second segment on its own slot's A
+      // and B only (a quarter of the masked product's work with four slots).
+      std::vector<kernels::RowGroup> down, up;
+      down.reserve(lora.runs.size());
+      up.reserve(lora.runs.size());
+      for (const LoraRowRun& r : lora.runs) {
+        const bool on = r.slot >= 0;
+        down.push_back({r.begin, r.end, on ? lora_->slot_a(li, target, r.slot) : at::Tensor()});
+        up.push_back({r.begin, r.end, on ? lora_->slot_b(li, target, r.slot) : at::Tensor()});
+      }
+      return kernels::bi_linear(x, weight, bias, kernels::bi_grouped_linear(x, down, lora_->max_rank()), up);
+    }
     const at::Tensor xa = lora.slot >= 0 ? linear(x, lora_->slot_a(li, target, lora.slot))
                                          : linear(x, lora_->a(li, target)) * lora.mask;
     return kernels::bi_linear(x, weight, bias, xa,

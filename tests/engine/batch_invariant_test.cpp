@@ -102,6 +102,59 @@ TEST(BatchInvariantTest, ASecondDepthSegmentIsTheLinearOfTheConcatenations) {
                      std::logic_error, "weight2 is BFloat16, weight Float");
 }
 
+TEST(BatchInvariantTest, RowGroupsEachGetTheBitsOfTheirOwnWeights) {
+  // Rows of several LoRA adapters in one call: bi_grouped_linear (each group's x A_g^T) and the
+  // grouped second segment ([x | x2] [w | B_g]^T) give every row the bits of bi_linear of that row
+  // alone with its own group's weights, on every path; rows of a group without a weight get zeros
+  // and the base product. Groups of one row, of a micro-tile and more, empty ones, a weightless one.
+  at::manual_seed(13);
+  for (auto dt : {at::kFloat, at::kBFloat16}) {
+    const int64_t k = 77, n = 40, r = 19;
+    const std::vector<std::pair<int64_t, bool>> sizes = {{1, true}, {0, true}, {14, true}, {5, false}, {30, true}, {3, true}};
+    int64_t m = 0;
+    for (const auto& s : sizes) m += s.first;
+    const auto x = at::randn({m, k}).to(dt);
+    const auto w = at::randn({n, k}).to(dt);
+    const auto b = at::randn({n}).to(dt);
+    const auto x2 = at::randn({m, r});
+    std::vector<RowGroup> down, up;
+    int64_t row = 0;
+    for (const auto& [size, on] : sizes) {
+      down.push_back({row, row + size, on ? at::randn({r, k}).to(dt) : at::Tensor()});
+      up.push_back({row, row + size, on ? at::randn({n, r}).to(dt) : at::Tensor()});
+      row += size;
+    }
+    std::vector<at::Tensor> want_down, want_up;
+    {
+      ScopedCpuIsa scalar(CpuIsa::kScalar);
+      for (int64_t i = 0; i < m; ++i) {
+        const RowGroup* g = nullptr;
+        for (const RowGroup& c : down) g = c.begin <= i && i < c.end ? &c : g;
+        const size_t gi = static_cast<size_t>(g - down.data());
+        const auto xi = x.narrow(0, i, 1);
+        want_down.push_back(g->weight.defined() ? bi_linear(xi, g->weight) : at::zeros({1, r}, x.options()));
+        want_up.push_back(up[gi].weight.defined() ? bi_linear(xi, w, b, x2.narrow(0, i, 1), up[gi].weight)
+                                                  : bi_linear(xi, w, b));
+      }
+    }
+    for (CpuIsa isa : supported_cpu_isas()) {
+      SCOPED_TRACE(std::string(cpu_isa_name(isa)) + (dt == at::kFloat ? " f32" : " bf16"));
+      ScopedCpuIsa path(isa);
+      test::expect_tensor_equal(bi_grouped_linear(x, down, r), at::cat(want_down));
+      test::expect_tensor_equal(bi_linear(x, w, b, x2, up), at::cat(want_up));
+    }
+  }
+  const auto x = at::randn({4, 3});
+  ASSERT_THROWS_WITH(bi_grouped_linear(x, {{0, 2, at::randn({5, 3})}, {3, 4, {}}}, 5), std::logic_error,
+                     "a group [3, 4) follows row 2");
+  ASSERT_THROWS_WITH(bi_grouped_linear(x, {{0, 3, at::randn({5, 3})}}, 5), std::logic_error,
+                     "row groups cover 3 of 4 rows");
+  ASSERT_THROWS_WITH(bi_grouped_linear(x, {{0, 4, at::randn({5, 2})}}, 5), std::logic_error,
+                     "the weight of rows [0, 4) is [5, 2]");
+  ASSERT_THROWS_WITH(bi_linear(x, at::randn({6, 3}), {}, at::randn({4, 2}), {{0, 4, at::randn({6, 3})}}),
+                     std::logic_error, "second-segment weight of rows [0, 4) is [6, 3]");
+}
+
 TEST(BatchInvariantTest, ValuesMatchLibtorchWithinRounding) {
   at::manual_seed(12);
   for (CpuIsa isa : supported_cpu_isas()) {
