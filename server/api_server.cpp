@@ -207,6 +207,8 @@ HttpResponse Server::guarded_completion(const HttpRequest& req, Endpoint endpoin
   } catch (const ApiError& e) {
     res = error_response(e.status(), e.what(), e.param(), e.code());
     if (e.status() == 429) res.headers.emplace_back("Retry-After", std::to_string(options_.retry_after_seconds));
+    // A session conflict stays one when asked again: OpenAI's SDKs retry 409s unless told not to.
+    if (e.status() == 409) res.headers.emplace_back("x-should-retry", "false");
   } catch (const std::exception& e) {
     spdlog::error("{} {}: {}", req.method, req.path, e.what());
     res = error_response(500, std::string("internal error: ") + e.what());
