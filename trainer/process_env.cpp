@@ -261,14 +261,31 @@ EnvReply ProcessEnv::exchange_now(const ojson& request, bool expect_reply, bool 
   };
   drop_stray_output();
   const std::string line = request.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  // One deadline for the request and its reply: a process that stops reading its stdin (a full
+  // pipe) times out as one that never answers does, instead of blocking the send for ever.
+  const auto deadline = Clock::now() + timeout_;
   for (size_t sent = 0; sent < line.size();) {
-    const ssize_t n = ::send(fd_, line.data() + sent, line.size() - sent, MSG_NOSIGNAL);
+    const ssize_t n = ::send(fd_, line.data() + sent, line.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      if (left.count() <= 0) {
+        stop_process();  // the rest of the line must not reach a later request's reader
+        born_.erase(episode_id);
+        return failed("env_timeout: the environment (" + command_ + ") did not read the " + what +
+                      " within " + std::to_string(timeout_.count()) + " ms (" + std::to_string(sent) + " of " +
+                      std::to_string(line.size()) + " bytes taken)");
+      }
+      pollfd p{fd_, POLLOUT, 0};
+      if (::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000))) < 0 && errno != EINTR) {
+        return died("failed a poll");
+      }
+      continue;
+    }
     if (n <= 0) return died("stopped reading its stdin");
     sent += static_cast<size_t>(n);
   }
   if (!expect_reply) return {};
-  const auto deadline = Clock::now() + timeout_;
   std::string reply_line;
   ojson j;
   for (;;) {  // until a line that is meant as a reply (what is not is dropped: see below)

@@ -258,6 +258,23 @@ TEST(ProcessEnvTest, AHangingEnvironmentTimesOutAndALateReplyNeverAnswersALaterR
   EXPECT_EQ(env_error_kind(r.error), "env_died") << r.error;
 }
 
+TEST(ProcessEnvTest, AnEnvironmentThatStopsReadingTimesOutInsteadOfBlockingTheSend) {
+  // The process answers the reset, then never reads its stdin again: a step of a few MiB fills the
+  // pipe. The send must give up at the timeout (before, it blocked for ever: a hung rollout).
+  EnvOptions o;
+  o.timeout = std::chrono::milliseconds(300);
+  ProcessEnv env(test_env("--deaf-after-request 1"), o);
+  ASSERT_TRUE(env.reset("first", EnvSplit::kTrain, 0).error.empty());
+  auto t0 = std::chrono::steady_clock::now();
+  EnvReply r = env.step("first", assistant(std::string(8 << 20, 'x')));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  EXPECT_EQ(env_error_kind(r.error), "env_timeout") << r.error;
+  EXPECT_NE(r.error.find("did not read the step"), std::string::npos) << r.error;
+  r = env.reset("next", EnvSplit::kTrain, 0);  // a new process
+  EXPECT_TRUE(r.error.empty()) << r.error;
+  EXPECT_EQ(env.starts(), 2);
+}
+
 TEST(EnvironmentTest, MakeEnvironmentChoosesBuiltInOrCommand) {
   EXPECT_EQ(make_environment("calculator", EnvOptions{})->name(), "calculator");
   EXPECT_THROW(make_environment("", EnvOptions{}), std::invalid_argument);
