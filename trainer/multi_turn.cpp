@@ -63,6 +63,7 @@ EpisodeRunner::EpisodeRunner(engine::EngineLoop& loop, Environment& env,
     throw std::invalid_argument("--max-turns, --max-tokens and --max-episode-tokens must be >= 1");
   }
   if (o_.max_in_flight < 0) throw std::invalid_argument("episodes in flight must be >= 0 (0: all)");
+  episode_cap_ = std::min<int64_t>(o_.max_episode_tokens, loop_.engine().max_model_len());
 }
 
 void EpisodeRunner::run(const std::vector<EpisodeSpec>& specs,
@@ -107,14 +108,15 @@ void EpisodeRunner::run(const std::vector<EpisodeSpec>& specs,
       return;
     }
     const int64_t used = static_cast<int64_t>(l.traj->ids().size());
-    if (used >= o_.max_episode_tokens) return finish(i, "token_cap");
+    // (An environment's reply may have filled the context: the episode ends here, as at the cap.)
+    if (used >= episode_cap_) return finish(i, "token_cap");
     engine::GenerateRequest q;
     q.request_id = fmt::format("{}-t{}", specs[i].id, l.ep.turns);
     q.prompt_token_ids = l.traj->prompt();
     q.params.n = 1;
     q.params.temperature = specs[i].temperature;
     q.params.max_tokens = static_cast<int32_t>(
-        std::min<int64_t>(o_.max_tokens_per_turn, o_.max_episode_tokens - used));
+        std::min<int64_t>(o_.max_tokens_per_turn, episode_cap_ - used));
     q.params.seed = specs[i].seed + static_cast<uint64_t>(l.ep.turns) * 1000003ULL;
     q.params.stop = text::tool_call_stop_strings(format_);
     std::vector<engine::GenerateRequest> one;
@@ -269,6 +271,24 @@ std::vector<Sample> episode_samples(const Episode& ep, double advantage) {
     s.reward = ep.reward;
     s.advantage = advantage;
     out.push_back(std::move(s));
+  }
+  return out;
+}
+
+std::vector<Sample> group_episode_samples(const std::vector<Episode>& episodes) {
+  std::vector<const Episode*> scored;
+  std::vector<SampleGroup> rewards(1);
+  for (const Episode& e : episodes) {
+    if (e.end == "env_error") continue;
+    scored.push_back(&e);
+    Sample s;
+    s.reward = e.reward;
+    rewards[0].samples.push_back(s);
+  }
+  compute_group_advantages(rewards);
+  std::vector<Sample> out;
+  for (size_t k = 0; k < scored.size(); ++k) {
+    for (Sample& s : episode_samples(*scored[k], rewards[0].samples[k].advantage)) out.push_back(std::move(s));
   }
   return out;
 }

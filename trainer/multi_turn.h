@@ -47,7 +47,9 @@ struct MultiTurnOptions {
   int32_t max_turns = 4;
   // Generated tokens per assistant turn.
   int32_t max_tokens_per_turn = 48;
-  // Ids per episode, all segments (the token cap).
+  // Ids per episode, all segments (the token cap). The engine's context bounds it too: a turn
+  // never asks for more than the context has room for, and an episode whose conversation fills the
+  // context ends with the token cap (not a failed request).
   int32_t max_episode_tokens = 384;
   // The longest an episode's engine request may run before the runner fails.
   std::chrono::milliseconds timeout{1800000};
@@ -119,11 +121,19 @@ class EpisodeRunner {
   std::vector<int32_t> prefix_;
   text::ToolCallFormat format_;
   MultiTurnOptions o_;
+  int64_t episode_cap_;  // min(max_episode_tokens, the engine's context)
 };
 
 // The training samples of `episode` (one per segment with a model token), with `advantage`.
 // The trailing environment ids after the last model id carry no loss and are left out.
 std::vector<Sample> episode_samples(const Episode& episode, double advantage);
+
+// One prompt's finished episodes (a GRPO group) as training samples: advantages
+// (compute_group_advantages) over the rewards of the episodes that did not end with an
+// environment error, then episode_samples of each of those. An episode the environment failed
+// (end "env_error") is not trained on: its reward 0 says nothing about the model's tokens, and
+// counted in the group it would shift the other episodes' advantages.
+std::vector<Sample> group_episode_samples(const std::vector<Episode>& episodes);
 
 // A demonstration conversation (Environment::demonstration) as an SFT sample: the assistant
 // turns are encoded from their text (tool calls written in `format`; the final answer followed by

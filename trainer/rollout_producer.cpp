@@ -473,7 +473,7 @@ InferReport RolloutProducer::rollout_episodes(int64_t step) {
         r.tool_errors += ep.tool_errors;
         r.env_errors += ep.end == "env_error";
         if (ep.end == "env_error") {
-          spdlog::warn("episode {}: {} (reward 0)", specs[index].id, ep.env_error);
+          spdlog::warn("episode {}: {} (reward 0; not trained on)", specs[index].id, ep.env_error);
         }
         r.env_tokens += ep.env_tokens();
         r.model_tokens += ep.model_tokens();
@@ -487,14 +487,11 @@ InferReport RolloutProducer::rollout_episodes(int64_t step) {
         }
         done[t].push_back(std::move(ep));
         if (static_cast<int64_t>(done[t].size()) < n) return;
-        // The group is complete: advantages over its episodes' rewards (GRPO), then one sample
-        // per segment, each with its episode's advantage.
-        std::vector<SampleGroup> rewards(1);
+        // The group is complete: advantages over its episodes' rewards (GRPO; episodes the
+        // environment failed left out), then one sample per segment, each with its episode's
+        // advantage.
         bool too_old = false;
         for (const Episode& e : done[t]) {
-          Sample s;
-          s.reward = e.reward;
-          rewards[0].samples.push_back(s);
           for (size_t j = 0; j < e.ids.size(); ++j) too_old = too_old || (e.mask[j] && e.versions[j] < oldest_allowed);
         }
         if (too_old) {  // never trained on; counted in the step's metrics
@@ -502,14 +499,11 @@ InferReport RolloutProducer::rollout_episodes(int64_t step) {
           done[t].clear();
           return;
         }
-        compute_group_advantages(rewards);
         SampleGroup grp;
         grp.prompt_index = tasks[t];
-        for (size_t k = 0; k < done[t].size(); ++k) {
-          for (Sample& s : episode_samples(done[t][k], rewards[0].samples[k].advantage)) {
-            pending_tokens += static_cast<int64_t>(s.prompt_ids.size() + s.completion_ids.size());
-            grp.samples.push_back(std::move(s));
-          }
+        grp.samples = group_episode_samples(done[t]);
+        for (const Sample& s : grp.samples) {
+          pending_tokens += static_cast<int64_t>(s.prompt_ids.size() + s.completion_ids.size());
         }
         done[t].clear();
         if (grp.samples.empty()) return;

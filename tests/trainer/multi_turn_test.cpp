@@ -37,9 +37,10 @@ struct Engine {
   const engine::Tokenizer* tok = nullptr;
   std::vector<int32_t> prefix;
 
-  Engine() {
+  explicit Engine(int64_t max_model_len = 0) {
     engine::EngineConfig cfg = test::test_engine_config();
     cfg.deterministic = true;
+    cfg.max_model_len = max_model_len;  // 0: the model's
     cfg.max_seqs = 32;
     auto eng = std::make_unique<engine::LlmEngine>(cfg);
     chat = text::ChatTemplate::from_model_dir(cfg.model_dir);
@@ -224,6 +225,30 @@ TEST(MultiTurnTest, TheTokenCapEndsAnEpisode) {
   });
 }
 
+TEST(MultiTurnTest, TheEnginesContextCapsAnEpisodeAsTheTokenCapDoes) {
+  // --max-episode-tokens past the engine's context: a late turn gets only the room the context
+  // has left, and an episode whose environment text fills the context ends with the token cap,
+  // instead of a request the engine refuses (which failed the whole rollout).
+  const int64_t context = 48;
+  Engine e(context);
+  ASSERT_EQ(e.loop->engine().max_model_len(), context);
+  ProcessEnv env(test_env("--never-done"), EnvOptions{});
+  MultiTurnOptions o;
+  o.max_turns = 50;
+  o.max_tokens_per_turn = 8;
+  o.max_episode_tokens = 1000;
+  EpisodeRunner runner(*e.loop, env, e.chat, *e.tok, e.prefix, text::ToolCallFormat::kHermes, o);
+  int ended = 0;
+  runner.run(specs(3), [&](size_t, Episode& ep) {
+    expect_consistent(ep);
+    EXPECT_EQ(ep.end, "token_cap");
+    EXPECT_GE(ep.turns, 1);
+    EXPECT_LE(ep.model_tokens(), context);
+    ++ended;
+  });
+  EXPECT_EQ(ended, 3);
+}
+
 TEST(MultiTurnTest, ADyingEnvironmentEndsItsEpisodesWithANamedErrorAndTheJobGoesOn) {
   Engine e;
   // The four resets are queued at once: the third kills the process. Its episode and the two
@@ -367,6 +392,41 @@ TEST(MultiTurnTest, OneSamplePerTrajectoryHasTheLossOfPerTurnPackingFromFewerTok
   // opening prompt is short, up to T when it dominates).
   EXPECT_EQ(trajectory_tokens, 12 + 11 * turns - 5);  // the trailing tool text carries no loss
   EXPECT_EQ(per_turn_tokens, 12 * turns + 11 * (turns * (turns + 1) / 2) - 5 * turns);
+}
+
+TEST(MultiTurnTest, EpisodesTheEnvironmentFailedAreNeitherTrainedOnNorInTheirGroupsAdvantages) {
+  // Four episodes of one prompt: rewards 1, 0, 1 and an environment error (reward 0). The failed
+  // one gives no sample, and the advantages are those of the group {1, 0, 1}, as if it had not run.
+  auto episode = [](double reward, const std::string& end) {
+    Episode ep;
+    ep.ids = {5, 6, 7, 8};
+    ep.mask = {0, 0, 1, 1};
+    ep.logprobs = {0, 0, -0.5f, -0.25f};
+    ep.versions = {-1, -1, 0, 0};
+    ep.segments = {0};
+    ep.reward = reward;
+    ep.end = end;
+    return ep;
+  };
+  const std::vector<Episode> group = {episode(1, "answer"), episode(0, "answer"), episode(1, "answer"),
+                                      episode(0, "env_error")};
+  const std::vector<Sample> got = group_episode_samples(group);
+  ASSERT_EQ(got.size(), 3u);
+  std::vector<SampleGroup> want(1);
+  for (double r : {1.0, 0.0, 1.0}) {
+    Sample s;
+    s.reward = r;
+    want[0].samples.push_back(s);
+  }
+  compute_group_advantages(want);
+  for (size_t k = 0; k < got.size(); ++k) {
+    EXPECT_DOUBLE_EQ(got[k].advantage, want[0].samples[k].advantage) << k;
+    EXPECT_EQ(got[k].completion_ids, (std::vector<int32_t>{7, 8}));
+  }
+  EXPECT_GT(got[0].advantage, 0);
+  EXPECT_LT(got[1].advantage, 0);
+  // A group the environment failed entirely trains on nothing.
+  EXPECT_TRUE(group_episode_samples({episode(0, "env_error"), episode(0, "env_error")}).empty());
 }
 
 TEST(MultiTurnTest, ADemonstrationIsTheModelTurnsAsTargetsAndTheRestMasked) {
