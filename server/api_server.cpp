@@ -299,7 +299,10 @@ std::optional<Server::SessionTurn> Server::session_turn(const HttpRequest& req, 
   }
   const engine::Tokenizer* tok = loop_->engine().tokenizer();
   if (!tok) throw ApiError(400, "this model has no tokenizer: sessions need one", "session_id");
-  const std::string key = nlohmann::ordered_json{{"tools", options.tools}, {"kwargs", options.kwargs}}.dump();
+  // Compared as values: the same tools with their keys in another order (another client library's
+  // serialisation) are the same tools; the session keeps rendering the first turn's.
+  const std::string key =
+      nlohmann::json::parse(nlohmann::ordered_json{{"tools", options.tools}, {"kwargs", options.kwargs}}.dump()).dump();
   SessionStore::Lease lease = sessions_.acquire(id, [&] {
     std::vector<int32_t> prefix = chat_.is_jinja() ? std::vector<int32_t>() : loop_->engine().prompt_prefix();
     return std::make_unique<Session>(text::ChatTrajectory(chat_, *tok, std::move(prefix), options), key);

@@ -166,6 +166,18 @@ TEST_F(ServerSessionTest, BadSessionRequestsAre400) {
   with_tools["tools"] = json::array({{{"type", "function"}, {"function", {{"name", "f"}}}}});
   auto [s5, b5] = served.post("/v1/chat/completions", with_tools);
   EXPECT_EQ(s5, 409) << b5;
+  // The same tools with their keys in another order are the same tools.
+  auto [s6, b6] = served.post_raw("/v1/chat/completions",
+                                  R"({"session_id": "s5", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}],
+                                      "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]})");
+  ASSERT_EQ(s6, 200) << b6;
+  const json reply = json::parse(b6)["choices"][0]["message"];
+  auto [s7, b7] = served.post_raw(
+      "/v1/chat/completions",
+      R"({"session_id": "s5", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}, )" + reply.dump() +
+          R"(, {"role": "user", "content": "y"}],
+             "tools": [{"function": {"parameters": {"type": "object"}, "name": "f"}, "type": "function"}]})");
+  EXPECT_EQ(s7, 200) << b7;
 }
 
 TEST_F(ServerSessionTest, ATurnPastTheSessionsTokenCapIs400) {
