@@ -240,14 +240,25 @@ TEST(ProcessEnvTest, UnaskedLinesDoNotShiftTheLaterReplies) {
   EXPECT_EQ(env.starts(), 1);
 }
 
-TEST(ProcessEnvTest, AHangingEnvironmentTimesOutAndALateReplyNeverAnswersALaterRequest) {
+EnvOptions timeout_300ms() {
   EnvOptions o;
   o.timeout = std::chrono::milliseconds(300);
-  ProcessEnv env(test_env("--hang-at-request 2"), o);
-  EXPECT_TRUE(env.reset("first", EnvSplit::kTrain, 0).error.empty());
-  auto t0 = std::chrono::steady_clock::now();
-  EnvReply r = env.reset("slow", EnvSplit::kTrain, 0);
+  return o;
+}
+
+// The reply of a call that must end within seconds (its 300 ms timeout fires inside it).
+template <typename Call>
+EnvReply within_seconds(Call&& call) {
+  const auto t0 = std::chrono::steady_clock::now();
+  EnvReply r = call();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  return r;
+}
+
+TEST(ProcessEnvTest, AHangingEnvironmentTimesOutAndALateReplyNeverAnswersALaterRequest) {
+  ProcessEnv env(test_env("--hang-at-request 2"), timeout_300ms());
+  EXPECT_TRUE(env.reset("first", EnvSplit::kTrain, 0).error.empty());
+  EnvReply r = within_seconds([&] { return env.reset("slow", EnvSplit::kTrain, 0); });
   EXPECT_EQ(env_error_kind(r.error), "env_timeout") << r.error;
   EXPECT_NE(r.error.find("300 ms"), std::string::npos) << r.error;
   r = env.reset("next", EnvSplit::kTrain, 0);  // a new process (the hung one was killed)
@@ -261,13 +272,9 @@ TEST(ProcessEnvTest, AHangingEnvironmentTimesOutAndALateReplyNeverAnswersALaterR
 TEST(ProcessEnvTest, AnEnvironmentThatStopsReadingTimesOutInsteadOfBlockingTheSend) {
   // The process answers the reset, then never reads its stdin again: a step of a few MiB fills the
   // pipe. The send must give up at the timeout (before, it blocked for ever: a hung rollout).
-  EnvOptions o;
-  o.timeout = std::chrono::milliseconds(300);
-  ProcessEnv env(test_env("--deaf-after-request 1"), o);
+  ProcessEnv env(test_env("--deaf-after-request 1"), timeout_300ms());
   ASSERT_TRUE(env.reset("first", EnvSplit::kTrain, 0).error.empty());
-  auto t0 = std::chrono::steady_clock::now();
-  EnvReply r = env.step("first", assistant(std::string(8 << 20, 'x')));
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  EnvReply r = within_seconds([&] { return env.step("first", assistant(std::string(8 << 20, 'x'))); });
   EXPECT_EQ(env_error_kind(r.error), "env_timeout") << r.error;
   EXPECT_NE(r.error.find("did not read the step"), std::string::npos) << r.error;
   r = env.reset("next", EnvSplit::kTrain, 0);  // a new process

@@ -65,6 +65,15 @@ std::vector<EpisodeSpec> specs(int count, uint64_t seed = 1) {
   return out;
 }
 
+// Options with the turn cap, the tokens per turn and the token cap.
+MultiTurnOptions caps(int32_t max_turns, int32_t max_tokens_per_turn, int32_t max_episode_tokens) {
+  MultiTurnOptions o;
+  o.max_turns = max_turns;
+  o.max_tokens_per_turn = max_tokens_per_turn;
+  o.max_episode_tokens = max_episode_tokens;
+  return o;
+}
+
 // Runs of equal mask values: (value, length) in order.
 std::vector<std::pair<int, size_t>> runs(const std::vector<uint8_t>& mask) {
   std::vector<std::pair<int, size_t>> out;
@@ -93,10 +102,7 @@ void expect_consistent(const Episode& ep) {
 TEST(MultiTurnTest, EpisodesRunToTheTurnCapWithEnvironmentTextMaskedOut) {
   Engine e;
   ProcessEnv env(test_env("--never-done"), EnvOptions{});
-  MultiTurnOptions o;
-  o.max_turns = 3;
-  o.max_tokens_per_turn = 6;
-  o.max_episode_tokens = 400;
+  MultiTurnOptions o = caps(3, 6, 400);
   EpisodeRunner runner(*e.loop, env, e.chat, *e.tok, e.prefix, text::ToolCallFormat::kHermes, o);
   std::map<size_t, Episode> got;
   int between = 0;
@@ -207,10 +213,7 @@ TEST(MultiTurnTest, TheInFlightCapBoundsOpenEpisodesAndWavesAreLockstep) {
 TEST(MultiTurnTest, TheTokenCapEndsAnEpisode) {
   Engine e;
   ProcessEnv env(test_env("--never-done"), EnvOptions{});
-  MultiTurnOptions o;
-  o.max_turns = 50;
-  o.max_tokens_per_turn = 8;
-  o.max_episode_tokens = 60;
+  MultiTurnOptions o = caps(50, 8, 60);
   EpisodeRunner runner(*e.loop, env, e.chat, *e.tok, e.prefix, text::ToolCallFormat::kHermes, o);
   runner.run(specs(3), [&](size_t, Episode& ep) {
     expect_consistent(ep);
@@ -233,10 +236,7 @@ TEST(MultiTurnTest, TheEnginesContextCapsAnEpisodeAsTheTokenCapDoes) {
   Engine e(context);
   ASSERT_EQ(e.loop->engine().max_model_len(), context);
   ProcessEnv env(test_env("--never-done"), EnvOptions{});
-  MultiTurnOptions o;
-  o.max_turns = 50;
-  o.max_tokens_per_turn = 8;
-  o.max_episode_tokens = 1000;
+  MultiTurnOptions o = caps(50, 8, 1000);
   EpisodeRunner runner(*e.loop, env, e.chat, *e.tok, e.prefix, text::ToolCallFormat::kHermes, o);
   int ended = 0;
   runner.run(specs(3), [&](size_t, Episode& ep) {
