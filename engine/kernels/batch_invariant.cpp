@@ -92,6 +92,12 @@ void run_gemm_parts(const std::vector<GemmPart>& parts, const GemmShape& s, Gemm
     const int64_t m = part.m1 - part.m0;
     Split sp{};
     sp.panels = (part.args.n + s.nr - 1) / s.nr;
+    sp.first_task = tasks;
+    if (m <= 0 || sp.panels == 0) {  // nothing to compute: no tasks
+      sp.mc = sp.g = sp.groups = 1;
+      splits.push_back(sp);
+      continue;
+    }
     sp.row_blocks = (m + s.max_rows - 1) / s.max_rows;
     if (sp.row_blocks * sp.panels < threads) {
       // Fewer panels than threads (a skinny product, such as a LoRA adapter's x A^T of one panel):
@@ -99,10 +105,9 @@ void run_gemm_parts(const std::vector<GemmPart>& parts, const GemmShape& s, Gemm
       sp.row_blocks = std::max(sp.row_blocks, std::min((m + s.mr - 1) / s.mr, (threads + sp.panels - 1) / sp.panels));
     }
     sp.mc = std::max<int64_t>(1, (m + sp.row_blocks - 1) / sp.row_blocks);
-    sp.row_blocks = m > 0 && sp.panels > 0 ? (m + sp.mc - 1) / sp.mc : 0;  // no block left without rows
+    sp.row_blocks = (m + sp.mc - 1) / sp.mc;  // no block left without rows
     sp.g = std::max<int64_t>(1, (sp.panels + 4 * threads - 1) / (4 * threads));
     sp.groups = (sp.panels + sp.g - 1) / sp.g;
-    sp.first_task = tasks;
     tasks += sp.row_blocks * sp.groups;
     scratch_floats = std::max(scratch_floats, s.panel_floats + sp.mc * s.nr);
     splits.push_back(sp);

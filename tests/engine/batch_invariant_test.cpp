@@ -105,43 +105,57 @@ TEST(BatchInvariantTest, ASecondDepthSegmentIsTheLinearOfTheConcatenations) {
 TEST(BatchInvariantTest, RowGroupsEachGetTheBitsOfTheirOwnWeights) {
   // Rows of several LoRA adapters in one call: bi_grouped_linear (each group's x A_g^T) and the
   // grouped second segment ([x | x2] [w | B_g]^T) give every row the bits of bi_linear of that row
-  // alone with its own group's weights, on every path; rows of a group without a weight get zeros
-  // and the base product. Groups of one row, of a micro-tile and more, empty ones, a weightless one.
+  // alone with its own group's weights, on every path and thread count; rows of a group without a
+  // weight get zeros and the base product. Groups of one row, of a micro-tile and more, empty
+  // ones, a weightless one between others; depths below and past one packed block (both
+  // segments); more rows than one task takes (320: row blocks of 160, one starting inside a group).
+  struct Case {
+    int64_t k, n, r;
+    std::vector<std::pair<int64_t, bool>> sizes;  // (rows, has weights) per group
+  };
+  const std::vector<Case> cases = {{77, 40, 19, {{1, true}, {0, true}, {14, true}, {5, false}, {30, true}, {3, true}}},
+                                   {800, 70, 400, {{200, true}, {90, true}, {10, false}, {20, true}}}};
   at::manual_seed(13);
+  const int threads = at::get_num_threads();
   for (auto dt : {at::kFloat, at::kBFloat16}) {
-    const int64_t k = 77, n = 40, r = 19;
-    const std::vector<std::pair<int64_t, bool>> sizes = {{1, true}, {0, true}, {14, true}, {5, false}, {30, true}, {3, true}};
-    int64_t m = 0;
-    for (const auto& s : sizes) m += s.first;
-    const auto x = at::randn({m, k}).to(dt);
-    const auto w = at::randn({n, k}).to(dt);
-    const auto b = at::randn({n}).to(dt);
-    const auto x2 = at::randn({m, r});
-    std::vector<RowGroup> down, up;
-    int64_t row = 0;
-    for (const auto& [size, on] : sizes) {
-      down.push_back({row, row + size, on ? at::randn({r, k}).to(dt) : at::Tensor()});
-      up.push_back({row, row + size, on ? at::randn({n, r}).to(dt) : at::Tensor()});
-      row += size;
-    }
-    std::vector<at::Tensor> want_down, want_up;
-    {
-      ScopedCpuIsa scalar(CpuIsa::kScalar);
-      for (int64_t i = 0; i < m; ++i) {
-        const RowGroup* g = nullptr;
-        for (const RowGroup& c : down) g = c.begin <= i && i < c.end ? &c : g;
-        const size_t gi = static_cast<size_t>(g - down.data());
-        const auto xi = x.narrow(0, i, 1);
-        want_down.push_back(g->weight.defined() ? bi_linear(xi, g->weight) : at::zeros({1, r}, x.options()));
-        want_up.push_back(up[gi].weight.defined() ? bi_linear(xi, w, b, x2.narrow(0, i, 1), up[gi].weight)
-                                                  : bi_linear(xi, w, b));
+    for (const Case& c : cases) {
+      int64_t m = 0;
+      for (const auto& s : c.sizes) m += s.first;
+      const auto x = at::randn({m, c.k}).to(dt);
+      const auto w = at::randn({c.n, c.k}).to(dt);
+      const auto b = at::randn({c.n}).to(dt);
+      const auto x2 = at::randn({m, c.r});
+      std::vector<RowGroup> down, up;
+      int64_t row = 0;
+      for (const auto& [size, on] : c.sizes) {
+        down.push_back({row, row + size, on ? at::randn({c.r, c.k}).to(dt) : at::Tensor()});
+        up.push_back({row, row + size, on ? at::randn({c.n, c.r}).to(dt) : at::Tensor()});
+        row += size;
       }
-    }
-    for (CpuIsa isa : supported_cpu_isas()) {
-      SCOPED_TRACE(std::string(cpu_isa_name(isa)) + (dt == at::kFloat ? " f32" : " bf16"));
-      ScopedCpuIsa path(isa);
-      test::expect_tensor_equal(bi_grouped_linear(x, down, r), at::cat(want_down));
-      test::expect_tensor_equal(bi_linear(x, w, b, x2, up), at::cat(want_up));
+      std::vector<at::Tensor> want_down, want_up;
+      {
+        ScopedCpuIsa scalar(CpuIsa::kScalar);
+        for (size_t gi = 0; gi < down.size(); ++gi) {
+          for (int64_t i = down[gi].begin; i < down[gi].end; ++i) {
+            const auto xi = x.narrow(0, i, 1);
+            want_down.push_back(down[gi].weight.defined() ? bi_linear(xi, down[gi].weight)
+                                                          : at::zeros({1, c.r}, x.options()));
+            want_up.push_back(up[gi].weight.defined() ? bi_linear(xi, w, b, x2.narrow(0, i, 1), up[gi].weight)
+                                                      : bi_linear(xi, w, b));
+          }
+        }
+      }
+      for (CpuIsa isa : supported_cpu_isas()) {
+        for (int t : {1, threads}) {
+          SCOPED_TRACE(std::string(cpu_isa_name(isa)) + (dt == at::kFloat ? " f32" : " bf16") +
+                       " k=" + std::to_string(c.k) + " threads=" + std::to_string(t));
+          ScopedCpuIsa path(isa);
+          at::set_num_threads(t);
+          test::expect_tensor_equal(bi_grouped_linear(x, down, c.r), at::cat(want_down));
+          test::expect_tensor_equal(bi_linear(x, w, b, x2, up), at::cat(want_up));
+          at::set_num_threads(threads);
+        }
+      }
     }
   }
   const auto x = at::randn({4, 3});
