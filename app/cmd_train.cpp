@@ -209,6 +209,11 @@ Runner register_train(CLI::App& app) {
                   "--env: seconds an external environment has for one reply (then the episode ends "
                   "with env_timeout, reward 0)")
       ->capture_default_str();
+  cmd->add_option("--env-procs", o.env_options.processes,
+                  "--env COMMAND: processes per infer rank (each answers one request at a time: "
+                  "this many episodes' tool calls run at once)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
   cmd->add_option("--env-digits", o.env_options.calculator_digits,
                   "--env calculator: digits of each operand")
       ->capture_default_str();

@@ -20,7 +20,12 @@ std::unique_ptr<Environment> make_environment(const std::string& spec, const Env
   if (spec == "calculator") {
     env = std::make_unique<CalculatorEnv>(options);
   } else {
-    env = std::make_unique<ProcessEnv>(spec, options);
+    if (options.processes < 1) throw std::invalid_argument("--env-procs must be >= 1");
+    if (options.processes == 1) {
+      env = std::make_unique<ProcessEnv>(spec, options);
+    } else {
+      env = std::make_unique<ProcessEnvPool>(spec, options);
+    }
   }
   if (options.latency_max_ms > 0) env = std::make_unique<DelayedEnv>(std::move(env), options);
   return env;

@@ -79,6 +79,9 @@ struct EnvOptions {
   uint64_t seed = 1;
   // External environments: the longest wait for one reply line.
   std::chrono::milliseconds timeout{30000};
+  // External environments: processes per infer rank (ProcessEnvPool). Each answers one request at
+  // a time, so this many episodes' tool calls run at once.
+  int32_t processes = 1;
   // The built-in calculator: digits of each operand.
   int32_t calculator_digits = 4;
   // The built-in calculator: operands of each task (N: N - 1 tool calls, N turns).

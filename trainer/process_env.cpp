@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <future>
@@ -404,6 +405,76 @@ void ProcessEnv::close(const std::string& episode_id) {
   if (stopping_) return;
   jobs_.push_back([this, q] { exchange_now(q, false, false); });
   cv_.notify_all();
+}
+
+ProcessEnvPool::ProcessEnvPool(const std::string& command, const EnvOptions& options) {
+  if (options.processes < 1) throw std::invalid_argument("--env-procs must be >= 1");
+  for (int32_t i = 0; i < options.processes; ++i) envs_.push_back(std::make_unique<ProcessEnv>(command, options));
+  open_.assign(envs_.size(), 0);
+}
+
+int64_t ProcessEnvPool::owner(const std::string& episode_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = owner_.find(episode_id);
+  return it == owner_.end() ? -1 : static_cast<int64_t>(it->second);
+}
+
+EnvReply ProcessEnvPool::reset(const std::string& episode_id, EnvSplit split, int64_t index) {
+  size_t p = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = owner_.find(episode_id); it != owner_.end()) {  // a reset again: same process
+      p = it->second;
+    } else {
+      p = static_cast<size_t>(std::min_element(open_.begin(), open_.end()) - open_.begin());
+      owner_[episode_id] = p;
+      ++open_[p];
+    }
+  }
+  EnvReply r = envs_[p]->reset(episode_id, split, index);
+  if (!r.error.empty() || r.done) forget(episode_id);
+  return r;
+}
+
+std::optional<size_t> ProcessEnvPool::forget(const std::string& episode_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = owner_.find(episode_id);
+  if (it == owner_.end()) return std::nullopt;
+  const size_t p = it->second;
+  owner_.erase(it);
+  --open_[p];
+  return p;
+}
+
+EnvReply ProcessEnvPool::step(const std::string& episode_id, const ojson& assistant) {
+  const int64_t p = owner(episode_id);
+  if (p < 0) {
+    EnvReply r;
+    r.error = "env_malformed: a step of episode '" + episode_id + "', which is not open (never reset, or ended)";
+    return r;
+  }
+  EnvReply r = envs_[static_cast<size_t>(p)]->step(episode_id, assistant);
+  if (r.done || !r.error.empty()) forget(episode_id);  // over on its process: here too
+  return r;
+}
+
+void ProcessEnvPool::close(const std::string& episode_id) {
+  if (const std::optional<size_t> p = forget(episode_id)) envs_[*p]->close(episode_id);
+}
+
+ojson ProcessEnvPool::demonstration(EnvSplit split, int64_t index) {
+  size_t p = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    p = next_demo_++ % envs_.size();
+  }
+  return envs_[p]->demonstration(split, index);
+}
+
+int64_t ProcessEnvPool::starts() const {
+  int64_t n = 0;
+  for (const auto& e : envs_) n += e->starts();
+  return n;
 }
 
 }  // namespace crl::trainer

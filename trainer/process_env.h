@@ -38,7 +38,9 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
+#include <vector>
 
 #include "trainer/environment.h"
 
@@ -87,6 +89,39 @@ class ProcessEnv : public Environment {
   bool stopping_ = false;                   // guarded by mu_
   int64_t starts_ = 0;                      // guarded by mu_
   std::thread thread_;
+};
+
+// EnvOptions::processes ProcessEnvs of one command (`--env-procs N`): a process answers one request
+// at a time, so a single one serializes every episode's tool calls on the rank (N episodes each
+// waiting on a one-second tool take N seconds a turn); a pool runs that many at once. An episode
+// stays on the process it was reset on (the one with the fewest open episodes then); demonstrations
+// go round the pool. Failures are each process's own (ProcessEnv), and a pool's process restarts
+// alone. Thread safety as ProcessEnv.
+class ProcessEnvPool : public Environment {
+ public:
+  ProcessEnvPool(const std::string& command, const EnvOptions& options);
+
+  std::string name() const override { return envs_.front()->name(); }
+  EnvReply reset(const std::string& episode_id, EnvSplit split, int64_t index) override;
+  EnvReply step(const std::string& episode_id, const nlohmann::ordered_json& assistant) override;
+  void close(const std::string& episode_id) override;
+  nlohmann::ordered_json demonstration(EnvSplit split, int64_t index) override;
+
+  size_t size() const { return envs_.size(); }
+  // Processes started so far, over the pool.
+  int64_t starts() const;
+
+ private:
+  // The process of an open episode (-1: none; its step then fails as env_malformed).
+  int64_t owner(const std::string& episode_id) const;
+  // Drops an open episode from the bookkeeping: the process it was on, if it was open.
+  std::optional<size_t> forget(const std::string& episode_id);
+
+  std::vector<std::unique_ptr<ProcessEnv>> envs_;
+  mutable std::mutex mu_;
+  std::map<std::string, size_t> owner_;  // open episode -> process; guarded by mu_
+  std::vector<int64_t> open_;             // open episodes per process; guarded by mu_
+  size_t next_demo_ = 0;                  // guarded by mu_
 };
 
 }  // namespace crl::trainer

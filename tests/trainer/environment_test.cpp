@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <future>
 #include <vector>
 
@@ -280,6 +281,48 @@ TEST(ProcessEnvTest, AnEnvironmentThatStopsReadingTimesOutInsteadOfBlockingTheSe
   r = env.reset("next", EnvSplit::kTrain, 0);  // a new process
   EXPECT_TRUE(r.error.empty()) << r.error;
   EXPECT_EQ(env.starts(), 2);
+}
+
+TEST(ProcessEnvTest, APoolKeepsEachEpisodeOnTheProcessItWasResetOn) {
+  // Three processes (--env-procs 3), six episodes: resets spread over the pool (the fewest open
+  // episodes first), and every step reaches the process that holds its episode (another process
+  // does not know it: the test environment would die on the unknown id, env_died).
+  EnvOptions o;
+  o.processes = 3;
+  auto env = make_environment(test_env(), o);
+  auto* pool = dynamic_cast<ProcessEnvPool*>(env.get());
+  ASSERT_NE(pool, nullptr);
+  EXPECT_EQ(pool->size(), 3u);
+  std::vector<std::pair<std::string, int>> sums;
+  for (int i = 0; i < 6; ++i) {
+    const std::string id = "p" + std::to_string(i);
+    EnvReply r = env->reset(id, EnvSplit::kTrain, i);
+    ASSERT_TRUE(r.error.empty()) << r.error;
+    int a = 0, b = 0;
+    ASSERT_EQ(std::sscanf(r.messages[0]["content"].get<std::string>().c_str(), "Question: what is %d plus %d?", &a, &b), 2);
+    sums.push_back({id, a + b});
+  }
+  EXPECT_EQ(pool->starts(), 3);
+  for (const auto& [id, sum] : sums) {  // answered in another order than reset
+    EnvReply r = env->step(id, assistant(std::to_string(sum)));
+    EXPECT_TRUE(r.error.empty()) << id << ": " << r.error;
+    EXPECT_TRUE(r.done) << id;
+    EXPECT_EQ(r.reward, 1.0) << id;
+  }
+  EXPECT_EQ(pool->starts(), 3);  // no process died
+  // An episode that ended (or never began) is not open on any process.
+  EXPECT_EQ(env_error_kind(env->step("p0", assistant("1")).error), "env_malformed");
+  // Demonstrations go round the pool; a closed episode is forgotten.
+  EXPECT_FALSE(env->demonstration(EnvSplit::kTrain, 3).is_null());
+  ASSERT_TRUE(env->reset("late", EnvSplit::kTrain, 9).error.empty());
+  env->close("late");
+  EXPECT_EQ(env_error_kind(env->step("late", assistant("1")).error), "env_malformed");
+  EXPECT_THROW(make_environment(test_env(), [] {
+                 EnvOptions bad;
+                 bad.processes = 0;
+                 return bad;
+               }()),
+               std::invalid_argument);
 }
 
 TEST(EnvironmentTest, MakeEnvironmentChoosesBuiltInOrCommand) {
