@@ -5,6 +5,7 @@
 #include <optional>
 #include <set>
 
+#include "common/json_depth.h"
 #include "engine/text/chat_encoder.h"
 #include "engine/text/jinja/error.h"
 #include "engine/text/tokenizer.h"
@@ -196,7 +197,12 @@ json error_json(int status, const std::string& message, const std::string& param
 }
 
 json parse_json_object(const std::string& body) {
-  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  bool too_deep = false;
+  json j = parse_untrusted_json<json>(body, &too_deep);
+  if (too_deep) {
+    throw ApiError(400, "the request body nests arrays and objects deeper than " + std::to_string(kMaxJsonDepth) +
+                   " levels", "", "invalid_json");
+  }
   if (j.is_discarded()) throw ApiError(400, "the request body is not valid JSON", "", "invalid_json");
   if (!j.is_object()) {
     throw ApiError(400, std::string("the request body must be a JSON object, got ") + type_name(j),
@@ -264,9 +270,10 @@ ojson parse_messages(const ojson& messages) {
             (fn["arguments"].is_string() && fn["arguments"].get<std::string>().empty())) {
           fn["arguments"] = ojson::object();
         } else if (fn["arguments"].is_string()) {
-          ojson args = ojson::parse(fn["arguments"].get<std::string>(), nullptr, /*allow_exceptions=*/false);
+          ojson args = parse_untrusted_json<ojson>(fn["arguments"].get<std::string>());
           if (args.is_discarded()) {
-            throw ApiError(400, cat + ".function.arguments is not valid JSON", "messages", "invalid_json");
+            throw ApiError(400, cat + ".function.arguments is not valid JSON (or nests deeper than " +
+                           std::to_string(kMaxJsonDepth) + " levels)", "messages", "invalid_json");
           }
           fn["arguments"] = std::move(args);
         }

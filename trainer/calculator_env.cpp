@@ -18,9 +18,17 @@ uint64_t splitmix(uint64_t x) {
 
 // An integer argument: a JSON integer, or a string of digits (optionally signed).
 bool read_integer(const ojson& v, int64_t* out) {
+  // At most 18 digits either way, so that a + b cannot overflow (a larger unsigned JSON number
+  // would also wrap to a negative int64).
+  constexpr int64_t kMax = 999'999'999'999'999'999;
+  if (v.is_number_unsigned()) {
+    if (v.get<uint64_t>() > static_cast<uint64_t>(kMax)) return false;
+    *out = static_cast<int64_t>(v.get<uint64_t>());
+    return true;
+  }
   if (v.is_number_integer()) {
     *out = v.get<int64_t>();
-    return true;
+    return *out >= -kMax && *out <= kMax;
   }
   if (!v.is_string()) return false;
   const std::string s = v.get<std::string>();
@@ -145,7 +153,7 @@ EnvReply CalculatorEnv::step(const std::string& episode_id, const ojson& assista
     int64_t a = 0, b = 0;
     if (!args.is_object() || !args.contains("a") || !args.contains("b") || !read_integer(args["a"], &a) ||
         !read_integer(args["b"], &b)) {
-      r.messages.push_back(tool_message(call, "error: add takes integers a and b"));
+      r.messages.push_back(tool_message(call, "error: add takes integers a and b (at most 18 digits)"));
       continue;
     }
     r.messages.push_back(tool_message(call, std::to_string(a + b)));

@@ -16,6 +16,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/json_depth.h"
+
 namespace crl::trainer {
 namespace {
 
@@ -322,13 +324,20 @@ EnvReply ProcessEnv::exchange_now(const ojson& request, bool expect_reply, bool 
     // this reply and shift every later one. A line that opens an object is the reply, good or bad.
     const size_t b = reply_line.find_first_not_of(" \t\r");
     if (b != std::string::npos && reply_line[b] == '{') {
-      j = ojson::parse(reply_line, nullptr, /*allow_exceptions=*/false);
+      bool too_deep = false;
+      j = parse_untrusted_json<ojson>(reply_line, &too_deep);
+      if (too_deep) {
+        born_.erase(episode_id);
+        return failed("env_malformed: the reply to the " + what + " nests arrays and objects deeper than " +
+                      std::to_string(kMaxJsonDepth) + " levels: " + excerpt(reply_line));
+      }
       if (j.is_discarded() || !j.is_object() || j.contains("episode_id")) break;
     }
     spdlog::warn("environment ({}): dropped a line that is not a reply (waiting for the {}'s): {}",
                  command_, what, excerpt(reply_line));
   }
   if (j.is_discarded() || !j.is_object()) {
+    born_.erase(episode_id);  // over, as after any malformed reply
     return failed("env_malformed: the reply to the " + what + " is not a JSON object: " +
                   excerpt(reply_line));
   }

@@ -13,6 +13,7 @@
 #include <stdexcept>
 
 #include "common/check.h"
+#include "common/json_depth.h"
 #include "engine/text/chat_encoder.h"
 #include "engine/text/chat_template.h"
 #include "engine/text/tokenizer.h"
@@ -140,9 +141,10 @@ std::vector<TaskRow> load_task_jsonl(const std::string& path, const RewardOption
   for (int64_t line = 1; std::getline(in, text); ++line) {
     if (trim(text).empty()) continue;
     // Ordered: a template sees a message's keys in the order the file gives them.
-    ojson j = ojson::parse(text, nullptr, /*allow_exceptions=*/false);
+    bool too_deep = false;
+    ojson j = parse_untrusted_json<ojson>(text, &too_deep);
     if (j.is_discarded()) {
-      bad(line, "invalid JSON");
+      bad(line, too_deep ? "JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels" : "invalid JSON");
       continue;
     }
     if (!j.is_object()) {

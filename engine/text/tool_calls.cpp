@@ -2,6 +2,8 @@
 
 #include <stdexcept>
 
+#include "common/json_depth.h"
+
 namespace crl::text {
 namespace {
 
@@ -30,7 +32,11 @@ std::string excerpt(const std::string& s) {
 // One call object: {"name": string, "arguments" | "parameters": object or a JSON string of one}.
 // Returns the error ("" when it parsed).
 std::string read_call(const std::string& json_text, ToolCall* call) {
-  ojson j = ojson::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  bool too_deep = false;
+  ojson j = parse_untrusted_json<ojson>(json_text, &too_deep);
+  if (too_deep) {
+    return "tool call nests deeper than " + std::to_string(kMaxJsonDepth) + " levels: " + excerpt(json_text);
+  }
   if (j.is_discarded()) return "tool call is not valid JSON: " + excerpt(json_text);
   if (!j.is_object()) return "tool call must be a JSON object: " + excerpt(json_text);
   if (!j.contains("name") || !j["name"].is_string() || j["name"].get<std::string>().empty()) {
@@ -44,9 +50,10 @@ std::string read_call(const std::string& json_text, ToolCall* call) {
   }
   ojson args = j[key];
   if (args.is_string()) {
-    ojson inner = ojson::parse(args.get<std::string>(), nullptr, false);
+    ojson inner = parse_untrusted_json<ojson>(args.get<std::string>());
     if (inner.is_discarded()) {
-      return "tool call '" + call->name + "': arguments are a string that is not JSON";
+      return "tool call '" + call->name + "': arguments are a string that is not JSON (or nests deeper than " +
+             std::to_string(kMaxJsonDepth) + " levels)";
     }
     args = inner;
   }

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include "common/json_depth.h"
 #include "engine/text/chat_template.h"
 #include "server/api_types.h"
 
@@ -35,6 +36,26 @@ TEST(ServerApiTypesTest, ParsesPromptFormsAndRejectsWrongTypes) {
     EXPECT_EQ(e.param(), "top_p");
   }
   EXPECT_EQ(param_from_message("invalid sampling parameter 'min_p': 2 (must be in [0, 1])"), "min_p");
+}
+
+// Nesting is bounded before nlohmann parses a body: the parse takes any depth, but copying the
+// value (parse_messages copies each message's content) recursed once a level, and a 200 KB body of
+// brackets overflowed the server thread's stack.
+TEST(ServerApiTypesTest, DeeplyNestedBodiesAreRefusedBeforeTheyAreParsed) {
+  const std::string deep = R"({"messages": [{"role": "user", "content": )" + std::string(100000, '[') +
+                           std::string(100000, ']') + "}]}";
+  try {
+    parse_json_object(deep);
+    FAIL() << "expected ApiError";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status(), 400);
+    EXPECT_NE(std::string(e.what()).find("deeper than 256 levels"), std::string::npos) << e.what();
+  }
+  // 256 levels parse; brackets inside strings, escaped quotes included, do not count.
+  EXPECT_NO_THROW(parse_json_object("{\"a\": " + std::string(255, '[') + std::string(255, ']') + "}"));
+  EXPECT_THROW(parse_json_object("{\"a\": " + std::string(256, '[') + std::string(256, ']') + "}"), ApiError);
+  EXPECT_FALSE(json_too_deep(R"(["[[[", "\"[[[", {"k]": "{{{"}])", 2));
+  EXPECT_TRUE(json_too_deep(R"(["\\", [[]]])", 2));  // an escaped backslash, then the string's end
 }
 
 TEST(ServerApiTypesTest, ChatFieldsReachTheModelTemplate) {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <future>
 #include <vector>
@@ -57,6 +58,13 @@ TEST(CalculatorEnvTest, ToolAnswersAndTheFinalAnswerIsScored) {
   r = env.step("e", assistant("", call_add("x", 1)));  // bad arguments: an error, the episode goes on
   EXPECT_FALSE(r.done);
   EXPECT_EQ(r.messages[0]["content"].get<std::string>().rfind("error:", 0), 0u);
+  // Operands past 18 digits are errors too, not a signed overflow or an unsigned one wrapped.
+  for (const ojson& big : {ojson(INT64_MAX), ojson(uint64_t{1} << 63), ojson(INT64_MIN)}) {
+    r = env.step("e", assistant("", call_add(big, 1)));
+    EXPECT_EQ(r.messages[0]["content"], "error: add takes integers a and b (at most 18 digits)") << big;
+  }
+  r = env.step("e", assistant("", call_add(999'999'999'999'999'999, -1)));
+  EXPECT_EQ(r.messages[0]["content"], "999999999999999998");
   r = env.step("e", assistant("The sum is " + std::to_string(a + b) + "."));
   EXPECT_TRUE(r.done);
   EXPECT_TRUE(r.correct);
@@ -218,6 +226,20 @@ TEST(ProcessEnvTest, ALyingEnvironmentGetsNamedMalformedErrors) {
     if (i != 2) EXPECT_NE(r.error.find(why[i]), std::string::npos) << r.error;
   }
   EXPECT_EQ(env.starts(), 1);  // a malformed line does not restart the process
+}
+
+// A reply nested 100,000 lists deep (valid JSON, 200 KB) is refused before it is parsed: copying
+// the parsed value recursed once a level and overflowed the worker thread's stack (SIGSEGV, the
+// whole job gone) instead of ending that episode.
+TEST(ProcessEnvTest, ADeeplyNestedReplyIsMalformedNotACrash) {
+  ProcessEnv env(test_env("--deep-at-request 1"), EnvOptions{});
+  EnvReply r = env.reset("e1", EnvSplit::kTrain, 0);
+  EXPECT_TRUE(r.done);
+  EXPECT_EQ(env_error_kind(r.error), "env_malformed") << r.error;
+  EXPECT_NE(r.error.find("deeper than 256 levels"), std::string::npos) << r.error;
+  r = env.reset("e2", EnvSplit::kTrain, 1);
+  EXPECT_TRUE(r.error.empty()) << r.error;
+  EXPECT_EQ(env.starts(), 1);
 }
 
 // Lines that are not replies (a banner at start, a log line before each reply, an answer to
