@@ -58,7 +58,7 @@ class SessionStore {
     Lease(SessionStore* store, std::shared_ptr<Entry> entry, bool created)
         : store_(store), entry_(std::move(entry)), created_(created) {}
     Lease(Lease&&) = default;
-    Lease& operator=(Lease&&) = default;
+    Lease& operator=(Lease&&) = delete;  // would drop a held session without releasing it
     ~Lease();
     Session& operator*() const { return *entry_->session; }
     Session* operator->() const { return entry_->session.get(); }

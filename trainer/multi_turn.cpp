@@ -86,7 +86,7 @@ void EpisodeRunner::run(const std::vector<EpisodeSpec>& specs,
     if (o_.turn_synchronous && finished < started) return;
     while (started < specs.size() && started - finished < cap) start(started);
   };
-  auto finish = [&](size_t i, const std::string& end) {
+  auto finish = [&](size_t i, const std::string& end, bool env_ended = false) {
     Live& l = live[i];
     if (l.traj) {
       l.ep.ids = l.traj->ids();
@@ -94,7 +94,9 @@ void EpisodeRunner::run(const std::vector<EpisodeSpec>& specs,
       l.ep.segments = l.traj->segment_starts();
     }
     l.ep.end = end;
-    if (end == "turn_cap" || end == "token_cap") env_.close(specs[i].id);
+    // Ended here, not by the environment: it forgets the episode (an external program's state, a
+    // pool's count of its process's open episodes).
+    if (end == "turn_cap" || end == "token_cap" || (end == "env_error" && !env_ended)) env_.close(specs[i].id);
     l.phase = Live::Phase::kDone;
     l.channel.reset();
     ++finished;
@@ -146,7 +148,7 @@ void EpisodeRunner::run(const std::vector<EpisodeSpec>& specs,
     Live& l = live[i];
     if (!r.error.empty()) {
       l.ep.env_error = r.error;
-      return finish(i, "env_error");
+      return finish(i, "env_error", /*env_ended=*/true);
     }
     if (l.env_is_reset) {
       text::ChatRenderOptions ro;

@@ -210,6 +210,42 @@ TEST(MultiTurnTest, TheInFlightCapBoundsOpenEpisodesAndWavesAreLockstep) {
   }
 }
 
+// Replies "boom" to every step: a message the template below refuses to render.
+class RejectedReplyEnv : public Environment {
+ public:
+  std::string name() const override { return "rejected-reply"; }
+  EnvReply reset(const std::string&, EnvSplit, int64_t) override { return reply("hi"); }
+  EnvReply step(const std::string&, const ojson&) override { return reply("boom"); }
+
+ private:
+  static EnvReply reply(const char* content) {
+    EnvReply r;
+    r.messages = ojson::array({{{"role", "user"}, {"content", content}}});
+    return r;
+  }
+};
+
+// An episode the runner ends itself (the environment's reply does not render) is closed on the
+// environment, as a capped one is: an external program drops its state and a pool its count of
+// the process's open episodes (which otherwise stayed up and steered every later episode away).
+TEST(MultiTurnTest, AnEpisodeTheRunnerEndsIsClosedOnTheEnvironment) {
+  Engine e;
+  const text::ChatTemplate strict = text::ChatTemplate::from_jinja(
+      "{% for m in messages %}{% if m.content == 'boom' %}{{ raise_exception('no boom') }}{% endif %}"
+      "{{ m.role }}: {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}");
+  CountingEnv env(std::make_unique<RejectedReplyEnv>());
+  EpisodeRunner runner(*e.loop, env, strict, *e.tok, e.prefix, text::ToolCallFormat::kHermes, caps(3, 4, 400));
+  size_t done = 0;
+  runner.run(specs(3), [&](size_t, Episode& ep) {
+    EXPECT_EQ(ep.end, "env_error");
+    EXPECT_NE(ep.env_error.find("does not render"), std::string::npos) << ep.env_error;
+    EXPECT_EQ(ep.turns, 1);
+    ++done;
+  });
+  EXPECT_EQ(done, 3u);
+  EXPECT_EQ(env.open, 0);
+}
+
 TEST(MultiTurnTest, TheTokenCapEndsAnEpisode) {
   Engine e;
   ProcessEnv env(test_env("--never-done"), EnvOptions{});
