@@ -248,7 +248,13 @@ LoraAdapter load_peft_adapter(const std::string& dir, const ModelConfig& config)
                                   c10::str(at::IntArrayRef(info.shape)) + ", the model needs " +
                                   c10::str(at::IntArrayRef(want)));
     }
-    (is_a ? ad.a : ad.b)[li][static_cast<int>(*t)] = file->load(name, at::kFloat);
+    at::Tensor w = file->load(name, at::kFloat);
+    // Served unmerged in a batch with other adapters, a NaN would reach every row: rows of other
+    // slots are zeroed by a mask product, and NaN * 0 is NaN.
+    if (!at::isfinite(w).all().item<bool>()) {
+      throw std::invalid_argument(st_path + ": tensor '" + name + "' holds NaN or infinite values");
+    }
+    (is_a ? ad.a : ad.b)[li][static_cast<int>(*t)] = std::move(w);
   }
   for (int64_t li = 0; li < config.num_layers; ++li) {
     for (LoraTarget t : ad.targets) {
@@ -313,8 +319,9 @@ void write_merged_lora_model(const std::string& model_dir, const std::string& lo
   if (dtype != "float32" && dtype != "bfloat16") {
     throw std::invalid_argument("merged model dtype '" + dtype + "': expected float32 or bfloat16");
   }
-  const ModelConfig config = load_model_config(model_dir);
+  ModelConfig config = load_model_config(model_dir);
   const LoraAdapter adapter = load_peft_adapter(lora_dir, config);
+  config.torch_dtype = dtype;  // what the files hold, not the base's (HF loaders trust the field)
   NamedTensors merged = merge_lora(load_checkpoint(model_dir, model_param_specs(config), at::kFloat), adapter, config);
   if (dtype == "bfloat16") {
     for (auto& [name, t] : merged) t = t.to(at::kBFloat16);

@@ -46,7 +46,9 @@ struct LoraAdapter {
   static std::string peft_name(int64_t li, LoraTarget t, bool is_a);
 };
 
-// An adapter of `config`'s shapes: A ~ N(0, 1 / in) as PEFT's Kaiming-uniform scale, B zero (the
+// An adapter of `config`'s shapes: A ~ N(0, 1 / in) (std 1/sqrt(in): sqrt(3) times PEFT's
+// kaiming_uniform(a=sqrt(5)), U(+-1/sqrt(in)); the learning rates the README recommends were
+// found with this scale), B zero (the
 // training start: outputs equal the base's) or, with `random_b`, N(0, 0.02). Deterministic in seed.
 LoraAdapter make_lora_adapter(const ModelConfig& config, int64_t rank, double alpha,
                               const std::vector<LoraTarget>& targets, uint64_t seed, bool random_b);

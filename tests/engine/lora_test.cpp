@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -92,6 +93,11 @@ TEST(LoraTest, UnmergedAdapterMatchesTheMergedWeights) {
     save_peft_adapter(ad, tmp.file("adapter"));
     const std::string dir = tmp.file("merged");
     write_merged_lora_model(cfg.model_dir, tmp.file("adapter"), dir);
+    EXPECT_EQ(load_model_config(dir).torch_dtype, "float32");  // the files' dtype, not the base's
+    if (variant == "qwen2") {
+      write_merged_lora_model(cfg.model_dir, tmp.file("adapter"), tmp.file("merged16"), "bfloat16");
+      EXPECT_EQ(load_model_config(tmp.file("merged16")).torch_dtype, "bfloat16");
+    }
     EngineConfig merged_cfg = test::test_engine_config(variant);
     merged_cfg.model_dir = dir;
     const auto merged = LlmEngine(merged_cfg).generate(greedy_requests("m", 5, 9, {""}));
@@ -325,6 +331,12 @@ TEST(LoraTest, AdaptersThatDoNotFitAreNamedErrors) {
   save_peft_adapter(ad, dir);
   ASSERT_THROWS_WITH(load_peft_adapter(dir, mc), std::invalid_argument,
                      "model.layers.1.self_attn.q_proj.lora_A.weight' has shape");
+  // A NaN (served in a mixed batch it would reach every row through the mask product), named.
+  ad = make_lora_adapter(mc, 4, 8, parse_lora_targets("q"), 3, true);
+  ad.b[2][static_cast<int>(LoraTarget::kQ)][0][1] = std::nan("");
+  save_peft_adapter(ad, dir);
+  ASSERT_THROWS_WITH(load_peft_adapter(dir, mc), std::invalid_argument,
+                     "model.layers.2.self_attn.q_proj.lora_B.weight' holds NaN or infinite values");
   // A layer the model does not have.
   ModelConfig deeper = mc;
   deeper.num_layers = mc.num_layers + 1;
