@@ -114,20 +114,21 @@ json parse_json_object(const std::string& text, const std::string& where) {
   return j;
 }
 
-void parse_rope_scaling(const FieldReader& r, ModelConfig& c) {
-  if (!r.has("rope_scaling")) return;
-  const json& rs = r.at("rope_scaling");
-  if (!rs.is_object()) r.fail("rope_scaling", "must be null or an object (got " + rs.dump() + ")");
-  FieldReader sub(rs, r.where() + ": rope_scaling");
+// A scaling object (rope_scaling's, or transformers 5's rope_parameters) into `c`; `field` names
+// it in errors. False when it names no scaling (rope_type "default").
+bool parse_rope_kind(const FieldReader& r, const char* field, ModelConfig& c) {
+  const json& rs = r.at(field);
+  if (!rs.is_object()) r.fail(field, "must be null or an object (got " + rs.dump() + ")");
+  FieldReader sub(rs, r.where() + ": " + field);
   std::string kind;
   if (sub.has("rope_type"))
     kind = sub.get_string("rope_type");
   else if (sub.has("type"))
     kind = sub.get_string("type");
   else
-    r.fail("rope_scaling", "has neither 'rope_type' nor 'type'");
+    r.fail(field, "has neither 'rope_type' nor 'type'");
 
-  if (kind == "default") return;
+  if (kind == "default") return false;
   if (kind == "linear") {
     c.rope_scaling = RopeScaling::kLinear;
     if (!sub.has("factor")) CRL_INVALID(sub.where(), ": missing required field 'factor'");
@@ -143,9 +144,41 @@ void parse_rope_scaling(const FieldReader& r, ModelConfig& c) {
     c.rope_high_freq_factor = sub.get_double("high_freq_factor", 0);
     c.rope_original_max_position = sub.get_int("original_max_position_embeddings");
   } else {
-    r.fail("rope_scaling",
-           "has unsupported type '" + kind + "' (supported: default, linear, llama3)");
+    r.fail(field, "has unsupported type '" + kind + "' (supported: default, linear, llama3)");
   }
+  return true;
+}
+
+// RoPE: rope_theta and rope_scaling (transformers 4's config.json), or rope_parameters
+// {rope_type, rope_theta, the scaling's fields} (what transformers 5 writes in their place).
+// Where both forms are present they must agree.
+void parse_rope(const FieldReader& r, ModelConfig& c) {
+  c.rope_theta = r.get_double("rope_theta", c.rope_theta);
+  const bool scaled = r.has("rope_scaling") && parse_rope_kind(r, "rope_scaling", c);
+  if (!r.has("rope_parameters")) return;
+  const json& rp = r.at("rope_parameters");
+  if (!rp.is_object()) r.fail("rope_parameters", "must be null or an object (got " + rp.dump() + ")");
+  FieldReader sub(rp, r.where() + ": rope_parameters");
+  if (sub.has("rope_theta")) {
+    const double theta = sub.get_double("rope_theta", c.rope_theta);
+    if (r.has("rope_theta") && theta != c.rope_theta) {
+      r.fail("rope_parameters", "has rope_theta " + std::to_string(theta) +
+                                    " where the top-level rope_theta is " +
+                                    std::to_string(c.rope_theta));
+    }
+    c.rope_theta = theta;
+  }
+  if (!sub.has("rope_type") && !sub.has("type")) return;
+  ModelConfig p = c;
+  const bool p_scaled = parse_rope_kind(r, "rope_parameters", p);
+  if (r.has("rope_scaling") && (scaled != p_scaled ||
+      (p.rope_scaling != c.rope_scaling || p.rope_factor != c.rope_factor ||
+       p.rope_low_freq_factor != c.rope_low_freq_factor ||
+       p.rope_high_freq_factor != c.rope_high_freq_factor ||
+       p.rope_original_max_position != c.rope_original_max_position))) {
+    r.fail("rope_parameters", "names another scaling than rope_scaling");
+  }
+  if (p_scaled) c = p;
 }
 
 void check_positive(const std::string& where, const char* field, int64_t v) {
@@ -280,8 +313,7 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   }
   c.max_position_embeddings = r.get_int("max_position_embeddings", c.max_position_embeddings);
   c.rms_norm_eps = r.get_double("rms_norm_eps", c.rms_norm_eps);
-  c.rope_theta = r.get_double("rope_theta", c.rope_theta);
-  parse_rope_scaling(r, c);
+  parse_rope(r, c);
   c.attention_bias = c.model_type == "qwen2" ? true : r.get_bool("attention_bias", false);
   c.qk_norm = c.model_type == "qwen3";
   check_supported_settings(r, c);

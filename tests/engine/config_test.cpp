@@ -84,6 +84,50 @@ TEST(ModelConfigTest, ParsesHuggingFaceLlama31Config) {
   EXPECT_EQ(c.num_params(), 8030261248);
 }
 
+// transformers 5 writes rope_parameters {rope_type, rope_theta, the scaling's fields} in place of
+// rope_theta and rope_scaling: read as the same RoPE (a checkpoint saved by it once loaded with
+// theta 10000 and no scaling, silently); where both forms are present they must agree.
+TEST(ModelConfigTest, ReadsTransformers5RopeParameters) {
+  json j = base_json();
+  j.erase("rope_theta");
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1000000.0}};
+  ModelConfig c = parse(j);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 1000000.0);
+  EXPECT_EQ(c.rope_scaling, RopeScaling::kNone);
+
+  j["rope_parameters"] = {{"rope_type", "llama3"},      {"rope_theta", 500000.0},
+                          {"factor", 8.0},              {"low_freq_factor", 1.0},
+                          {"high_freq_factor", 4.0},    {"original_max_position_embeddings", 8192}};
+  c = parse(j);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 500000.0);
+  EXPECT_EQ(c.rope_scaling, RopeScaling::kLlama3);
+  EXPECT_DOUBLE_EQ(c.rope_factor, 8.0);
+  EXPECT_EQ(c.rope_original_max_position, 8192);
+  // The legacy fields beside it, agreeing (transformers 4 reading a 5 config keeps both).
+  j["rope_theta"] = 500000.0;
+  j["rope_scaling"] = j["rope_parameters"];
+  j["rope_scaling"].erase("rope_theta");
+  expect_config_eq(parse(j), c);
+
+  json bad = j;
+  bad["rope_theta"] = 10000.0;
+  ASSERT_THROWS_WITH(parse(bad), std::invalid_argument,
+                     "field 'rope_parameters' has rope_theta 500000.000000 where the top-level "
+                     "rope_theta is 10000.000000");
+  bad = j;
+  bad["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}};
+  ASSERT_THROWS_WITH(parse(bad), std::invalid_argument,
+                     "field 'rope_parameters' names another scaling than rope_scaling");
+  bad = j;
+  bad.erase("rope_scaling");
+  bad["rope_parameters"]["rope_type"] = "yarn";
+  ASSERT_THROWS_WITH(parse(bad), std::invalid_argument,
+                     "field 'rope_parameters' has unsupported type 'yarn'");
+  bad["rope_parameters"] = 5;
+  ASSERT_THROWS_WITH(parse(bad), std::invalid_argument,
+                     "field 'rope_parameters' must be null or an object");
+}
+
 TEST(ModelConfigTest, DefaultsKvHeadsHeadDimAndTying) {
   json j = base_json();
   j.erase("num_key_value_heads");

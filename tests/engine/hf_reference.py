@@ -32,9 +32,11 @@ def load_safetensors(path):
 
 
 def rope_inv_freq(cfg, dim):
-    base = cfg.get("rope_theta", 10000.0)
+    # transformers 5 writes rope_parameters {rope_type, rope_theta, ...} in place of the two fields.
+    rp = cfg.get("rope_parameters") or {}
+    base = rp.get("rope_theta", cfg.get("rope_theta", 10000.0))
     inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
-    rs = cfg.get("rope_scaling")
+    rs = cfg.get("rope_scaling") or (rp if rp.get("rope_type", "default") != "default" else None)
     if not rs:
         return inv
     kind = rs.get("rope_type", rs.get("type"))

@@ -4,7 +4,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include <sys/wait.h>
+
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <random>
 
@@ -99,6 +104,56 @@ TEST_P(EngineVsFullForwardTest, PagedContinuousBatchingMatchesFullForwardAtEvery
   EXPECT_EQ(eng.scheduler().allocator().num_free_blocks(), cfg.num_kv_blocks);
 }
 
+// Runs a reference script (`python script model_dir ids...`, printing the last position's logits
+// as one JSON list); its exit status in *status.
+at::Tensor reference_logits(const std::string& python, const std::string& script,
+                            const std::string& model_dir, const std::vector<int32_t>& ids,
+                            int* status, std::string* output) {
+  std::string cmd = python + " " + CRL_SOURCE_DIR + "/tests/engine/" + script + " " + model_dir;
+  for (int32_t t : ids) cmd += " " + std::to_string(t);
+  std::string out;
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) throw std::runtime_error("popen failed: " + cmd);
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  const int rc = ::pclose(p);
+  *status = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+  *output = out.substr(0, 2000);
+  if (*status != 0) return at::Tensor();
+  // The last line: transformers may warn before it.
+  const size_t nl = out.find_last_of('\n', out.size() >= 2 ? out.size() - 2 : 0);
+  const std::string last = nl == std::string::npos ? out : out.substr(nl + 1);
+  return at::tensor(nlohmann::json::parse(last).get<std::vector<double>>(), at::kDouble);
+}
+
+// `model_dir` with its config.json as transformers 5 saves it: rope_parameters {rope_type,
+// rope_theta, the scaling's fields} in place of rope_theta and rope_scaling, dtype for
+// torch_dtype; the other files linked.
+void write_transformers5_config_copy(const std::string& model_dir, const std::string& out_dir) {
+  namespace fs = std::filesystem;
+  for (const auto& e : fs::directory_iterator(model_dir)) {
+    if (e.path().filename() != "config.json") {
+      fs::create_symlink(fs::absolute(e.path()), fs::path(out_dir) / e.path().filename());
+    }
+  }
+  std::ifstream in(model_dir + "/config.json");
+  nlohmann::json c = nlohmann::json::parse(in);
+  nlohmann::json rope = {{"rope_type", "default"}, {"rope_theta", c.at("rope_theta")}};
+  if (c.contains("rope_scaling") && c["rope_scaling"].is_object()) {
+    for (const auto& [k, v] : c["rope_scaling"].items()) {
+      if (k != "type") rope[k] = v;
+    }
+  }
+  c.erase("rope_theta");
+  c.erase("rope_scaling");
+  c["rope_parameters"] = rope;
+  if (c.contains("torch_dtype")) {
+    c["dtype"] = c["torch_dtype"];
+    c.erase("torch_dtype");
+  }
+  std::ofstream(out_dir + "/config.json") << c.dump(2);
+}
+
 // The full forward against an independent float64 PyTorch forward of the same checkpoint
 // (tests/engine/hf_reference.py, written from the transformers definitions): each family's
 // architecture (Qwen3's per-head q/k norms and head_dim included) is what Hugging Face computes.
@@ -107,19 +162,60 @@ TEST_P(EngineVsFullForwardTest, FullForwardMatchesAnIndependentPyTorchReference)
   LlmEngine eng(cfg);
   std::mt19937 rng(11);
   auto ids = random_tokens(rng, 13);
-  std::string cmd = std::string("/usr/bin/python3 ") + CRL_SOURCE_DIR + "/tests/engine/hf_reference.py " +
-                    cfg.model_dir;
-  for (int32_t t : ids) cmd += " " + std::to_string(t);
+  int status = 0;
   std::string out;
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  char buf[4096];
-  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
-  ASSERT_EQ(::pclose(p), 0) << "the reference needs Debian's /usr/bin/python3 with torch (scripts/bootstrap.sh "
-                               "installs python3-torch): "
-                            << out.substr(0, 2000);
-  auto ref = at::tensor(nlohmann::json::parse(out).get<std::vector<double>>(), at::kDouble);
+  at::Tensor ref = reference_logits("/usr/bin/python3", "hf_reference.py", cfg.model_dir, ids,
+                                    &status, &out);
+  ASSERT_EQ(status, 0) << "the reference needs Debian's /usr/bin/python3 with torch "
+                          "(scripts/bootstrap.sh installs python3-torch): "
+                       << out;
   test::expect_tensor_near(full_forward_last(eng.model(), ids).to(at::kDouble), ref, 2e-3, 1e-4);
+}
+
+// A checkpoint whose config.json transformers 5 wrote (rope_parameters in place of rope_theta and
+// rope_scaling) is the same model: the engine's logits are equal, and so are the reference's.
+TEST_P(EngineVsFullForwardTest, ATransformers5ConfigIsTheSameModel) {
+  EngineConfig cfg = test::test_engine_config(GetParam());
+  test::TempDir dir;
+  write_transformers5_config_copy(cfg.model_dir, dir.path());
+  std::mt19937 rng(11);
+  auto ids = random_tokens(rng, 13);
+  at::Tensor want = full_forward_last(LlmEngine(cfg).model(), ids);
+  EngineConfig cfg5 = cfg;
+  cfg5.model_dir = dir.path();
+  EXPECT_TRUE(full_forward_last(LlmEngine(cfg5).model(), ids).equal(want));
+  int status = 0;
+  std::string out;
+  at::Tensor ref = reference_logits("/usr/bin/python3", "hf_reference.py", dir.path(), ids,
+                                    &status, &out);
+  ASSERT_EQ(status, 0) << out;
+  test::expect_tensor_near(want.to(at::kDouble), ref, 2e-3, 1e-4);
+}
+
+// The full forward against transformers' own modelling code (tests/engine/
+// hf_transformers_reference.py under CRL_HF_PYTHON, a python with transformers: the GPU build
+// path's venv has one, and .ci/run sets it), on the checkpoint as written and with its config as
+// transformers 5 saves it. The hand-written reference above shares the engine's reading of
+// config.json; this one does not (it caught rope_parameters being ignored by both).
+TEST_P(EngineVsFullForwardTest, FullForwardMatchesTransformers) {
+  const char* python = std::getenv("CRL_HF_PYTHON");
+  if (!python || !*python) GTEST_SKIP() << "CRL_HF_PYTHON is not set (a python with transformers)";
+  EngineConfig cfg = test::test_engine_config(GetParam());
+  test::TempDir dir;
+  write_transformers5_config_copy(cfg.model_dir, dir.path());
+  std::mt19937 rng(11);
+  auto ids = random_tokens(rng, 13);
+  for (const std::string& model_dir : {cfg.model_dir, dir.path()}) {
+    EngineConfig c = cfg;
+    c.model_dir = model_dir;
+    at::Tensor want = full_forward_last(LlmEngine(c).model(), ids).to(at::kDouble);
+    int status = 0;
+    std::string out;
+    at::Tensor ref = reference_logits(python, "hf_transformers_reference.py", model_dir, ids,
+                                      &status, &out);
+    ASSERT_EQ(status, 0) << "CRL_HF_PYTHON=" << python << " on " << model_dir << ": " << out;
+    test::expect_tensor_near(want, ref, 2e-3, 1e-4);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, EngineVsFullForwardTest,
