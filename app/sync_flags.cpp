@@ -23,6 +23,8 @@ sync::WeightSyncOptions DistFlags::sync_options() const {
   o.verify = verify;
   o.transport = sync::parse_sync_transport(transport);
   if (inflight < 1) CRL_INVALID("--sync-inflight must be >= 1, got ", inflight);
+  if (ipc != "push" && ipc != "pull") CRL_INVALID("--sync-ipc must be push or pull, got '", ipc, "'");
+  o.ipc_push = ipc == "push";
   return o;
 }
 
@@ -50,6 +52,10 @@ void add_dist_flags(CLI::App& cmd, DistFlags& f, bool with_sync) {
   cmd.add_option("--sync-transport", f.transport,
                  "auto (CUDA IPC where an engine and its trainers share one GPU, the communicator "
                  "otherwise), communicator or ipc")
+      ->capture_default_str();
+  cmd.add_option("--sync-ipc", f.ipc,
+                 "CUDA IPC updates that cast (fp32 trainer, bf16 engine): push (the trainer casts "
+                 "into the engines' buckets) or pull (into send buffers the engines copy from)")
       ->capture_default_str();
 }
 

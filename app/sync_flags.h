@@ -23,6 +23,7 @@ struct DistFlags {
   int inflight = 2;
   bool verify = false;
   std::string transport = "auto";
+  std::string ipc = "push";
   std::string backend = "auto";
 
   std::chrono::milliseconds timeout() const;
@@ -31,7 +32,7 @@ struct DistFlags {
 };
 
 // --gpus-infer, --gpus-train, --timeout; with_sync adds --sync-bucket-mb, --sync-mode,
-// --sync-inflight, --sync-verify, --sync-transport.
+// --sync-inflight, --sync-verify, --sync-transport, --sync-ipc.
 void add_dist_flags(CLI::App& cmd, DistFlags& flags, bool with_sync);
 
 }  // namespace crl::app

@@ -457,6 +457,17 @@ int run_sync_bench_rank(const sync::RankEnv& env, const SyncBenchOptions& o) {
   const bool ipc = ws.transport(0) == sync::SyncTransport::kIpc;
   std::vector<std::string> modes = ipc ? std::vector<std::string>{"bucket", "copy"}
                                         : std::vector<std::string>{"bucket", "per-tensor", "raw"};
+  // A cast over CUDA IPC pushes into the engines' buckets; "bucket-pull" is the same update the
+  // other way (cast into send buffers the engines copy from), beside it.
+  const bool ipc_cast = ipc && edtype != at::kFloat;  // fp32 masters are sent from flat storage
+  std::unique_ptr<sync::WeightSync> ws_pull;
+  if (ipc_cast) {
+    sync::WeightSyncOptions pull_opts = bucket_opts;
+    pull_opts.ipc_push = false;
+    pull_opts.scope = "pull";
+    ws_pull = std::make_unique<sync::WeightSync>(groups, world.store, *layout, pull_opts);
+    modes.insert(modes.begin() + 1, "bucket-pull");
+  }
   if (ws_lora) modes.insert(modes.begin() + 1, lora_mode);
   // The baselines' flat buffers exist outside the timed region, on their senders and receivers.
   at::Tensor flat, copy_src;
@@ -505,15 +516,17 @@ int run_sync_bench_rank(const sync::RankEnv& env, const SyncBenchOptions& o) {
         if (mode == "bucket") {
           st = flat_masters.empty() ? ws.send(masters, v) : ws.send_buckets(flat_masters, v);
         }
+        if (mode == "bucket-pull") st = ws_pull->send(masters, v);
         if (mode == "per-tensor") st = ws_pt.send(masters, v);
         if (mode == "raw" && first_train) st = ws.raw_broadcast(flat, v);
       } else {
-        wait_ready_idle(mode == "bucket" ? ws : ws_pt, v, o.timeout);
+        sync::WeightSync& which = mode == "bucket" ? ws : mode == "bucket-pull" ? *ws_pull : ws_pt;
+        wait_ready_idle(which, v, o.timeout);
         reset_rss_high_water();
         int64_t rss0 = current_rss_bytes();
         auto p0 = Clock::now();
-        if (mode == "bucket") {
-          st = ws.receive(eng->weight_buffers()->buckets(), v);
+        if (mode == "bucket" || mode == "bucket-pull") {
+          st = which.receive(eng->weight_buffers()->buckets(), v);
         } else if (mode == "per-tensor") {
           // OpenRLHF's loop: receive one tensor, then one load_weights call for it.
           const auto& params = eng->model().named_parameters();
@@ -571,6 +584,8 @@ int run_sync_bench_rank(const sync::RankEnv& env, const SyncBenchOptions& o) {
     }
     double tm = median(times);
     std::string transport = mode == "copy"        ? "-"
+                            : mode == "bucket-pull" ? "ipc pull"
+                            : mode == "bucket" && ipc_cast ? "ipc push"
                             : mode == "bucket"    ? sync::sync_transport_name(ws.transport(0))
                             : mode == lora_mode   ? sync::sync_transport_name(ws_lora->transport(0))
                                                   : "communicator";

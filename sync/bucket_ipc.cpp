@@ -36,15 +36,7 @@ class HostIpcMemory : public IpcMemory {
   }
 
   std::unique_ptr<IpcCopy> copy_async(const IpcRegion& src, const at::Tensor& dst) override {
-    if (src.pid != static_cast<int64_t>(getpid())) {
-      throw std::runtime_error(fmt::format(
-          "host ipc: the region comes from process {}, and CPU memory is shared only between ranks "
-          "of one process (this is {})",
-          src.pid, getpid()));
-    }
-    uintptr_t address = 0;
-    if (src.handle.size() != sizeof(address)) throw std::runtime_error("host ipc: bad handle");
-    std::memcpy(&address, src.handle.data(), sizeof(address));
+    const uintptr_t address = resolve(src);
     const int64_t dst_bytes = dst.numel() * static_cast<int64_t>(dst.element_size());
     if (!dst.device().is_cpu() || !dst.is_contiguous() || dst_bytes != src.bytes) {
       throw std::runtime_error(fmt::format("host ipc: destination of {} bytes for a region of {}",
@@ -53,6 +45,28 @@ class HostIpcMemory : public IpcMemory {
     std::memcpy(dst.data_ptr(), reinterpret_cast<const char*>(address) + src.offset,
                 static_cast<size_t>(src.bytes));
     return std::make_unique<DoneCopy>();
+  }
+
+  at::Tensor open_region(const IpcRegion& region) override {
+    const uintptr_t address = resolve(region);
+    if (region.offset < 0 || region.bytes < 0) throw std::runtime_error("host ipc: bad region");
+    return at::from_blob(reinterpret_cast<char*>(address) + region.offset, {region.bytes},
+                         at::TensorOptions().dtype(at::kByte));
+  }
+
+ private:
+  // The address a region names; refused from another process.
+  static uintptr_t resolve(const IpcRegion& r) {
+    if (r.pid != static_cast<int64_t>(getpid())) {
+      throw std::runtime_error(fmt::format(
+          "host ipc: the region comes from process {}, and CPU memory is shared only between ranks "
+          "of one process (this is {})",
+          r.pid, getpid()));
+    }
+    uintptr_t address = 0;
+    if (r.handle.size() != sizeof(address)) throw std::runtime_error("host ipc: bad handle");
+    std::memcpy(&address, r.handle.data(), sizeof(address));
+    return address;
   }
 };
 

@@ -8,7 +8,8 @@
 //   CUDA (sync/cuda_ipc.h)  ranks in different processes on one GPU: cudaIpcGetMemHandle of the
 //                           allocation holding the bucket + the bucket's offset in it; the receiver
 //                           opens each handle once (cached until destruction) and copies device to
-//                           device on a stream of its own.
+//                           device on a stream of its own; or the sender opens the receiver's
+//                           bucket and casts into it (open_region).
 //   host (below)            ranks that are threads of one process (tests): the address itself.
 //
 // Thread safety: one thread uses an IpcMemory (the rank's sync thread).
@@ -55,6 +56,12 @@ class IpcMemory {
   // device), ordered after every write queued so far to dst's device. Throws std::runtime_error
   // naming why the region cannot be opened or copied.
   virtual std::unique_ptr<IpcCopy> copy_async(const IpcRegion& src, const at::Tensor& dst) = 0;
+  // Sender writing into a receiver's memory (WeightSyncOptions::ipc_push): `region`, exported by
+  // another rank, as a tensor of region.bytes bytes (kByte, on this rank's device) that this
+  // process writes in place; valid while this object lives and the exporter keeps the memory.
+  // Throws std::runtime_error naming why the region cannot be opened, or when it does not lie
+  // inside the allocation it names.
+  virtual at::Tensor open_region(const IpcRegion& region) = 0;
 };
 
 // Ranks as threads of one process (tests): regions are addresses, copies are memcpy. A region

@@ -21,7 +21,7 @@ int cuda_device_count() { return 0; }
 CudaDeviceInfo cuda_device_info(int) { throw std::runtime_error(kNoCuda); }
 void cuda_synchronize_device(int) { throw std::runtime_error(kNoCuda); }
 std::unique_ptr<IpcMemory> make_cuda_ipc_memory(int) {
-  throw std::runtime_error(fmt::format("CUDA IPC is not usable: {}", kNoCuda));
+  throw std::runtime_error(fmt::format("CUDA IPC is not usable here: {}", kNoCuda));
 }
 
 }  // namespace crl::sync
@@ -291,11 +291,7 @@ class CudaIpcMemory : public IpcMemory {
     const auto& a = api();
     check_rt(a.cudaSetDevice(device_), "cudaSetDevice");
     const Opened& opened = open(src.handle);
-    if (src.offset < 0 || (opened.size >= 0 && src.offset + src.bytes > opened.size)) {
-      throw std::runtime_error(fmt::format(
-          "ipc region of {} bytes at offset {} exceeds the opened allocation of {} bytes",
-          src.bytes, src.offset, opened.size));
-    }
+    check_bounds(src, opened, /*must_know_size=*/false);
     // Ordered after everything queued on libtorch's stream (e.g. the last engine step reading the
     // weights this copy overwrites).
     cudaEvent_t before = nullptr, done = nullptr;
@@ -314,6 +310,20 @@ class CudaIpcMemory : public IpcMemory {
       check_rt(e, "cudaEventRecord");
     }
     return std::make_unique<CudaCopy>(device_, done);
+  }
+
+  at::Tensor open_region(const IpcRegion& region) override {
+    if (region.pid == static_cast<int64_t>(getpid())) {
+      throw std::runtime_error(
+          "CUDA IPC cannot open a memory handle in the process that exported it (sender and "
+          "receiver are one process)");
+    }
+    check_rt(api().cudaSetDevice(device_), "cudaSetDevice");
+    const Opened& opened = open(region.handle);
+    // This process writes there: the region must be known to lie inside the allocation.
+    check_bounds(region, opened, /*must_know_size=*/true);
+    return at::from_blob(static_cast<char*>(opened.base) + region.offset, {region.bytes},
+                         at::TensorOptions().dtype(at::kByte).device(at::kCUDA, device_));
   }
 
  private:
@@ -348,6 +358,19 @@ class CudaIpcMemory : public IpcMemory {
       o.size = static_cast<int64_t>(size);
     }
     return opened_.emplace(handle_bytes, o).first->second;
+  }
+
+  static void check_bounds(const IpcRegion& r, const Opened& opened, bool must_know_size) {
+    if (r.offset < 0 || r.bytes < 0 || (opened.size >= 0 && r.offset + r.bytes > opened.size)) {
+      throw std::runtime_error(fmt::format(
+          "ipc region of {} bytes at offset {} exceeds the opened allocation of {} bytes",
+          r.bytes, r.offset, opened.size));
+    }
+    if (must_know_size && opened.size < 0) {
+      throw std::runtime_error(
+          "the driver does not say how large the opened allocation is (cuMemGetAddressRange), so "
+          "writing into it is refused");
+    }
   }
 
   void check_tensor(const at::Tensor& t, const char* what) const {

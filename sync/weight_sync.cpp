@@ -197,7 +197,7 @@ Communicator& WeightSync::root_group(int t) const {
   return *c;
 }
 
-void WeightSync::announce(int64_t version) {
+void WeightSync::announce(int64_t version, const char* how) {
   int t = groups_.topo.role_index(groups_.world_rank);
   // Receivers passed ready(version - 1) before this sender could finish version - 1, and they
   // verified version - 2 before posting version - 1: those keys can go (not version - 1's
@@ -208,7 +208,7 @@ void WeightSync::announce(int64_t version) {
       store_->deleteKey(key(fmt::format("v{}/sum/{}", version - 2, b.index)));
     }
   }
-  store_set(store_, key(fmt::format("v{}/ready/{}", version, t)), "1");
+  store_set(store_, key(fmt::format("v{}/ready/{}", version, t)), how);
 }
 
 void WeightSync::request(int64_t version) {

@@ -34,6 +34,17 @@
 //             per bucket into its live weight bucket, ordered after libtorch's stream, and acks a
 //             batch once its copies completed, so receive() returns with the weights in place.
 //
+// With a cast (send()) and options.ipc_push, the direction turns around, so the bytes are written
+// once (no send buffer, no second copy):
+//
+//   sender    announces the version as "push", waits for every infer rank's v<V>/open/<i> (its
+//             weight buckets' regions), casts each of its buckets straight into every engine's
+//             bucket, waits until the device finished writing, and sets v<V>/done/<t>/<i>;
+//   receiver  (inside receive(), between two engine steps) waits until its queued device work
+//             finished (the last step read the weights about to change), publishes its buckets'
+//             regions under v<V>/open/<i>, and returns once every push sender set done; it then
+//             deletes its open and done keys. Its weights change only while it waits there.
+//
 // Every wait (device, batch, ack) has the group's timeout, counted from the last progress; expiry
 // throws CollectiveError naming op, group, ranks, version, bucket(s) and bytes.
 //
@@ -69,6 +80,11 @@ struct WeightSyncOptions {
   // one GPU, the communicator otherwise), or forced (benchmarks, tests). The per-tensor and raw
   // baselines always use the communicator.
   SyncTransport transport = SyncTransport::kAuto;
+  // CUDA IPC with a cast (send(), e.g. fp32 masters into bf16 engines): push casts straight into
+  // the engines' exported weight buckets, one pass over the bytes and no send buffer; pull casts
+  // into `inflight` send buffers that the engines copy from. send_buckets() (dtypes equal) always
+  // hands its flat storage over for the engines to copy (one pass either way).
+  bool ipc_push = true;
   // Where this rank's buckets live (the engine's weight buckets, the trainer's tensors): published
   // at setup to choose the transport. cuda without an index: the current device.
   at::Device device = at::kCPU;
@@ -133,7 +149,8 @@ class WeightSync : public WeightSource {
 
  private:
   Communicator& root_group(int t) const;
-  void announce(int64_t version);
+  // how: "1" (the receivers copy), or "push" (the sender writes into the receivers' buckets).
+  void announce(int64_t version, const char* how = "1");
   void publish_checksum(int64_t version, int64_t bucket, const at::Tensor& bytes);
   void verify_buckets(int64_t version, const std::vector<at::Tensor>& buckets, SyncStats& stats);
   std::string key(const std::string& what) const;
@@ -150,6 +167,9 @@ class WeightSync : public WeightSource {
   IpcBatch publish_ipc_batch(int64_t version, int64_t seq,
                              const std::vector<std::pair<int64_t, at::Tensor>>& items);
   void wait_ipc_acks(int64_t version, const IpcBatch& batch);
+  void push_ipc(const std::vector<at::Tensor>& tensors, int64_t version, SyncStats& st);
+  void open_ipc_buckets(std::vector<at::Tensor>& buckets, int64_t version,
+                        const std::vector<int>& pushers);
   void receive_ipc(std::vector<at::Tensor>& buckets, int64_t version, SyncStats& st);
   std::string ipc_key(int64_t version, int t, int64_t seq) const;
 

@@ -7,14 +7,21 @@
 //                           writing those bytes
 //   v<V>/ack/<t>/<s>/<i>    infer rank i copied batch s completely (its copies finished)
 // The sender deletes a batch's keys once every infer rank acked it (each read it before acking).
+// Push (WeightSyncOptions::ipc_push, send() only; the sender announced the version as "push"):
+//   v<V>/open/<i>           infer rank i's buckets rooted at push senders: JSON [{b, h, o, n, p}],
+//                           set once its device finished the work queued before receive()
+//   v<V>/done/<t>/<i>       train rank t finished writing its buckets into infer rank i's
+// Infer rank i deletes both once every push sender set done (each read open/<i> before).
 #include "sync/weight_sync.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
+#include <map>
 #include <thread>
 
 #include "common/check.h"
@@ -48,6 +55,39 @@ class Backoff {
 
 int64_t nbytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
+nlohmann::json region_json(int64_t bucket, const IpcRegion& r) {
+  return {{"b", bucket}, {"h", encode_handle(r.handle)}, {"o", r.offset}, {"n", r.bytes},
+          {"p", r.pid}};
+}
+
+// Waits until `ipc`'s device finished the work queued so far (`what`: whose), or fails `group`
+// naming `where` at its deadline or on a device error.
+void wait_device_or_fail(IpcMemory& ipc, Communicator& group, const std::string& what,
+                         const std::string& where) {
+  bool done = false;
+  try {
+    done = ipc.wait_writes(Clock::now() + group.timeout());
+  } catch (const std::exception& e) {
+    group.fail(fmt::format("{} ipc: device error while finishing {}: {}", ipc.name(), what,
+                           e.what()),
+               where);
+  }
+  if (!done) {
+    group.fail(fmt::format("{} ipc: the device did not finish {} within {} ms", ipc.name(), what,
+                           group.timeout().count()),
+               where);
+  }
+}
+
+IpcRegion region_from_json(const nlohmann::json& j) {
+  IpcRegion r;
+  r.handle = decode_handle(j.at("h").get<std::string>());
+  r.offset = j.at("o").get<int64_t>();
+  r.bytes = j.at("n").get<int64_t>();
+  r.pid = j.at("p").get<int64_t>();
+  return r;
+}
+
 }  // namespace
 
 std::string WeightSync::ipc_key(int64_t version, int t, int64_t seq) const {
@@ -69,19 +109,7 @@ WeightSync::IpcBatch WeightSync::publish_ipc_batch(
                        version, batch.buckets);
   };
   // Receivers read the bytes as soon as the batch is published: the device must have written them.
-  bool written = false;
-  try {
-    written = ipc_->wait_writes(Clock::now() + group.timeout());
-  } catch (const std::exception& e) {
-    group.fail(fmt::format("{} ipc: device error while finishing the bucket writes: {}",
-                           ipc_->name(), e.what()),
-               where());
-  }
-  if (!written) {
-    group.fail(fmt::format("{} ipc: the device did not finish writing the buckets within {} ms",
-                           ipc_->name(), group.timeout().count()),
-               where());
-  }
+  wait_device_or_fail(*ipc_, group, "writing the buckets", where());
   nlohmann::json regions = nlohmann::json::array();
   for (const auto& [b, bytes] : items) {
     IpcRegion r;
@@ -91,11 +119,7 @@ WeightSync::IpcBatch WeightSync::publish_ipc_batch(
       group.fail(fmt::format("{} ipc: cannot export bucket {}: {}", ipc_->name(), b, e.what()),
                  where());
     }
-    regions.push_back({{"b", b},
-                       {"h", encode_handle(r.handle)},
-                       {"o", r.offset},
-                       {"n", r.bytes},
-                       {"p", r.pid}});
+    regions.push_back(region_json(b, r));
   }
   store_set(store_, ipc_key(version, t, seq), regions.dump());
   return batch;
@@ -171,6 +195,9 @@ SyncStats WeightSync::send_ipc(const std::vector<at::Tensor>* tensors,
       published(batch);
       wait_ipc_acks(version, batch);
     }
+  } else if (options_.ipc_push) {
+    push_ipc(*tensors, version, st);
+    announced = true;
   } else {
     // Cast into `inflight` send buffers on this rank's device, one batch per bucket; a buffer is
     // packed again only once every receiver acked the batch it held.
@@ -219,6 +246,7 @@ void WeightSync::receive_ipc(std::vector<at::Tensor>& buckets, int64_t version, 
     std::vector<int64_t> expected;  // its buckets, in the order it sends them
     size_t got = 0;
     int64_t seq = 0;                // its next batch
+    int how = 0;                    // 0: not announced yet, 1: the receivers copy, 2: push
   };
   struct Pending {
     int t = 0;
@@ -243,10 +271,46 @@ void WeightSync::receive_ipc(std::vector<at::Tensor>& buckets, int64_t version, 
   };
   auto last = Clock::now();
   Backoff backoff;
+  bool opened = false;  // this rank published its buckets to the push senders
   while (open > 0 || !pending.empty()) {
     bool progress = false;
+    // How each sender hands this version over (its announcement; receive() normally follows
+    // ready(), so all are known at once). Push senders get this rank's buckets, once.
+    std::vector<int> pushers;
+    bool unknown = false;
     for (auto& s : senders) {
-      if (s.got == s.expected.size()) continue;
+      if (s.how == 0) {
+        const std::string k = key(fmt::format("v{}/ready/{}", version, s.t));
+        if (store_has(store_, k)) {
+          s.how = store_get(store_, k, Clock::now() + root_group(s.t).timeout(), "announcement") ==
+                          "push"
+                      ? 2
+                      : 1;
+        }
+      }
+      if (s.how == 0) unknown = true;
+      if (s.how == 2) pushers.push_back(s.t);
+    }
+    if (!opened && !unknown && !pushers.empty()) {
+      open_ipc_buckets(buckets, version, pushers);
+      opened = true;
+      progress = true;
+    }
+    for (auto& s : senders) {
+      if (s.got == s.expected.size() || s.how == 0) continue;
+      if (s.how == 2) {
+        if (!opened) continue;
+        const std::string k = key(fmt::format("v{}/done/{}/{}", version, s.t, me));
+        if (!store_has(store_, k)) continue;
+        // The sender's writes finished on the device before it said so: the weights are in place.
+        for (int64_t b : s.expected) st.bytes += layout_.buckets()[b].nbytes;
+        st.collectives += static_cast<int64_t>(s.expected.size());
+        s.got = s.expected.size();
+        --open;
+        store_delete(store_, k);
+        progress = true;
+        continue;
+      }
       const std::string k = ipc_key(version, s.t, s.seq);
       if (!store_has(store_, k)) continue;
       Communicator& group = root_group(s.t);
@@ -268,11 +332,7 @@ void WeightSync::receive_ipc(std::vector<at::Tensor>& buckets, int64_t version, 
                                      : 0),
                      where(s.t, n, {b}));
         }
-        IpcRegion region;
-        region.handle = decode_handle(r.at("h").get<std::string>());
-        region.offset = r.at("o").get<int64_t>();
-        region.bytes = n;
-        region.pid = r.at("p").get<int64_t>();
+        IpcRegion region = region_from_json(r);
         try {
           p.copies.push_back(ipc_->copy_async(region, buckets[b].narrow(0, 0, n)));
         } catch (const std::exception& e) {
@@ -330,6 +390,15 @@ void WeightSync::receive_ipc(std::vector<at::Tensor>& buckets, int64_t version, 
         if (s.got == s.expected.size()) continue;
         const int64_t b = s.expected[s.got];
         const int world = root_group(s.t).info().world_ranks.at(0);
+        if (s.how == 2) {
+          int64_t bytes = 0;
+          for (int64_t e : s.expected) bytes += layout_.buckets()[e].nbytes;
+          root_group(s.t).fail(
+              fmt::format("ipc: {} did not finish writing its buckets into this engine within {} "
+                          "ms (sender dead or stuck?)",
+                          groups_.topo.describe(world), root_group(s.t).timeout().count()),
+              where(s.t, bytes, s.expected));
+        }
         root_group(s.t).fail(
             fmt::format("ipc: {} did not publish bucket {} within {} ms (sender dead, stuck, or "
                         "not sending this version?)",
@@ -338,6 +407,123 @@ void WeightSync::receive_ipc(std::vector<at::Tensor>& buckets, int64_t version, 
       }
     }
     backoff.pause();
+  }
+  // Every push sender read this rank's regions before it said done.
+  if (opened) store_delete(store_, key(fmt::format("v{}/open/{}", version, me)));
+}
+
+void WeightSync::open_ipc_buckets(std::vector<at::Tensor>& buckets, int64_t version,
+                                  const std::vector<int>& pushers) {
+  const int me = groups_.topo.role_index(groups_.world_rank);
+  Communicator& group = root_group(pushers.front());
+  nlohmann::json regions = nlohmann::json::array();
+  std::vector<int64_t> mine;
+  int64_t bytes = 0;
+  for (const auto& b : layout_.buckets()) {
+    if (std::find(pushers.begin(), pushers.end(), root_of_bucket(b.index)) == pushers.end()) {
+      continue;
+    }
+    mine.push_back(b.index);
+    bytes += b.nbytes;
+  }
+  auto where = [&] {
+    return fmt::format("{} version={} buckets={}", group.describe_op("ipc-open", bytes, 0), version,
+                       mine);
+  };
+  // The engine's last step may still be reading these weights on the device: the senders write
+  // only once it finished.
+  wait_device_or_fail(*ipc_, group, "the engine's work", where());
+  for (int64_t b : mine) {
+    try {
+      regions.push_back(region_json(b, ipc_->export_region(
+                                           buckets[b].narrow(0, 0, layout_.buckets()[b].nbytes))));
+    } catch (const std::exception& e) {
+      group.fail(fmt::format("{} ipc: cannot export bucket {}: {}", ipc_->name(), b, e.what()),
+                 where());
+    }
+  }
+  store_set(store_, key(fmt::format("v{}/open/{}", version, me)), regions.dump());
+}
+
+void WeightSync::push_ipc(const std::vector<at::Tensor>& tensors, int64_t version, SyncStats& st) {
+  const int t = groups_.topo.role_index(groups_.world_rank);
+  Communicator& group = root_group(t);
+  const int infer = groups_.topo.infer_per_node;
+  std::vector<int64_t> mine;
+  int64_t bytes = 0;
+  for (const auto& b : layout_.buckets()) {
+    if (root_of_bucket(b.index) != t) continue;
+    mine.push_back(b.index);
+    bytes += b.nbytes;
+  }
+  auto where = [&] {
+    return fmt::format("{} version={} buckets={}", group.describe_op("ipc-push", bytes, 0), version,
+                       mine);
+  };
+  announce(version, "push");
+  if (mine.empty()) return;
+  // Every engine's regions, as it opens its buckets between two of its steps.
+  std::vector<std::string> open_keys;
+  for (int i = 0; i < infer; ++i) open_keys.push_back(key(fmt::format("v{}/open/{}", version, i)));
+  auto missing = wait_keys(store_, open_keys, Clock::now() + group.timeout());
+  if (!missing.empty()) {
+    std::vector<std::string> who;
+    const int base = groups_.node * groups_.topo.ranks_per_node();
+    for (int i = 0; i < infer; ++i) {
+      if (std::find(missing.begin(), missing.end(), open_keys[i]) != missing.end()) {
+        who.push_back(groups_.topo.describe(base + i));
+      }
+    }
+    group.fail(fmt::format("ipc: {} never opened its weight buckets within {} ms (receiver dead, "
+                           "stuck, or not receiving this version?)",
+                           fmt::join(who, ", "), group.timeout().count()),
+               where());
+  }
+  // dst[i][b]: infer rank i's bucket b, writable here.
+  std::vector<std::map<int64_t, at::Tensor>> dst(infer);
+  for (int i = 0; i < infer; ++i) {
+    auto regions = nlohmann::json::parse(
+        store_get(store_, open_keys[i], Clock::now() + group.timeout(), "ipc open"));
+    for (const auto& r : regions) {
+      const int64_t b = r.at("b").get<int64_t>();
+      if (b < 0 || b >= static_cast<int64_t>(layout_.buckets().size()) ||
+          root_of_bucket(b) != t) {
+        continue;
+      }
+      const int64_t n = r.at("n").get<int64_t>();
+      if (n != layout_.buckets()[b].nbytes) {
+        group.fail(fmt::format("ipc: infer rank {} opened bucket {} as {} bytes where the layout "
+                               "has {} (layouts out of step?)",
+                               i, b, n, layout_.buckets()[b].nbytes),
+                   where());
+      }
+      try {
+        dst[i][b] = ipc_->open_region(region_from_json(r));
+      } catch (const std::exception& e) {
+        group.fail(fmt::format("{} ipc: cannot open infer rank {}'s bucket {}: {}", ipc_->name(),
+                               i, b, e.what()),
+                   where());
+      }
+    }
+    for (int64_t b : mine) {
+      if (!dst[i].count(b)) {
+        group.fail(fmt::format("ipc: infer rank {} did not open bucket {}", i, b), where());
+      }
+    }
+  }
+  // One cast per bucket and engine, written where the engine reads its weights.
+  for (int64_t b : mine) {
+    auto p0 = Clock::now();
+    for (int i = 0; i < infer; ++i) layout_.pack(tensors, b, dst[i][b]);
+    st.pack_s += seconds_since(p0);
+    if (options_.verify) publish_checksum(version, b, dst[0][b]);
+    st.bytes += layout_.buckets()[b].nbytes;
+    st.collectives += 1;
+    if (options_.on_bucket_posted) options_.on_bucket_posted(b);
+  }
+  wait_device_or_fail(*ipc_, group, "writing the engines' buckets", where());
+  for (int i = 0; i < infer; ++i) {
+    store_set(store_, key(fmt::format("v{}/done/{}/{}", version, t, i)), "1");
   }
 }
 

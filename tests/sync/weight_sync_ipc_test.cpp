@@ -39,9 +39,11 @@ WeightSyncOptions ipc_options() {
   return o;
 }
 
-// fp32 masters cast into bf16 buckets through 2 in-flight send buffers (more buckets per sender
-// than buffers, so buffers are reused after acknowledgements), 2 train + 2 infer, 3 versions.
-TEST(WeightSyncIpcTest, CastBucketsArriveBitIdenticalOneHandOverPerBucket) {
+// fp32 masters cast into bf16 buckets, 2 train + 2 infer, 3 versions (more buckets per sender
+// than send buffers, so pull reuses its 2 buffers after acknowledgements). Push writes straight
+// into the engines' buckets: no send buffer, and nothing changes in an engine's buckets before it
+// enters receive() (checked after ready(), with time for a sender that wrote early to do so).
+void cast_buckets_arrive_bit_identical(bool push) {
   auto specs = make_specs(12, at::kBFloat16);
   auto layout = WeightLayout::plan(specs, 2048);
   ASSERT_GE(layout.buckets().size(), 6u);
@@ -58,9 +60,11 @@ TEST(WeightSyncIpcTest, CastBucketsArriveBitIdenticalOneHandOverPerBucket) {
     }
     return m;
   };
+  WeightSyncOptions opts = ipc_options();
+  opts.ipc_push = push;
   auto errors = run_ranks(4, milliseconds(10000), [&](int r, auto& comm, const StorePtr& store) {
     Groups g = make_groups(std::move(comm), topo);
-    WeightSync ws(g, store, layout, ipc_options());
+    WeightSync ws(g, store, layout, opts);
     EXPECT_EQ(ws.transport(0), SyncTransport::kIpc);
     EXPECT_EQ(ws.transport(1), SyncTransport::kIpc);
     if (g.role == Role::kTrain) {
@@ -71,14 +75,27 @@ TEST(WeightSyncIpcTest, CastBucketsArriveBitIdenticalOneHandOverPerBucket) {
         int64_t mine = 0;
         for (const auto& b : layout.buckets()) mine += ws.root_of_bucket(b.index) == t ? 1 : 0;
         EXPECT_EQ(st.collectives, mine);
-        EXPECT_LE(st.extra_bytes, 2 * layout.max_bucket_nbytes());
+        if (push) {
+          EXPECT_EQ(st.extra_bytes, 0);
+        } else {
+          EXPECT_LE(st.extra_bytes, 2 * layout.max_bucket_nbytes());
+        }
       }
     } else {
       auto buckets = layout.allocate_buckets(at::TensorOptions());
+      for (auto& b : buckets) b.zero_();
       for (int64_t v = 1; v <= versions; ++v) {
         ws.request(v);
         auto deadline = Clock::now() + milliseconds(10000);
         while (!ws.ready(v)) ASSERT_LT(Clock::now(), deadline) << "version " << v << " not ready";
+        if (push) {
+          std::vector<at::Tensor> before;
+          for (const auto& b : buckets) before.push_back(b.clone());
+          std::this_thread::sleep_for(milliseconds(30));
+          for (size_t b = 0; b < buckets.size(); ++b) {
+            EXPECT_TRUE(buckets[b].equal(before[b])) << "bucket " << b << " changed before receive";
+          }
+        }
         auto st = ws.receive(buckets, v);
         EXPECT_TRUE(st.verified);
         EXPECT_EQ(st.collectives, static_cast<int64_t>(layout.buckets().size()));
@@ -92,6 +109,14 @@ TEST(WeightSyncIpcTest, CastBucketsArriveBitIdenticalOneHandOverPerBucket) {
     }
   });
   for (const auto& e : errors) EXPECT_EQ(e, "");
+}
+
+TEST(WeightSyncIpcTest, CastBucketsArriveBitIdenticalOneHandOverPerBucket) {
+  cast_buckets_arrive_bit_identical(/*push=*/false);
+}
+
+TEST(WeightSyncIpcTest, PushCastsIntoTheEnginesBucketsOnlyWhileTheyReceive) {
+  cast_buckets_arrive_bit_identical(/*push=*/true);
 }
 
 // Dtypes equal: the trainer's flat storage is handed over as it is, all buckets in one batch.
@@ -166,14 +191,16 @@ TEST(WeightSyncIpcTest, MissingBatchFailsAtTheDeadlineNamingVersionBucketAndByte
   EXPECT_NE(e.find("version=5 buckets=[0]"), std::string::npos) << e;
 }
 
-// A sender whose receiver never copies: it does not return (nor reuse buffers) before the acks,
-// and fails at the deadline naming the receiver.
+// A pull sender whose receiver never copies: it does not return (nor reuse buffers) before the
+// acks, and fails at the deadline naming the receiver.
 TEST(WeightSyncIpcTest, MissingAckFailsTheSenderNamingTheReceiver) {
   auto layout = WeightLayout::plan(make_specs(3, at::kFloat), 1 << 20);
   Topology topo{1, 1, 1};
+  WeightSyncOptions pull = ipc_options();
+  pull.ipc_push = false;
   auto errors = run_ranks(2, milliseconds(300), [&](int r, auto& comm, const StorePtr& store) {
     Groups g = make_groups(std::move(comm), topo);
-    WeightSync ws(g, store, layout, ipc_options());
+    WeightSync ws(g, store, layout, pull);
     if (g.role == Role::kTrain) {
       std::vector<at::Tensor> masters;
       for (const auto& s : layout.specs()) masters.push_back(at::ones(s.shape));
@@ -189,6 +216,60 @@ TEST(WeightSyncIpcTest, MissingAckFailsTheSenderNamingTheReceiver) {
   EXPECT_NE(e.find("version=2 buckets=[0]"), std::string::npos) << e;
 }
 
+// Push: an engine that never enters receive() never opens its buckets; the sender fails at the
+// deadline naming it (and writes nothing).
+TEST(WeightSyncIpcTest, PushSenderFailsNamingTheEngineThatNeverOpened) {
+  auto layout = WeightLayout::plan(make_specs(3, at::kBFloat16), 1 << 20);
+  Topology topo{1, 1, 1};
+  auto errors = run_ranks(2, milliseconds(300), [&](int r, auto& comm, const StorePtr& store) {
+    Groups g = make_groups(std::move(comm), topo);
+    WeightSync ws(g, store, layout, ipc_options());
+    if (g.role == Role::kTrain) {
+      std::vector<at::Tensor> masters;
+      for (const auto& s : layout.specs()) masters.push_back(at::ones(s.shape));
+      ws.send(masters, 4);
+    }
+  });
+  EXPECT_EQ(errors[0], "");
+  const std::string& e = errors[1];
+  EXPECT_NE(e.find("ipc: rank 0 (node 0, infer 0) never opened its weight buckets within 300 ms"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("op=ipc-push group=sync.node0.root0"), std::string::npos) << e;
+  EXPECT_NE(e.find("version=4 buckets=[0]"), std::string::npos) << e;
+}
+
+// Push: a sender that dies after the engine opened its buckets (here: throws after its first
+// bucket) leaves the engine waiting; it fails at the deadline naming the sender and its buckets.
+TEST(WeightSyncIpcTest, PushReceiverFailsNamingTheSenderThatNeverFinished) {
+  auto layout = WeightLayout::plan(make_specs(6, at::kBFloat16), 512);
+  ASSERT_GE(layout.buckets().size(), 2u);
+  Topology topo{1, 1, 1};
+  WeightSyncOptions opts = ipc_options();
+  opts.on_bucket_posted = [](int64_t) { throw std::runtime_error("sender died"); };
+  auto errors = run_ranks(2, milliseconds(300), [&](int r, auto& comm, const StorePtr& store) {
+    Groups g = make_groups(std::move(comm), topo);
+    WeightSync ws(g, store, layout, opts);
+    if (g.role == Role::kTrain) {
+      std::vector<at::Tensor> masters;
+      for (const auto& s : layout.specs()) masters.push_back(at::ones(s.shape));
+      ws.send(masters, 3);
+    } else {
+      auto buckets = layout.allocate_buckets(at::TensorOptions());
+      while (!ws.ready(3)) std::this_thread::yield();
+      ws.receive(buckets, 3);
+    }
+  });
+  EXPECT_NE(errors[1].find("sender died"), std::string::npos) << errors[1];
+  const std::string& e = errors[0];
+  EXPECT_NE(e.find("ipc: rank 1 (node 0, train 0) did not finish writing its buckets into this "
+                   "engine within 300 ms"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("op=ipc-receive group=sync.node0.root0"), std::string::npos) << e;
+  EXPECT_NE(e.find("version=3 buckets=[0, 1"), std::string::npos) << e;
+}
+
 TEST(WeightSyncIpcTest, HostRegionsFromAnotherProcessAreRefused) {
   auto mem = make_host_ipc_memory();
   at::Tensor src = at::arange(16, at::kFloat);
@@ -197,8 +278,15 @@ TEST(WeightSyncIpcTest, HostRegionsFromAnotherProcessAreRefused) {
   at::Tensor dst = at::zeros({16}, at::kFloat);
   ASSERT_TRUE(mem->copy_async(r, dst)->done());
   EXPECT_TRUE(dst.equal(src));
+  // The writable alias a push sender casts into: the exporter's own bytes.
+  at::Tensor alias = mem->open_region(r);
+  EXPECT_EQ(alias.numel(), 64);
+  EXPECT_EQ(alias.data_ptr(), src.data_ptr());
+  alias.narrow(0, 4, 4).copy_(at::full({1}, 42.0f).view(at::kByte));
+  EXPECT_EQ(src[1].item<float>(), 42.0f);
   r.pid += 1;
   ASSERT_THROWS_WITH(mem->copy_async(r, dst), std::runtime_error, "shared only between ranks");
+  ASSERT_THROWS_WITH(mem->open_region(r), std::runtime_error, "shared only between ranks");
   EXPECT_EQ(decode_handle(encode_handle(std::string("\x00\xff\x10", 3))),
             std::string("\x00\xff\x10", 3));
 }
@@ -229,6 +317,7 @@ TEST(CudaIpcTest, RegionsNameTheAllocationAndItsOffset) {
   EXPECT_TRUE(mem->wait_writes(Clock::now() + std::chrono::seconds(10)));
   ASSERT_THROWS_WITH(mem->copy_async(a, whole.narrow(0, 4096, 4096)), std::runtime_error,
                      "in the process that exported it");
+  ASSERT_THROWS_WITH(mem->open_region(a), std::runtime_error, "in the process that exported it");
   ASSERT_THROWS_WITH(mem->export_region(at::zeros({4})), std::runtime_error, "cuda:0 only");
 }
 
