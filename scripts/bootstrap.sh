@@ -1,31 +1,182 @@
 #!/usr/bin/env bash
-# Installs the Debian packages colocated-rl builds against, skipping those already installed.
+# Installs what colocated-rl builds against, skipping what is already there.
+#
+#   scripts/bootstrap.sh          the CPU path: Debian's packages (libtorch-dev 1.13, CPU only).
+#   scripts/bootstrap.sh --cuda   the GPU path: Debian's C++ libraries without libtorch, a CUDA
+#                                 PyTorch (libtorch inside the wheel), nvcc and NCCL from PyPI
+#                                 in a virtual environment, then configures build-gpu/ against
+#                                 them (build it with `cmake --build build-gpu`).
+#
+# GPU path, where things come from (each can be pointed elsewhere):
+#   CRL_GPU_PYTHON   a python3 whose torch is a CUDA build, used as it is (no download). When
+#                    unset, `python3` is used if its torch has CUDA and nvcc is on PATH or in
+#                    /usr/local/cuda (the GPU machines); otherwise the venv below.
+#   CRL_GPU_VENV     the venv made from PyPI (default .cache/gpu-venv): torch==$CRL_TORCH_VERSION
+#                    and cuda-toolkit==$CRL_CUDA_TOOLKIT_VERSION's nvcc, headers and runtime, and
+#                    (tests only) transformers; pip's own cache keeps the wheels between runs on one
+#                    machine.
+#   CRL_GPU_BUILD    the build folder (default build-gpu); CRL_CUDA_ARCHS its CUDA architectures
+#                    (default "80;90": A100/A800 and H100/H200).
+#   CRL_GPU_PREFIX   a folder with Debian's C++ libraries unpacked into it (scripts/gpu-check.sh on a
+#                    machine without apt): no Debian package is installed then.
 set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
 
+CUDA_PATH=0
+case "${1:-}" in
+  "") ;;
+  --cuda) CUDA_PATH=1 ;;
+  -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  *) echo "bootstrap: unknown argument '$1' (usage: scripts/bootstrap.sh [--cuda])" >&2; exit 2 ;;
+esac
+
+# The C++ libraries both paths build against.
 packages=(
   build-essential cmake ninja-build pkg-config
-  libtorch-dev libopenblas0-pthread libgloo-dev
+  libgloo-dev
   libsentencepiece-dev libcpp-httplib-dev nlohmann-json3-dev
   libpcre2-dev libutf8proc-dev
   libcli11-dev libspdlog-dev libfmt-dev
   libgtest-dev libbenchmark-dev
-  python3-torch  # tests only: tests/engine/hf_reference.py, the independent reference forward
 )
-
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-
-# Tests only: Hugging Face's tokenizers (its Node binding) is the tokenizer reference. Machines
-# that carry another Node.js build (which bundles npm) keep it.
-command -v node >/dev/null 2>&1 || missing+=(nodejs)
-command -v npm >/dev/null 2>&1 || missing+=(npm)
-
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "bootstrap: installing ${missing[*]}"
-  SUDO=""
-  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+if [ $CUDA_PATH = 0 ]; then
+  packages+=(
+    libtorch-dev libopenblas0-pthread  # libtorch for the CPU (without OpenBLAS its fp32 matmul is ~2x slower)
+    python3-torch  # tests only: tests/engine/hf_reference.py, the independent reference forward
+  )
+else
+  packages+=(python3-venv)  # the PyPI venv
 fi
+
+apt_install() {
+  local missing=()
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  # Tests only: Hugging Face's tokenizers (its Node binding) is the tokenizer reference. Machines
+  # that carry another Node.js build (which bundles npm) keep it.
+  if [ $CUDA_PATH = 0 ]; then
+    command -v node >/dev/null 2>&1 || missing+=(nodejs)
+    command -v npm >/dev/null 2>&1 || missing+=(npm)
+  fi
+  [ ${#missing[@]} -gt 0 ] || return 0
+  echo "bootstrap: installing ${missing[*]}"
+  local sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
+}
+
+if [ $CUDA_PATH = 0 ]; then
+  apt_install "${packages[@]}"
+  exit 0
+fi
+
+# ---- The GPU path ----
+if [ -z "${CRL_GPU_PREFIX:-}" ]; then
+  # A python3 that already has venv (pyenv's, say) needs no python3-venv package.
+  if python3 -c 'import ensurepip, venv' 2>/dev/null; then unset 'packages[-1]'; fi
+  apt_install "${packages[@]}"
+fi
+
+# Pinned to what the GPU machines run (PyTorch 2.11 + CUDA 13.0): torch 2.11.0's wheel on PyPI is
+# built for CUDA 13.0 and pins cuda-toolkit 13.0.2, whose extras bring the matching nvcc (13.0.88),
+# its device headers and libdevice.
+CRL_TORCH_VERSION=${CRL_TORCH_VERSION:-2.11.0}
+CRL_CUDA_TOOLKIT_VERSION=${CRL_CUDA_TOOLKIT_VERSION:-13.0.2}
+VENV=${CRL_GPU_VENV:-$ROOT/.cache/gpu-venv}
+BUILD=${CRL_GPU_BUILD:-$ROOT/build-gpu}
+
+torch_has_cuda() { "$1" -c 'import torch, sys; sys.exit(0 if torch.version.cuda else 1)' 2>/dev/null; }
+find_nvcc() {
+  command -v nvcc 2>/dev/null && return 0
+  [ -x /usr/local/cuda/bin/nvcc ] && echo /usr/local/cuda/bin/nvcc && return 0
+  return 1
+}
+
+PY=${CRL_GPU_PYTHON:-}
+NVCC=""
+if [ -n "$PY" ]; then
+  torch_has_cuda "$PY" || { echo "bootstrap: CRL_GPU_PYTHON=$PY has no CUDA build of torch" >&2; exit 1; }
+  NVCC=$(find_nvcc) || true
+elif torch_has_cuda python3 && NVCC=$(find_nvcc); then
+  PY=$(command -v python3)
+else
+  PY=$VENV/bin/python
+  if ! { [ -x "$PY" ] && "$PY" -c "import torch, transformers, sys; sys.exit(0 if torch.__version__.split('+')[0] == '$CRL_TORCH_VERSION' else 1)" 2>/dev/null \
+         && "$PY" -m pip show -q nvidia-cuda-nvcc >/dev/null 2>&1; }; then
+    echo "bootstrap: making $VENV: torch==$CRL_TORCH_VERSION and cuda-toolkit==$CRL_CUDA_TOOLKIT_VERSION (nvcc, headers) from PyPI"
+    start=$(date +%s)
+    python3 -m venv "$VENV"
+    # transformers: tests only, the second forward reference (tests/engine/hf_transformers_reference.py).
+    "$PY" -m pip install -q --disable-pip-version-check "torch==$CRL_TORCH_VERSION" \
+      "cuda-toolkit[nvcc,crt,cccl,nvvm,cudart]==$CRL_CUDA_TOOLKIT_VERSION" \
+      "transformers==${CRL_TRANSFORMERS_VERSION:-5.24.0}"
+    echo "bootstrap: venv ready in $(( $(date +%s) - start )) s, $(du -sh "$VENV" | cut -f1)"
+  fi
+fi
+
+# Where the wheels put CUDA: one tree (nvidia/cu13: bin/nvcc, include, lib) and NCCL beside it.
+eval "$("$PY" - <<'EOF'
+import os, torch
+site = os.path.dirname(os.path.dirname(torch.__file__))
+def first(*cands):
+    return next((c for c in cands if os.path.exists(c)), "")
+cu = first(*[os.path.join(site, "nvidia", d) for d in ("cu13", "cu12")])
+nccl = first(os.path.join(site, "nvidia", "nccl"))
+print(f'TORCH_CMAKE="{torch.utils.cmake_prefix_path}"')
+print(f'TORCH_VER="{torch.__version__}"; TORCH_CUDA="{torch.version.cuda}"')
+print(f'WHEEL_CUDA="{cu}"; WHEEL_NCCL="{nccl}"')
+print(f'TORCH_LIB="{os.path.join(os.path.dirname(torch.__file__), "lib")}"')
+EOF
+)"
+
+CUDA_ROOT=""
+if [ -z "$NVCC" ] && [ -x "$WHEEL_CUDA/bin/nvcc" ]; then
+  NVCC=$WHEEL_CUDA/bin/nvcc
+  CUDA_ROOT=$WHEEL_CUDA
+  # CMake's FindCUDA/FindCUDAToolkit look for the unversioned names a toolkit install has;
+  # the wheels ship only libX.so.N. Link the names inside the venv (nothing outside it changes).
+  for l in "$CUDA_ROOT"/lib/lib*.so.*; do
+    base=${l##*/}; name=${base%%.so.*}.so
+    case $base in *.alt.so.*) continue ;; esac
+    [ -e "$CUDA_ROOT/lib/$name" ] || ln -s "$base" "$CUDA_ROOT/lib/$name"
+  done
+  # cudart, cuda.h and friends are where nvcc expects them: lib64 is what FindCUDA tries first.
+  [ -e "$CUDA_ROOT/lib64" ] || ln -s lib "$CUDA_ROOT/lib64"
+fi
+[ -n "$NVCC" ] || { echo "bootstrap: no nvcc found (PATH, /usr/local/cuda, or the venv's nvidia-cuda-nvcc)" >&2; exit 1; }
+[ -n "$CUDA_ROOT" ] || CUDA_ROOT=$(cd "$(dirname "$NVCC")/.." && pwd)
+NCCL_INCLUDE=""
+for d in "$WHEEL_NCCL/include" "$CUDA_ROOT/include" /usr/include; do
+  [ -f "$d/nccl.h" ] && NCCL_INCLUDE=$d && break
+done
+[ -n "$NCCL_INCLUDE" ] || { echo "bootstrap: no nccl.h (install nvidia-nccl-cu13 into $PY's environment)" >&2; exit 1; }
+
+echo "bootstrap: GPU path: torch $TORCH_VER (CUDA $TORCH_CUDA) from $PY; nvcc $("$NVCC" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'); nccl.h in $NCCL_INCLUDE"
+extra=()
+[ -n "${CRL_GPU_PREFIX:-}" ] && extra+=(-DCMAKE_PREFIX_PATH="$TORCH_CMAKE;$CRL_GPU_PREFIX/usr") \
+  || extra+=(-DCMAKE_PREFIX_PATH="$TORCH_CMAKE")
+mkdir -p "$BUILD"
+ARCHS=${CRL_CUDA_ARCHS:-80;90}
+# CRL_GPU_PATH makes the configure fail unless the CUDA kernels, the NCCL backend and CUDA IPC are
+# all built: this folder never quietly becomes a second CPU build.
+PATH=$(dirname "$NVCC"):$PATH cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCRL_GPU_PATH=ON "${extra[@]}" -DPython_EXECUTABLE="$PY" \
+  -DCMAKE_CUDA_COMPILER="$NVCC" -DCUDA_TOOLKIT_ROOT_DIR="$CUDA_ROOT" -DCUDAToolkit_ROOT="$CUDA_ROOT" \
+  -DCRL_CUDA_ARCHITECTURES="$ARCHS" -DCRL_NCCL_INCLUDE_DIR="$NCCL_INCLUDE" \
+  ${CRL_GPU_CMAKE_ARGS:-} > "$BUILD/configure.log" 2>&1 \
+  || { tail -30 "$BUILD/configure.log"; echo "bootstrap: configuring $BUILD failed (log: $BUILD/configure.log)" >&2; exit 1; }
+grep -E "colocated-rl:" "$BUILD/configure.log" | sed 's/^-- /bootstrap: /'
+# What the binaries find at run time (libtorch, its CUDA libraries, NCCL, which is loaded by name):
+# `. build-gpu/gpu-env.sh` before running them elsewhere than from the build's own RUNPATH.
+libs=$TORCH_LIB
+for d in "$WHEEL_NCCL/lib" "$WHEEL_CUDA/lib"; do [ -d "$d" ] && libs=$libs:$d; done
+cat > "$BUILD/gpu-env.sh" <<ENV
+# Written by scripts/bootstrap.sh --cuda: the run-time environment of this GPU build.
+export LD_LIBRARY_PATH=$libs\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}
+export CRL_TORCH_VERSION_FOUND=$TORCH_VER
+export CRL_GPU_PYTHON=$PY
+ENV
+echo "bootstrap: configured $BUILD; build it with: cmake --build ${BUILD#$ROOT/}"

@@ -1,22 +1,26 @@
 #!/usr/bin/env bash
-# The CUDA path on a Linux machine with an NVIDIA GPU and a CUDA PyTorch, in one call: configures
-# and builds colocated-rl against that PyTorch's libtorch and NCCL, runs the `gpu`-labelled tests,
-# the rollout benchmark against Hugging Face generate on the same requests (nano-vllm's protocol),
-# the RL job on the one GPU (1 engine + 1 trainer rank, weights over CUDA IPC) and the same-GPU
-# weight-sync benchmark. Results: $OUT (default gpu-results/): logs, results.json, and the figures
-# printed as they come.
+# The CUDA path on a Linux machine with an NVIDIA GPU and a CUDA PyTorch, in one call: builds
+# colocated-rl with the GPU build path's own command (`scripts/bootstrap.sh --cuda`, the one CI
+# compiles on every commit), against that PyTorch's libtorch and NCCL, then runs the `gpu`-labelled
+# tests, the rollout benchmark against Hugging Face generate on the same requests (nano-vllm's
+# protocol), the RL job on the one GPU (1 engine + 1 trainer rank, weights over CUDA IPC) and the
+# same-GPU weight-sync benchmark. Results: $OUT (default gpu-results/): logs, results.json, and the
+# figures printed as they come.
 #
 #   scripts/gpu-check.sh fetch-debs                              (on a Debian machine with apt)
 #   scripts/gpu-check.sh [build] [tests] [cudatests] [bench] [rl] [sync] [qwen3] [unit]
 #                                     (default: build tests bench rl sync)
 # cudatests: crl_tests' Cuda suites alone (quicker than `tests`, the whole gpu label).
-# CRL_GPU_TARGETS: the build targets (default: all). CRL_GPU_PROFILE=1: the benchmark's first mode
-# also writes a per-step trace and Kineto traces of the steps in CRL_GPU_PROFILE_STEPS, summarised
-# by scripts/profile_summary.py.
+# CRL_GPU_TARGETS: the build targets (default: all). CRL_CUDA_ARCHS: the CUDA architectures
+# (default: the device's own, e.g. 90). CRL_GPU_PROFILE=1: the benchmark's first mode also writes a
+# per-step trace and Kineto traces of the steps in CRL_GPU_PROFILE_STEPS, summarised by
+# scripts/profile_summary.py.
 #
 # C++ dependencies the GPU machine lacks come from Debian bookworm .deb files unpacked into a
 # local prefix (nothing is installed system-wide): `scripts/gpu-check.sh fetch-debs` downloads
-# them into .gpu-deps/ on any Debian machine (apt-get download); carry that folder over. The
+# them into .gpu-deps/ on any Debian machine (apt-get download); carry that folder over. Where
+# there is no .gpu-deps/ (a development machine with the packages installed) the system's are
+# used, so `scripts/gpu-check.sh build` here is the dry run of everything before the device. The
 # benchmark's Hugging Face baseline needs only the model's config.json in .gpu-work/qwen2-0.5b/
 # (`colocated-rl make-model --shape qwen2-0.5b` writes it): it runs on random weights of that
 # shape while colocated-rl builds, on two cores of its own.
@@ -52,7 +56,8 @@ EOF
 T0=$(date +%s)
 stamp() { echo "gpu-check: [$(( $(date +%s) - T0 )) s] $*"; }
 
-# --- environment: the prefix, libtorch, NCCL, the GPU ---
+# --- environment: the prefix, the GPU ---
+if [ -d "$DEBS" ]; then
 mkdir -p "$PREFIX" "$PREFIX/runtime"
 LIBDIR=$PREFIX/usr/lib/x86_64-linux-gnu
 SYSLIB=/usr/lib/x86_64-linux-gnu
@@ -81,19 +86,15 @@ export PKG_CONFIG_PATH=$LIBDIR/pkgconfig:$PREFIX/usr/share/pkgconfig
 export PKG_CONFIG_SYSROOT_DIR=$PREFIX
 export PKG_CONFIG_LIBDIR=$LIBDIR/pkgconfig
 PKGCONF=$(command -v pkg-config || echo "$PREFIX/usr/bin/pkgconf")
-TORCH_PREFIX=$(python3 -c "import torch; print(torch.utils.cmake_prefix_path)")
-TORCH_LIB=$(python3 -c "import torch, os; print(os.path.join(os.path.dirname(torch.__file__), 'lib'))")
-NCCL_HOME=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0])" 2>/dev/null || echo /usr/local/cuda)
-export NCCL_HOME
-# libnccl is dlopen'ed by name: make the wheel's copy findable.
-export LD_LIBRARY_PATH=$NCCL_HOME/lib:$TORCH_LIB:$LD_LIBRARY_PATH
-[ -e "$NCCL_HOME/lib/libnccl.so" ] || ln -sf "$NCCL_HOME"/lib/libnccl.so.* "$NCCL_HOME/lib/libnccl.so" 2>/dev/null
+export CRL_GPU_PREFIX=$PREFIX
+export CRL_GPU_CMAKE_ARGS="-DPKG_CONFIG_EXECUTABLE=$PKGCONF"
+fi
 NPROC=$(nproc)
 GPU=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1)
-stamp "gpu: $GPU; torch $(python3 -c 'import torch; print(torch.__version__)'); nvcc $(nvcc --version | tail -1); $NPROC cores"
+CAP=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d .)
+export CRL_CUDA_ARCHS=${CRL_CUDA_ARCHS:-${CAP:-90}}
+stamp "gpu: ${GPU:-none}; $NPROC cores"
 note gpu "\"$GPU\""
-note torch "\"$(python3 -c 'import torch; print(torch.__version__)')\""
-
 BIN=$BUILD/app/colocated-rl
 export CRL_CACHE_DIR=${CRL_CACHE_DIR:-/tmp/crl-gpu-cache}
 
@@ -115,12 +116,11 @@ BUILD_CORES=$([ -n "$HF_PID" ] && echo "2-$((NPROC - 1))" || echo "0-$((NPROC - 
 
 if want build; then
   start=$(date +%s)
-  mkdir -p "$PREFIX/fmt-first" && ln -sfn "$PREFIX/usr/include/fmt" "$PREFIX/fmt-first/fmt"
-  taskset -c "$BUILD_CORES" cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_PREFIX_PATH="$TORCH_PREFIX;$PREFIX/usr" -DPKG_CONFIG_EXECUTABLE="$PKGCONF" \
-    -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_COMPILER="$(command -v nvcc)" \
-    -DCRL_FMT_INCLUDE_FIRST="$PREFIX/fmt-first" > "$OUT/configure.log" 2>&1
-  grep -E "CUDA kernels|NCCL backend|CMake Error" "$OUT/configure.log"
+  # The GPU build path's own command: the CUDA PyTorch of this machine's python3 (or CRL_GPU_PYTHON),
+  # its NCCL, nvcc; the configure fails unless the CUDA kernels, NCCL and CUDA IPC are all built.
+  CRL_GPU_BUILD=$BUILD taskset -c "$BUILD_CORES" scripts/bootstrap.sh --cuda 2>&1 | tee "$OUT/configure.log"
+  rc=${PIPESTATUS[0]}
+  [ "$rc" -eq 0 ] || { note build "{\"rc\": $rc, \"stage\": \"configure\"}"; exit 1; }
   targets=""
   for t in ${CRL_GPU_TARGETS:-}; do targets="$targets --target $t"; done
   taskset -c "$BUILD_CORES" cmake --build "$BUILD" $targets -j "$(taskset -c "$BUILD_CORES" nproc)" -- -k 0 > "$OUT/build.log" 2>&1
@@ -133,6 +133,15 @@ if want build; then
     [ -n "$HF_PID" ] && wait "$HF_PID" && tail -1 "$OUT/bench_hf.log"
     exit 1
   fi
+fi
+# The run time of the GPU build: libtorch, its CUDA libraries and NCCL (the binary dlopens NCCL by
+# name), as bootstrap.sh found them.
+[ -f "$BUILD/gpu-env.sh" ] && . "$BUILD/gpu-env.sh"
+note torch "\"${CRL_TORCH_VERSION_FOUND:-unknown}\""
+if [ -z "$GPU" ]; then
+  stamp "no GPU here: the build was the dry run; the device stages need one"
+  cat "$results"
+  exit 0
 fi
 if [ -n "$HF_PID" ]; then
   wait "$HF_PID"
