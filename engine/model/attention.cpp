@@ -1,16 +1,61 @@
 #include "engine/model/attention.h"
 
+#include <torch/version.h>
+
 #include <cmath>
+#include <limits>
 
 #include "common/check.h"
 
+// scaled_dot_product_attention came with libtorch 2.0; Debian's 1.13 has none.
+#if defined(TORCH_VERSION_MAJOR) && TORCH_VERSION_MAJOR >= 2
+#define CRL_HAS_SDPA 1
+#else
+#define CRL_HAS_SDPA 0
+#endif
+
 namespace crl::engine {
 
-DenseCausalAttention::DenseCausalAttention(std::vector<int64_t> seq_lens)
-    : seq_lens_(std::move(seq_lens)) {}
+DenseCausalAttention::DenseCausalAttention(std::vector<int64_t> seq_lens, FusedAttention fused)
+    : seq_lens_(std::move(seq_lens)), fused_(fused) {}
+
+bool DenseCausalAttention::fused_available() { return CRL_HAS_SDPA; }
+
+at::Tensor DenseCausalAttention::attend_fused(const at::Tensor& q, const at::Tensor& k,
+                                              const at::Tensor& v) const {
+#if CRL_HAS_SDPA
+  const int64_t group = q.size(1) / k.size(1);
+  std::vector<at::Tensor> outs;
+  outs.reserve(seq_lens_.size());
+  int64_t start = 0;
+  for (int64_t len : seq_lens_) {
+    // [1, H, L, D] in float32, as the composed path computes its scores.
+    auto qs = q.narrow(0, start, len).transpose(0, 1).unsqueeze(0).to(at::kFloat);
+    auto ks = k.narrow(0, start, len).transpose(0, 1).unsqueeze(0).to(at::kFloat);
+    auto vs = v.narrow(0, start, len).transpose(0, 1).unsqueeze(0).to(at::kFloat);
+    if (group > 1) {
+      ks = ks.repeat_interleave(group, 1);
+      vs = vs.repeat_interleave(group, 1);
+    }
+    auto o = at::scaled_dot_product_attention(qs, ks, vs, /*attn_mask=*/{}, /*dropout_p=*/0.0,
+                                              /*is_causal=*/true);
+    outs.push_back(o.squeeze(0).transpose(0, 1).to(q.scalar_type()));  // [L, H, D]
+    start += len;
+  }
+  CRL_CHECK(start == q.size(0), "seq_lens sum ", start, " != rows ", q.size(0));
+  return outs.size() == 1 ? outs[0] : at::cat(outs, 0);
+#else
+  CRL_CHECK(false, "scaled_dot_product_attention needs libtorch >= 2.0 (this build has ",
+            TORCH_VERSION, ")");
+#endif
+}
 
 at::Tensor DenseCausalAttention::attend(int64_t layer, const at::Tensor& q, const at::Tensor& k,
                                         const at::Tensor& v) {
+  if (CRL_HAS_SDPA && (fused_ == FusedAttention::kAlways ||
+                       (fused_ == FusedAttention::kOnCuda && q.is_cuda()))) {
+    return attend_fused(q, k, v);
+  }
   const int64_t heads = q.size(1);
   const int64_t kv_heads = k.size(1);
   const int64_t head_dim = q.size(2);

@@ -24,16 +24,29 @@ class AttentionBackend {
                             const at::Tensor& v) = 0;
 };
 
+// Where DenseCausalAttention runs libtorch 2.x's fused scaled_dot_product_attention (its flash or
+// memory-efficient kernels on a GPU: no [H, L, L] scores in memory, which the composed ops hold
+// per layer for the backward) in place of the composed ops: for CUDA tensors (the default), for
+// every tensor (tests compare the two on the CPU), or never. Against libtorch 1.x (Debian's) the
+// fused path is not compiled and the composed ops always run.
+enum class FusedAttention { kNever, kOnCuda, kAlways };
+
 // Causal self-attention over packed sequences: rows [cu[i], cu[i+1]) form sequence i, positions
 // start at 0. Scores are computed in float32. Differentiable.
 class DenseCausalAttention : public AttentionBackend {
  public:
-  explicit DenseCausalAttention(std::vector<int64_t> seq_lens);
+  explicit DenseCausalAttention(std::vector<int64_t> seq_lens,
+                                FusedAttention fused = FusedAttention::kOnCuda);
   at::Tensor attend(int64_t layer, const at::Tensor& q, const at::Tensor& k,
                     const at::Tensor& v) override;
+  // True when this build's libtorch has scaled_dot_product_attention (>= 2.0).
+  static bool fused_available();
 
  private:
+  at::Tensor attend_fused(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const;
+
   std::vector<int64_t> seq_lens_;
+  FusedAttention fused_;
   std::map<int64_t, at::Tensor> bias_;  // causal bias [L, L] per sequence length
 };
 

@@ -9,7 +9,7 @@
 namespace crl::engine {
 
 EngineMatchedAttention::EngineMatchedAttention(std::vector<int64_t> seq_lens)
-    : seq_lens_(std::move(seq_lens)), dense_(seq_lens_) {
+    : seq_lens_(std::move(seq_lens)), dense_(seq_lens_, FusedAttention::kNever) {
   const int64_t s = static_cast<int64_t>(seq_lens_.size());
   for (int64_t len : seq_lens_) max_len_ = std::max(max_len_, len);
   query_start_ = at::empty({s + 1}, at::kInt);
