@@ -94,15 +94,24 @@ find_nvcc() {
   [ -x /usr/local/cuda/bin/nvcc ] && echo /usr/local/cuda/bin/nvcc && return 0
   return 1
 }
+# nvcc beside a python's torch: the cuda-toolkit wheel's (nvidia/cu13/bin/nvcc in its site-packages).
+wheel_nvcc() {
+  "$1" -c 'import os, torch; s = os.path.dirname(os.path.dirname(torch.__file__)); print(next(p for p in (os.path.join(s, "nvidia", d, "bin", "nvcc") for d in ("cu13", "cu12")) if os.access(p, os.X_OK)))' 2>/dev/null
+}
 
+# The python whose torch is built against: CRL_GPU_PYTHON, or python3 where its torch has CUDA and
+# an nvcc is at hand, or the venv.
 PY=${CRL_GPU_PYTHON:-}
-NVCC=""
 if [ -n "$PY" ]; then
   torch_has_cuda "$PY" || { echo "bootstrap: CRL_GPU_PYTHON=$PY has no CUDA build of torch" >&2; exit 1; }
-  NVCC=$(find_nvcc) || true
-elif torch_has_cuda python3 && NVCC=$(find_nvcc); then
-  PY=$(command -v python3)
-else
+elif torch_has_cuda python3; then
+  if find_nvcc >/dev/null || wheel_nvcc python3 >/dev/null; then
+    PY=$(command -v python3)
+  else
+    echo "bootstrap: python3's torch has CUDA but no nvcc is on PATH, in /usr/local/cuda or beside it: using the venv"
+  fi
+fi
+if [ -z "$PY" ]; then
   PY=$VENV/bin/python
   if ! { [ -x "$PY" ] && "$PY" -c "import torch, transformers, sys; sys.exit(0 if torch.__version__.split('+')[0] == '$CRL_TORCH_VERSION' else 1)" 2>/dev/null \
          && "$PY" -m pip show -q nvidia-cuda-nvcc >/dev/null 2>&1; }; then
@@ -118,35 +127,53 @@ else
 fi
 
 # Where the wheels put CUDA: one tree (nvidia/cu13: bin/nvcc, include, lib) and NCCL beside it.
-eval "$("$PY" - <<'EOF'
-import os, torch
+found=$("$PY" - <<'EOF'
+import os, shlex, torch
 site = os.path.dirname(os.path.dirname(torch.__file__))
 def first(*cands):
     return next((c for c in cands if os.path.exists(c)), "")
-cu = first(*[os.path.join(site, "nvidia", d) for d in ("cu13", "cu12")])
-nccl = first(os.path.join(site, "nvidia", "nccl"))
-print(f'TORCH_CMAKE="{torch.utils.cmake_prefix_path}"')
-print(f'TORCH_VER="{torch.__version__}"; TORCH_CUDA="{torch.version.cuda}"')
-print(f'WHEEL_CUDA="{cu}"; WHEEL_NCCL="{nccl}"')
-print(f'TORCH_LIB="{os.path.join(os.path.dirname(torch.__file__), "lib")}"')
+vals = {
+    "TORCH_CMAKE": torch.utils.cmake_prefix_path,
+    "TORCH_VER": torch.__version__,
+    "TORCH_CUDA": torch.version.cuda or "",
+    "WHEEL_CUDA": first(*[os.path.join(site, "nvidia", d) for d in ("cu13", "cu12")]),
+    "WHEEL_NCCL": first(os.path.join(site, "nvidia", "nccl")),
+    "TORCH_LIB": os.path.join(os.path.dirname(torch.__file__), "lib"),
+}
+for k, v in vals.items():
+    print(f"{k}={shlex.quote(v)}")
 EOF
-)"
+) || { echo "bootstrap: $PY could not describe its torch" >&2; exit 1; }
+eval "$found"
 
+# nvcc: the wheel's beside this torch (it matches the torch it was pinned with), else the system's.
+NVCC=""
 CUDA_ROOT=""
-if [ -z "$NVCC" ] && [ -x "$WHEEL_CUDA/bin/nvcc" ]; then
+if [ -x "$WHEEL_CUDA/bin/nvcc" ]; then
   NVCC=$WHEEL_CUDA/bin/nvcc
   CUDA_ROOT=$WHEEL_CUDA
-  # CMake's FindCUDA/FindCUDAToolkit look for the unversioned names a toolkit install has;
-  # the wheels ship only libX.so.N. Link the names inside the venv (nothing outside it changes).
-  for l in "$CUDA_ROOT"/lib/lib*.so.*; do
-    base=${l##*/}; name=${base%%.so.*}.so
-    case $base in *.alt.so.*) continue ;; esac
-    [ -e "$CUDA_ROOT/lib/$name" ] || ln -s "$base" "$CUDA_ROOT/lib/$name"
-  done
-  # cudart, cuda.h and friends are where nvcc expects them: lib64 is what FindCUDA tries first.
-  [ -e "$CUDA_ROOT/lib64" ] || ln -s lib "$CUDA_ROOT/lib64"
+  # CMake's FindCUDA/FindCUDAToolkit look for the unversioned names a toolkit install has; the
+  # wheels ship only libX.so.N. Link the names beside them (in the venv, or a writable install).
+  if [ -w "$CUDA_ROOT/lib" ]; then
+    for l in "$CUDA_ROOT"/lib/lib*.so.*; do
+      base=${l##*/}; name=${base%%.so.*}.so
+      case $base in *.alt.so.*) continue ;; esac
+      [ -e "$CUDA_ROOT/lib/$name" ] || ln -s "$base" "$CUDA_ROOT/lib/$name"
+    done
+    # FindCUDA tries lib64 first.
+    [ -e "$CUDA_ROOT/lib64" ] || ln -s lib "$CUDA_ROOT/lib64"
+  elif [ ! -e "$CUDA_ROOT/lib/libcudart.so" ]; then
+    echo "bootstrap: $CUDA_ROOT/lib has no libcudart.so for CMake and is not writable here" >&2
+    exit 1
+  fi
 fi
-[ -n "$NVCC" ] || { echo "bootstrap: no nvcc found (PATH, /usr/local/cuda, or the venv's nvidia-cuda-nvcc)" >&2; exit 1; }
+[ -n "$NVCC" ] || NVCC=$(find_nvcc) || true
+[ -n "$NVCC" ] || { echo "bootstrap: no nvcc found (PATH, /usr/local/cuda, or the nvidia-cuda-nvcc wheel beside $PY's torch)" >&2; exit 1; }
+NVCC_VER=$("$NVCC" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')
+if [ "${NVCC_VER%%.*}" != "${TORCH_CUDA%%.*}" ]; then
+  echo "bootstrap: nvcc $NVCC_VER ($NVCC) and torch's CUDA $TORCH_CUDA differ in their major version" >&2
+  exit 1
+fi
 [ -n "$CUDA_ROOT" ] || CUDA_ROOT=$(cd "$(dirname "$NVCC")/.." && pwd)
 NCCL_INCLUDE=""
 for d in "$WHEEL_NCCL/include" "$CUDA_ROOT/include" /usr/include; do
@@ -154,7 +181,7 @@ for d in "$WHEEL_NCCL/include" "$CUDA_ROOT/include" /usr/include; do
 done
 [ -n "$NCCL_INCLUDE" ] || { echo "bootstrap: no nccl.h (install nvidia-nccl-cu13 into $PY's environment)" >&2; exit 1; }
 
-echo "bootstrap: GPU path: torch $TORCH_VER (CUDA $TORCH_CUDA) from $PY; nvcc $("$NVCC" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'); nccl.h in $NCCL_INCLUDE"
+echo "bootstrap: GPU path: torch $TORCH_VER (CUDA $TORCH_CUDA) from $PY; nvcc $NVCC_VER; nccl.h in $NCCL_INCLUDE"
 extra=()
 [ -n "${CRL_GPU_PREFIX:-}" ] && extra+=(-DCMAKE_PREFIX_PATH="$TORCH_CMAKE;$CRL_GPU_PREFIX/usr") \
   || extra+=(-DCMAKE_PREFIX_PATH="$TORCH_CMAKE")
@@ -163,7 +190,7 @@ ARCHS=${CRL_CUDA_ARCHS:-80;90}
 # CRL_GPU_PATH makes the configure fail unless the CUDA kernels, the NCCL backend and CUDA IPC are
 # all built: this folder never quietly becomes a second CPU build.
 PATH=$(dirname "$NVCC"):$PATH cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCRL_GPU_PATH=ON "${extra[@]}" -DPython_EXECUTABLE="$PY" \
+  -DCRL_GPU_PATH=ON "${extra[@]}" -DTorch_DIR="$TORCH_CMAKE/Torch" -DPython_EXECUTABLE="$PY" \
   -DCMAKE_CUDA_COMPILER="$NVCC" -DCUDA_TOOLKIT_ROOT_DIR="$CUDA_ROOT" -DCUDAToolkit_ROOT="$CUDA_ROOT" \
   -DCRL_CUDA_ARCHITECTURES="$ARCHS" -DCRL_NCCL_INCLUDE_DIR="$NCCL_INCLUDE" \
   ${CRL_GPU_CMAKE_ARGS:-} > "$BUILD/configure.log" 2>&1 \
@@ -173,10 +200,10 @@ grep -E "colocated-rl:" "$BUILD/configure.log" | sed 's/^-- /bootstrap: /'
 # `. build-gpu/gpu-env.sh` before running them elsewhere than from the build's own RUNPATH.
 libs=$TORCH_LIB
 for d in "$WHEEL_NCCL/lib" "$WHEEL_CUDA/lib"; do [ -d "$d" ] && libs=$libs:$d; done
-cat > "$BUILD/gpu-env.sh" <<ENV
-# Written by scripts/bootstrap.sh --cuda: the run-time environment of this GPU build.
-export LD_LIBRARY_PATH=$libs\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}
-export CRL_TORCH_VERSION_FOUND=$TORCH_VER
-export CRL_GPU_PYTHON=$PY
-ENV
+{
+  echo "# Written by scripts/bootstrap.sh --cuda: the run-time environment of this GPU build."
+  echo "export LD_LIBRARY_PATH=$(printf %q "$libs")\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
+  echo "export CRL_TORCH_VERSION_FOUND=$(printf %q "$TORCH_VER")"
+  echo "export CRL_GPU_PYTHON=$(printf %q "$PY")"
+} > "$BUILD/gpu-env.sh"
 echo "bootstrap: configured $BUILD; build it with: cmake --build ${BUILD#$ROOT/}"

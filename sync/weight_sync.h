@@ -37,13 +37,14 @@
 // With a cast (send()) and options.ipc_push, the direction turns around, so the bytes are written
 // once (no send buffer, no second copy):
 //
-//   sender    announces the version as "push", waits for every infer rank's v<V>/open/<i> (its
-//             weight buckets' regions), casts each of its buckets straight into every engine's
-//             bucket, waits until the device finished writing, and sets v<V>/done/<t>/<i>;
+//   sender    announces the version as "push"; for each infer rank as its v<V>/open/<i> (its
+//             weight buckets' regions) appears, casts each of its buckets straight into that
+//             engine's bucket, waits until the device finished writing, and sets v<V>/done/<t>/<i>;
 //   receiver  (inside receive(), between two engine steps) waits until its queued device work
 //             finished (the last step read the weights about to change), publishes its buckets'
 //             regions under v<V>/open/<i>, and returns once every push sender set done; it then
-//             deletes its open and done keys. Its weights change only while it waits there.
+//             deletes its open and done keys (open also when it fails: senders that have not read
+//             it yet write nothing). Its weights change only while it waits there.
 //
 // Every wait (device, batch, ack) has the group's timeout, counted from the last progress; expiry
 // throws CollectiveError naming op, group, ranks, version, bucket(s) and bytes.

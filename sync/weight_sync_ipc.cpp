@@ -241,6 +241,20 @@ SyncStats WeightSync::send_ipc(const std::vector<at::Tensor>* tensors,
 
 void WeightSync::receive_ipc(std::vector<at::Tensor>& buckets, int64_t version, SyncStats& st) {
   const int me = groups_.topo.role_index(groups_.world_rank);
+  // A failed receive withdraws this rank's buckets from the push senders that have not read them
+  // yet (its weights are undefined then either way: the engine reports the failure).
+  struct Withdraw {
+    StorePtr store;
+    std::string key;
+    bool armed = false;
+    ~Withdraw() {
+      if (!armed) return;
+      try {
+        store_delete(store, key);
+      } catch (...) {
+      }
+    }
+  } withdraw{store_, key(fmt::format("v{}/open/{}", version, me))};
   struct Sender {
     int t = 0;
     std::vector<int64_t> expected;  // its buckets, in the order it sends them
@@ -292,6 +306,7 @@ void WeightSync::receive_ipc(std::vector<at::Tensor>& buckets, int64_t version, 
       if (s.how == 2) pushers.push_back(s.t);
     }
     if (!opened && !unknown && !pushers.empty()) {
+      withdraw.armed = true;
       open_ipc_buckets(buckets, version, pushers);
       opened = true;
       progress = true;
@@ -408,8 +423,7 @@ void WeightSync::receive_ipc(std::vector<at::Tensor>& buckets, int64_t version, 
     }
     backoff.pause();
   }
-  // Every push sender read this rank's regions before it said done.
-  if (opened) store_delete(store_, key(fmt::format("v{}/open/{}", version, me)));
+  // Every push sender read this rank's regions before it said done (Withdraw deletes them).
 }
 
 void WeightSync::open_ipc_buckets(std::vector<at::Tensor>& buckets, int64_t version,
@@ -462,68 +476,80 @@ void WeightSync::push_ipc(const std::vector<at::Tensor>& tensors, int64_t versio
   };
   announce(version, "push");
   if (mine.empty()) return;
-  // Every engine's regions, as it opens its buckets between two of its steps.
+  // Each engine as it opens its buckets (between two of its steps), so an engine waits only for
+  // the casts into its own buckets, not for the slowest engine of the node.
   std::vector<std::string> open_keys;
   for (int i = 0; i < infer; ++i) open_keys.push_back(key(fmt::format("v{}/open/{}", version, i)));
-  auto missing = wait_keys(store_, open_keys, Clock::now() + group.timeout());
-  if (!missing.empty()) {
-    std::vector<std::string> who;
-    const int base = groups_.node * groups_.topo.ranks_per_node();
+  std::vector<bool> written(infer, false);
+  int left = infer;
+  auto last = Clock::now();
+  Backoff backoff;
+  while (left > 0) {
+    bool progress = false;
     for (int i = 0; i < infer; ++i) {
-      if (std::find(missing.begin(), missing.end(), open_keys[i]) != missing.end()) {
-        who.push_back(groups_.topo.describe(base + i));
+      if (written[i] || !store_has(store_, open_keys[i])) continue;
+      auto regions = nlohmann::json::parse(
+          store_get(store_, open_keys[i], Clock::now() + group.timeout(), "ipc open"));
+      std::map<int64_t, at::Tensor> dst;  // engine i's bucket b, writable here
+      for (const auto& r : regions) {
+        const int64_t b = r.at("b").get<int64_t>();
+        if (b < 0 || b >= static_cast<int64_t>(layout_.buckets().size()) ||
+            root_of_bucket(b) != t) {
+          continue;
+        }
+        const int64_t n = r.at("n").get<int64_t>();
+        if (n != layout_.buckets()[b].nbytes) {
+          group.fail(fmt::format("ipc: infer rank {} opened bucket {} as {} bytes where the layout "
+                                 "has {} (layouts out of step?)",
+                                 i, b, n, layout_.buckets()[b].nbytes),
+                     where());
+        }
+        try {
+          dst[b] = ipc_->open_region(region_from_json(r));
+        } catch (const std::exception& e) {
+          group.fail(fmt::format("{} ipc: cannot open infer rank {}'s bucket {}: {}",
+                                 ipc_->name(), i, b, e.what()),
+                     where());
+        }
       }
+      const bool first = left == infer;
+      // One cast per bucket, written where the engine reads its weights.
+      for (int64_t b : mine) {
+        if (!dst.count(b)) {
+          group.fail(fmt::format("ipc: infer rank {} did not open bucket {}", i, b), where());
+        }
+        auto p0 = Clock::now();
+        layout_.pack(tensors, b, dst[b]);
+        st.pack_s += seconds_since(p0);
+        if (!first) continue;
+        if (options_.verify) publish_checksum(version, b, dst[b]);
+        st.bytes += layout_.buckets()[b].nbytes;
+        st.collectives += 1;
+        if (options_.on_bucket_posted) options_.on_bucket_posted(b);
+      }
+      wait_device_or_fail(*ipc_, group, "writing the engine's buckets", where());
+      store_set(store_, key(fmt::format("v{}/done/{}/{}", version, t, i)), "1");
+      written[i] = true;
+      --left;
+      progress = true;
     }
-    group.fail(fmt::format("ipc: {} never opened its weight buckets within {} ms (receiver dead, "
-                           "stuck, or not receiving this version?)",
-                           fmt::join(who, ", "), group.timeout().count()),
-               where());
-  }
-  // dst[i][b]: infer rank i's bucket b, writable here.
-  std::vector<std::map<int64_t, at::Tensor>> dst(infer);
-  for (int i = 0; i < infer; ++i) {
-    auto regions = nlohmann::json::parse(
-        store_get(store_, open_keys[i], Clock::now() + group.timeout(), "ipc open"));
-    for (const auto& r : regions) {
-      const int64_t b = r.at("b").get<int64_t>();
-      if (b < 0 || b >= static_cast<int64_t>(layout_.buckets().size()) ||
-          root_of_bucket(b) != t) {
-        continue;
-      }
-      const int64_t n = r.at("n").get<int64_t>();
-      if (n != layout_.buckets()[b].nbytes) {
-        group.fail(fmt::format("ipc: infer rank {} opened bucket {} as {} bytes where the layout "
-                               "has {} (layouts out of step?)",
-                               i, b, n, layout_.buckets()[b].nbytes),
-                   where());
-      }
-      try {
-        dst[i][b] = ipc_->open_region(region_from_json(r));
-      } catch (const std::exception& e) {
-        group.fail(fmt::format("{} ipc: cannot open infer rank {}'s bucket {}: {}", ipc_->name(),
-                               i, b, e.what()),
-                   where());
-      }
+    if (progress) {
+      last = Clock::now();
+      backoff.reset();
+      continue;
     }
-    for (int64_t b : mine) {
-      if (!dst[i].count(b)) {
-        group.fail(fmt::format("ipc: infer rank {} did not open bucket {}", i, b), where());
+    if (Clock::now() - last > group.timeout()) {
+      std::vector<std::string> who;
+      const int base = groups_.node * groups_.topo.ranks_per_node();
+      for (int i = 0; i < infer; ++i) {
+        if (!written[i]) who.push_back(groups_.topo.describe(base + i));
       }
+      group.fail(fmt::format("ipc: {} never opened its weight buckets within {} ms (receiver "
+                             "dead, stuck, or not receiving this version?)",
+                             fmt::join(who, ", "), group.timeout().count()),
+                 where());
     }
-  }
-  // One cast per bucket and engine, written where the engine reads its weights.
-  for (int64_t b : mine) {
-    auto p0 = Clock::now();
-    for (int i = 0; i < infer; ++i) layout_.pack(tensors, b, dst[i][b]);
-    st.pack_s += seconds_since(p0);
-    if (options_.verify) publish_checksum(version, b, dst[0][b]);
-    st.bytes += layout_.buckets()[b].nbytes;
-    st.collectives += 1;
-    if (options_.on_bucket_posted) options_.on_bucket_posted(b);
-  }
-  wait_device_or_fail(*ipc_, group, "writing the engines' buckets", where());
-  for (int i = 0; i < infer; ++i) {
-    store_set(store_, key(fmt::format("v{}/done/{}/{}", version, t, i)), "1");
+    backoff.pause();
   }
 }
 

@@ -24,9 +24,9 @@ class AttentionBackend {
                             const at::Tensor& v) = 0;
 };
 
-// Where DenseCausalAttention runs libtorch 2.x's fused scaled_dot_product_attention (its flash or
-// memory-efficient kernels on a GPU: no [H, L, L] scores in memory, which the composed ops hold
-// per layer for the backward) in place of the composed ops: for CUDA tensors (the default), for
+// Where DenseCausalAttention runs libtorch 2.x's fused scaled_dot_product_attention (on a GPU its
+// memory-efficient kernel, in float32 like the composed path: no [H, L, L] scores in memory, which
+// the composed ops hold per layer for the backward) in place of the composed ops: for CUDA tensors (the default), for
 // every tensor (tests compare the two on the CPU), or never. Against libtorch 1.x (Debian's) the
 // fused path is not compiled and the composed ops always run.
 enum class FusedAttention { kNever, kOnCuda, kAlways };

@@ -159,6 +159,11 @@ void parse_rope(const FieldReader& r, ModelConfig& c) {
   const json& rp = r.at("rope_parameters");
   if (!rp.is_object()) r.fail("rope_parameters", "must be null or an object (got " + rp.dump() + ")");
   FieldReader sub(rp, r.where() + ": rope_parameters");
+  if (!sub.has("rope_theta") && !sub.has("rope_type") && !sub.has("type")) {
+    // transformers 5's per-layer-type form ({"full_attention": {...}, ...}) among others.
+    r.fail("rope_parameters", "has neither 'rope_theta' nor 'rope_type' (per-layer-type RoPE is "
+                              "not supported)");
+  }
   if (sub.has("rope_theta")) {
     const double theta = sub.get_double("rope_theta", c.rope_theta);
     if (r.has("rope_theta") && theta != c.rope_theta) {

@@ -123,6 +123,9 @@ TEST(ModelConfigTest, ReadsTransformers5RopeParameters) {
   bad["rope_parameters"]["rope_type"] = "yarn";
   ASSERT_THROWS_WITH(parse(bad), std::invalid_argument,
                      "field 'rope_parameters' has unsupported type 'yarn'");
+  bad["rope_parameters"] = {{"full_attention", {{"rope_type", "default"}, {"rope_theta", 1e4}}}};
+  ASSERT_THROWS_WITH(parse(bad), std::invalid_argument,
+                     "field 'rope_parameters' has neither 'rope_theta' nor 'rope_type'");
   bad["rope_parameters"] = 5;
   ASSERT_THROWS_WITH(parse(bad), std::invalid_argument,
                      "field 'rope_parameters' must be null or an object");

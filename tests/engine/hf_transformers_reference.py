@@ -6,7 +6,8 @@ was written from a reading of those definitions (and of config.json), this one i
 themselves: it catches a config field both readings got wrong.
 
   hf_transformers_reference.py MODEL_DIR TOKEN_ID... -> one JSON list: the last position's logits
-  exit 77 when transformers cannot be imported (the test then skips)
+  exit 77 when transformers cannot be imported (the test fails naming it: CRL_HF_PYTHON names a
+  python that should have it; without CRL_HF_PYTHON the test skips)
 """
 import json
 import sys
