@@ -11,7 +11,7 @@
 #include "app/commands.h"
 #include "common/check.h"
 #include "engine/model/model_cache.h"
-#include "engine/text/tokenizer.h"
+#include "text/tokenizer.h"
 #include "server/api_types.h"
 
 namespace crl::app {
@@ -27,8 +27,8 @@ struct TokenizeFlags {
   bool skip_special_tokens = false;
 };
 
-std::unique_ptr<engine::Tokenizer> open_tokenizer(const std::string& model) {
-  return std::make_unique<engine::Tokenizer>(model.empty() ? engine::ensure_preset_model("default")
+std::unique_ptr<text::Tokenizer> open_tokenizer(const std::string& model) {
+  return std::make_unique<text::Tokenizer>(model.empty() ? engine::ensure_preset_model("default")
                                                            : model);
 }
 
@@ -84,7 +84,7 @@ Runner register_tokenize(CLI::App& app) {
                 "treat special-token literals in the text (<|im_start|>) as plain text");
   return [f]() {
     auto tok = open_tokenizer(f->model);
-    engine::EncodeOptions options;
+    text::EncodeOptions options;
     options.add_special_tokens = f->add_special_tokens;
     options.split_special_tokens = f->split_special_tokens;
     return for_each_line(f->jsonl, [&](const json& row) {

@@ -36,34 +36,27 @@ void check_nccl_usable(const RlJobOptions& o) {
   }
 }
 
-}  // namespace
 
-Runner register_train(CLI::App& app) {
-  struct Flags {
-    RlJobOptions o;
-    DistFlags dist;
-    std::string kv_memory = "64MiB";
-    std::string reward = "exact";
-    std::string train_dtype;
-    double lr = 1e-4;
-    double rollout_timeout_s = 1800;
-    double env_timeout_s = 30;
-    double min_lr = -1;      // unset: lr / 10
-    double sft_min_lr = -1;  // unset: sft lr / 10
-    std::string inflight = "keep";
-    std::string device_map;
-    // Given on the command line (else --lora-rank picks its own defaults).
-    CLI::Option *sft_lr_opt = nullptr, *sft_steps_opt = nullptr, *temperature_opt = nullptr;
-  };
-  auto f = std::make_shared<Flags>();
-  f->dist.timeout_s = 300;
-  auto& o = f->o;
-  o.trainer.micro_batch_tokens = 2048;
-  o.trainer.max_grad_norm = 1.0;
-  auto* cmd = app.add_subcommand(
-      "train", "GRPO post-training with colocated engines (the default command: "
-               "`colocated-rl --gpus-infer I --gpus-train T` runs it)");
-  add_dist_flags(*cmd, f->dist, /*with_sync=*/true);
+struct TrainFlags {
+  RlJobOptions o;
+  DistFlags dist;
+  std::string kv_memory = "64MiB";
+  std::string reward = "exact";
+  std::string train_dtype;
+  double lr = 1e-4;
+  double rollout_timeout_s = 1800;
+  double env_timeout_s = 30;
+  double min_lr = -1;      // unset: lr / 10
+  double sft_min_lr = -1;  // unset: sft lr / 10
+  std::string inflight = "keep";
+  std::string device_map;
+  // Given on the command line (else --lora-rank picks its own defaults).
+  CLI::Option *sft_lr_opt = nullptr, *sft_steps_opt = nullptr, *temperature_opt = nullptr;
+};
+
+// The model, where it runs, and the task.
+void add_model_and_task_flags(CLI::App* cmd, TrainFlags* f) {
+  RlJobOptions& o = f->o;
   cmd->add_option("--model", o.model_dir, "Hugging Face model directory (default: the embedded one)");
   cmd->add_option("--device", o.device,
                   "cpu, or cuda: each rank's engine or trainer on one GPU (--device-map, else "
@@ -98,6 +91,11 @@ Runner register_train(CLI::App& app) {
                   "held-out rows, never trained on (default: a fifth of the rows, at most 128)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--seed", o.seed, "seed of the split, prompt order and sampling")->capture_default_str();
+}
+
+// The SFT warm-up, GRPO's schedule and the optimizer's state.
+void add_schedule_flags(CLI::App* cmd, TrainFlags* f) {
+  RlJobOptions& o = f->o;
   f->sft_steps_opt = cmd->add_option("--sft-steps", o.sft_steps,
                                      "SFT warm-up steps before GRPO (0 = none; 400 with --lora-rank)")
                          ->capture_default_str();
@@ -138,6 +136,11 @@ Runner register_train(CLI::App& app) {
                 "recompute each decoder layer's activations in backward");
   cmd->add_flag("--offload-optimizer", o.trainer.offload_optimizer,
                 "keep fp32 masters and Adam moments in host memory (AdamW steps there)");
+}
+
+// LoRA: train and sync an adapter alone.
+void add_lora_flags(CLI::App* cmd, TrainFlags* f) {
+  RlJobOptions& o = f->o;
   cmd->add_option("--lora-rank", o.trainer.lora.rank,
                   "train a LoRA adapter of this rank on the frozen base and sync only the adapter "
                   "(0 = full fine-tuning)")
@@ -150,6 +153,11 @@ Runner register_train(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--lora-dropout", o.trainer.lora.dropout, "dropout on the adapters' input (training passes)")
       ->capture_default_str();
+}
+
+// GRPO's loss, asynchrony and the rollout queue.
+void add_rl_flags(CLI::App* cmd, TrainFlags* f) {
+  RlJobOptions& o = f->o;
   cmd->add_option("--micro-batch-tokens", o.trainer.micro_batch_tokens,
                   "tokens per packed micro-batch")->capture_default_str();
   cmd->add_option("--kl-coef", o.trainer.grpo.kl_coef, "k3 KL to the initial model (0 = off)")
@@ -179,6 +187,11 @@ Runner register_train(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--clip", o.trainer.grpo.clip_low, "PPO ratio clip range")->capture_default_str();
+}
+
+// Evaluation, metrics, checkpoints and the API served during training.
+void add_output_flags(CLI::App* cmd, TrainFlags* f) {
+  RlJobOptions& o = f->o;
   cmd->add_option("--eval-every", o.eval_every, "held-out evaluation every N steps")
       ->capture_default_str();
   cmd->add_option("--metrics", o.metrics_path, "JSONL metrics file, one line per step");
@@ -196,6 +209,11 @@ Runner register_train(CLI::App& app) {
                   "the API (--serve-port) requires 'Authorization: Bearer KEY' on every endpoint "
                   "but /health and /metrics; from $CRL_API_KEY when not given")
       ->envname("CRL_API_KEY");
+}
+
+// Multi-turn RL against an environment.
+void add_env_flags(CLI::App* cmd, TrainFlags* f) {
+  RlJobOptions& o = f->o;
   cmd->add_option("--env", o.env,
                   "multi-turn RL against an environment: 'calculator' (built in: 4-digit additions "
                   "with an add tool) or a command speaking JSON lines on stdin/stdout (started per "
@@ -221,57 +239,84 @@ Runner register_train(CLI::App& app) {
                   "--env calculator: operands of each task (N: N - 1 add calls, N turns)")
       ->capture_default_str()
       ->check(CLI::Range(2, 8));
+}
+
+// The job's options from the flags; what fails here fails in the launcher, before any rank starts.
+RlJobOptions resolve_train_flags(const TrainFlags& flags) {
+  const TrainFlags* f = &flags;
+  RlJobOptions o = f->o;
+  o.infer_per_node = f->dist.infer;
+  o.train_per_node = f->dist.train;
+  if (o.model_dir.empty()) o.model_dir = engine::ensure_preset_model("default");
+  o.kv_memory_bytes = parse_bytes(f->kv_memory);
+  o.reward.kind = trainer::parse_reward_kind(f->reward);
+  o.trainer.dtype = f->train_dtype.empty() ? o.engine_dtype : f->train_dtype;
+  if (o.trainer.lora.enabled()) {
+    // LoRA's recipe where the flags are not given (README "LoRA RL": the rank x learning-rate
+    // sweep on the embedded random-init model): the warm-up must teach the task through the
+    // adapters (400 steps at 2e-3), and adapters cannot sharpen that model's output distribution
+    // (its final norm and tied embeddings stay frozen), so rollouts at temperature 1 all score 0
+    // and GRPO gets no signal; at 0.3 they score ~0.6. GRPO keeps full fine-tuning's 1e-4 (1e-3
+    // undid the warm-up on one seed of two).
+    if (f->sft_lr_opt->count() == 0) o.sft_schedule.lr = 2e-3;
+    if (f->sft_steps_opt->count() == 0) o.sft_steps = 400;
+    if (f->temperature_opt->count() == 0) o.temperature = 0.3;
+  }
+  o.trainer.schedule.lr = f->lr;
+  o.trainer.schedule.min_lr = f->min_lr >= 0 ? f->min_lr : f->lr / 10;
+  o.trainer.schedule.total_steps = o.steps;
+  o.sft_schedule.min_lr = f->sft_min_lr >= 0 ? f->sft_min_lr : o.sft_schedule.lr / 10;
+  o.trainer.grpo.clip_high = o.trainer.grpo.clip_low;
+  o.inflight = engine::parse_inflight_policy(f->inflight);
+  o.timeout = f->dist.timeout();
+  o.rollout_timeout = std::chrono::milliseconds(static_cast<int64_t>(f->rollout_timeout_s * 1000));
+  o.env_options.timeout = std::chrono::milliseconds(static_cast<int64_t>(f->env_timeout_s * 1000));
+  o.env_options.seed = o.seed;
+  o.trainer.lora.seed = o.seed;
+  o.bucket_bytes = f->dist.bucket_bytes();
+  o.sync = f->dist.sync_options();
+  o.device_map = sync::parse_device_map(f->device_map);
+  o.comm_backend = f->dist.backend;
+  // Counted only when asked for: a CPU job never touches CUDA.
+  if (o.device == "cuda") o.cuda_device_count = visible_cuda_devices();
+  // Placement errors (no CUDA device, a bad --device-map, GPU sharing NCCL cannot serve) fail
+  // here, in the launcher, before any rank starts.
+  o.validate();
+  check_nccl_usable(o);
+  // Bad data, and a held-out split the data cannot give, fail here, in the launcher, once,
+  // before any rank starts.
+  {
+    auto rows = o.data_path.empty() ? trainer::default_task_rows(o.default_task_rows, o.seed)
+                                    : trainer::load_task_jsonl(o.data_path, o.reward, o.model_dir, o.split_special_tokens);
+    const trainer::TaskSplit split = trainer::split_task(std::move(rows), o.eval_rows, o.seed);
+    if (split.train.empty()) throw std::invalid_argument("the task has no training rows after the held-out split");
+  }
+  return o;
+}
+
+}  // namespace
+
+Runner register_train(CLI::App& app) {
+  auto f = std::make_shared<TrainFlags>();
+  f->dist.timeout_s = 300;
+  auto& o = f->o;
+  o.trainer.micro_batch_tokens = 2048;
+  o.trainer.max_grad_norm = 1.0;
+  auto* cmd = app.add_subcommand(
+      "train", "GRPO post-training with colocated engines (the default command: "
+               "`colocated-rl --gpus-infer I --gpus-train T` runs it)");
+  add_dist_flags(*cmd, f->dist, /*with_sync=*/true);
+  add_model_and_task_flags(cmd, f.get());
+  add_schedule_flags(cmd, f.get());
+  add_lora_flags(cmd, f.get());
+  add_rl_flags(cmd, f.get());
+  add_output_flags(cmd, f.get());
+  add_env_flags(cmd, f.get());
   cmd->add_option("--rollout-timeout", f->rollout_timeout_s,
                   "seconds a train rank waits for one step's rollouts")->capture_default_str();
   cmd->add_option("--inject-fault", o.fault, "tests only: die-at-step:RANK:STEP")->group("");
   return [f]() {
-    RlJobOptions o = f->o;
-    o.infer_per_node = f->dist.infer;
-    o.train_per_node = f->dist.train;
-    if (o.model_dir.empty()) o.model_dir = engine::ensure_preset_model("default");
-    o.kv_memory_bytes = parse_bytes(f->kv_memory);
-    o.reward.kind = trainer::parse_reward_kind(f->reward);
-    o.trainer.dtype = f->train_dtype.empty() ? o.engine_dtype : f->train_dtype;
-    if (o.trainer.lora.enabled()) {
-      // LoRA's recipe where the flags are not given (README "LoRA RL": the rank x learning-rate
-      // sweep on the embedded random-init model): the warm-up must teach the task through the
-      // adapters (400 steps at 2e-3), and adapters cannot sharpen that model's output distribution
-      // (its final norm and tied embeddings stay frozen), so rollouts at temperature 1 all score 0
-      // and GRPO gets no signal; at 0.3 they score ~0.6. GRPO keeps full fine-tuning's 1e-4 (1e-3
-      // undid the warm-up on one seed of two).
-      if (f->sft_lr_opt->count() == 0) o.sft_schedule.lr = 2e-3;
-      if (f->sft_steps_opt->count() == 0) o.sft_steps = 400;
-      if (f->temperature_opt->count() == 0) o.temperature = 0.3;
-    }
-    o.trainer.schedule.lr = f->lr;
-    o.trainer.schedule.min_lr = f->min_lr >= 0 ? f->min_lr : f->lr / 10;
-    o.trainer.schedule.total_steps = o.steps;
-    o.sft_schedule.min_lr = f->sft_min_lr >= 0 ? f->sft_min_lr : o.sft_schedule.lr / 10;
-    o.trainer.grpo.clip_high = o.trainer.grpo.clip_low;
-    o.inflight = engine::parse_inflight_policy(f->inflight);
-    o.timeout = f->dist.timeout();
-    o.rollout_timeout = std::chrono::milliseconds(static_cast<int64_t>(f->rollout_timeout_s * 1000));
-    o.env_options.timeout = std::chrono::milliseconds(static_cast<int64_t>(f->env_timeout_s * 1000));
-    o.env_options.seed = o.seed;
-    o.trainer.lora.seed = o.seed;
-    o.bucket_bytes = f->dist.bucket_bytes();
-    o.sync = f->dist.sync_options();
-    o.device_map = sync::parse_device_map(f->device_map);
-    o.comm_backend = f->dist.backend;
-    // Counted only when asked for: a CPU job never touches CUDA.
-    if (o.device == "cuda") o.cuda_device_count = visible_cuda_devices();
-    // Placement errors (no CUDA device, a bad --device-map, GPU sharing NCCL cannot serve) fail
-    // here, in the launcher, before any rank starts.
-    o.validate();
-    check_nccl_usable(o);
-    // Bad data, and a held-out split the data cannot give, fail here, in the launcher, once,
-    // before any rank starts.
-    {
-      auto rows = o.data_path.empty() ? trainer::default_task_rows(o.default_task_rows, o.seed)
-                                      : trainer::load_task_jsonl(o.data_path, o.reward, o.model_dir, o.split_special_tokens);
-      const trainer::TaskSplit split = trainer::split_task(std::move(rows), o.eval_rows, o.seed);
-      if (split.train.empty()) throw std::invalid_argument("the task has no training rows after the held-out split");
-    }
+    const RlJobOptions o = resolve_train_flags(*f);
     LaunchOptions lo{o.infer_per_node, o.train_per_node, o.timeout};
     return run_distributed(lo, [o](const sync::RankEnv& env) { return run_rl_rank(env, o); });
   };

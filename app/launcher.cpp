@@ -114,6 +114,112 @@ pid_t spawn(const std::vector<std::string>& args, const std::vector<std::string>
   return pid;
 }
 
+// The environment of the node's ranks: the launcher's, less its own rank variables (which a
+// launcher that was itself started as a rank would pass on); the user's CRL_* settings
+// (CRL_CPU_ISA, CRL_CACHE_DIR, CRL_API_KEY, ...) reach every rank. The ranks share the node's
+// cores unless the user said otherwise.
+std::vector<std::string> rank_base_env(int per_node) {
+  std::vector<std::string> rank_vars;
+  for (const std::string& a : sync::rank_env_assignments(sync::RankEnv{})) {
+    rank_vars.push_back(a.substr(0, a.find('=') + 1));
+  }
+  std::vector<std::string> base_env;
+  for (char** e = environ; *e; ++e) {
+    const bool rank_var = std::any_of(rank_vars.begin(), rank_vars.end(), [&](const std::string& v) {
+      return std::strncmp(*e, v.c_str(), v.size()) == 0;
+    });
+    if (!rank_var) base_env.emplace_back(*e);
+  }
+  if (!std::getenv("OMP_NUM_THREADS")) {
+    unsigned hw = std::max(1U, std::thread::hardware_concurrency());
+    base_env.push_back(fmt::format("OMP_NUM_THREADS={}", std::max(1U, hw / per_node)));
+  }
+  return base_env;
+}
+
+int count_running(const std::vector<Child>& children) {
+  int n = 0;
+  for (const auto& c : children) n += c.running;
+  return n;
+}
+
+// Records the exit of every child that exited.
+void reap(std::vector<Child>& children) {
+  int st = 0;
+  pid_t pid;
+  while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
+    for (auto& c : children) {
+      if (c.pid == pid) {
+        c.running = false;
+        c.status = st;
+      }
+    }
+  }
+}
+
+void kill_all(const std::vector<Child>& children, int sig) {
+  for (const auto& c : children) {
+    if (c.running) kill(-c.pid, sig);
+  }
+}
+
+// Waits until every rank of the node exited. The first failure is logged as it happens; peers
+// blocked in a collective with the failed rank fail on their own within `timeout`, naming the op,
+// and whatever is left after `timeout` + 1 s is killed. SIGINT/SIGTERM stop the ranks (SIGTERM,
+// then SIGKILL after 3 s). Returns the local index of the first failed rank, or -1.
+int supervise(std::vector<Child>& children, const sync::Topology& topo, std::chrono::milliseconds timeout) {
+  int first_failed = -1;
+  Clock::time_point kill_at = Clock::time_point::max();
+  bool killed = false;
+  while (count_running(children) > 0) {
+    reap(children);
+    for (size_t l = 0; first_failed < 0 && l < children.size(); ++l) {
+      if (children[l].running || !failed(children[l].status)) continue;
+      first_failed = static_cast<int>(l);
+      std::string err = read_text(children[l].env.error_file);
+      spdlog::error("launcher: {} {}{}{}; the other ranks get {} s to fail on their own",
+                    topo.describe(children[l].env.rank), describe_status(children[l].status),
+                    err.empty() ? "" : ": ", err, timeout.count() / 1000 + 1);
+      kill_at = Clock::now() + timeout + std::chrono::seconds(1);
+    }
+    if (g_stop_signal && !killed) {
+      spdlog::warn("launcher: signal {}, stopping the ranks", static_cast<int>(g_stop_signal));
+      kill_all(children, SIGTERM);
+      kill_at = std::min(kill_at, Clock::now() + std::chrono::seconds(3));
+      killed = true;
+    }
+    if (Clock::now() >= kill_at) {
+      kill_all(children, SIGKILL);
+      kill_at = Clock::time_point::max();
+    }
+    if (count_running(children) > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return first_failed;
+}
+
+// Logs every failed rank, the first failure first, and removes the ranks' error files. Returns the
+// node's exit code: 1 when any rank failed.
+int report_exit(const std::vector<Child>& children, int first_failed, const sync::Topology& topo,
+                const std::string& error_dir) {
+  int code = 0;
+  std::string report;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (size_t l = 0; l < children.size(); ++l) {
+      if ((pass == 0) != (static_cast<int>(l) == first_failed)) continue;
+      const Child& c = children[l];
+      if (!failed(c.status)) continue;
+      code = 1;
+      std::string err = read_text(c.env.error_file);
+      report += fmt::format("\n  {} {}{}{}", topo.describe(c.env.rank), describe_status(c.status),
+                            err.empty() ? "" : ": ", err);
+    }
+  }
+  for (const auto& c : children) std::remove(c.env.error_file.c_str());
+  rmdir(error_dir.c_str());
+  if (code != 0) spdlog::error("launcher: the job failed; first failure first:{}", report);
+  return code;
+}
+
 }  // namespace
 
 void set_process_args(int argc, char** argv) { g_args.assign(argv, argv + argc); }
@@ -150,25 +256,7 @@ int run_distributed(const LaunchOptions& options, const RankBody& body) {
   }
   std::string error_dir = dir_template;
 
-  // The ranks get this environment but the launcher's own rank variables (which a launcher that
-  // was itself started as a rank would pass on); the user's CRL_* settings (CRL_CPU_ISA,
-  // CRL_CACHE_DIR, CRL_API_KEY, ...) reach every rank. The ranks share the node's cores unless
-  // the user said otherwise.
-  std::vector<std::string> rank_vars;
-  for (const std::string& a : sync::rank_env_assignments(sync::RankEnv{})) {
-    rank_vars.push_back(a.substr(0, a.find('=') + 1));
-  }
-  std::vector<std::string> base_env;
-  for (char** e = environ; *e; ++e) {
-    const bool rank_var = std::any_of(rank_vars.begin(), rank_vars.end(), [&](const std::string& v) {
-      return std::strncmp(*e, v.c_str(), v.size()) == 0;
-    });
-    if (!rank_var) base_env.emplace_back(*e);
-  }
-  if (!std::getenv("OMP_NUM_THREADS")) {
-    unsigned hw = std::max(1U, std::thread::hardware_concurrency());
-    base_env.push_back(fmt::format("OMP_NUM_THREADS={}", std::max(1U, hw / per_node)));
-  }
+  const std::vector<std::string> base_env = rank_base_env(per_node);
 
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
@@ -193,81 +281,7 @@ int run_distributed(const LaunchOptions& options, const RankBody& body) {
                d.node_rank, d.nnodes, per_node, options.infer_per_node, options.train_per_node,
                d.master_addr, port);
 
-  auto running = [&] {
-    int n = 0;
-    for (auto& c : children) n += c.running;
-    return n;
-  };
-  auto reap = [&] {
-    int st = 0;
-    pid_t pid;
-    while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
-      for (auto& c : children) {
-        if (c.pid == pid) {
-          c.running = false;
-          c.status = st;
-        }
-      }
-    }
-  };
-  auto kill_all = [&](int sig) {
-    for (auto& c : children) {
-      if (c.running) kill(-c.pid, sig);
-    }
-  };
-
-  int first_failed = -1;
-  Clock::time_point kill_at = Clock::time_point::max();
-  bool killed = false;
-  while (running() > 0) {
-    reap();
-    if (first_failed < 0) {
-      for (int l = 0; l < per_node; ++l) {
-        if (!children[l].running && failed(children[l].status)) {
-          first_failed = l;
-          std::string err = read_text(children[l].env.error_file);
-          spdlog::error("launcher: {} {}{}{}; the other ranks get {} s to fail on their own",
-                        topo.describe(children[l].env.rank), describe_status(children[l].status),
-                        err.empty() ? "" : ": ", err, options.timeout.count() / 1000 + 1);
-          // Peers blocked in a collective with the failed rank fail on their own within the
-          // timeout, naming the op; then whatever is left is killed.
-          kill_at = Clock::now() + options.timeout + std::chrono::seconds(1);
-          break;
-        }
-      }
-    }
-    if (g_stop_signal && !killed) {
-      spdlog::warn("launcher: signal {}, stopping the ranks", static_cast<int>(g_stop_signal));
-      kill_all(SIGTERM);
-      kill_at = std::min(kill_at, Clock::now() + std::chrono::seconds(3));
-      killed = true;
-    }
-    if (Clock::now() >= kill_at) {
-      kill_all(SIGKILL);
-      kill_at = Clock::time_point::max();
-    }
-    if (running() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-
-  int code = 0;
-  std::string report;
-  for (int pass = 0; pass < 2; ++pass) {
-    for (int l = 0; l < per_node; ++l) {
-      // The first failure first, then the others.
-      if ((pass == 0) != (l == first_failed)) continue;
-      const Child& c = children[l];
-      if (!failed(c.status)) continue;
-      code = 1;
-      std::string err = read_text(c.env.error_file);
-      report += fmt::format("\n  {} {}{}{}", topo.describe(c.env.rank), describe_status(c.status),
-                            err.empty() ? "" : ": ", err);
-    }
-  }
-  for (auto& c : children) std::remove(c.env.error_file.c_str());
-  rmdir(error_dir.c_str());
-  if (code != 0) {
-    spdlog::error("launcher: the job failed; first failure first:{}", report);
-  }
+  const int code = report_exit(children, supervise(children, topo, options.timeout), topo, error_dir);
   if (g_stop_signal) return 128 + g_stop_signal;
   return code;
 }

@@ -66,7 +66,7 @@ std::vector<engine::GenerateRequest> read_requests_jsonl(const std::string& path
 }
 
 nlohmann::json request_output_to_json(const engine::RequestOutput& out,
-                                      const engine::Tokenizer* tokenizer) {
+                                      const text::Tokenizer* tokenizer) {
   nlohmann::json j;
   j["id"] = out.request_id;
   j["prompt_token_ids"] = out.prompt_token_ids;

@@ -18,6 +18,6 @@ std::vector<engine::GenerateRequest> read_requests_jsonl(const std::string& path
                                                          const engine::SamplingParams& defaults);
 
 nlohmann::json request_output_to_json(const engine::RequestOutput& out,
-                                      const engine::Tokenizer* tokenizer);
+                                      const text::Tokenizer* tokenizer);
 
 }  // namespace crl::app

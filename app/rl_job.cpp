@@ -7,7 +7,7 @@
 
 #include "engine/engine_loop.h"
 #include "server/api_server.h"
-#include "trainer/rl_report.h"
+#include "trainer/job_report.h"
 #include "trainer/rollout_consumer.h"
 #include "trainer/rollout_producer.h"
 

@@ -11,9 +11,10 @@
 #include "engine/engine_loop.h"
 #include "engine/llm_engine.h"
 #include "engine/model/model_cache.h"
-#include "engine/text/chat_template.h"
-#include "engine/text/tool_calls.h"
+#include "text/chat_template.h"
+#include "text/tool_calls.h"
 #include "trainer/environment.h"
+#include "trainer/make_environment.h"
 #include "trainer/multi_turn.h"
 
 namespace crl::bench {
@@ -110,7 +111,7 @@ int run_multi_turn_bench(const MultiTurnBenchOptions& o) {
   auto eng = std::make_unique<engine::LlmEngine>(ec);
   const text::ChatTemplate chat = text::ChatTemplate::from_model_dir(ec.model_dir);
   std::vector<int32_t> prefix = chat.is_jinja() ? std::vector<int32_t>{} : eng->prompt_prefix();
-  const engine::Tokenizer* tok = eng->tokenizer();
+  const text::Tokenizer* tok = eng->tokenizer();
   if (!tok) throw std::invalid_argument("bench multi-turn needs a model with a tokenizer");
   auto loop = std::make_shared<engine::EngineLoop>(std::move(eng));
   loop->start();

@@ -18,7 +18,7 @@
 #include "common/check.h"
 #include "common/strings.h"
 #include "engine/model/model_cache.h"
-#include "trainer/rl_reports.h"
+#include "trainer/step_reports.h"
 
 extern char** environ;
 

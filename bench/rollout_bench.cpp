@@ -353,7 +353,7 @@ int run_rollout_bench(const RolloutBenchOptions& o) {
     }
     ModeRun m{mode, std::make_unique<engine::LlmEngine>(c), {}, {}};
     for (int32_t a = 0; a < adapters; ++a) {  // random B: a real adapter's arithmetic
-      m.eng->add_lora("a" + std::to_string(a),
+      m.eng->loras().add("a" + std::to_string(a),
                       engine::make_lora_adapter(m.eng->model_config(), o.lora_rank, 2.0 * o.lora_rank,
                                                 engine::parse_lora_targets("all-linear"), 100 + a, true));
     }
@@ -369,7 +369,7 @@ int run_rollout_bench(const RolloutBenchOptions& o) {
   }
   for (int32_t r = 0; r < o.repeats; ++r) {
     for (ModeRun& m : mode_runs) {
-      m.eng->bump_weight_version();  // no prefix-cache carry-over between repeats
+      m.eng->apply_weight_update(m.eng->weight_version() + 1);  // no prefix-cache carry-over between repeats
       std::unique_ptr<StepProfiler> profiler;
       if (r == 0 && &m == &mode_runs.front() && (!o.step_trace.empty() || !o.profile.empty())) {
         profiler = std::make_unique<StepProfiler>(o.profile, o.profile_steps, o.step_trace);
@@ -495,7 +495,7 @@ int run_rollout_bench(const RolloutBenchOptions& o) {
       r.params.max_tokens = 1;
       pre.push_back(std::move(r));
     }
-    eng.bump_weight_version();
+    eng.apply_weight_update(eng.weight_version() + 1);
     auto t0 = Clock::now();
     eng.generate(pre);
     const double prefill_tok_s = 8 * 512 / since(t0);

@@ -1,10 +1,12 @@
 // Trainer -> engine weight-sync jobs, one rank's side: `colocated-rl sync-check` (correctness on
-// the embedded default) and `colocated-rl bench sync` (bucket vs per-tensor vs raw broadcast).
+// the embedded default; sync_check.cpp) and `colocated-rl bench sync` (bucket vs per-tensor vs raw
+// broadcast; sync_bench.cpp). Their reports and the trainers' checksums go through a
+// sync::Coordinator.
 //
 // Train ranks hold fp32 master weights and change them before every sync (a seeded stand-in for
 // an optimizer step, the same on every train rank, as data-parallel replicas are); infer ranks run
 // a real LlmEngine whose weights live in the sync buckets and keep generating until the update is
-// ready, then receive it in place between two steps and bump the weight version.
+// ready, then receive it in place between two steps and apply it (LlmEngine::apply_weight_update).
 #pragma once
 
 #include <chrono>

@@ -25,7 +25,7 @@
 #include "engine/kernels/cpu_isa.h"
 #include "engine/model/model_cache.h"
 #include "engine/model/model_writer.h"
-#include "engine/text/tokenizer.h"
+#include "text/tokenizer.h"
 
 extern char** environ;
 
@@ -180,7 +180,7 @@ std::string default_hf_script() {
 
 // The tokenizer.json HF would load for `path` ("" when it is not a tokenizer.json one).
 std::string hf_tokenizer_json(const std::string& path) {
-  std::string file = fs::is_directory(path) ? engine::Tokenizer::tokenizer_file_in(path) : path;
+  std::string file = fs::is_directory(path) ? text::Tokenizer::tokenizer_file_in(path) : path;
   return fs::path(file).extension() == ".json" ? file : "";
 }
 
@@ -285,7 +285,7 @@ int run_tokenizer_bench(const TokenizerBenchOptions& o) {
     const std::string name = display_name(path);
     try {
       auto t_load = Clock::now();
-      engine::Tokenizer tok(path);
+      text::Tokenizer tok(path);
       double load_s = seconds_since(t_load);
 
       std::unique_ptr<HfReference> hf;

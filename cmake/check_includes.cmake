@@ -5,35 +5,39 @@
 #
 #   cmake -DSOURCE_DIR=<repo root> [-DSTAMP=<file touched on success>] -P cmake/check_includes.cmake
 #
-# A file's scope is its top directory, except under engine/: engine/text/ (the text library),
-# engine/kernels/ and engine/model/ are scopes of their own, and engine/'s top-level files are
-# `engine`. Each scope lists what it may include: a directory (ending in /) or one exact header.
-# An include of a directory also admits its subdirectories (engine/ admits engine/model/...).
+# A file's scope is its top directory, except under engine/: engine/kernels/ and engine/model/ are
+# scopes of their own, and engine/'s top-level files are `engine`. Each scope lists what it may
+# include: a directory (ending in /) or one exact header. An include of a directory also admits
+# its subdirectories (engine/ admits engine/model/...). Outside text/, only text/'s public headers
+# (CRL_TEXT_PUBLIC): its Jinja interpreter (text/jinja/) and tokenizer.json parts (text/hf/) are
+# its own.
 cmake_minimum_required(VERSION 3.18)
 if(NOT SOURCE_DIR)
   message(FATAL_ERROR "check_includes.cmake: pass -DSOURCE_DIR=<repository root>")
 endif()
 
-set(CRL_SCOPES common kv sync engine/text engine/kernels engine/model engine trainer server bench
+set(CRL_SCOPES common kv sync text engine/kernels engine/model engine trainer server bench
     app tests)
+set(CRL_TEXT_PUBLIC text/tokenizer.h text/chat_template.h text/builtin_chat_template.h
+    text/chat_encoder.h text/chat_trajectory.h text/tool_calls.h text/template_error.h text/utf8.h)
 set(allow_common common/)
 set(allow_kv common/ kv/)
 set(allow_sync common/ sync/)
-set(allow_engine/text common/ engine/text/)
+set(allow_text common/ text/)
 set(allow_engine/kernels common/ engine/kernels/)
-set(allow_engine/model common/ kv/ engine/kernels/ engine/text/ engine/model/)
+set(allow_engine/model common/ kv/ engine/kernels/ ${CRL_TEXT_PUBLIC} engine/model/)
 # From sync/, the engine sees only the narrow interfaces: the weight layout and the weight source.
-set(allow_engine common/ kv/ engine/ sync/weight_layout.h sync/weight_source.h)
-set(allow_trainer common/ sync/ engine/ trainer/)
-set(allow_server common/ engine/ server/)
+set(allow_engine common/ kv/ ${CRL_TEXT_PUBLIC} engine/ sync/weight_layout.h sync/weight_source.h)
+set(allow_trainer common/ sync/ ${CRL_TEXT_PUBLIC} engine/ trainer/)
+set(allow_server common/ ${CRL_TEXT_PUBLIC} engine/ server/)
 # The benchmarks are a library of the colocated-rl binary: any library module, never app/.
-set(allow_bench common/ kv/ sync/ engine/ trainer/ server/ bench/)
+set(allow_bench common/ kv/ sync/ ${CRL_TEXT_PUBLIC} engine/ trainer/ server/ bench/)
 set(allow_app *)
 set(allow_tests *)
 
 # The scope of a repository-relative path (a source file or an included header).
 function(crl_scope_of path out)
-  foreach(prefix engine/text/ engine/kernels/ engine/model/)
+  foreach(prefix engine/kernels/ engine/model/)
     string(FIND "${path}" "${prefix}" at)
     if(at EQUAL 0)
       string(REGEX REPLACE "/$" "" scope "${prefix}")
@@ -47,7 +51,7 @@ function(crl_scope_of path out)
 endfunction()
 
 set(files "")
-foreach(dir common kv sync engine trainer server bench app tests)
+foreach(dir common kv sync text engine trainer server bench app tests)
   file(GLOB_RECURSE found RELATIVE "${SOURCE_DIR}"
        "${SOURCE_DIR}/${dir}/*.h" "${SOURCE_DIR}/${dir}/*.hpp" "${SOURCE_DIR}/${dir}/*.cpp"
        "${SOURCE_DIR}/${dir}/*.cu" "${SOURCE_DIR}/${dir}/*.cuh" "${SOURCE_DIR}/${dir}/*.inc")
@@ -93,6 +97,7 @@ foreach(file IN LISTS files)
     list(LENGTH newlines line)
     math(EXPR line "${line} + 1")
     string(REGEX REPLACE "/(;|$)" "\\1" described "${allowed}")
+    string(REPLACE "${CRL_TEXT_PUBLIC}" "text/'s public headers" described "${described}")
     string(REPLACE ";" ", " described "${described}")
     message(NOTICE "${file}:${line}: ${scope} may not include ${header} "
                    "(DESIGN.md §7: ${scope} may include ${described})")

@@ -218,7 +218,7 @@ void EngineLoop::publish_gauges() {
   g.num_preemptions = engine_->stats().preemptions;
   g.prefix_cache_hit_tokens = engine_->stats().prefix_hit_tokens;
   g.steps = engine_->stats().steps;
-  g.lora_slot_reuses = engine_->lora_slot_reuses();
+  g.lora_slot_reuses = engine_->loras().slot_reuses();
   g.loaded = true;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -235,18 +235,8 @@ bool EngineLoop::take_weight_update(sync::WeightSource& source, InflightPolicy p
   try {
     if (!source.ready(next)) return false;
     const auto t0 = Clock::now();
-    if (LoraBuffers* adapter = engine_->lora_buffers()) {  // LoRA RL: the policy adapter's version
-      source.receive(adapter->buckets(), next);
-      engine_->load_lora_buffers();
-    } else {
-      WeightBuffers* buffers = engine_->weight_buffers();
-      if (!buffers) {
-        throw std::logic_error("the engine's weights are not in sync buckets (attach_weight_buffers "
-                               "was not called)");
-      }
-      source.receive(buffers->buckets(), next);
-    }
-    engine_->set_weight_version(next, policy);
+    source.receive(engine_->update_buckets(), next);  // the model's, or the LoRA policy's
+    engine_->apply_weight_update(next, policy);
     seconds = seconds_between(t0, Clock::now());
   } catch (const std::exception& e) {
     error = fmt::format("weight update to version {} failed: {}", next, e.what());

@@ -59,7 +59,7 @@ struct EngineGauges {
   int64_t prefix_cache_hit_tokens = 0;
   int64_t steps = 0;
   // LoRA RL: policy updates that had to load into a slot a running request still used
-  // (LlmEngine::lora_slot_reuses; more policy versions, --max-staleness + 1, avoid them).
+  // (LoraRegistry::slot_reuses; more policy versions, --max-staleness + 1, avoid them).
   int64_t lora_slot_reuses = 0;
   bool paused = false;
   bool loaded = false;

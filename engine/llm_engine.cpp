@@ -9,6 +9,7 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <stdexcept>
 #include <unordered_set>
 
@@ -19,34 +20,22 @@
 #include "engine/tensor_sampler.h"
 
 namespace crl::engine {
+namespace {
 
-void EngineConfig::validate() const {
-  auto bad = [](const std::string& field, const std::string& v, const char* rule) {
-    throw std::invalid_argument("invalid engine setting '" + field + "': " + v + " (" + rule + ")");
-  };
-  if (dtype != "float32" && dtype != "bfloat16" && dtype != "fp32" && dtype != "bf16")
-    bad("dtype", dtype, "float32 or bfloat16");
-  if (kv_memory_bytes <= 0 && num_kv_blocks <= 0)
-    bad("kv_memory_bytes", std::to_string(kv_memory_bytes), "must be > 0");
-  if (block_size < 1 || block_size > 1024)
-    bad("block_size", std::to_string(block_size), "must be in [1, 1024]");
-  if (max_batched_tokens < 1)
-    bad("max_batched_tokens", std::to_string(max_batched_tokens), "must be >= 1");
-  if (max_seqs < 1) bad("max_seqs", std::to_string(max_seqs), "must be >= 1");
-  if (cpu_kernels != "auto" && cpu_kernels != "libtorch") bad("cpu_kernels", cpu_kernels, "auto or libtorch");
-  if (gpu_kernels != "auto" && gpu_kernels != "libtorch") bad("gpu_kernels", gpu_kernels, "auto or libtorch");
-  if (cuda_graphs != "auto" && cuda_graphs != "on" && cuda_graphs != "off") bad("cuda_graphs", cuda_graphs, "auto, on or off");
-  if (sampler != "auto" && sampler != "tensor" && sampler != "cpu") bad("sampler", sampler, "auto, tensor or cpu");
-  if (max_loras < 0) bad("max_loras", std::to_string(max_loras), "must be >= 0");
-  if (max_lora_rank < 1) bad("max_lora_rank", std::to_string(max_lora_rank), "must be >= 1");
-  try {
-    parse_lora_targets(lora_targets);
-  } catch (const std::invalid_argument& e) {
-    bad("lora_targets", lora_targets, e.what());
-  }
-  if (max_model_len < 0) bad("max_model_len", std::to_string(max_model_len), "must be >= 0");
-  if (num_threads < 0) bad("num_threads", std::to_string(num_threads), "must be >= 0");
-}
+// Adds the seconds from its construction to its destruction to *sink: a step phase's host time.
+class PhaseTimer {
+ public:
+  explicit PhaseTimer(double* sink) : sink_(sink), t0_(std::chrono::steady_clock::now()) {}
+  ~PhaseTimer() { *sink_ += seconds_since(t0_); }
+  PhaseTimer(const PhaseTimer&) = delete;
+  PhaseTimer& operator=(const PhaseTimer&) = delete;
+
+ private:
+  double* sink_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+}  // namespace
 
 struct LlmEngine::Inbox {
   std::mutex mu;
@@ -68,8 +57,8 @@ LlmEngine::LlmEngine(const EngineConfig& config) : config_(config), inbox_(std::
   model_ = std::make_unique<Transformer>(Transformer::load(config_.model_dir, opts));
   const ModelConfig& mc = model_->config();
 
-  if (Tokenizer::dir_has_tokenizer(config_.model_dir))
-    tokenizer_ = std::make_unique<Tokenizer>(config_.model_dir);
+  if (text::Tokenizer::dir_has_tokenizer(config_.model_dir))
+    tokenizer_ = std::make_unique<text::Tokenizer>(config_.model_dir);
   for (int64_t id : mc.eos_token_ids) eos_ids_.push_back(static_cast<int32_t>(id));
   if (eos_ids_.empty() && tokenizer_ && tokenizer_->eos_id() >= 0) eos_ids_.push_back(tokenizer_->eos_id());
 
@@ -91,6 +80,7 @@ LlmEngine::LlmEngine(const EngineConfig& config) : config_(config), inbox_(std::
     }
   }
   stop_ = std::make_unique<StopChecker>(tokenizer_.get(), eos_ids_, max_model_len_);
+  config_.max_loras = std::max<int32_t>(config_.max_loras, static_cast<int32_t>(config_.lora_modules.size()));
   SchedulerConfig sc;
   sc.block_size = config_.block_size;
   sc.num_blocks = num_blocks;
@@ -98,24 +88,27 @@ LlmEngine::LlmEngine(const EngineConfig& config) : config_(config), inbox_(std::
   sc.max_seqs = config_.max_seqs;
   sc.enable_prefix_caching = config_.enable_prefix_caching;
   sc.static_batching = config_.static_batching;
+  // Rows of one adapter next to each other: the forward runs each slot's rows as one run
+  // (ModelRunner, LoraBatch::runs). Deterministic mode keeps the scheduler's order.
+  sc.group_lora_rows = config_.max_loras > 0 && !config_.deterministic;
   scheduler_ = std::make_unique<Scheduler>(sc);
   runner_ = std::make_unique<ModelRunner>(*model_, config_.block_size, num_blocks);
-  config_.max_loras = std::max<int32_t>(config_.max_loras, static_cast<int32_t>(config_.lora_modules.size()));
+  std::unique_ptr<LoraSlots> lora_slots;
+  std::vector<LoraAdapter> given;
   if (config_.max_loras > 0) {
     int64_t rank = config_.max_lora_rank;  // large enough for the adapters given at start
-    std::vector<LoraAdapter> given;
     for (const auto& [name, dir] : config_.lora_modules) {
       given.push_back(load_peft_adapter(dir, mc));
       rank = std::max(rank, given.back().rank);
     }
     config_.max_lora_rank = static_cast<int32_t>(rank);
-    lora_slots_ = std::make_unique<LoraSlots>(mc, config_.max_loras, config_.max_lora_rank,
-                                              parse_lora_targets(config_.lora_targets), opts.dtype, opts.device);
-    lora_entries_.resize(static_cast<size_t>(config_.max_loras));
-    model_->set_lora_slots(lora_slots_.get());
-    runner_->set_lora_slots(lora_slots_.get());
-    for (size_t i = 0; i < given.size(); ++i) add_lora(config_.lora_modules[i].first, given[i]);
+    lora_slots = std::make_unique<LoraSlots>(mc, config_.max_loras, config_.max_lora_rank,
+                                             parse_lora_targets(config_.lora_targets), opts.dtype, opts.device);
+    model_->set_lora_slots(lora_slots.get());
+    runner_->set_lora_slots(lora_slots.get());
   }
+  loras_ = std::make_unique<LoraRegistry>(std::move(lora_slots), mc, opts.dtype, opts.device);
+  for (size_t i = 0; i < given.size(); ++i) loras_->add(config_.lora_modules[i].first, given[i]);
   tensor_sampler_ = config_.sampler == "tensor" || (config_.sampler == "auto" && !opts.device.is_cpu());
   if (config_.cuda_graphs == "on" || (config_.cuda_graphs == "auto" && opts.device.is_cuda())) {
     std::vector<int64_t> buckets;
@@ -133,7 +126,7 @@ std::vector<int32_t> LlmEngine::encode_prompt(const std::string& text, bool spli
         "this model has no tokenizer (tokenizer.json or tokenizer.model): send the prompt as token ids");
   }
   // As vLLM and transformers' tokenizer(text): the model's special tokens (BOS) are added.
-  EncodeOptions options;
+  text::EncodeOptions options;
   options.add_special_tokens = true;
   options.split_special_tokens = split_special_tokens;
   return tokenizer_->encode(text, options);
@@ -164,19 +157,7 @@ void LlmEngine::validate_request(GenerateRequest& request) const {
   request.params.validate(vocab);
   if (request.prompt_token_ids.empty()) request.prompt_token_ids = encode_prompt(request.prompt);
   if (request.prompt_token_ids.empty()) throw std::invalid_argument("the prompt is empty");
-  if (!request.lora.empty()) {
-    std::lock_guard<std::mutex> lock(lora_mu_);
-    bool found = false;
-    std::string loaded;
-    for (const auto& e : lora_entries_) {
-      found |= e.name == request.lora;
-      if (!e.name.empty()) loaded += (loaded.empty() ? "" : ", ") + e.name;
-    }
-    if (!found) {
-      throw std::invalid_argument("unknown LoRA adapter '" + request.lora + "' (loaded: " +
-                                  (loaded.empty() ? "none" : loaded) + ")");
-    }
-  }
+  if (!request.lora.empty()) loras_->check_known(request.lora);
   for (int32_t id : request.prompt_token_ids) {
     if (id < 0 || id >= vocab) {
       throw std::invalid_argument("prompt token id " + std::to_string(id) +
@@ -198,48 +179,6 @@ void LlmEngine::validate_request(GenerateRequest& request) const {
   }
 }
 
-void LlmEngine::add_lora(const std::string& name, const LoraAdapter& adapter) {
-  if (name.empty()) throw std::invalid_argument("a LoRA adapter needs a name");
-  if (!lora_slots_) {
-    throw std::invalid_argument("LoRA adapter '" + name + "': the engine has no LoRA slots (--max-loras)");
-  }
-  size_t slot = lora_entries_.size();
-  {
-    std::lock_guard<std::mutex> lock(lora_mu_);
-    for (size_t i = 0; i < lora_entries_.size(); ++i) {
-      if (lora_entries_[i].name == name) throw std::invalid_argument("LoRA adapter '" + name + "' is already loaded");
-      if (lora_entries_[i].name.empty() && !lora_entries_[i].reserved && slot == lora_entries_.size()) slot = i;
-    }
-    if (slot == lora_entries_.size()) {
-      throw std::invalid_argument("LoRA adapter '" + name + "': all " + std::to_string(lora_entries_.size()) +
-                                  " LoRA slots are in use (--max-loras)");
-    }
-    lora_entries_[slot].reserved = true;  // no other add_lora takes it while it loads
-  }
-  try {
-    lora_slots_->load(static_cast<int64_t>(slot), adapter);  // throws for a misfit
-  } catch (...) {
-    std::lock_guard<std::mutex> lock(lora_mu_);
-    lora_entries_[slot].reserved = false;
-    throw;
-  }
-  std::lock_guard<std::mutex> lock(lora_mu_);
-  lora_entries_[slot] = LoraEntry{name, next_lora_uid_++, false};
-}
-
-void LlmEngine::load_lora(const std::string& name, const std::string& dir) {
-  add_lora(name, load_peft_adapter(dir, model_->config()));
-}
-
-std::vector<std::string> LlmEngine::lora_names() const {
-  std::lock_guard<std::mutex> lock(lora_mu_);
-  std::vector<std::string> names;
-  for (const auto& e : lora_entries_) {
-    if (!e.name.empty()) names.push_back(e.name);
-  }
-  return names;
-}
-
 void LlmEngine::abort(const std::string& request_id) {
   std::lock_guard<std::mutex> lock(inbox_->mu);
   inbox_->aborts.push_back(request_id);
@@ -259,22 +198,10 @@ void LlmEngine::admit(GenerateRequest&& r) {
   req->arrival = next_arrival_++;
   req->params = std::move(r.params);
   req->prompt = std::move(r.prompt_token_ids);
-  if (!r.lora.empty()) {
-    std::lock_guard<std::mutex> lock(lora_mu_);
-    for (size_t i = 0; i < lora_entries_.size(); ++i) {
-      if (lora_entries_[i].name == r.lora) {
-        req->lora_slot = static_cast<int32_t>(i);
-        req->lora_uid = lora_entries_[i].uid;
-      }
-    }
-  } else {
-    std::lock_guard<std::mutex> lock(lora_mu_);
-    if (policy_slot_ >= 0) {  // RL with LoRA: the policy adapter's latest version
-      req->lora_slot = policy_slot_;
-      req->lora_uid = lora_entries_[static_cast<size_t>(policy_slot_)].uid;
-      req->policy_version = weight_version_;
-    }
-  }
+  const LoraRegistry::Binding lora = loras_->bind(r.lora);  // no name: the RL policy, if any
+  req->lora_slot = lora.slot;
+  req->lora_uid = lora.uid;
+  if (lora.policy) req->policy_version = weight_version_;
   // Requests without a seed get a distinct one derived from the engine seed and arrival order.
   req->seed = req->params.seed ? *req->params.seed
                                : config_.seed * 0x9e3779b97f4a7c15ULL + static_cast<uint64_t>(req->arrival) + 1;
@@ -333,37 +260,38 @@ void LlmEngine::fail_batch(const SchedulerOutput& batch, const std::string& what
 
 std::vector<RequestOutput> LlmEngine::step() {
   at::NoGradGuard no_grad;
-  auto t0 = std::chrono::steady_clock::now();
-  std::unordered_set<Request*> touched = drain_inbox();
-  SchedulerOutput batch = scheduler_->schedule(weight_version_);
-  if (lora_slots_ && !config_.deterministic) {
-    // Rows of one adapter next to each other: the forward runs each slot's rows as one run
-    // (ModelRunner, LoraBatch::runs). Nothing downstream depends on the order of batch.seqs
-    // (sampling is seeded per request and position); deterministic mode keeps the scheduler's.
-    std::stable_sort(batch.seqs.begin(), batch.seqs.end(), [](const ScheduledSeq& a, const ScheduledSeq& b) {
-      return a.seq->request->lora_slot < b.seq->request->lora_slot;
-    });
-  }
-  step_d2h_bytes_ = 0;
   record_ = StepRecord();
-  record_.schedule_seconds = seconds_since(t0);
-  if (!batch.empty()) {
-    try {
-      std::vector<SeqSamples> sampled = sample(run(batch));
-      t0 = std::chrono::steady_clock::now();
-      scheduler_->postprocess(batch, sampled, weight_version_, *stop_, touched);
-    } catch (const std::exception& e) {
-      // A failed forward or sampling step fails the requests in this batch, not the engine.
-      t0 = std::chrono::steady_clock::now();
-      fail_batch(batch, e.what(), touched);
-    }
-  } else {
-    t0 = std::chrono::steady_clock::now();
+  step_d2h_bytes_ = 0;
+  std::unordered_set<Request*> touched;
+  SchedulerOutput batch;
+  {
+    PhaseTimer timer(&record_.schedule_seconds);
+    touched = drain_inbox();
+    batch = scheduler_->schedule(weight_version_);
   }
-  stats_.max_step_d2h_bytes = std::max(stats_.max_step_d2h_bytes, step_d2h_bytes_);
+  if (!batch.empty()) run_batch(batch, touched);
   std::vector<RequestOutput> outputs = collect_outputs(touched);
-  record_.finish_seconds = seconds_since(t0);
+  end_step(batch);
+  return outputs;
+}
+
+void LlmEngine::run_batch(const SchedulerOutput& batch, std::unordered_set<Request*>& touched) {
+  try {
+    std::vector<SeqSamples> sampled = sample(run(batch));
+    PhaseTimer timer(&record_.finish_seconds);
+    scheduler_->postprocess(batch, sampled, weight_version_, *stop_, touched);
+  } catch (const std::exception& e) {
+    // A failed forward or sampling step fails the requests in this batch, not the engine.
+    PhaseTimer timer(&record_.finish_seconds);
+    fail_batch(batch, e.what(), touched);
+  }
+}
+
+void LlmEngine::end_step(const SchedulerOutput& batch) {
+  stats_.max_step_d2h_bytes = std::max(stats_.max_step_d2h_bytes, step_d2h_bytes_);
   stats_.schedule_seconds += record_.schedule_seconds;
+  stats_.forward_seconds += record_.forward_seconds;
+  stats_.sample_seconds += record_.sample_seconds;
   stats_.finish_seconds += record_.finish_seconds;
   if (step_observer_ && !batch.empty()) {
     record_.step = stats_.steps;
@@ -371,13 +299,12 @@ std::vector<RequestOutput> LlmEngine::step() {
     record_.tokens = batch.num_tokens;
     step_observer_(record_);
   }
-  return outputs;
 }
 
 LlmEngine::BatchLogits LlmEngine::run(const SchedulerOutput& batch) {
   stats_.steps++;
   stats_.max_used_blocks = std::max(stats_.max_used_blocks, scheduler_->allocator().num_used_blocks());
-  auto t0 = std::chrono::steady_clock::now();
+  PhaseTimer timer(&record_.forward_seconds);
   ForwardOutput fwd = runner_->execute(batch);
   stats_.h2d_bytes += fwd.h2d_bytes;
   // Prompt log-probs, and the sequences that sample a next token (fwd.sample_hidden's rows).
@@ -396,14 +323,12 @@ LlmEngine::BatchLogits LlmEngine::run(const SchedulerOutput& batch) {
     out.logits = model_->compute_logits(fwd.sample_hidden);
     if (!tensor_sampler_) out.logits = to_host(out.logits).contiguous();
   }
-  record_.forward_seconds = seconds_since(t0);
-  stats_.forward_seconds += record_.forward_seconds;
   return out;
 }
 
 std::vector<SeqSamples> LlmEngine::sample(const BatchLogits& in) {
   if (in.seqs.empty()) return {};
-  auto t0 = std::chrono::steady_clock::now();
+  PhaseTimer timer(&record_.sample_seconds);
   // One sampling row per sample; an unforked parent of an n > 1 request draws all n.
   std::vector<SampleRow> rows;
   std::vector<SeqSamples> out(in.seqs.size());
@@ -442,8 +367,6 @@ std::vector<SeqSamples> LlmEngine::sample(const BatchLogits& in) {
     ss.seq = in.seqs[static_cast<size_t>(rows[r].logits_row)];
     ss.samples.push_back(std::move(results[r]));
   }
-  record_.sample_seconds = seconds_since(t0);
-  stats_.sample_seconds += record_.sample_seconds;
   return out;
 }
 
@@ -473,6 +396,7 @@ std::unordered_set<Request*> LlmEngine::drain_inbox() {
 }
 
 std::vector<RequestOutput> LlmEngine::collect_outputs(const std::unordered_set<Request*>& touched) {
+  PhaseTimer timer(&record_.finish_seconds);
   stats_.preemptions = scheduler_->num_preemptions();
   stats_.prefix_hit_tokens = scheduler_->num_prefix_hit_tokens();
   stats_.generated_tokens = scheduler_->num_generated_tokens();
@@ -571,69 +495,27 @@ WeightBuffers& LlmEngine::attach_weight_buffers(int64_t bucket_bytes) {
   return *weight_buffers_;
 }
 
-LoraBuffers& LlmEngine::attach_lora_buffers(const std::string& name, const LoraAdapter& initial,
-                                            int64_t bucket_bytes, int32_t versions) {
-  CRL_CHECK(!lora_buffers_, "attach_lora_buffers: the engine already has a policy adapter");
-  CRL_CHECK(versions >= 1 && lora_slots_ && versions <= lora_slots_->num_slots(), "attach_lora_buffers: ",
-            versions, " policy versions need as many LoRA slots (--max-loras), the engine has ",
-            lora_slots_ ? lora_slots_->num_slots() : 0);
-  // The slot takes the buffers' contents (the adapter in the compute dtype, as every later update
-  // arrives), not `initial` itself: an fp32 adapter from a checkpoint scales as the trainer does.
-  auto buffers = std::make_unique<LoraBuffers>(initial, model_->options().dtype, model_->options().device,
-                                               bucket_bytes);
-  add_lora(name, buffers->adapter());
-  lora_buffers_ = std::move(buffers);
-  std::lock_guard<std::mutex> lock(lora_mu_);
-  slot_version_.assign(lora_entries_.size(), -1);
-  for (size_t i = 0; i < lora_entries_.size(); ++i) {
-    if (lora_entries_[i].name == name) policy_slot_ = static_cast<int32_t>(i);
+std::vector<at::Tensor>& LlmEngine::update_buckets() {
+  if (LoraBuffers* adapter = loras_->policy_buffers()) return adapter->buckets();
+  if (!weight_buffers_) {
+    throw std::logic_error("the engine's weights are not in sync buckets (attach_weight_buffers was not called)");
   }
-  policy_name_ = name;
-  policy_slots_.push_back(policy_slot_);
-  slot_version_[static_cast<size_t>(policy_slot_)] = weight_version_;
-  // The older versions' slots: reserved (add_lora cannot take them), nameless (not addressable).
-  for (size_t i = 0; i < lora_entries_.size() && static_cast<int32_t>(policy_slots_.size()) < versions; ++i) {
-    if (lora_entries_[i].name.empty() && !lora_entries_[i].reserved) {
-      lora_entries_[i].reserved = true;
-      policy_slots_.push_back(static_cast<int32_t>(i));
-    }
-  }
-  CRL_CHECK(static_cast<int32_t>(policy_slots_.size()) == versions, "attach_lora_buffers: ", versions,
-            " policy versions, but only ", policy_slots_.size(), " LoRA slots are free (--max-loras)");
-  return *lora_buffers_;
+  return weight_buffers_->buckets();
 }
 
-void LlmEngine::load_lora_buffers() {
-  CRL_CHECK(lora_buffers_ && policy_slot_ >= 0, "load_lora_buffers: no policy adapter (attach_lora_buffers)");
-  // A slot no unfinished request uses, the oldest version first; else the oldest other one (its
-  // requests go on under the new version); with one version, the policy's own slot.
-  std::unordered_map<int32_t, int64_t> users;
-  for (const auto& [id, req] : requests_) {
-    if (!req->is_finished() && req->lora_slot >= 0) users[req->lora_slot]++;
+void LlmEngine::apply_weight_update(int64_t v, InflightPolicy policy) {
+  if (loras_->has_policy()) {
+    // The new version into a slot no unfinished request uses, where one is free.
+    std::unordered_map<int32_t, int64_t> in_use;
+    for (const auto& [id, req] : requests_) {
+      if (!req->is_finished() && req->lora_slot >= 0) in_use[req->lora_slot]++;
+    }
+    const LoraRegistry::Binding b = loras_->load_policy(in_use);
+    for (auto& [id, req] : requests_) {  // requests of a reused slot go on under the new version
+      if (req->lora_slot == b.slot) req->lora_uid = b.uid;
+    }
   }
-  int32_t target = -1, oldest = -1;
-  for (int32_t s : policy_slots_) {
-    if (s == policy_slot_ && policy_slots_.size() > 1) continue;
-    const int64_t v = slot_version_[static_cast<size_t>(s)];
-    if (oldest < 0 || v < slot_version_[static_cast<size_t>(oldest)]) oldest = s;
-    if (users.count(s) == 0 && (target < 0 || v < slot_version_[static_cast<size_t>(target)])) target = s;
-  }
-  if (target < 0) {
-    target = oldest;
-    if (policy_slots_.size() > 1) ++lora_slot_reuses_;
-  }
-  lora_slots_->load(target, lora_buffers_->adapter());
-  std::lock_guard<std::mutex> lock(lora_mu_);
-  const uint64_t uid = next_lora_uid_++;  // this version's K/V is its own in the prefix cache
-  if (target != policy_slot_) {
-    lora_entries_[static_cast<size_t>(policy_slot_)].name.clear();
-    lora_entries_[static_cast<size_t>(policy_slot_)].reserved = true;
-  }
-  lora_entries_[static_cast<size_t>(target)] = LoraEntry{policy_name_, uid, false};
-  for (auto& [id, req] : requests_) {  // requests of a reused slot go on under the new version
-    if (req->lora_slot == target) req->lora_uid = uid;
-  }
-  policy_slot_ = target;
+  set_weight_version(v, policy);
 }
 
 const char* inflight_policy_name(InflightPolicy policy) {
@@ -655,23 +537,19 @@ InflightPolicy parse_inflight_policy(const std::string& name) {
 
 void LlmEngine::set_weight_version(int64_t v, InflightPolicy policy) {
   weight_version_ = v;
-  if (policy_slot_ >= 0) {
+  if (loras_->has_policy()) {
     // The policy's slot holds version v now; its requests (all of them unless kKeep) record it.
-    slot_version_[static_cast<size_t>(policy_slot_)] = v;
-    const uint64_t uid = lora_entries_[static_cast<size_t>(policy_slot_)].uid;
+    const LoraRegistry::Binding b = loras_->set_policy_version(v);
     for (auto& [id, req] : requests_) {
-      if (req->lora_slot == policy_slot_ ||
-          (policy != InflightPolicy::kKeep && req->policy_version >= 0)) {
-        req->lora_slot = policy_slot_;
-        req->lora_uid = uid;
+      if (req->lora_slot == b.slot || (policy != InflightPolicy::kKeep && req->policy_version >= 0)) {
+        req->lora_slot = b.slot;
+        req->lora_uid = b.uid;
         req->policy_version = v;
       }
     }
   }
   scheduler_->on_weight_update(policy);
 }
-
-void LlmEngine::bump_weight_version() { set_weight_version(weight_version_ + 1); }
 
 void LlmEngine::reset_prefix_cache() { scheduler_->reset_prefix_cache(); }
 

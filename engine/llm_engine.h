@@ -1,7 +1,7 @@
 // LlmEngine: the embedded generation API (add_request / step / abort / generate).
 //
-// Orchestrates Scheduler (policy, blocks), ModelRunner (KV tensors, forward) and the sampler;
-// owns the Transformer and the Tokenizer.
+// Orchestrates Scheduler (policy, blocks), ModelRunner (KV tensors, forward), the sampler and the
+// LoraRegistry (which slot serves which adapter); owns the Transformer and the Tokenizer.
 //
 // Thread safety: add_request() and abort() may be called from any thread (they go through a
 // mutex-guarded inbox that step() drains). step(), generate() and every other method belong to
@@ -11,9 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
-#include <random>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -21,13 +19,14 @@
 #include <vector>
 
 #include "engine/engine_config.h"
+#include "engine/lora_registry.h"
 #include "engine/model/transformer.h"
 #include "engine/model_runner.h"
 #include "engine/sampling_params.h"
 #include "engine/scheduler.h"
 #include "engine/sequence.h"
 #include "engine/stop_checker.h"
-#include "engine/text/tokenizer.h"
+#include "text/tokenizer.h"
 #include "engine/weight_buffers.h"
 
 namespace crl::engine {
@@ -40,7 +39,7 @@ struct GenerateRequest {
   // Token-in: the prompt as ids, used as given.
   std::vector<int32_t> prompt_token_ids;
   SamplingParams params;
-  // A LoRA adapter added with add_lora, by name; empty = the base model.
+  // A LoRA adapter served by loras(), by name; empty = the base model (or the RL policy adapter).
   std::string lora;
 };
 
@@ -143,15 +142,9 @@ class LlmEngine {
   // returned to anyone, so an engine shared with other submitters (the server) uses step().
   std::vector<RequestOutput> generate(std::vector<GenerateRequest> requests);
 
-  // LoRA (EngineConfig::max_loras slots): serves `adapter` under `name` from a free slot, unmerged.
-  // Throws std::invalid_argument when no slot is free, the name is taken or empty, or the adapter
-  // does not fit the model or the slots (naming the tensor or flag). Engine thread only (or before
-  // an EngineLoop starts stepping the engine).
-  void add_lora(const std::string& name, const LoraAdapter& adapter);
-  // add_lora of a PEFT adapter directory (adapter_config.json + adapter_model.safetensors).
-  void load_lora(const std::string& name, const std::string& dir);
-  // The adapters' names, in slot order. Any thread.
-  std::vector<std::string> lora_names() const;
+  // The LoRA adapters (EngineConfig::max_loras slots): add, load, names, the RL policy adapter.
+  LoraRegistry& loras() { return *loras_; }
+  const LoraRegistry& loras() const { return *loras_; }
 
   // Debug/test hook: observe every sampled logits row (empty function = off).
   void set_logits_observer(LogitsObserver observer) { observer_ = std::move(observer); }
@@ -163,40 +156,25 @@ class LlmEngine {
   // engine); see WeightBuffers for the write contract. EngineLoop receives into them.
   WeightBuffers& attach_weight_buffers(int64_t bucket_bytes);
   WeightBuffers* weight_buffers() { return weight_buffers_.get(); }
-  // RL with LoRA (issue 29): serves `initial` as adapter `name` (add_lora) and makes it the
-  // policy: requests that name no adapter run on it, and weight updates are its new versions,
-  // received into the returned buffers (whose layout the trainer sends) instead of the model's
-  // weights, then loaded into a slot (load_lora_buffers) between two steps. `versions` slots hold
-  // the policy's latest versions (at most max_loras; hidden from lora_names): under
-  // InflightPolicy::kKeep a request stays on the version it was admitted under, its tokens
-  // recording that version, and an update takes a slot no unfinished request uses. When every
-  // other slot is in use (more updates than versions - 1 while a request runs) the oldest one is
-  // reused and its requests go on under the new version with their K/V, as whole-model updates
-  // do (counted in lora_slot_reuses()); kRecompute and kAbort move every request to the new one.
-  // With one version the slot is updated in place. Once; engine thread only (or before an
-  // EngineLoop starts stepping the engine).
-  LoraBuffers& attach_lora_buffers(const std::string& name, const LoraAdapter& initial, int64_t bucket_bytes,
-                                   int32_t versions = 1);
-  LoraBuffers* lora_buffers() { return lora_buffers_.get(); }
-  // Loads what the buffers received into a policy slot (see above), which becomes the policy's;
-  // the set_weight_version that follows gives it its version. Engine thread only.
-  void load_lora_buffers();
-  // Updates that had to reuse a slot unfinished requests were using.
-  int64_t lora_slot_reuses() const { return lora_slot_reuses_; }
-
-  // New weights were installed: they are version `v` (the sender's number; resumed runs start at
-  // the checkpoint's). Engine thread only: EngineLoop calls it after each update it receives. Drops prefix-cache entries and treats the sequences in flight by `policy`
-  // (see InflightPolicy); tokens sampled from now on record `v`.
+  // Where a weight update is received: the policy adapter's buckets (RL with LoRA,
+  // LoraRegistry::attach_policy), else the model's (attach_weight_buffers). Throws
+  // std::logic_error when neither is attached. Engine thread only.
+  std::vector<at::Tensor>& update_buckets();
+  // What update_buckets() received is version `v` (the sender's number): loads the policy adapter's
+  // new version into a slot (RL with LoRA), then set_weight_version(v, policy). What the engine
+  // loop and the benchmarks do after each receive. Engine thread only.
+  void apply_weight_update(int64_t v, InflightPolicy policy = InflightPolicy::kKeep);
+  // The weights are version `v` (resumed runs start at the checkpoint's; apply_weight_update calls
+  // it after each update). Drops prefix-cache entries and treats the sequences in flight by `policy`
+  // (see InflightPolicy); tokens sampled from now on record `v`. Engine thread only.
   void set_weight_version(int64_t v, InflightPolicy policy = InflightPolicy::kKeep);
-  // set_weight_version(weight_version() + 1) with kKeep.
-  void bump_weight_version();
   // Forgets every prefix-cache entry (blocks in use are untouched). Engine thread only.
   void reset_prefix_cache();
   int64_t weight_version() const { return weight_version_; }
 
   const ModelConfig& model_config() const { return model_->config(); }
   Transformer& model() { return *model_; }
-  const Tokenizer* tokenizer() const { return tokenizer_.get(); }
+  const text::Tokenizer* tokenizer() const { return tokenizer_.get(); }
   const Scheduler& scheduler() const { return *scheduler_; }
   const ModelRunner& runner() const { return *runner_; }
   const EngineStats& stats() const { return stats_; }
@@ -214,6 +192,10 @@ class LlmEngine {
   };
   // Admits the queued requests, applies the queued aborts; returns the requests those finished.
   std::unordered_set<Request*> drain_inbox();
+  // Forward, sampling and postprocessing of a non-empty batch; a failure fails its requests.
+  void run_batch(const SchedulerOutput& batch, std::unordered_set<Request*>& touched);
+  // Adds the step's phase times to the stats and tells the step observer.
+  void end_step(const SchedulerOutput& batch);
   // Forward (and prompt log-probs) of one scheduled batch.
   BatchLogits run(const SchedulerOutput& batch);
   // One sample per sequence; all n at the first sample of an unforked request with n > 1.
@@ -232,26 +214,12 @@ class LlmEngine {
 
   EngineConfig config_;
   std::unique_ptr<Transformer> model_;
-  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<text::Tokenizer> tokenizer_;
   std::unique_ptr<StopChecker> stop_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<ModelRunner> runner_;
-  std::unique_ptr<LoraSlots> lora_slots_;
-  struct LoraEntry {
-    std::string name;  // empty: a free slot
-    uint64_t uid = 0;
-    bool reserved = false;  // an add_lora is loading it
-  };
-  mutable std::mutex lora_mu_;        // guards lora_entries_ (validate_request runs on any thread)
-  std::vector<LoraEntry> lora_entries_;  // by slot
-  uint64_t next_lora_uid_ = 1;
+  std::unique_ptr<LoraRegistry> loras_;
   std::unique_ptr<WeightBuffers> weight_buffers_;
-  std::unique_ptr<LoraBuffers> lora_buffers_;
-  int32_t policy_slot_ = -1;  // attach_lora_buffers' slot: requests without an adapter use it (lora_mu_)
-  std::vector<int32_t> policy_slots_;    // the slots holding the policy's versions (lora_mu_)
-  std::vector<int64_t> slot_version_;    // per slot: the weight version a policy slot holds
-  std::string policy_name_;
-  int64_t lora_slot_reuses_ = 0;
   std::vector<int32_t> eos_ids_;
   int64_t max_model_len_ = 0;
   int64_t weight_version_ = 0;

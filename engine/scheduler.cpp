@@ -355,6 +355,11 @@ SchedulerOutput Scheduler::schedule(int64_t version) {
     budget -= take;
   }
 
+  if (config_.group_lora_rows) {
+    std::stable_sort(out.seqs.begin(), out.seqs.end(), [](const ScheduledSeq& a, const ScheduledSeq& b) {
+      return a.seq->request->lora_slot < b.seq->request->lora_slot;
+    });
+  }
   for (const auto& s : out.seqs) out.num_tokens += s.num_tokens;
   return out;
 }

@@ -53,6 +53,9 @@ struct SchedulerConfig {
   // Baseline only: admit a new wave of requests only when every running sequence is still in its
   // prefill (the engine keeps finished sequences decoding as padding until the wave ends).
   bool static_batching = false;
+  // Order each step's batch by LoRA slot (stable): the forward runs each slot's rows as one run.
+  // Nothing downstream depends on the order (sampling is seeded per request and position).
+  bool group_lora_rows = false;
 
   void validate() const;
 };

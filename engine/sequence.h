@@ -76,7 +76,7 @@ struct Request {
   bool forked = false;                    // children created (after the parent's first sample)
   int32_t lora_slot = -1;                 // LoRA slot its rows use (-1: the base model)
   uint64_t lora_uid = 0;                  // that adapter's load id (salts its prefix-cache keys)
-  // The weight version of the policy adapter version its rows use (LlmEngine::attach_lora_buffers
+  // The weight version of the policy adapter version its rows use (LoraRegistry::attach_policy
   // with several versions); its sampled tokens record it. -1: the engine's current version.
   int64_t policy_version = -1;
   std::vector<int32_t> banned_until_min_tokens;  // EOS + stop ids masked before min_tokens

@@ -1,19 +1,14 @@
 #include "engine/stop_checker.h"
 
-#include "engine/text/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace crl::engine {
 
-StopChecker::StopChecker(const Tokenizer* tokenizer, std::vector<int32_t> eos_ids, int64_t max_model_len)
+StopChecker::StopChecker(const text::Tokenizer* tokenizer, std::vector<int32_t> eos_ids, int64_t max_model_len)
     : tokenizer_(tokenizer), eos_ids_(std::move(eos_ids)), max_model_len_(max_model_len) {}
 
 std::string StopChecker::detokenize(const std::vector<int32_t>& ids, bool skip_special) const {
-  std::vector<int32_t> known;
-  known.reserve(ids.size());
-  for (int32_t id : ids) {
-    if (id >= 0 && id < tokenizer_->vocab_size()) known.push_back(id);
-  }
-  return tokenizer_->decode(known, skip_special);
+  return tokenizer_->decode_generated(ids, skip_special);
 }
 
 FinishReason StopChecker::check(Sequence* seq, int32_t token) const {

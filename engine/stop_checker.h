@@ -10,14 +10,16 @@
 
 #include "engine/sequence.h"
 
-namespace crl::engine {
-
+namespace crl::text {
 class Tokenizer;
+}
+
+namespace crl::engine {
 
 class StopChecker {
  public:
   // tokenizer: may be null (no stop strings, no text). REQUIRES: it outlives this object.
-  StopChecker(const Tokenizer* tokenizer, std::vector<int32_t> eos_ids, int64_t max_model_len);
+  StopChecker(const text::Tokenizer* tokenizer, std::vector<int32_t> eos_ids, int64_t max_model_len);
 
   // Why `seq` ends now that `token` was appended to it: kStop (a stop token, EOS unless
   // ignore_eos, or a stop string in its text; recorded on the sequence), kLength (max_tokens or
@@ -28,14 +30,14 @@ class StopChecker {
   // REQUIRES: a tokenizer.
   std::string detokenize(const std::vector<int32_t>& ids, bool skip_special) const;
 
-  const Tokenizer* tokenizer() const { return tokenizer_; }
+  const text::Tokenizer* tokenizer() const { return tokenizer_; }
   const std::vector<int32_t>& eos_ids() const { return eos_ids_; }
   int64_t max_model_len() const { return max_model_len_; }
 
  private:
   bool check_stop(Sequence* seq, int32_t token) const;
 
-  const Tokenizer* tokenizer_;
+  const text::Tokenizer* tokenizer_;
   std::vector<int32_t> eos_ids_;
   int64_t max_model_len_;
 };

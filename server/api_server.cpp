@@ -7,13 +7,14 @@
 #include <algorithm>
 #include <chrono>
 #include <ctime>
+#include <functional>
 #include <optional>
 #include <filesystem>
 
 #include "engine/model/config.h"
-#include "engine/text/chat_encoder.h"
-#include "engine/text/jinja/template.h"
-#include "engine/text/tokenizer.h"
+#include "text/chat_encoder.h"
+#include "text/template_error.h"
+#include "text/tokenizer.h"
 #include "server/completion_render.h"
 
 namespace crl::server {
@@ -119,10 +120,10 @@ Server::Server(std::shared_ptr<engine::EngineLoop> loop, ServerOptions options)
   }
   apply_generation_defaults(dir, options_.limits);
   route("POST", "/v1/completions", [this](const HttpRequest& r) {
-    return guarded_completion(r, Endpoint::kCompletions);
+    return respond(r, [&] { return handle_completion(r, Endpoint::kCompletions); });
   });
   route("POST", "/v1/chat/completions",
-        [this](const HttpRequest& r) { return guarded_completion(r, Endpoint::kChat); });
+        [this](const HttpRequest& r) { return respond(r, [&] { return handle_completion(r, Endpoint::kChat); }); });
   route("GET", "/v1/models", guarded(&Server::handle_models));
   route("GET", "/health", guarded(&Server::handle_health), Access::kOpenUnlessClosed);
   route("GET", "/metrics", guarded(&Server::handle_metrics), Access::kOpenUnlessClosed);
@@ -182,28 +183,10 @@ void Server::route(const std::string& method, const std::string& path, HttpHandl
   });
 }
 
-HttpHandler Server::guarded(HttpResponse (Server::*handler)(const HttpRequest&)) {
-  return [this, handler](const HttpRequest& req) {
-    HttpResponse res;
-    try {
-      res = (this->*handler)(req);
-    } catch (const ApiError& e) {
-      res = error_response(e.status(), e.what(), e.param(), e.code());
-    } catch (const std::exception& e) {
-      spdlog::error("{} {}: {}", req.method, req.path, e.what());
-      res = error_response(500, std::string("internal error: ") + e.what());
-    } catch (...) {
-      res = error_response(500, "internal error");
-    }
-    metrics_->record_http_status(res.status);
-    return res;
-  };
-}
-
-HttpResponse Server::guarded_completion(const HttpRequest& req, Endpoint endpoint) {
+HttpResponse Server::respond(const HttpRequest& req, const std::function<HttpResponse()>& handle) {
   HttpResponse res;
   try {
-    res = handle_completion(req, endpoint);
+    res = handle();
   } catch (const ApiError& e) {
     res = error_response(e.status(), e.what(), e.param(), e.code());
     if (e.status() == 429) res.headers.emplace_back("Retry-After", std::to_string(options_.retry_after_seconds));
@@ -217,6 +200,10 @@ HttpResponse Server::guarded_completion(const HttpRequest& req, Endpoint endpoin
   }
   metrics_->record_http_status(res.status);
   return res;
+}
+
+HttpHandler Server::guarded(HttpResponse (Server::*handler)(const HttpRequest&)) {
+  return [this, handler](const HttpRequest& req) { return respond(req, [&] { return (this->*handler)(req); }); };
 }
 
 void Server::require_ready() const {
@@ -233,7 +220,7 @@ void Server::require_chat_template() const {
 }
 
 const std::vector<std::string>& Server::special_literals() const {
-  const engine::Tokenizer* tok = loop_->engine().tokenizer();
+  const text::Tokenizer* tok = loop_->engine().tokenizer();
   if (!tok) throw ApiError(400, "this model has no tokenizer: use /v1/completions with token ids");
   std::call_once(special_literals_once_, [&] { special_literals_ = text::special_token_literals(*tok); });
   return special_literals_;
@@ -242,7 +229,7 @@ const std::vector<std::string>& Server::special_literals() const {
 std::vector<int32_t> Server::encode_chat(const std::string& text,
                                          const std::vector<std::pair<size_t, size_t>>* literal_spans) const {
   const engine::LlmEngine& eng = loop_->engine();
-  const engine::Tokenizer* tok = eng.tokenizer();
+  const text::Tokenizer* tok = eng.tokenizer();
   if (!tok) throw ApiError(400, "this model has no tokenizer: use /v1/completions with token ids");
   std::call_once(chat_encoder_once_, [&] {
     // BOS when the model wants one, unless the model's template writes it.
@@ -269,13 +256,7 @@ json Server::append_reply(SessionTurn& s, const engine::RequestChannel::Snapshot
 std::optional<Server::SessionTurn> Server::session_turn(const HttpRequest& req, const json& body,
                                                         const nlohmann::ordered_json* ordered,
                                                         Endpoint endpoint, const CompletionJob& job) {
-  std::string id;
-  if (body.contains("session_id") && !body["session_id"].is_null()) {
-    if (!body["session_id"].is_string() || body["session_id"].get<std::string>().empty()) {
-      throw ApiError(400, "'session_id' must be a non-empty string", "session_id", "invalid_type");
-    }
-    id = body["session_id"].get<std::string>();
-  }
+  std::string id = job.session_id;
   auto header = req.headers.find("x-session-id");
   if (header != req.headers.end() && !header->second.empty()) {
     if (!id.empty() && id != header->second) {
@@ -297,7 +278,7 @@ std::optional<Server::SessionTurn> Server::session_turn(const HttpRequest& req, 
     throw ApiError(400, "a session turn opens the assistant's reply: no 'continue_final_message', "
                    "no 'add_generation_prompt': false", "add_generation_prompt");
   }
-  const engine::Tokenizer* tok = loop_->engine().tokenizer();
+  const text::Tokenizer* tok = loop_->engine().tokenizer();
   if (!tok) throw ApiError(400, "this model has no tokenizer: sessions need one", "session_id");
   // Compared as values: the same tools with their keys in another order (another client library's
   // serialisation) are the same tools; the session keeps rendering the first turn's.
@@ -316,7 +297,7 @@ std::optional<Server::SessionTurn> Server::session_turn(const HttpRequest& req, 
     turn = lease->trajectory.extend(parse_messages((*ordered)["messages"]));
   } catch (const text::NotAnExtension& e) {
     throw ApiError(409, "session '" + id + "': " + e.what(), "messages", "session_conflict");
-  } catch (const text::jinja::TemplateError& e) {
+  } catch (const text::TemplateError& e) {
     throw ApiError(400, std::string("the chat template failed on these messages: ") + e.what(), "messages");
   } catch (const std::invalid_argument& e) {
     throw ApiError(400, e.what(), "messages");
@@ -338,8 +319,55 @@ void Server::check_session_cap(const SessionTurn& s, int64_t max_tokens) const {
 // ---------------------------------------------------------------------------------------------
 // Completions
 
+// A completion request made ready for the engine: its job, its engine requests (tokenized and
+// validated) and the session turn it opened, which is taken back unless the requests were
+// submitted (the session, and the turn a retry would rewind, stay as they were).
+struct Server::CompletionCall {
+  CompletionJob job;
+  std::string id;    // "chatcmpl-..." or "cmpl-..."
+  std::string lora;  // the adapter the "model" field names; "" for the base model
+  // Shared with a stream's writer, which appends the reply when the stream ends.
+  std::shared_ptr<std::optional<SessionTurn>> session = std::make_shared<std::optional<SessionTurn>>();
+  std::vector<engine::GenerateRequest> requests;
+  std::vector<std::string> echo_texts;
+  bool submitted = false;
+
+  CompletionCall() = default;
+  CompletionCall(const CompletionCall&) = delete;
+  CompletionCall& operator=(const CompletionCall&) = delete;
+  ~CompletionCall() {
+    std::optional<SessionTurn>& s = *session;
+    if (!submitted && s && s->lease->trajectory.turn_open()) s->lease->trajectory.abort_turn();
+  }
+};
+
 HttpResponse Server::handle_completion(const HttpRequest& req, Endpoint endpoint) {
   require_ready();
+  CompletionCall call;
+  prepare_completion(req, endpoint, call);
+  if (++in_flight_ > options_.max_concurrent_requests) {
+    in_flight_--;
+    throw ApiError(429, "too many requests in flight (" + std::to_string(options_.max_concurrent_requests) +
+                            "): retry later", "", "rate_limit_exceeded");
+  }
+  auto slot = std::make_shared<InFlightSlot>(in_flight_);
+  std::shared_ptr<engine::RequestChannel> channel;
+  try {
+    channel = loop_->submit(std::move(call.requests));
+  } catch (const std::invalid_argument& e) {
+    throw ApiError(400, e.what(), param_from_message(e.what()));
+  } catch (const std::runtime_error& e) {
+    throw ApiError(503, e.what());
+  }
+  call.submitted = true;
+  auto renderer = std::make_shared<CompletionRenderer>(call.job, call.id, call.lora.empty() ? model_name_ : call.lora,
+                                                       static_cast<int64_t>(std::time(nullptr)),
+                                                       loop_->engine().tokenizer(), std::move(call.echo_texts));
+  if (call.job.stream) return stream_completion(channel, renderer, call.session, slot);
+  return await_completion(req, *channel, *renderer, *call.session);
+}
+
+void Server::prepare_completion(const HttpRequest& req, Endpoint endpoint, CompletionCall& call) {
   const json body = parse_json_object(req.body);
   std::optional<nlohmann::ordered_json> ordered;
   if (endpoint == Endpoint::kChat) {
@@ -352,50 +380,39 @@ HttpResponse Server::handle_completion(const HttpRequest& req, Endpoint endpoint
                  fmt::join(unknown, ", "));
   }
   const bool split = split_special_tokens_field(body, options_.limits.split_special_tokens);
-  CompletionJob job = parse_completion_request(body, endpoint, options_.limits, chat_,
+  call.job = parse_completion_request(body, endpoint, options_.limits, chat_,
                                                ordered ? &*ordered : nullptr,
                                                split && endpoint == Endpoint::kChat ? &special_literals() : nullptr);
+  const CompletionJob& job = call.job;
   const engine::LlmEngine& eng = loop_->engine();
   // The "model" field: the base model's name (or none) runs the base, an adapter's name that LoRA.
-  std::string lora;
   if (!job.model.empty() && job.model != model_name_) {
-    const std::vector<std::string> adapters = eng.lora_names();
+    const std::vector<std::string> adapters = eng.loras().names();
     if (std::find(adapters.begin(), adapters.end(), job.model) == adapters.end()) {
       std::string served = "'" + model_name_ + "'";
       for (const auto& a : adapters) served += ", '" + a + "'";
       throw ApiError(400, "the model '" + job.model + "' does not exist (this server serves " + served + ")",
                      "model", "model_not_found");
     }
-    lora = job.model;
+    call.lora = job.model;
   }
-  // Shared with a stream's writer, which appends the reply when the stream ends.
-  std::shared_ptr<std::optional<SessionTurn>> session = std::make_shared<std::optional<SessionTurn>>(
+  call.session = std::make_shared<std::optional<SessionTurn>>(
       session_turn(req, body, ordered ? &*ordered : nullptr, endpoint, job));
-  // Until the engine has the request, a refusal takes the session's new turn back (the session,
-  // and the turn a retry would rewind, stay as they were).
-  struct TurnGuard {
-    std::optional<SessionTurn>& s;
-    bool submitted = false;
-    ~TurnGuard() {
-      if (!submitted && s && s->lease->trajectory.turn_open()) s->lease->trajectory.abort_turn();
-    }
-  } guard{*session};
+  std::optional<SessionTurn>& session = *call.session;
 
   // Requests, tokenized and validated here so a bad one is a 400 before anything is queued.
   const uint64_t serial = next_id_++;
-  const std::string id = fmt::format("{}-{:x}{:06x}", endpoint == Endpoint::kChat ? "chatcmpl" : "cmpl",
+  call.id = fmt::format("{}-{:x}{:06x}", endpoint == Endpoint::kChat ? "chatcmpl" : "cmpl",
                                      static_cast<uint64_t>(std::time(nullptr)), serial);
-  std::vector<engine::GenerateRequest> requests;
-  std::vector<std::string> echo_texts;
   for (size_t i = 0; i < job.prompts.size(); ++i) {
     const PromptInput& p = job.prompts[i];
     engine::GenerateRequest r;
-    r.request_id = id + "-" + std::to_string(i);
+    r.request_id = call.id + "-" + std::to_string(i);
     r.params = job.params;
-    r.lora = lora;
+    r.lora = call.lora;
     try {
-      if (*session) {
-        r.prompt_token_ids = (*session)->lease->trajectory.prompt();
+      if (session) {
+        r.prompt_token_ids = session->lease->trajectory.prompt();
       } else if (!p.is_text) {
         r.prompt_token_ids = p.token_ids;
       } else if (endpoint == Endpoint::kChat) {
@@ -405,89 +422,78 @@ HttpResponse Server::handle_completion(const HttpRequest& req, Endpoint endpoint
       }
       if (endpoint == Endpoint::kChat && !job.max_tokens_given) {  // the rest of the context
         int64_t room = eng.max_model_len() - static_cast<int64_t>(r.prompt_token_ids.size());
-        if (*session) {  // and of the session's token cap
+        if (session) {  // and of the session's token cap
           room = std::min<int64_t>(room, sessions_.limits().max_tokens -
-                                             static_cast<int64_t>((*session)->lease->trajectory.ids().size()));
+                                             static_cast<int64_t>(session->lease->trajectory.ids().size()));
         }
         r.params.max_tokens = static_cast<int32_t>(std::max<int64_t>(1, room));
         r.params.min_tokens = std::min(r.params.min_tokens, r.params.max_tokens);
       }
-      if (*session) check_session_cap(**session, r.params.max_tokens);
+      if (session) check_session_cap(*session, r.params.max_tokens);
       eng.validate_request(r);
     } catch (const std::invalid_argument& e) {
       throw ApiError(400, e.what(), param_from_message(e.what()));
     }
     if (job.echo) {
-      echo_texts.push_back(p.is_text ? p.text
+      call.echo_texts.push_back(p.is_text ? p.text
                                      : (eng.tokenizer() ? eng.tokenizer()->decode(p.token_ids) : ""));
     }
-    requests.push_back(std::move(r));
+    call.requests.push_back(std::move(r));
   }
+}
 
-  if (++in_flight_ > options_.max_concurrent_requests) {
-    in_flight_--;
-    throw ApiError(429, "too many requests in flight (" + std::to_string(options_.max_concurrent_requests) +
-                            "): retry later", "", "rate_limit_exceeded");
-  }
-  auto slot = std::make_shared<InFlightSlot>(in_flight_);
-  std::shared_ptr<engine::RequestChannel> channel;
-  try {
-    channel = loop_->submit(std::move(requests));
-  } catch (const std::invalid_argument& e) {
-    throw ApiError(400, e.what(), param_from_message(e.what()));
-  } catch (const std::runtime_error& e) {
-    throw ApiError(503, e.what());
-  }
-  guard.submitted = true;
-  const std::vector<std::string> ids = channel->ids();
-  auto renderer = std::make_shared<CompletionRenderer>(job, id, lora.empty() ? model_name_ : lora,
-                                                       static_cast<int64_t>(std::time(nullptr)),
-                                                       eng.tokenizer(), std::move(echo_texts));
+HttpResponse Server::stream_completion(std::shared_ptr<engine::RequestChannel> channel,
+                                       std::shared_ptr<CompletionRenderer> renderer,
+                                       std::shared_ptr<std::optional<SessionTurn>> session,
+                                       std::shared_ptr<void> slot) {
   engine::EngineLoop* loop = loop_.get();
-
-  if (job.stream) {
-    HttpResponse res;
-    res.content_type = "text/event-stream";
-    res.headers.emplace_back("Cache-Control", "no-cache");
-    res.headers.emplace_back("X-Weight-Version", std::to_string(loop->gauges().weight_version));
-    if (*session) res.headers.emplace_back("X-Session-Id", (*session)->id);
-    res.stream = [this, channel, renderer, loop, ids, session](ChunkSink& sink) {
-      uint64_t seen = 0;
-      auto last_check = std::chrono::steady_clock::now();
-      while (true) {
-        engine::RequestChannel::Snapshot snap = channel->wait(seen, kPollInterval);
-        if (snap.version != seen) {
-          seen = snap.version;
-          const std::string events = renderer->stream_update(snap);
-          if (!events.empty() && !sink.write(events)) break;
-        }
-        // A write to a closed connection can still succeed once: look at the socket too.
-        if (std::chrono::steady_clock::now() - last_check >= kPollInterval) {
-          last_check = std::chrono::steady_clock::now();
-          if (!snap.all_finished && !sink.is_alive()) break;
-        }
-        if (snap.all_finished) {
-          if (*session) append_reply(**session, snap);
-          session->reset();  // the session is free once its reply is in, before the last chunk
-          return sink.write(renderer->stream_end(snap));
-        }
-        if (stopping_) break;
+  const std::vector<std::string> ids = channel->ids();
+  HttpResponse res;
+  res.content_type = "text/event-stream";
+  res.headers.emplace_back("Cache-Control", "no-cache");
+  res.headers.emplace_back("X-Weight-Version", std::to_string(loop->gauges().weight_version));
+  if (*session) res.headers.emplace_back("X-Session-Id", (*session)->id);
+  res.stream = [this, channel, renderer, loop, ids, session](ChunkSink& sink) {
+    uint64_t seen = 0;
+    auto last_check = std::chrono::steady_clock::now();
+    while (true) {
+      engine::RequestChannel::Snapshot snap = channel->wait(seen, kPollInterval);
+      if (snap.version != seen) {
+        seen = snap.version;
+        const std::string events = renderer->stream_update(snap);
+        if (!events.empty() && !sink.write(events)) break;
       }
-      loop->abort(ids);  // the client left (or the server stops): free the KV blocks now
-      session->reset();  // the turn stays open: a retry rewinds it
-      return false;
-    };
-    // Also covers a client that left before the stream started. Aborting a finished request is
-    // a no-op; the slot is released with the last reference.
-    res.on_close = [loop, ids, slot]() { loop->abort(ids); };
-    return res;
-  }
+      // A write to a closed connection can still succeed once: look at the socket too.
+      if (std::chrono::steady_clock::now() - last_check >= kPollInterval) {
+        last_check = std::chrono::steady_clock::now();
+        if (!snap.all_finished && !sink.is_alive()) break;
+      }
+      if (snap.all_finished) {
+        if (*session) append_reply(**session, snap);
+        session->reset();  // the session is free once its reply is in, before the last chunk
+        return sink.write(renderer->stream_end(snap));
+      }
+      if (stopping_) break;
+    }
+    loop->abort(ids);  // the client left (or the server stops): free the KV blocks now
+    session->reset();  // the turn stays open: a retry rewinds it
+    return false;
+  };
+  // Also covers a client that left before the stream started. Aborting a finished request is
+  // a no-op; the slot is released with the last reference.
+  res.on_close = [loop, ids, slot]() { loop->abort(ids); };
+  return res;
+}
 
+HttpResponse Server::await_completion(const HttpRequest& req, engine::RequestChannel& channel,
+                                      CompletionRenderer& renderer, std::optional<SessionTurn>& session) {
+  engine::EngineLoop* loop = loop_.get();
+  const std::vector<std::string> ids = channel.ids();
   uint64_t seen = 0;
   engine::RequestChannel::Snapshot snap;
   auto last_check = std::chrono::steady_clock::now();
   while (true) {
-    snap = channel->wait(seen, kPollInterval);
+    snap = channel.wait(seen, kPollInterval);
     if (snap.all_finished) break;
     // Outputs may arrive every step, so look at the socket by the clock, not only when idle.
     if (std::chrono::steady_clock::now() - last_check >= kPollInterval) {
@@ -503,10 +509,10 @@ HttpResponse Server::handle_completion(const HttpRequest& req, Endpoint endpoint
     }
     seen = snap.version;
   }
-  json out = renderer->response(snap);
-  if (*session) out["session"] = append_reply(**session, snap);
+  json out = renderer.response(snap);
+  if (session) out["session"] = append_reply(*session, snap);
   HttpResponse res = json_response(200, out);
-  if (*session) res.headers.emplace_back("X-Session-Id", (*session)->id);
+  if (session) res.headers.emplace_back("X-Session-Id", session->id);
   res.headers.emplace_back("X-Weight-Version", std::to_string(CompletionRenderer::weight_version(snap)));
   res.headers.emplace_back("X-First-Weight-Version",
                            std::to_string(CompletionRenderer::first_weight_version(snap)));
@@ -526,7 +532,7 @@ HttpResponse Server::handle_models(const HttpRequest&) {
                 {"weight_version", loop_->gauges().weight_version}};
   json data = json::array({model});
   if (loop_->ready()) {  // the LoRA adapters, vLLM's way: each a model whose parent is the base
-    for (const std::string& name : loop_->engine().lora_names()) {
+    for (const std::string& name : loop_->engine().loras().names()) {
       data.push_back({{"id", name}, {"object", "model"}, {"created", model["created"]},
                       {"owned_by", "colocated-rl"}, {"root", name}, {"parent", model_name_},
                       {"max_model_len", model["max_model_len"]}});
@@ -578,7 +584,7 @@ HttpResponse Server::handle_tokenize(const HttpRequest& req) {
         ids = eng.encode_prompt(prompt, split);
       } else {
         if (!eng.tokenizer()) throw ApiError(400, "this model has no tokenizer");
-        engine::EncodeOptions options;
+        text::EncodeOptions options;
         options.split_special_tokens = split;
         ids = eng.tokenizer()->encode(prompt, options);
       }
@@ -601,7 +607,7 @@ HttpResponse Server::handle_tokenize(const HttpRequest& req) {
 HttpResponse Server::handle_detokenize(const HttpRequest& req) {
   require_ready();
   const json body = parse_json_object(req.body);
-  const engine::Tokenizer* tok = loop_->engine().tokenizer();
+  const text::Tokenizer* tok = loop_->engine().tokenizer();
   if (!tok) throw ApiError(400, "this model has no tokenizer");
   return json_response(200, {{"prompt", detokenize_body(*tok, body, "tokens")}});
 }

@@ -21,6 +21,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -29,8 +30,8 @@
 #include <vector>
 
 #include "engine/engine_config.h"
-#include "engine/text/chat_encoder.h"
-#include "engine/text/chat_template.h"
+#include "text/chat_encoder.h"
+#include "text/chat_template.h"
 #include "server/api_types.h"
 #include "engine/engine_loop.h"
 #include "server/http_server.h"
@@ -38,6 +39,8 @@
 #include "server/sessions.h"
 
 namespace crl::server {
+
+class CompletionRenderer;
 
 struct ServerOptions {
   // Address to bind; 0.0.0.0 serves every interface.
@@ -87,9 +90,6 @@ class Server {
   const std::string& chat_template_error() const { return chat_error_; }
 
  private:
-  HttpResponse handle_completion(const HttpRequest& req, Endpoint endpoint);
-  // handle_completion with guarded()'s error handling (plus Retry-After on 429).
-  HttpResponse guarded_completion(const HttpRequest& req, Endpoint endpoint);
   HttpResponse handle_models(const HttpRequest& req);
   HttpResponse handle_health(const HttpRequest& req);
   HttpResponse handle_metrics(const HttpRequest& req);
@@ -104,7 +104,10 @@ class Server {
   enum class Access { kKey, kOpenUnlessClosed };
   void route(const std::string& method, const std::string& path, HttpHandler handler,
              Access access = Access::kKey);
-  // Wraps a handler: catches everything into an error response and counts the status.
+  // Runs a handler and maps what it throws to the response: an ApiError as itself (with
+  // Retry-After on 429, x-should-retry: false on 409), anything else 500; counts the status.
+  HttpResponse respond(const HttpRequest& req, const std::function<HttpResponse()>& handle);
+  // A route's handler wrapped in respond().
   HttpHandler guarded(HttpResponse (Server::*handler)(const HttpRequest&));
   // Throws ApiError(503) while the engine is not loaded.
   void require_ready() const;
@@ -130,6 +133,19 @@ class Server {
                                           const CompletionJob& job);
   // 400 when the session with this turn's prompt and a reply of `max_tokens` passes its token cap.
   void check_session_cap(const SessionTurn& s, int64_t max_tokens) const;
+  // /v1/completions and /v1/chat/completions: prepare, submit, then stream or await the reply.
+  struct CompletionCall;
+  HttpResponse handle_completion(const HttpRequest& req, Endpoint endpoint);
+  // Parses the body into `call`: the job, the adapter it names, the session turn it opens and
+  // its engine requests, tokenized and validated. Throws ApiError (400 before anything is queued).
+  void prepare_completion(const HttpRequest& req, Endpoint endpoint, CompletionCall& call);
+  // The reply as server-sent events; `slot` (the in-flight count's) is held until it closes.
+  HttpResponse stream_completion(std::shared_ptr<engine::RequestChannel> channel,
+                                 std::shared_ptr<CompletionRenderer> renderer,
+                                 std::shared_ptr<std::optional<SessionTurn>> session, std::shared_ptr<void> slot);
+  // The reply as one JSON body once every request finished (499 when the client left).
+  HttpResponse await_completion(const HttpRequest& req, engine::RequestChannel& channel,
+                                CompletionRenderer& renderer, std::optional<SessionTurn>& session);
   // The special-token literals of the model's tokenizer (split_special_tokens in chats); made at
   // the first use. Throws ApiError(400) when the model has no tokenizer.
   const std::vector<std::string>& special_literals() const;

@@ -6,9 +6,9 @@
 #include <set>
 
 #include "common/json_depth.h"
-#include "engine/text/chat_encoder.h"
-#include "engine/text/jinja/error.h"
-#include "engine/text/tokenizer.h"
+#include "text/chat_encoder.h"
+#include "text/template_error.h"
+#include "text/tokenizer.h"
 
 namespace crl::server {
 
@@ -141,7 +141,7 @@ std::vector<std::string> string_or_list(const json& j, const char* key) {
 ApiError::ApiError(int status, const std::string& message, std::string param, std::string code)
     : std::runtime_error(message), status_(status), param_(std::move(param)), code_(std::move(code)) {}
 
-std::string detokenize_body(const engine::Tokenizer& tokenizer, const json& body,
+std::string detokenize_body(const text::Tokenizer& tokenizer, const json& body,
                             const std::string& ids_field, bool skip_default) {
   auto it = body.find(ids_field);
   if (it == body.end() || !it->is_array()) {
@@ -333,8 +333,8 @@ std::string render_chat(const text::ChatTemplate& chat, const ojson& body,
       if (literal_spans) *literal_spans = std::move(spans);
     }
     return rendered;
-  } catch (const text::jinja::TemplateError& e) {
-    const bool raised = e.kind() == text::jinja::TemplateError::Kind::kRaised;
+  } catch (const text::TemplateError& e) {
+    const bool raised = e.kind() == text::TemplateError::Kind::kRaised;
     throw ApiError(400, raised ? "the chat template rejected the messages: " + e.message() + " (" + e.what() + ")"
                                : std::string("the chat template failed on these messages: ") + e.what(),
                    "messages", "chat_template_error");
@@ -354,6 +354,12 @@ CompletionJob parse_completion_request(const json& body, Endpoint endpoint,
     job.model = body["model"].get<std::string>();
   }
   job.split_special_tokens = split_special_tokens_field(body, limits.split_special_tokens);
+  if (has(body, "session_id")) {
+    if (!body["session_id"].is_string() || body["session_id"].get<std::string>().empty()) {
+      throw ApiError(400, "'session_id' must be a non-empty string", "session_id", "invalid_type");
+    }
+    job.session_id = body["session_id"].get<std::string>();
+  }
   if (endpoint == Endpoint::kCompletions) {
     job.prompts = parse_prompt(body, limits);
   } else {

@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "engine/sampling_params.h"
-#include "engine/text/chat_template.h"
+#include "text/chat_template.h"
 
-namespace crl::engine {
+namespace crl::text {
 class Tokenizer;
 }
 
@@ -79,6 +79,9 @@ struct CompletionJob {
   int32_t top_logprobs = 0;            // and this many alternatives at each position
   // Special-token literals in prompt text (completions) or message contents (chat) are text.
   bool split_special_tokens = false;
+  // The chat session the request continues ("session_id"; "" when it names none). The server
+  // also takes it from the X-Session-Id header.
+  std::string session_id;
 };
 
 // Parses a /v1/completions or /v1/chat/completions body. Chat messages are rendered with
@@ -126,7 +129,7 @@ std::string render_chat(const text::ChatTemplate& chat, const nlohmann::ordered_
 // ({"ids": [...]} lines): the ids under `ids_field`, each inside the vocabulary, decoded with
 // special tokens kept unless the body's "skip_special_tokens" (default `skip_default`) is true,
 // as Hugging Face's decode and vLLM's /detokenize. Throws ApiError(400) naming the field.
-std::string detokenize_body(const engine::Tokenizer& tokenizer, const nlohmann::json& body,
+std::string detokenize_body(const text::Tokenizer& tokenizer, const nlohmann::json& body,
                             const std::string& ids_field, bool skip_default = false);
 
 // True when an Authorization header value is "Bearer <key>". Every byte of `key` is compared

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "engine/text/hf/utf8.h"
+#include "text/utf8.h"
 
 namespace crl::server {
 
@@ -50,7 +50,7 @@ int64_t code_points(const std::string& s) {
 std::string dump_json(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 CompletionRenderer::CompletionRenderer(const CompletionJob& job, std::string id, std::string model,
-                                       int64_t created, const engine::Tokenizer* tokenizer,
+                                       int64_t created, const text::Tokenizer* tokenizer,
                                        std::vector<std::string> echo_texts)
     : job_(job),
       id_(std::move(id)),
@@ -64,12 +64,7 @@ CompletionRenderer::CompletionRenderer(const CompletionJob& job, std::string id,
 
 std::string CompletionRenderer::decode(const std::vector<int32_t>& ids) const {
   if (!tokenizer_) return "";
-  std::vector<int32_t> known;
-  known.reserve(ids.size());
-  for (int32_t id : ids) {
-    if (id >= 0 && id < tokenizer_->vocab_size()) known.push_back(id);
-  }
-  return tokenizer_->decode(known, job_.params.skip_special_tokens);
+  return tokenizer_->decode_generated(ids, job_.params.skip_special_tokens);
 }
 
 CompletionRenderer::TokenRepr CompletionRenderer::token_repr(const std::vector<int32_t>& ids, size_t pos,
@@ -83,7 +78,7 @@ CompletionRenderer::TokenRepr CompletionRenderer::token_repr(const std::vector<i
   std::string bytes = tokenizer_->appended_bytes(ids, pos, id, job_.params.skip_special_tokens);
   // The token's text is its bytes alone as UTF-8, an incomplete character shown as U+FFFD (what
   // vLLM shows: Hugging Face's decode of the one token); `bytes` keeps them exactly.
-  return {text::hf::utf8_lossy(bytes), std::move(bytes)};
+  return {text::utf8_lossy(bytes), std::move(bytes)};
 }
 
 json CompletionRenderer::logprobs_json(const engine::CompletionOutput& c, size_t from, size_t to,

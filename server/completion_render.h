@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/text/tokenizer.h"
+#include "text/tokenizer.h"
 #include "server/api_types.h"
 #include "engine/engine_loop.h"
 
@@ -24,7 +24,7 @@ class CompletionRenderer {
  public:
   // `echo_texts`: per prompt, the text to put before the completion (empty strings unless echo).
   CompletionRenderer(const CompletionJob& job, std::string id, std::string model, int64_t created,
-                     const engine::Tokenizer* tokenizer, std::vector<std::string> echo_texts);
+                     const text::Tokenizer* tokenizer, std::vector<std::string> echo_texts);
 
   // SSE events ("data: {...}\n\n") for everything new in `snap` since the last call. An output
   // that carries an engine error becomes an error event.
@@ -69,7 +69,7 @@ class CompletionRenderer {
   std::string id_;
   std::string model_;
   int64_t created_;
-  const engine::Tokenizer* tokenizer_;
+  const text::Tokenizer* tokenizer_;
   std::vector<std::string> echo_texts_;
   std::vector<ChoiceState> choices_;
   size_t max_stop_len_ = 0;

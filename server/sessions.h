@@ -25,7 +25,7 @@
 #include <mutex>
 #include <string>
 
-#include "engine/text/chat_trajectory.h"
+#include "text/chat_trajectory.h"
 
 namespace crl::server {
 

@@ -171,6 +171,7 @@ class WeightSync : public WeightSource {
   void push_ipc(const std::vector<at::Tensor>& tensors, int64_t version, SyncStats& st);
   void open_ipc_buckets(std::vector<at::Tensor>& buckets, int64_t version,
                         const std::vector<int>& pushers);
+  class IpcReceive;  // one receive_ipc()'s state (weight_sync_ipc.cpp)
   void receive_ipc(std::vector<at::Tensor>& buckets, int64_t version, SyncStats& st);
   std::string ipc_key(int64_t version, int t, int64_t seq) const;
 

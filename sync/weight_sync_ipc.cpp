@@ -239,191 +239,238 @@ SyncStats WeightSync::send_ipc(const std::vector<at::Tensor>* tensors,
   return st;
 }
 
-void WeightSync::receive_ipc(std::vector<at::Tensor>& buckets, int64_t version, SyncStats& st) {
-  const int me = groups_.topo.role_index(groups_.world_rank);
-  // A failed receive withdraws this rank's buckets from the push senders that have not read them
-  // yet (its weights are undefined then either way: the engine reports the failure).
-  struct Withdraw {
-    StorePtr store;
-    std::string key;
-    bool armed = false;
-    ~Withdraw() {
-      if (!armed) return;
-      try {
-        store_delete(store, key);
-      } catch (...) {
-      }
-    }
-  } withdraw{store_, key(fmt::format("v{}/open/{}", version, me))};
+// One receive_ipc(): what each sender hands over and how (its announcement: the receivers copy
+// its batches, or it pushes into this rank's buckets), the copies in flight, and the deadline.
+class WeightSync::IpcReceive {
+ public:
+  IpcReceive(WeightSync& ws, std::vector<at::Tensor>& buckets, int64_t version, SyncStats& st);
+  // Deletes this rank's open regions (v<V>/open/<i>): read by every push sender after a receive;
+  // after a failure, withdrawn from the senders that have not read them yet (the weights are
+  // undefined then either way: the engine reports the failure).
+  ~IpcReceive();
+
+  bool done() const { return open_ == 0 && pending_.empty(); }
+  // One look at every sender and copy; true when anything moved.
+  bool poll();
+  // Fails naming the first thing that has not moved for the sync group's timeout.
+  void check_deadline(Clock::time_point last);
+
+ private:
+  enum class How { kUnknown, kCopy, kPush };
   struct Sender {
     int t = 0;
     std::vector<int64_t> expected;  // its buckets, in the order it sends them
     size_t got = 0;
     int64_t seq = 0;                // its next batch
-    int how = 0;                    // 0: not announced yet, 1: the receivers copy, 2: push
+    How how = How::kUnknown;
   };
   struct Pending {
     int t = 0;
     IpcBatch batch;
     std::vector<std::unique_ptr<IpcCopy>> copies;
   };
-  std::vector<Sender> senders;
-  for (int t = 0; t < groups_.topo.train_per_node; ++t) {
-    if (transport(t) != SyncTransport::kIpc) continue;
+
+  // Learns the senders' announcements; once all are known, opens this rank's buckets to the push
+  // senders (once). True when it opened them.
+  bool learn_and_open();
+  // A push sender said it finished writing into this rank's buckets.
+  bool take_push_done(Sender& s);
+  // A copy sender's next batch: its copies start.
+  bool take_batch(Sender& s);
+  // Acknowledges every batch whose copies finished.
+  bool ack_finished_copies();
+  std::string where(int t, int64_t bytes, const std::vector<int64_t>& bs) const;
+
+  WeightSync& ws_;
+  std::vector<at::Tensor>& buckets_;
+  const int64_t version_;
+  SyncStats& st_;
+  const int me_;
+  std::vector<Sender> senders_;
+  size_t open_ = 0;  // senders with buckets still to hand over
+  std::deque<Pending> pending_;
+  bool opened_ = false;  // this rank published its buckets to the push senders
+};
+
+WeightSync::IpcReceive::IpcReceive(WeightSync& ws, std::vector<at::Tensor>& buckets, int64_t version,
+                                   SyncStats& st)
+    : ws_(ws), buckets_(buckets), version_(version), st_(st), me_(ws.groups_.topo.role_index(ws.groups_.world_rank)) {
+  for (int t = 0; t < ws_.groups_.topo.train_per_node; ++t) {
+    if (ws_.transport(t) != SyncTransport::kIpc) continue;
     Sender s;
     s.t = t;
-    for (const auto& b : layout_.buckets()) {
-      if (root_of_bucket(b.index) == t) s.expected.push_back(b.index);
+    for (const auto& b : ws_.layout_.buckets()) {
+      if (ws_.root_of_bucket(b.index) == t) s.expected.push_back(b.index);
     }
-    if (!s.expected.empty()) senders.push_back(std::move(s));
+    if (!s.expected.empty()) senders_.push_back(std::move(s));
   }
-  size_t open = senders.size();
-  std::deque<Pending> pending;
-  auto where = [&](int t, int64_t bytes, const std::vector<int64_t>& bs) {
-    return fmt::format("{} version={} buckets={}",
-                       root_group(t).describe_op("ipc-receive", bytes, 0), version, bs);
-  };
+  open_ = senders_.size();
+}
+
+WeightSync::IpcReceive::~IpcReceive() {
+  // After a receive every push sender read this rank's regions (it said done after): they go. After
+  // a failure they are withdrawn from the senders that have not read them yet.
+  if (!opened_) return;
+  try {
+    store_delete(ws_.store_, ws_.key(fmt::format("v{}/open/{}", version_, me_)));
+  } catch (...) {
+  }
+}
+
+std::string WeightSync::IpcReceive::where(int t, int64_t bytes, const std::vector<int64_t>& bs) const {
+  return fmt::format("{} version={} buckets={}", ws_.root_group(t).describe_op("ipc-receive", bytes, 0), version_, bs);
+}
+
+bool WeightSync::IpcReceive::learn_and_open() {
+  // receive() normally follows ready(), so every announcement is known at once.
+  std::vector<int> pushers;
+  bool unknown = false;
+  for (auto& s : senders_) {
+    if (s.how == How::kUnknown) {
+      const std::string k = ws_.key(fmt::format("v{}/ready/{}", version_, s.t));
+      if (store_has(ws_.store_, k)) {
+        const std::string how =
+            store_get(ws_.store_, k, Clock::now() + ws_.root_group(s.t).timeout(), "announcement");
+        s.how = how == "push" ? How::kPush : How::kCopy;
+      }
+    }
+    if (s.how == How::kUnknown) unknown = true;
+    if (s.how == How::kPush) pushers.push_back(s.t);
+  }
+  if (opened_ || unknown || pushers.empty()) return false;
+  opened_ = true;  // armed first: a failure while opening withdraws what was published
+  ws_.open_ipc_buckets(buckets_, version_, pushers);
+  return true;
+}
+
+bool WeightSync::IpcReceive::take_push_done(Sender& s) {
+  if (!opened_) return false;
+  const std::string k = ws_.key(fmt::format("v{}/done/{}/{}", version_, s.t, me_));
+  if (!store_has(ws_.store_, k)) return false;
+  // The sender's writes finished on the device before it said so: the weights are in place.
+  for (int64_t b : s.expected) st_.bytes += ws_.layout_.buckets()[b].nbytes;
+  st_.collectives += static_cast<int64_t>(s.expected.size());
+  s.got = s.expected.size();
+  --open_;
+  store_delete(ws_.store_, k);
+  return true;
+}
+
+bool WeightSync::IpcReceive::take_batch(Sender& s) {
+  const std::string k = ws_.ipc_key(version_, s.t, s.seq);
+  if (!store_has(ws_.store_, k)) return false;
+  Communicator& group = ws_.root_group(s.t);
+  auto regions = nlohmann::json::parse(store_get(ws_.store_, k, Clock::now() + group.timeout(), "ipc batch"));
+  Pending p;
+  p.t = s.t;
+  p.batch.seq = s.seq;
+  for (const auto& r : regions) {
+    const int64_t b = r.at("b").get<int64_t>();
+    const int64_t n = r.at("n").get<int64_t>();
+    const bool expected = s.got < s.expected.size() && s.expected[s.got] == b;
+    if (!expected || n != ws_.layout_.buckets()[b].nbytes) {
+      group.fail(fmt::format("ipc: train rank {} published bucket {} of {} bytes where bucket "
+                             "{} of {} bytes was due (layouts or versions out of step?)",
+                             s.t, b, n, s.got < s.expected.size() ? s.expected[s.got] : -1,
+                             s.got < s.expected.size() ? ws_.layout_.buckets()[s.expected[s.got]].nbytes : 0),
+                 where(s.t, n, {b}));
+    }
+    IpcRegion region = region_from_json(r);
+    try {
+      p.copies.push_back(ws_.ipc_->copy_async(region, buckets_[b].narrow(0, 0, n)));
+    } catch (const std::exception& e) {
+      group.fail(fmt::format("{} ipc: cannot copy bucket {} from train rank {}: {}", ws_.ipc_->name(), b, s.t,
+                             e.what()),
+                 where(s.t, n, {b}));
+    }
+    p.batch.buckets.push_back(b);
+    p.batch.bytes += n;
+    ++s.got;
+  }
+  ++s.seq;
+  if (s.got == s.expected.size()) --open_;
+  pending_.push_back(std::move(p));
+  return true;
+}
+
+bool WeightSync::IpcReceive::ack_finished_copies() {
+  bool progress = false;
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    bool finished = true;
+    for (auto& c : it->copies) {
+      try {
+        finished = c->done();
+      } catch (const std::exception& e) {
+        ws_.root_group(it->t).fail(fmt::format("{} ipc: the bucket copy failed: {}", ws_.ipc_->name(), e.what()),
+                                   where(it->t, it->batch.bytes, it->batch.buckets));
+      }
+      if (!finished) break;
+    }
+    if (!finished) {
+      ++it;
+      continue;
+    }
+    // The bytes are in place: the sender may overwrite its buffer.
+    store_set(ws_.store_, ws_.key(fmt::format("v{}/ack/{}/{}/{}", version_, it->t, it->batch.seq, me_)), "1");
+    st_.bytes += it->batch.bytes;
+    st_.collectives += static_cast<int64_t>(it->batch.buckets.size());
+    it = pending_.erase(it);
+    progress = true;
+  }
+  return progress;
+}
+
+bool WeightSync::IpcReceive::poll() {
+  bool progress = learn_and_open();
+  for (auto& s : senders_) {
+    if (s.got == s.expected.size() || s.how == How::kUnknown) continue;
+    progress |= s.how == How::kPush ? take_push_done(s) : take_batch(s);
+  }
+  progress |= ack_finished_copies();
+  return progress;
+}
+
+void WeightSync::IpcReceive::check_deadline(Clock::time_point last) {
+  if (Clock::now() - last <= ws_.groups_.sync->timeout()) return;
+  if (!pending_.empty()) {
+    const Pending& p = pending_.front();
+    ws_.root_group(p.t).fail(fmt::format("{} ipc: the device copies did not complete within {} ms", ws_.ipc_->name(),
+                                         ws_.root_group(p.t).timeout().count()),
+                             where(p.t, p.batch.bytes, p.batch.buckets));
+  }
+  for (const auto& s : senders_) {
+    if (s.got == s.expected.size()) continue;
+    const int64_t b = s.expected[s.got];
+    Communicator& group = ws_.root_group(s.t);
+    const int world = group.info().world_ranks.at(0);
+    if (s.how == How::kPush) {
+      int64_t bytes = 0;
+      for (int64_t e : s.expected) bytes += ws_.layout_.buckets()[e].nbytes;
+      group.fail(fmt::format("ipc: {} did not finish writing its buckets into this engine within {} "
+                             "ms (sender dead or stuck?)",
+                             ws_.groups_.topo.describe(world), group.timeout().count()),
+                 where(s.t, bytes, s.expected));
+    }
+    group.fail(fmt::format("ipc: {} did not publish bucket {} within {} ms (sender dead, stuck, or "
+                           "not sending this version?)",
+                           ws_.groups_.topo.describe(world), b, group.timeout().count()),
+               where(s.t, ws_.layout_.buckets()[b].nbytes, {b}));
+  }
+}
+
+void WeightSync::receive_ipc(std::vector<at::Tensor>& buckets, int64_t version, SyncStats& st) {
+  IpcReceive receive(*this, buckets, version, st);
   auto last = Clock::now();
   Backoff backoff;
-  bool opened = false;  // this rank published its buckets to the push senders
-  while (open > 0 || !pending.empty()) {
-    bool progress = false;
-    // How each sender hands this version over (its announcement; receive() normally follows
-    // ready(), so all are known at once). Push senders get this rank's buckets, once.
-    std::vector<int> pushers;
-    bool unknown = false;
-    for (auto& s : senders) {
-      if (s.how == 0) {
-        const std::string k = key(fmt::format("v{}/ready/{}", version, s.t));
-        if (store_has(store_, k)) {
-          s.how = store_get(store_, k, Clock::now() + root_group(s.t).timeout(), "announcement") ==
-                          "push"
-                      ? 2
-                      : 1;
-        }
-      }
-      if (s.how == 0) unknown = true;
-      if (s.how == 2) pushers.push_back(s.t);
-    }
-    if (!opened && !unknown && !pushers.empty()) {
-      withdraw.armed = true;
-      open_ipc_buckets(buckets, version, pushers);
-      opened = true;
-      progress = true;
-    }
-    for (auto& s : senders) {
-      if (s.got == s.expected.size() || s.how == 0) continue;
-      if (s.how == 2) {
-        if (!opened) continue;
-        const std::string k = key(fmt::format("v{}/done/{}/{}", version, s.t, me));
-        if (!store_has(store_, k)) continue;
-        // The sender's writes finished on the device before it said so: the weights are in place.
-        for (int64_t b : s.expected) st.bytes += layout_.buckets()[b].nbytes;
-        st.collectives += static_cast<int64_t>(s.expected.size());
-        s.got = s.expected.size();
-        --open;
-        store_delete(store_, k);
-        progress = true;
-        continue;
-      }
-      const std::string k = ipc_key(version, s.t, s.seq);
-      if (!store_has(store_, k)) continue;
-      Communicator& group = root_group(s.t);
-      auto regions = nlohmann::json::parse(
-          store_get(store_, k, Clock::now() + group.timeout(), "ipc batch"));
-      Pending p;
-      p.t = s.t;
-      p.batch.seq = s.seq;
-      for (const auto& r : regions) {
-        const int64_t b = r.at("b").get<int64_t>();
-        const int64_t n = r.at("n").get<int64_t>();
-        const bool expected = s.got < s.expected.size() && s.expected[s.got] == b;
-        if (!expected || n != layout_.buckets()[b].nbytes) {
-          group.fail(fmt::format("ipc: train rank {} published bucket {} of {} bytes where bucket "
-                                 "{} of {} bytes was due (layouts or versions out of step?)",
-                                 s.t, b, n, s.got < s.expected.size() ? s.expected[s.got] : -1,
-                                 s.got < s.expected.size()
-                                     ? layout_.buckets()[s.expected[s.got]].nbytes
-                                     : 0),
-                     where(s.t, n, {b}));
-        }
-        IpcRegion region = region_from_json(r);
-        try {
-          p.copies.push_back(ipc_->copy_async(region, buckets[b].narrow(0, 0, n)));
-        } catch (const std::exception& e) {
-          group.fail(fmt::format("{} ipc: cannot copy bucket {} from train rank {}: {}",
-                                 ipc_->name(), b, s.t, e.what()),
-                     where(s.t, n, {b}));
-        }
-        p.batch.buckets.push_back(b);
-        p.batch.bytes += n;
-        ++s.got;
-      }
-      ++s.seq;
-      if (s.got == s.expected.size()) --open;
-      pending.push_back(std::move(p));
-      progress = true;
-    }
-    for (auto it = pending.begin(); it != pending.end();) {
-      bool done = true;
-      for (auto& c : it->copies) {
-        try {
-          done = c->done();
-        } catch (const std::exception& e) {
-          root_group(it->t).fail(fmt::format("{} ipc: the bucket copy failed: {}", ipc_->name(),
-                                             e.what()),
-                                 where(it->t, it->batch.bytes, it->batch.buckets));
-        }
-        if (!done) break;
-      }
-      if (!done) {
-        ++it;
-        continue;
-      }
-      // The bytes are in place: the sender may overwrite its buffer.
-      store_set(store_, key(fmt::format("v{}/ack/{}/{}/{}", version, it->t, it->batch.seq, me)),
-                "1");
-      st.bytes += it->batch.bytes;
-      st.collectives += static_cast<int64_t>(it->batch.buckets.size());
-      it = pending.erase(it);
-      progress = true;
-    }
-    if (progress) {
+  while (!receive.done()) {
+    if (receive.poll()) {
       last = Clock::now();
       backoff.reset();
       continue;
     }
-    if (Clock::now() - last > groups_.sync->timeout()) {
-      if (!pending.empty()) {
-        const Pending& p = pending.front();
-        root_group(p.t).fail(
-            fmt::format("{} ipc: the device copies did not complete within {} ms", ipc_->name(),
-                        root_group(p.t).timeout().count()),
-            where(p.t, p.batch.bytes, p.batch.buckets));
-      }
-      for (const auto& s : senders) {
-        if (s.got == s.expected.size()) continue;
-        const int64_t b = s.expected[s.got];
-        const int world = root_group(s.t).info().world_ranks.at(0);
-        if (s.how == 2) {
-          int64_t bytes = 0;
-          for (int64_t e : s.expected) bytes += layout_.buckets()[e].nbytes;
-          root_group(s.t).fail(
-              fmt::format("ipc: {} did not finish writing its buckets into this engine within {} "
-                          "ms (sender dead or stuck?)",
-                          groups_.topo.describe(world), root_group(s.t).timeout().count()),
-              where(s.t, bytes, s.expected));
-        }
-        root_group(s.t).fail(
-            fmt::format("ipc: {} did not publish bucket {} within {} ms (sender dead, stuck, or "
-                        "not sending this version?)",
-                        groups_.topo.describe(world), b, root_group(s.t).timeout().count()),
-            where(s.t, layout_.buckets()[b].nbytes, {b}));
-      }
-    }
+    receive.check_deadline(last);
     backoff.pause();
   }
-  // Every push sender read this rank's regions before it said done (Withdraw deletes them).
 }
 
 void WeightSync::open_ipc_buckets(std::vector<at::Tensor>& buckets, int64_t version,

@@ -123,30 +123,45 @@ CheckpointState read_checkpoint_state(const std::string& dir) {
   return s;
 }
 
+void check_resume_shape(const CheckpointState& st, const std::string& dir, const LoraTrainOptions& lora) {
+  if (st.lora.is_object() && !lora.enabled()) {
+    throw std::invalid_argument(fmt::format(
+        "--resume {}: the checkpoint is a LoRA adapter of rank {} trained on {}; resume it with "
+        "--lora-rank {} and that base as --model", dir, st.lora.value("rank", 0),
+        st.lora.value("base_model", std::string("?")), st.lora.value("rank", 0)));
+  }
+  if (!st.lora.is_object() && lora.enabled()) {
+    throw std::invalid_argument(fmt::format(
+        "--resume {}: the checkpoint holds full-model weights, not a LoRA adapter; resume it "
+        "without --lora-rank", dir));
+  }
+  if (!st.lora.is_object()) return;
+  // Another adapter shape: said here, before an infer rank refuses the adapter's rank with a
+  // message about its slots.
+  auto sorted = [](std::vector<engine::LoraTarget> v) {
+    std::sort(v.begin(), v.end());
+    return v;
+  };
+  const int64_t rank = st.lora.value("rank", int64_t{0});
+  const double alpha = st.lora.value("alpha", 0.0);
+  const std::string targets = st.lora.value("targets", std::string());
+  if (rank != lora.rank || alpha != lora.alpha ||
+      sorted(engine::parse_lora_targets(targets)) != sorted(engine::parse_lora_targets(lora.targets))) {
+    throw std::invalid_argument(fmt::format(
+        "--resume {}: the checkpoint's adapter has rank {}, alpha {:g}, targets {}; the run asks for "
+        "--lora-rank {} --lora-alpha {:g} --lora-targets {}: resume with the checkpoint's",
+        dir, rank, alpha, targets, lora.rank, lora.alpha, lora.targets));
+  }
+}
+
 CheckpointState load_trainer_state(Trainer& trainer, const std::string& dir) {
   CheckpointState s = read_checkpoint_state(dir);
   std::ifstream in(dir + "/trainer_state.json");
   const json j = json::parse(in);
   const int64_t adam_step = j.value("adam_step", int64_t{0});
-  const LoraTrainOptions& lo = trainer.options().lora;
-  if (s.lora.is_object() != lo.enabled()) {
-    CRL_INVALID(dir, lo.enabled() ? " holds full-model weights, not a LoRA adapter: resume it with --lora-rank 0"
-                                  : " holds a LoRA adapter of rank " + s.lora.value("rank", json()).dump() +
-                                        ": resume it with --lora-rank " + s.lora.value("rank", json()).dump() +
-                                        " and the run's --model as the base");
-  }
-  if (lo.enabled()) {
-    const engine::LoraAdapter ad = engine::load_peft_adapter(dir, trainer.config());
-    std::vector<engine::LoraTarget> want = engine::parse_lora_targets(lo.targets);
-    std::sort(want.begin(), want.end());
-    std::vector<engine::LoraTarget> have = ad.targets;
-    std::sort(have.begin(), have.end());
-    if (ad.rank != lo.rank || ad.alpha != lo.alpha || have != want) {
-      CRL_INVALID(dir, ": the adapter has rank ", ad.rank, ", alpha ", ad.alpha, " and ", have.size(),
-                  " target module(s); the run asks for --lora-rank ", lo.rank, " --lora-alpha ", lo.alpha,
-                  " --lora-targets ", lo.targets);
-    }
-    trainer.load_master_weights(engine::lora_tensors(ad));
+  check_resume_shape(s, dir, trainer.options().lora);
+  if (trainer.options().lora.enabled()) {
+    trainer.load_master_weights(engine::lora_tensors(engine::load_peft_adapter(dir, trainer.config())));
   }
   // Each rank reads its own slices out of the mapping: no full copy of the moments per rank.
   auto file = engine::SafetensorsFile::open(dir + "/optimizer.safetensors");

@@ -48,6 +48,12 @@ struct CheckpointState {
 // Reads trainer_state.json of a checkpoint. Throws std::runtime_error naming the file.
 CheckpointState read_checkpoint_state(const std::string& dir);
 
+// Whether a run with `lora` (LoRA off: full fine-tuning) can resume checkpoint `dir`, whose state
+// is `st`: a LoRA checkpoint holds the adapter alone and a full one no adapter, and an adapter
+// resumes only with its own rank, alpha and targets. Throws std::invalid_argument saying which
+// flags resume it. The job checks it before any rank loads anything; load_trainer_state again.
+void check_resume_shape(const CheckpointState& st, const std::string& dir, const LoraTrainOptions& lora);
+
 // Resume: restores optimizer state and step into `trainer`, which must have been created from
 // the same checkpoint directory (Trainer(dir, options)), or with LoRA from the run's base model
 // (the adapter is read from the checkpoint and must have the trainer's rank, alpha and targets).

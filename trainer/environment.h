@@ -11,7 +11,7 @@
 // an external program may index its own data). The n trajectories of a GRPO group reset on the
 // same task.
 //
-// make_environment(spec): "calculator" is the built-in tool environment (calculator_env.h);
+// make_environment(spec) (make_environment.h): "calculator" is the built-in tool environment (calculator_env.h);
 // anything else is a command line, run by /bin/sh -c, that speaks JSON lines on stdin/stdout
 // (process_env.h). An environment that fails (its process died, a malformed line, no reply in
 // time) ends the episode with a named error (EnvReply::error, "env_died: ..."), reward 0; the
@@ -125,9 +125,5 @@ class DelayedEnv : public Environment {
   std::mutex mu_;
   std::map<std::string, Open> steps_;  // guarded by mu_
 };
-
-// "calculator" or a command line (see the top of this file). Throws std::invalid_argument for an
-// empty spec.
-std::unique_ptr<Environment> make_environment(const std::string& spec, const EnvOptions& options);
 
 }  // namespace crl::trainer

@@ -20,23 +20,25 @@ SampleGroup sft_group(std::vector<int32_t> prompt_ids, const std::vector<int32_t
   return g;
 }
 
-void compute_group_advantages(std::vector<SampleGroup>& groups, double eps) {
-  for (auto& g : groups) {
-    const size_t n = g.samples.size();
-    if (n < 2) {
-      for (auto& s : g.samples) s.advantage = 0;
-      continue;
-    }
-    double mean = 0;
-    for (const auto& s : g.samples) mean += s.reward;
-    mean /= static_cast<double>(n);
-    double var = 0;
-    for (const auto& s : g.samples) var += (s.reward - mean) * (s.reward - mean);
-    const double std_dev = std::sqrt(var / static_cast<double>(n - 1));
-    for (auto& s : g.samples) {
-      s.advantage = std_dev > 0 ? (s.reward - mean) / (std_dev + eps) : 0.0;  // equal rewards: no signal
-    }
+void compute_group_advantages(SampleGroup& g, double eps) {
+  const size_t n = g.samples.size();
+  if (n < 2) {
+    for (auto& s : g.samples) s.advantage = 0;
+    return;
   }
+  double mean = 0;
+  for (const auto& s : g.samples) mean += s.reward;
+  mean /= static_cast<double>(n);
+  double var = 0;
+  for (const auto& s : g.samples) var += (s.reward - mean) * (s.reward - mean);
+  const double std_dev = std::sqrt(var / static_cast<double>(n - 1));
+  for (auto& s : g.samples) {
+    s.advantage = std_dev > 0 ? (s.reward - mean) / (std_dev + eps) : 0.0;  // equal rewards: no signal
+  }
+}
+
+void compute_group_advantages(std::vector<SampleGroup>& groups, double eps) {
+  for (auto& g : groups) compute_group_advantages(g, eps);
 }
 
 int64_t MicroBatch::num_loss_tokens() const {

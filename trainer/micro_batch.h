@@ -46,6 +46,7 @@ struct SampleGroup {
 
 // Sets each sample's advantage to (r - mean) / (std + eps) over its group, std with Bessel's
 // correction (as TRL's GRPO); a group of one sample, or of equal rewards, gets advantage 0.
+void compute_group_advantages(SampleGroup& group, double eps = 1e-4);
 void compute_group_advantages(std::vector<SampleGroup>& groups, double eps = 1e-4);
 
 // A teacher-forced SFT example as a one-sample group: `prompt_ids` (BOS included by the caller),

@@ -9,8 +9,8 @@
 #include <thread>
 
 #include "engine/engine_loop.h"
-#include "engine/text/chat_trajectory.h"
-#include "engine/text/tokenizer.h"
+#include "text/chat_trajectory.h"
+#include "text/tokenizer.h"
 
 namespace crl::trainer {
 namespace {
@@ -49,7 +49,7 @@ int64_t Episode::env_tokens() const {
 int64_t Episode::model_tokens() const { return std::count(mask.begin(), mask.end(), uint8_t{1}); }
 
 EpisodeRunner::EpisodeRunner(engine::EngineLoop& loop, Environment& env,
-                             const text::ChatTemplate& chat, const engine::Tokenizer& tokenizer,
+                             const text::ChatTemplate& chat, const text::Tokenizer& tokenizer,
                              std::vector<int32_t> prefix, text::ToolCallFormat format,
                              MultiTurnOptions options)
     : loop_(loop),
@@ -66,185 +66,226 @@ EpisodeRunner::EpisodeRunner(engine::EngineLoop& loop, Environment& env,
   episode_cap_ = std::min<int64_t>(o_.max_episode_tokens, loop_.engine().max_model_len());
 }
 
+// One run(): every episode's state machine. An episode goes kPending -> kEnv (its reset) ->
+// kEngine (a turn) -> kEnv (a tool step) -> kEngine ... -> kDone; with turn_synchronous, a turn
+// waits in kReady for the barrier.
+class EpisodeRunner::Play {
+ public:
+  Play(EpisodeRunner& runner, const std::vector<EpisodeSpec>& specs,
+       const std::function<void(size_t, Episode&)>& on_finished)
+      : r_(runner),
+        specs_(specs),
+        on_finished_(on_finished),
+        live_(specs.size()),
+        cap_(runner.o_.max_in_flight > 0 ? static_cast<size_t>(runner.o_.max_in_flight) : specs.size()) {}
+
+  bool done() const { return finished_ == specs_.size(); }
+  // Up to the cap: an episode starts as soon as one ends, or, turn-synchronously, a wave of `cap`
+  // starts once the last one has ended.
+  void start_more();
+  // Looks at every live episode once: a reply of the environment or the engine moves it on.
+  // True when any moved.
+  bool poll();
+  // Turn-synchronous: once nobody generates or waits for a tool, every ready episode's turn is
+  // submitted.
+  void barrier();
+
+ private:
+  void start(size_t i);
+  void finish(size_t i, const std::string& end, bool env_ended = false);
+  void submit(size_t i);
+  // Appends `add` to the conversation (rendered, mask 0) and asks for the next assistant turn.
+  void continue_with(size_t i, const ojson& add);
+  void on_env(size_t i, EnvReply r);
+  void step_env(size_t i, const ojson& message);
+  void on_turn(size_t i, const engine::RequestOutput& out);
+
+  EpisodeRunner& r_;
+  const std::vector<EpisodeSpec>& specs_;
+  const std::function<void(size_t, Episode&)>& on_finished_;
+  std::vector<Live> live_;
+  const size_t cap_;
+  size_t finished_ = 0, started_ = 0;
+};
+
 void EpisodeRunner::run(const std::vector<EpisodeSpec>& specs,
                         const std::function<void(size_t, Episode&)>& on_finished,
                         const std::function<void()>& between) {
-  std::vector<Live> live(specs.size());
-  size_t finished = 0, started = 0;
-  const size_t cap = o_.max_in_flight > 0 ? static_cast<size_t>(o_.max_in_flight) : specs.size();
-  auto start = [&](size_t i) {
-    Live& l = live[i];
-    l.phase = Live::Phase::kEnv;
-    Environment* env = &env_;
-    const EpisodeSpec s = specs[i];
-    l.env = std::async(std::launch::async, [env, s] { return env->reset(s.id, s.split, s.index); });
-    ++started;
-  };
-  // Up to the cap: an episode starts as soon as one ends, or, turn-synchronously, a wave of `cap`
-  // starts once the last one has ended.
-  auto start_more = [&] {
-    if (o_.turn_synchronous && finished < started) return;
-    while (started < specs.size() && started - finished < cap) start(started);
-  };
-  auto finish = [&](size_t i, const std::string& end, bool env_ended = false) {
-    Live& l = live[i];
-    if (l.traj) {
-      l.ep.ids = l.traj->ids();
-      l.ep.mask = l.traj->mask();
-      l.ep.segments = l.traj->segment_starts();
-    }
-    l.ep.end = end;
-    // Ended here, not by the environment: it forgets the episode (an external program's state, a
-    // pool's count of its process's open episodes).
-    if (end == "turn_cap" || end == "token_cap" || (end == "env_error" && !env_ended)) env_.close(specs[i].id);
-    l.phase = Live::Phase::kDone;
-    l.channel.reset();
-    ++finished;
-    on_finished(i, l.ep);
-    start_more();
-  };
-  auto submit = [&](size_t i) {
-    Live& l = live[i];
-    if (o_.turn_synchronous && l.phase != Live::Phase::kReady) {
-      l.phase = Live::Phase::kReady;  // submitted at the barrier (below)
-      return;
-    }
-    const int64_t used = static_cast<int64_t>(l.traj->ids().size());
-    // (An environment's reply may have filled the context: the episode ends here, as at the cap.)
-    if (used >= episode_cap_) return finish(i, "token_cap");
-    engine::GenerateRequest q;
-    q.request_id = fmt::format("{}-t{}", specs[i].id, l.ep.turns);
-    q.prompt_token_ids = l.traj->prompt();
-    q.params.n = 1;
-    q.params.temperature = specs[i].temperature;
-    q.params.max_tokens = static_cast<int32_t>(
-        std::min<int64_t>(o_.max_tokens_per_turn, episode_cap_ - used));
-    q.params.seed = specs[i].seed + static_cast<uint64_t>(l.ep.turns) * 1000003ULL;
-    q.params.stop = text::tool_call_stop_strings(format_);
-    std::vector<engine::GenerateRequest> one;
-    one.push_back(std::move(q));
-    l.channel = loop_.submit(std::move(one));
-    l.seen = 0;
-    l.submitted = Clock::now();
-    l.phase = Live::Phase::kEngine;
-  };
-  // Appends `add` to the conversation (rendered, mask 0) and asks for the next assistant turn.
-  auto continue_with = [&](size_t i, const ojson& add) {
-    Live& l = live[i];
-    for (const auto& m : add) l.messages.push_back(m);
-    const size_t before = l.traj->ids().size();
-    try {
-      l.traj->extend(l.messages);
-    } catch (const std::exception& e) {
-      l.ep.env_error = std::string("env_malformed: the conversation does not render: ") + e.what();
-      return finish(i, "env_error");
-    }
-    const size_t added = l.traj->ids().size() - before;
-    l.ep.logprobs.insert(l.ep.logprobs.end(), added, 0.0f);
-    l.ep.versions.insert(l.ep.versions.end(), added, -1);
-    submit(i);
-  };
-  auto on_env = [&](size_t i, EnvReply r) {
-    Live& l = live[i];
-    if (!r.error.empty()) {
-      l.ep.env_error = r.error;
-      return finish(i, "env_error", /*env_ended=*/true);
-    }
-    if (l.env_is_reset) {
-      text::ChatRenderOptions ro;
-      ro.tools = r.tools;
-      l.traj = std::make_unique<text::ChatTrajectory>(chat_, tokenizer_, prefix_, ro);
-      return continue_with(i, r.messages);
-    }
-    if (r.done) {
-      l.ep.reward = r.reward;
-      l.ep.correct = r.correct;
-      return finish(i, "answer");
-    }
-    if (l.ep.turns >= o_.max_turns) return finish(i, "turn_cap");  // it wants more: no room
-    ojson add = r.messages;
-    for (const auto& m : l.errors_after) add.push_back(m);
-    l.errors_after = ojson::array();
-    continue_with(i, add);
-  };
-  auto step_env = [&](size_t i, const ojson& message) {
-    Live& l = live[i];
-    l.env_is_reset = false;
-    l.phase = Live::Phase::kEnv;
-    Environment* env = &env_;
-    std::string id = specs[i].id;
-    l.env = std::async(std::launch::async, [env, id, message] { return env->step(id, message); });
-  };
-  auto on_turn = [&](size_t i, const engine::RequestOutput& out) {
-    Live& l = live[i];
-    if (!out.error.empty()) {
-      throw std::runtime_error("episode " + specs[i].id + ": request " + out.request_id +
-                               " failed: " + out.error);
-    }
-    const engine::CompletionOutput& c = out.outputs.at(0);
-    const int64_t prompt = static_cast<int64_t>(out.prompt_token_ids.size());
-    if (l.ep.turns > 0) {
-      l.ep.later_prompt_tokens += prompt;
-      l.ep.later_cached_tokens += out.num_cached_tokens;
-      l.ep.later_held_tokens += std::min(l.held, prompt);
-    }
-    l.held = prompt + static_cast<int64_t>(c.token_ids.size());
-    // Ids past the tokenizer's vocabulary (a model's padded embeddings) have no text.
-    std::vector<int32_t> known;
-    for (int32_t id : c.token_ids) {
-      if (id >= 0 && id < tokenizer_.vocab_size()) known.push_back(id);
-    }
-    const text::ParsedReply parsed = text::parse_tool_calls(format_, tokenizer_.decode(known));
-    const ojson message = parsed.message();
-    l.traj->append_completion(c.token_ids, message);
-    l.messages.push_back(message);
-    l.ep.logprobs.insert(l.ep.logprobs.end(), c.raw_logprobs.begin(), c.raw_logprobs.end());
-    l.ep.versions.insert(l.ep.versions.end(), c.token_versions.begin(), c.token_versions.end());
-    ++l.ep.turns;
-    l.ep.tool_calls += static_cast<int32_t>(parsed.calls.size());
-    l.ep.tool_errors += static_cast<int32_t>(parsed.errors.size());
-    if (parsed.calls.empty() && parsed.errors.empty()) return step_env(i, message);  // the answer
-    if (l.ep.turns >= o_.max_turns) return finish(i, "turn_cap");
-    ojson errors = ojson::array();
-    for (const auto& e : parsed.errors) errors.push_back(error_observation(e));
-    if (parsed.calls.empty()) return continue_with(i, errors);  // nothing for the environment
-    l.errors_after = errors;
-    step_env(i, message);
-  };
-
-  start_more();
-  while (finished < specs.size()) {
-    bool progress = false;
-    for (size_t i = 0; i < live.size(); ++i) {
-      Live& l = live[i];
-      if (l.phase == Live::Phase::kEnv &&
-          l.env.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
-        progress = true;
-        on_env(i, l.env.get());
-      } else if (l.phase == Live::Phase::kEngine) {
-        auto snap = l.channel->wait(l.seen, std::chrono::milliseconds(0));
-        l.seen = snap.version;
-        if (snap.outputs[0] && snap.outputs[0]->finished) {
-          progress = true;
-          on_turn(i, *snap.outputs[0]);
-        } else if (Clock::now() - l.submitted > o_.timeout) {
-          throw std::runtime_error(fmt::format("episode {}: turn {} unfinished after {} s",
-                                               specs[i].id, l.ep.turns + 1, o_.timeout.count() / 1000));
-        }
-      }
-    }
-    if (o_.turn_synchronous) {
-      // The barrier: nobody generates or waits for a tool, so every live episode is ready.
-      bool busy = false;
-      for (const Live& l : live) busy = busy || l.phase == Live::Phase::kEnv || l.phase == Live::Phase::kEngine;
-      if (!busy) {
-        for (size_t i = 0; i < live.size(); ++i) {
-          if (live[i].phase == Live::Phase::kReady) submit(i);
-        }
-      }
-    }
+  Play play(*this, specs, on_finished);
+  play.start_more();
+  while (!play.done()) {
+    const bool progress = play.poll();
+    if (o_.turn_synchronous) play.barrier();
     if (between) between();
     if (!progress) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+void EpisodeRunner::Play::start(size_t i) {
+  Live& l = live_[i];
+  l.phase = Live::Phase::kEnv;
+  Environment* env = &r_.env_;
+  const EpisodeSpec s = specs_[i];
+  l.env = std::async(std::launch::async, [env, s] { return env->reset(s.id, s.split, s.index); });
+  ++started_;
+}
+
+void EpisodeRunner::Play::start_more() {
+  if (r_.o_.turn_synchronous && finished_ < started_) return;
+  while (started_ < specs_.size() && started_ - finished_ < cap_) start(started_);
+}
+
+void EpisodeRunner::Play::finish(size_t i, const std::string& end, bool env_ended) {
+  Live& l = live_[i];
+  if (l.traj) {
+    l.ep.ids = l.traj->ids();
+    l.ep.mask = l.traj->mask();
+    l.ep.segments = l.traj->segment_starts();
+  }
+  l.ep.end = end;
+  // Ended here, not by the environment: it forgets the episode (an external program's state, a
+  // pool's count of its process's open episodes).
+  if (end == "turn_cap" || end == "token_cap" || (end == "env_error" && !env_ended)) r_.env_.close(specs_[i].id);
+  l.phase = Live::Phase::kDone;
+  l.channel.reset();
+  ++finished_;
+  on_finished_(i, l.ep);
+  start_more();
+}
+
+void EpisodeRunner::Play::submit(size_t i) {
+  Live& l = live_[i];
+  if (r_.o_.turn_synchronous && l.phase != Live::Phase::kReady) {
+    l.phase = Live::Phase::kReady;  // submitted at the barrier
+    return;
+  }
+  const int64_t used = static_cast<int64_t>(l.traj->ids().size());
+  // (An environment's reply may have filled the context: the episode ends here, as at the cap.)
+  if (used >= r_.episode_cap_) return finish(i, "token_cap");
+  engine::GenerateRequest q;
+  q.request_id = fmt::format("{}-t{}", specs_[i].id, l.ep.turns);
+  q.prompt_token_ids = l.traj->prompt();
+  q.params.n = 1;
+  q.params.temperature = specs_[i].temperature;
+  q.params.max_tokens = static_cast<int32_t>(std::min<int64_t>(r_.o_.max_tokens_per_turn, r_.episode_cap_ - used));
+  q.params.seed = specs_[i].seed + static_cast<uint64_t>(l.ep.turns) * 1000003ULL;
+  q.params.stop = text::tool_call_stop_strings(r_.format_);
+  std::vector<engine::GenerateRequest> one;
+  one.push_back(std::move(q));
+  l.channel = r_.loop_.submit(std::move(one));
+  l.seen = 0;
+  l.submitted = Clock::now();
+  l.phase = Live::Phase::kEngine;
+}
+
+void EpisodeRunner::Play::continue_with(size_t i, const ojson& add) {
+  Live& l = live_[i];
+  for (const auto& m : add) l.messages.push_back(m);
+  const size_t before = l.traj->ids().size();
+  try {
+    l.traj->extend(l.messages);
+  } catch (const std::exception& e) {
+    l.ep.env_error = std::string("env_malformed: the conversation does not render: ") + e.what();
+    return finish(i, "env_error");
+  }
+  const size_t added = l.traj->ids().size() - before;
+  l.ep.logprobs.insert(l.ep.logprobs.end(), added, 0.0f);
+  l.ep.versions.insert(l.ep.versions.end(), added, -1);
+  submit(i);
+}
+
+void EpisodeRunner::Play::on_env(size_t i, EnvReply r) {
+  Live& l = live_[i];
+  if (!r.error.empty()) {
+    l.ep.env_error = r.error;
+    return finish(i, "env_error", /*env_ended=*/true);
+  }
+  if (l.env_is_reset) {
+    text::ChatRenderOptions ro;
+    ro.tools = r.tools;
+    l.traj = std::make_unique<text::ChatTrajectory>(r_.chat_, r_.tokenizer_, r_.prefix_, ro);
+    return continue_with(i, r.messages);
+  }
+  if (r.done) {
+    l.ep.reward = r.reward;
+    l.ep.correct = r.correct;
+    return finish(i, "answer");
+  }
+  if (l.ep.turns >= r_.o_.max_turns) return finish(i, "turn_cap");  // it wants more: no room
+  ojson add = r.messages;
+  for (const auto& m : l.errors_after) add.push_back(m);
+  l.errors_after = ojson::array();
+  continue_with(i, add);
+}
+
+void EpisodeRunner::Play::step_env(size_t i, const ojson& message) {
+  Live& l = live_[i];
+  l.env_is_reset = false;
+  l.phase = Live::Phase::kEnv;
+  Environment* env = &r_.env_;
+  std::string id = specs_[i].id;
+  l.env = std::async(std::launch::async, [env, id, message] { return env->step(id, message); });
+}
+
+void EpisodeRunner::Play::on_turn(size_t i, const engine::RequestOutput& out) {
+  Live& l = live_[i];
+  if (!out.error.empty()) {
+    throw std::runtime_error("episode " + specs_[i].id + ": request " + out.request_id + " failed: " + out.error);
+  }
+  const engine::CompletionOutput& c = out.outputs.at(0);
+  const int64_t prompt = static_cast<int64_t>(out.prompt_token_ids.size());
+  if (l.ep.turns > 0) {
+    l.ep.later_prompt_tokens += prompt;
+    l.ep.later_cached_tokens += out.num_cached_tokens;
+    l.ep.later_held_tokens += std::min(l.held, prompt);
+  }
+  l.held = prompt + static_cast<int64_t>(c.token_ids.size());
+  const text::ParsedReply parsed = text::parse_tool_calls(r_.format_, r_.tokenizer_.decode_generated(c.token_ids));
+  const ojson message = parsed.message();
+  l.traj->append_completion(c.token_ids, message);
+  l.messages.push_back(message);
+  l.ep.logprobs.insert(l.ep.logprobs.end(), c.raw_logprobs.begin(), c.raw_logprobs.end());
+  l.ep.versions.insert(l.ep.versions.end(), c.token_versions.begin(), c.token_versions.end());
+  ++l.ep.turns;
+  l.ep.tool_calls += static_cast<int32_t>(parsed.calls.size());
+  l.ep.tool_errors += static_cast<int32_t>(parsed.errors.size());
+  if (parsed.calls.empty() && parsed.errors.empty()) return step_env(i, message);  // the answer
+  if (l.ep.turns >= r_.o_.max_turns) return finish(i, "turn_cap");
+  ojson errors = ojson::array();
+  for (const auto& e : parsed.errors) errors.push_back(error_observation(e));
+  if (parsed.calls.empty()) return continue_with(i, errors);  // nothing for the environment
+  l.errors_after = errors;
+  step_env(i, message);
+}
+
+bool EpisodeRunner::Play::poll() {
+  bool progress = false;
+  for (size_t i = 0; i < live_.size(); ++i) {
+    Live& l = live_[i];
+    if (l.phase == Live::Phase::kEnv && l.env.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
+      progress = true;
+      on_env(i, l.env.get());
+    } else if (l.phase == Live::Phase::kEngine) {
+      auto snap = l.channel->wait(l.seen, std::chrono::milliseconds(0));
+      l.seen = snap.version;
+      if (snap.outputs[0] && snap.outputs[0]->finished) {
+        progress = true;
+        on_turn(i, *snap.outputs[0]);
+      } else if (Clock::now() - l.submitted > r_.o_.timeout) {
+        throw std::runtime_error(fmt::format("episode {}: turn {} unfinished after {} s", specs_[i].id,
+                                             l.ep.turns + 1, r_.o_.timeout.count() / 1000));
+      }
+    }
+  }
+  return progress;
+}
+
+void EpisodeRunner::Play::barrier() {
+  for (const Live& l : live_) {
+    if (l.phase == Live::Phase::kEnv || l.phase == Live::Phase::kEngine) return;
+  }
+  for (size_t i = 0; i < live_.size(); ++i) {
+    if (live_[i].phase == Live::Phase::kReady) submit(i);
   }
 }
 
@@ -296,7 +337,7 @@ std::vector<Sample> group_episode_samples(const std::vector<Episode>& episodes) 
 }
 
 Sample demonstration_sample(const ojson& messages, const ojson& tools, const text::ChatTemplate& chat,
-                            const engine::Tokenizer& tokenizer, const std::vector<int32_t>& prefix,
+                            const text::Tokenizer& tokenizer, const std::vector<int32_t>& prefix,
                             text::ToolCallFormat format, int32_t eos) {
   if (!messages.is_array() || messages.empty()) {
     throw std::invalid_argument("a demonstration must be a non-empty list of messages");

@@ -28,16 +28,16 @@
 #include <string>
 #include <vector>
 
-#include "engine/text/tool_calls.h"
+#include "text/tool_calls.h"
 #include "trainer/environment.h"
 #include "trainer/micro_batch.h"
 
 namespace crl::engine {
 class EngineLoop;
-class Tokenizer;
 }  // namespace crl::engine
 namespace crl::text {
 class ChatTemplate;
+class Tokenizer;
 }
 
 namespace crl::trainer {
@@ -101,7 +101,7 @@ class EpisodeRunner {
  public:
   // REQUIRES: every argument outlives the runner.
   EpisodeRunner(engine::EngineLoop& loop, Environment& env, const text::ChatTemplate& chat,
-                const engine::Tokenizer& tokenizer, std::vector<int32_t> prefix,
+                const text::Tokenizer& tokenizer, std::vector<int32_t> prefix,
                 text::ToolCallFormat format, MultiTurnOptions options);
 
   // Plays the episodes concurrently and calls on_finished(i, episode) as each ends; `between`
@@ -114,10 +114,12 @@ class EpisodeRunner {
   text::ToolCallFormat format() const { return format_; }
 
  private:
+  class Play;  // one run's episodes (multi_turn.cpp)
+
   engine::EngineLoop& loop_;
   Environment& env_;
   const text::ChatTemplate& chat_;
-  const engine::Tokenizer& tokenizer_;
+  const text::Tokenizer& tokenizer_;
   std::vector<int32_t> prefix_;
   text::ToolCallFormat format_;
   MultiTurnOptions o_;
@@ -139,7 +141,7 @@ std::vector<Sample> group_episode_samples(const std::vector<Episode>& episodes);
 // turns are encoded from their text (tool calls written in `format`; the final answer followed by
 // `eos`), everything else as the template renders it, with mask 0. log-probs 0.
 Sample demonstration_sample(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
-                            const text::ChatTemplate& chat, const engine::Tokenizer& tokenizer,
+                            const text::ChatTemplate& chat, const text::Tokenizer& tokenizer,
                             const std::vector<int32_t>& prefix, text::ToolCallFormat format,
                             int32_t eos);
 

@@ -222,23 +222,11 @@ EnvReply ProcessEnv::exchange(const ojson& request, bool expect_reply, bool is_r
 
 EnvReply ProcessEnv::exchange_now(const ojson& request, bool expect_reply, bool is_reset) {
   const std::string episode_id = request["episode_id"].get<std::string>();
-  const std::string what = request["op"].get<std::string>() + " of episode '" + episode_id + "'";
   const std::string op = request["op"].get<std::string>();
+  const std::string what = op + " of episode '" + episode_id + "'";
   const bool demo = op == "demonstration";  // no episode: nothing to check or remember
-  if (op != "reset" && !demo) {
-    auto it = born_.find(episode_id);
-    int64_t current;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      current = pid_ > 0 ? starts_ : -1;
-    }
-    if (it == born_.end() || it->second != current) {
-      if (!expect_reply) return {};  // nothing to close in a process that never saw it
-      if (it != born_.end()) born_.erase(it);
-      return failed("env_died: the environment process (" + command_ + ") that began episode '" +
-                    episode_id + "' is gone");
-    }
-    if (op == "close") born_.erase(it);
+  if (!demo) {
+    if (auto gone = check_episode(op, episode_id, expect_reply)) return *gone;
   }
   if (pid_ < 0) {
     try {
@@ -247,26 +235,68 @@ EnvReply ProcessEnv::exchange_now(const ojson& request, bool expect_reply, bool 
       return failed(std::string("env_died: ") + e.what());
     }
   }
-  auto died = [&](const std::string& doing) {
-    // Give a dying process a moment to be reaped, so the error says how it ended.
-    for (int i = 0; i < 50; ++i) {
-      siginfo_t info{};
-      if (::waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT) != 0 ||
-          info.si_pid != 0) {
-        break;
-      }
-      ::usleep(2000);
-    }
-    const std::string how = stop_process();
-    born_.erase(episode_id);
-    return failed("env_died: the environment process (" + command_ + ") " + doing + " at the " +
-                  what + " (" + how + ")");
-  };
   drop_stray_output();
-  const std::string line = request.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   // One deadline for the request and its reply: a process that stops reading its stdin (a full
   // pipe) times out as one that never answers does, instead of blocking the send for ever.
   const auto deadline = Clock::now() + timeout_;
+  const std::string line = request.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  if (auto err = send_line(line, deadline, what, episode_id)) return *err;
+  if (!expect_reply) return {};
+  std::string reply_line;
+  ojson j;
+  if (auto err = read_reply_object(deadline, what, episode_id, &reply_line, &j)) return *err;
+  if (demo) return read_demonstration(j, what, episode_id, reply_line);
+  EnvReply r;
+  const std::string bad = read_reply(j, episode_id, is_reset, &r);
+  if (!bad.empty()) {
+    born_.erase(episode_id);
+    return failed("env_malformed: the reply to the " + what + ": " + bad + ": " + excerpt(reply_line));
+  }
+  if (is_reset) {
+    std::lock_guard<std::mutex> lock(mu_);
+    born_[episode_id] = starts_;
+  } else if (r.done) {
+    born_.erase(episode_id);
+  }
+  return r;
+}
+
+std::optional<EnvReply> ProcessEnv::check_episode(const std::string& op, const std::string& episode_id,
+                                                  bool expect_reply) {
+  if (op == "reset") return std::nullopt;
+  auto it = born_.find(episode_id);
+  int64_t current;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    current = pid_ > 0 ? starts_ : -1;
+  }
+  if (it == born_.end() || it->second != current) {
+    if (!expect_reply) return EnvReply{};  // nothing to close in a process that never saw it
+    if (it != born_.end()) born_.erase(it);
+    return failed("env_died: the environment process (" + command_ + ") that began episode '" + episode_id +
+                  "' is gone");
+  }
+  if (op == "close") born_.erase(it);
+  return std::nullopt;
+}
+
+EnvReply ProcessEnv::died(const std::string& doing, const std::string& what, const std::string& episode_id) {
+  // Give a dying process a moment to be reaped, so the error says how it ended.
+  for (int i = 0; i < 50; ++i) {
+    siginfo_t info{};
+    if (::waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid != 0) {
+      break;
+    }
+    ::usleep(2000);
+  }
+  const std::string how = stop_process();
+  born_.erase(episode_id);
+  return failed("env_died: the environment process (" + command_ + ") " + doing + " at the " + what + " (" +
+                how + ")");
+}
+
+std::optional<EnvReply> ProcessEnv::send_line(const std::string& line, Clock::time_point deadline,
+                                              const std::string& what, const std::string& episode_id) {
   for (size_t sent = 0; sent < line.size();) {
     const ssize_t n = ::send(fd_, line.data() + sent, line.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0 && errno == EINTR) continue;
@@ -281,91 +311,90 @@ EnvReply ProcessEnv::exchange_now(const ojson& request, bool expect_reply, bool 
       }
       pollfd p{fd_, POLLOUT, 0};
       if (::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000))) < 0 && errno != EINTR) {
-        return died("failed a poll");
+        return died("failed a poll", what, episode_id);
       }
       continue;
     }
-    if (n <= 0) return died("stopped reading its stdin");
+    if (n <= 0) return died("stopped reading its stdin", what, episode_id);
     sent += static_cast<size_t>(n);
   }
-  if (!expect_reply) return {};
-  std::string reply_line;
-  ojson j;
-  for (;;) {  // until a line that is meant as a reply (what is not is dropped: see below)
-    size_t eol;
-    while ((eol = buffer_.find('\n')) == std::string::npos) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-      if (left.count() <= 0) {
-        stop_process();  // a late reply must not answer a later request
-        born_.erase(episode_id);
-        return failed("env_timeout: no reply from the environment (" + command_ + ") within " +
-                      std::to_string(timeout_.count()) + " ms to the " + what);
-      }
-      if (buffer_.size() > kMaxLineBytes) {
-        stop_process();
-        born_.erase(episode_id);
-        return failed("env_malformed: the reply to the " + what + " is a line of over " +
-                      std::to_string(kMaxLineBytes >> 20) + " MiB: " + excerpt(buffer_));
-      }
-      pollfd p{fd_, POLLIN, 0};
-      const int ready = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
-      if (ready < 0 && errno != EINTR) return died("failed a poll");
-      if (ready <= 0) continue;
-      char buf[4096];
-      const ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return died("closed its stdout");
-      buffer_.append(buf, static_cast<size_t>(n));
+  return std::nullopt;
+}
+
+std::optional<EnvReply> ProcessEnv::read_line(Clock::time_point deadline, const std::string& what,
+                                              const std::string& episode_id, std::string* line) {
+  size_t eol;
+  while ((eol = buffer_.find('\n')) == std::string::npos) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) {
+      stop_process();  // a late reply must not answer a later request
+      born_.erase(episode_id);
+      return failed("env_timeout: no reply from the environment (" + command_ + ") within " +
+                    std::to_string(timeout_.count()) + " ms to the " + what);
     }
-    reply_line = buffer_.substr(0, eol);
-    buffer_.erase(0, eol + 1);
+    if (buffer_.size() > kMaxLineBytes) {
+      stop_process();
+      born_.erase(episode_id);
+      return failed("env_malformed: the reply to the " + what + " is a line of over " +
+                    std::to_string(kMaxLineBytes >> 20) + " MiB: " + excerpt(buffer_));
+    }
+    pollfd p{fd_, POLLIN, 0};
+    const int ready = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
+    if (ready < 0 && errno != EINTR) return died("failed a poll", what, episode_id);
+    if (ready <= 0) continue;
+    char buf[4096];
+    const ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return died("closed its stdout", what, episode_id);
+    buffer_.append(buf, static_cast<size_t>(n));
+  }
+  *line = buffer_.substr(0, eol);
+  buffer_.erase(0, eol + 1);
+  return std::nullopt;
+}
+
+std::optional<EnvReply> ProcessEnv::read_reply_object(Clock::time_point deadline, const std::string& what,
+                                                      const std::string& episode_id, std::string* line,
+                                                      ojson* j) {
+  for (;;) {  // until a line that is meant as a reply (what is not is dropped: see below)
+    if (auto err = read_line(deadline, what, episode_id, line)) return err;
     // A line that does not open a JSON object (a banner, a log line) or an object without an
     // "episode_id" (an answer to "close") is no reply: dropped, so it cannot take the place of
     // this reply and shift every later one. A line that opens an object is the reply, good or bad.
-    const size_t b = reply_line.find_first_not_of(" \t\r");
-    if (b != std::string::npos && reply_line[b] == '{') {
+    const size_t b = line->find_first_not_of(" \t\r");
+    if (b != std::string::npos && (*line)[b] == '{') {
       bool too_deep = false;
-      j = parse_untrusted_json<ojson>(reply_line, &too_deep);
+      *j = parse_untrusted_json<ojson>(*line, &too_deep);
       if (too_deep) {
         born_.erase(episode_id);
         return failed("env_malformed: the reply to the " + what + " nests arrays and objects deeper than " +
-                      std::to_string(kMaxJsonDepth) + " levels: " + excerpt(reply_line));
+                      std::to_string(kMaxJsonDepth) + " levels: " + excerpt(*line));
       }
-      if (j.is_discarded() || !j.is_object() || j.contains("episode_id")) break;
+      if (j->is_discarded() || !j->is_object() || j->contains("episode_id")) break;
     }
-    spdlog::warn("environment ({}): dropped a line that is not a reply (waiting for the {}'s): {}",
-                 command_, what, excerpt(reply_line));
+    spdlog::warn("environment ({}): dropped a line that is not a reply (waiting for the {}'s): {}", command_,
+                 what, excerpt(*line));
   }
-  if (j.is_discarded() || !j.is_object()) {
+  if (j->is_discarded() || !j->is_object()) {
     born_.erase(episode_id);  // over, as after any malformed reply
-    return failed("env_malformed: the reply to the " + what + " is not a JSON object: " +
-                  excerpt(reply_line));
+    return failed("env_malformed: the reply to the " + what + " is not a JSON object: " + excerpt(*line));
+  }
+  return std::nullopt;
+}
+
+EnvReply ProcessEnv::read_demonstration(const ojson& j, const std::string& what, const std::string& episode_id,
+                                        const std::string& line) {
+  if (!j.contains("episode_id") || j["episode_id"] != episode_id || !j.contains("demonstration")) {
+    return failed("env_malformed: the reply to the " + what + " must name the request's \"episode_id\" " +
+                  "and hold \"demonstration\" (an object, or null): " + excerpt(line));
+  }
+  const ojson& d = j["demonstration"];
+  if (!d.is_null() && (!d.is_object() || !d.contains("messages") || !d["messages"].is_array())) {
+    return failed("env_malformed: the reply to the " + what + ": \"demonstration\" must be null or " +
+                  "{\"messages\": [...], \"tools\": [...]}: " + excerpt(line));
   }
   EnvReply r;
-  if (demo) {
-    if (!j.contains("episode_id") || j["episode_id"] != episode_id || !j.contains("demonstration")) {
-      return failed("env_malformed: the reply to the " + what + " must name the request's \"episode_id\" " +
-                    "and hold \"demonstration\" (an object, or null): " + excerpt(reply_line));
-    }
-    const ojson& d = j["demonstration"];
-    if (!d.is_null() && (!d.is_object() || !d.contains("messages") || !d["messages"].is_array())) {
-      return failed("env_malformed: the reply to the " + what + ": \"demonstration\" must be null or " +
-                    "{\"messages\": [...], \"tools\": [...]}: " + excerpt(reply_line));
-    }
-    r.demonstration = d;
-    return r;
-  }
-  const std::string bad = read_reply(j, episode_id, is_reset, &r);
-  if (!bad.empty()) {
-    born_.erase(episode_id);
-    return failed("env_malformed: the reply to the " + what + ": " + bad + ": " + excerpt(reply_line));
-  }
-  if (is_reset) {
-    std::lock_guard<std::mutex> lock(mu_);
-    born_[episode_id] = starts_;
-  } else if (r.done) {
-    born_.erase(episode_id);
-  }
+  r.demonstration = d;
   return r;
 }
 

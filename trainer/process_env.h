@@ -67,6 +67,22 @@ class ProcessEnv : public Environment {
   // Sends `request` and reads one reply line (on the worker thread); expect_reply false: send only.
   EnvReply exchange(const nlohmann::ordered_json& request, bool expect_reply, bool is_reset);
   EnvReply exchange_now(const nlohmann::ordered_json& request, bool expect_reply, bool is_reset);
+  // The parts of exchange_now; each returns the failure that ends the exchange, if any.
+  // A step or close of an episode whose process is gone (env_died; a close of one is nothing).
+  std::optional<EnvReply> check_episode(const std::string& op, const std::string& episode_id, bool expect_reply);
+  std::optional<EnvReply> send_line(const std::string& line, std::chrono::steady_clock::time_point deadline,
+                                    const std::string& what, const std::string& episode_id);
+  // The next line the process wrote (without its newline) into *line.
+  std::optional<EnvReply> read_line(std::chrono::steady_clock::time_point deadline, const std::string& what,
+                                    const std::string& episode_id, std::string* line);
+  // The next line that is meant as a reply, a JSON object, into *line and *j.
+  std::optional<EnvReply> read_reply_object(std::chrono::steady_clock::time_point deadline,
+                                            const std::string& what, const std::string& episode_id,
+                                            std::string* line, nlohmann::ordered_json* j);
+  EnvReply read_demonstration(const nlohmann::ordered_json& j, const std::string& what,
+                              const std::string& episode_id, const std::string& line);
+  // The process ended while `doing` something: env_died saying how, after reaping it.
+  EnvReply died(const std::string& doing, const std::string& what, const std::string& episode_id);
   void start_process();
   // Kills the process (if any) and reaps it; returns how it ended ("exit status 3", ...).
   std::string stop_process();

@@ -1,10 +1,10 @@
 #include "trainer/prompt_encoder.h"
 
-#include "engine/text/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace crl::trainer {
 
-PromptEncoder::PromptEncoder(const engine::Tokenizer& tokenizer, std::vector<int32_t> bos)
+PromptEncoder::PromptEncoder(const text::Tokenizer& tokenizer, std::vector<int32_t> bos)
     : tokenizer_(tokenizer), bos_(std::move(bos)), chat_(tokenizer) {}
 
 std::vector<int32_t> PromptEncoder::encode(const TaskRow& row) const {
@@ -17,8 +17,8 @@ std::vector<int32_t> PromptEncoder::encode(const TaskRow& row) const {
   return ids;
 }
 
-engine::EncodeOptions PromptEncoder::answer_options(const TaskRow& row) {
-  engine::EncodeOptions options;
+text::EncodeOptions PromptEncoder::answer_options(const TaskRow& row) {
+  text::EncodeOptions options;
   options.split_special_tokens = row.split_special_tokens;
   return options;
 }

@@ -13,22 +13,22 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/text/chat_encoder.h"
-#include "engine/text/tokenizer.h"
+#include "text/chat_encoder.h"
+#include "text/tokenizer.h"
 #include "trainer/tasks.h"
 
 namespace crl::trainer {
 
 class PromptEncoder {
  public:
-  PromptEncoder(const engine::Tokenizer& tokenizer, std::vector<int32_t> bos);
+  PromptEncoder(const text::Tokenizer& tokenizer, std::vector<int32_t> bos);
 
   std::vector<int32_t> encode(const TaskRow& row) const;
   // How a row's answer (and a text row's prompt) is encoded: split_special_tokens as the row says.
-  static engine::EncodeOptions answer_options(const TaskRow& row);
+  static text::EncodeOptions answer_options(const TaskRow& row);
 
  private:
-  const engine::Tokenizer& tokenizer_;
+  const text::Tokenizer& tokenizer_;
   std::vector<int32_t> bos_;
   text::ChatEncoder chat_;  // no prefix: encode() puts `bos_` in front where a row needs it
 };

@@ -2,12 +2,10 @@
 
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <stdexcept>
 
 #include "common/check.h"
-#include "engine/model/lora.h"
 #include "sync/nccl_communicator.h"
 #include "trainer/checkpoint.h"
 
@@ -58,40 +56,8 @@ void RlOptions::validate() {
   }
   sft_schedule.validate();
   trainer.validate();
-  if (!resume_dir.empty()) {
-    // A LoRA checkpoint holds the adapter alone and a full one no adapter: say so before any rank
-    // fails to load the other kind.
-    const CheckpointState st = read_checkpoint_state(resume_dir);
-    if (st.lora.is_object() && !trainer.lora.enabled()) {
-      throw std::invalid_argument(fmt::format(
-          "--resume {}: the checkpoint is a LoRA adapter of rank {} trained on {}; resume it with "
-          "--lora-rank {} and that base as --model", resume_dir, st.lora.value("rank", 0),
-          st.lora.value("base_model", std::string("?")), st.lora.value("rank", 0)));
-    }
-    if (!st.lora.is_object() && trainer.lora.enabled()) {
-      throw std::invalid_argument(fmt::format(
-          "--resume {}: the checkpoint holds full-model weights, not a LoRA adapter; resume it "
-          "without --lora-rank", resume_dir));
-    }
-    if (st.lora.is_object() && trainer.lora.enabled()) {
-      // Another adapter shape: said here, before an infer rank refuses the adapter's rank with a
-      // message about its slots.
-      auto sorted = [](std::vector<engine::LoraTarget> v) {
-        std::sort(v.begin(), v.end());
-        return v;
-      };
-      const int64_t rank = st.lora.value("rank", int64_t{0});
-      const double alpha = st.lora.value("alpha", 0.0);
-      const std::string targets = st.lora.value("targets", std::string());
-      if (rank != trainer.lora.rank || alpha != trainer.lora.alpha ||
-          sorted(engine::parse_lora_targets(targets)) != sorted(engine::parse_lora_targets(trainer.lora.targets))) {
-        throw std::invalid_argument(fmt::format(
-            "--resume {}: the checkpoint's adapter has rank {}, alpha {:g}, targets {}; the run asks for "
-            "--lora-rank {} --lora-alpha {:g} --lora-targets {}: resume with the checkpoint's",
-            resume_dir, rank, alpha, targets, trainer.lora.rank, trainer.lora.alpha, trainer.lora.targets));
-      }
-    }
-  }
+  // A checkpoint of the other kind, or another adapter shape: said before any rank loads it.
+  if (!resume_dir.empty()) check_resume_shape(read_checkpoint_state(resume_dir), resume_dir, trainer.lora);
   if (save_merged && (!trainer.lora.enabled() || save_dir.empty())) {
     throw std::invalid_argument("--save-merged needs --lora-rank > 0 and --save-dir (a full fine-tuning "
                                 "checkpoint is already a model directory)");

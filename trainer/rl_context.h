@@ -154,7 +154,8 @@ class VersionPlan {
         resumed_(resumed),
         sft_(!resumed && o.sft_steps > 0),
         steps_(o.steps),
-        eval_every_(o.eval_every) {}
+        eval_every_(o.eval_every),
+        max_staleness_(o.max_staleness) {}
 
   int64_t start_step() const { return start_step_; }
   bool resumed() const { return resumed_; }
@@ -164,6 +165,10 @@ class VersionPlan {
   // Weights GRPO step s trains on; it sends version_at(s) + 1.
   int64_t version_at(int64_t step) const { return first_grpo_version() + step - start_step_; }
   int64_t final_version() const { return version_at(steps_); }
+  // The oldest weights a token step s trains on may come from (--max-staleness K behind
+  // version_at(s)): the engines wait for it before they sample the step, drop a group with an older
+  // token, and the train ranks refuse one.
+  int64_t oldest_allowed(int64_t step) const { return version_at(step) - max_staleness_; }
   // The step whose end version `v` is (v = version_at(s) + 1), or a step before start_step for
   // the SFT version.
   int64_t step_of_version(int64_t v) const { return v - 1 - first_grpo_version() + start_step_; }
@@ -175,7 +180,7 @@ class VersionPlan {
  private:
   int64_t start_step_;
   bool resumed_, sft_;
-  int64_t steps_, eval_every_;
+  int64_t steps_, eval_every_, max_staleness_;
 };
 
 // The task's rows (training and held-out) and the data cursor: every rank draws the same rows in

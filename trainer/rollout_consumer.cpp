@@ -12,18 +12,19 @@
 #include "common/check.h"
 #include "common/units.h"
 #include "engine/model/config.h"
-#include "engine/text/chat_template.h"
-#include "engine/text/tokenizer.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
 #include "sync/rollout_transport.h"
 #include "sync/weight_layout.h"
 #include "sync/weight_sync.h"
 #include "trainer/checkpoint.h"
 #include "trainer/environment.h"
+#include "trainer/make_environment.h"
 #include "trainer/multi_turn.h"
 #include "trainer/metrics.h"
 #include "trainer/micro_batch.h"
 #include "trainer/prompt_encoder.h"
-#include "trainer/rl_reports.h"
+#include "trainer/step_reports.h"
 
 namespace crl::trainer {
 namespace {
@@ -245,7 +246,7 @@ std::unique_ptr<Trainer> RolloutConsumer::sft(std::unique_ptr<Trainer> tr, const
   sft->set_grad_scale(grad_scale());
   // The same tokenizer the engine uses, loaded from the model directory, and the same prompt
   // ids the engines generate from (the special tokens its encode_prompt adds to a prompt).
-  engine::Tokenizer tok(o_.model_dir);
+  text::Tokenizer tok(o_.model_dir);
   auto cfg = engine::load_model_config(o_.model_dir);
   const PromptEncoder prompts(tok, tok.special_prefix());
   // --env: the environment's demonstrations (whole episodes: the model's turns are the targets,
@@ -305,11 +306,41 @@ std::unique_ptr<Trainer> RolloutConsumer::sft(std::unique_ptr<Trainer> tr, const
   return std::make_unique<Trainer>(config, std::move(w), topts);
 }
 
+void RolloutConsumer::check_staleness(const MicroBatch& mb, int64_t step, int64_t* sum, int64_t* max) const {
+  const int64_t trainer_version = c_.versions.version_at(step);
+  at::Tensor on = mb.loss_mask > 0.5f;
+  at::Tensor stale = trainer_version - mb.versions.masked_select(on);
+  if (stale.numel() == 0) return;
+  const int64_t mx = stale.max().item<int64_t>();
+  const int64_t mn = stale.min().item<int64_t>();
+  if (mn < 0) {  // the engines stamp each token with the version they received
+    throw std::runtime_error(fmt::format(
+        "step {}: a rollout token was sampled by weights version {}, newer than the version "
+        "this step trains ({}): the train ranks' version arithmetic disagrees with the "
+        "versions the engines received", step + 1, trainer_version - mn, trainer_version));
+  }
+  if (trainer_version - mx < c_.versions.oldest_allowed(step)) {
+    throw std::runtime_error(fmt::format(
+        "step {}: a rollout token is {} versions older than the trainer's weights (version {}), "
+        "beyond --max-staleness {}", step + 1, mx, trainer_version, o_.max_staleness));
+  }
+  *max = std::max(*max, mx);
+  *sum += stale.sum().item<int64_t>();
+}
+
+void RolloutConsumer::remove_round_counters(const Rounds& rd) {
+  sync::Coordinator& co = *c_.coord;
+  for (int64_t i = 1; i <= rd.done + 1; ++i) {
+    co.remove(kRounds, rd.step, have_counter(i));
+    co.remove(kRounds, rd.step, ended_counter(i));
+  }
+  co.remove(kRounds, rd.step, kEnded);
+}
+
 TrainReport RolloutConsumer::train_step(Trainer& tr, int64_t step) {
   std::vector<LossMetrics> parts;
   int64_t tokens = 0, stale_sum = 0, stale_max = 0;
   double compute_s = 0;
-  const int64_t trainer_version = c_.versions.version_at(step);
   tr.zero_grad();
   local_loss_tokens_ = 0;
   // Stages 0 and 1 train each micro-batch as it arrives; ZeRO stage 2 trains in collective
@@ -336,26 +367,7 @@ TrainReport RolloutConsumer::train_step(Trainer& tr, int64_t step) {
     auto c0 = Clock::now();
     MicroBatch mb = deserialize_micro_batch(buf);
     buf = at::Tensor();
-    // Staleness of every loss token: how many versions behind the weights it trains.
-    at::Tensor on = mb.loss_mask > 0.5f;
-    at::Tensor stale = trainer_version - mb.versions.masked_select(on);
-    if (stale.numel() > 0) {
-      const int64_t mx = stale.max().item<int64_t>();
-      const int64_t mn = stale.min().item<int64_t>();
-      if (mn < 0) {  // the engines stamp each token with the version they received
-        throw std::runtime_error(fmt::format(
-            "step {}: a rollout token was sampled by weights version {}, newer than the version "
-            "this step trains ({}): the train ranks' version arithmetic disagrees with the "
-            "versions the engines received", step + 1, trainer_version - mn, trainer_version));
-      }
-      if (mx > o_.max_staleness) {
-        throw std::runtime_error(fmt::format(
-            "step {}: a rollout token is {} versions older than the trainer's weights (version {}), "
-            "beyond --max-staleness {}", step + 1, mx, trainer_version, o_.max_staleness));
-      }
-      stale_max = std::max(stale_max, mx);
-      stale_sum += stale.sum().item<int64_t>();
-    }
+    check_staleness(mb, step, &stale_sum, &stale_max);
     tokens += mb.num_tokens();
     if (rounds) {
       rd.held.push_back(std::move(mb));
@@ -392,15 +404,8 @@ TrainReport RolloutConsumer::train_step(Trainer& tr, int64_t step) {
     barrier(fmt::format("rollouts-s{}", step));  // every node's rollouts are in
     wait_s += seconds_since(b0);
   }
-  if (rounds && c_.ranks.g.train->rank() == 0) {
-    // Every rank finished its rounds before the barrier: the step's counters can go.
-    sync::Coordinator& co = *c_.coord;
-    for (int64_t i = 1; i <= rd.done + 1; ++i) {
-      co.remove(kRounds, step, have_counter(i));
-      co.remove(kRounds, step, ended_counter(i));
-    }
-    co.remove(kRounds, step, kEnded);
-  }
+  // Every rank finished its rounds before the barrier: the step's counters can go.
+  if (rounds && c_.ranks.g.train->rank() == 0) remove_round_counters(rd);
   auto c0 = Clock::now();
   auto st = tr.finish_step();
   compute_s += seconds_since(c0);

@@ -11,7 +11,7 @@
 //   3. sends version_at(s) + 1 to its node's engines (WeightSync: one broadcast per bucket,
 //      striped over the node's train ranks) once they asked for it, and writes a checkpoint when
 //      due (the first train rank; HF layout + optimizer + data cursor).
-// Each step's TrainReport (rl_reports.h) goes to world rank 0 through the coordinator.
+// Each step's TrainReport (step_reports.h) goes to world rank 0 through the coordinator.
 //
 // Thread safety: one thread.
 #pragma once
@@ -92,6 +92,11 @@ class RolloutConsumer {
   std::string checkpoint(Trainer& tr, int64_t step, const char* phase);
   std::unique_ptr<Trainer> sft(std::unique_ptr<Trainer> tr, const TrainerOptions& topts);
   TrainReport train_step(Trainer& tr, int64_t step);
+  // Fails the step when a loss token of `mb` was sampled by weights newer than the step trains or
+  // older than VersionPlan::oldest_allowed; adds the tokens' staleness to *sum and *max.
+  void check_staleness(const MicroBatch& mb, int64_t step, int64_t* sum, int64_t* max) const;
+  // ZeRO-2: the store counters of a finished step's rounds (train rank 0, after the barrier).
+  void remove_round_counters(const Rounds& rd);
 
   RlContext& c_;
   const RlOptions& o_;

@@ -12,14 +12,16 @@
 #include "common/check.h"
 #include "engine/engine_loop.h"
 #include "engine/llm_engine.h"
-#include "engine/text/chat_template.h"
+#include "text/chat_template.h"
 #include "sync/rollout_transport.h"
 #include "sync/weight_layout.h"
 #include "sync/weight_sync.h"
 #include "trainer/environment.h"
+#include "trainer/make_environment.h"
 #include "trainer/multi_turn.h"
 #include "trainer/prompt_encoder.h"
-#include "trainer/rl_reports.h"
+#include "trainer/step_reports.h"
+#include "trainer/rollout_batcher.h"
 
 namespace crl::trainer {
 namespace {
@@ -81,8 +83,10 @@ RolloutProducer::RolloutProducer(RlContext& ctx) : c_(ctx), o_(ctx.o) {
             : engine::make_lora_adapter(eng->model_config(), lo.rank, lo.alpha,
                                         engine::parse_lora_targets(lo.targets), lo.seed, /*random_b=*/false);
     layout_ = std::make_unique<sync::WeightLayout>(
-        eng->attach_lora_buffers("policy", initial, o_.bucket_bytes,
-                                 static_cast<int32_t>(o_.max_staleness + 1)).layout());
+        eng->loras()
+            .attach_policy("policy", initial, o_.bucket_bytes, static_cast<int32_t>(o_.max_staleness + 1),
+                           eng->weight_version())
+            .layout());
   } else {
     layout_ = std::make_unique<sync::WeightLayout>(eng->attach_weight_buffers(o_.bucket_bytes).layout());
   }
@@ -128,7 +132,7 @@ RolloutProducer::RolloutProducer(RlContext& ctx) : c_(ctx), o_(ctx.o) {
     chat_ = std::make_unique<text::ChatTemplate>(text::ChatTemplate::from_model_dir(eng->config().model_dir));
     if (!chat_->is_jinja()) chat_prefix = eng->prompt_prefix();  // a built-in format: BOS first
   }
-  const engine::Tokenizer* tok = eng->tokenizer();
+  const text::Tokenizer* tok = eng->tokenizer();
   loop_ = std::make_shared<engine::EngineLoop>(std::move(eng));
   loop_->set_weight_source(ws_, o_.inflight);
   loop_->start();
@@ -271,7 +275,7 @@ void RolloutProducer::run() {
   for (int64_t step = c_.versions.start_step(); step < o_.steps; ++step) {
     if (fault.rank == c_.ranks.env.rank && fault.step == step + 1) std::raise(SIGKILL);
     auto w0 = Clock::now();
-    while (followed_ < c_.versions.version_at(step) - o_.max_staleness) wait_weights();
+    while (followed_ < c_.versions.oldest_allowed(step)) wait_weights();
     double gate_s = seconds_since(w0);
     InferReport m = rollout(step);
     m.gate_wait_s = gate_s;
@@ -301,6 +305,26 @@ void RolloutProducer::run() {
   }
 }
 
+std::vector<size_t> RolloutProducer::own_share(const std::vector<int64_t>& cost) const {
+  const std::vector<int> owner = shard_by_cost(cost, c_.ranks.infer_total);
+  std::vector<size_t> mine;
+  for (size_t i = 0; i < owner.size(); ++i) {
+    if (owner[i] == c_.ranks.role_global) mine.push_back(i);
+  }
+  return mine;
+}
+
+uint64_t RolloutProducer::request_seed(int64_t step, size_t i) const {
+  return o_.seed * 1000003 + static_cast<uint64_t>(step) * 1009 + i;
+}
+
+RolloutBatcher RolloutProducer::batcher(int64_t step) {
+  return RolloutBatcher(
+      c_.versions.oldest_allowed(step), o_.trainer.micro_batch_tokens,
+      [this, step](std::vector<SampleGroup>& groups) { return send(groups, step); },
+      [this, step] { sender_->end_step(step); });
+}
+
 InferReport RolloutProducer::rollout(int64_t step) {
   if (episodes_) return rollout_episodes(step);
   auto t_start = Clock::now();
@@ -312,82 +336,52 @@ InferReport RolloutProducer::rollout(int64_t step) {
     cost.push_back(static_cast<int64_t>(prompt_ids.back().size()) +
                    int64_t{o_.samples_per_prompt} * o_.max_tokens);
   }
-  std::vector<int> owner = shard_by_cost(cost, c_.ranks.infer_total);
   std::vector<int64_t> row_of;  // submission index -> task row
   std::vector<engine::GenerateRequest> reqs;
-  for (size_t i = 0; i < picked.size(); ++i) {
-    if (owner[i] != c_.ranks.role_global) continue;
+  for (size_t i : own_share(cost)) {
     engine::GenerateRequest q;
     q.request_id = fmt::format("s{}p{}", step, i);
     q.prompt_token_ids = std::move(prompt_ids[i]);
     q.params.n = o_.samples_per_prompt;
     q.params.temperature = o_.temperature;
     q.params.max_tokens = o_.max_tokens;
-    q.params.seed = o_.seed * 1000003 + static_cast<uint64_t>(step) * 1009 + i;
+    q.params.seed = request_seed(step, i);
     row_of.push_back(picked[i]);
     reqs.push_back(std::move(q));
   }
-  const int64_t oldest_allowed = c_.versions.version_at(step) - o_.max_staleness;
-  std::vector<SampleGroup> pending;
-  int64_t pending_tokens = 0, gen_tokens = 0, correct = 0, samples = 0, sent_bytes = 0;
-  int64_t dropped = 0, stale_tokens = 0;
-  double rsum = 0, rsq = 0;
+  RolloutBatcher out = batcher(step);
+  InferReport r;
   // With --reproducible no version lands mid-step, and groups are packed in prompt order (not in
   // the order this thread happened to see them finish): the micro-batches are a function of the
   // step.
   busy_s_ += run_requests(
       std::move(reqs), /*follow=*/!o_.reproducible,
-      /*in_order=*/o_.reproducible, [&](size_t index, const engine::RequestOutput& out) {
+      /*in_order=*/o_.reproducible, [&](size_t index, const engine::RequestOutput& done) {
         const TaskRow& row = c_.data.split().train[row_of[index]];
         SampleGroup grp;
-        grp.prompt_ids.assign(out.prompt_token_ids.begin(), out.prompt_token_ids.end());
+        grp.prompt_ids.assign(done.prompt_token_ids.begin(), done.prompt_token_ids.end());
         grp.prompt_index = row_of[index];
-        bool too_old = false;
-        for (const auto& c : out.outputs) {
+        for (const auto& c : done.outputs) {
           auto rr = score_completion(o_.reward, c.text, row.answer);
           Sample smp;
           smp.completion_ids = c.token_ids;
           smp.logprobs = c.raw_logprobs;
           smp.versions = c.token_versions;
           smp.reward = rr.reward;
-          for (int64_t v : c.token_versions) {
-            too_old = too_old || v < oldest_allowed;
-            stale_tokens += v < c_.versions.version_at(step);
-          }
-          gen_tokens += static_cast<int64_t>(c.token_ids.size());
-          pending_tokens += static_cast<int64_t>(grp.prompt_ids.size() + c.token_ids.size());
-          correct += rr.correct;
-          rsum += rr.reward;
-          rsq += rr.reward * rr.reward;
-          ++samples;
+          for (int64_t v : c.token_versions) r.stale_tokens += v < c_.versions.version_at(step);
+          r.gen_tokens += static_cast<int64_t>(c.token_ids.size());
+          r.correct += rr.correct;
+          r.reward_sum += rr.reward;
+          r.reward_sq += rr.reward * rr.reward;
+          ++r.samples;
           grp.samples.push_back(std::move(smp));
         }
-        if (too_old) {  // never trained on; counted in the step's metrics
-          ++dropped;
-          return;
-        }
-        pending.push_back(std::move(grp));
-        compute_group_advantages(pending);  // per group: earlier groups are unchanged
-        if (pending_tokens >= o_.trainer.micro_batch_tokens) {
-          sent_bytes += send(pending, step);
-          pending_tokens = 0;
-        }
+        out.add(std::move(grp), RolloutBatcher::Advantages::kGroup);
       });
-  double gen_s = seconds_since(t_start);
-  sent_bytes += send(pending, step);
-  sender_->end_step(step);
-  double n = std::max<int64_t>(1, samples);
-  InferReport r;
-  r.samples = samples;
-  r.reward_sum = rsum;
-  r.reward_sq = rsq;
-  r.correct = correct;
-  r.gen_tokens = gen_tokens;
-  r.gen_s = gen_s;
-  r.rollout_bytes = sent_bytes;
-  r.reward_mean = rsum / n;
-  r.groups_dropped = dropped;
-  r.stale_tokens = stale_tokens;
+  r.gen_s = seconds_since(t_start);
+  r.rollout_bytes = out.finish();
+  r.reward_mean = r.reward_sum / std::max<double>(1, static_cast<double>(r.samples));
+  r.groups_dropped = out.groups_dropped();
   return r;
 }
 
@@ -412,120 +406,6 @@ int64_t RolloutProducer::send(std::vector<SampleGroup>& pending, int64_t step) {
     }
   }
   return bytes;
-}
-
-double RolloutProducer::evaluate_episodes() {
-  std::vector<EpisodeSpec> specs;
-  for (size_t k = 0; k < eval_rows_.size(); ++k) {
-    EpisodeSpec e;
-    e.id = fmt::format("eval{}-{}", evals_, k);
-    e.split = EnvSplit::kEval;
-    e.index = static_cast<int64_t>(eval_rows_[k]);
-    e.temperature = 0;
-    specs.push_back(std::move(e));
-  }
-  ++evals_;
-  double correct = 0;
-  auto t0 = Clock::now();
-  // Evaluation takes no weight update: it measures one version.
-  episodes_->run(specs, [&](size_t, Episode& ep) { correct += ep.correct; });
-  busy_s_ += seconds_since(t0);
-  at::Tensor t = at::tensor({correct, static_cast<double>(eval_rows_.size())}, at::kDouble);
-  c_.ranks.g.infer->all_reduce(t);
-  return t[1].item<double>() > 0 ? t[0].item<double>() / t[1].item<double>() : 0.0;
-}
-
-InferReport RolloutProducer::rollout_episodes(int64_t step) {
-  auto t_start = Clock::now();
-  const int64_t n = o_.samples_per_prompt;
-  std::vector<int64_t> picked = c_.data.draw(o_.prompts_per_step);
-  // Every task costs about the same (n episodes up to the token cap): the LPT shard spreads them.
-  std::vector<int> owner = shard_by_cost(std::vector<int64_t>(picked.size(), 1), c_.ranks.infer_total);
-  std::vector<EpisodeSpec> specs;
-  std::vector<size_t> task_of;  // spec -> index into `tasks`
-  std::vector<int64_t> tasks;   // this rank's tasks (rows)
-  for (size_t i = 0; i < picked.size(); ++i) {
-    if (owner[i] != c_.ranks.role_global) continue;
-    for (int64_t k = 0; k < n; ++k) {
-      EpisodeSpec e;
-      e.id = fmt::format("s{}p{}e{}", step, i, k);
-      e.split = EnvSplit::kTrain;
-      e.index = picked[i];
-      e.temperature = o_.temperature;
-      e.seed = (o_.seed * 1000003 + static_cast<uint64_t>(step) * 1009 + i) * 131 + static_cast<uint64_t>(k);
-      specs.push_back(std::move(e));
-      task_of.push_back(tasks.size());
-    }
-    tasks.push_back(picked[i]);
-  }
-  const int64_t oldest_allowed = c_.versions.version_at(step) - o_.max_staleness;
-  std::vector<std::vector<Episode>> done(tasks.size());
-  std::vector<SampleGroup> pending;
-  InferReport r;
-  int64_t pending_tokens = 0, sent_bytes = 0;
-  double rsum = 0, rsq = 0;
-  episodes_->run(
-      specs,
-      [&](size_t index, Episode& ep) {
-        const size_t t = task_of[index];
-        ++r.episodes;
-        r.turns += ep.turns;
-        r.tool_errors += ep.tool_errors;
-        r.env_errors += ep.end == "env_error";
-        if (ep.end == "env_error") {
-          spdlog::warn("episode {}: {} (reward 0; not trained on)", specs[index].id, ep.env_error);
-        }
-        r.env_tokens += ep.env_tokens();
-        r.model_tokens += ep.model_tokens();
-        r.gen_tokens += ep.model_tokens();
-        r.correct += ep.correct;
-        rsum += ep.reward;
-        rsq += ep.reward * ep.reward;
-        ++r.samples;
-        for (size_t j = 0; j < ep.ids.size(); ++j) {
-          if (ep.mask[j]) r.stale_tokens += ep.versions[j] < c_.versions.version_at(step);
-        }
-        done[t].push_back(std::move(ep));
-        if (static_cast<int64_t>(done[t].size()) < n) return;
-        // The group is complete: advantages over its episodes' rewards (GRPO; episodes the
-        // environment failed left out), then one sample per segment, each with its episode's
-        // advantage.
-        bool too_old = false;
-        for (const Episode& e : done[t]) {
-          for (size_t j = 0; j < e.ids.size(); ++j) too_old = too_old || (e.mask[j] && e.versions[j] < oldest_allowed);
-        }
-        if (too_old) {  // never trained on; counted in the step's metrics
-          ++r.groups_dropped;
-          done[t].clear();
-          return;
-        }
-        SampleGroup grp;
-        grp.prompt_index = tasks[t];
-        grp.samples = group_episode_samples(done[t]);
-        for (const Sample& s : grp.samples) {
-          pending_tokens += static_cast<int64_t>(s.prompt_ids.size() + s.completion_ids.size());
-        }
-        done[t].clear();
-        if (grp.samples.empty()) return;
-        grp.prompt_ids = grp.samples[0].prompt_ids;
-        pending.push_back(std::move(grp));
-        if (pending_tokens >= o_.trainer.micro_batch_tokens) {
-          sent_bytes += send(pending, step);
-          pending_tokens = 0;
-        }
-      },
-      [&] {
-        if (!o_.reproducible) follow_updates();
-      });
-  busy_s_ += seconds_since(t_start);
-  r.gen_s = seconds_since(t_start);
-  sent_bytes += send(pending, step);
-  sender_->end_step(step);
-  r.reward_sum = rsum;
-  r.reward_sq = rsq;
-  r.reward_mean = rsum / std::max<double>(1, static_cast<double>(r.samples));
-  r.rollout_bytes = sent_bytes;
-  return r;
 }
 
 }  // namespace crl::trainer

@@ -5,9 +5,10 @@
 //   1. waits until the engine holds weights version_at(s) - K (K = --max-staleness), then draws
 //      the step's prompts (the same on every rank), takes its shard (balanced by expected tokens;
 //      a prompt's n samples stay on one engine) and submits it;
-//   2. as each group finishes: scores it, records the weight version of every token, drops it
-//      (counted) when a token is older than version_at(s) - K, normalises its advantages, and
-//      queues full packed micro-batches to the node's train ranks (RolloutSender);
+//   2. as each group finishes: scores it, records the weight version of every token, and hands it
+//      to a RolloutBatcher, which drops it (counted) when a token is older than
+//      VersionPlan::oldest_allowed(s) = version_at(s) - K, normalises its advantages, and queues
+//      full packed micro-batches to the node's train ranks (RolloutSender);
 //   3. all the while, the engine loop takes each new weight version between two engine steps as
 //      soon as the train ranks send it (--inflight-update decides what happens to running
 //      sequences; the producer only asks for versions and evaluates them), and when the rollout
@@ -17,11 +18,12 @@
 //      prompt order, so the weights that sampled a token and the
 //      micro-batches are functions of the step count, not of timing; its rollout queue is then
 //      unbounded (at most K + 1 steps' rollouts).
-// With --env the rollouts are multi-turn episodes against an environment (multi_turn.h): a group
-// is n episodes of one task, its advantages come from the episodes' rewards, and each episode is
-// one sample per prefix-preserving segment, its tool/environment tokens with loss weight 0.
+// With --env the rollouts are multi-turn episodes against an environment (multi_turn.h;
+// rollout_episodes.cpp): a group is n episodes of one task, its advantages come from the episodes'
+// rewards, and each episode is one sample per prefix-preserving segment, its tool/environment
+// tokens with loss weight 0.
 // Held-out accuracy is measured greedily on the version that ends an evaluated step, before the
-// engine asks for the next one. Each step's InferReport (rl_reports.h) and the evaluations go to
+// engine asks for the next one. Each step's InferReport (step_reports.h) and the evaluations go to
 // world rank 0 through the coordinator.
 //
 // Thread safety: one thread calls run(); the engine thread and the sender's thread are its own.
@@ -51,6 +53,7 @@ class WeightSync;
 namespace crl::trainer {
 
 class PromptEncoder;
+class RolloutBatcher;
 class Environment;
 class EpisodeRunner;
 struct InferReport;
@@ -97,6 +100,13 @@ class RolloutProducer {
   double evaluate_episodes();
   // Packs `pending` and queues the micro-batches; waits (following updates) while the queue is full.
   int64_t send(std::vector<SampleGroup>& pending, int64_t step);
+  // Step `step`'s way to the train ranks (staleness rule, advantages, send, end of step).
+  RolloutBatcher batcher(int64_t step);
+  // The prompts (indices into `cost`, each prompt's expected tokens) this infer rank generates:
+  // longest first to the least loaded rank, the same split on every rank.
+  std::vector<size_t> own_share(const std::vector<int64_t>& cost) const;
+  // The sampling seed of prompt `i` of step `step` (the same on whichever rank runs it).
+  uint64_t request_seed(int64_t step, size_t i) const;
 
   RlContext& c_;
   const RlOptions& o_;

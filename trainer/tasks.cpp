@@ -14,9 +14,9 @@
 
 #include "common/check.h"
 #include "common/json_depth.h"
-#include "engine/text/chat_encoder.h"
-#include "engine/text/chat_template.h"
-#include "engine/text/tokenizer.h"
+#include "text/chat_encoder.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
 
 namespace crl::trainer {
 
@@ -180,7 +180,7 @@ std::vector<TaskRow> load_task_jsonl(const std::string& path, const RewardOption
     if (has_messages) {
       if (!chat) chat = load_chat_template(model_dir, path, line);
       if (split_special_tokens && !literals) {
-        literals = text::special_token_literals(engine::Tokenizer(model_dir));
+        literals = text::special_token_literals(text::Tokenizer(model_dir));
       }
       try {
         text::ChatRenderOptions options;

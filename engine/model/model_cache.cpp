@@ -8,7 +8,7 @@
 #include <stdexcept>
 
 #include "engine/model/model_writer.h"
-#include "engine/text/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace crl::engine {
 
@@ -117,7 +117,7 @@ std::string ensure_default_tokenizer() {
     std::ofstream corpus(tmp_dir + "/corpus.txt");
     corpus << default_corpus_text();
   }
-  Tokenizer::train(tmp_dir + "/corpus.txt", tmp_dir + "/tok", 512);
+  text::Tokenizer::train(tmp_dir + "/corpus.txt", tmp_dir + "/tok", 512);
   std::error_code ec;
   fs::rename(tmp_dir + "/tok.model", model, ec);
   fs::remove_all(tmp_dir);
@@ -134,11 +134,11 @@ void make_model(const std::string& dir, const ModelConfig& config, uint64_t seed
   if (tokenizer_from.empty()) {
     tok = ensure_default_tokenizer();
   } else {
-    if (!fs::is_directory(tokenizer_from) || !Tokenizer::dir_has_tokenizer(tokenizer_from)) {
+    if (!fs::is_directory(tokenizer_from) || !text::Tokenizer::dir_has_tokenizer(tokenizer_from)) {
       throw std::invalid_argument("make-model: --tokenizer-from " + tokenizer_from +
                                   " is not a directory holding tokenizer.json or tokenizer.model");
     }
-    const Tokenizer t(tokenizer_from);
+    const text::Tokenizer t(tokenizer_from);
     c.vocab_size = std::max<int64_t>(c.vocab_size, t.vocab_size());
     c.bos_token_id = t.bos_id();
     // Qwen's tokenizers add no BOS (bos_token null), while the released Qwen2/2.5/3 configs name

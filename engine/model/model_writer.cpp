@@ -17,7 +17,7 @@
 
 #include "common/check.h"
 #include "common/file_util.h"
-#include "engine/text/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace crl::engine {
 namespace {
@@ -145,7 +145,7 @@ std::string read_file(const std::string& path) {
   return os.str();
 }
 
-json token_or_null(const Tokenizer& tok, int32_t id) {
+json token_or_null(const text::Tokenizer& tok, int32_t id) {
   return id >= 0 ? json(tok.id_to_piece(id)) : json(nullptr);
 }
 
@@ -212,7 +212,7 @@ void write_model_dir(const std::string& dir, const ModelConfig& config, const Na
     if (!seen[kv.first]) CRL_INVALID("write_model_dir: weight '", kv.first, "' is missing");
   }
 
-  const Tokenizer tok(tokenizer_source);
+  const text::Tokenizer tok(tokenizer_source);
   if (tok.vocab_size() > config.vocab_size) {
     CRL_INVALID("write_model_dir: tokenizer ", tok.path(), " has ", tok.vocab_size(),
                 " pieces but the config's vocab_size is ", config.vocab_size);

@@ -70,7 +70,7 @@ EngineConfig lora_config(const std::string& variant, int32_t slots) {
 TEST(LoraTest, ZeroInitialisedBLeavesTheBaseOutputs) {
   EngineConfig cfg = lora_config("qwen2", 1);
   LlmEngine eng(cfg);
-  eng.add_lora("fresh", make_lora_adapter(eng.model_config(), 8, 16, parse_lora_targets("all-linear"), 1, false));
+  eng.loras().add("fresh", make_lora_adapter(eng.model_config(), 8, 16, parse_lora_targets("all-linear"), 1, false));
   const auto base = eng.generate(greedy_requests("r", 4, 3, {""}));
   const auto adapted = eng.generate(greedy_requests("r", 4, 3, {"fresh"}));
   expect_same_outputs(base, adapted, 0);
@@ -85,7 +85,7 @@ TEST(LoraTest, UnmergedAdapterMatchesTheMergedWeights) {
     LlmEngine eng(cfg);
     const ModelConfig mc = eng.model_config();
     const LoraAdapter ad = make_lora_adapter(mc, 6, 12, parse_lora_targets("all-linear"), 7, true);
-    eng.add_lora("a", ad);
+    eng.loras().add("a", ad);
     const auto unmerged = eng.generate(greedy_requests("m", 5, 9, {"a"}));
 
     // Through the PEFT files and `merge-lora`'s function: load, merge, write a model directory.
@@ -121,10 +121,10 @@ TEST_P(LoraMixTest, OneBatchMixingThreeAdaptersEqualsEachAlone) {
   cfg.deterministic = deterministic;
   LlmEngine eng(cfg);
   const ModelConfig mc = eng.model_config();
-  eng.add_lora("x", make_lora_adapter(mc, 8, 16, parse_lora_targets("all-linear"), 11, true));
-  eng.add_lora("y", make_lora_adapter(mc, 4, 4, parse_lora_targets("q,v"), 12, true));
-  eng.add_lora("z", make_lora_adapter(mc, 2, 8, parse_lora_targets("gate,up,down,o"), 13, true));
-  EXPECT_EQ(eng.lora_names(), (std::vector<std::string>{"x", "y", "z"}));
+  eng.loras().add("x", make_lora_adapter(mc, 8, 16, parse_lora_targets("all-linear"), 11, true));
+  eng.loras().add("y", make_lora_adapter(mc, 4, 4, parse_lora_targets("q,v"), 12, true));
+  eng.loras().add("z", make_lora_adapter(mc, 2, 8, parse_lora_targets("gate,up,down,o"), 13, true));
+  EXPECT_EQ(eng.loras().names(), (std::vector<std::string>{"x", "y", "z"}));
   const std::vector<std::string> names = {"x", "", "y", "z"};
   const auto mixed = eng.generate(greedy_requests("q", 8, 21, names));
   for (const std::string& name : names) {
@@ -137,12 +137,12 @@ TEST_P(LoraMixTest, OneBatchMixingThreeAdaptersEqualsEachAlone) {
       alone.push_back(all[i]);
       want.push_back(mixed[i]);
     }
-    eng.bump_weight_version();  // no prefix-cache hits from the mixed run
+    eng.apply_weight_update(eng.weight_version() + 1);  // no prefix-cache hits from the mixed run
     expect_same_outputs(eng.generate(alone), want, deterministic ? 0 : 1e-4);
   }
 }
 
-// LoRA RL's policy versions (attach_lora_buffers with 2 versions): a request admitted under
+// LoRA RL's policy versions (LoraRegistry::attach_policy with 2 versions): a request admitted under
 // version 0 finishes on version 0 after version 1 arrives (InflightPolicy::kKeep), its tokens
 // recording 0 and equal to an engine serving version 0 alone; a request admitted after runs on
 // version 1; a third update while a request of version 1 runs must reuse its slot (counted), and
@@ -155,14 +155,13 @@ TEST(LoraTest, PolicyVersionsKeepARunningRequestOnTheVersionItStartedOn) {
   const auto targets = parse_lora_targets("all-linear");
   std::vector<LoraAdapter> v;
   for (uint64_t seed : {31, 32, 33, 34}) v.push_back(make_lora_adapter(mc, 8, 16, targets, seed, true));
-  LoraBuffers& lb = eng.attach_lora_buffers("policy", v[0], 1 << 20, 2);
+  LoraBuffers& lb = eng.loras().attach_policy("policy", v[0], 1 << 20, 2, eng.weight_version());
   eng.set_weight_version(0);
   auto send = [&](const LoraAdapter& ad, int64_t version) {  // what a weight sync does
     std::vector<at::Tensor> tensors;
     for (const auto& [name, t] : lora_tensors(ad)) tensors.push_back(t);
     for (size_t b = 0; b < lb.buckets().size(); ++b) lb.layout().pack(tensors, static_cast<int64_t>(b), lb.buckets()[b]);
-    eng.load_lora_buffers();
-    eng.set_weight_version(version, InflightPolicy::kKeep);
+    eng.apply_weight_update(version, InflightPolicy::kKeep);
   };
   auto request = [&](const std::string& id, int max_tokens) {
     auto r = greedy_requests(id, 1, 77, {""})[0];
@@ -197,14 +196,13 @@ TEST(LoraTest, PolicyVersionsKeepARunningRequestOnTheVersionItStartedOn) {
   CompletionOutput a0, b1;
   {
     LlmEngine ref(cfg);
-    LoraBuffers& rb = ref.attach_lora_buffers("policy", v[0], 1 << 20, 2);
+    LoraBuffers& rb = ref.loras().attach_policy("policy", v[0], 1 << 20, 2, ref.weight_version());
     ref.set_weight_version(0);
     a0 = ref.generate({request("a", 12)})[0].outputs[0];
     std::vector<at::Tensor> tensors;
     for (const auto& [name, t] : lora_tensors(v[1])) tensors.push_back(t);
     for (size_t b = 0; b < rb.buckets().size(); ++b) rb.layout().pack(tensors, static_cast<int64_t>(b), rb.buckets()[b]);
-    ref.load_lora_buffers();
-    ref.set_weight_version(1);
+    ref.apply_weight_update(1);
     b1 = ref.generate({request("b", 12)})[0].outputs[0];
   }
   EXPECT_EQ(done["a"].token_ids, a0.token_ids);
@@ -212,18 +210,18 @@ TEST(LoraTest, PolicyVersionsKeepARunningRequestOnTheVersionItStartedOn) {
   EXPECT_EQ(done["b"].token_ids, b1.token_ids);
   EXPECT_EQ(done["b"].raw_logprobs, b1.raw_logprobs);
   EXPECT_NE(a0.token_ids, b1.token_ids);
-  EXPECT_EQ(eng.lora_names(), std::vector<std::string>{"policy"});  // old versions are hidden
-  EXPECT_EQ(eng.lora_slot_reuses(), 0);
+  EXPECT_EQ(eng.loras().names(), std::vector<std::string>{"policy"});  // old versions are hidden
+  EXPECT_EQ(eng.loras().slot_reuses(), 0);
 
   // c runs on version 1; version 2 takes the free slot; version 3 finds c's slot the only other
   // one and reuses it: c goes on under version 3.
   eng.add_request(request("c", 12));
   run_until("c", 3);
   send(v[2], 2);
-  EXPECT_EQ(eng.lora_slot_reuses(), 0);
+  EXPECT_EQ(eng.loras().slot_reuses(), 0);
   RequestOutput mid = run_until("c", 6);
   send(v[3], 3);
-  EXPECT_EQ(eng.lora_slot_reuses(), 1);
+  EXPECT_EQ(eng.loras().slot_reuses(), 1);
   while (eng.has_unfinished()) {
     for (auto& out : eng.step()) {
       if (out.finished) done[out.request_id] = out.outputs[0];
@@ -253,8 +251,8 @@ TEST(CudaLoraTest, DecodeGraphsServeMixedAdaptersAsTheEagerEngine) {
   LlmEngine graphed(cfg);
   const ModelConfig mc = eager.model_config();
   for (LlmEngine* e : {&eager, &graphed}) {
-    e->add_lora("x", make_lora_adapter(mc, 8, 16, parse_lora_targets("all-linear"), 11, true));
-    e->add_lora("y", make_lora_adapter(mc, 4, 4, parse_lora_targets("q,v"), 12, true));
+    e->loras().add("x", make_lora_adapter(mc, 8, 16, parse_lora_targets("all-linear"), 11, true));
+    e->loras().add("y", make_lora_adapter(mc, 4, 4, parse_lora_targets("q,v"), 12, true));
   }
   for (const std::vector<std::string>& names :
        {std::vector<std::string>{"x", "", "y"}, std::vector<std::string>{"x"}}) {
@@ -265,8 +263,8 @@ TEST(CudaLoraTest, DecodeGraphsServeMixedAdaptersAsTheEagerEngine) {
   EXPECT_GT(graphed.runner().num_lora_cuda_graphs(), 0);
   const int64_t captures = graphed.runner().num_cuda_graph_captures();
   for (LlmEngine* e : {&eager, &graphed}) {
-    e->add_lora("z", make_lora_adapter(mc, 8, 8, parse_lora_targets("all-linear"), 14, true));
-    e->bump_weight_version();
+    e->loras().add("z", make_lora_adapter(mc, 8, 8, parse_lora_targets("all-linear"), 14, true));
+    e->apply_weight_update(e->weight_version() + 1);
   }
   const auto reqs = greedy_requests("h", 7, 32, {"z", "x", ""});
   expect_same_outputs(eager.generate(reqs), graphed.generate(reqs), 2e-3);
@@ -276,7 +274,7 @@ TEST(CudaLoraTest, DecodeGraphsServeMixedAdaptersAsTheEagerEngine) {
 TEST(LoraTest, AdaptersDoNotShareTheBasesPrefixCache) {
   EngineConfig cfg = lora_config("llama", 1);
   LlmEngine eng(cfg);
-  eng.add_lora("a", make_lora_adapter(eng.model_config(), 4, 8, parse_lora_targets("all-linear"), 5, true));
+  eng.loras().add("a", make_lora_adapter(eng.model_config(), 4, 8, parse_lora_targets("all-linear"), 5, true));
   auto reqs = greedy_requests("p", 1, 4, {""});
   reqs[0].prompt_token_ids.resize(40, 7);
   eng.generate(reqs);
@@ -317,8 +315,8 @@ TEST(LoraTest, PeftAdapterRoundTripsWithPeftsNames) {
   // Served by name from the directory.
   EngineConfig ecfg = lora_config("qwen2", 1);
   LlmEngine eng(ecfg);
-  eng.load_lora("peft", dir);
-  EXPECT_EQ(eng.lora_names(), std::vector<std::string>{"peft"});
+  eng.loras().load("peft", dir);
+  EXPECT_EQ(eng.loras().names(), std::vector<std::string>{"peft"});
 }
 
 TEST(LoraTest, AdaptersThatDoNotFitAreNamedErrors) {
@@ -356,16 +354,16 @@ TEST(LoraTest, AdaptersThatDoNotFitAreNamedErrors) {
   EngineConfig cfg = lora_config("qwen2", 1);
   cfg.lora_targets = "q,k,v";
   LlmEngine eng(cfg);
-  ASSERT_THROWS_WITH(eng.add_lora("big", make_lora_adapter(mc, 9, 8, parse_lora_targets("q"), 1, true)),
+  ASSERT_THROWS_WITH(eng.loras().add("big", make_lora_adapter(mc, 9, 8, parse_lora_targets("q"), 1, true)),
                      std::invalid_argument, "--max-lora-rank");
-  ASSERT_THROWS_WITH(eng.add_lora("mlp", make_lora_adapter(mc, 2, 8, parse_lora_targets("down"), 1, true)),
+  ASSERT_THROWS_WITH(eng.loras().add("mlp", make_lora_adapter(mc, 2, 8, parse_lora_targets("down"), 1, true)),
                      std::invalid_argument, "down_proj");
-  eng.add_lora("ok", make_lora_adapter(mc, 2, 8, parse_lora_targets("q"), 1, true));
-  ASSERT_THROWS_WITH(eng.add_lora("two", make_lora_adapter(mc, 2, 8, parse_lora_targets("q"), 1, true)),
+  eng.loras().add("ok", make_lora_adapter(mc, 2, 8, parse_lora_targets("q"), 1, true));
+  ASSERT_THROWS_WITH(eng.loras().add("two", make_lora_adapter(mc, 2, 8, parse_lora_targets("q"), 1, true)),
                      std::invalid_argument, "all 1 LoRA slots are in use");
   auto r = greedy_requests("e", 1, 1, {"nope"});
   ASSERT_THROWS_WITH(eng.add_request(r[0]), std::invalid_argument, "unknown LoRA adapter 'nope' (loaded: ok)");
-  ASSERT_THROWS_WITH(LlmEngine(test::test_engine_config("qwen2")).add_lora("x", ad), std::invalid_argument,
+  ASSERT_THROWS_WITH(LlmEngine(test::test_engine_config("qwen2")).loras().add("x", ad), std::invalid_argument,
                      "--max-loras");
 }
 

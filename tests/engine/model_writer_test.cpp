@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "engine/text/tokenizer.h"
+#include "text/tokenizer.h"
 #include "tests/test_utils.h"
 
 namespace crl::engine {
@@ -98,7 +98,7 @@ TEST(ModelWriterTest, DefaultCorpusIsDeterministicAndItsArithmeticIsCorrect) {
 TEST(ModelWriterTest, WritesDirectoryThatLoadsBack) {
   test::TempDir work;
   std::ofstream(work.file("corpus.txt"), std::ios::binary) << default_corpus_text();
-  Tokenizer::train(work.file("corpus.txt"), work.file("tok"), 400);
+  text::Tokenizer::train(work.file("corpus.txt"), work.file("tok"), 400);
   const ModelConfig c = small_config("llama");
   const NamedTensors weights = random_init_weights(c, 7, at::kBFloat16);
   const std::string dir = work.file("model/nested");
@@ -114,7 +114,7 @@ TEST(ModelWriterTest, WritesDirectoryThatLoadsBack) {
   for (size_t i = 0; i < loaded.size(); ++i)
     test::expect_tensor_equal(loaded[i].second, weights[i].second);
 
-  const Tokenizer tok(dir + "/tokenizer.model");
+  const text::Tokenizer tok(dir + "/tokenizer.model");
   EXPECT_EQ(tok.vocab_size(), 400);
   std::ifstream tc_in(dir + "/tokenizer_config.json");
   const json tc = json::parse(tc_in);

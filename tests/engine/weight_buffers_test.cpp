@@ -61,7 +61,7 @@ TEST(WeightBuffersTest, WritingTheBucketsIsAWholeInPlaceWeightUpdate) {
   for (size_t b = 0; b < wb.buckets().size(); ++b) {
     wb.layout().pack(masters, static_cast<int64_t>(b), wb.buckets()[b]);  // "received" in place
   }
-  eng.bump_weight_version();
+  eng.apply_weight_update(eng.weight_version() + 1);
 
   const auto& params = eng.model().named_parameters();
   ASSERT_EQ(params.size(), fresh.size());

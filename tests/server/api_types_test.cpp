@@ -1,7 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "common/json_depth.h"
-#include "engine/text/chat_template.h"
+#include "text/chat_template.h"
 #include "server/api_types.h"
 
 namespace crl::server {

@@ -192,7 +192,7 @@ TEST_F(ServerApiTest, TokenizeDetokenizeRoundTrip) {
   EXPECT_EQ(t["count"], ids.size());
   // Special tokens (the BOS /tokenize added) are kept unless skip_special_tokens, as vLLM and
   // `colocated-rl detokenize` do.
-  const engine::Tokenizer& tok = *reference().tokenizer();
+  const text::Tokenizer& tok = *reference().tokenizer();
   ASSERT_TRUE(tok.is_special(ids.front())) << "the test model's prompts start with a BOS";
   auto [s2, b2] = served_->post("/detokenize", {{"tokens", ids}});
   ASSERT_EQ(s2, 200) << b2;
@@ -328,7 +328,7 @@ TEST_F(ServerApiTest, WeightUpdatePostedBetweenStepsShowsInResponses) {
   const int64_t v0 = json::parse(before.second)["weight_version"];
 
   // What a weight sync does: runs on the engine thread between two steps, then bumps the version.
-  served_->server.engine_loop().post([](engine::LlmEngine& e) { e.bump_weight_version(); }).get();
+  served_->server.engine_loop().post([](engine::LlmEngine& e) { e.apply_weight_update(e.weight_version() + 1); }).get();
   auto c = served_->client();
   auto res = c->Post("/v1/completions", json{{"prompt", "a"}, {"max_tokens", 3}}.dump(), "application/json");
   ASSERT_TRUE(res);

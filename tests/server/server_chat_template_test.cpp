@@ -70,7 +70,7 @@ TEST(ServerChatTemplateTest, TemplateThatWritesBosAndEosGetsTheirIdsOnce) {
   auto [ts, tb] = served.post("/tokenize", body);
   ASSERT_EQ(ts, 200) << tb;
   engine::LlmEngine reference(config_for(dir.path()));
-  const engine::Tokenizer& tok = *reference.tokenizer();
+  const text::Tokenizer& tok = *reference.tokenizer();
   std::vector<int32_t> expected = {tok.bos_id()};  // written by the template, not added again
   for (int32_t id : tok.encode("user: hi\nassistant: ho")) expected.push_back(id);
   expected.push_back(tok.eos_id());

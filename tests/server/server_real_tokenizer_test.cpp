@@ -7,8 +7,8 @@
 
 #include "engine/model/model_cache.h"
 #include "engine/model/model_writer.h"
-#include "engine/text/hf/utf8.h"
-#include "engine/text/tokenizer.h"
+#include "text/utf8.h"
+#include "text/tokenizer.h"
 #include "tests/server/server_test_util.h"
 #include "tests/test_utils.h"
 
@@ -37,11 +37,11 @@ struct RealTokenizerModel {
     ec.num_kv_blocks = 128;
     ec.block_size = 16;
     ec.num_threads = 1;
-    tok = std::make_unique<engine::Tokenizer>(dir.file("m"));
+    tok = std::make_unique<text::Tokenizer>(dir.file("m"));
     served = std::make_unique<ServedModel>(ec);
   }
   TempDir dir;
-  std::unique_ptr<engine::Tokenizer> tok;
+  std::unique_ptr<text::Tokenizer> tok;
   std::unique_ptr<ServedModel> served;
 };
 
@@ -76,21 +76,21 @@ std::vector<Entry> chat_entries(const json& logprobs) {
 // as U+FFFD) and the bytes of the tokens in the text concatenate to the text's UTF-8 exactly
 // (where the model produced invalid UTF-8, to the bytes the text was repaired from). Returns
 // whether the choice had a token that ends inside a character.
-bool check_choice(const engine::Tokenizer& tok, const std::string& what, const std::string& content,
+bool check_choice(const text::Tokenizer& tok, const std::string& what, const std::string& content,
                   const Ids& ids, const std::vector<Entry>& entries) {
   EXPECT_EQ(entries.size(), ids.size()) << what;
   std::string bytes;
   bool partial = false;
   for (size_t i = 0; i < entries.size() && i < ids.size(); ++i) {
     const Entry& e = entries[i];
-    EXPECT_EQ(e.token, text::hf::utf8_lossy(e.bytes)) << what << " token " << i;
-    for (const auto& [t, b] : e.tops) EXPECT_EQ(t, text::hf::utf8_lossy(b)) << what << " token " << i;
+    EXPECT_EQ(e.token, text::utf8_lossy(e.bytes)) << what << " token " << i;
+    for (const auto& [t, b] : e.tops) EXPECT_EQ(t, text::utf8_lossy(b)) << what << " token " << i;
     if (tok.is_special(ids[i])) {
       EXPECT_EQ(e.token, tok.id_to_piece(ids[i])) << what << " token " << i;
       continue;  // skip_special_tokens leaves it out of the text
     }
     if (ids[i] >= tok.vocab_size()) EXPECT_EQ(e.bytes, "") << what << " token " << i;
-    partial = partial || text::hf::utf8_lossy(e.bytes) != e.bytes;
+    partial = partial || text::utf8_lossy(e.bytes) != e.bytes;
     bytes += e.bytes;
   }
   // The model's vocabulary is padded past the tokenizer's (as Qwen3's 151936 > 151669): a random
@@ -119,7 +119,7 @@ class ServerRealTokenizerTest : public ::testing::TestWithParam<std::string> {
 // The check: over many random completions, streamed and not, through both endpoints.
 TEST_P(ServerRealTokenizerTest, LogprobBytesConcatenateToTheContent) {
   RealTokenizerModel m(GetParam());
-  const engine::Tokenizer& tok = *m.tok;
+  const text::Tokenizer& tok = *m.tok;
   const bool has_chat = m.served->post("/v1/chat/completions",
                                        {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 1}})
                             .first == 200;
@@ -201,7 +201,7 @@ TEST_P(ServerRealTokenizerTest, LogprobBytesConcatenateToTheContent) {
 TEST(ServerSplitSpecialTokensTest, LiteralsInUntrustedTextStayTextTemplatesKeepTheirTokens) {
   ASSERT_TRUE(tokenizer_fixtures_error().empty()) << tokenizer_fixtures_error();
   RealTokenizerModel m("qwen3");
-  const engine::Tokenizer& tok = *m.tok;
+  const text::Tokenizer& tok = *m.tok;
   const int32_t im_start = tok.piece_to_id("<|im_start|>"), im_end = tok.piece_to_id("<|im_end|>");
   ASSERT_GE(im_start, 0);
   auto ids_of = [&](const json& body) {

@@ -7,7 +7,7 @@
 #include <thread>
 
 #include "engine/llm_engine.h"
-#include "engine/text/chat_encoder.h"
+#include "text/chat_encoder.h"
 #include "tests/engine/test_model.h"
 #include "tests/server/server_test_util.h"
 #include "tests/test_utils.h"

@@ -1,6 +1,7 @@
 // Environments (issue 28): the built-in calculator, and external programs speaking JSON lines,
 // including ones that die, lie and hang (tests/fixtures/envs/test_env.py).
 #include "trainer/environment.h"
+#include "trainer/make_environment.h"
 
 #include <gtest/gtest.h>
 

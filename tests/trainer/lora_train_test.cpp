@@ -102,17 +102,16 @@ TEST_P(LoraSyncTest, AnEngineServingTheSyncedAdapterHasTheTrainersLogprobs) {
   o.deterministic = deterministic;
   o.grad_bucket_bytes = 64 * 1024;  // several buckets
   Trainer tr(cfg.model_dir, o);
-  engine::LoraBuffers& lb = eng.attach_lora_buffers(
+  engine::LoraBuffers& lb = eng.loras().attach_policy(
       "policy", engine::make_lora_adapter(eng.model_config(), 4, 16, engine::parse_lora_targets(cfg.lora_targets), 1, false),
-      o.grad_bucket_bytes);
+      o.grad_bucket_bytes, 1, eng.weight_version());
   ASSERT_EQ(lb.layout().hash(), tr.layout().hash());
   ASSERT_GT(lb.buckets().size(), 1u);
 
   auto mbs = rollouts(eng, 4, 3, 8, 31);
   for (int s = 0; s < 2; ++s) tr.train_step(mbs, LossKind::kGrpo);
   for (size_t b = 0; b < lb.buckets().size(); ++b) lb.buckets()[b].copy_(tr.buckets()[b]);
-  eng.load_lora_buffers();
-  eng.set_weight_version(1);
+  eng.apply_weight_update(1);
   const auto masters = tr.master_weights();
   const auto received = engine::lora_tensors(lb.adapter());
   ASSERT_EQ(received.size(), masters.size());
@@ -179,7 +178,7 @@ TEST(LoraTrainTest, ACheckpointIsAPeftAdapterAndResumesTheSameStep) {
   ASSERT_THROWS_WITH(load_trainer_state(other, dir), std::invalid_argument, "--lora-rank 3");
   Trainer full(cfg.model_dir, TrainerOptions{});
   ASSERT_THROWS_WITH(load_trainer_state(full, dir), std::invalid_argument,
-                     "holds a LoRA adapter of rank 2: resume it with --lora-rank 2");
+                     "the checkpoint is a LoRA adapter of rank 2 trained on");
   ASSERT_THROWS_WITH(save_checkpoint(full, tmp.file("x"), cfg.model_dir, nlohmann::json::object(), true),
                      std::invalid_argument, "a merged model needs a LoRA trainer");
 }

@@ -12,11 +12,12 @@
 
 #include "engine/engine_loop.h"
 #include "engine/llm_engine.h"
-#include "engine/text/chat_template.h"
-#include "engine/text/tokenizer.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
 #include "tests/engine/test_model.h"
 #include "tests/test_utils.h"
 #include "trainer/calculator_env.h"
+#include "trainer/make_environment.h"
 #include "trainer/process_env.h"
 #include "trainer/trainer.h"
 
@@ -34,7 +35,7 @@ std::string test_env(const std::string& flags = "") {
 struct Engine {
   std::shared_ptr<engine::EngineLoop> loop;
   text::ChatTemplate chat;
-  const engine::Tokenizer* tok = nullptr;
+  const text::Tokenizer* tok = nullptr;
   std::vector<int32_t> prefix;
 
   explicit Engine(int64_t max_model_len = 0) {
@@ -467,7 +468,7 @@ TEST(MultiTurnTest, EpisodesTheEnvironmentFailedAreNeitherTrainedOnNorInTheirGro
 
 TEST(MultiTurnTest, ADemonstrationIsTheModelTurnsAsTargetsAndTheRestMasked) {
   engine::EngineConfig cfg = test::test_engine_config();
-  engine::Tokenizer tok(cfg.model_dir);
+  text::Tokenizer tok(cfg.model_dir);
   const text::ChatTemplate chat = text::ChatTemplate::from_model_dir(cfg.model_dir);
   CalculatorEnv env(EnvOptions{});
   ojson demo = env.demonstration(EnvSplit::kTrain, 3);

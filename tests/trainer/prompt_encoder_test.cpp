@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/llm_engine.h"
-#include "engine/text/chat_template.h"
+#include "text/chat_template.h"
 #include "tests/engine/test_model.h"
 #include "tests/test_utils.h"
 
@@ -58,7 +58,7 @@ TEST(PromptEncoderTest, MessagesRowGetsTheIdsOfItsTemplateRenderWithTheTemplates
   ASSERT_EQ(rows[1].prompt, "<s>[INST] hi [/INST]ho</s> [INST] 2+2? [/INST]");
 
   engine::LlmEngine eng(config_for(model));
-  const engine::Tokenizer& tok = *eng.tokenizer();
+  const text::Tokenizer& tok = *eng.tokenizer();
   ASSERT_EQ(eng.prompt_prefix(), std::vector<int32_t>{tok.bos_id()});  // text prompts get BOS
   const PromptEncoder prompts(tok, eng.prompt_prefix());
   // A text row: exactly what the engine makes of the text.
@@ -92,7 +92,7 @@ TEST(PromptEncoderTest, UntrustedMessagesKeepTheirSpecialTokenLiteralsAsText) {
   EXPECT_EQ(untrusted[0].literal_spans.size(), 3u);
 
   engine::LlmEngine eng(config_for(model));
-  const engine::Tokenizer& tok = *eng.tokenizer();
+  const text::Tokenizer& tok = *eng.tokenizer();
   const PromptEncoder prompts(tok, eng.prompt_prefix());
   std::vector<int32_t> expected = {tok.bos_id()};
   for (int32_t id : tok.encode("[INST] hi</s><s> [/INST]ho")) expected.push_back(id);
@@ -110,7 +110,7 @@ TEST(PromptEncoderTest, BuiltinFormatRowGetsTheModelsBosInFront) {
   const std::vector<TaskRow> rows = load_rows(dir, model);
   ASSERT_EQ(rows[1].kind, PromptKind::kBuiltinChat);
   engine::LlmEngine eng(config_for(model));
-  const engine::Tokenizer& tok = *eng.tokenizer();
+  const text::Tokenizer& tok = *eng.tokenizer();
   const PromptEncoder prompts(tok, eng.prompt_prefix());
   std::vector<int32_t> expected = eng.prompt_prefix();
   ASSERT_FALSE(expected.empty());

@@ -8,8 +8,8 @@
 #include <set>
 
 #include "engine/model/model_cache.h"
-#include "engine/text/chat_template.h"
-#include "engine/text/tokenizer.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
 #include "tests/engine/test_model.h"
 #include "tests/test_utils.h"
 
@@ -223,7 +223,7 @@ TEST(TaskTest, DefaultEvalSplitFitsTheData) {
 }
 
 TEST(TaskTest, DefaultTaskWordsAreSinglePiecesOfTheDefaultTokenizer) {
-  engine::Tokenizer tok(engine::ensure_default_tokenizer());
+  text::Tokenizer tok(engine::ensure_default_tokenizer());
   auto rows = default_task_rows(200, 1);
   std::set<std::string> distinct;
   for (const auto& r : rows) {

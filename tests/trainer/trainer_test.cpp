@@ -217,7 +217,7 @@ TEST(TrainerTest, WeightsLandInTheEnginesSyncBucketsInPlace) {
   t.train_step(mbs, LossKind::kGrpo);
   const at::Tensor bucket0 = wb.buckets()[0].clone();
   t.copy_weights_to(eng.model());
-  eng.bump_weight_version();
+  eng.apply_weight_update(eng.weight_version() + 1);
   EXPECT_FALSE(at::equal(bucket0, wb.buckets()[0])) << "the update must land in the buckets";
   const auto masters = t.master_weights();
   for (size_t i = 0; i < masters.size(); ++i) {

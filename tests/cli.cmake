@@ -1,0 +1,66 @@
+# CLI and server tests that drive the real binary (included by tests/CMakeLists.txt, which sets
+# CRL_CLI_ENV).
+
+# The real binary on the embedded default model (generated into the test cache).
+add_test(NAME cli.generate_default_model
+         COMMAND colocated-rl generate --prompt "Question: what is 3 plus 4? Answer:" --n 2
+                 --max-tokens 8 --seed 1 --json)
+set_tests_properties(cli.generate_default_model PROPERTIES LABELS unit ENVIRONMENT "${CRL_CLI_ENV}"
+                     PASS_REGULAR_EXPRESSION "\"finish_reason\"")
+add_test(NAME cli.make_model_qwen2_shape_then_generate
+         COMMAND sh -c "$<TARGET_FILE:colocated-rl> make-model --shape qwen2-0.5b --hidden 64 --layers 2 --heads 4 --kv-heads 2 --ffn 128 --vocab 600 --max-pos 256 --dtype bfloat16 --out ${CMAKE_CURRENT_BINARY_DIR}/cli-qwen2 && $<TARGET_FILE:colocated-rl> generate --model ${CMAKE_CURRENT_BINARY_DIR}/cli-qwen2 --dtype bfloat16 --max-tokens 4 --temperature 0")
+set_tests_properties(cli.make_model_qwen2_shape_then_generate PROPERTIES LABELS unit
+                     ENVIRONMENT "${CRL_CLI_ENV}")
+# Log-prob tokens and bytes through the official OpenAI SDK (npm, pinned with the tokenizer
+# fixtures) against `serve` over a model with Qwen3's real tokenizer.
+set(CRL_TOKENIZER_FIXTURES ${CMAKE_CURRENT_BINARY_DIR}/test-cache/tokenizer-fixtures)
+add_test(NAME server.openai_sdk_logprob_bytes_concatenate_to_the_content
+         COMMAND sh -c "${CMAKE_SOURCE_DIR}/scripts/tokenizer_fixtures.sh ${CRL_TOKENIZER_FIXTURES} && node ${CMAKE_CURRENT_SOURCE_DIR}/server/openai_sdk_logprobs.mjs $<TARGET_FILE:colocated-rl> ${CRL_TOKENIZER_FIXTURES} ${CMAKE_CURRENT_BINARY_DIR}/openai-sdk")
+set_tests_properties(server.openai_sdk_logprob_bytes_concatenate_to_the_content PROPERTIES LABELS unit
+                     ENVIRONMENT "${CRL_CLI_ENV}" TIMEOUT 300)
+# A multi-turn tool conversation in one session through the official OpenAI SDK: the ids stay the
+# session's (Qwen3's template: a new segment each turn; Qwen2.5's: one segment), 409, a retry.
+add_test(NAME server.openai_sdk_multi_turn_session_keeps_its_ids
+         COMMAND sh -c "${CMAKE_SOURCE_DIR}/scripts/tokenizer_fixtures.sh ${CRL_TOKENIZER_FIXTURES} && node ${CMAKE_CURRENT_SOURCE_DIR}/server/openai_sdk_session.mjs $<TARGET_FILE:colocated-rl> ${CRL_TOKENIZER_FIXTURES} ${CMAKE_CURRENT_BINARY_DIR}/openai-sdk-session ${CMAKE_CURRENT_SOURCE_DIR}/fixtures/chat_templates")
+set_tests_properties(server.openai_sdk_multi_turn_session_keeps_its_ids PROPERTIES LABELS unit
+                     ENVIRONMENT "${CRL_CLI_ENV}" TIMEOUT 300)
+file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/bad.jsonl "{\"prompt\": \"ok\"}\n{\"prompt\": 3}\n")
+add_test(NAME cli.generate_rejects_bad_jsonl_naming_the_line
+         COMMAND colocated-rl generate --jsonl ${CMAKE_CURRENT_BINARY_DIR}/bad.jsonl)
+set_tests_properties(cli.generate_rejects_bad_jsonl_naming_the_line PROPERTIES LABELS unit
+                     ENVIRONMENT "${CRL_CLI_ENV}" PASS_REGULAR_EXPRESSION "bad.jsonl:2: ")
+add_test(NAME cli.generate_rejects_missing_model_dir
+         COMMAND colocated-rl generate --model ${CMAKE_CURRENT_BINARY_DIR}/no-such-model)
+set_tests_properties(cli.generate_rejects_missing_model_dir PROPERTIES LABELS unit
+                     ENVIRONMENT "${CRL_CLI_ENV}" PASS_REGULAR_EXPRESSION "no-such-model")
+# tokenize / detokenize: one JSON line out per line in, in order; a bad line is named.
+file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/tok.jsonl "{\"text\": \"Question: what is 3 plus 4?\"}\n\n{\"text\": \"\"}\n")
+add_test(NAME cli.tokenize_then_detokenize_round_trips
+         COMMAND sh -c "$<TARGET_FILE:colocated-rl> tokenize --jsonl ${CMAKE_CURRENT_BINARY_DIR}/tok.jsonl | sed -n 1p | sed 's/.*\\(\"ids\":\\[[^]]*\\]\\).*/{\\1}/' | $<TARGET_FILE:colocated-rl> detokenize")
+set_tests_properties(cli.tokenize_then_detokenize_round_trips PROPERTIES LABELS unit ENVIRONMENT "${CRL_CLI_ENV}"
+                     PASS_REGULAR_EXPRESSION "^{\"text\":\"Question: what is 3 plus 4\\?\"}")
+file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/tok_bad.jsonl "{\"text\": \"ok\"}\n{\"text\": 3}\n")
+add_test(NAME cli.tokenize_rejects_bad_jsonl_naming_the_line
+         COMMAND colocated-rl tokenize --jsonl ${CMAKE_CURRENT_BINARY_DIR}/tok_bad.jsonl)
+set_tests_properties(cli.tokenize_rejects_bad_jsonl_naming_the_line PROPERTIES LABELS unit
+                     ENVIRONMENT "${CRL_CLI_ENV}" PASS_REGULAR_EXPRESSION "tok_bad.jsonl:2: \"text\" must be a string")
+# make-model --help names every shape it makes (they come from the one preset list).
+add_test(NAME cli.make_model_help_lists_every_shape COMMAND colocated-rl make-model --help)
+set_tests_properties(cli.make_model_help_lists_every_shape PROPERTIES LABELS unit
+                     PASS_REGULAR_EXPRESSION "default, smollm2-135m, qwen2-0.5b, qwen2-1.5b, qwen3-0.6b")
+add_test(NAME cli.make_model_tokenizer_from_must_hold_a_tokenizer
+         COMMAND colocated-rl make-model --out ${CMAKE_CURRENT_BINARY_DIR}/tok-from-nothing
+                 --tokenizer-from ${CMAKE_CURRENT_BINARY_DIR}/no-such-tokenizer)
+set_tests_properties(cli.make_model_tokenizer_from_must_hold_a_tokenizer PROPERTIES LABELS unit
+                     ENVIRONMENT "${CRL_CLI_ENV}" PASS_REGULAR_EXPRESSION "no-such-tokenizer is not a directory holding tokenizer.json")
+file(MAKE_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR}/not-a-model)
+file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/not-a-model/precious.txt "keep me\n")
+add_test(NAME cli.make_model_refuses_to_replace_a_non_model_directory
+         COMMAND colocated-rl make-model --out ${CMAKE_CURRENT_BINARY_DIR}/not-a-model)
+set_tests_properties(cli.make_model_refuses_to_replace_a_non_model_directory PROPERTIES LABELS unit
+                     ENVIRONMENT "${CRL_CLI_ENV}" PASS_REGULAR_EXPRESSION "refusing to replace it"
+                     FIXTURES_SETUP refused_make_model)
+add_test(NAME cli.make_model_left_the_non_model_directory_intact
+         COMMAND test -f ${CMAKE_CURRENT_BINARY_DIR}/not-a-model/precious.txt)
+set_tests_properties(cli.make_model_left_the_non_model_directory_intact PROPERTIES LABELS unit
+                     FIXTURES_REQUIRED refused_make_model)

@@ -1,0 +1,183 @@
+#include "trainer/job_report.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+
+#include "common/units.h"
+#include "trainer/metrics.h"
+#include "trainer/step_reports.h"
+
+namespace crl::trainer {
+
+namespace {
+
+// What the summary adds up over the GRPO steps.
+struct JobTotals {
+  double sum_gen = 0, sum_wait = 0, sum_train = 0, sum_sync = 0, max_gap0 = -1, dropped = 0;
+  double infer_busy = 0, infer_span = 0, train_idle = 0, train_span = 0, stale_max = 0;
+  double store_ops = 0, store_bytes = 0, last_elapsed = 0;
+  int64_t total_gen_tokens = 0, peak_train_rss = 0, steps_done = 0;
+
+  void add(const StepTotals& t, double elapsed_s) {
+    if (max_gap0 < 0) max_gap0 = t.gap_max;
+    sum_gen += t.gen_s;
+    sum_wait += t.wait_s;
+    sum_train += t.train_s;
+    sum_sync += t.sync_s;
+    dropped += t.dropped;
+    stale_max = std::max(stale_max, t.stale_max);
+    infer_busy += t.infer_busy;
+    infer_span += t.infer_span;
+    train_idle += t.train_idle;
+    train_span += t.train_span;
+    store_ops += t.store_ops;
+    store_bytes += t.store_bytes;
+    peak_train_rss = std::max(peak_train_rss, t.peak_rss);
+    last_elapsed = elapsed_s;
+    total_gen_tokens += static_cast<int64_t>(t.gen_tokens);
+    ++steps_done;
+  }
+};
+
+class JobReport {
+ public:
+  JobReport(const RlContext& j, sync::Coordinator& coord) : j_(j), o_(j.o), coord_(coord) {}
+
+  void run() {
+    open_metrics();
+    if (!j_.versions.resumed()) print_data();
+    wait_first_evals();
+    std::map<int, double> prev_elapsed;  // per rank: when its previous step's metrics were written
+    for (int64_t step = j_.versions.start_step(); step < o_.steps; ++step) report_step(step, prev_elapsed);
+    print_summary();
+  }
+
+ private:
+  void open_metrics() {
+    if (o_.metrics_path.empty()) return;
+    metrics_.open(o_.metrics_path, j_.versions.resumed() ? std::ios::app : std::ios::trunc);
+    if (!metrics_) throw std::runtime_error("cannot open the metrics file " + o_.metrics_path);
+  }
+
+  void print_data() const {
+    fmt::print("data: {} {} ({}): {} held out for evaluation{}, {} for training\n",
+               j_.data.split().eval.size() + j_.data.split().train.size(), o_.env.empty() ? "rows" : "tasks",
+               !o_.env.empty()        ? "episodes of --env " + o_.env
+               : o_.data_path.empty() ? std::string("built-in copy task")
+                                      : o_.data_path,
+               j_.data.split().eval.size(),
+               o_.eval_rows < 0 ? " (default: a fifth, at most 128; --eval-rows sets it)" : "",
+               j_.data.split().train.size());
+    std::fflush(stdout);
+  }
+
+  // The evaluations before GRPO: at the start, and after the SFT warm-up when there is one.
+  void wait_first_evals() {
+    const EvalReport start = wait_eval(coord_, EvalPoint::start(), j_.rollout_deadline());
+    evals_ = {{"start", start.accuracy}};
+    grpo_start_ = start.elapsed_s;
+    fmt::print("eval start: held-out accuracy {:.3f} ({} rows)\n", evals_[0].second, j_.data.split().eval.size());
+    if (j_.versions.runs_sft()) {
+      const EvalReport e = wait_eval(coord_, EvalPoint::sft(), j_.rollout_deadline());
+      evals_.push_back({fmt::format("sft {} steps", o_.sft_steps), e.accuracy});
+      grpo_start_ = e.elapsed_s;
+      fmt::print("eval after the SFT warm-up ({} steps of {} rows): held-out accuracy {:.3f} "
+                 "({:.1f} s)\n",
+                 o_.sft_steps, o_.sft_rows_per_step, evals_.back().second, e.elapsed_s);
+    }
+    totals_.last_elapsed = grpo_start_;
+    std::fflush(stdout);
+  }
+
+  // Step `step`'s reports of every rank: its metrics row, progress lines and evaluation.
+  void report_step(int64_t step, std::map<int, double>& prev_elapsed) {
+    const std::vector<RankReport> reports = collect_reports(coord_, step, j_.ranks.env.world_size, o_.rollout_timeout);
+    std::vector<double> spans;
+    for (int r = 0; r < j_.ranks.env.world_size; ++r) {
+      const double el = elapsed_of(reports[r]);
+      spans.push_back(el - (prev_elapsed.count(r) ? prev_elapsed[r] : grpo_start_));
+      prev_elapsed[r] = el;
+    }
+    const StepTotals t = combine(reports, spans);
+    RlMetricsRow row = make_metrics_row(t);
+    StepMetrics& m = row.m;
+    m.step = step + 1;
+    m.phase = "grpo";
+    m.weight_version = j_.versions.version_at(step) + 1;
+    if (j_.versions.evaluates_after(step)) {
+      const EvalReport e = wait_eval(coord_, EvalPoint::after_step(step), j_.rollout_deadline());
+      m.eval_accuracy = e.accuracy;
+      m.elapsed_s = std::max(m.elapsed_s, e.elapsed_s);
+    }
+    if (metrics_.is_open()) {
+      metrics_ << nlohmann::json(row).dump() << "\n";
+      metrics_.flush();
+    }
+    fmt::print("{} | stale {:.2f}/{:.0f} drop {:.0f} isw {:.3f}/{:.3f} | time gen {:.2f} s wait {:.2f} s "
+               "train {:.2f} s sync {:.1f} ms | idle engine {:.0f}% trainer {:.0f}%\n",
+               format_progress(m), row.staleness_mean, row.staleness_max, row.groups_dropped,
+               row.is_weight_mean, row.is_weight_max, row.time_generate_s, row.time_wait_rollouts_s,
+               row.time_train_s, row.time_sync_s * 1e3, row.engine_idle_share * 100,
+               row.trainer_idle_share * 100);
+    if (t.episodes > 0) {  // multi-turn (--env)
+      fmt::print("  episodes {:.0f} | turns/episode {:.2f} | tool errors {:.0f} | env errors {:.0f} | "
+                 "masked tokens {:.1f}%\n",
+                 t.episodes, row.turns_per_episode, row.tool_errors, row.env_errors,
+                 row.masked_token_share * 100);
+    }
+    std::fflush(stdout);
+    if (m.eval_accuracy) evals_.push_back({fmt::format("step {}", m.step), *m.eval_accuracy});
+    totals_.add(t, m.elapsed_s);
+  }
+
+  void print_summary() const {
+    const JobTotals& s = totals_;
+    fmt::print("\nsummary: {} node(s) x ({} infer + {} train ranks), {} GRPO steps{}, {:.1f} s, "
+               "--max-staleness {}, --inflight-update {}{}\n",
+               j_.ranks.g.topo.nnodes, j_.ranks.g.topo.infer_per_node, j_.ranks.g.topo.train_per_node,
+               s.steps_done,
+               j_.versions.resumed() ? fmt::format(" (resumed at step {})", j_.versions.start_step()) : "",
+               seconds_since(j_.t0), o_.max_staleness, engine::inflight_policy_name(o_.inflight),
+               o_.reproducible ? ", --reproducible" : "");
+    fmt::print("| eval point | held-out accuracy |\n|---|---|\n");
+    for (const auto& [name, acc] : evals_) fmt::print("| {} | {:.3f} |\n", name, acc);
+    if (s.steps_done > 0) {
+      double k = static_cast<double>(s.steps_done);
+      double grpo_s = s.last_elapsed - grpo_start_;
+      fmt::print("| phase (mean per step) | seconds |\n|---|---|\n");
+      fmt::print("| generate | {:.2f} |\n| wait for rollouts (train) | {:.2f} |\n| train | {:.2f} |\n"
+                 "| weight sync | {:.3f} |\n",
+                 s.sum_gen / k, s.sum_wait / k, s.sum_train / k, s.sum_sync / k);
+      fmt::print("GRPO: {:.3f} steps/s, {:.0f} generated tok/s; engines idle {:.0f}%, trainers idle "
+                 "{:.0f}%; staleness max {:.0f}, {:.0f} groups dropped\n",
+                 grpo_s > 0 ? k / grpo_s : 0, grpo_s > 0 ? s.total_gen_tokens / grpo_s : 0,
+                 s.infer_span > 0 ? 100 * (1 - s.infer_busy / s.infer_span) : 0,
+                 s.train_span > 0 ? 100 * s.train_idle / s.train_span : 0, s.stale_max, s.dropped);
+      fmt::print("control plane: {:.0f} store requests per step ({:.1f} per rank), {} per step\n",
+                 s.store_ops / k, s.store_ops / k / j_.ranks.env.world_size, format_bytes(s.store_bytes / k));
+      fmt::print("generated {} tokens; log-prob gap at the first step {:.2e}; peak train-rank RSS {}\n",
+                 s.total_gen_tokens, s.max_gap0, format_bytes(static_cast<double>(s.peak_train_rss)));
+    }
+    double first = evals_.front().second, last = evals_.back().second;
+    fmt::print("held-out accuracy {:.3f} -> {:.3f} ({:+.1f} points)\n", first, last, (last - first) * 100);
+    std::fflush(stdout);
+  }
+
+  const RlContext& j_;
+  const RlOptions& o_;
+  sync::Coordinator& coord_;
+  std::ofstream metrics_;
+  std::vector<std::pair<std::string, double>> evals_;
+  double grpo_start_ = 0;
+  JobTotals totals_;
+};
+
+}  // namespace
+
+void report_rl_job(const RlContext& j, sync::Coordinator& coord) { JobReport(j, coord).run(); }
+
+}  // namespace crl::trainer

@@ -1,0 +1,360 @@
+#include "trainer/step_reports.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+namespace crl::trainer {
+
+using nlohmann::json;
+
+void to_json(json& j, const InferReport& r) {
+  j = {{"role", "infer"},
+       {"samples", r.samples},
+       {"reward_sum", r.reward_sum},
+       {"reward_sq", r.reward_sq},
+       {"correct", r.correct},
+       {"gen_tokens", r.gen_tokens},
+       {"gen_s", r.gen_s},
+       {"rollout_bytes", r.rollout_bytes},
+       {"reward_mean", r.reward_mean},
+       {"groups_dropped", r.groups_dropped},
+       {"stale_tokens", r.stale_tokens},
+       {"gate_wait_s", r.gate_wait_s},
+       {"sync_s", r.sync_s},
+       {"busy_s", r.busy_s},
+       {"engine_version", r.engine_version},
+       {"elapsed_s", r.elapsed_s},
+       {"store_ops", r.store_ops},
+       {"store_bytes", r.store_bytes},
+       {"episodes", r.episodes},
+       {"turns", r.turns},
+       {"tool_errors", r.tool_errors},
+       {"env_errors", r.env_errors},
+       {"env_tokens", r.env_tokens},
+       {"model_tokens", r.model_tokens},
+       {"lora_slot_reuses", r.lora_slot_reuses}};
+}
+
+void from_json(const json& j, InferReport& r) {
+  j.at("episodes").get_to(r.episodes);
+  j.at("turns").get_to(r.turns);
+  j.at("tool_errors").get_to(r.tool_errors);
+  j.at("env_errors").get_to(r.env_errors);
+  j.at("env_tokens").get_to(r.env_tokens);
+  j.at("model_tokens").get_to(r.model_tokens);
+  j.at("lora_slot_reuses").get_to(r.lora_slot_reuses);
+  j.at("samples").get_to(r.samples);
+  j.at("reward_sum").get_to(r.reward_sum);
+  j.at("reward_sq").get_to(r.reward_sq);
+  j.at("correct").get_to(r.correct);
+  j.at("gen_tokens").get_to(r.gen_tokens);
+  j.at("gen_s").get_to(r.gen_s);
+  j.at("rollout_bytes").get_to(r.rollout_bytes);
+  j.at("reward_mean").get_to(r.reward_mean);
+  j.at("groups_dropped").get_to(r.groups_dropped);
+  j.at("stale_tokens").get_to(r.stale_tokens);
+  j.at("gate_wait_s").get_to(r.gate_wait_s);
+  j.at("sync_s").get_to(r.sync_s);
+  j.at("busy_s").get_to(r.busy_s);
+  j.at("engine_version").get_to(r.engine_version);
+  j.at("elapsed_s").get_to(r.elapsed_s);
+  j.at("store_ops").get_to(r.store_ops);
+  j.at("store_bytes").get_to(r.store_bytes);
+}
+
+void to_json(json& j, const TrainReport& r) {
+  j = {{"role", "train"},
+       {"step", r.step},
+       {"loss", r.loss},
+       {"kl", r.kl},
+       {"clip_fraction", r.clip_fraction},
+       {"gap_max", r.gap_max},
+       {"gap_mean", r.gap_mean},
+       {"is_weight_mean", r.is_weight_mean},
+       {"is_weight_max", r.is_weight_max},
+       {"staleness_sum", r.staleness_sum},
+       {"staleness_max", r.staleness_max},
+       {"loss_tokens", r.loss_tokens},
+       {"grad_norm", r.grad_norm},
+       {"lr", r.lr},
+       {"micro_batches", r.micro_batches},
+       {"zero_rounds", r.zero_rounds},
+       {"zero_rounds_while_receiving", r.zero_rounds_while_receiving},
+       {"train_tokens", r.train_tokens},
+       {"rollout_bytes", r.rollout_bytes},
+       {"wait_s", r.wait_s},
+       {"train_s", r.train_s},
+       {"elapsed_s", r.elapsed_s},
+       {"peak_rss", r.peak_rss},
+       {"sync_send_s", r.sync_send_s},
+       {"send_wait_s", r.send_wait_s},
+       {"store_ops", r.store_ops},
+       {"store_bytes", r.store_bytes}};
+  if (!r.checkpoint.empty()) {
+    j["checkpoint"] = r.checkpoint;
+    j["checkpoint_s"] = r.checkpoint_s;
+  }
+}
+
+void from_json(const json& j, TrainReport& r) {
+  j.at("step").get_to(r.step);
+  j.at("loss").get_to(r.loss);
+  j.at("kl").get_to(r.kl);
+  j.at("clip_fraction").get_to(r.clip_fraction);
+  j.at("gap_max").get_to(r.gap_max);
+  j.at("gap_mean").get_to(r.gap_mean);
+  j.at("is_weight_mean").get_to(r.is_weight_mean);
+  j.at("is_weight_max").get_to(r.is_weight_max);
+  j.at("staleness_sum").get_to(r.staleness_sum);
+  j.at("staleness_max").get_to(r.staleness_max);
+  j.at("loss_tokens").get_to(r.loss_tokens);
+  j.at("grad_norm").get_to(r.grad_norm);
+  j.at("lr").get_to(r.lr);
+  j.at("micro_batches").get_to(r.micro_batches);
+  j.at("zero_rounds").get_to(r.zero_rounds);
+  j.at("zero_rounds_while_receiving").get_to(r.zero_rounds_while_receiving);
+  j.at("train_tokens").get_to(r.train_tokens);
+  j.at("rollout_bytes").get_to(r.rollout_bytes);
+  j.at("wait_s").get_to(r.wait_s);
+  j.at("train_s").get_to(r.train_s);
+  j.at("elapsed_s").get_to(r.elapsed_s);
+  j.at("peak_rss").get_to(r.peak_rss);
+  j.at("sync_send_s").get_to(r.sync_send_s);
+  j.at("send_wait_s").get_to(r.send_wait_s);
+  j.at("store_ops").get_to(r.store_ops);
+  j.at("store_bytes").get_to(r.store_bytes);
+  r.checkpoint = j.value("checkpoint", std::string());
+  r.checkpoint_s = j.value("checkpoint_s", 0.0);
+}
+
+namespace {
+
+RankReport parse_rank_report(const std::string& text) {
+  json j = json::parse(text);
+  const std::string role = j.at("role").get<std::string>();
+  if (role == "infer") return j.get<InferReport>();
+  if (role == "train") return j.get<TrainReport>();
+  throw std::runtime_error("a step report with unknown role '" + role + "'");
+}
+
+}  // namespace
+
+double elapsed_of(const RankReport& report) {
+  return std::visit([](const auto& r) { return r.elapsed_s; }, report);
+}
+
+StepTotals combine(const std::vector<RankReport>& reports, const std::vector<double>& spans) {
+  StepTotals t;
+  for (size_t i = 0; i < reports.size(); ++i) {
+    const double span = spans.at(i);
+    if (const auto* x = std::get_if<InferReport>(&reports[i])) {
+      t.elapsed = std::max(t.elapsed, x->elapsed_s);
+      t.store_ops += static_cast<double>(x->store_ops);
+      t.store_bytes += static_cast<double>(x->store_bytes);
+      t.samples += static_cast<double>(x->samples);
+      t.rsum += x->reward_sum;
+      t.rsq += x->reward_sq;
+      t.correct += static_cast<double>(x->correct);
+      t.gen_tokens += static_cast<double>(x->gen_tokens);
+      t.dropped += static_cast<double>(x->groups_dropped);
+      t.episodes += static_cast<double>(x->episodes);
+      t.turns += static_cast<double>(x->turns);
+      t.tool_errors += static_cast<double>(x->tool_errors);
+      t.env_errors += static_cast<double>(x->env_errors);
+      t.env_tokens += static_cast<double>(x->env_tokens);
+      t.model_tokens += static_cast<double>(x->model_tokens);
+      t.lora_slot_reuses += static_cast<double>(x->lora_slot_reuses);
+      t.gen_s = std::max(t.gen_s, x->gen_s);
+      t.sync_s = std::max(t.sync_s, x->sync_s);
+      t.engine_version = std::max(t.engine_version, x->engine_version);
+      t.infer_busy += std::min(span, x->busy_s);
+      t.infer_span += span;
+      continue;
+    }
+    const auto& x = std::get<TrainReport>(reports[i]);
+    t.elapsed = std::max(t.elapsed, x.elapsed_s);
+    t.store_ops += static_cast<double>(x.store_ops);
+    t.store_bytes += static_cast<double>(x.store_bytes);
+    t.train_idle += std::min(span, x.wait_s + x.send_wait_s);
+    t.train_span += span;
+    t.zero_rounds += static_cast<double>(x.zero_rounds);
+    t.zero_rounds_while_receiving += static_cast<double>(x.zero_rounds_while_receiving);
+    if (x.micro_batches == 0) continue;  // nothing to average
+    const double lt = static_cast<double>(x.loss_tokens);
+    ++t.trains;
+    t.loss += x.loss;
+    t.kl += x.kl;
+    t.clip += x.clip_fraction * lt;
+    t.gap_max = std::max(t.gap_max, x.gap_max);
+    t.gap_mean_w += x.gap_mean * lt;
+    t.isw_mean_w += x.is_weight_mean * lt;
+    t.isw_max = std::max(t.isw_max, x.is_weight_max);
+    t.stale_sum += static_cast<double>(x.staleness_sum);
+    t.stale_max = std::max(t.stale_max, static_cast<double>(x.staleness_max));
+    t.loss_tokens += lt;
+    t.tokens += static_cast<double>(x.train_tokens);
+    t.train_s = std::max(t.train_s, x.train_s);
+    t.wait_s = std::max(t.wait_s, x.wait_s);
+    t.gnorm = x.grad_norm;
+    t.lr = x.lr;
+    t.peak_rss = std::max(t.peak_rss, x.peak_rss);
+  }
+  return t;
+}
+
+void to_json(json& j, const EvalReport& r) {
+  j = {{"accuracy", r.accuracy}, {"elapsed_s", r.elapsed_s}};
+}
+
+void from_json(const json& j, EvalReport& r) {
+  j.at("accuracy").get_to(r.accuracy);
+  j.at("elapsed_s").get_to(r.elapsed_s);
+}
+
+void to_json(json& j, const RlMetricsRow& r) {
+  j = to_json(r.m);
+  j["time_generate_s"] = r.time_generate_s;
+  j["time_wait_rollouts_s"] = r.time_wait_rollouts_s;
+  j["time_train_s"] = r.time_train_s;
+  j["time_sync_s"] = r.time_sync_s;
+  j["generated_tokens"] = r.generated_tokens;
+  j["train_tokens"] = r.train_tokens;
+  j["staleness_mean"] = r.staleness_mean;
+  j["staleness_max"] = r.staleness_max;
+  j["groups_dropped"] = r.groups_dropped;
+  j["is_weight_mean"] = r.is_weight_mean;
+  j["is_weight_max"] = r.is_weight_max;
+  j["engine_idle_share"] = r.engine_idle_share;
+  j["trainer_idle_share"] = r.trainer_idle_share;
+  j["engine_version"] = r.engine_version;
+  j["store_ops"] = r.store_ops;
+  j["store_bytes"] = r.store_bytes;
+  j["zero_rounds_while_receiving_share"] = r.zero_rounds_while_receiving_share;
+  j["turns_per_episode"] = r.turns_per_episode;
+  j["tool_errors"] = r.tool_errors;
+  j["env_errors"] = r.env_errors;
+  j["masked_token_share"] = r.masked_token_share;
+  j["lora_slot_reuses"] = r.lora_slot_reuses;
+}
+
+void from_json(const json& j, RlMetricsRow& r) {
+  j.get_to(r.m);
+  j.at("time_generate_s").get_to(r.time_generate_s);
+  j.at("time_wait_rollouts_s").get_to(r.time_wait_rollouts_s);
+  j.at("time_train_s").get_to(r.time_train_s);
+  j.at("time_sync_s").get_to(r.time_sync_s);
+  j.at("generated_tokens").get_to(r.generated_tokens);
+  j.at("train_tokens").get_to(r.train_tokens);
+  j.at("staleness_mean").get_to(r.staleness_mean);
+  j.at("staleness_max").get_to(r.staleness_max);
+  j.at("groups_dropped").get_to(r.groups_dropped);
+  j.at("is_weight_mean").get_to(r.is_weight_mean);
+  j.at("is_weight_max").get_to(r.is_weight_max);
+  j.at("engine_idle_share").get_to(r.engine_idle_share);
+  j.at("trainer_idle_share").get_to(r.trainer_idle_share);
+  j.at("engine_version").get_to(r.engine_version);
+  j.at("store_ops").get_to(r.store_ops);
+  j.at("store_bytes").get_to(r.store_bytes);
+  j.at("zero_rounds_while_receiving_share").get_to(r.zero_rounds_while_receiving_share);
+  j.at("turns_per_episode").get_to(r.turns_per_episode);
+  j.at("tool_errors").get_to(r.tool_errors);
+  j.at("env_errors").get_to(r.env_errors);
+  j.at("masked_token_share").get_to(r.masked_token_share);
+  j.at("lora_slot_reuses").get_to(r.lora_slot_reuses);
+}
+
+RlMetricsRow make_metrics_row(const StepTotals& t) {
+  RlMetricsRow row;
+  StepMetrics& m = row.m;
+  const double n = std::max(1.0, t.samples);
+  m.reward_mean = t.rsum / n;
+  m.reward_std = std::sqrt(std::max(0.0, t.rsq / n - m.reward_mean * m.reward_mean));
+  m.accuracy = t.correct / n;
+  m.loss = t.trains ? t.loss / t.trains : 0;
+  m.kl = t.trains ? t.kl / t.trains : 0;
+  m.clip_fraction = t.loss_tokens > 0 ? t.clip / t.loss_tokens : 0;
+  m.grad_norm = t.gnorm;
+  m.lr = t.lr;
+  m.gen_tok_s = t.gen_s > 0 ? t.gen_tokens / t.gen_s : 0;
+  m.train_tok_s = t.train_s > 0 ? t.tokens / t.train_s : 0;
+  m.sync_ms = t.sync_s * 1e3;
+  m.logprob_gap_max = t.gap_max;
+  m.logprob_gap_mean = t.loss_tokens > 0 ? t.gap_mean_w / t.loss_tokens : 0;
+  m.elapsed_s = t.elapsed;
+  row.time_generate_s = t.gen_s;
+  row.time_wait_rollouts_s = t.wait_s;
+  row.time_train_s = t.train_s;
+  row.time_sync_s = t.sync_s;
+  row.generated_tokens = t.gen_tokens;
+  row.train_tokens = t.tokens;
+  row.staleness_mean = t.loss_tokens > 0 ? t.stale_sum / t.loss_tokens : 0;
+  row.staleness_max = t.stale_max;
+  row.groups_dropped = t.dropped;
+  row.is_weight_mean = t.loss_tokens > 0 ? t.isw_mean_w / t.loss_tokens : 0;
+  row.is_weight_max = t.isw_max;
+  row.engine_idle_share = t.infer_span > 0 ? 1 - t.infer_busy / t.infer_span : 0;
+  row.trainer_idle_share = t.train_span > 0 ? t.train_idle / t.train_span : 0;
+  row.engine_version = t.engine_version;
+  row.store_ops = t.store_ops;
+  row.store_bytes = t.store_bytes;
+  row.zero_rounds_while_receiving_share =
+      t.zero_rounds > 0 ? t.zero_rounds_while_receiving / t.zero_rounds : 0.0;
+  row.turns_per_episode = t.episodes > 0 ? t.turns / t.episodes : 0;
+  row.lora_slot_reuses = t.lora_slot_reuses;
+  row.tool_errors = t.tool_errors;
+  row.env_errors = t.env_errors;
+  const double traj = t.env_tokens + t.model_tokens;
+  row.masked_token_share = traj > 0 ? t.env_tokens / traj : 0;
+  return row;
+}
+
+void publish_report(sync::Coordinator& coord, int64_t step, int rank, const RankReport& report) {
+  json j;
+  std::visit([&](const auto& r) { j = r; }, report);
+  coord.publish(step, rank, j.dump());
+}
+
+std::vector<RankReport> collect_reports(sync::Coordinator& coord, int64_t step, int ranks,
+                                        std::chrono::milliseconds timeout) {
+  std::vector<RankReport> out;
+  for (const auto& text : coord.collect(step, ranks, timeout)) out.push_back(parse_rank_report(text));
+  return out;
+}
+
+namespace {
+
+const char* const kEvalTopic = "eval";
+
+std::string eval_name(const EvalPoint& at) {
+  switch (at.kind) {
+    case EvalPoint::Kind::kStart: return "start";
+    case EvalPoint::Kind::kSft: return "sft";
+    case EvalPoint::Kind::kStep: return fmt::format("s{}", at.step);
+  }
+  return "";
+}
+
+std::string eval_what(const EvalPoint& at) {
+  switch (at.kind) {
+    case EvalPoint::Kind::kStart: return "start eval";
+    case EvalPoint::Kind::kSft: return "SFT eval";
+    case EvalPoint::Kind::kStep: return fmt::format("step {} eval", at.step + 1);
+  }
+  return "";
+}
+
+}  // namespace
+
+void publish_eval(sync::Coordinator& coord, const EvalPoint& at, const EvalReport& report) {
+  coord.publish_result(kEvalTopic, eval_name(at), json(report).dump());
+}
+
+EvalReport wait_eval(sync::Coordinator& coord, const EvalPoint& at, sync::Clock::time_point deadline) {
+  return json::parse(coord.wait_result(kEvalTopic, eval_name(at), deadline, eval_what(at)))
+      .get<EvalReport>();
+}
+
+}  // namespace crl::trainer
