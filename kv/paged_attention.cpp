@@ -251,12 +251,14 @@ namespace {
 CudaAttentionKernel kernel_from_env() {
   const char* e = std::getenv("CRL_PAGED_ATTENTION");
   const std::string v = e == nullptr ? "auto" : e;
-  if (v == "v1") return CudaAttentionKernel::kWarpPerPosition;
   if (v == "v2") return CudaAttentionKernel::kUnrolled;
-  if (v == "v3") return CudaAttentionKernel::kGrouped;
   if (v == "v4") return CudaAttentionKernel::kFlash;
+  if (v == "v1" || v == "v3") {
+    throw std::invalid_argument("CRL_PAGED_ATTENTION=" + v + ": that kernel was retired (slower than v2 and v4 "
+                                "on every GPU measured); expected v2, v4 or auto");
+  }
   if (v != "auto" && !v.empty()) {
-    throw std::invalid_argument("CRL_PAGED_ATTENTION=" + v + ": expected v1, v2, v3, v4 or auto");
+    throw std::invalid_argument("CRL_PAGED_ATTENTION=" + v + ": expected v2, v4 or auto");
   }
   return CudaAttentionKernel::kAuto;
 }
@@ -275,9 +277,7 @@ CudaAttentionKernel cuda_attention_kernel() { return selected_kernel().load(); }
 const char* cuda_attention_kernel_name(CudaAttentionKernel kernel) {
   switch (kernel) {
     case CudaAttentionKernel::kAuto: return "auto";
-    case CudaAttentionKernel::kWarpPerPosition: return "v1";
     case CudaAttentionKernel::kUnrolled: return "v2";
-    case CudaAttentionKernel::kGrouped: return "v3";
     case CudaAttentionKernel::kFlash: return "v4";
   }
   return "?";

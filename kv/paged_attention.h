@@ -38,18 +38,15 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
 
 // The CUDA attention kernel (process-wide; benchmarks and tests compare them). kAuto is v4 (the
 // lane-per-position kernel, measured 2.2x faster than v2 end to end on an H100, README "GPU") where
-// head_dim is 32, 64 or 128, else v2; a kernel that does not fit (v3: more than 32 query heads per
-// KV head or over 48 KiB of shared memory; v4: another head_dim) runs v2. The first value comes
-// from CRL_PAGED_ATTENTION (v1 | v2 | v3 | v4 | auto). All are deterministic and batch-invariant;
-// they differ in summation order.
+// head_dim is 32, 64 or 128 and the caches are 16-byte aligned, else v2; v4 asked for where it
+// does not fit runs v2. The first value comes from CRL_PAGED_ATTENTION (v2 | v4 | auto). Both are
+// deterministic and batch-invariant; they differ in summation order. (v1 and v3 lost to them on
+// every GPU measured and were retired.)
 enum class CudaAttentionKernel {
   kAuto,
-  kWarpPerPosition,  // v1: a block per (row, head), one position per warp iteration
-  kUnrolled,         // v2: the same blocks, four positions in flight per warp
-  kGrouped,          // v3: a block per (row, KV head) for all its query heads, K and V read once
-                     //     (1.9x slower end to end on an H200: too few warps; kept to compare)
-  kFlash,            // v4: a block of 8 warps per (row, KV head), a lane per position, K and V
-                     //     read once for up to 8 query heads (head_dim 32, 64 or 128; else v2)
+  kUnrolled,  // v2: a block per (row, query head), four positions in flight per warp
+  kFlash,     // v4: a block of 8 warps per (row, KV head), a lane per position, K and V read once
+              //     for up to 8 query heads (head_dim 32, 64 or 128; else v2)
 };
 void set_cuda_attention_kernel(CudaAttentionKernel kernel);
 CudaAttentionKernel cuda_attention_kernel();

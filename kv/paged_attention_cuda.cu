@@ -2,12 +2,13 @@
 // CRL_WITH_CUDA. Inputs were validated by the dispatcher in paged_attention.cpp; metadata values on
 // the GPU are trusted (checking them would need a device sync per call).
 //
-// paged_attention: one thread block per (row, query head), kWarps warps. Warp w walks positions
-// w, w + kWarps, ... of the row's context; for each position the lanes split head_dim (lane l holds
-// d = l, l + 32, ...), the dot product is a butterfly warp sum (every lane ends with the same
-// value), and the warp keeps its own online softmax (max, sum, accumulator). The warps' states are
-// merged in warp order at the end. The reduction order depends only on the row's own data, so
-// results are batch-invariant and deterministic (not bit-identical to the CPU kernel).
+// Two kernels (kv::CudaAttentionKernel): v4, the default where head_dim is 32, 64 or 128, and v2
+// for every other head_dim. Both split a row's context over the warps of a block, keep an online
+// softmax (max, sum, accumulator) per warp, and merge the warps' states in warp order at the end
+// (merge_warp_states). The reduction order depends only on the row's own data, so results are
+// batch-invariant and deterministic (not bit-identical to the CPU kernel). (v1, one position per
+// warp iteration, and v3, one block per KV head for all its query heads, were retired: both lost
+// to v2 and v4 on every GPU measured, README "GPU".)
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -43,20 +44,14 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
-template <typename T>
-__global__ void paged_attention_kernel(T* __restrict__ out, const T* __restrict__ q,
-                                       const T* __restrict__ k_cache, const T* __restrict__ v_cache,
-                                       const int32_t* __restrict__ query_start,
-                                       const int32_t* __restrict__ context_lens,
-                                       const int32_t* __restrict__ block_tables, int num_seqs,
-                                       int num_heads, int num_kv_heads, int head_dim,
-                                       int block_size, int max_blocks, float scale) {
-  const int row = blockIdx.x;
-  const int head = blockIdx.y;
-  const int warp = threadIdx.x / kWarpSize;
-  const int lane = threadIdx.x % kWarpSize;
-
-  // The row's sequence: the last s with query_start[s] <= row (sequences with no rows are skipped).
+// Query row `row`'s sequence (query_start: the rows' offsets per sequence, [num_seqs + 1]) and the
+// number of context positions it attends to, its own included.
+struct RowContext {
+  int seq;
+  int n;
+};
+__device__ __forceinline__ RowContext row_context(const int32_t* query_start, const int32_t* context_lens,
+                                                  int num_seqs, int row) {
   int lo = 0, hi = num_seqs - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
@@ -66,90 +61,32 @@ __global__ void paged_attention_kernel(T* __restrict__ out, const T* __restrict_
       hi = mid - 1;
     }
   }
-  const int seq = lo;
-  const int q0 = query_start[seq];
-  const int q_len = query_start[seq + 1] - q0;
-  const int n = context_lens[seq] - q_len + (row - q0) + 1;  // attended positions
-  const int kv_head = head / (num_heads / num_kv_heads);
-  const int32_t* table = block_tables + static_cast<int64_t>(seq) * max_blocks;
-
-  float qr[kMaxPerLane];
-  const T* q_row = q + (static_cast<int64_t>(row) * num_heads + head) * head_dim;
-#pragma unroll
-  for (int k = 0; k < kMaxPerLane; ++k) {
-    const int d = lane + k * kWarpSize;
-    qr[k] = d < head_dim ? load_float(q_row + d) : 0.0f;
-  }
-
-  float m = -INFINITY;
-  float l = 0.0f;
-  float acc[kMaxPerLane];
-#pragma unroll
-  for (int k = 0; k < kMaxPerLane; ++k) acc[k] = 0.0f;
-
-  for (int pos = warp; pos < n; pos += kWarps) {
-    const int64_t slot =
-        static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size;
-    const int64_t off = (slot * num_kv_heads + kv_head) * head_dim;
-    float partial = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kMaxPerLane; ++k) {
-      const int d = lane + k * kWarpSize;
-      if (d < head_dim) partial += qr[k] * load_float(k_cache + off + d);
-    }
-    const float score = warp_sum(partial) * scale;
-    const float m_new = fmaxf(m, score);
-    const float corr = expf(m - m_new);  // 0 while m is -inf
-    const float p = expf(score - m_new);
-    l = l * corr + p;
-#pragma unroll
-    for (int k = 0; k < kMaxPerLane; ++k) {
-      const int d = lane + k * kWarpSize;
-      if (d < head_dim) acc[k] = acc[k] * corr + p * load_float(v_cache + off + d);
-    }
-    m = m_new;
-  }
-
-  __shared__ float warp_m[kWarps];
-  __shared__ float warp_l[kWarps];
-  __shared__ float warp_acc[kWarps][kMaxPerLane * kWarpSize];
-  if (lane == 0) {
-    warp_m[warp] = m;
-    warp_l[warp] = l;
-  }
-#pragma unroll
-  for (int k = 0; k < kMaxPerLane; ++k) warp_acc[warp][k * kWarpSize + lane] = acc[k];
-  __syncthreads();
-
-  if (warp == 0) {
-    float m_all = -INFINITY;
-    for (int w = 0; w < kWarps; ++w) m_all = fmaxf(m_all, warp_m[w]);
-    float l_all = 0.0f;
-    float o[kMaxPerLane];
-#pragma unroll
-    for (int k = 0; k < kMaxPerLane; ++k) o[k] = 0.0f;
-    for (int w = 0; w < kWarps; ++w) {
-      // A warp that saw no position has m = -inf and contributes nothing.
-      const float c = warp_m[w] == -INFINITY ? 0.0f : expf(warp_m[w] - m_all);
-      l_all += warp_l[w] * c;
-#pragma unroll
-      for (int k = 0; k < kMaxPerLane; ++k) o[k] += warp_acc[w][k * kWarpSize + lane] * c;
-    }
-    T* out_row = out + (static_cast<int64_t>(row) * num_heads + head) * head_dim;
-#pragma unroll
-    for (int k = 0; k < kMaxPerLane; ++k) {
-      const int d = lane + k * kWarpSize;
-      if (d < head_dim) store_float(o[k] / l_all, out_row + d);
-    }
-  }
+  const int q0 = query_start[lo];
+  const int q_len = query_start[lo + 1] - q0;
+  return {lo, context_lens[lo] - q_len + (row - q0) + 1};
 }
 
-// The same contract and block/warp layout, with more memory work in flight: each warp takes
-// kUnroll consecutive positions per iteration (their table entries, K and V rows all loaded
-// before the first use, the kUnroll dot products reduced together), and each lane holds only
-// kPer = head_dim / 32 (rounded up) dimensions, so registers follow head_dim. Warp w walks
-// positions [w * kUnroll, w * kUnroll + kUnroll), then kWarps * kUnroll further on. Deterministic
-// and batch-invariant like the first kernel (its sums run in another, fixed order).
+// The merged output of `warps` warps' online-softmax states for one element: their running maxima
+// m[w * ml_stride], sums l[w * ml_stride] and accumulators acc[w * acc_stride], in warp order. A
+// warp that saw no position has m = -inf and contributes nothing.
+__device__ __forceinline__ float merge_warp_states(const float* m, const float* l, int ml_stride,
+                                                   const float* acc, int acc_stride, int warps) {
+  float m_all = -INFINITY;
+  for (int w = 0; w < warps; ++w) m_all = fmaxf(m_all, m[w * ml_stride]);
+  float l_all = 0.0f, o = 0.0f;
+  for (int w = 0; w < warps; ++w) {
+    const float c = m[w * ml_stride] == -INFINITY ? 0.0f : expf(m[w * ml_stride] - m_all);
+    l_all += l[w * ml_stride] * c;
+    o += acc[w * acc_stride] * c;
+  }
+  return o / l_all;
+}
+
+// v2: one thread block per (row, query head), kWarps warps, each taking kUnroll consecutive
+// positions per iteration (their table entries, K and V rows all loaded before the first use, the
+// kUnroll dot products reduced together by butterfly warp sums); each lane holds kPer = head_dim /
+// 32 (rounded up) dimensions, so registers follow head_dim. Warp w walks positions
+// [w * kUnroll, w * kUnroll + kUnroll), then kWarps * kUnroll further on.
 constexpr int kUnroll = 4;
 
 template <typename T, int kPer>
@@ -164,19 +101,9 @@ __global__ void paged_attention_unrolled_kernel(
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
 
-  int lo = 0, hi = num_seqs - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (query_start[mid] <= row) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  const int seq = lo;
-  const int q0 = query_start[seq];
-  const int q_len = query_start[seq + 1] - q0;
-  const int n = context_lens[seq] - q_len + (row - q0) + 1;  // attended positions
+  const RowContext ctx = row_context(query_start, context_lens, num_seqs, row);
+  const int seq = ctx.seq;
+  const int n = ctx.n;
   const int kv_head = head / (num_heads / num_kv_heads);
   const int32_t* table = block_tables + static_cast<int64_t>(seq) * max_blocks;
 
@@ -257,190 +184,13 @@ __global__ void paged_attention_unrolled_kernel(
   __syncthreads();
 
   if (warp == 0) {
-    float m_all = -INFINITY;
-    for (int w = 0; w < kWarps; ++w) m_all = fmaxf(m_all, warp_m[w]);
-    float l_all = 0.0f;
-    float o[kPer];
-#pragma unroll
-    for (int k = 0; k < kPer; ++k) o[k] = 0.0f;
-    for (int w = 0; w < kWarps; ++w) {
-      const float c = warp_m[w] == -INFINITY ? 0.0f : expf(warp_m[w] - m_all);
-      l_all += warp_l[w] * c;
-#pragma unroll
-      for (int k = 0; k < kPer; ++k) o[k] += warp_acc[w][k * kWarpSize + lane] * c;
-    }
     T* out_row = out + (static_cast<int64_t>(row) * num_heads + head) * head_dim;
 #pragma unroll
     for (int k = 0; k < kPer; ++k) {
       const int d = lane + k * kWarpSize;
-      if (d < head_dim) store_float(o[k] / l_all, out_row + d);
-    }
-  }
-}
-
-// The grouped kernel: one thread block per (row, KV head) computes all G = num_heads /
-// num_kv_heads query heads that share that KV head, so each K and V row is read once per row
-// instead of G times, in chunks of kChunk positions with an online softmax across chunks:
-//   scores  thread t scores positions t, t + kThreads, ... of the chunk for every head (q in shared
-//           memory, pre-scaled), into sc[g][j];
-//   softmax warp w owns heads w, w + kWarps, ...: the chunk's max, p = exp(s - m) in place, the sum,
-//           and the rescaling of its running (m, l, acc);
-//   values  warp w walks the chunk's positions in order, lane l holding dims l, l + 32, ... of
-//           each owned head's accumulator, reading each V row once (coalesced).
-// Each output still depends only on its own row's data, in a fixed order: deterministic and
-// batch-invariant.
-constexpr int kChunk = 128;
-constexpr int kMaxHeadsPerWarp = 8;  // G <= kWarps * kMaxHeadsPerWarp = 32
-
-// q . k over head_dim (q in shared memory as float; 16-byte aligned rows when head_dim allows):
-// 16-byte loads of K where the row is a whole number of them, element loads otherwise.
-__device__ __forceinline__ float dot_row(const float* qg, const float* k_row, int head_dim) {
-  float s = 0.0f;
-  if (head_dim % 4 == 0) {
-    const float4* k4 = reinterpret_cast<const float4*>(k_row);
-    const float4* q4 = reinterpret_cast<const float4*>(qg);
-    for (int c = 0; c < head_dim / 4; ++c) {
-      const float4 k = k4[c], qv = q4[c];
-      s += qv.x * k.x + qv.y * k.y + qv.z * k.z + qv.w * k.w;
-    }
-    return s;
-  }
-  for (int d = 0; d < head_dim; ++d) s += qg[d] * k_row[d];
-  return s;
-}
-
-__device__ __forceinline__ float dot_row(const float* qg, const __nv_bfloat16* k_row, int head_dim) {
-  float s = 0.0f;
-  if (head_dim % 8 == 0) {
-    const uint4* k8 = reinterpret_cast<const uint4*>(k_row);
-    const float4* q4 = reinterpret_cast<const float4*>(qg);
-    for (int c = 0; c < head_dim / 8; ++c) {
-      const uint4 raw = k8[c];
-      const __nv_bfloat162* b = reinterpret_cast<const __nv_bfloat162*>(&raw);
-      const float2 k0 = __bfloat1622float2(b[0]), k1 = __bfloat1622float2(b[1]);
-      const float2 k2 = __bfloat1622float2(b[2]), k3 = __bfloat1622float2(b[3]);
-      const float4 qa = q4[2 * c], qb = q4[2 * c + 1];
-      s += qa.x * k0.x + qa.y * k0.y + qa.z * k1.x + qa.w * k1.y;
-      s += qb.x * k2.x + qb.y * k2.y + qb.z * k3.x + qb.w * k3.y;
-    }
-    return s;
-  }
-  for (int d = 0; d < head_dim; ++d) s += qg[d] * __bfloat162float(k_row[d]);
-  return s;
-}
-
-template <typename T, int kPer>
-__global__ void paged_attention_grouped_kernel(
-    T* __restrict__ out, const T* __restrict__ q, const T* __restrict__ k_cache,
-    const T* __restrict__ v_cache, const int32_t* __restrict__ query_start,
-    const int32_t* __restrict__ context_lens, const int32_t* __restrict__ block_tables,
-    int num_seqs, int num_heads, int num_kv_heads, int head_dim, int block_size, int max_blocks,
-    float scale) {
-  extern __shared__ float smem[];
-  const int group = num_heads / num_kv_heads;
-  float* qs = smem;                          // [group][head_dim], scaled
-  float* sc = smem + group * head_dim;       // [group][kChunk]: scores, then probabilities
-  const int row = blockIdx.x;
-  const int kv_head = blockIdx.y;
-  const int tid = threadIdx.x;
-  const int warp = tid / kWarpSize;
-  const int lane = tid % kWarpSize;
-
-  int lo = 0, hi = num_seqs - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (query_start[mid] <= row) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  const int seq = lo;
-  const int q0 = query_start[seq];
-  const int q_len = query_start[seq + 1] - q0;
-  const int n = context_lens[seq] - q_len + (row - q0) + 1;  // attended positions
-  const int32_t* table = block_tables + static_cast<int64_t>(seq) * max_blocks;
-
-  const T* q_row = q + (static_cast<int64_t>(row) * num_heads + kv_head * group) * head_dim;
-  for (int i = tid; i < group * head_dim; i += kThreads) qs[i] = load_float(q_row + i) * scale;
-
-  float m[kMaxHeadsPerWarp], l[kMaxHeadsPerWarp], acc[kMaxHeadsPerWarp][kPer];
-#pragma unroll
-  for (int h = 0; h < kMaxHeadsPerWarp; ++h) {
-    m[h] = -INFINITY;
-    l[h] = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kPer; ++k) acc[h][k] = 0.0f;
-  }
-  __syncthreads();
-
-  for (int c0 = 0; c0 < n; c0 += kChunk) {
-    const int cn = min(kChunk, n - c0);
-    for (int j = tid; j < cn; j += kThreads) {
-      const int pos = c0 + j;
-      const int64_t slot = static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size;
-      const T* k_row = k_cache + (slot * num_kv_heads + kv_head) * head_dim;
-      for (int g = 0; g < group; ++g) sc[g * kChunk + j] = dot_row(qs + g * head_dim, k_row, head_dim);
-    }
-    __syncthreads();
-#pragma unroll
-    for (int h = 0; h < kMaxHeadsPerWarp; ++h) {
-      const int g = warp + h * kWarps;
-      if (g >= group) break;
-      float* sg = sc + g * kChunk;
-      float cmax = -INFINITY;
-      for (int j = lane; j < cn; j += kWarpSize) cmax = fmaxf(cmax, sg[j]);
-      for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-        cmax = fmaxf(cmax, __shfl_xor_sync(0xffffffffu, cmax, offset));
+      if (d < head_dim) {
+        store_float(merge_warp_states(warp_m, warp_l, 1, &warp_acc[0][d], kPer * kWarpSize, kWarps), out_row + d);
       }
-      const float m_new = fmaxf(m[h], cmax);  // finite: the chunk has a position
-      const float corr = expf(m[h] - m_new);  // 0 while m is -inf
-      float psum = 0.0f;
-      for (int j = lane; j < cn; j += kWarpSize) {
-        const float p = expf(sg[j] - m_new);
-        sg[j] = p;
-        psum += p;
-      }
-      psum = warp_sum(psum);
-      l[h] = l[h] * corr + psum;
-#pragma unroll
-      for (int k = 0; k < kPer; ++k) acc[h][k] *= corr;
-      m[h] = m_new;
-    }
-    __syncwarp();
-    // Warps past the group's head count own no head (group < kWarps): they only score.
-#pragma unroll 4
-    for (int j = 0; j < (warp < group ? cn : 0); ++j) {
-      const int pos = c0 + j;
-      const int64_t slot = static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size;
-      const T* v_row = v_cache + (slot * num_kv_heads + kv_head) * head_dim;
-      float v[kPer];
-#pragma unroll
-      for (int k = 0; k < kPer; ++k) {
-        const int d = lane + k * kWarpSize;
-        v[k] = d < head_dim ? load_float(v_row + d) : 0.0f;
-      }
-#pragma unroll
-      for (int h = 0; h < kMaxHeadsPerWarp; ++h) {
-        const int g = warp + h * kWarps;
-        if (g >= group) break;
-        const float p = sc[g * kChunk + j];
-#pragma unroll
-        for (int k = 0; k < kPer; ++k) acc[h][k] += p * v[k];
-      }
-    }
-    __syncthreads();  // sc is rewritten by the next chunk
-  }
-
-#pragma unroll
-  for (int h = 0; h < kMaxHeadsPerWarp; ++h) {
-    const int g = warp + h * kWarps;
-    if (g >= group) break;
-    T* out_row = out + (static_cast<int64_t>(row) * num_heads + kv_head * group + g) * head_dim;
-#pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-      const int d = lane + k * kWarpSize;
-      if (d < head_dim) store_float(acc[h][k] / l[h], out_row + d);
     }
   }
 }
@@ -533,19 +283,9 @@ __global__ void __launch_bounds__(kFlashThreads) paged_attention_flash_kernel(
   const int warp = tid / kWarpSize;
   const int lane = tid % kWarpSize;
 
-  int lo = 0, hi = num_seqs - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (query_start[mid] <= row) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  const int seq = lo;
-  const int q0 = query_start[seq];
-  const int q_len = query_start[seq + 1] - q0;
-  const int n = context_lens[seq] - q_len + (row - q0) + 1;  // attended positions (>= 1)
+  const RowContext ctx = row_context(query_start, context_lens, num_seqs, row);
+  const int seq = ctx.seq;
+  const int n = ctx.n;  // >= 1
   const int32_t* table = block_tables + static_cast<int64_t>(seq) * max_blocks;
 
   const int head0 = kv_head * group + g0;  // first query head of this block
@@ -631,16 +371,8 @@ __global__ void __launch_bounds__(kFlashThreads) paged_attention_flash_kernel(
   __syncthreads();
   for (int i = tid; i < gn * kDim; i += kFlashThreads) {
     const int g = i / kDim, d = i % kDim;
-    float m_all = -INFINITY;
-    for (int w = 0; w < kFlashWarps; ++w) m_all = fmaxf(m_all, wm[w][g]);
-    float l_all = 0.0f, o = 0.0f;
-    for (int w = 0; w < kFlashWarps; ++w) {
-      // A warp that saw no position has m = -inf and contributes nothing.
-      const float c = wm[w][g] == -INFINITY ? 0.0f : expf(wm[w][g] - m_all);
-      l_all += wl[w][g] * c;
-      o += wacc[w][g][d] * c;
-    }
-    store_float(o / l_all, out + (static_cast<int64_t>(row) * num_heads + head0 + g) * kDim + d);
+    const float o = merge_warp_states(&wm[0][g], &wl[0][g], kG, &wacc[0][g][d], kG * kDim, kFlashWarps);
+    store_float(o, out + (static_cast<int64_t>(row) * num_heads + head0 + g) * kDim + d);
   }
 }
 
@@ -702,28 +434,6 @@ __global__ void write_kv_cache_kernel(T* __restrict__ k_cache, T* __restrict__ v
   }
 }
 
-// Shared memory of the grouped kernel: q and one chunk of scores for every head of the group.
-size_t grouped_smem_bytes(int group, int head_dim) {
-  return static_cast<size_t>(group) * (head_dim + kChunk) * sizeof(float);
-}
-
-bool grouped_fits(int group, int head_dim) {
-  return group <= kWarps * kMaxHeadsPerWarp && grouped_smem_bytes(group, head_dim) <= 48 * 1024;
-}
-
-template <typename T, int kPer>
-void launch_grouped(T* out, const T* q, const T* k_cache, const T* v_cache,
-                    const PagedAttentionMetadata& meta, int rows, int num_heads, int num_kv_heads,
-                    int head_dim, int block_size, float scale, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(num_kv_heads));
-  const size_t smem = grouped_smem_bytes(num_heads / num_kv_heads, head_dim);
-  paged_attention_grouped_kernel<T, kPer><<<grid, kThreads, smem, stream>>>(
-      out, q, k_cache, v_cache, meta.query_start.data_ptr<int32_t>(),
-      meta.context_lens.data_ptr<int32_t>(), meta.block_tables.data_ptr<int32_t>(),
-      static_cast<int>(meta.context_lens.size(0)), num_heads, num_kv_heads, head_dim, block_size,
-      static_cast<int>(meta.block_tables.size(1)), scale);
-}
-
 template <typename T, int kPer>
 void launch_unrolled(T* out, const T* q, const T* k_cache, const T* v_cache,
                      const PagedAttentionMetadata& meta, const dim3& grid, int num_heads,
@@ -753,8 +463,7 @@ void launch_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
   if (kernel == CudaAttentionKernel::kAuto) {
     // v4 where head_dim allows it: on an H100 it made the nano-vllm rollout benchmark (Qwen2-0.5B
     // shape, G = 7) 2.2x faster end to end than v2 (5.85 s against 12.98 s; decode attention 60 us
-    // against 178 us a layer at 256 sequences, prefill 537 us against 2,160 us). v2 elsewhere: the
-    // grouped v3 made the same benchmark 1.9x slower than v2 on an H200 (too few warps).
+    // against 178 us a layer at 256 sequences, prefill 537 us against 2,160 us). v2 elsewhere.
     kernel = flash_fits(head_dim, kp, vp) ? CudaAttentionKernel::kFlash : CudaAttentionKernel::kUnrolled;
   }
   if (kernel == CudaAttentionKernel::kFlash && flash_fits(head_dim, kp, vp)) {
@@ -768,42 +477,17 @@ void launch_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return;
   }
-  if (kernel == CudaAttentionKernel::kGrouped && grouped_fits(heads / kv_heads, head_dim)) {
-    if (per <= 1) {
-      launch_grouped<T, 1>(o, qp, kp, vp, meta, rows, heads, kv_heads, head_dim, bs, scale, stream);
-    } else if (per <= 2) {
-      launch_grouped<T, 2>(o, qp, kp, vp, meta, rows, heads, kv_heads, head_dim, bs, scale, stream);
-    } else if (per <= 4) {
-      launch_grouped<T, 4>(o, qp, kp, vp, meta, rows, heads, kv_heads, head_dim, bs, scale, stream);
-    } else {
-      launch_grouped<T, kMaxPerLane>(o, qp, kp, vp, meta, rows, heads, kv_heads, head_dim, bs, scale,
-                                     stream);
-    }
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    return;
+  // v2, and v4 where it does not fit.
+  if (per <= 1) {
+    launch_unrolled<T, 1>(o, qp, kp, vp, meta, grid, heads, kv_heads, head_dim, bs, scale, stream);
+  } else if (per <= 2) {
+    launch_unrolled<T, 2>(o, qp, kp, vp, meta, grid, heads, kv_heads, head_dim, bs, scale, stream);
+  } else if (per <= 4) {
+    launch_unrolled<T, 4>(o, qp, kp, vp, meta, grid, heads, kv_heads, head_dim, bs, scale, stream);
+  } else {
+    launch_unrolled<T, kMaxPerLane>(o, qp, kp, vp, meta, grid, heads, kv_heads, head_dim, bs, scale,
+                                    stream);
   }
-  if (kernel != CudaAttentionKernel::kWarpPerPosition) {  // v2, and v3/v4 where they do not fit
-    if (per <= 1) {
-      launch_unrolled<T, 1>(o, qp, kp, vp, meta, grid, heads, kv_heads, head_dim, bs, scale, stream);
-    } else if (per <= 2) {
-      launch_unrolled<T, 2>(o, qp, kp, vp, meta, grid, heads, kv_heads, head_dim, bs, scale, stream);
-    } else if (per <= 4) {
-      launch_unrolled<T, 4>(o, qp, kp, vp, meta, grid, heads, kv_heads, head_dim, bs, scale, stream);
-    } else {
-      launch_unrolled<T, kMaxPerLane>(o, qp, kp, vp, meta, grid, heads, kv_heads, head_dim, bs, scale,
-                                      stream);
-    }
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    return;
-  }
-  paged_attention_kernel<T><<<grid, kThreads, 0, stream>>>(
-      reinterpret_cast<T*>(out.data_ptr<AtT>()), reinterpret_cast<const T*>(q.data_ptr<AtT>()),
-      reinterpret_cast<const T*>(k_cache.data_ptr<AtT>()),
-      reinterpret_cast<const T*>(v_cache.data_ptr<AtT>()), meta.query_start.data_ptr<int32_t>(),
-      meta.context_lens.data_ptr<int32_t>(), meta.block_tables.data_ptr<int32_t>(),
-      static_cast<int>(meta.context_lens.size(0)), static_cast<int>(q.size(1)),
-      static_cast<int>(k_cache.size(2)), static_cast<int>(q.size(2)),
-      static_cast<int>(k_cache.size(1)), static_cast<int>(meta.block_tables.size(1)), scale);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
