@@ -1,13 +1,12 @@
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
-#include <spdlog/spdlog.h>
-
 #include <spawn.h>
+#include <spdlog/spdlog.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "app/commands.h"
@@ -30,7 +29,6 @@ extern char** environ;
 
 namespace crl::app {
 namespace {
-
 
 struct SyncBenchFlags {
   std::string shapes = "default,smollm2-135m,qwen2-0.5b,qwen2-1.5b";
@@ -110,9 +108,8 @@ int run_sync_bench(const SyncBenchFlags& f) {
     engine::ensure_preset_model(o.shape, "bfloat16");  // once, before the ranks start
     if (!f.matrix_cell) std::remove(f.results.c_str());
     LaunchOptions lo{o.infer_per_node, o.train_per_node, timeout};
-    int rc = run_distributed(lo, [o](const sync::RankEnv& env) {
-      return bench::run_sync_bench_rank(env, o);
-    });
+    int rc = run_distributed(
+        lo, [o](const sync::RankEnv& env) { return bench::run_sync_bench_rank(env, o); });
     // Only the launcher of the node whose rank 0 wrote the rows has them to print.
     if (rc == 0 && !f.matrix_cell && std::ifstream(f.results).good()) print_sync_bench_table(f);
     return rc;
@@ -128,7 +125,9 @@ int run_sync_bench(const SyncBenchFlags& f) {
         int64_t have = mem_available_bytes();
         std::string topo = fmt::format("{}->{}", t, i);
         if (have > 0 && need > have * 85 / 100) {
-          nlohmann::json skip = {{"shape", shape}, {"dtype", dtype}, {"topology", topo},
+          nlohmann::json skip = {{"shape", shape},
+                                 {"dtype", dtype},
+                                 {"topology", topo},
                                  {"skipped", fmt::format("needs ~{}, {} available",
                                                          format_bytes(need), format_bytes(have))}};
           std::ofstream(f.results, std::ios::app) << skip.dump() << "\n";
@@ -137,12 +136,28 @@ int run_sync_bench(const SyncBenchFlags& f) {
           continue;
         }
         spdlog::info("bench sync: {} {} train {} -> infer {}", shape, dtype, t, i);
-        std::vector<std::string> args = {
-            "/proc/self/exe", "bench", "sync", "--shapes", shape, "--dtypes", dtype,
-            "--topologies", fmt::format("{}-{}", t, i), "--repeats", std::to_string(f.repeats),
-            "--sync-bucket-mb", std::to_string(f.bucket_mb), "--timeout",
-            std::to_string(f.timeout_s), "--results", f.results, "--device", f.device,
-            "--lora-rank", std::to_string(f.lora_rank), "--matrix-cell"};
+        std::vector<std::string> args = {"/proc/self/exe",
+                                         "bench",
+                                         "sync",
+                                         "--shapes",
+                                         shape,
+                                         "--dtypes",
+                                         dtype,
+                                         "--topologies",
+                                         fmt::format("{}-{}", t, i),
+                                         "--repeats",
+                                         std::to_string(f.repeats),
+                                         "--sync-bucket-mb",
+                                         std::to_string(f.bucket_mb),
+                                         "--timeout",
+                                         std::to_string(f.timeout_s),
+                                         "--results",
+                                         f.results,
+                                         "--device",
+                                         f.device,
+                                         "--lora-rank",
+                                         std::to_string(f.lora_rank),
+                                         "--matrix-cell"};
         std::vector<char*> argv;
         for (auto& a : args) argv.push_back(a.data());
         argv.push_back(nullptr);
@@ -170,22 +185,26 @@ Runner register_bench(CLI::App& app) {
   auto sf = std::make_shared<SyncBenchFlags>();
   auto* cmd = app.add_subcommand("bench", "benchmarks");
   cmd->require_subcommand(1);
-  auto* rollout = cmd->add_subcommand("rollout", "rollout (generation) throughput against baselines");
+  auto* rollout =
+      cmd->add_subcommand("rollout", "rollout (generation) throughput against baselines");
   bench::add_rollout_flags(*rollout, *opts);
   auto e2e = std::make_shared<bench::RlBenchOptions>();
   bench::add_rl_bench_flags(*rollout, *e2e);
   // Never parsed here: main() turns `bench rollout --multi-turn` into `bench multi-turn`.
-  rollout->add_flag("--multi-turn", "multi-turn rollouts with tool latency against the turn-synchronous "
-                                    "baseline: the same as `bench multi-turn` (see its --help for its flags)");
+  rollout->add_flag("--multi-turn",
+                    "multi-turn rollouts with tool latency against the turn-synchronous "
+                    "baseline: the same as `bench multi-turn` (see its --help for its flags)");
   auto* sync = cmd->add_subcommand(
       "sync", "weight sync: bucket mode vs the per-tensor baseline vs one raw broadcast");
   sync->add_option("--shapes", sf->shapes, "model presets, comma-separated")->capture_default_str();
   sync->add_option("--dtypes", sf->dtypes, "engine dtypes, comma-separated")->capture_default_str();
   sync->add_option("--topologies", sf->topologies, "TRAIN-INFER rank counts, comma-separated")
       ->capture_default_str();
-  sync->add_option("--repeats", sf->repeats, "timed syncs per mode (medians)")->capture_default_str();
+  sync->add_option("--repeats", sf->repeats, "timed syncs per mode (medians)")
+      ->capture_default_str();
   sync->add_option("--sync-bucket-mb", sf->bucket_mb, "bucket cap in MiB")->capture_default_str();
-  sync->add_option("--timeout", sf->timeout_s, "collective timeout in seconds")->capture_default_str();
+  sync->add_option("--timeout", sf->timeout_s, "collective timeout in seconds")
+      ->capture_default_str();
   sync->add_option("--results", sf->results, "JSONL file the rows go to")->capture_default_str();
   sync->add_option("--lora-rank", sf->lora_rank,
                    "also sync an all-linear LoRA adapter of this rank alone (LoRA RL's update) in "
@@ -197,28 +216,33 @@ Runner register_bench(CLI::App& app) {
       ->capture_default_str();
   sync->add_flag("--matrix-cell", sf->matrix_cell, "internal: one cell of a matrix run")->group("");
   auto serve_opts = std::make_shared<bench::ServeBenchOptions>();
-  auto* serve = cmd->add_subcommand("serve", "HTTP API: requests/s, TTFT and inter-token latency at "
-                                             "several client counts (from a separate process)");
+  auto* serve = cmd->add_subcommand("serve",
+                                    "HTTP API: requests/s, TTFT and inter-token latency at "
+                                    "several client counts (from a separate process)");
   bench::add_serve_bench_flags(*serve, *serve_opts);
   auto tok_opts = std::make_shared<bench::TokenizerBenchOptions>();
-  auto* tok = cmd->add_subcommand("tokenizer", "encode MB/s on 1 and N threads vs Hugging Face "
-                                               "tokenizers (Node binding), and whether the ids agree");
+  auto* tok = cmd->add_subcommand("tokenizer",
+                                  "encode MB/s on 1 and N threads vs Hugging Face "
+                                  "tokenizers (Node binding), and whether the ids agree");
   bench::add_tokenizer_bench_flags(*tok, *tok_opts);
   auto train_opts = std::make_shared<bench::TrainBenchOptions>();
-  auto* train = cmd->add_subcommand("train", "the trainer alone: ZeRO stages x train ranks (plus "
-                                             "checkpointing and offload cells): memory and tokens/s");
+  auto* train = cmd->add_subcommand("train",
+                                    "the trainer alone: ZeRO stages x train ranks (plus "
+                                    "checkpointing and offload cells): memory and tokens/s");
   bench::add_train_bench_flags(*train, *train_opts);
   auto linear_opts = std::make_shared<bench::LinearBenchOptions>();
-  auto* linear = cmd->add_subcommand("linear", "the engine's linear layers on the CPU: at::linear (OpenBLAS) "
-                                               "against the project's kernels, GFLOP/s per row count");
+  auto* linear = cmd->add_subcommand("linear",
+                                     "the engine's linear layers on the CPU: at::linear (OpenBLAS) "
+                                     "against the project's kernels, GFLOP/s per row count");
   bench::add_linear_bench_flags(*linear, *linear_opts);
   auto mt_opts = std::make_shared<bench::MultiTurnBenchOptions>();
-  auto* mt = cmd->add_subcommand("multi-turn", "multi-turn rollouts with tool latency: episodes "
-                                               "that overlap their tool waits vs the turn-synchronous "
-                                               "baseline, prefix-cache share, trainer tokens");
+  auto* mt = cmd->add_subcommand("multi-turn",
+                                 "multi-turn rollouts with tool latency: episodes "
+                                 "that overlap their tool waits vs the turn-synchronous "
+                                 "baseline, prefix-cache share, trainer tokens");
   bench::add_multi_turn_bench_flags(*mt, *mt_opts);
-  return [opts, rollout, sync, sf, serve_opts, serve, e2e, tok_opts, tok, train_opts, train, linear_opts, linear,
-          mt_opts, mt]() {
+  return [opts, rollout, sync, sf, serve_opts, serve, e2e, tok_opts, tok, train_opts, train,
+          linear_opts, linear, mt_opts, mt]() {
     if (mt->parsed()) return bench::run_multi_turn_bench(*mt_opts);
     if (linear->parsed()) return bench::run_linear_bench(*linear_opts);
     if (train->parsed()) return bench::run_train_bench(*train_opts);

@@ -1,11 +1,11 @@
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 
 #include "app/commands.h"
 #include "app/request_json.h"
@@ -31,7 +31,8 @@ Runner register_generate(CLI::App& app) {
                   "{\"prompt_token_ids\": [...]}, plus any sampling field");
   auto& p = f->params;
   cmd->add_option("--n", p.n, "samples per prompt")->capture_default_str();
-  cmd->add_option("--max-tokens", p.max_tokens, "tokens to generate per sample")->capture_default_str();
+  cmd->add_option("--max-tokens", p.max_tokens, "tokens to generate per sample")
+      ->capture_default_str();
   cmd->add_option("--min-tokens", p.min_tokens, "no EOS before this many tokens");
   cmd->add_option("--temperature", p.temperature, "0 = greedy")->capture_default_str();
   cmd->add_option("--top-p", p.top_p, "nucleus sampling mass");
@@ -70,7 +71,8 @@ Runner register_generate(CLI::App& app) {
                  config.block_size);
     auto t0 = std::chrono::steady_clock::now();
     auto outputs = eng.generate(std::move(requests));
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     for (const auto& out : outputs) {
       if (f->json) {
         std::cout << request_output_to_json(out, eng.tokenizer()).dump() << "\n";
@@ -89,11 +91,11 @@ Runner register_generate(CLI::App& app) {
       }
     }
     const auto& st = eng.stats();
-    spdlog::info("{} requests in {:.2f} s: {} prompt tokens computed ({} from prefix cache), {} "
-                 "generated ({:.1f} tok/s), {} steps, {} preemptions",
-                 outputs.size(), secs, st.prompt_tokens_computed, st.prefix_hit_tokens,
-                 st.generated_tokens, st.generated_tokens / std::max(secs, 1e-9), st.steps,
-                 st.preemptions);
+    spdlog::info(
+        "{} requests in {:.2f} s: {} prompt tokens computed ({} from prefix cache), {} "
+        "generated ({:.1f} tok/s), {} steps, {} preemptions",
+        outputs.size(), secs, st.prompt_tokens_computed, st.prefix_hit_tokens, st.generated_tokens,
+        st.generated_tokens / std::max(secs, 1e-9), st.steps, st.preemptions);
     return 0;
   };
 }

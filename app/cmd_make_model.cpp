@@ -1,5 +1,6 @@
-#include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
 
 #include "app/commands.h"
 #include "engine/model/config.h"
@@ -16,14 +17,15 @@ Runner register_make_model(CLI::App& app) {
   };
   auto f = std::make_shared<Flags>();
   auto* cmd = app.add_subcommand(
-      "make-model", "write a model with random weights in the Hugging Face layout (config.json, "
-                    "model.safetensors, tokenizer); with no --out, (re)creates the embedded default");
+      "make-model",
+      "write a model with random weights in the Hugging Face layout (config.json, "
+      "model.safetensors, tokenizer); with no --out, (re)creates the embedded default");
   cmd->add_option("--out", f->out, "output directory (default: the cache's default model)");
   std::string shapes;
   for (const std::string& n : engine::preset_names()) shapes += (shapes.empty() ? "" : ", ") + n;
-  cmd->add_option("--shape", f->shape, "model shape: " + shapes)
+  cmd->add_option("--shape", f->shape, "model shape: " + shapes)->capture_default_str();
+  cmd->add_option("--dtype", f->dtype, "stored dtype: float32, bfloat16 or float16")
       ->capture_default_str();
-  cmd->add_option("--dtype", f->dtype, "stored dtype: float32, bfloat16 or float16")->capture_default_str();
   cmd->add_option("--vocab", f->vocab, "override vocab_size");
   cmd->add_option("--hidden", f->hidden, "override hidden_size");
   cmd->add_option("--ffn", f->ffn, "override intermediate_size");

@@ -1,5 +1,6 @@
-#include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
 
 #include "app/commands.h"
 #include "engine/model/lora.h"
@@ -12,11 +13,14 @@ Runner register_merge_lora(CLI::App& app) {
   };
   auto f = std::make_shared<Flags>();
   auto* cmd = app.add_subcommand(
-      "merge-lora", "write a Hugging Face model directory with a PEFT LoRA adapter merged into the "
-                    "weights (W + alpha / r * B A), loadable anywhere a model is");
+      "merge-lora",
+      "write a Hugging Face model directory with a PEFT LoRA adapter merged into the "
+      "weights (W + alpha / r * B A), loadable anywhere a model is");
   cmd->add_option("--model", f->model, "the base model directory")->required();
-  cmd->add_option("--lora", f->lora, "the PEFT adapter directory (adapter_config.json, "
-                                     "adapter_model.safetensors)")->required();
+  cmd->add_option("--lora", f->lora,
+                  "the PEFT adapter directory (adapter_config.json, "
+                  "adapter_model.safetensors)")
+      ->required();
   cmd->add_option("--out", f->out, "output directory")->required();
   cmd->add_option("--dtype", f->dtype, "stored dtype: float32 or bfloat16")->capture_default_str();
   return [f]() {

@@ -1,6 +1,6 @@
-#include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -28,7 +28,8 @@ Runner register_serve(CLI::App& app) {
   auto* cmd = app.add_subcommand("serve", "serve the engine over an OpenAI-compatible HTTP API");
   add_engine_flags(*cmd, f->engine);
   auto& s = f->server;
-  cmd->add_option("--host", s.host, "address to bind (0.0.0.0: every interface)")->capture_default_str();
+  cmd->add_option("--host", s.host, "address to bind (0.0.0.0: every interface)")
+      ->capture_default_str();
   cmd->add_option("--port", s.port, "port to bind (0: any free port)")->capture_default_str();
   cmd->add_option("--api-key", s.api_key,
                   "require 'Authorization: Bearer KEY' on every endpoint but /health and /metrics "
@@ -36,10 +37,11 @@ Runner register_serve(CLI::App& app) {
       ->envname("CRL_API_KEY");
   cmd->add_flag("--api-key-everywhere", s.key_for_health_and_metrics,
                 "/health and /metrics need the API key too");
-  cmd->add_flag("--split-special-tokens", s.limits.split_special_tokens,
-                "special-token literals in prompts and message contents are text unless a request "
-                "says \"split_special_tokens\": false (for untrusted input; the chat template's own "
-                "special tokens stay tokens)");
+  cmd->add_flag(
+      "--split-special-tokens", s.limits.split_special_tokens,
+      "special-token literals in prompts and message contents are text unless a request "
+      "says \"split_special_tokens\": false (for untrusted input; the chat template's own "
+      "special tokens stay tokens)");
   cmd->add_option("--served-model-name", s.served_model_name,
                   "model name in the API (default: the model directory's name)");
   cmd->add_option("--max-concurrent-requests", s.max_concurrent_requests,
@@ -56,7 +58,8 @@ Runner register_serve(CLI::App& app) {
                   "chat sessions held at most (the least recently used idle one ends first)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  cmd->add_option("--max-session-tokens", s.sessions.max_tokens, "token ids one chat session may hold")
+  cmd->add_option("--max-session-tokens", s.sessions.max_tokens,
+                  "token ids one chat session may hold")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   return [f]() {

@@ -18,9 +18,10 @@ Runner register_sync_check(CLI::App& app) {
   };
   auto f = std::make_shared<Flags>();
   f->engine.kv_memory = "32MiB";
-  auto* cmd = app.add_subcommand(
-      "sync-check", "run trainer -> engine weight syncs and check the engines' weights are "
-                    "bit-identical to the trainer's");
+  auto* cmd =
+      app.add_subcommand("sync-check",
+                         "run trainer -> engine weight syncs and check the engines' weights are "
+                         "bit-identical to the trainer's");
   add_engine_flags(*cmd, f->engine);
   add_dist_flags(*cmd, f->dist, /*with_sync=*/true);
   cmd->add_option("--syncs", f->syncs, "number of syncs")->capture_default_str();
@@ -39,9 +40,8 @@ Runner register_sync_check(CLI::App& app) {
     o.fault = f->fault;
     o.comm_backend = f->dist.backend;
     LaunchOptions lo{f->dist.infer, f->dist.train, o.timeout};
-    return run_distributed(lo, [o](const sync::RankEnv& env) {
-      return bench::run_sync_check_rank(env, o);
-    });
+    return run_distributed(
+        lo, [o](const sync::RankEnv& env) { return bench::run_sync_check_rank(env, o); });
   };
 }
 

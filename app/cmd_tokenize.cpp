@@ -2,17 +2,16 @@
 // output line per input line, in order (for checking a tokenizer against Hugging Face's and for
 // scripts that need token counts).
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
-
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 
 #include "app/commands.h"
 #include "common/check.h"
 #include "engine/model/model_cache.h"
-#include "text/tokenizer.h"
 #include "server/api_types.h"
+#include "text/tokenizer.h"
 
 namespace crl::app {
 namespace {
@@ -29,7 +28,7 @@ struct TokenizeFlags {
 
 std::unique_ptr<text::Tokenizer> open_tokenizer(const std::string& model) {
   return std::make_unique<text::Tokenizer>(model.empty() ? engine::ensure_preset_model("default")
-                                                           : model);
+                                                         : model);
 }
 
 // Runs `fn` on every non-empty line of the input as parsed JSON, printing what it returns;
@@ -64,9 +63,10 @@ int for_each_line(const std::string& path, Fn fn) {
 }
 
 void add_common(CLI::App* cmd, TokenizeFlags& f) {
-  cmd->add_option("--model", f.model,
-                  "model or tokenizer directory (tokenizer.json or tokenizer.model), or a tokenizer "
-                  "file (default: the embedded model)");
+  cmd->add_option(
+      "--model", f.model,
+      "model or tokenizer directory (tokenizer.json or tokenizer.model), or a tokenizer "
+      "file (default: the embedded model)");
   cmd->add_option("--jsonl", f.jsonl, "input file, one JSON object per line (default: stdin)");
 }
 
@@ -75,8 +75,9 @@ void add_common(CLI::App* cmd, TokenizeFlags& f) {
 Runner register_tokenize(CLI::App& app) {
   auto f = std::make_shared<TokenizeFlags>();
   auto* cmd = app.add_subcommand(
-      "tokenize", "text to token ids: reads {\"text\": ...} lines, prints {\"ids\", \"tokens\", "
-                  "\"decoded\"} lines");
+      "tokenize",
+      "text to token ids: reads {\"text\": ...} lines, prints {\"ids\", \"tokens\", "
+      "\"decoded\"} lines");
   add_common(cmd, *f);
   cmd->add_flag("--add-special-tokens", f->add_special_tokens,
                 "add the model's special tokens (BOS, ...) as Hugging Face's tokenizer(text) does");
@@ -89,7 +90,8 @@ Runner register_tokenize(CLI::App& app) {
     options.split_special_tokens = f->split_special_tokens;
     return for_each_line(f->jsonl, [&](const json& row) {
       auto it = row.find("text");
-      if (it == row.end() || !it->is_string()) throw std::invalid_argument("\"text\" must be a string");
+      if (it == row.end() || !it->is_string())
+        throw std::invalid_argument("\"text\" must be a string");
       const std::vector<int32_t> ids = tok->encode(it->get<std::string>(), options);
       json tokens = json::array();
       for (int32_t id : ids) tokens.push_back(tok->id_to_piece(id));
@@ -105,8 +107,9 @@ Runner register_detokenize(CLI::App& app) {
       "token ids to text: reads {\"ids\": [...]} lines (optionally \"skip_special_tokens\": true), "
       "prints {\"text\": ...} lines; special tokens are kept by default, as in /detokenize");
   add_common(cmd, *f);
-  cmd->add_flag("--skip-special-tokens", f->skip_special_tokens,
-                "leave special tokens (BOS, <|im_end|>, ...) out of the text unless a line says otherwise");
+  cmd->add_flag(
+      "--skip-special-tokens", f->skip_special_tokens,
+      "leave special tokens (BOS, <|im_end|>, ...) out of the text unless a line says otherwise");
   return [f]() {
     auto tok = open_tokenizer(f->model);
     return for_each_line(f->jsonl, [&](const json& row) {

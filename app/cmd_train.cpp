@@ -1,8 +1,9 @@
 // colocated-rl [train] --gpus-infer I --gpus-train T ...: the RL job (the project's main job).
 #include <ATen/ATen.h>
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <torch/cuda.h>
+
+#include <CLI/CLI.hpp>
 
 #include "app/commands.h"
 #include "app/launcher.h"
@@ -36,7 +37,6 @@ void check_nccl_usable(const RlJobOptions& o) {
   }
 }
 
-
 struct TrainFlags {
   RlJobOptions o;
   DistFlags dist;
@@ -57,7 +57,8 @@ struct TrainFlags {
 // The model, where it runs, and the task.
 void add_model_and_task_flags(CLI::App* cmd, TrainFlags* f) {
   RlJobOptions& o = f->o;
-  cmd->add_option("--model", o.model_dir, "Hugging Face model directory (default: the embedded one)");
+  cmd->add_option("--model", o.model_dir,
+                  "Hugging Face model directory (default: the embedded one)");
   cmd->add_option("--device", o.device,
                   "cpu, or cuda: each rank's engine or trainer on one GPU (--device-map, else "
                   "local rank mod the GPU count); world rank 0 prints where each rank runs")
@@ -90,17 +91,20 @@ void add_model_and_task_flags(CLI::App* cmd, TrainFlags* f) {
   cmd->add_option("--eval-rows", o.eval_rows,
                   "held-out rows, never trained on (default: a fifth of the rows, at most 128)")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--seed", o.seed, "seed of the split, prompt order and sampling")->capture_default_str();
+  cmd->add_option("--seed", o.seed, "seed of the split, prompt order and sampling")
+      ->capture_default_str();
 }
 
 // The SFT warm-up, GRPO's schedule and the optimizer's state.
 void add_schedule_flags(CLI::App* cmd, TrainFlags* f) {
   RlJobOptions& o = f->o;
-  f->sft_steps_opt = cmd->add_option("--sft-steps", o.sft_steps,
-                                     "SFT warm-up steps before GRPO (0 = none; 400 with --lora-rank)")
-                         ->capture_default_str();
+  f->sft_steps_opt =
+      cmd->add_option("--sft-steps", o.sft_steps,
+                      "SFT warm-up steps before GRPO (0 = none; 400 with --lora-rank)")
+          ->capture_default_str();
   cmd->add_option("--sft-rows", o.sft_rows_per_step, "rows per SFT step")->capture_default_str();
-  f->sft_lr_opt = cmd->add_option("--sft-lr", o.sft_schedule.lr, "SFT peak learning rate (2e-3 with --lora-rank)")
+  f->sft_lr_opt = cmd->add_option("--sft-lr", o.sft_schedule.lr,
+                                  "SFT peak learning rate (2e-3 with --lora-rank)")
                       ->capture_default_str();
   cmd->add_option("--sft-warmup-steps", o.sft_schedule.warmup_steps,
                   "SFT linear warmup steps (to --sft-lr)")
@@ -146,12 +150,14 @@ void add_lora_flags(CLI::App* cmd, TrainFlags* f) {
                   "(0 = full fine-tuning)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--lora-alpha", o.trainer.lora.alpha, "LoRA alpha (the update is scaled by alpha / rank)")
+  cmd->add_option("--lora-alpha", o.trainer.lora.alpha,
+                  "LoRA alpha (the update is scaled by alpha / rank)")
       ->capture_default_str();
   cmd->add_option("--lora-targets", o.trainer.lora.targets,
                   "the adapted linear layers: all-linear or a comma list of q,k,v,o,gate,up,down")
       ->capture_default_str();
-  cmd->add_option("--lora-dropout", o.trainer.lora.dropout, "dropout on the adapters' input (training passes)")
+  cmd->add_option("--lora-dropout", o.trainer.lora.dropout,
+                  "dropout on the adapters' input (training passes)")
       ->capture_default_str();
 }
 
@@ -159,7 +165,8 @@ void add_lora_flags(CLI::App* cmd, TrainFlags* f) {
 void add_rl_flags(CLI::App* cmd, TrainFlags* f) {
   RlJobOptions& o = f->o;
   cmd->add_option("--micro-batch-tokens", o.trainer.micro_batch_tokens,
-                  "tokens per packed micro-batch")->capture_default_str();
+                  "tokens per packed micro-batch")
+      ->capture_default_str();
   cmd->add_option("--kl-coef", o.trainer.grpo.kl_coef, "k3 KL to the initial model (0 = off)")
       ->capture_default_str();
   cmd->add_option("--tis-cap", o.trainer.grpo.tis_cap,
@@ -173,9 +180,10 @@ void add_rl_flags(CLI::App* cmd, TrainFlags* f) {
                   "than the ones step s trains (0 = synchronous)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--inflight-update", f->inflight,
-                  "a weight update reaching running sequences: keep (their KV), recompute (their KV "
-                  "under the new weights) or abort (restart them)")
+  cmd->add_option(
+         "--inflight-update", f->inflight,
+         "a weight update reaching running sequences: keep (their KV), recompute (their KV "
+         "under the new weights) or abort (restart them)")
       ->capture_default_str();
   cmd->add_flag("--reproducible", o.reproducible,
                 "two runs with the same flags give the same numbers: engines take new weights only "
@@ -199,9 +207,10 @@ void add_output_flags(CLI::App* cmd, TrainFlags* f) {
   cmd->add_option("--save-every", o.save_every,
                   "checkpoint every N steps; with --save-dir there is always one at the end");
   cmd->add_option("--resume", o.resume_dir, "continue from a checkpoint directory");
-  cmd->add_flag("--save-merged", o.save_merged,
-                "with --lora-rank: each checkpoint also holds merged/, a model directory of the base "
-                "with the adapter merged in (the adapter alone is the checkpoint)");
+  cmd->add_flag(
+      "--save-merged", o.save_merged,
+      "with --lora-rank: each checkpoint also holds merged/, a model directory of the base "
+      "with the adapter merged in (the adapter alone is the checkpoint)");
   cmd->add_option("--serve-port", o.serve_port,
                   "serve the OpenAI API during training: infer rank k on PORT + k (0: any port)");
   cmd->add_option("--serve-host", o.serve_host, "address the API binds")->capture_default_str();
@@ -218,7 +227,8 @@ void add_env_flags(CLI::App* cmd, TrainFlags* f) {
                   "multi-turn RL against an environment: 'calculator' (built in: 4-digit additions "
                   "with an add tool) or a command speaking JSON lines on stdin/stdout (started per "
                   "infer rank; see trainer/process_env.h); --max-tokens caps each assistant turn");
-  cmd->add_option("--max-turns", o.multi_turn.max_turns, "--env: assistant turns per episode at most")
+  cmd->add_option("--max-turns", o.multi_turn.max_turns,
+                  "--env: assistant turns per episode at most")
       ->capture_default_str();
   cmd->add_option("--max-episode-tokens", o.multi_turn.max_episode_tokens,
                   "--env: token ids per episode at most (prompt, turns and tool results)")
@@ -287,9 +297,11 @@ RlJobOptions resolve_train_flags(const TrainFlags& flags) {
   // before any rank starts.
   {
     auto rows = o.data_path.empty() ? trainer::default_task_rows(o.default_task_rows, o.seed)
-                                    : trainer::load_task_jsonl(o.data_path, o.reward, o.model_dir, o.split_special_tokens);
+                                    : trainer::load_task_jsonl(o.data_path, o.reward, o.model_dir,
+                                                               o.split_special_tokens);
     const trainer::TaskSplit split = trainer::split_task(std::move(rows), o.eval_rows, o.seed);
-    if (split.train.empty()) throw std::invalid_argument("the task has no training rows after the held-out split");
+    if (split.train.empty())
+      throw std::invalid_argument("the task has no training rows after the held-out split");
   }
   return o;
 }
@@ -302,9 +314,9 @@ Runner register_train(CLI::App& app) {
   auto& o = f->o;
   o.trainer.micro_batch_tokens = 2048;
   o.trainer.max_grad_norm = 1.0;
-  auto* cmd = app.add_subcommand(
-      "train", "GRPO post-training with colocated engines (the default command: "
-               "`colocated-rl --gpus-infer I --gpus-train T` runs it)");
+  auto* cmd = app.add_subcommand("train",
+                                 "GRPO post-training with colocated engines (the default command: "
+                                 "`colocated-rl --gpus-infer I --gpus-train T` runs it)");
   add_dist_flags(*cmd, f->dist, /*with_sync=*/true);
   add_model_and_task_flags(cmd, f.get());
   add_schedule_flags(cmd, f.get());
@@ -313,7 +325,8 @@ Runner register_train(CLI::App& app) {
   add_output_flags(cmd, f.get());
   add_env_flags(cmd, f.get());
   cmd->add_option("--rollout-timeout", f->rollout_timeout_s,
-                  "seconds a train rank waits for one step's rollouts")->capture_default_str();
+                  "seconds a train rank waits for one step's rollouts")
+      ->capture_default_str();
   cmd->add_option("--inject-fault", o.fault, "tests only: die-at-step:RANK:STEP")->group("");
   return [f]() {
     const RlJobOptions o = resolve_train_flags(*f);

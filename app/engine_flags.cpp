@@ -13,24 +13,28 @@ void add_engine_flags(CLI::App& cmd, EngineFlags& f) {
   cmd.add_option("--dtype", c.dtype, "compute dtype: float32 or bfloat16")->capture_default_str();
   cmd.add_option("--device", c.device, "cpu, or cuda (a distributed job gives each rank its own)")
       ->capture_default_str();
-  cmd.add_option("--kv-memory", f.kv_memory, "KV cache pool size, e.g. 512MiB")->capture_default_str();
+  cmd.add_option("--kv-memory", f.kv_memory, "KV cache pool size, e.g. 512MiB")
+      ->capture_default_str();
   cmd.add_option("--kv-blocks", c.num_kv_blocks, "KV pool size in blocks (overrides --kv-memory)");
   cmd.add_option("--block-size", c.block_size, "tokens per KV block")->capture_default_str();
   cmd.add_option("--max-batched-tokens", c.max_batched_tokens, "token budget of one engine step")
       ->capture_default_str();
-  cmd.add_option("--max-seqs", c.max_seqs, "sequences in the running batch at most")->capture_default_str();
+  cmd.add_option("--max-seqs", c.max_seqs, "sequences in the running batch at most")
+      ->capture_default_str();
   cmd.add_option("--max-model-len", c.max_model_len, "context length (0 = the model's)");
   cmd.add_flag("!--no-prefix-caching", c.enable_prefix_caching, "disable prefix caching");
   cmd.add_flag("--deterministic", c.deterministic,
                "batch-invariant logits (bit-identical whatever the batch; slower)");
-  cmd.add_option("--cpu-kernels", c.cpu_kernels,
-                 "CPU linear layers: auto (the project's kernels for steps of 2+ tokens, where they "
-                 "beat OpenBLAS) or libtorch (at::linear everywhere)")
+  cmd.add_option(
+         "--cpu-kernels", c.cpu_kernels,
+         "CPU linear layers: auto (the project's kernels for steps of 2+ tokens, where they "
+         "beat OpenBLAS) or libtorch (at::linear everywhere)")
       ->check(CLI::IsMember({"auto", "libtorch"}))
       ->capture_default_str();
-  cmd.add_option("--gpu-kernels", c.gpu_kernels,
-                 "GPU elementwise ops: auto (RMSNorm, RoPE, the SiLU gate and plain sampling rows as "
-                 "fused CUDA kernels) or libtorch (ATen's ops)")
+  cmd.add_option(
+         "--gpu-kernels", c.gpu_kernels,
+         "GPU elementwise ops: auto (RMSNorm, RoPE, the SiLU gate and plain sampling rows as "
+         "fused CUDA kernels) or libtorch (ATen's ops)")
       ->check(CLI::IsMember({"auto", "libtorch"}))
       ->capture_default_str();
   cmd.add_option("--sampler", c.sampler,
@@ -45,13 +49,15 @@ void add_engine_flags(CLI::App& cmd, EngineFlags& f) {
       ->capture_default_str();
   cmd.add_option("--max-loras", c.max_loras, "LoRA adapter slots (at least one per --lora)")
       ->capture_default_str();
-  cmd.add_option("--max-lora-rank", c.max_lora_rank, "the largest LoRA rank a slot holds")->capture_default_str();
+  cmd.add_option("--max-lora-rank", c.max_lora_rank, "the largest LoRA rank a slot holds")
+      ->capture_default_str();
   cmd.add_option("--lora-targets", c.lora_targets,
                  "layers LoRA slots may adapt: all-linear or a list of q,k,v,o,gate,up,down")
       ->capture_default_str();
-  cmd.add_option("--lora", f.loras,
-                 "NAME=DIR: serve the PEFT LoRA adapter in DIR as model NAME (repeatable; a request "
-                 "picks it by its \"model\" field)");
+  cmd.add_option(
+      "--lora", f.loras,
+      "NAME=DIR: serve the PEFT LoRA adapter in DIR as model NAME (repeatable; a request "
+      "picks it by its \"model\" field)");
   cmd.add_option("--threads", c.num_threads, "intra-op CPU threads (0 = libtorch default)");
   cmd.add_option("--engine-seed", c.seed, "seed for requests that bring none");
 }
@@ -63,7 +69,8 @@ engine::EngineConfig EngineFlags::resolve() {
   for (const std::string& spec : loras) {
     const size_t eq = spec.find('=');
     if (eq == 0 || eq == std::string::npos || eq + 1 == spec.size()) {
-      throw std::invalid_argument("--lora '" + spec + "': expected NAME=DIR (a PEFT adapter directory)");
+      throw std::invalid_argument("--lora '" + spec +
+                                  "': expected NAME=DIR (a PEFT adapter directory)");
     }
     c.lora_modules.emplace_back(spec.substr(0, eq), spec.substr(eq + 1));
   }

@@ -1,14 +1,13 @@
 #include "app/launcher.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <signal.h>
+#include <spdlog/spdlog.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <fmt/format.h>
-#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -125,9 +124,9 @@ std::vector<std::string> rank_base_env(int per_node) {
   }
   std::vector<std::string> base_env;
   for (char** e = environ; *e; ++e) {
-    const bool rank_var = std::any_of(rank_vars.begin(), rank_vars.end(), [&](const std::string& v) {
-      return std::strncmp(*e, v.c_str(), v.size()) == 0;
-    });
+    const bool rank_var = std::any_of(
+        rank_vars.begin(), rank_vars.end(),
+        [&](const std::string& v) { return std::strncmp(*e, v.c_str(), v.size()) == 0; });
     if (!rank_var) base_env.emplace_back(*e);
   }
   if (!std::getenv("OMP_NUM_THREADS")) {
@@ -167,7 +166,8 @@ void kill_all(const std::vector<Child>& children, int sig) {
 // blocked in a collective with the failed rank fail on their own within `timeout`, naming the op,
 // and whatever is left after `timeout` + 1 s is killed. SIGINT/SIGTERM stop the ranks (SIGTERM,
 // then SIGKILL after 3 s). Returns the local index of the first failed rank, or -1.
-int supervise(std::vector<Child>& children, const sync::Topology& topo, std::chrono::milliseconds timeout) {
+int supervise(std::vector<Child>& children, const sync::Topology& topo,
+              std::chrono::milliseconds timeout) {
   int first_failed = -1;
   Clock::time_point kill_at = Clock::time_point::max();
   bool killed = false;
@@ -239,8 +239,9 @@ int run_distributed(const LaunchOptions& options, const RankBody& body) {
     // srun/mpirun started every rank: world rank 0 hosts the store, nobody spawns.
     sync::StorePtr server;
     if (d.rank == 0 && !d.agent_store) server = sync::host_store(d.master_port, options.timeout);
-    sync::RankEnv env{d.rank,   d.world_size(),  d.local_rank,  d.local_world_size, d.node_rank,
-                      d.nnodes, d.master_addr,   d.master_port, "",                 d.store_prefix};
+    sync::RankEnv env{d.rank,      d.world_size(), d.local_rank,  d.local_world_size,
+                      d.node_rank, d.nnodes,       d.master_addr, d.master_port,
+                      "",          d.store_prefix};
     run_rank(env, body);
   }
 
@@ -268,8 +269,14 @@ int run_distributed(const LaunchOptions& options, const RankBody& body) {
   pid_t self = getpid();
   for (int l = 0; l < per_node; ++l) {
     Child& c = children[l];
-    c.env = sync::RankEnv{d.node_rank * per_node + l, d.world_size(), l, per_node, d.node_rank,
-                          d.nnodes, d.master_addr, port,
+    c.env = sync::RankEnv{d.node_rank * per_node + l,
+                          d.world_size(),
+                          l,
+                          per_node,
+                          d.node_rank,
+                          d.nnodes,
+                          d.master_addr,
+                          port,
                           fmt::format("{}/rank{}.err", error_dir, d.node_rank * per_node + l),
                           d.store_prefix};
     auto env = base_env;
@@ -281,7 +288,8 @@ int run_distributed(const LaunchOptions& options, const RankBody& body) {
                d.node_rank, d.nnodes, per_node, options.infer_per_node, options.train_per_node,
                d.master_addr, port);
 
-  const int code = report_exit(children, supervise(children, topo, options.timeout), topo, error_dir);
+  const int code =
+      report_exit(children, supervise(children, topo, options.timeout), topo, error_dir);
   if (g_stop_signal) return 128 + g_stop_signal;
   return code;
 }

@@ -1,19 +1,17 @@
 // colocated-rl: parse flags, dispatch to a subcommand. Thin by design (STYLE.md §1).
-#include <CLI/CLI.hpp>
-#include <spdlog/spdlog.h>
-
 #include <malloc.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <csignal>
-#include <cstring>
-#include <vector>
-
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <iostream>
 #include <map>
+#include <vector>
 
 #include "app/commands.h"
 #include "app/launcher.h"
@@ -54,8 +52,10 @@ int main(int argc, char** argv) {
   }
   // `bench rollout --multi-turn ...` is `bench multi-turn ...` (its own flags).
   static char multi_turn[] = "multi-turn";
-  if (args.size() > 2 && std::strcmp(args[1], "bench") == 0 && std::strcmp(args[2], "rollout") == 0) {
-    auto flag = std::find_if(args.begin() + 3, args.end(), [](char* a) { return std::strcmp(a, "--multi-turn") == 0; });
+  if (args.size() > 2 && std::strcmp(args[1], "bench") == 0 &&
+      std::strcmp(args[2], "rollout") == 0) {
+    auto flag = std::find_if(args.begin() + 3, args.end(),
+                             [](char* a) { return std::strcmp(a, "--multi-turn") == 0; });
     if (flag != args.end()) {
       args.erase(flag);
       args[2] = multi_turn;

@@ -25,8 +25,10 @@ void apply_params(const nlohmann::json& j, engine::SamplingParams& p) {
   if (j.contains("prompt_logprobs") && !j["prompt_logprobs"].is_null())
     p.prompt_logprobs = j["prompt_logprobs"].get<int32_t>();
   if (j.contains("stop")) {
-    if (j["stop"].is_string()) p.stop = {j["stop"].get<std::string>()};
-    else if (!j["stop"].is_null()) j["stop"].get_to(p.stop);
+    if (j["stop"].is_string())
+      p.stop = {j["stop"].get<std::string>()};
+    else if (!j["stop"].is_null())
+      j["stop"].get_to(p.stop);
   }
 }
 
@@ -84,9 +86,12 @@ nlohmann::json request_output_to_json(const engine::RequestOutput& out,
     o["logprobs"] = c.raw_logprobs;
     o["processed_logprobs"] = c.processed_logprobs;
     o["finish_reason"] = engine::finish_reason_name(c.finish_reason);
-    if (c.stop_token) o["stop_reason"] = *c.stop_token;
-    else if (c.stop_string) o["stop_reason"] = *c.stop_string;
-    else o["stop_reason"] = nullptr;
+    if (c.stop_token)
+      o["stop_reason"] = *c.stop_token;
+    else if (c.stop_string)
+      o["stop_reason"] = *c.stop_string;
+    else
+      o["stop_reason"] = nullptr;
     if (!c.top_logprobs.empty()) {
       auto tops = nlohmann::json::array();
       for (const auto& row : c.top_logprobs) {

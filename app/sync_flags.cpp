@@ -23,16 +23,19 @@ sync::WeightSyncOptions DistFlags::sync_options() const {
   o.verify = verify;
   o.transport = sync::parse_sync_transport(transport);
   if (inflight < 1) CRL_INVALID("--sync-inflight must be >= 1, got ", inflight);
-  if (ipc != "push" && ipc != "pull") CRL_INVALID("--sync-ipc must be push or pull, got '", ipc, "'");
+  if (ipc != "push" && ipc != "pull")
+    CRL_INVALID("--sync-ipc must be push or pull, got '", ipc, "'");
   o.ipc_push = ipc == "push";
   return o;
 }
 
 void add_dist_flags(CLI::App& cmd, DistFlags& f, bool with_sync) {
   cmd.add_option("--gpus-infer", f.infer, "infer ranks (engines) per node")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd.add_option("--gpus-train", f.train, "train ranks per node")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd.add_option("--timeout", f.timeout_s,
                  "seconds any collective or rendezvous may take before the job fails naming it")
       ->capture_default_str();

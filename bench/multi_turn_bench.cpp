@@ -1,8 +1,8 @@
 #include "bench/multi_turn_bench.h"
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <memory>
 #include <stdexcept>
@@ -48,7 +48,8 @@ ModeResult run_mode(trainer::EpisodeRunner& runner, const MultiTurnBenchOptions&
     r.env_errors += ep.end == "env_error";
     // The first turn's prompt: the ids before the first model id.
     int64_t first_prompt = 0;
-    while (first_prompt < static_cast<int64_t>(ep.mask.size()) && ep.mask[first_prompt] == 0) ++first_prompt;
+    while (first_prompt < static_cast<int64_t>(ep.mask.size()) && ep.mask[first_prompt] == 0)
+      ++first_prompt;
     r.later_prompt += ep.later_prompt_tokens;
     r.later_cached += ep.later_cached_tokens;
     r.later_held += ep.later_held_tokens;
@@ -77,8 +78,10 @@ void add_multi_turn_bench_flags(CLI::App& cmd, MultiTurnBenchOptions& o) {
                  "one as one ends, the baseline plays waves of this many")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  cmd.add_option("--max-turns", o.max_turns, "assistant turns per episode at most")->capture_default_str();
-  cmd.add_option("--max-tokens", o.max_tokens, "tokens per assistant turn at most")->capture_default_str();
+  cmd.add_option("--max-turns", o.max_turns, "assistant turns per episode at most")
+      ->capture_default_str();
+  cmd.add_option("--max-tokens", o.max_tokens, "tokens per assistant turn at most")
+      ->capture_default_str();
   cmd.add_option("--max-episode-tokens", o.max_episode_tokens, "ids per episode at most")
       ->capture_default_str();
   cmd.add_option("--latency", o.latency, "injected environment latency per step, MIN-MAX ms")
@@ -88,7 +91,8 @@ void add_multi_turn_bench_flags(CLI::App& cmd, MultiTurnBenchOptions& o) {
       ->capture_default_str()
       ->check(CLI::IsMember({"uniform", "log-uniform"}));
   cmd.add_option("--temperature", o.temperature, "sampling temperature")->capture_default_str();
-  cmd.add_option("--seed", o.seed, "seed of the tasks, sampling and latencies")->capture_default_str();
+  cmd.add_option("--seed", o.seed, "seed of the tasks, sampling and latencies")
+      ->capture_default_str();
   cmd.add_option("--threads", o.threads, "engine threads")->capture_default_str();
   cmd.add_option("--kv-memory", o.kv_memory, "KV cache pool")->capture_default_str();
   cmd.add_flag("--sync-first", o.sync_first, "run the turn-synchronous mode first");
@@ -99,7 +103,8 @@ int run_multi_turn_bench(const MultiTurnBenchOptions& o) {
   eo.seed = o.seed;
   eo.calculator_operands = o.operands;
   if (std::sscanf(o.latency.c_str(), "%d-%d", &eo.latency_min_ms, &eo.latency_max_ms) != 2) {
-    throw std::invalid_argument("--latency must be MIN-MAX in ms, e.g. 50-500; got '" + o.latency + "'");
+    throw std::invalid_argument("--latency must be MIN-MAX in ms, e.g. 50-500; got '" + o.latency +
+                                "'");
   }
   eo.latency_log_uniform = o.latency_dist == "log-uniform";
   engine::EngineConfig ec;
@@ -127,10 +132,12 @@ int run_multi_turn_bench(const MultiTurnBenchOptions& o) {
   so.turn_synchronous = true;
   trainer::EpisodeRunner async_runner(*loop, *env, chat, *tok, prefix, format, mo);
   trainer::EpisodeRunner sync_runner(*loop, *env, chat, *tok, prefix, format, so);
-  fmt::print("bench multi-turn: {} episodes of {} (tool calls: {}), up to {} turns x {} tokens, "
-             "{} in flight, model {}, {} engine threads\n",
-             o.episodes, env->name(), text::tool_call_format_name(format), o.max_turns, o.max_tokens,
-             o.concurrency > 0 ? std::to_string(o.concurrency) : std::string("all"), ec.model_dir, o.threads);
+  fmt::print(
+      "bench multi-turn: {} episodes of {} (tool calls: {}), up to {} turns x {} tokens, "
+      "{} in flight, model {}, {} engine threads\n",
+      o.episodes, env->name(), text::tool_call_format_name(format), o.max_turns, o.max_tokens,
+      o.concurrency > 0 ? std::to_string(o.concurrency) : std::string("all"), ec.model_dir,
+      o.threads);
   {  // warm-up (threads, allocator, caches), not reported
     MultiTurnBenchOptions w = o;
     w.episodes = std::min<int32_t>(8, o.episodes);
@@ -153,23 +160,29 @@ int run_multi_turn_bench(const MultiTurnBenchOptions& o) {
     s = run_mode(sync_runner, o, true);
   }
   loop->stop();
-  fmt::print("| mode | seconds | episodes/s | gen tok/s | turns/episode | tool calls | tool errors | "
-             "env errors | later-turn prompt cached | of it seen before |\n"
-             "|---|---|---|---|---|---|---|---|---|---|\n");
+  fmt::print(
+      "| mode | seconds | episodes/s | gen tok/s | turns/episode | tool calls | tool errors | "
+      "env errors | later-turn prompt cached | of it seen before |\n"
+      "|---|---|---|---|---|---|---|---|---|---|\n");
   auto pct = [](int64_t num, int64_t den) { return den > 0 ? 100.0 * num / den : 0.0; };
-  for (const auto& [name, r] : {std::pair<const char*, const ModeResult&>{"async", a}, {"turn-synchronous", s}}) {
-    fmt::print("| {} | {:.2f} | {:.2f} | {:.0f} | {:.2f} | {} | {} | {} | {:.1f}% | {:.1f}% |\n", name,
-               r.seconds, r.episodes / r.seconds, r.gen_tokens / r.seconds,
-               static_cast<double>(r.turns) / std::max<int64_t>(1, r.episodes), r.tool_calls, r.tool_errors,
-               r.env_errors, pct(r.later_cached, r.later_prompt), pct(r.later_cached, r.later_held));
+  for (const auto& [name, r] :
+       {std::pair<const char*, const ModeResult&>{"async", a}, {"turn-synchronous", s}}) {
+    fmt::print("| {} | {:.2f} | {:.2f} | {:.0f} | {:.2f} | {} | {} | {} | {:.1f}% | {:.1f}% |\n",
+               name, r.seconds, r.episodes / r.seconds, r.gen_tokens / r.seconds,
+               static_cast<double>(r.turns) / std::max<int64_t>(1, r.episodes), r.tool_calls,
+               r.tool_errors, r.env_errors, pct(r.later_cached, r.later_prompt),
+               pct(r.later_cached, r.later_held));
   }
-  fmt::print("later turns (async): {} prompt ids, {} of them the earlier turns' (seen before), {} served "
-             "by the prefix cache\n", a.later_prompt, a.later_held, a.later_cached);
+  fmt::print(
+      "later turns (async): {} prompt ids, {} of them the earlier turns' (seen before), {} served "
+      "by the prefix cache\n",
+      a.later_prompt, a.later_held, a.later_cached);
   fmt::print("async / turn-synchronous throughput: {:.2f}x (episodes/s)\n",
              (a.episodes / a.seconds) / std::max(1e-9, s.episodes / s.seconds));
-  fmt::print("trainer tokens: {} as one sample per trajectory, {} packed per turn ({:.2f}x fewer)\n",
-             a.trajectory_tokens, a.per_turn_tokens,
-             a.trajectory_tokens > 0 ? static_cast<double>(a.per_turn_tokens) / a.trajectory_tokens : 0.0);
+  fmt::print(
+      "trainer tokens: {} as one sample per trajectory, {} packed per turn ({:.2f}x fewer)\n",
+      a.trajectory_tokens, a.per_turn_tokens,
+      a.trajectory_tokens > 0 ? static_cast<double>(a.per_turn_tokens) / a.trajectory_tokens : 0.0);
   return 0;
 }
 

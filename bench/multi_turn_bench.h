@@ -28,21 +28,21 @@ class App;
 namespace crl::bench {
 
 struct MultiTurnBenchOptions {
-  std::string model_dir;        // empty: the embedded default
+  std::string model_dir;  // empty: the embedded default
   std::string env = "calculator";
   int32_t episodes = 64;
-  int32_t operands = 2;         // the calculator's operands per task (N turns)
-  int32_t concurrency = 0;      // episodes in flight at most (0: all at once)
+  int32_t operands = 2;     // the calculator's operands per task (N turns)
+  int32_t concurrency = 0;  // episodes in flight at most (0: all at once)
   int32_t max_turns = 4;
-  int32_t max_tokens = 64;      // per turn
+  int32_t max_tokens = 64;  // per turn
   int32_t max_episode_tokens = 384;
-  std::string latency = "50-500";  // ms per environment step, MIN-MAX
+  std::string latency = "50-500";        // ms per environment step, MIN-MAX
   std::string latency_dist = "uniform";  // or log-uniform
   double temperature = 1.0;
   uint64_t seed = 1;
   int32_t threads = 2;
   std::string kv_memory = "256MiB";
-  bool sync_first = false;      // run the turn-synchronous mode first (after a warm-up either way)
+  bool sync_first = false;  // run the turn-synchronous mode first (after a warm-up either way)
 };
 
 void add_multi_turn_bench_flags(CLI::App& cmd, MultiTurnBenchOptions& opts);

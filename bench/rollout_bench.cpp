@@ -2,16 +2,16 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
 
@@ -60,7 +60,8 @@ Workload make_workload(const RolloutBenchOptions& o, int64_t vocab) {
     w.prompts = j.at("prompts").get<std::vector<std::vector<int32_t>>>();
     w.output_lens = j.at("output_lens").get<std::vector<int32_t>>();
     if (w.prompts.size() != w.output_lens.size() || w.prompts.empty()) {
-      throw std::invalid_argument("--workload-in " + o.workload_in + ": 'prompts' and 'output_lens' "
+      throw std::invalid_argument("--workload-in " + o.workload_in +
+                                  ": 'prompts' and 'output_lens' "
                                   "must be non-empty and of one length");
     }
     for (const auto& p : w.prompts) {
@@ -148,7 +149,8 @@ RunStats run_batch(engine::LlmEngine& eng, std::vector<engine::GenerateRequest> 
   s.samples_s = samples / s.seconds;
   s.kv_util = static_cast<double>(after.max_used_blocks) / total_blocks;
   s.steps = after.steps - before.steps;
-  s.d2h_per_step = s.steps > 0 ? static_cast<double>(after.d2h_bytes - before.d2h_bytes) / s.steps : 0;
+  s.d2h_per_step =
+      s.steps > 0 ? static_cast<double>(after.d2h_bytes - before.d2h_bytes) / s.steps : 0;
   s.schedule_s = after.schedule_seconds - before.schedule_seconds;
   s.forward_s = after.forward_seconds - before.forward_seconds;
   s.sample_s = after.sample_seconds - before.sample_seconds;
@@ -191,7 +193,10 @@ double workload_floor_bytes(const Workload& w, int32_t n, const engine::ModelCon
 // Matmul GFLOP/s over the model's linear shapes at `rows` rows (what decode at that batch runs).
 double measure_matmul_gflops(const engine::ModelConfig& c, at::ScalarType dtype, int64_t rows) {
   const int64_t h = c.hidden_size, q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
-  std::vector<std::pair<int64_t, int64_t>> shapes = {{q, h}, {kv, h}, {kv, h}, {h, q},
+  std::vector<std::pair<int64_t, int64_t>> shapes = {{q, h},
+                                                     {kv, h},
+                                                     {kv, h},
+                                                     {h, q},
                                                      {c.intermediate_size, h},
                                                      {c.intermediate_size, h},
                                                      {h, c.intermediate_size}};
@@ -246,7 +251,8 @@ double measure_decode_step(engine::LlmEngine& eng, int32_t batch, int32_t ctx, i
     eng.step();
     const double dt = since(t0);
     const bool pure_decode = eng.stats().prompt_tokens_computed == before;
-    if (pure_decode && static_cast<int32_t>(eng.scheduler().num_running()) == batch) times.push_back(dt);
+    if (pure_decode && static_cast<int32_t>(eng.scheduler().num_running()) == batch)
+      times.push_back(dt);
   }
   return median(times);
 }
@@ -264,25 +270,29 @@ void add_rollout_flags(CLI::App& cmd, RolloutBenchOptions& o) {
   cmd.add_option("--repeats", o.repeats, "timed repeats per mode (median)")->capture_default_str();
   cmd.add_option("--threads", o.threads, "intra-op threads")->capture_default_str();
   cmd.add_option("--max-seqs", o.max_seqs, "engine sequence cap")->capture_default_str();
-  cmd.add_option("--max-batched-tokens", o.max_batched_tokens, "engine token budget")->capture_default_str();
+  cmd.add_option("--max-batched-tokens", o.max_batched_tokens, "engine token budget")
+      ->capture_default_str();
   cmd.add_option("--kv-memory", o.kv_memory, "KV pool size")->capture_default_str();
-  cmd.add_option("--modes", o.modes,
-                 "comma-separated: continuous, static, no-share, deterministic, libtorch (continuous "
-                 "with ATen's ops), host-sampler, eager, lora-1 and lora-4 (continuous with 1 or 4 "
-                 "LoRA adapters of --lora-rank, requests taking them in turn)")
+  cmd.add_option(
+         "--modes", o.modes,
+         "comma-separated: continuous, static, no-share, deterministic, libtorch (continuous "
+         "with ATen's ops), host-sampler, eager, lora-1 and lora-4 (continuous with 1 or 4 "
+         "LoRA adapters of --lora-rank, requests taking them in turn)")
       ->delimiter(',')
       ->capture_default_str();
   cmd.add_option("--lora-rank", o.lora_rank, "rank of the lora-k modes' adapters (all-linear)")
       ->capture_default_str();
   cmd.add_flag("!--no-probes", o.probes, "skip the decode/prefill probes");
-  cmd.add_option("--decode-batch", o.decode_batch, "concurrency of the decode probe")->capture_default_str();
+  cmd.add_option("--decode-batch", o.decode_batch, "concurrency of the decode probe")
+      ->capture_default_str();
   cmd.add_option("--seed", o.seed, "workload seed")->capture_default_str();
   cmd.add_option("--json-out", o.json_out, "append the JSON result line to this file");
   cmd.add_option("--device", o.device, "cpu or cuda (the probes run on the CPU only)")
       ->capture_default_str();
-  cmd.add_option("--workload-in", o.workload_in,
-                 "read the workload from JSON (as --workload-out writes it, or bench/hf_generate.py "
-                 "--make-workload) instead of drawing one; --prompts and the lengths are ignored");
+  cmd.add_option(
+      "--workload-in", o.workload_in,
+      "read the workload from JSON (as --workload-out writes it, or bench/hf_generate.py "
+      "--make-workload) instead of drawing one; --prompts and the lengths are ignored");
   cmd.add_option("--step-trace", o.step_trace,
                  "write a JSON line per engine step (shape, host time per phase, wall time) of the "
                  "first mode's first timed repeat");
@@ -291,22 +301,26 @@ void add_rollout_flags(CLI::App& cmd, RolloutBenchOptions& o) {
                  "names in the first mode's first timed repeat: PREFIX.FIRST.json");
   cmd.add_option("--profile-steps", o.profile_steps, "FIRST:COUNT[,FIRST:COUNT...] (1-based steps)")
       ->capture_default_str();
-  cmd.add_option("--workload-out", o.workload_out,
-                 "write the workload (prompt ids, output lengths, n) as JSON for bench/hf_generate.py");
+  cmd.add_option(
+      "--workload-out", o.workload_out,
+      "write the workload (prompt ids, output lengths, n) as JSON for bench/hf_generate.py");
 }
 
 int run_rollout_bench(const RolloutBenchOptions& o) {
   at::set_num_threads(o.threads);
   const std::string model_dir =
       o.model_dir.empty() ? engine::ensure_preset_model(o.shape, "float32") : o.model_dir;
-  nlohmann::json result = {{"bench", "rollout"}, {"model", o.model_dir.empty() ? o.shape : o.model_dir},
-                           {"dtype", o.dtype}, {"threads", o.threads}, {"prompts", o.prompts},
-                           {"n", o.n}, {"prompt_len", o.prompt_len}, {"output_len", o.output_len},
-                           {"repeats", o.repeats}, {"device", o.device}};
-  std::cout << fmt::format("rollout bench: {} ({}), {} prompts x {} samples, prompt {} tokens, "
-                           "output {} tokens, {} threads, {} repeats (medians)\n",
-                           o.model_dir.empty() ? o.shape : o.model_dir, o.dtype, o.prompts, o.n,
-                           o.prompt_len, o.output_len, o.threads, o.repeats);
+  nlohmann::json result = {
+      {"bench", "rollout"},         {"model", o.model_dir.empty() ? o.shape : o.model_dir},
+      {"dtype", o.dtype},           {"threads", o.threads},
+      {"prompts", o.prompts},       {"n", o.n},
+      {"prompt_len", o.prompt_len}, {"output_len", o.output_len},
+      {"repeats", o.repeats},       {"device", o.device}};
+  std::cout << fmt::format(
+      "rollout bench: {} ({}), {} prompts x {} samples, prompt {} tokens, "
+      "output {} tokens, {} threads, {} repeats (medians)\n",
+      o.model_dir.empty() ? o.shape : o.model_dir, o.dtype, o.prompts, o.n, o.prompt_len,
+      o.output_len, o.threads, o.repeats);
   engine::kernels::active_cpu_isa();  // chooses the path (CRL_CPU_ISA) before it is reported
   std::cout << "cpu: " << engine::kernels::describe_cpu() << "\n";
   result["cpu"] = engine::kernels::describe_cpu();
@@ -325,24 +339,26 @@ int run_rollout_bench(const RolloutBenchOptions& o) {
   std::vector<ModeRun> mode_runs;
   auto requests_for = [&](const ModeRun& m, int32_t n, bool share, int32_t div) {
     auto reqs = make_requests(m.w, n, share, div);
-    for (size_t i = 0; m.adapters > 0 && i < reqs.size(); ++i) reqs[i].lora = "a" + std::to_string(i % m.adapters);
+    for (size_t i = 0; m.adapters > 0 && i < reqs.size(); ++i)
+      reqs[i].lora = "a" + std::to_string(i % m.adapters);
     return reqs;
   };
   for (const auto& mode : o.modes) {
     if (mode != "continuous" && mode != "static" && mode != "no-share" && mode != "deterministic" &&
         mode != "libtorch" && mode != "host-sampler" && mode != "eager" && mode != "lora-1" &&
         mode != "lora-4") {
-      throw std::invalid_argument("unknown bench mode '" + mode +
-                                  "' (expected continuous, static, no-share, deterministic, libtorch, "
-                                  "host-sampler, eager, lora-1 or lora-4)");
+      throw std::invalid_argument(
+          "unknown bench mode '" + mode +
+          "' (expected continuous, static, no-share, deterministic, libtorch, "
+          "host-sampler, eager, lora-1 or lora-4)");
     }
     engine::EngineConfig c = engine_config(o, model_dir);
     if (mode == "libtorch") {  // continuous, with at::linear and ATen's ops everywhere
       c.cpu_kernels = "libtorch";
       c.gpu_kernels = "libtorch";
     }
-    if (mode == "host-sampler") c.sampler = "cpu";       // continuous, logits copied to the host
-    if (mode == "eager") c.cuda_graphs = "off";          // continuous without CUDA graphs
+    if (mode == "host-sampler") c.sampler = "cpu";  // continuous, logits copied to the host
+    if (mode == "eager") c.cuda_graphs = "off";     // continuous without CUDA graphs
     c.static_batching = mode == "static";
     c.deterministic = mode == "deterministic";
     c.enable_prefix_caching = mode != "no-share";
@@ -353,27 +369,31 @@ int run_rollout_bench(const RolloutBenchOptions& o) {
     }
     ModeRun m{mode, std::make_unique<engine::LlmEngine>(c), {}, {}};
     for (int32_t a = 0; a < adapters; ++a) {  // random B: a real adapter's arithmetic
-      m.eng->loras().add("a" + std::to_string(a),
-                      engine::make_lora_adapter(m.eng->model_config(), o.lora_rank, 2.0 * o.lora_rank,
-                                                engine::parse_lora_targets("all-linear"), 100 + a, true));
+      m.eng->loras().add(
+          "a" + std::to_string(a),
+          engine::make_lora_adapter(m.eng->model_config(), o.lora_rank, 2.0 * o.lora_rank,
+                                    engine::parse_lora_targets("all-linear"), 100 + a, true));
     }
     m.adapters = adapters;
     m.w = make_workload(o, m.eng->model_config().vocab_size);
     if (!o.workload_out.empty() && mode_runs.empty()) {
-      std::ofstream(o.workload_out) << nlohmann::json{{"prompts", m.w.prompts},
-                                                      {"output_lens", m.w.output_lens},
-                                                      {"n", o.n}}.dump();
+      std::ofstream(o.workload_out) << nlohmann::json{
+          {"prompts", m.w.prompts},
+          {"output_lens", m.w.output_lens},
+          {"n", o.n}}.dump();
     }
     run_batch(*m.eng, requests_for(m, 1, true, 8));  // warmup
     mode_runs.push_back(std::move(m));
   }
   for (int32_t r = 0; r < o.repeats; ++r) {
     for (ModeRun& m : mode_runs) {
-      m.eng->apply_weight_update(m.eng->weight_version() + 1);  // no prefix-cache carry-over between repeats
+      m.eng->apply_weight_update(m.eng->weight_version() +
+                                 1);  // no prefix-cache carry-over between repeats
       std::unique_ptr<StepProfiler> profiler;
       if (r == 0 && &m == &mode_runs.front() && (!o.step_trace.empty() || !o.profile.empty())) {
         profiler = std::make_unique<StepProfiler>(o.profile, o.profile_steps, o.step_trace);
-        m.eng->set_step_observer([p = profiler.get()](const engine::StepRecord& rec) { p->after_step(rec); });
+        m.eng->set_step_observer(
+            [p = profiler.get()](const engine::StepRecord& rec) { p->after_step(rec); });
         profiler->arm();
       }
       m.runs.push_back(run_batch(*m.eng, requests_for(m, o.n, m.mode != "no-share", 1)));
@@ -400,17 +420,18 @@ int run_rollout_bench(const RolloutBenchOptions& o) {
                         {"preemptions", med(&RunStats::preemptions)},
                         {"steps", med(&RunStats::steps)},
                         {"d2h_bytes_per_step", med(&RunStats::d2h_per_step)},
-                        {"host_phase_s", {{"schedule", med(&RunStats::schedule_s)},
-                                          {"forward", med(&RunStats::forward_s)},
-                                          {"sample", med(&RunStats::sample_s)},
-                                          {"finish", med(&RunStats::finish_s)}}},
+                        {"host_phase_s",
+                         {{"schedule", med(&RunStats::schedule_s)},
+                          {"forward", med(&RunStats::forward_s)},
+                          {"sample", med(&RunStats::sample_s)},
+                          {"finish", med(&RunStats::finish_s)}}},
                         {"max_step_d2h_bytes", mr.eng->stats().max_step_d2h_bytes}};
     modes[mr.mode] = m;
-    std::cout << fmt::format("{:<13} {:>9.2f} {:>11.1f} {:>11.1f} {:>10.2f} {:>9.0f} {:>9.2f} {:>8.0f}\n",
-                             mr.mode, m["seconds"].get<double>(), m["gen_tok_s"].get<double>(),
-                             m["total_tok_s"].get<double>(), m["samples_s"].get<double>(),
-                             m["prefill_tokens"].get<double>(), m["kv_util"].get<double>(),
-                             m["preemptions"].get<double>());
+    std::cout << fmt::format(
+        "{:<13} {:>9.2f} {:>11.1f} {:>11.1f} {:>10.2f} {:>9.0f} {:>9.2f} {:>8.0f}\n", mr.mode,
+        m["seconds"].get<double>(), m["gen_tok_s"].get<double>(), m["total_tok_s"].get<double>(),
+        m["samples_s"].get<double>(), m["prefill_tokens"].get<double>(), m["kv_util"].get<double>(),
+        m["preemptions"].get<double>());
   }
   // Median over repeats of (time of `a`) / (time of `b`), the two run back to back.
   auto paired_ratio = [&](const std::string& a, const std::string& b) -> std::optional<double> {
@@ -422,7 +443,8 @@ int run_rollout_bench(const RolloutBenchOptions& o) {
     }
     if (ra == nullptr || rb == nullptr) return std::nullopt;
     std::vector<double> v;
-    for (size_t i = 0; i < ra->runs.size(); ++i) v.push_back(ra->runs[i].seconds / rb->runs[i].seconds);
+    for (size_t i = 0; i < ra->runs.size(); ++i)
+      v.push_back(ra->runs[i].seconds / rb->runs[i].seconds);
     return median(v);
   };
   result["modes"] = modes;
@@ -438,8 +460,9 @@ int run_rollout_bench(const RolloutBenchOptions& o) {
   for (const auto& [key, pair] : ratios) {
     if (auto r = paired_ratio(pair.first, pair.second)) {
       result[key] = *r;
-      std::cout << fmt::format("{}: time of {} / time of {} = {:.3f} (median of {} paired repeats)\n",
-                               key, pair.first, pair.second, *r, o.repeats);
+      std::cout << fmt::format(
+          "{}: time of {} / time of {} = {:.3f} (median of {} paired repeats)\n", key, pair.first,
+          pair.second, *r, o.repeats);
     }
   }
 
@@ -460,13 +483,15 @@ int run_rollout_bench(const RolloutBenchOptions& o) {
       for (const RunStats& r : m.runs) v.push_back(static_cast<double>(r.steps));
       return v;
     }());
-    result["roofline"] = {{"mode", m.mode}, {"device_copy_gbs", copy_gbs},
-                          {"floor_bytes", workload_floor_bytes(m.w, o.n, mc, dt, static_cast<int64_t>(steps))},
-                          {"share_of_roofline", median(shares)}};
-    std::cout << fmt::format("{}: {:.1f}% of the memory roofline (device copy {:.0f} GB/s; weights "
-                             "once a step plus each decode step's KV), {:.0f} device->host bytes a step\n",
-                             m.mode, 100 * median(shares), copy_gbs,
-                             modes[m.mode]["d2h_bytes_per_step"].get<double>());
+    result["roofline"] = {
+        {"mode", m.mode},
+        {"device_copy_gbs", copy_gbs},
+        {"floor_bytes", workload_floor_bytes(m.w, o.n, mc, dt, static_cast<int64_t>(steps))},
+        {"share_of_roofline", median(shares)}};
+    std::cout << fmt::format(
+        "{}: {:.1f}% of the memory roofline (device copy {:.0f} GB/s; weights "
+        "once a step plus each decode step's KV), {:.0f} device->host bytes a step\n",
+        m.mode, 100 * median(shares), copy_gbs, modes[m.mode]["d2h_bytes_per_step"].get<double>());
     if (o.probes) std::cout << "(probes skipped: they measure the CPU)\n";
   } else if (o.probes) {
     engine::EngineConfig c = engine_config(o, model_dir);
@@ -474,9 +499,10 @@ int run_rollout_bench(const RolloutBenchOptions& o) {
     engine::LlmEngine eng(c);
     const auto& mc = eng.model_config();
     const at::ScalarType dt = engine::parse_dtype(o.dtype);
-    const int64_t h = mc.hidden_size, q = mc.num_heads * mc.head_dim, kv = mc.num_kv_heads * mc.head_dim;
+    const int64_t h = mc.hidden_size, q = mc.num_heads * mc.head_dim,
+                  kv = mc.num_kv_heads * mc.head_dim;
     const double linear_params = static_cast<double>(mc.num_layers) *
-                                 (h * q * 2 + h * kv * 2 + 3.0 * h * mc.intermediate_size) +
+                                     (h * q * 2 + h * kv * 2 + 3.0 * h * mc.intermediate_size) +
                                  static_cast<double>(mc.vocab_size) * h;
     const double weight_bytes = static_cast<double>(mc.num_params()) * c10::elementSize(dt);
     const double step_b = measure_decode_step(eng, o.decode_batch, 128, mc.vocab_size);

@@ -1,13 +1,11 @@
 #include "bench/serve_bench.h"
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
-
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -16,6 +14,7 @@
 #include <fstream>
 #include <iostream>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <stdexcept>
 #include <thread>
@@ -29,12 +28,15 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
 
-double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 double percentile(std::vector<double> v, double q) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
-  const size_t i = std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5));
+  const size_t i =
+      std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5));
   return v[i];
 }
 
@@ -42,10 +44,22 @@ double percentile(std::vector<double> v, double q) {
 class ServerProcess {
  public:
   explicit ServerProcess(const ServeBenchOptions& o) {
-    std::vector<std::string> args = {"colocated-rl", "serve", "--host", "127.0.0.1", "--port", "0",
-                                     "--threads", std::to_string(o.threads), "--max-seqs",
-                                     std::to_string(o.max_seqs), "--kv-memory", o.kv_memory,
-                                     "--max-concurrent-requests", "1024", "--http-threads", "256"};
+    std::vector<std::string> args = {"colocated-rl",
+                                     "serve",
+                                     "--host",
+                                     "127.0.0.1",
+                                     "--port",
+                                     "0",
+                                     "--threads",
+                                     std::to_string(o.threads),
+                                     "--max-seqs",
+                                     std::to_string(o.max_seqs),
+                                     "--kv-memory",
+                                     o.kv_memory,
+                                     "--max-concurrent-requests",
+                                     "1024",
+                                     "--http-threads",
+                                     "256"};
     if (!o.model_dir.empty()) {
       args.push_back("--model");
       args.push_back(o.model_dir);
@@ -150,7 +164,8 @@ bool run_request(server::HttpClient& client, const std::string& body, LevelResul
         local.ttft.push_back(std::chrono::duration<double>(now - t0).count());
         first = false;
       } else {
-        const double gap = std::chrono::duration<double>(now - last).count() / static_cast<double>(k);
+        const double gap =
+            std::chrono::duration<double>(now - last).count() / static_cast<double>(k);
         for (int64_t i = 0; i < k; ++i) local.itl.push_back(gap);
       }
       last = now;
@@ -182,11 +197,14 @@ LevelResult run_level(const std::string& url, const ServeBenchOptions& o, int32_
       while (Clock::now() < deadline) {
         std::vector<int32_t> prompt(static_cast<size_t>(o.prompt_len));
         for (auto& t : prompt) t = tok(rng);
-        json body = {{"prompt", prompt}, {"max_tokens", o.max_tokens}, {"temperature", 1.0},
-                     {"ignore_eos", true}, {"stream", true}, {"return_token_ids", true},
+        json body = {{"prompt", prompt},   {"max_tokens", o.max_tokens},
+                     {"temperature", 1.0}, {"ignore_eos", true},
+                     {"stream", true},     {"return_token_ids", true},
                      {"seed", rng()}};
-        if (run_request(client, body.dump(), local)) local.requests++;
-        else local.errors++;
+        if (run_request(client, body.dump(), local))
+          local.requests++;
+        else
+          local.errors++;
       }
       std::lock_guard<std::mutex> lock(mu);
       total.requests += local.requests;
@@ -214,8 +232,8 @@ struct EpisodeResult {
 // turns: a random user message, the reply as returned, another user message, ...
 EpisodeResult run_episodes(const std::string& url, const ServeBenchOptions& o, int32_t clients,
                            bool sessions) {
-  static const char* kWords[] = {"the", "tool", "says", "42", "then", "add", "seven", "and",
-                                 "divide", "by", "three", "what", "is", "left", "over", "now"};
+  static const char* kWords[] = {"the",    "tool", "says",  "42",   "then", "add",  "seven", "and",
+                                 "divide", "by",   "three", "what", "is",   "left", "over",  "now"};
   EpisodeResult total;
   std::mutex mu;
   std::vector<std::thread> threads;
@@ -224,7 +242,8 @@ EpisodeResult run_episodes(const std::string& url, const ServeBenchOptions& o, i
       std::mt19937_64 rng(o.seed * 1000003 + static_cast<uint64_t>(c));
       auto text = [&] {
         std::string s;
-        for (int32_t i = 0; i < o.prompt_len; ++i) s += std::string(i ? " " : "") + kWords[rng() % 16];
+        for (int32_t i = 0; i < o.prompt_len; ++i)
+          s += std::string(i ? " " : "") + kWords[rng() % 16];
         return s;
       };
       server::HttpClient client(url);
@@ -235,14 +254,18 @@ EpisodeResult run_episodes(const std::string& url, const ServeBenchOptions& o, i
         int64_t held = 0;
         const std::string session = fmt::format("bench-{}-{}-{}-{}", clients, sessions, c, e);
         for (int32_t t = 0; t < o.multi_turn; ++t) {
-          json body = {{"messages", messages}, {"max_tokens", o.max_tokens}, {"temperature", 1.0},
-                       {"ignore_eos", true}, {"seed", rng()}};
+          json body = {{"messages", messages},
+                       {"max_tokens", o.max_tokens},
+                       {"temperature", 1.0},
+                       {"ignore_eos", true},
+                       {"seed", rng()}};
           if (sessions) body["session_id"] = session;
           const auto t0 = Clock::now();
           auto res = client.post("/v1/chat/completions", body.dump());
           if (res.status != 200) {
             if (local.first_error.empty()) {
-              local.first_error = fmt::format("turn {}: HTTP {}: {}", t + 1, res.status, res.body.substr(0, 300));
+              local.first_error =
+                  fmt::format("turn {}: HTTP {}: {}", t + 1, res.status, res.body.substr(0, 300));
             }
             local.errors++;
             break;
@@ -252,11 +275,13 @@ EpisodeResult run_episodes(const std::string& url, const ServeBenchOptions& o, i
           const json r = json::parse(res.body);
           const int64_t prompt = r["usage"]["prompt_tokens"].get<int64_t>();
           if (t > 0) {
-            const int64_t cached = r["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>();
+            const int64_t cached =
+                r["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>();
             local.later_prompt_tokens += prompt;
             local.later_cached_tokens += cached;
             local.later_held_tokens += std::min(held, prompt);
-            local.later_cached_share.push_back(prompt > 0 ? static_cast<double>(cached) / prompt : 0);
+            local.later_cached_share.push_back(prompt > 0 ? static_cast<double>(cached) / prompt
+                                                          : 0);
           }
           held = prompt + r["usage"]["completion_tokens"].get<int64_t>();
           messages.push_back(r["choices"][0]["message"]);
@@ -270,9 +295,11 @@ EpisodeResult run_episodes(const std::string& url, const ServeBenchOptions& o, i
       total.later_prompt_tokens += local.later_prompt_tokens;
       total.later_cached_tokens += local.later_cached_tokens;
       total.later_held_tokens += local.later_held_tokens;
-      total.later_cached_share.insert(total.later_cached_share.end(), local.later_cached_share.begin(),
+      total.later_cached_share.insert(total.later_cached_share.end(),
+                                      local.later_cached_share.begin(),
                                       local.later_cached_share.end());
-      total.turn_seconds.insert(total.turn_seconds.end(), local.turn_seconds.begin(), local.turn_seconds.end());
+      total.turn_seconds.insert(total.turn_seconds.end(), local.turn_seconds.begin(),
+                                local.turn_seconds.end());
     });
   }
   for (auto& t : threads) t.join();
@@ -280,12 +307,13 @@ EpisodeResult run_episodes(const std::string& url, const ServeBenchOptions& o, i
 }
 
 int run_multi_turn(const std::string& url, const ServeBenchOptions& o) {
-  std::cout << fmt::format("{} turns per episode, {} episodes per client, {} user words a turn, {} reply "
-                           "tokens; later turns = turns 2..{}\n",
-                           o.multi_turn, o.episodes, o.prompt_len, o.max_tokens, o.multi_turn);
-  std::cout << fmt::format("{:>8} {:>9} {:>6} {:>7} | {:>14} {:>14} {:>14} {:>16} | {:>9}\n", "clients",
-                           "mode", "turns", "errors", "cached (all)", "cached p10", "of seen ids",
-                           "prefilled/turn", "turn p50");
+  std::cout << fmt::format(
+      "{} turns per episode, {} episodes per client, {} user words a turn, {} reply "
+      "tokens; later turns = turns 2..{}\n",
+      o.multi_turn, o.episodes, o.prompt_len, o.max_tokens, o.multi_turn);
+  std::cout << fmt::format("{:>8} {:>9} {:>6} {:>7} | {:>14} {:>14} {:>14} {:>16} | {:>9}\n",
+                           "clients", "mode", "turns", "errors", "cached (all)", "cached p10",
+                           "of seen ids", "prefilled/turn", "turn p50");
   json levels = json::array();
   int failures = 0;
   for (int32_t c : o.concurrency) {
@@ -293,21 +321,27 @@ int run_multi_turn(const std::string& url, const ServeBenchOptions& o) {
       EpisodeResult r = run_episodes(url, o, c, sessions);
       failures += r.errors > 0;
       const double share = r.later_prompt_tokens > 0
-                               ? static_cast<double>(r.later_cached_tokens) / r.later_prompt_tokens : 0;
+                               ? static_cast<double>(r.later_cached_tokens) / r.later_prompt_tokens
+                               : 0;
       const double of_held = r.later_held_tokens > 0
-                                 ? static_cast<double>(r.later_cached_tokens) / r.later_held_tokens : 0;
+                                 ? static_cast<double>(r.later_cached_tokens) / r.later_held_tokens
+                                 : 0;
       const size_t later = r.later_cached_share.size();
-      const double prefilled = later ? static_cast<double>(r.later_prompt_tokens - r.later_cached_tokens) / later : 0;
+      const double prefilled =
+          later ? static_cast<double>(r.later_prompt_tokens - r.later_cached_tokens) / later : 0;
       const char* mode = sessions ? "session" : "resend";
-      std::cout << fmt::format("{:>8} {:>9} {:>6} {:>7} | {:>13.1f}% {:>13.1f}% {:>13.1f}% {:>16.1f} | {:>7.1f}ms\n",
-                               c, mode, r.turns, r.errors, 100 * share,
-                               100 * percentile(r.later_cached_share, 0.1), 100 * of_held, prefilled,
-                               1e3 * percentile(r.turn_seconds, 0.5));
+      std::cout << fmt::format(
+          "{:>8} {:>9} {:>6} {:>7} | {:>13.1f}% {:>13.1f}% {:>13.1f}% {:>16.1f} | {:>7.1f}ms\n", c,
+          mode, r.turns, r.errors, 100 * share, 100 * percentile(r.later_cached_share, 0.1),
+          100 * of_held, prefilled, 1e3 * percentile(r.turn_seconds, 0.5));
       // A refused turn ends its episode; say why (resending re-encodes the replies, so a prompt
       // can outgrow the context, which sessions never do).
       if (!r.first_error.empty()) std::cout << "         first error: " << r.first_error << "\n";
       std::cout.flush();
-      levels.push_back({{"clients", c}, {"mode", mode}, {"turns", r.turns}, {"errors", r.errors},
+      levels.push_back({{"clients", c},
+                        {"mode", mode},
+                        {"turns", r.turns},
+                        {"errors", r.errors},
                         {"first_error", r.first_error},
                         {"later_cached_share", share},
                         {"later_cached_share_p10", percentile(r.later_cached_share, 0.1)},
@@ -316,8 +350,9 @@ int run_multi_turn(const std::string& url, const ServeBenchOptions& o) {
                         {"turn_s_p50", percentile(r.turn_seconds, 0.5)}});
     }
   }
-  json line = {{"bench", "serve_multi_turn"}, {"turns", o.multi_turn}, {"episodes", o.episodes},
-               {"user_words", o.prompt_len}, {"max_tokens", o.max_tokens}, {"levels", levels}};
+  json line = {{"bench", "serve_multi_turn"}, {"turns", o.multi_turn},
+               {"episodes", o.episodes},      {"user_words", o.prompt_len},
+               {"max_tokens", o.max_tokens},  {"levels", levels}};
   std::cout << line.dump() << "\n";
   if (!o.json_out.empty()) std::ofstream(o.json_out, std::ios::app) << line.dump() << "\n";
   return failures ? 1 : 0;
@@ -329,9 +364,11 @@ void add_serve_bench_flags(CLI::App& cmd, ServeBenchOptions& o) {
   cmd.add_option("--url", o.url, "benchmark a running server (default: start `serve` as a child)");
   cmd.add_option("--model", o.model_dir, "child server's model (default: the embedded default)");
   cmd.add_option("--threads", o.threads, "child server's intra-op threads")->capture_default_str();
-  cmd.add_option("--max-seqs", o.max_seqs, "child server's running-batch cap")->capture_default_str();
+  cmd.add_option("--max-seqs", o.max_seqs, "child server's running-batch cap")
+      ->capture_default_str();
   cmd.add_option("--kv-memory", o.kv_memory, "child server's KV pool")->capture_default_str();
-  cmd.add_option("--concurrency", o.concurrency, "client counts, one level each")->capture_default_str();
+  cmd.add_option("--concurrency", o.concurrency, "client counts, one level each")
+      ->capture_default_str();
   cmd.add_option("--seconds", o.seconds, "duration of each level")->capture_default_str();
   cmd.add_option("--prompt-len", o.prompt_len, "prompt tokens per request")->capture_default_str();
   cmd.add_option("--max-tokens", o.max_tokens, "output tokens per request")->capture_default_str();
@@ -345,7 +382,8 @@ void add_serve_bench_flags(CLI::App& cmd, ServeBenchOptions& o) {
                  "chat episodes of this many turns, with a session and without (the prompt words "
                  "per user message: --prompt-len; reply tokens: --max-tokens)")
       ->check(CLI::NonNegativeNumber);
-  cmd.add_option("--episodes", o.episodes, "--multi-turn: episodes per client")->capture_default_str();
+  cmd.add_option("--episodes", o.episodes, "--multi-turn: episodes per client")
+      ->capture_default_str();
 }
 
 int run_serve_bench(const ServeBenchOptions& o) {
@@ -360,21 +398,24 @@ int run_serve_bench(const ServeBenchOptions& o) {
     probe.set_api_key(o.api_key);
     const auto t0 = Clock::now();
     while (probe.get("/health").status != 200) {
-      if (since(t0) > 600) throw std::runtime_error("the server at " + url + " never became healthy");
+      if (since(t0) > 600)
+        throw std::runtime_error("the server at " + url + " never became healthy");
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
   }
   if (o.multi_turn > 0) return run_multi_turn(url, o);
-  std::cout << fmt::format("server {} ({}); prompt {} tokens, {} output tokens, streaming, {} s per level\n",
-                           url, child ? "child process" : "external", o.prompt_len, o.max_tokens, o.seconds);
+  std::cout << fmt::format(
+      "server {} ({}); prompt {} tokens, {} output tokens, streaming, {} s per level\n", url,
+      child ? "child process" : "external", o.prompt_len, o.max_tokens, o.seconds);
   {  // Warm-up: one short request.
     ServeBenchOptions w = o;
     w.seconds = 0.5;
     run_level(url, w, 1);
   }
-  std::cout << fmt::format("{:>8} {:>9} {:>8} {:>8} {:>10} | {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8}\n",
-                           "clients", "requests", "errors", "req/s", "out_tok/s", "ttft_p50",
-                           "ttft_p90", "ttft_p99", "itl_p50", "itl_p90", "itl_p99");
+  std::cout << fmt::format(
+      "{:>8} {:>9} {:>8} {:>8} {:>10} | {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8}\n", "clients",
+      "requests", "errors", "req/s", "out_tok/s", "ttft_p50", "ttft_p90", "ttft_p99", "itl_p50",
+      "itl_p90", "itl_p99");
   json levels = json::array();
   for (int32_t c : o.concurrency) {
     LevelResult r = run_level(url, o, c);
@@ -382,19 +423,34 @@ int run_serve_bench(const ServeBenchOptions& o) {
     const double tps = static_cast<double>(r.output_tokens) / r.seconds;
     auto ms = [](double s) { return s * 1e3; };
     std::cout << fmt::format(
-        "{:>8} {:>9} {:>8} {:>8.2f} {:>10.1f} | {:>6.1f}ms {:>6.1f}ms {:>6.1f}ms | {:>6.1f}ms {:>6.1f}ms {:>6.1f}ms\n",
+        "{:>8} {:>9} {:>8} {:>8.2f} {:>10.1f} | {:>6.1f}ms {:>6.1f}ms {:>6.1f}ms | {:>6.1f}ms "
+        "{:>6.1f}ms {:>6.1f}ms\n",
         c, r.requests, r.errors, rps, tps, ms(percentile(r.ttft, 0.5)), ms(percentile(r.ttft, 0.9)),
         ms(percentile(r.ttft, 0.99)), ms(percentile(r.itl, 0.5)), ms(percentile(r.itl, 0.9)),
         ms(percentile(r.itl, 0.99)));
     std::cout.flush();
-    levels.push_back({{"clients", c}, {"requests", r.requests}, {"errors", r.errors},
-                      {"seconds", r.seconds}, {"requests_per_s", rps}, {"output_tokens_per_s", tps},
-                      {"ttft_s", {{"p50", percentile(r.ttft, 0.5)}, {"p90", percentile(r.ttft, 0.9)}, {"p99", percentile(r.ttft, 0.99)}}},
-                      {"itl_s", {{"p50", percentile(r.itl, 0.5)}, {"p90", percentile(r.itl, 0.9)}, {"p99", percentile(r.itl, 0.99)}}},
+    levels.push_back({{"clients", c},
+                      {"requests", r.requests},
+                      {"errors", r.errors},
+                      {"seconds", r.seconds},
+                      {"requests_per_s", rps},
+                      {"output_tokens_per_s", tps},
+                      {"ttft_s",
+                       {{"p50", percentile(r.ttft, 0.5)},
+                        {"p90", percentile(r.ttft, 0.9)},
+                        {"p99", percentile(r.ttft, 0.99)}}},
+                      {"itl_s",
+                       {{"p50", percentile(r.itl, 0.5)},
+                        {"p90", percentile(r.itl, 0.9)},
+                        {"p99", percentile(r.itl, 0.99)}}},
                       {"e2e_s_p50", percentile(r.e2e, 0.5)}});
   }
-  json line = {{"bench", "serve"}, {"prompt_len", o.prompt_len}, {"max_tokens", o.max_tokens},
-               {"seconds_per_level", o.seconds}, {"server_threads", o.threads}, {"levels", levels}};
+  json line = {{"bench", "serve"},
+               {"prompt_len", o.prompt_len},
+               {"max_tokens", o.max_tokens},
+               {"seconds_per_level", o.seconds},
+               {"server_threads", o.threads},
+               {"levels", levels}};
   std::cout << line.dump() << "\n";
   if (!o.json_out.empty()) std::ofstream(o.json_out, std::ios::app) << line.dump() << "\n";
   return 0;

@@ -25,20 +25,20 @@ class App;
 namespace crl::bench {
 
 struct ServeBenchOptions {
-  std::string url;                        // empty: start a server child process
-  std::string model_dir;                  // child server: --model (empty: embedded default)
-  int32_t threads = 2;                    // child server: --threads
-  int32_t max_seqs = 64;                  // child server: --max-seqs
-  std::string kv_memory = "256MiB";       // child server: --kv-memory
+  std::string url;                   // empty: start a server child process
+  std::string model_dir;             // child server: --model (empty: embedded default)
+  int32_t threads = 2;               // child server: --threads
+  int32_t max_seqs = 64;             // child server: --max-seqs
+  std::string kv_memory = "256MiB";  // child server: --kv-memory
   std::vector<int32_t> concurrency = {1, 16, 64};
-  double seconds = 15;                    // per concurrency level
+  double seconds = 15;  // per concurrency level
   int32_t prompt_len = 32;
   int32_t max_tokens = 64;
   uint64_t seed = 7;
-  std::string json_out;                   // also append the JSON line to this file
-  std::string api_key;                    // sent as a bearer token; the child server requires it
-  int32_t multi_turn = 0;                 // > 0: chat episodes of this many turns (see above)
-  int32_t episodes = 4;                   // per client, --multi-turn
+  std::string json_out;    // also append the JSON line to this file
+  std::string api_key;     // sent as a bearer token; the child server requires it
+  int32_t multi_turn = 0;  // > 0: chat episodes of this many turns (see above)
+  int32_t episodes = 4;    // per client, --multi-turn
 };
 
 void add_serve_bench_flags(CLI::App& cmd, ServeBenchOptions& opts);

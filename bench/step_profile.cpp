@@ -79,11 +79,16 @@ void StepProfiler::after_step(const engine::StepRecord& r) {
   const double wall = std::chrono::duration<double>(now - last_).count();
   last_ = now;
   if (steps_.is_open()) {
-    steps_ << nlohmann::json{{"i", index_},        {"seqs", r.seqs},
-                             {"tokens", r.tokens}, {"prefill", r.prefill_tokens},
-                             {"wall_s", wall},     {"schedule_s", r.schedule_seconds},
-                             {"forward_s", r.forward_seconds}, {"sample_s", r.sample_seconds},
-                             {"finish_s", r.finish_seconds}}.dump()
+    steps_ << nlohmann::json{{"i", index_},
+                             {"seqs", r.seqs},
+                             {"tokens", r.tokens},
+                             {"prefill", r.prefill_tokens},
+                             {"wall_s", wall},
+                             {"schedule_s", r.schedule_seconds},
+                             {"forward_s", r.forward_seconds},
+                             {"sample_s", r.sample_seconds},
+                             {"finish_s", r.finish_seconds}}
+                  .dump()
            << "\n";
   }
   if (prefix_.empty()) return;
@@ -112,7 +117,8 @@ void StepProfiler::start_trace() {
     prof::prepareProfiler(config, activities);
     prof::enableProfiler(config, activities);
   } catch (const std::exception& e) {
-    std::cerr << "profile: the Kineto profiler did not start (" << first_line(e) << "); no traces\n";
+    std::cerr << "profile: the Kineto profiler did not start (" << first_line(e)
+              << "); no traces\n";
     open_window_ = -1;
     prefix_.clear();
   }
@@ -127,7 +133,8 @@ void StepProfiler::stop_trace() {
     if (result) result->save(path);
     std::cout << "profile: steps " << first << ".." << first + count - 1 << " -> " << path << "\n";
   } catch (const std::exception& e) {
-    std::cerr << "profile: steps " << first << ".." << first + count - 1 << " not saved: " << first_line(e) << "\n";
+    std::cerr << "profile: steps " << first << ".." << first + count - 1
+              << " not saved: " << first_line(e) << "\n";
   }
 }
 

@@ -4,7 +4,8 @@
 //
 //   StepProfiler prof("trace", "20:3,400:5", "steps.jsonl");
 //   engine.set_step_observer([&](const engine::StepRecord& r) { prof.after_step(r); });
-//   prof.arm();   // counts steps from here: trace.20.json holds steps 20-22, trace.400.json 400-404
+//   prof.arm();   // counts steps from here: trace.20.json holds steps 20-22, trace.400.json
+//   400-404
 #pragma once
 
 #include <chrono>
@@ -23,7 +24,8 @@ class StepProfiler {
   // `trace_prefix`: Chrome traces go to PREFIX.A.json ("" = none); `windows`: "A:N[,B:M...]", N
   // steps from the A-th (1-based) after arm(); `steps_jsonl`: the per-step lines ("" = none).
   // Throws std::invalid_argument for a malformed window.
-  StepProfiler(std::string trace_prefix, const std::string& windows, const std::string& steps_jsonl);
+  StepProfiler(std::string trace_prefix, const std::string& windows,
+               const std::string& steps_jsonl);
   ~StepProfiler();
 
   // Starts counting steps (and the first window when it starts at step 1).
@@ -41,8 +43,8 @@ class StepProfiler {
   std::vector<std::pair<int64_t, int64_t>> windows_;  // (first step, count)
   std::ofstream steps_;
   bool armed_ = false;
-  int64_t index_ = 0;          // steps since arm()
-  int64_t open_window_ = -1;   // index into windows_ of the trace being recorded
+  int64_t index_ = 0;         // steps since arm()
+  int64_t open_window_ = -1;  // index into windows_ of the trace being recorded
   std::chrono::steady_clock::time_point last_;
 };
 

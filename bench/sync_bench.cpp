@@ -1,21 +1,20 @@
 // `colocated-rl bench sync`: bucket vs per-tensor vs raw broadcast (and CUDA IPC, LoRA) weight
 // sync, one (shape, dtype, topology) cell per run (sync_job.h).
-#include "bench/sync_job.h"
-
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <csignal>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
-#include <unistd.h>
 
 #include "bench/stats.h"
+#include "bench/sync_job.h"
 #include "bench/sync_job_util.h"
 #include "common/check.h"
 #include "common/units.h"
@@ -36,7 +35,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 
-void wait_ready_idle(const sync::WeightSync& ws, int64_t version, std::chrono::milliseconds timeout) {
+void wait_ready_idle(const sync::WeightSync& ws, int64_t version,
+                     std::chrono::milliseconds timeout) {
   auto deadline = Clock::now() + timeout;
   while (!ws.ready(version)) {
     if (Clock::now() > deadline) {
@@ -100,7 +100,8 @@ int run_sync_bench_rank(const sync::RankEnv& env, const SyncBenchOptions& o) {
       ec.max_lora_rank = static_cast<int32_t>(o.lora_rank);
     }
     eng = std::make_unique<engine::LlmEngine>(ec);
-    layout = std::make_unique<sync::WeightLayout>(eng->attach_weight_buffers(o.bucket_bytes).layout());
+    layout =
+        std::make_unique<sync::WeightLayout>(eng->attach_weight_buffers(o.bucket_bytes).layout());
   }
   // The LoRA row: the adapter's tensors alone, fp32 masters on the train ranks (sent from their
   // flat storage when the dtypes match), the engine's LoRA receive buffers on the infer ranks.
@@ -111,8 +112,8 @@ int run_sync_bench_rank(const sync::RankEnv& env, const SyncBenchOptions& o) {
     const engine::LoraAdapter ad = engine::make_lora_adapter(
         cfg, o.lora_rank, 32, engine::parse_lora_targets("all-linear"), 1, /*random_b=*/true);
     if (train) {
-      lora_layout = std::make_unique<sync::WeightLayout>(
-          sync::WeightLayout::plan(engine::tensor_specs(engine::lora_tensors(ad), edtype), o.bucket_bytes));
+      lora_layout = std::make_unique<sync::WeightLayout>(sync::WeightLayout::plan(
+          engine::tensor_specs(engine::lora_tensors(ad), edtype), o.bucket_bytes));
       if (edtype == at::kFloat) {
         lora_flat = lora_layout->allocate_buckets(on_device);
         lora_masters = lora_layout->views(lora_flat);
@@ -123,7 +124,9 @@ int run_sync_bench_rank(const sync::RankEnv& env, const SyncBenchOptions& o) {
       }
     } else {
       lora_layout = std::make_unique<sync::WeightLayout>(
-          eng->loras().attach_policy("policy", ad, o.bucket_bytes, 1, eng->weight_version()).layout());
+          eng->loras()
+              .attach_policy("policy", ad, o.bucket_bytes, 1, eng->weight_version())
+              .layout());
     }
   }
   sync::WeightSyncOptions bucket_opts;
@@ -143,7 +146,7 @@ int run_sync_bench_rank(const sync::RankEnv& env, const SyncBenchOptions& o) {
   // receiver as one plain device-to-device copy of the same bytes.
   const bool ipc = ws.transport(0) == sync::SyncTransport::kIpc;
   std::vector<std::string> modes = ipc ? std::vector<std::string>{"bucket", "copy"}
-                                        : std::vector<std::string>{"bucket", "per-tensor", "raw"};
+                                       : std::vector<std::string>{"bucket", "per-tensor", "raw"};
   // A cast over CUDA IPC pushes into the engines' buckets; "bucket-pull" is the same update the
   // other way (cast into send buffers the engines copy from), beside it.
   const bool ipc_cast = ipc && edtype != at::kFloat;  // fp32 masters are sent from flat storage
@@ -187,7 +190,8 @@ int run_sync_bench_rank(const sync::RankEnv& env, const SyncBenchOptions& o) {
         }
       } else if (mode == lora_mode) {
         if (train) {
-          st = lora_flat.empty() ? ws_lora->send(lora_masters, v) : ws_lora->send_buckets(lora_flat, v);
+          st = lora_flat.empty() ? ws_lora->send(lora_masters, v)
+                                 : ws_lora->send_buckets(lora_flat, v);
         } else {
           wait_ready_idle(*ws_lora, v, o.timeout);
           reset_rss_high_water();
@@ -272,12 +276,12 @@ int run_sync_bench_rank(const sync::RankEnv& env, const SyncBenchOptions& o) {
       pauses.push_back(p);
     }
     double tm = median(times);
-    std::string transport = mode == "copy"        ? "-"
-                            : mode == "bucket-pull" ? "ipc pull"
+    std::string transport = mode == "copy"                 ? "-"
+                            : mode == "bucket-pull"        ? "ipc pull"
                             : mode == "bucket" && ipc_cast ? "ipc push"
-                            : mode == "bucket"    ? sync::sync_transport_name(ws.transport(0))
-                            : mode == lora_mode   ? sync::sync_transport_name(ws_lora->transport(0))
-                                                  : "communicator";
+                            : mode == "bucket"  ? sync::sync_transport_name(ws.transport(0))
+                            : mode == lora_mode ? sync::sync_transport_name(ws_lora->transport(0))
+                                                : "communicator";
     json cell = {{"shape", o.shape},
                  {"params", params},
                  {"dtype", o.engine_dtype},
@@ -315,8 +319,8 @@ std::string format_sync_bench_table(const std::string& results_file) {
   }
   auto find = [&](const json& r, const char* mode) -> const json* {
     for (const auto& x : rows) {
-      if (x["shape"] == r["shape"] && x["dtype"] == r["dtype"] &&
-          x["topology"] == r["topology"] && x["mode"] == mode) {
+      if (x["shape"] == r["shape"] && x["dtype"] == r["dtype"] && x["topology"] == r["topology"] &&
+          x["mode"] == mode) {
         return &x;
       }
     }
@@ -348,15 +352,13 @@ std::string format_sync_bench_table(const std::string& results_file) {
         r["shape"].get<std::string>(), r["params"].get<double>() / 1e6,
         r["dtype"].get<std::string>(), r["topology"].get<std::string>(),
         r["mode"].get<std::string>(), r.value("transport", std::string("communicator")),
-        r["bytes"].get<double>() / 1e6, r["collectives"].get<int64_t>(), t,
-        r["gb_s"].get<double>(),
+        r["bytes"].get<double>() / 1e6, r["collectives"].get<int64_t>(), t, r["gb_s"].get<double>(),
         timed_pause ? fmt::format("{:.1f}", r["pause_ms"].get<double>()) : "-",
         timed_pause && t > 0 ? fmt::format("{:.2f}", r["pause_ms"].get<double>() / t) : "-",
         raw && t > 0 && !lora ? fmt::format("{:.2f}x", t / (*raw)["time_ms"].get<double>()) : "-",
         bucket && pt ? fmt::format("{:.1f}x", (*pt)["time_ms"].get<double>() / t) : "-",
-        bucket && copy && t > 0
-            ? fmt::format("{:.0f}%", 100 * (*copy)["time_ms"].get<double>() / t)
-            : "-",
+        bucket && copy && t > 0 ? fmt::format("{:.0f}%", 100 * (*copy)["time_ms"].get<double>() / t)
+                                : "-",
         format_bytes(r["recv_extra"].get<double>()), format_bytes(r["send_extra"].get<double>()),
         model && (*model)["time_ms"].get<double>() > 0
             ? fmt::format("{:.1f}% of the time, {:.2f}% of the bytes",

@@ -1,16 +1,15 @@
 // `colocated-rl sync-check`: weight-sync correctness on the embedded default (sync_job.h).
-#include "bench/sync_job.h"
-
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <csignal>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "bench/stats.h"
+#include "bench/sync_job.h"
 #include "bench/sync_job_util.h"
 #include "common/check.h"
 #include "common/units.h"
@@ -55,8 +54,7 @@ Fault parse_fault(const std::string& s) {
 void perturb(const std::vector<at::Tensor>& masters, int64_t version) {
   for (size_t i = 0; i < masters.size(); ++i) {
     auto gen = at::detail::createCPUGenerator(static_cast<uint64_t>(version) * 1000003ULL + i);
-    at::Tensor noise =
-        at::randn(masters[i].sizes(), gen, masters[i].options().device(at::kCPU));
+    at::Tensor noise = at::randn(masters[i].sizes(), gen, masters[i].options().device(at::kCPU));
     masters[i].add_(noise.to(masters[i].device()), 1e-2);
   }
 }
@@ -73,9 +71,9 @@ void generate_until_ready(engine::LlmEngine& eng, const sync::WeightSync& ws, in
   auto deadline = Clock::now() + timeout;
   while (!ws.ready(version)) {
     if (Clock::now() > deadline) {
-      throw std::runtime_error(fmt::format(
-          "weight sync: waited {} ms for the train ranks to start version {}", timeout.count(),
-          version));
+      throw std::runtime_error(
+          fmt::format("weight sync: waited {} ms for the train ranks to start version {}",
+                      timeout.count(), version));
     }
     if (keep_busy && !eng.has_unfinished()) {
       engine::GenerateRequest r;
@@ -112,8 +110,8 @@ std::vector<int32_t> greedy_reference(const engine::Transformer& trainer,
   std::vector<int64_t> ids(prompt.begin(), prompt.end());
   std::vector<int32_t> out;
   for (int i = 0; i < n; ++i) {
-    at::Tensor logits = model.forward_packed(at::tensor(ids, at::kLong),
-                                             {static_cast<int64_t>(ids.size())});
+    at::Tensor logits =
+        model.forward_packed(at::tensor(ids, at::kLong), {static_cast<int64_t>(ids.size())});
     int64_t next = logits[-1].argmax().item<int64_t>();
     out.push_back(static_cast<int32_t>(next));
     ids.push_back(next);
@@ -150,7 +148,8 @@ int run_sync_check_rank(const sync::RankEnv& env, const SyncJobOptions& o) {
     engine::TransformerOptions to;
     to.dtype = at::kFloat;
     to.device = device;
-    trainer = std::make_unique<engine::Transformer>(engine::Transformer::load(o.engine.model_dir, to));
+    trainer =
+        std::make_unique<engine::Transformer>(engine::Transformer::load(o.engine.model_dir, to));
     auto specs = engine::weight_specs(*trainer, edtype);
     if (fault.kind == "layout-mismatch" && fault.rank == env.rank) {
       specs.at(2).shape.at(0) += 1;  // as if this rank had loaded a different checkpoint
@@ -171,7 +170,8 @@ int run_sync_check_rank(const sync::RankEnv& env, const SyncJobOptions& o) {
     }
   } else {
     eng = std::make_unique<engine::LlmEngine>(engine_config);
-    layout = std::make_unique<sync::WeightLayout>(eng->attach_weight_buffers(o.bucket_bytes).layout());
+    layout =
+        std::make_unique<sync::WeightLayout>(eng->attach_weight_buffers(o.bucket_bytes).layout());
   }
   sync::WeightSyncOptions so = o.sync;
   so.device = device;
@@ -184,7 +184,8 @@ int run_sync_check_rank(const sync::RankEnv& env, const SyncJobOptions& o) {
   sync::WeightSync ws(groups, world.store, *layout, so);
   sync::Coordinator coord(world.store, "sync-check");
 
-  json report = {{"rank", env.rank}, {"role", sync::role_name(groups.role)}, {"syncs", json::array()}};
+  json report = {
+      {"rank", env.rank}, {"role", sync::role_name(groups.role)}, {"syncs", json::array()}};
   std::vector<int32_t> prompt = {2, 20, 21, 22, 23, 24, 25};
   const int greedy_tokens = 16;
   for (int64_t v = 1; v <= o.syncs; ++v) {
@@ -212,8 +213,8 @@ int run_sync_check_rank(const sync::RankEnv& env, const SyncJobOptions& o) {
       double pause = seconds_since(p0);
       int64_t extra_rss = std::max<int64_t>(0, rss_high_water_bytes() - rss0);
       // Bit-identity: every engine tensor against the trainer's checksum of the same tensor.
-      auto want = json::parse(coord.wait_result("checksums", fmt::format("v{}", v), Clock::now() + o.timeout,
-                                                "trainer checksums"));
+      auto want = json::parse(coord.wait_result("checksums", fmt::format("v{}", v),
+                                                Clock::now() + o.timeout, "trainer checksums"));
       auto views = layout->views(eng->weight_buffers()->buckets());
       std::vector<std::string> differ;
       for (size_t i = 0; i < views.size(); ++i) {
@@ -243,7 +244,8 @@ int run_sync_check_rank(const sync::RankEnv& env, const SyncJobOptions& o) {
     r.params.max_tokens = greedy_tokens;
     r.params.ignore_eos = true;
     auto out = eng->generate({r});
-    auto want = json::parse(coord.wait_result("greedy", "tokens", Clock::now() + o.timeout, "trainer greedy output"));
+    auto want = json::parse(
+        coord.wait_result("greedy", "tokens", Clock::now() + o.timeout, "trainer greedy output"));
     report["greedy_equal"] = out[0].outputs[0].token_ids == want.get<std::vector<int32_t>>();
     report["greedy"] = out[0].outputs[0].token_ids;
     report["greedy_weight_version"] = out[0].weight_version;
@@ -257,31 +259,31 @@ int run_sync_check_rank(const sync::RankEnv& env, const SyncJobOptions& o) {
   bool identical = true, colls_ok = true;
   int64_t max_extra_rss = 0;
   const bool ipc = ws.transport(0) == sync::SyncTransport::kIpc;
-  fmt::print("sync-check: {} node(s) x ({} infer + {} train), mode {}, transport {} ({}), {} "
-             "buckets of <= {}, {} tensors, {}, device {}\n",
-             topo.nnodes, topo.infer_per_node, topo.train_per_node,
-             sync::sync_mode_name(o.sync.mode), sync::sync_transport_name(ws.transport(0)),
-             ipc ? "one device copy per bucket" : groups.world->backend(), buckets,
-             format_bytes(o.bucket_bytes), layout->specs().size(),
-             format_bytes(layout->total_bytes()), engine_config.device);
+  fmt::print(
+      "sync-check: {} node(s) x ({} infer + {} train), mode {}, transport {} ({}), {} "
+      "buckets of <= {}, {} tensors, {}, device {}\n",
+      topo.nnodes, topo.infer_per_node, topo.train_per_node, sync::sync_mode_name(o.sync.mode),
+      sync::sync_transport_name(ws.transport(0)),
+      ipc ? "one device copy per bucket" : groups.world->backend(), buckets,
+      format_bytes(o.bucket_bytes), layout->specs().size(), format_bytes(layout->total_bytes()),
+      engine_config.device);
   fmt::print("{:>4} {:>6} {:>5} {:>10} {:>6} {:>11} {:>8} {:>10} {:>10} {:>12}\n", "rank", "role",
-             "sync", "bytes", "colls", "transfer ms", "GB/s", "pause ms", "extra RSS",
-             "identical");
+             "sync", "bytes", "colls", "transfer ms", "GB/s", "pause ms", "extra RSS", "identical");
   for (int v = 1; v <= o.syncs; ++v) {
     std::vector<int64_t> train_colls(topo.nnodes, 0);  // per node: they share the buckets
     for (const auto& r : all) {
       const json& s = r["syncs"][v - 1];
       bool infer = r["role"] == "infer";
       double t = s["transfer_s"].get<double>();
-      fmt::print("{:>4} {:>6} {:>5} {:>10} {:>6} {:>11.2f} {:>8.2f} {:>10} {:>10} {:>12}\n",
-                 r["rank"].get<int>(), r["role"].get<std::string>(), v,
-                 s["bytes"].get<int64_t>(), s["collectives"].get<int64_t>(), t * 1e3,
-                 t > 0 ? s["bytes"].get<int64_t>() / t / 1e9 : 0.0,
-                 infer ? fmt::format("{:.2f}", s["pause_s"].get<double>() * 1e3) : "-",
-                 infer ? format_bytes(s["extra_rss"].get<double>()) : "-",
-                 infer ? fmt::format("{}/{}", s["identical"].get<int64_t>(),
-                                     s["tensors"].get<int64_t>())
-                       : "-");
+      fmt::print(
+          "{:>4} {:>6} {:>5} {:>10} {:>6} {:>11.2f} {:>8.2f} {:>10} {:>10} {:>12}\n",
+          r["rank"].get<int>(), r["role"].get<std::string>(), v, s["bytes"].get<int64_t>(),
+          s["collectives"].get<int64_t>(), t * 1e3,
+          t > 0 ? s["bytes"].get<int64_t>() / t / 1e9 : 0.0,
+          infer ? fmt::format("{:.2f}", s["pause_s"].get<double>() * 1e3) : "-",
+          infer ? format_bytes(s["extra_rss"].get<double>()) : "-",
+          infer ? fmt::format("{}/{}", s["identical"].get<int64_t>(), s["tensors"].get<int64_t>())
+                : "-");
       if (infer) {
         identical &= s["identical"] == s["tensors"];
         max_extra_rss = std::max(max_extra_rss, s["extra_rss"].get<int64_t>());

@@ -29,7 +29,8 @@ struct SyncJobOptions {
   std::chrono::milliseconds timeout{60000};
   std::string comm_backend = "auto";
   int syncs = 3;
-  // Test-only fault injection: "never-join:R", "die-mid-sync:R", "layout-mismatch:R" (world rank R).
+  // Test-only fault injection: "never-join:R", "die-mid-sync:R", "layout-mismatch:R" (world rank
+  // R).
   std::string fault;
   bool json = false;
 };

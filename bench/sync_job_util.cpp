@@ -6,12 +6,13 @@ namespace crl::bench {
 
 using nlohmann::json;
 
-bool local_ranks_share_gpu(int ranks_per_node) { return sync::cuda_device_count() < ranks_per_node; }
+bool local_ranks_share_gpu(int ranks_per_node) {
+  return sync::cuda_device_count() < ranks_per_node;
+}
 
 json stats_json(const sync::SyncStats& s) {
-  return {{"version", s.version},         {"bytes", s.bytes},
-          {"collectives", s.collectives}, {"transfer_s", s.transfer_s},
-          {"pack_s", s.pack_s},           {"load_s", s.load_s},
+  return {{"version", s.version},         {"bytes", s.bytes},      {"collectives", s.collectives},
+          {"transfer_s", s.transfer_s},   {"pack_s", s.pack_s},    {"load_s", s.load_s},
           {"extra_bytes", s.extra_bytes}, {"verified", s.verified}};
 }
 

@@ -267,7 +267,8 @@ int run_tokenizer_bench(const TokenizerBenchOptions& o) {
   const std::string ids_json = tmp_dir + "/ids.json";
   if (hf_missing.empty()) std::ofstream(chunks_json, std::ios::binary) << json(chunks).dump();
 
-  fmt::print("CPU: {} ({} hardware threads)\n", engine::kernels::cpu_model_name(), std::thread::hardware_concurrency());
+  fmt::print("CPU: {} ({} hardware threads)\n", engine::kernels::cpu_model_name(),
+             std::thread::hardware_concurrency());
   fmt::print(
       "document: {:.3f} MB in {} chunks from {}; encode without special tokens; NT = {} "
       "threads; medians of {} paired repeats\n",

@@ -2,13 +2,13 @@
 
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -56,11 +56,14 @@ void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
 // GFLOP/s of the model's own matmuls (q, k, v, o, gate, up, down, lm_head) at `m` rows.
 double model_gemm_gflops(const engine::ModelConfig& c, int64_t m, at::ScalarType dt) {
   const int64_t q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
-  std::vector<std::pair<int64_t, int64_t>> shapes = {
-      {c.hidden_size, q},  {c.hidden_size, kv}, {c.hidden_size, kv},
-      {q, c.hidden_size},  {c.hidden_size, c.intermediate_size},
-      {c.hidden_size, c.intermediate_size}, {c.intermediate_size, c.hidden_size},
-      {c.hidden_size, c.vocab_size}};
+  std::vector<std::pair<int64_t, int64_t>> shapes = {{c.hidden_size, q},
+                                                     {c.hidden_size, kv},
+                                                     {c.hidden_size, kv},
+                                                     {q, c.hidden_size},
+                                                     {c.hidden_size, c.intermediate_size},
+                                                     {c.hidden_size, c.intermediate_size},
+                                                     {c.intermediate_size, c.hidden_size},
+                                                     {c.hidden_size, c.vocab_size}};
   double flops = 0, best = 1e30;
   std::vector<std::pair<at::Tensor, at::Tensor>> ops;
   for (auto [k, n] : shapes) {
@@ -98,15 +101,18 @@ void add_train_bench_flags(CLI::App& cmd, TrainBenchOptions& o) {
       ->capture_default_str();
   cmd.add_option("--micro-batches", o.micro_batches, "micro-batches per rank per step")
       ->capture_default_str();
-  cmd.add_option("--steps", o.steps, "timed steps per cell (after one warm-up)")->capture_default_str();
+  cmd.add_option("--steps", o.steps, "timed steps per cell (after one warm-up)")
+      ->capture_default_str();
   cmd.add_option("--bucket-mb", o.bucket_mb, "bucket cap in MiB")->capture_default_str();
   cmd.add_option("--results", o.results, "JSONL file the rows go to")->capture_default_str();
-  cmd.add_option("--cpu-kernels", o.cpu_kernels,
-                 "trainer CPU linear paths, comma-separated: project (the project's kernels), libtorch")
+  cmd.add_option(
+         "--cpu-kernels", o.cpu_kernels,
+         "trainer CPU linear paths, comma-separated: project (the project's kernels), libtorch")
       ->capture_default_str();
-  cmd.add_option("--lora-rank", o.lora_rank,
-                 "also run every cell training an all-linear LoRA adapter of this rank on the frozen "
-                 "base (0 = full fine-tuning only)")
+  cmd.add_option(
+         "--lora-rank", o.lora_rank,
+         "also run every cell training an all-linear LoRA adapter of this rank on the frozen "
+         "base (0 = full fine-tuning only)")
       ->check(CLI::NonNegativeNumber);
 }
 
@@ -166,13 +172,16 @@ int run_train_bench(const TrainBenchOptions& o) {
     for (int64_t d : s.shape) n *= d;
     params += n;
   }
-  fmt::print("bench train | {} ({:.1f} M params, {}) | {} tokens x {} micro-batches per rank | "
-             "{} cores | model GEMM {:.1f} GFLOP/s\n",
-             o.shape, params / 1e6, o.dtype, o.seq_tokens, o.micro_batches, cores, gemm);
+  fmt::print(
+      "bench train | {} ({:.1f} M params, {}) | {} tokens x {} micro-batches per rank | "
+      "{} cores | model GEMM {:.1f} GFLOP/s\n",
+      o.shape, params / 1e6, o.dtype, o.seq_tokens, o.micro_batches, cores, gemm);
   fmt::print("CPU: {}\n", engine::kernels::describe_cpu());
-  fmt::print("{:>8} {:>4} {:>5} {:>4} {:>3} {:>7} | {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} | {:>9} | {:>8} {:>7} {:>6}\n",
-             "kernels", "lora", "ranks", "zero", "ac", "offload", "params", "grads", "optim", "state", "ideal-z2",
-             "ratio", "activ", "tok/s", "vs z0", "mm %");
+  fmt::print(
+      "{:>8} {:>4} {:>5} {:>4} {:>3} {:>7} | {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} | {:>9} | {:>8} "
+      "{:>7} {:>6}\n",
+      "kernels", "lora", "ranks", "zero", "ac", "offload", "params", "grads", "optim", "state",
+      "ideal-z2", "ratio", "activ", "tok/s", "vs z0", "mm %");
   std::ofstream jsonl;
   if (!o.results.empty()) jsonl.open(o.results, std::ios::app);
   std::map<std::pair<int, std::string>, double> z0_tps;
@@ -188,52 +197,55 @@ int run_train_bench(const TrainBenchOptions& o) {
     int64_t rss_before = 0, bucket_bytes = 0;
     std::mutex mu;
     std::vector<int64_t> rss_samples;
-    auto errors = sync::run_local_ranks(c.ranks, std::chrono::milliseconds(600000), [&](int r, auto& comm,
-                                                                                       const sync::StorePtr&) {
-      trainer::TrainerOptions to;
-      to.dtype = o.dtype;
-      to.group = comm.get();
-      to.zero_stage = c.stage;
-      to.activation_checkpointing = c.ac;
-      to.offload_optimizer = c.offload;
-      to.cpu_kernels = c.kernels;
-      to.grad_bucket_bytes = o.bucket_mb << 20;
-      to.micro_batch_tokens = o.seq_tokens;
-      to.schedule.lr = 1e-5;
-      to.lora.rank = c.lora;
-      trainer::Trainer tr(dir, to);
-      std::mt19937 rng(1234 + r);
-      std::uniform_int_distribution<int32_t> tok(3, static_cast<int32_t>(cfg.vocab_size) - 1);
-      std::vector<trainer::MicroBatch> mbs;
-      for (int i = 0; i < o.micro_batches; ++i) {
-        std::vector<int32_t> prompt(o.seq_tokens / 2), answer(o.seq_tokens - o.seq_tokens / 2 - 1);
-        for (auto& x : prompt) x = tok(rng);
-        for (auto& x : answer) x = tok(rng);
-        mbs.push_back(trainer::pack_micro_batches({trainer::sft_group(prompt, answer, 2)}, o.seq_tokens)[0]);
-      }
-      tr.train_step(mbs, trainer::LossKind::kSft);  // warm-up: allocations, pools
-      comm->barrier();
-      if (r == 0) {
-        reset_peak_rss();
-        rss_before = proc_status_bytes("VmRSS");
-      }
-      comm->barrier();
-      for (int s = 0; s < o.steps; ++s) {
-        comm->barrier();
-        auto t0 = Clock::now();
-        tr.train_step(mbs, trainer::LossKind::kSft);
-        comm->barrier();
-        if (r == 0) step_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-      }
-      if (r == 0) {
-        std::lock_guard<std::mutex> lock(mu);
-        bytes = tr.state_bytes();
-        bucket_bytes = tr.layout().max_bucket_nbytes() / c10::elementSize(dt) * 4;
-        rss_samples.push_back(proc_status_bytes("VmHWM"));
-      }
-    });
+    auto errors = sync::run_local_ranks(
+        c.ranks, std::chrono::milliseconds(600000), [&](int r, auto& comm, const sync::StorePtr&) {
+          trainer::TrainerOptions to;
+          to.dtype = o.dtype;
+          to.group = comm.get();
+          to.zero_stage = c.stage;
+          to.activation_checkpointing = c.ac;
+          to.offload_optimizer = c.offload;
+          to.cpu_kernels = c.kernels;
+          to.grad_bucket_bytes = o.bucket_mb << 20;
+          to.micro_batch_tokens = o.seq_tokens;
+          to.schedule.lr = 1e-5;
+          to.lora.rank = c.lora;
+          trainer::Trainer tr(dir, to);
+          std::mt19937 rng(1234 + r);
+          std::uniform_int_distribution<int32_t> tok(3, static_cast<int32_t>(cfg.vocab_size) - 1);
+          std::vector<trainer::MicroBatch> mbs;
+          for (int i = 0; i < o.micro_batches; ++i) {
+            std::vector<int32_t> prompt(o.seq_tokens / 2),
+                answer(o.seq_tokens - o.seq_tokens / 2 - 1);
+            for (auto& x : prompt) x = tok(rng);
+            for (auto& x : answer) x = tok(rng);
+            mbs.push_back(trainer::pack_micro_batches({trainer::sft_group(prompt, answer, 2)},
+                                                      o.seq_tokens)[0]);
+          }
+          tr.train_step(mbs, trainer::LossKind::kSft);  // warm-up: allocations, pools
+          comm->barrier();
+          if (r == 0) {
+            reset_peak_rss();
+            rss_before = proc_status_bytes("VmRSS");
+          }
+          comm->barrier();
+          for (int s = 0; s < o.steps; ++s) {
+            comm->barrier();
+            auto t0 = Clock::now();
+            tr.train_step(mbs, trainer::LossKind::kSft);
+            comm->barrier();
+            if (r == 0) step_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+          }
+          if (r == 0) {
+            std::lock_guard<std::mutex> lock(mu);
+            bytes = tr.state_bytes();
+            bucket_bytes = tr.layout().max_bucket_nbytes() / c10::elementSize(dt) * 4;
+            rss_samples.push_back(proc_status_bytes("VmHWM"));
+          }
+        });
     for (size_t r = 0; r < errors.size(); ++r) {
-      if (!errors[r].empty()) throw std::runtime_error(fmt::format("bench train rank {}: {}", r, errors[r]));
+      if (!errors[r].empty())
+        throw std::runtime_error(fmt::format("bench train rank {}: {}", r, errors[r]));
     }
     std::sort(step_s.begin(), step_s.end());
     const double med = step_s[step_s.size() / 2];
@@ -247,7 +259,8 @@ int run_train_bench(const TrainBenchOptions& o) {
       full_state = bytes.total();
     } else if (full_tps > 0) {
       lora_lines.push_back(fmt::format(
-          "ranks {} zero {} ac {} offload {} ({}): LoRA rank {} state {:.2f} MiB vs full {:.2f} MiB "
+          "ranks {} zero {} ac {} offload {} ({}): LoRA rank {} state {:.2f} MiB vs full {:.2f} "
+          "MiB "
           "({:.2f}%; the frozen base adds {:.1f} MiB in {}), tokens/s {:.0f} vs {:.0f} ({:.2f}x)",
           c.ranks, c.stage, c.ac ? "on" : "off", c.offload ? "on" : "off", c.kernels, c.lora,
           bytes.total() / 1048576.0, full_state / 1048576.0, 100.0 * bytes.total() / full_state,
@@ -256,9 +269,10 @@ int run_train_bench(const TrainBenchOptions& o) {
     }
     if (c.kernels == "project" && c.lora == 0) project_tps = tps;
     if (c.kernels == "libtorch" && c.lora == 0 && project_tps > 0) {
-      project_over_libtorch.emplace_back(fmt::format("ranks {} zero {} ac {} offload {}", c.ranks, c.stage,
-                                                  c.ac ? "on" : "off", c.offload ? "on" : "off"),
-                                      project_tps / tps);
+      project_over_libtorch.emplace_back(
+          fmt::format("ranks {} zero {} ac {} offload {}", c.ranks, c.stage, c.ac ? "on" : "off",
+                      c.offload ? "on" : "off"),
+          project_tps / tps);
       project_tps = 0;
     }
     const double mm_share = 6.0 * params * tps / 1e9 / gemm;
@@ -268,19 +282,32 @@ int run_train_bench(const TrainBenchOptions& o) {
     const double ideal = params * esize + 16.0 * params / c.ranks + bucket_bytes;
     const double activ = static_cast<double>(rss_samples.at(0) - rss_before) / c.ranks;
     auto mib = [](double b) { return fmt::format("{:.1f}M", b / (1 << 20)); };
-    fmt::print("{:>8} {:>4} {:>5} {:>4} {:>3} {:>7} | {:>9} {:>9} {:>9} {:>9} {:>9} {:>6.3f} | {:>9} | {:>8.0f} {:>6.2f}x {:>5.1f}%\n",
-               c.kernels, c.lora, c.ranks, c.stage, c.ac ? "on" : "off", c.offload ? "on" : "off", mib(bytes.parameters),
-               mib(bytes.gradients), mib(bytes.optimizer), mib(bytes.total()), mib(ideal),
-               bytes.total() / ideal, mib(activ), tps, vs0, 100 * mm_share);
+    fmt::print(
+        "{:>8} {:>4} {:>5} {:>4} {:>3} {:>7} | {:>9} {:>9} {:>9} {:>9} {:>9} {:>6.3f} | {:>9} | "
+        "{:>8.0f} {:>6.2f}x {:>5.1f}%\n",
+        c.kernels, c.lora, c.ranks, c.stage, c.ac ? "on" : "off", c.offload ? "on" : "off",
+        mib(bytes.parameters), mib(bytes.gradients), mib(bytes.optimizer), mib(bytes.total()),
+        mib(ideal), bytes.total() / ideal, mib(activ), tps, vs0, 100 * mm_share);
     if (jsonl) {
-      nlohmann::json row = {{"shape", o.shape}, {"dtype", o.dtype}, {"cpu_kernels", c.kernels},
-                            {"cpu", engine::kernels::cpu_model_name()}, {"ranks", c.ranks},
-                            {"zero", c.stage}, {"lora_rank", c.lora}, {"activation_checkpointing", c.ac},
-                            {"offload_optimizer", c.offload}, {"param_bytes", bytes.parameters},
-                            {"grad_bytes", bytes.gradients}, {"optimizer_bytes", bytes.optimizer},
-                            {"stage2_ideal_bytes", ideal}, {"activation_bytes", activ},
-                            {"tokens_per_s", tps}, {"vs_stage0", vs0}, {"matmul_share", mm_share},
-                            {"gemm_gflops", gemm}, {"step_s", step_s}};
+      nlohmann::json row = {{"shape", o.shape},
+                            {"dtype", o.dtype},
+                            {"cpu_kernels", c.kernels},
+                            {"cpu", engine::kernels::cpu_model_name()},
+                            {"ranks", c.ranks},
+                            {"zero", c.stage},
+                            {"lora_rank", c.lora},
+                            {"activation_checkpointing", c.ac},
+                            {"offload_optimizer", c.offload},
+                            {"param_bytes", bytes.parameters},
+                            {"grad_bytes", bytes.gradients},
+                            {"optimizer_bytes", bytes.optimizer},
+                            {"stage2_ideal_bytes", ideal},
+                            {"activation_bytes", activ},
+                            {"tokens_per_s", tps},
+                            {"vs_stage0", vs0},
+                            {"matmul_share", mm_share},
+                            {"gemm_gflops", gemm},
+                            {"step_s", step_s}};
       jsonl << row.dump() << "\n";
     }
   }

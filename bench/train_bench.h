@@ -15,7 +15,6 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
-
 #include <cstdint>
 #include <string>
 
@@ -31,11 +30,11 @@ struct TrainBenchOptions {
   std::string cpu_kernels = "libtorch";   // TrainerOptions::cpu_kernels values, comma-separated
   int64_t seq_tokens = 512;
   int micro_batches = 2;
-  int steps = 3;                          // timed steps per cell (after one warm-up)
+  int steps = 3;  // timed steps per cell (after one warm-up)
   int64_t bucket_mb = 64;
-  std::string results;                    // JSONL rows
-  int64_t lora_rank = 0;                  // > 0: every cell again training an all-linear LoRA
-                                          // adapter of this rank (issue 29), compared after
+  std::string results;    // JSONL rows
+  int64_t lora_rank = 0;  // > 0: every cell again training an all-linear LoRA
+                          // adapter of this rank (issue 29), compared after
 };
 
 void add_train_bench_flags(CLI::App& cmd, TrainBenchOptions& o);

@@ -25,13 +25,12 @@ std::string str_cat(const Args&... args) {
 }  // namespace crl
 
 // CRL_CHECK(cond, parts...): throws crl::CheckError("file:line: parts...") when cond is false.
-#define CRL_CHECK(cond, ...)                                                          \
-  do {                                                                                \
-    if (!(cond)) {                                                                    \
-      throw ::crl::CheckError(::crl::detail::str_cat(__FILE__, ":", __LINE__, ": ",   \
-                                                     "check failed: " #cond ": ",     \
-                                                     ##__VA_ARGS__));                 \
-    }                                                                                 \
+#define CRL_CHECK(cond, ...)                                                                       \
+  do {                                                                                             \
+    if (!(cond)) {                                                                                 \
+      throw ::crl::CheckError(::crl::detail::str_cat(__FILE__, ":", __LINE__, ": ",                \
+                                                     "check failed: " #cond ": ", ##__VA_ARGS__)); \
+    }                                                                                              \
   } while (0)
 
 // CRL_INVALID(parts...): bad user input; throws std::invalid_argument with the message only.

@@ -21,16 +21,19 @@ at::Tensor zeros_in_huge_pages(at::IntArrayRef sizes, const at::TensorOptions& o
   constexpr size_t kHugePage = size_t{2} << 20;
   int64_t numel = 1;
   for (int64_t s : sizes) numel *= s;
-  const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(c10::typeMetaToScalarType(options.dtype()));
+  const size_t bytes =
+      static_cast<size_t>(numel) * c10::elementSize(c10::typeMetaToScalarType(options.dtype()));
   if (options.device().type() != at::kCPU || bytes < kHugePage) return at::zeros(sizes, options);
   auto fail = [&](const char* step, int err) {
-    throw std::runtime_error(what + ": cannot " + step + " " + format_bytes(static_cast<double>(bytes)) +
-                             " of host memory (" + std::strerror(err) + ")");
+    throw std::runtime_error(what + ": cannot " + step + " " +
+                             format_bytes(static_cast<double>(bytes)) + " of host memory (" +
+                             std::strerror(err) + ")");
   };
   // Map a huge page more than needed and keep the 2 MiB-aligned part, so that every page of the
   // buffer can be a huge one (the kernel aligns only some large mappings by itself).
   const size_t len = (bytes + kHugePage - 1) / kHugePage * kHugePage;
-  void* raw = ::mmap(nullptr, len + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void* raw =
+      ::mmap(nullptr, len + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (raw == MAP_FAILED) fail("map", errno);
   const uintptr_t begin = reinterpret_cast<uintptr_t>(raw);
   const uintptr_t aligned = (begin + kHugePage - 1) / kHugePage * kHugePage;

@@ -18,17 +18,24 @@ int64_t parse_bytes(const std::string& text) {
   try {
     value = std::stod(text, &pos);
   } catch (const std::exception&) {
-    throw std::invalid_argument("invalid size '" + text + "': expected a number with an optional unit");
+    throw std::invalid_argument("invalid size '" + text +
+                                "': expected a number with an optional unit");
   }
   std::string unit = text.substr(pos);
   for (auto& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   double mult = 1;
-  if (unit.empty() || unit == "b") mult = 1;
-  else if (unit == "k" || unit == "kb" || unit == "kib") mult = 1024.0;
-  else if (unit == "m" || unit == "mb" || unit == "mib") mult = 1024.0 * 1024;
-  else if (unit == "g" || unit == "gb" || unit == "gib") mult = 1024.0 * 1024 * 1024;
-  else throw std::invalid_argument("invalid size unit in '" + text + "': use B, KiB, MiB or GiB");
-  if (!(value >= 0) || !std::isfinite(value)) throw std::invalid_argument("invalid size '" + text + "'");
+  if (unit.empty() || unit == "b")
+    mult = 1;
+  else if (unit == "k" || unit == "kb" || unit == "kib")
+    mult = 1024.0;
+  else if (unit == "m" || unit == "mb" || unit == "mib")
+    mult = 1024.0 * 1024;
+  else if (unit == "g" || unit == "gb" || unit == "gib")
+    mult = 1024.0 * 1024 * 1024;
+  else
+    throw std::invalid_argument("invalid size unit in '" + text + "': use B, KiB, MiB or GiB");
+  if (!(value >= 0) || !std::isfinite(value))
+    throw std::invalid_argument("invalid size '" + text + "'");
   return static_cast<int64_t>(value * mult);
 }
 

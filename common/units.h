@@ -7,7 +7,8 @@
 
 namespace crl {
 
-// Parses "512MiB", "1GiB", "2G", "300M", "4096" (bytes). Throws std::invalid_argument naming the text.
+// Parses "512MiB", "1GiB", "2G", "300M", "4096" (bytes). Throws std::invalid_argument naming the
+// text.
 int64_t parse_bytes(const std::string& text);
 
 // "1.50 GiB" style rendering for logs.

@@ -1,14 +1,15 @@
 // Builds without CUDA: capture_cuda_graph says so (the CUDA build compiles cuda_graph.cu instead).
 #ifndef CRL_WITH_CUDA
-#include <stdexcept>
-
 #include "engine/cuda_graph.h"
+
+#include <stdexcept>
 
 namespace crl::engine {
 
 std::unique_ptr<CudaGraph> capture_cuda_graph(const std::function<at::Tensor()>&, const at::Device&,
                                               const CudaGraph*) {
-  throw std::runtime_error("CUDA graphs need a CUDA build (this colocated-rl was built without CUDA)");
+  throw std::runtime_error(
+      "CUDA graphs need a CUDA build (this colocated-rl was built without CUDA)");
 }
 
 }  // namespace crl::engine

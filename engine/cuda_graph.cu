@@ -20,12 +20,14 @@ class LibtorchGraph : public CudaGraph {
 }  // namespace
 
 std::unique_ptr<CudaGraph> capture_cuda_graph(const std::function<at::Tensor()>& fn,
-                                              const at::Device& device, const CudaGraph* share_pool) {
+                                              const at::Device& device,
+                                              const CudaGraph* share_pool) {
   const c10::cuda::CUDAGuard device_guard(device);
   auto g = std::make_unique<LibtorchGraph>();
   // Work queued on the current stream (the static inputs' upload) lands before the capture.
   at::cuda::getCurrentCUDAStream().synchronize();
-  at::cuda::CUDAStream stream = at::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
+  at::cuda::CUDAStream stream =
+      at::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
   {
     const at::cuda::CUDAStreamGuard stream_guard(stream);
     fn();

@@ -20,10 +20,14 @@ void EngineConfig::validate() const {
   if (max_batched_tokens < 1)
     bad("max_batched_tokens", std::to_string(max_batched_tokens), "must be >= 1");
   if (max_seqs < 1) bad("max_seqs", std::to_string(max_seqs), "must be >= 1");
-  if (cpu_kernels != "auto" && cpu_kernels != "libtorch") bad("cpu_kernels", cpu_kernels, "auto or libtorch");
-  if (gpu_kernels != "auto" && gpu_kernels != "libtorch") bad("gpu_kernels", gpu_kernels, "auto or libtorch");
-  if (cuda_graphs != "auto" && cuda_graphs != "on" && cuda_graphs != "off") bad("cuda_graphs", cuda_graphs, "auto, on or off");
-  if (sampler != "auto" && sampler != "tensor" && sampler != "cpu") bad("sampler", sampler, "auto, tensor or cpu");
+  if (cpu_kernels != "auto" && cpu_kernels != "libtorch")
+    bad("cpu_kernels", cpu_kernels, "auto or libtorch");
+  if (gpu_kernels != "auto" && gpu_kernels != "libtorch")
+    bad("gpu_kernels", gpu_kernels, "auto or libtorch");
+  if (cuda_graphs != "auto" && cuda_graphs != "on" && cuda_graphs != "off")
+    bad("cuda_graphs", cuda_graphs, "auto, on or off");
+  if (sampler != "auto" && sampler != "tensor" && sampler != "cpu")
+    bad("sampler", sampler, "auto, tensor or cpu");
   if (max_loras < 0) bad("max_loras", std::to_string(max_loras), "must be >= 0");
   if (max_lora_rank < 1) bad("max_lora_rank", std::to_string(max_lora_rank), "must be >= 1");
   try {

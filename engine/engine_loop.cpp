@@ -196,7 +196,8 @@ void EngineLoop::deliver(std::vector<RequestOutput>& outputs) {
           if (c.finish_reason == FinishReason::kAbort) reason = "abort";
         }
       }
-      if (observer_) observer_->on_finished(static_cast<int64_t>(out.prompt_token_ids.size()), tokens, reason,
+      if (observer_)
+        observer_->on_finished(static_cast<int64_t>(out.prompt_token_ids.size()), tokens, reason,
                                seconds_between(route.arrival, now));
       routes_.erase(it);
       if (--admitted_ == 0) cv_.notify_all();  // pause() may be waiting for this
@@ -254,7 +255,8 @@ bool EngineLoop::take_weight_update(sync::WeightSource& source, InflightPolicy p
   return error.empty();
 }
 
-void EngineLoop::set_weight_source(std::shared_ptr<sync::WeightSource> source, InflightPolicy policy) {
+void EngineLoop::set_weight_source(std::shared_ptr<sync::WeightSource> source,
+                                   InflightPolicy policy) {
   std::lock_guard<std::mutex> lock(mu_);
   weight_source_ = std::move(source);
   weight_policy_ = policy;
@@ -310,7 +312,8 @@ void EngineLoop::fail_unadmitted(const GenerateRequest& request, const std::stri
     c.finish_reason = FinishReason::kAbort;
     out.outputs.push_back(std::move(c));
   }
-  if (observer_) observer_->on_finished(static_cast<int64_t>(request.prompt_token_ids.size()), 0,
+  if (observer_)
+    observer_->on_finished(static_cast<int64_t>(request.prompt_token_ids.size()), 0,
                            error.empty() ? "abort" : "error",
                            seconds_between(it->second.arrival, Clock::now()));
   auto channel = it->second.channel;
@@ -389,11 +392,10 @@ void EngineLoop::abort(const std::vector<std::string>& ids) {
 
 std::future<void> EngineLoop::post(std::function<void(LlmEngine&)> fn) {
   // Gauges are published before the future is ready: a new weight version shows at once.
-  std::packaged_task<void(LlmEngine&)> task(
-      [this, fn = std::move(fn)](LlmEngine& e) {
-        fn(e);
-        publish_gauges();
-      });
+  std::packaged_task<void(LlmEngine&)> task([this, fn = std::move(fn)](LlmEngine& e) {
+    fn(e);
+    publish_gauges();
+  });
   auto future = task.get_future();
   std::lock_guard<std::mutex> lock(mu_);
   if (stopping_) {

@@ -53,7 +53,7 @@ struct EngineGauges {
   int64_t running_requests = 0;
   int64_t waiting_requests = 0;  // in the scheduler's queue, plus held while paused
   int32_t kv_blocks_total = 0;
-  int32_t kv_blocks_used = 0;    // blocks with a reference (cached-but-free blocks are free)
+  int32_t kv_blocks_used = 0;  // blocks with a reference (cached-but-free blocks are free)
   int64_t weight_version = 0;
   int64_t num_preemptions = 0;
   int64_t prefix_cache_hit_tokens = 0;
@@ -91,7 +91,7 @@ class RequestChannel {
 
   struct Snapshot {
     std::vector<std::optional<RequestOutput>> outputs;  // nullopt: nothing yet
-    uint64_t version = 0;  // increases with every publish
+    uint64_t version = 0;                               // increases with every publish
     bool all_finished = false;
   };
   // Waits until something newer than `seen` was published or `timeout` passed; returns the
@@ -108,8 +108,8 @@ class RequestChannel {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::optional<RequestOutput>> outputs_;  // guarded by mu_
-  uint64_t version_ = 0;                                       // guarded by mu_
-  size_t num_finished_ = 0;                                    // guarded by mu_
+  uint64_t version_ = 0;                               // guarded by mu_
+  size_t num_finished_ = 0;                            // guarded by mu_
 };
 
 enum class PauseMode { kAbort, kWait };
@@ -206,25 +206,25 @@ class EngineLoop {
   std::thread thread_;
 
   mutable std::mutex mu_;
-  mutable std::condition_variable cv_;       // engine thread wake-up, readiness, pause drained
-  bool loaded_ = false;                      // guarded by mu_
-  std::string load_error_;                   // guarded by mu_
-  bool started_ = false;                     // guarded by mu_
-  bool stopping_ = false;                    // guarded by mu_
-  bool paused_ = false;                      // guarded by mu_
-  int64_t admitted_ = 0;                     // routes in the engine; guarded by mu_
+  mutable std::condition_variable cv_;  // engine thread wake-up, readiness, pause drained
+  bool loaded_ = false;                 // guarded by mu_
+  std::string load_error_;              // guarded by mu_
+  bool started_ = false;                // guarded by mu_
+  bool stopping_ = false;               // guarded by mu_
+  bool paused_ = false;                 // guarded by mu_
+  int64_t admitted_ = 0;                // routes in the engine; guarded by mu_
   std::unordered_map<std::string, Route> routes_;           // guarded by mu_
-  std::deque<GenerateRequest> held_;                // guarded by mu_
+  std::deque<GenerateRequest> held_;                        // guarded by mu_
   std::deque<std::packaged_task<void(LlmEngine&)>> tasks_;  // guarded by mu_
-  std::function<void(LlmEngine&)> between_steps_;  // guarded by mu_
+  std::function<void(LlmEngine&)> between_steps_;           // guarded by mu_
   EngineGauges gauges_;                                     // guarded by mu_
   std::shared_ptr<RequestObserver> observer_;               // guarded by mu_
   bool work_pending_ = false;  // a submit/abort since the engine thread last looked; guarded by mu_
-  std::shared_ptr<sync::WeightSource> weight_source_;  // guarded by mu_
+  std::shared_ptr<sync::WeightSource> weight_source_;     // guarded by mu_
   InflightPolicy weight_policy_ = InflightPolicy::kKeep;  // guarded by mu_
-  std::string weight_error_;                            // guarded by mu_
-  double weight_update_s_ = 0;                          // guarded by mu_
-  std::atomic<int64_t> weight_version_{0};  // written by the engine thread under mu_
+  std::string weight_error_;                              // guarded by mu_
+  double weight_update_s_ = 0;                            // guarded by mu_
+  std::atomic<int64_t> weight_version_{0};                // written by the engine thread under mu_
 };
 
 }  // namespace crl::engine

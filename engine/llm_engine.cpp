@@ -1,8 +1,7 @@
 #include "engine/llm_engine.h"
 
-#include <ATen/core/grad_mode.h>
 #include <ATen/Parallel.h>
-#include <nlohmann/json.hpp>
+#include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 #include <chrono>
@@ -10,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <unordered_set>
 
@@ -39,13 +39,14 @@ class PhaseTimer {
 
 struct LlmEngine::Inbox {
   std::mutex mu;
-  std::deque<GenerateRequest> adds;         // guarded by mu
-  std::vector<std::string> aborts;          // guarded by mu
-  std::unordered_set<std::string> live_ids; // guarded by mu
-  int64_t next_id = 0;                      // guarded by mu
+  std::deque<GenerateRequest> adds;          // guarded by mu
+  std::vector<std::string> aborts;           // guarded by mu
+  std::unordered_set<std::string> live_ids;  // guarded by mu
+  int64_t next_id = 0;                       // guarded by mu
 };
 
-LlmEngine::LlmEngine(const EngineConfig& config) : config_(config), inbox_(std::make_unique<Inbox>()) {
+LlmEngine::LlmEngine(const EngineConfig& config)
+    : config_(config), inbox_(std::make_unique<Inbox>()) {
   config_.validate();
   if (config_.num_threads > 0) at::set_num_threads(config_.num_threads);
   TransformerOptions opts;
@@ -60,27 +61,28 @@ LlmEngine::LlmEngine(const EngineConfig& config) : config_(config), inbox_(std::
   if (text::Tokenizer::dir_has_tokenizer(config_.model_dir))
     tokenizer_ = std::make_unique<text::Tokenizer>(config_.model_dir);
   for (int64_t id : mc.eos_token_ids) eos_ids_.push_back(static_cast<int32_t>(id));
-  if (eos_ids_.empty() && tokenizer_ && tokenizer_->eos_id() >= 0) eos_ids_.push_back(tokenizer_->eos_id());
+  if (eos_ids_.empty() && tokenizer_ && tokenizer_->eos_id() >= 0)
+    eos_ids_.push_back(tokenizer_->eos_id());
 
   max_model_len_ = config_.max_model_len > 0 ? config_.max_model_len : mc.max_position_embeddings;
   if (max_model_len_ > mc.max_position_embeddings) {
-    throw std::invalid_argument("invalid engine setting 'max_model_len': " +
-                                std::to_string(max_model_len_) + " (the model supports " +
-                                std::to_string(mc.max_position_embeddings) + " positions)");
+    throw std::invalid_argument(
+        "invalid engine setting 'max_model_len': " + std::to_string(max_model_len_) +
+        " (the model supports " + std::to_string(mc.max_position_embeddings) + " positions)");
   }
   int32_t num_blocks = config_.num_kv_blocks;
   if (num_blocks <= 0) {
     const int64_t per_block = ModelRunner::block_bytes(mc, opts.dtype, config_.block_size);
     num_blocks = static_cast<int32_t>(config_.kv_memory_bytes / per_block);
     if (num_blocks < 1) {
-      throw std::invalid_argument("invalid engine setting 'kv_memory_bytes': " +
-                                  std::to_string(config_.kv_memory_bytes) +
-                                  " holds no KV block (one block needs " +
-                                  std::to_string(per_block) + " bytes)");
+      throw std::invalid_argument(
+          "invalid engine setting 'kv_memory_bytes': " + std::to_string(config_.kv_memory_bytes) +
+          " holds no KV block (one block needs " + std::to_string(per_block) + " bytes)");
     }
   }
   stop_ = std::make_unique<StopChecker>(tokenizer_.get(), eos_ids_, max_model_len_);
-  config_.max_loras = std::max<int32_t>(config_.max_loras, static_cast<int32_t>(config_.lora_modules.size()));
+  config_.max_loras =
+      std::max<int32_t>(config_.max_loras, static_cast<int32_t>(config_.lora_modules.size()));
   SchedulerConfig sc;
   sc.block_size = config_.block_size;
   sc.num_blocks = num_blocks;
@@ -103,13 +105,15 @@ LlmEngine::LlmEngine(const EngineConfig& config) : config_(config), inbox_(std::
     }
     config_.max_lora_rank = static_cast<int32_t>(rank);
     lora_slots = std::make_unique<LoraSlots>(mc, config_.max_loras, config_.max_lora_rank,
-                                             parse_lora_targets(config_.lora_targets), opts.dtype, opts.device);
+                                             parse_lora_targets(config_.lora_targets), opts.dtype,
+                                             opts.device);
     model_->set_lora_slots(lora_slots.get());
     runner_->set_lora_slots(lora_slots.get());
   }
   loras_ = std::make_unique<LoraRegistry>(std::move(lora_slots), mc, opts.dtype, opts.device);
   for (size_t i = 0; i < given.size(); ++i) loras_->add(config_.lora_modules[i].first, given[i]);
-  tensor_sampler_ = config_.sampler == "tensor" || (config_.sampler == "auto" && !opts.device.is_cpu());
+  tensor_sampler_ =
+      config_.sampler == "tensor" || (config_.sampler == "auto" && !opts.device.is_cpu());
   if (config_.cuda_graphs == "on" || (config_.cuda_graphs == "auto" && opts.device.is_cuda())) {
     std::vector<int64_t> buckets;
     for (int64_t b = 1; b < config_.max_seqs; b *= 2) buckets.push_back(b);
@@ -120,10 +124,12 @@ LlmEngine::LlmEngine(const EngineConfig& config) : config_(config), inbox_(std::
 
 LlmEngine::~LlmEngine() = default;
 
-std::vector<int32_t> LlmEngine::encode_prompt(const std::string& text, bool split_special_tokens) const {
+std::vector<int32_t> LlmEngine::encode_prompt(const std::string& text,
+                                              bool split_special_tokens) const {
   if (!tokenizer_) {
     throw std::invalid_argument(
-        "this model has no tokenizer (tokenizer.json or tokenizer.model): send the prompt as token ids");
+        "this model has no tokenizer (tokenizer.json or tokenizer.model): send the prompt as token "
+        "ids");
   }
   // As vLLM and transformers' tokenizer(text): the model's special tokens (BOS) are added.
   text::EncodeOptions options;
@@ -167,7 +173,8 @@ void LlmEngine::validate_request(GenerateRequest& request) const {
   const int64_t prompt_len = static_cast<int64_t>(request.prompt_token_ids.size());
   const int64_t total = prompt_len + request.params.max_tokens;
   if (total > max_model_len_) {
-    throw std::invalid_argument("prompt (" + std::to_string(prompt_len) + " tokens) + max_tokens (" +
+    throw std::invalid_argument("prompt (" + std::to_string(prompt_len) +
+                                " tokens) + max_tokens (" +
                                 std::to_string(request.params.max_tokens) +
                                 ") exceeds the context length " + std::to_string(max_model_len_));
   }
@@ -203,8 +210,9 @@ void LlmEngine::admit(GenerateRequest&& r) {
   req->lora_uid = lora.uid;
   if (lora.policy) req->policy_version = weight_version_;
   // Requests without a seed get a distinct one derived from the engine seed and arrival order.
-  req->seed = req->params.seed ? *req->params.seed
-                               : config_.seed * 0x9e3779b97f4a7c15ULL + static_cast<uint64_t>(req->arrival) + 1;
+  req->seed = req->params.seed
+                  ? *req->params.seed
+                  : config_.seed * 0x9e3779b97f4a7c15ULL + static_cast<uint64_t>(req->arrival) + 1;
   if (req->params.min_tokens > 0) {
     if (!req->params.ignore_eos) req->banned_until_min_tokens = eos_ids_;
     for (int32_t id : req->params.stop_token_ids) req->banned_until_min_tokens.push_back(id);
@@ -222,17 +230,20 @@ void LlmEngine::abort_now(const std::string& id) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
   for (auto& s : it->second->seqs) {
-    if (!s->is_finished()) scheduler_->finish(s.get(), FinishReason::kAbort);  // padding keeps its reason
+    if (!s->is_finished())
+      scheduler_->finish(s.get(), FinishReason::kAbort);  // padding keeps its reason
   }
 }
 
-void LlmEngine::compute_prompt_logprobs(const ScheduledSeq& s, const at::Tensor& hidden, int64_t row) {
+void LlmEngine::compute_prompt_logprobs(const ScheduledSeq& s, const at::Tensor& hidden,
+                                        int64_t row) {
   Request* req = s.seq->request;
   const int64_t prompt_len = s.seq->prompt_len();
   // Position p predicts prompt[p + 1]; only prompt positions before the last one have a target.
   const int64_t end = std::min(s.start + s.num_tokens, prompt_len - 1);
   // Positions already recorded (a recompute after preemption) are skipped.
-  const int64_t begin = std::max<int64_t>(s.start, static_cast<int64_t>(req->prompt_logprobs.size()));
+  const int64_t begin =
+      std::max<int64_t>(s.start, static_cast<int64_t>(req->prompt_logprobs.size()));
   constexpr int64_t kTile = 64;  // never materialise full-vocabulary logits for a whole prompt
   for (int64_t p = begin; p < end; p += kTile) {
     const int64_t n = std::min(kTile, end - p);
@@ -303,7 +314,8 @@ void LlmEngine::end_step(const SchedulerOutput& batch) {
 
 LlmEngine::BatchLogits LlmEngine::run(const SchedulerOutput& batch) {
   stats_.steps++;
-  stats_.max_used_blocks = std::max(stats_.max_used_blocks, scheduler_->allocator().num_used_blocks());
+  stats_.max_used_blocks =
+      std::max(stats_.max_used_blocks, scheduler_->allocator().num_used_blocks());
   PhaseTimer timer(&record_.forward_seconds);
   ForwardOutput fwd = runner_->execute(batch);
   stats_.h2d_bytes += fwd.h2d_bytes;
@@ -311,7 +323,8 @@ LlmEngine::BatchLogits LlmEngine::run(const SchedulerOutput& batch) {
   BatchLogits out;
   for (size_t i = 0; i < batch.seqs.size(); ++i) {
     const ScheduledSeq& s = batch.seqs[i];
-    const int64_t prompt_part = std::max<int64_t>(0, std::min(s.start + s.num_tokens, s.seq->prompt_len()) - s.start);
+    const int64_t prompt_part =
+        std::max<int64_t>(0, std::min(s.start + s.num_tokens, s.seq->prompt_len()) - s.start);
     stats_.prompt_tokens_computed += prompt_part;
     record_.prefill_tokens += prompt_part;
     if (s.seq->request->params.prompt_logprobs && s.start < s.seq->prompt_len() - 1) {
@@ -344,7 +357,8 @@ std::vector<SeqSamples> LlmEngine::sample(const BatchLogits& in) {
       r.seed = req->seed;
       r.sample_index = fork ? k : seq->sample_index;
       r.position = static_cast<int64_t>(seq->tokens.size());
-      r.banned = seq->num_generated() < req->params.min_tokens ? &req->banned_until_min_tokens : nullptr;
+      r.banned =
+          seq->num_generated() < req->params.min_tokens ? &req->banned_until_min_tokens : nullptr;
       rows.push_back(r);
     }
     if (observer_) {
@@ -439,7 +453,8 @@ RequestOutput LlmEngine::make_output(const Request& req) const {
     CompletionOutput c;
     c.index = s->sample_index;
     const int64_t generated = static_cast<int64_t>(s->raw_logprobs.size());
-    c.token_ids.assign(s->tokens.begin() + s->prompt_len(), s->tokens.begin() + s->prompt_len() + generated);
+    c.token_ids.assign(s->tokens.begin() + s->prompt_len(),
+                       s->tokens.begin() + s->prompt_len() + generated);
     c.raw_logprobs = s->raw_logprobs;
     c.processed_logprobs = s->processed_logprobs;
     c.top_logprobs = s->top_logprobs;
@@ -498,7 +513,8 @@ WeightBuffers& LlmEngine::attach_weight_buffers(int64_t bucket_bytes) {
 std::vector<at::Tensor>& LlmEngine::update_buckets() {
   if (LoraBuffers* adapter = loras_->policy_buffers()) return adapter->buckets();
   if (!weight_buffers_) {
-    throw std::logic_error("the engine's weights are not in sync buckets (attach_weight_buffers was not called)");
+    throw std::logic_error(
+        "the engine's weights are not in sync buckets (attach_weight_buffers was not called)");
   }
   return weight_buffers_->buckets();
 }
@@ -520,9 +536,12 @@ void LlmEngine::apply_weight_update(int64_t v, InflightPolicy policy) {
 
 const char* inflight_policy_name(InflightPolicy policy) {
   switch (policy) {
-    case InflightPolicy::kKeep: return "keep";
-    case InflightPolicy::kRecompute: return "recompute";
-    case InflightPolicy::kAbort: return "abort";
+    case InflightPolicy::kKeep:
+      return "keep";
+    case InflightPolicy::kRecompute:
+      return "recompute";
+    case InflightPolicy::kAbort:
+      return "abort";
   }
   return "?";
 }
@@ -541,7 +560,8 @@ void LlmEngine::set_weight_version(int64_t v, InflightPolicy policy) {
     // The policy's slot holds version v now; its requests (all of them unless kKeep) record it.
     const LoraRegistry::Binding b = loras_->set_policy_version(v);
     for (auto& [id, req] : requests_) {
-      if (req->lora_slot == b.slot || (policy != InflightPolicy::kKeep && req->policy_version >= 0)) {
+      if (req->lora_slot == b.slot ||
+          (policy != InflightPolicy::kKeep && req->policy_version >= 0)) {
         req->lora_slot = b.slot;
         req->lora_uid = b.uid;
         req->policy_version = v;

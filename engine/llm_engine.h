@@ -26,8 +26,8 @@
 #include "engine/scheduler.h"
 #include "engine/sequence.h"
 #include "engine/stop_checker.h"
-#include "text/tokenizer.h"
 #include "engine/weight_buffers.h"
+#include "text/tokenizer.h"
 
 namespace crl::engine {
 
@@ -63,7 +63,7 @@ struct RequestOutput {
   std::vector<std::vector<std::pair<int32_t, float>>> prompt_top_logprobs;
   std::vector<CompletionOutput> outputs;  // one per sample, by index
   bool finished = false;
-  std::string error;                 // set when the engine failed this request (finish: abort)
+  std::string error;  // set when the engine failed this request (finish: abort)
   // Weights that produced the oldest and the newest generated token of any sample (the engine's
   // version when none yet); they differ when an update landed while the request ran.
   int64_t weight_version = 0;
@@ -83,7 +83,7 @@ struct EngineStats {
   double schedule_seconds = 0;  // the inbox, the scheduler, the prompt log-probs' host part
   double forward_seconds = 0;
   double sample_seconds = 0;
-  double finish_seconds = 0;    // postprocessing (stop checks, block frees) and the outputs
+  double finish_seconds = 0;  // postprocessing (stop checks, block frees) and the outputs
   // Bytes copied between host and device (0 on a CPU engine): device->host is the sampled ids and
   // log-probs (the logits too with the "cpu" sampler on a device, prompt log-probs, an observer);
   // host->device is each step's metadata and sampling parameters.
@@ -125,7 +125,8 @@ class LlmEngine {
   // A text prompt as the engine tokenizes it (BOS first when the model wants one). Any thread.
   // Throws std::invalid_argument when the model has no tokenizer.
   // `split_special_tokens`: special-token literals in the text stay text (untrusted input).
-  std::vector<int32_t> encode_prompt(const std::string& text, bool split_special_tokens = false) const;
+  std::vector<int32_t> encode_prompt(const std::string& text,
+                                     bool split_special_tokens = false) const;
   // The special tokens encode_prompt puts before a prompt's text (BOS, or nothing): the prefix of
   // prompts built from pieces (chats in a built-in format, the trainer's prompts). Any thread.
   std::vector<int32_t> prompt_prefix() const;
@@ -165,8 +166,8 @@ class LlmEngine {
   // loop and the benchmarks do after each receive. Engine thread only.
   void apply_weight_update(int64_t v, InflightPolicy policy = InflightPolicy::kKeep);
   // The weights are version `v` (resumed runs start at the checkpoint's; apply_weight_update calls
-  // it after each update). Drops prefix-cache entries and treats the sequences in flight by `policy`
-  // (see InflightPolicy); tokens sampled from now on record `v`. Engine thread only.
+  // it after each update). Drops prefix-cache entries and treats the sequences in flight by
+  // `policy` (see InflightPolicy); tokens sampled from now on record `v`. Engine thread only.
   void set_weight_version(int64_t v, InflightPolicy policy = InflightPolicy::kKeep);
   // Forgets every prefix-cache entry (blocks in use are untouched). Engine thread only.
   void reset_prefix_cache();
@@ -224,7 +225,7 @@ class LlmEngine {
   int64_t max_model_len_ = 0;
   int64_t weight_version_ = 0;
   int64_t next_arrival_ = 0;
-  bool tensor_sampler_ = false;  // EngineConfig::sampler resolved
+  bool tensor_sampler_ = false;         // EngineConfig::sampler resolved
   bool finished_outputs_only_ = false;  // inside generate(): step() returns finished requests only
   int64_t step_d2h_bytes_ = 0;
   std::unordered_map<std::string, std::unique_ptr<Request>> requests_;

@@ -6,8 +6,8 @@
 
 namespace crl::engine {
 
-LoraRegistry::LoraRegistry(std::unique_ptr<LoraSlots> slots, const ModelConfig& config, at::ScalarType dtype,
-                           at::Device device)
+LoraRegistry::LoraRegistry(std::unique_ptr<LoraSlots> slots, const ModelConfig& config,
+                           at::ScalarType dtype, at::Device device)
     : config_(config), dtype_(dtype), device_(device), slots_(std::move(slots)) {
   if (slots_) entries_.resize(static_cast<size_t>(slots_->num_slots()));
 }
@@ -15,17 +15,20 @@ LoraRegistry::LoraRegistry(std::unique_ptr<LoraSlots> slots, const ModelConfig& 
 void LoraRegistry::add(const std::string& name, const LoraAdapter& adapter) {
   if (name.empty()) throw std::invalid_argument("a LoRA adapter needs a name");
   if (!slots_) {
-    throw std::invalid_argument("LoRA adapter '" + name + "': the engine has no LoRA slots (--max-loras)");
+    throw std::invalid_argument("LoRA adapter '" + name +
+                                "': the engine has no LoRA slots (--max-loras)");
   }
   size_t slot = entries_.size();
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (size_t i = 0; i < entries_.size(); ++i) {
-      if (entries_[i].name == name) throw std::invalid_argument("LoRA adapter '" + name + "' is already loaded");
+      if (entries_[i].name == name)
+        throw std::invalid_argument("LoRA adapter '" + name + "' is already loaded");
       if (entries_[i].name.empty() && !entries_[i].reserved && slot == entries_.size()) slot = i;
     }
     if (slot == entries_.size()) {
-      throw std::invalid_argument("LoRA adapter '" + name + "': all " + std::to_string(entries_.size()) +
+      throw std::invalid_argument("LoRA adapter '" + name + "': all " +
+                                  std::to_string(entries_.size()) +
                                   " LoRA slots are in use (--max-loras)");
     }
     entries_[slot].reserved = true;  // no other add takes it while it loads
@@ -63,8 +66,8 @@ void LoraRegistry::check_known(const std::string& name) const {
     if (!e.name.empty()) loaded += (loaded.empty() ? "" : ", ") + e.name;
   }
   if (!found) {
-    throw std::invalid_argument("unknown LoRA adapter '" + name + "' (loaded: " +
-                                (loaded.empty() ? "none" : loaded) + ")");
+    throw std::invalid_argument("unknown LoRA adapter '" + name +
+                                "' (loaded: " + (loaded.empty() ? "none" : loaded) + ")");
   }
 }
 
@@ -72,7 +75,8 @@ LoraRegistry::Binding LoraRegistry::bind(const std::string& name) const {
   std::lock_guard<std::mutex> lock(mu_);
   Binding b;
   if (name.empty()) {
-    if (policy_slot_ >= 0) b = {policy_slot_, entries_[static_cast<size_t>(policy_slot_)].uid, true};
+    if (policy_slot_ >= 0)
+      b = {policy_slot_, entries_[static_cast<size_t>(policy_slot_)].uid, true};
     return b;
   }
   for (size_t i = 0; i < entries_.size(); ++i) {
@@ -81,8 +85,8 @@ LoraRegistry::Binding LoraRegistry::bind(const std::string& name) const {
   return b;
 }
 
-LoraBuffers& LoraRegistry::attach_policy(const std::string& name, const LoraAdapter& initial, int64_t bucket_bytes,
-                                         int32_t versions, int64_t version) {
+LoraBuffers& LoraRegistry::attach_policy(const std::string& name, const LoraAdapter& initial,
+                                         int64_t bucket_bytes, int32_t versions, int64_t version) {
   CRL_CHECK(!policy_buffers_, "attach_policy: the engine already has a policy adapter");
   CRL_CHECK(versions >= 1 && slots_ && versions <= slots_->num_slots(), "attach_policy: ", versions,
             " policy versions need as many LoRA slots (--max-loras), the engine has ",
@@ -101,18 +105,21 @@ LoraBuffers& LoraRegistry::attach_policy(const std::string& name, const LoraAdap
   policy_slots_.push_back(policy_slot_);
   slot_version_[static_cast<size_t>(policy_slot_)] = version;
   // The older versions' slots: reserved (add cannot take them), nameless (not addressable).
-  for (size_t i = 0; i < entries_.size() && static_cast<int32_t>(policy_slots_.size()) < versions; ++i) {
+  for (size_t i = 0; i < entries_.size() && static_cast<int32_t>(policy_slots_.size()) < versions;
+       ++i) {
     if (entries_[i].name.empty() && !entries_[i].reserved) {
       entries_[i].reserved = true;
       policy_slots_.push_back(static_cast<int32_t>(i));
     }
   }
   CRL_CHECK(static_cast<int32_t>(policy_slots_.size()) == versions, "attach_policy: ", versions,
-            " policy versions, but only ", policy_slots_.size(), " LoRA slots are free (--max-loras)");
+            " policy versions, but only ", policy_slots_.size(),
+            " LoRA slots are free (--max-loras)");
   return *policy_buffers_;
 }
 
-LoraRegistry::Binding LoraRegistry::load_policy(const std::unordered_map<int32_t, int64_t>& in_use) {
+LoraRegistry::Binding LoraRegistry::load_policy(
+    const std::unordered_map<int32_t, int64_t>& in_use) {
   CRL_CHECK(policy_buffers_ && policy_slot_ >= 0, "load_policy: no policy adapter (attach_policy)");
   // A slot no unfinished request uses, the oldest version first; else the oldest other one (its
   // requests go on under the new version); with one version, the policy's own slot.
@@ -121,7 +128,8 @@ LoraRegistry::Binding LoraRegistry::load_policy(const std::unordered_map<int32_t
     if (s == policy_slot_ && policy_slots_.size() > 1) continue;
     const int64_t v = slot_version_[static_cast<size_t>(s)];
     if (oldest < 0 || v < slot_version_[static_cast<size_t>(oldest)]) oldest = s;
-    if (in_use.count(s) == 0 && (target < 0 || v < slot_version_[static_cast<size_t>(target)])) target = s;
+    if (in_use.count(s) == 0 && (target < 0 || v < slot_version_[static_cast<size_t>(target)]))
+      target = s;
   }
   if (target < 0) {
     target = oldest;

@@ -66,8 +66,8 @@ class LoraRegistry {
   // one is reused and its requests go on under the new version with their K/V, as whole-model
   // updates do (counted in slot_reuses()). With one version the slot is updated in place.
   // `version`: the engine's weight version now. Once.
-  LoraBuffers& attach_policy(const std::string& name, const LoraAdapter& initial, int64_t bucket_bytes,
-                             int32_t versions, int64_t version);
+  LoraBuffers& attach_policy(const std::string& name, const LoraAdapter& initial,
+                             int64_t bucket_bytes, int32_t versions, int64_t version);
   // The policy's receive buffers (null without a policy).
   LoraBuffers* policy_buffers() { return policy_buffers_.get(); }
   bool has_policy() const { return policy_buffers_ != nullptr; }
@@ -91,10 +91,10 @@ class LoraRegistry {
   const at::ScalarType dtype_;
   const at::Device device_;
   std::unique_ptr<LoraSlots> slots_;
-  mutable std::mutex mu_;        // guards entries_, next_uid_ and policy_slot_
-  std::vector<Entry> entries_;   // by slot
+  mutable std::mutex mu_;       // guards entries_, next_uid_ and policy_slot_
+  std::vector<Entry> entries_;  // by slot
   uint64_t next_uid_ = 1;
-  int32_t policy_slot_ = -1;     // the policy's latest version
+  int32_t policy_slot_ = -1;  // the policy's latest version
   std::unique_ptr<LoraBuffers> policy_buffers_;
   std::vector<int32_t> policy_slots_;  // the slots holding the policy's versions
   std::vector<int64_t> slot_version_;  // per slot: the weight version a policy slot holds

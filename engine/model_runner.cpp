@@ -45,7 +45,8 @@ ModelRunner::ModelRunner(const Transformer& model, int32_t block_size, int32_t n
   const auto& c = model.config();
   kv_cache_ = zeros_in_huge_pages(
       {2, c.num_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim},
-      at::TensorOptions().dtype(model.options().dtype).device(model.options().device), "the KV cache pool");
+      at::TensorOptions().dtype(model.options().dtype).device(model.options().device),
+      "the KV cache pool");
 }
 
 namespace {
@@ -93,7 +94,8 @@ struct StepLayout {
 // A host buffer for a step's metadata: pinned for a device, so the one upload is asynchronous (the
 // caching host allocator keeps the block until the copy has run).
 at::Tensor host_buffer(const StepLayout& layout, const at::Device& device) {
-  return at::empty({layout.bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(!device.is_cpu()));
+  return at::empty({layout.bytes},
+                   at::TensorOptions().dtype(at::kByte).pinned_memory(!device.is_cpu()));
 }
 
 struct Filled {
@@ -130,11 +132,13 @@ Filled fill_step(const SchedulerOutput& batch, int32_t block_size, const StepLay
     for (int64_t p = s.start; p < s.start + s.num_tokens; ++p, ++row) {
       tok[row] = seq.tokens[p];
       pos[row] = p;
-      slot[row] = static_cast<int64_t>(seq.block_table[p / block_size]) * block_size + p % block_size;
+      slot[row] =
+          static_cast<int64_t>(seq.block_table[p / block_size]) * block_size + p % block_size;
     }
     if (s.sample && samples < layout.samples) sample[samples++] = row - 1;
     cl[i] = static_cast<int32_t>(s.start + s.num_tokens);
-    std::fill(std::copy(seq.block_table.begin(), seq.block_table.end(), bt + i * mb), bt + (i + 1) * mb, 0);
+    std::fill(std::copy(seq.block_table.begin(), seq.block_table.end(), bt + i * mb),
+              bt + (i + 1) * mb, 0);
     f.max_q = std::max(f.max_q, s.num_tokens);
     f.max_ctx = std::max<int64_t>(f.max_ctx, cl[i]);
   }
@@ -188,7 +192,7 @@ void ModelRunner::capture_cuda_graphs(bool lora) {
   const int64_t max_position = model_.config().max_position_embeddings - 1;
   auto& graphs = lora ? lora_graphs_ : graphs_;
   // Largest first, all in one memory pool (no two graphs ever replay concurrently).
-  const CudaGraph* pool = !graphs_.empty() ? graphs_.front()->graph.get()
+  const CudaGraph* pool = !graphs_.empty()        ? graphs_.front()->graph.get()
                           : !lora_graphs_.empty() ? lora_graphs_.front()->graph.get()
                                                   : nullptr;
   for (auto it = graph_buckets_.rbegin(); it != graph_buckets_.rend(); ++it) {
@@ -204,7 +208,8 @@ void ModelRunner::capture_cuda_graphs(bool lora) {
       batch.mask = g->lora_mask;
     }
     const StepLayout& l = *g->layout;
-    const kv::PagedAttentionMetadata meta = l.metadata(g->inputs, 1, graph_max_blocks_ * block_size_);
+    const kv::PagedAttentionMetadata meta =
+        l.metadata(g->inputs, 1, graph_max_blocks_ * block_size_);
     const at::Tensor tokens = StepLayout::view(g->inputs, l.tok, l.rows, at::kLong);
     const at::Tensor positions = StepLayout::view(g->inputs, l.pos, l.rows, at::kLong);
     auto forward = [&]() {
@@ -265,7 +270,8 @@ ForwardOutput ModelRunner::execute_graph(const SchedulerOutput& batch, DecodeGra
     fill_step(copies_only, block_size_, pairs, host);
     at::Tensor dev = host.to(at::TensorOptions().device(device), /*non_blocking=*/true);
     out.h2d_bytes += host.numel();
-    kv::copy_blocks(kv_cache_, StepLayout::view(dev, pairs.pair, 2 * pairs.pairs, at::kLong).view({-1, 2}));
+    kv::copy_blocks(kv_cache_,
+                    StepLayout::view(dev, pairs.pair, 2 * pairs.pairs, at::kLong).view({-1, 2}));
   }
   at::Tensor host = host_buffer(*g.layout, device);
   fill_step(batch, block_size_, *g.layout, host);
@@ -299,14 +305,15 @@ ForwardOutput ModelRunner::execute(const SchedulerOutput& batch) {
     num_samples += s.sample ? 1 : 0;
     max_blocks = std::max<int64_t>(max_blocks, static_cast<int64_t>(s.seq->block_table.size()));
   }
-  const StepLayout layout(total, num_seqs, num_samples, static_cast<int64_t>(batch.block_copies.size()),
-                          max_blocks);
+  const StepLayout layout(total, num_seqs, num_samples,
+                          static_cast<int64_t>(batch.block_copies.size()), max_blocks);
   const at::Device device = kv_cache_.device();
   at::Tensor host = host_buffer(layout, device);
   const Filled f = fill_step(batch, block_size_, layout, host);
   out.row_start.reserve(num_seqs);
   for (int64_t i = 0; i < num_seqs; ++i) {
-    out.row_start.push_back(reinterpret_cast<const int32_t*>(host.data_ptr<uint8_t>() + layout.qs)[i]);
+    out.row_start.push_back(
+        reinterpret_cast<const int32_t*>(host.data_ptr<uint8_t>() + layout.qs)[i]);
   }
   // One upload (none on the CPU, where `buf` is the host buffer itself).
   const at::Tensor buf = host.to(at::TensorOptions().device(device), /*non_blocking=*/true);
@@ -314,7 +321,8 @@ ForwardOutput ModelRunner::execute(const SchedulerOutput& batch) {
 
   if (layout.pairs > 0) {
     // Validated on the host by copy_blocks when the cache lives there.
-    kv::copy_blocks(kv_cache_, StepLayout::view(buf, layout.pair, 2 * layout.pairs, at::kLong).view({-1, 2}));
+    kv::copy_blocks(kv_cache_,
+                    StepLayout::view(buf, layout.pair, 2 * layout.pairs, at::kLong).view({-1, 2}));
   }
   if (num_seqs == 0) return out;
 
@@ -323,7 +331,8 @@ ForwardOutput ModelRunner::execute(const SchedulerOutput& batch) {
   LoraBatch lora;
   std::vector<int32_t> row_slots;
   if (lora_ != nullptr && lora_rows(batch, &row_slots)) {
-    const bool uniform = std::all_of(row_slots.begin(), row_slots.end(), [&](int32_t s) { return s == row_slots[0]; });
+    const bool uniform = std::all_of(row_slots.begin(), row_slots.end(),
+                                     [&](int32_t s) { return s == row_slots[0]; });
     if (uniform && !model_.options().deterministic) {
       lora.slot = row_slots[0];  // one adapter: its own product (in deterministic mode the masked
                                  // one, so a row's bits do not depend on its batch neighbours)
@@ -339,7 +348,8 @@ ForwardOutput ModelRunner::execute(const SchedulerOutput& batch) {
                                      StepLayout::view(buf, layout.pos, total, at::kLong), attention,
                                      /*max_position=*/f.max_ctx - 1, lora);
   if (num_samples > 0) {
-    out.sample_hidden = out.hidden.index_select(0, StepLayout::view(buf, layout.sample, num_samples, at::kLong));
+    out.sample_hidden =
+        out.hidden.index_select(0, StepLayout::view(buf, layout.sample, num_samples, at::kLong));
   }
   return out;
 }

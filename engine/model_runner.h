@@ -23,7 +23,7 @@
 namespace crl::engine {
 
 struct ForwardOutput {
-  at::Tensor hidden;               // [T, hidden]: final-normed hidden state of every scheduled token
+  at::Tensor hidden;  // [T, hidden]: final-normed hidden state of every scheduled token
   std::vector<int64_t> row_start;  // first row of each ScheduledSeq in `hidden`
   at::Tensor sample_hidden;        // [S, hidden]: the last row of each ScheduledSeq that samples
                                    // (ScheduledSeq::sample), in batch order
@@ -51,7 +51,9 @@ class ModelRunner {
   void enable_cuda_graphs(std::vector<int64_t> buckets, int64_t max_model_len);
   void reset_cuda_graphs();
   // Captured graphs: the base model's, and those of batches with adapted rows (LoRA).
-  int64_t num_cuda_graphs() const { return static_cast<int64_t>(graphs_.size() + lora_graphs_.size()); }
+  int64_t num_cuda_graphs() const {
+    return static_cast<int64_t>(graphs_.size() + lora_graphs_.size());
+  }
   int64_t num_lora_cuda_graphs() const { return static_cast<int64_t>(lora_graphs_.size()); }
   int64_t num_cuda_graph_captures() const { return graph_captures_; }  // over the runner's life
 
@@ -59,10 +61,10 @@ class ModelRunner {
   int32_t block_size() const { return block_size_; }
   int64_t kv_cache_bytes() const { return kv_cache_.numel() * kv_cache_.element_size(); }
   const at::Tensor& kv_cache() const { return kv_cache_; }
-  // The LoRA slots the rows' requests name (Request::lora_slot); nullptr = none. Not owned. A decode
-  // step with an adapted row replays a LoRA graph (the masked product for every row, whatever the
-  // mix of slots; captured at the first such step); eagerly, one adapter for every row takes its
-  // own product instead (rounding differs, to cuBLAS's tolerance).
+  // The LoRA slots the rows' requests name (Request::lora_slot); nullptr = none. Not owned. A
+  // decode step with an adapted row replays a LoRA graph (the masked product for every row,
+  // whatever the mix of slots; captured at the first such step); eagerly, one adapter for every row
+  // takes its own product instead (rounding differs, to cuBLAS's tolerance).
   void set_lora_slots(const LoraSlots* slots) { lora_ = slots; }
 
  private:
@@ -77,8 +79,9 @@ class ModelRunner {
   at::Tensor kv_cache_;
   std::vector<int64_t> graph_buckets_;  // ascending; empty: no graphs
   int64_t graph_max_blocks_ = 0;
-  std::vector<std::unique_ptr<DecodeGraph>> graphs_;       // by bucket, ascending; captured lazily
-  std::vector<std::unique_ptr<DecodeGraph>> lora_graphs_;  // the same, for batches with adapted rows
+  std::vector<std::unique_ptr<DecodeGraph>> graphs_;  // by bucket, ascending; captured lazily
+  std::vector<std::unique_ptr<DecodeGraph>>
+      lora_graphs_;  // the same, for batches with adapted rows
   int64_t graph_captures_ = 0;
   const LoraSlots* lora_ = nullptr;
 };

@@ -1,7 +1,8 @@
 // Sampler: turns one row of logits per sample into a token, with RL-grade log-probs.
 //
 // For each row it computes
-//   raw log-prob:       log_softmax(logits)[token] at temperature 1 over the full vocabulary (what a
+//   raw log-prob:       log_softmax(logits)[token] at temperature 1 over the full vocabulary (what
+//   a
 //                       trainer computes for the same token);
 //   processed log-prob: log p(token) under the distribution actually sampled from, i.e. after
 //                       banned ids (min_tokens), temperature, top_k, top_p and min_p, renormalised
@@ -26,12 +27,13 @@
 namespace crl::engine {
 
 struct SampleRow {
-  int64_t logits_row = 0;                       // row of the logits tensor to sample from
-  const SamplingParams* params = nullptr;       // not owned
-  uint64_t seed = 0;                            // the request's effective seed
-  int32_t sample_index = 0;                     // which of the n samples
-  int64_t position = 0;                         // position of the token being sampled
-  const std::vector<int32_t>* banned = nullptr; // ids masked for this row (min_tokens), may be null
+  int64_t logits_row = 0;                  // row of the logits tensor to sample from
+  const SamplingParams* params = nullptr;  // not owned
+  uint64_t seed = 0;                       // the request's effective seed
+  int32_t sample_index = 0;                // which of the n samples
+  int64_t position = 0;                    // position of the token being sampled
+  const std::vector<int32_t>* banned =
+      nullptr;  // ids masked for this row (min_tokens), may be null
 };
 
 struct SampleResult {
@@ -42,7 +44,8 @@ struct SampleResult {
 };
 
 // logits: [R, V] float32, contiguous, CPU. One result per row, in order; rows run in parallel.
-std::vector<SampleResult> sample_tokens(const at::Tensor& logits, const std::vector<SampleRow>& rows);
+std::vector<SampleResult> sample_tokens(const at::Tensor& logits,
+                                        const std::vector<SampleRow>& rows);
 
 // The uniform in [0, 1) used for (seed, sample_index, position). Exposed for tests.
 double sample_uniform(uint64_t seed, int32_t sample_index, int64_t position);

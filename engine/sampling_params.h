@@ -13,7 +13,8 @@ struct SamplingParams {
   int32_t n = 1;
   // Softmax temperature; 0 means greedy (argmax, processed log-prob 0).
   double temperature = 1.0;
-  // Nucleus sampling: keep the smallest set of most likely tokens whose mass reaches top_p (1 = off).
+  // Nucleus sampling: keep the smallest set of most likely tokens whose mass reaches top_p (1 =
+  // off).
   double top_p = 1.0;
   // Keep only the top_k most likely tokens (0 or -1 = off).
   int32_t top_k = 0;

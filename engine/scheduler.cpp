@@ -205,7 +205,8 @@ kv::BlockHash Scheduler::parent_hash(Sequence* seq, int64_t index, int64_t versi
                     : block_hash(seq, index - 1, version);
 }
 
-kv::BlockHash Scheduler::partial_hash(Sequence* seq, int64_t index, int64_t num_tokens, int64_t version) {
+kv::BlockHash Scheduler::partial_hash(Sequence* seq, int64_t index, int64_t num_tokens,
+                                      int64_t version) {
   CRL_CHECK(num_tokens > 0 && num_tokens < config_.block_size &&
                 index * config_.block_size + num_tokens <= static_cast<int64_t>(seq->tokens.size()),
             "partial entry of ", num_tokens, " ids at block ", index);
@@ -319,8 +320,8 @@ SchedulerOutput Scheduler::schedule(int64_t version) {
       }
     }
     if (self_preempted) break;  // seq was the newest: nothing after it is left to schedule
-    out.seqs.push_back({seq, seq->num_computed, take, seq->num_computed + take ==
-                                                          static_cast<int64_t>(seq->tokens.size())});
+    out.seqs.push_back({seq, seq->num_computed, take,
+                        seq->num_computed + take == static_cast<int64_t>(seq->tokens.size())});
     budget -= take;
     ++i;
   }
@@ -338,7 +339,8 @@ SchedulerOutput Scheduler::schedule(int64_t version) {
     // with n > max_seqs is admitted alone).
     const Request* req = seq->request;
     const int32_t width = req->forked ? 1 : req->params.n;
-    if (!running_.empty() && static_cast<int32_t>(running_.size()) + width > config_.max_seqs) break;
+    if (!running_.empty() && static_cast<int32_t>(running_.size()) + width > config_.max_seqs)
+      break;
     const int64_t cached = match_prefix(seq, version);
     const int64_t take = std::min(seq->num_uncomputed(), budget);
     if (!reserve(seq, seq->num_computed + take, out)) {
@@ -356,9 +358,10 @@ SchedulerOutput Scheduler::schedule(int64_t version) {
   }
 
   if (config_.group_lora_rows) {
-    std::stable_sort(out.seqs.begin(), out.seqs.end(), [](const ScheduledSeq& a, const ScheduledSeq& b) {
-      return a.seq->request->lora_slot < b.seq->request->lora_slot;
-    });
+    std::stable_sort(out.seqs.begin(), out.seqs.end(),
+                     [](const ScheduledSeq& a, const ScheduledSeq& b) {
+                       return a.seq->request->lora_slot < b.seq->request->lora_slot;
+                     });
   }
   for (const auto& s : out.seqs) out.num_tokens += s.num_tokens;
   return out;

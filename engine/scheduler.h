@@ -14,14 +14,14 @@
 // hash chain that includes that version, so KV from older weights is never reused. A sequence
 // that finishes also registers its last, unfilled block as a partial entry (its computed slots:
 // every id but the last sampled one), so the next turn of a conversation, whose prompt is this
-// sequence's ids and more, reuses all of them: it takes the partial block over (the entry is dropped
-// before the block is written; copied first, as any shared block, when another sequence holds it)
-// and prefills from there.
-// After the forward and the sampler, postprocess() does the step's bookkeeping (nano-vllm's
-// split): it appends the sampled tokens, forks a request's n samples at its first, and finishes
-// what stops. on_weight_update() applies the in-flight policy when new weights land.
-// Static batching (a benchmark baseline only) is a policy here: a finished sample keeps decoding
-// as padding until every running sequence is padding, and no request is admitted meanwhile.
+// sequence's ids and more, reuses all of them: it takes the partial block over (the entry is
+// dropped before the block is written; copied first, as any shared block, when another sequence
+// holds it) and prefills from there. After the forward and the sampler, postprocess() does the
+// step's bookkeeping (nano-vllm's split): it appends the sampled tokens, forks a request's n
+// samples at its first, and finishes what stops. on_weight_update() applies the in-flight policy
+// when new weights land. Static batching (a benchmark baseline only) is a policy here: a finished
+// sample keeps decoding as padding until every running sequence is padding, and no request is
+// admitted meanwhile.
 //
 // Thread safety: none; only the engine thread calls it.
 #pragma once
@@ -150,12 +150,14 @@ class Scheduler {
   // the request's adapter) for block 0.
   kv::BlockHash parent_hash(Sequence* seq, int64_t block_index, int64_t weight_version);
   // The partial entry of `seq`'s first `num_tokens` ids of block `block_index`.
-  kv::BlockHash partial_hash(Sequence* seq, int64_t block_index, int64_t num_tokens, int64_t weight_version);
+  kv::BlockHash partial_hash(Sequence* seq, int64_t block_index, int64_t num_tokens,
+                             int64_t weight_version);
   // A sequence that ends normally leaves its last, unfilled block as a partial entry.
   void register_tail(Sequence* seq, int64_t weight_version);
   void insert_running(Sequence* seq);
   // Appends one sampled token to `seq` and finishes it when `stop` says so.
-  void append(Sequence* seq, const SampleResult& res, int64_t weight_version, const StopChecker& stop);
+  void append(Sequence* seq, const SampleResult& res, int64_t weight_version,
+              const StopChecker& stop);
 
   SchedulerConfig config_;
   kv::BlockAllocator allocator_;

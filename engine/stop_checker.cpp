@@ -4,7 +4,8 @@
 
 namespace crl::engine {
 
-StopChecker::StopChecker(const text::Tokenizer* tokenizer, std::vector<int32_t> eos_ids, int64_t max_model_len)
+StopChecker::StopChecker(const text::Tokenizer* tokenizer, std::vector<int32_t> eos_ids,
+                         int64_t max_model_len)
     : tokenizer_(tokenizer), eos_ids_(std::move(eos_ids)), max_model_len_(max_model_len) {}
 
 std::string StopChecker::detokenize(const std::vector<int32_t>& ids, bool skip_special) const {

@@ -19,7 +19,8 @@ namespace crl::engine {
 class StopChecker {
  public:
   // tokenizer: may be null (no stop strings, no text). REQUIRES: it outlives this object.
-  StopChecker(const text::Tokenizer* tokenizer, std::vector<int32_t> eos_ids, int64_t max_model_len);
+  StopChecker(const text::Tokenizer* tokenizer, std::vector<int32_t> eos_ids,
+              int64_t max_model_len);
 
   // Why `seq` ends now that `token` was appended to it: kStop (a stop token, EOS unless
   // ignore_eos, or a stop string in its text; recorded on the sequence), kLength (max_tokens or

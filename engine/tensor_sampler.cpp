@@ -14,14 +14,14 @@ namespace {
 
 // The per-row parameters, one float64 row each (ids and counts are exact in a double).
 enum Field : int64_t {
-  kRow,       // logits row
-  kScale,     // 1 / temperature, clamped to FLT_MAX as the CPU sampler's float scale; 1 if greedy
-  kInvT,      // 1 / temperature unclamped (the processed log-prob); 1 if greedy
-  kTopK,      // kept count after top_k (V when off)
-  kTopP,      // top_p (1 when off)
-  kMinP,      // min_p (0 when off)
-  kUniform,   // the row's uniform in [0, 1)
-  kGreedy,    // 1 for greedy rows
+  kRow,      // logits row
+  kScale,    // 1 / temperature, clamped to FLT_MAX as the CPU sampler's float scale; 1 if greedy
+  kInvT,     // 1 / temperature unclamped (the processed log-prob); 1 if greedy
+  kTopK,     // kept count after top_k (V when off)
+  kTopP,     // top_p (1 when off)
+  kMinP,     // min_p (0 when off)
+  kUniform,  // the row's uniform in [0, 1)
+  kGreedy,   // 1 for greedy rows
   kNumFields
 };
 
@@ -34,11 +34,11 @@ struct Plan {
   bool any_sampled = false;   // some row is not greedy
   bool any_min_p = false;
   int64_t max_logprobs = 0;
-  at::Tensor params;     // [kNumFields, R] float64
-  at::Tensor ban_rows;   // [B] int64, undefined when no row bans an id
-  at::Tensor ban_ids;    // [B] int64
-  at::Tensor sort_rows;  // [F] int64: rows with top_k or top_p, undefined when none
-  bool sort_all = false; // every row sorts (sort_rows is then the identity)
+  at::Tensor params;      // [kNumFields, R] float64
+  at::Tensor ban_rows;    // [B] int64, undefined when no row bans an id
+  at::Tensor ban_ids;     // [B] int64
+  at::Tensor sort_rows;   // [F] int64: rows with top_k or top_p, undefined when none
+  bool sort_all = false;  // every row sorts (sort_rows is then the identity)
   bool any_top_p = false;
 
   at::Tensor field(Field f) const { return params[f]; }
@@ -96,10 +96,12 @@ Plan make_plan(const std::vector<SampleRow>& rows, int64_t num_logit_rows, int64
   // One upload: pinned host memory for a device, so the copy is asynchronous (the caching host
   // allocator keeps the block until the copy is done).
   const int64_t n = static_cast<int64_t>(host.size());
-  at::Tensor staged = at::empty({n}, at::TensorOptions().dtype(at::kDouble).pinned_memory(!device.is_cpu()));
+  at::Tensor staged =
+      at::empty({n}, at::TensorOptions().dtype(at::kDouble).pinned_memory(!device.is_cpu()));
   std::memcpy(staged.data_ptr<double>(), host.data(), host.size() * sizeof(double));
   at::Tensor up = staged.to(at::TensorOptions().device(device), /*non_blocking=*/true);
-  if (stats != nullptr && !device.is_cpu()) stats->h2d_bytes += n * static_cast<int64_t>(sizeof(double));
+  if (stats != nullptr && !device.is_cpu())
+    stats->h2d_bytes += n * static_cast<int64_t>(sizeof(double));
 
   plan.params = up.narrow(0, 0, kNumFields * r_count).view({kNumFields, r_count});
   int64_t off = kNumFields * r_count;
@@ -132,20 +134,23 @@ at::Tensor apply_rank_filters(const at::Tensor& q, const Plan& plan) {
   if (!plan.sort_all && !plan.sort_rows.defined()) return q;
   const bool all = plan.sort_all;
   const at::Tensor qf = all ? q : q.index_select(0, plan.sort_rows);
-  const at::Tensor top_k = all ? plan.field(kTopK) : plan.field(kTopK).index_select(0, plan.sort_rows);
+  const at::Tensor top_k =
+      all ? plan.field(kTopK) : plan.field(kTopK).index_select(0, plan.sort_rows);
   auto sorted = at::sort(qf, /*stable=*/true, /*dim=*/1, /*descending=*/true);
   const at::Tensor& values = std::get<0>(sorted);
   const at::Tensor& order = std::get<1>(sorted);
-  const at::Tensor rank = at::arange(plan.vocab, at::TensorOptions().dtype(at::kDouble).device(q.device()));
+  const at::Tensor rank =
+      at::arange(plan.vocab, at::TensorOptions().dtype(at::kDouble).device(q.device()));
   at::Tensor keep = rank.unsqueeze(0) < column(top_k);
   if (plan.any_top_p) {
-    const at::Tensor top_p = all ? plan.field(kTopP) : plan.field(kTopP).index_select(0, plan.sort_rows);
+    const at::Tensor top_p =
+        all ? plan.field(kTopP) : plan.field(kTopP).index_select(0, plan.sort_rows);
     const at::Tensor kept = values.to(at::kDouble) * keep;
     const at::Tensor cum = kept.cumsum(1);
     const at::Tensor mass = cum.select(1, plan.vocab - 1);
     // Rows without top_p keep everything top_k kept (their target is +inf).
-    const at::Tensor target = at::where(top_p < 1.0, top_p * mass,
-                                        at::full_like(mass, std::numeric_limits<double>::infinity()));
+    const at::Tensor target = at::where(
+        top_p < 1.0, top_p * mass, at::full_like(mass, std::numeric_limits<double>::infinity()));
     keep = keep.logical_and(cum - kept < column(target));
   }
   const at::Tensor keep_by_id = at::zeros_like(keep).scatter_(1, order, keep);
@@ -156,7 +161,8 @@ at::Tensor apply_rank_filters(const at::Tensor& q, const Plan& plan) {
 
 Processed process(const at::Tensor& logits, const Plan& plan) {
   Processed p;
-  at::Tensor x = plan.identity_rows ? logits : logits.index_select(0, plan.field(kRow).to(at::kLong));
+  at::Tensor x =
+      plan.identity_rows ? logits : logits.index_select(0, plan.field(kRow).to(at::kLong));
   p.x = x.to(at::kFloat).contiguous();
   const at::Tensor raw_max = std::get<0>(p.x.max(1));
   p.bad = p.x.isnan().any(1).logical_or(raw_max.isinf());
@@ -190,9 +196,10 @@ void check_input(const at::Tensor& logits) {
 // and log-probs (k per row); the first four as int32 words, the log-probs as float32 bits.
 at::Tensor sample_on_device(const at::Tensor& logits, const Plan& plan, bool fused) {
   const int64_t vocab = logits.size(1);
-  if (fused && logits.is_cuda() && kernels::cuda_ops_built() && logits.scalar_type() == at::kFloat &&
-      logits.is_contiguous() && !plan.sort_all && !plan.sort_rows.defined() && !plan.ban_rows.defined() &&
-      !plan.any_min_p && plan.max_logprobs == 0) {
+  if (fused && logits.is_cuda() && kernels::cuda_ops_built() &&
+      logits.scalar_type() == at::kFloat && logits.is_contiguous() && !plan.sort_all &&
+      !plan.sort_rows.defined() && !plan.ban_rows.defined() && !plan.any_min_p &&
+      plan.max_logprobs == 0) {
     return kernels::cuda_sample_plain_rows(logits, plan.params).flatten();
   }
   const Processed p = process(logits, plan);
@@ -204,12 +211,14 @@ at::Tensor sample_on_device(const at::Tensor& logits, const Plan& plan, bool fus
     const at::Tensor cdf = p.q.to(at::kDouble).cumsum(1);
     const at::Tensor mass = cdf.select(1, vocab - 1);
     const at::Tensor target = column(plan.field(kUniform) * mass);
-    const at::Tensor drawn =
-        at::searchsorted(cdf, target, /*out_int32=*/false, /*right=*/true).squeeze(1).clamp_max(vocab - 1);
+    const at::Tensor drawn = at::searchsorted(cdf, target, /*out_int32=*/false, /*right=*/true)
+                                 .squeeze(1)
+                                 .clamp_max(vocab - 1);
     const at::Tensor greedy = plan.field(kGreedy) > 0.5;
     token = at::where(greedy, greedy_tok, drawn);
     const at::Tensor z_tok = p.z.gather(1, column(token)).squeeze(1).to(at::kDouble);
-    const at::Tensor logp = ((z_tok - p.z_max.to(at::kDouble)) * plan.field(kInvT) - mass.log()).clamp_max(0.0);
+    const at::Tensor logp =
+        ((z_tok - p.z_max.to(at::kDouble)) * plan.field(kInvT) - mass.log()).clamp_max(0.0);
     processed = at::where(greedy, at::zeros_like(logp), logp).to(at::kFloat);
   }
   const at::Tensor raw = p.x.gather(1, column(token)).squeeze(1) - p.lse;

@@ -39,7 +39,8 @@ struct TensorSamplerStats {
 // its double sums); false keeps the tensor ops (the baseline `bench rollout` compares).
 std::vector<SampleResult> sample_tokens_tensor(const at::Tensor& logits,
                                                const std::vector<SampleRow>& rows,
-                                               TensorSamplerStats* stats = nullptr, bool fused = true);
+                                               TensorSamplerStats* stats = nullptr,
+                                               bool fused = true);
 
 // Tests: the kept set of each row's processed distribution after its filters, [rows, V] bool on
 // the logits' device (all true for a greedy row).

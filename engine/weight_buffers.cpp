@@ -7,8 +7,8 @@ namespace crl::engine {
 std::vector<sync::TensorSpec> weight_specs(const Transformer& model) {
   std::vector<sync::TensorSpec> specs;
   for (const auto& [name, t] : model.named_parameters()) {
-    specs.push_back({name, std::vector<int64_t>(t.sizes().begin(), t.sizes().end()),
-                     t.scalar_type()});
+    specs.push_back(
+        {name, std::vector<int64_t>(t.sizes().begin(), t.sizes().end()), t.scalar_type()});
   }
   return specs;
 }

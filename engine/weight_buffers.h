@@ -43,10 +43,12 @@ class WeightBuffers {
 // (issue 29). The adapter's tensors (lora_tensors order and PEFT names, in the engine's compute
 // dtype) are planned into sync buckets; an update is received there in place, one collective per
 // bucket, and then loaded into the adapter's slot (LoraSlots::load, which scales B): one
-// adapter-sized copy, megabytes against the model's gigabytes. Same write contract as WeightBuffers.
+// adapter-sized copy, megabytes against the model's gigabytes. Same write contract as
+// WeightBuffers.
 class LoraBuffers {
  public:
-  LoraBuffers(const LoraAdapter& initial, at::ScalarType dtype, at::Device device, int64_t bucket_bytes);
+  LoraBuffers(const LoraAdapter& initial, at::ScalarType dtype, at::Device device,
+              int64_t bucket_bytes);
   LoraBuffers(const LoraBuffers&) = delete;
   LoraBuffers& operator=(const LoraBuffers&) = delete;
 

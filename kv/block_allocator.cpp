@@ -12,7 +12,8 @@ namespace crl::kv {
 
 namespace {
 
-// splitmix64 finalizer: a bijective 64-bit mixer, so distinct inputs chained through it stay distinct.
+// splitmix64 finalizer: a bijective 64-bit mixer, so distinct inputs chained through it stay
+// distinct.
 uint64_t mix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ULL;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
@@ -112,7 +113,8 @@ std::optional<BlockId> BlockAllocator::lookup_partial(BlockHash hash) {
 }
 
 void BlockAllocator::drop_partial(BlockId id) {
-  CRL_CHECK(id >= 0 && id < num_blocks(), "drop_partial: block id ", id, " out of range [0, ", num_blocks(), ")");
+  CRL_CHECK(id >= 0 && id < num_blocks(), "drop_partial: block id ", id, " out of range [0, ",
+            num_blocks(), ")");
   if (!block_partial_[id].has_value()) return;
   partial_to_block_.erase(*block_partial_[id]);
   block_partial_[id].reset();
@@ -149,7 +151,8 @@ BlockHash BlockAllocator::hash_block(BlockHash parent_hash, const int32_t* token
 void BlockAllocator::check_invariants() const {
   const int32_t n = num_blocks();
   CRL_CHECK(prev_.size() == ref_counts_.size() && next_.size() == ref_counts_.size() &&
-                block_hash_.size() == ref_counts_.size() && block_partial_.size() == ref_counts_.size(),
+                block_hash_.size() == ref_counts_.size() &&
+                block_partial_.size() == ref_counts_.size(),
             "per-block arrays differ in size");
   CRL_CHECK(num_free_ >= 0 && num_free_ <= n, "num_free ", num_free_, " outside [0, ", n, "]");
 

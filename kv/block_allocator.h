@@ -51,8 +51,8 @@ class BlockAllocator {
 
   int32_t ref_count(BlockId id) const;
 
-  // Registers a full block under `hash`. A block already registered keeps its first hash; if another
-  // block already owns `hash`, nothing changes (returns false).
+  // Registers a full block under `hash`. A block already registered keeps its first hash; if
+  // another block already owns `hash`, nothing changes (returns false).
   bool register_hash(BlockId id, BlockHash hash);
 
   // Prefix-cache lookup: the block registered under `hash`, or nullopt. On a hit the block gains a

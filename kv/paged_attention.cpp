@@ -254,7 +254,8 @@ CudaAttentionKernel kernel_from_env() {
   if (v == "v2") return CudaAttentionKernel::kUnrolled;
   if (v == "v4") return CudaAttentionKernel::kFlash;
   if (v == "v1" || v == "v3") {
-    throw std::invalid_argument("CRL_PAGED_ATTENTION=" + v + ": that kernel was retired (slower than v2 and v4 "
+    throw std::invalid_argument("CRL_PAGED_ATTENTION=" + v +
+                                ": that kernel was retired (slower than v2 and v4 "
                                 "on every GPU measured); expected v2, v4 or auto");
   }
   if (v != "auto" && !v.empty()) {
@@ -276,9 +277,12 @@ CudaAttentionKernel cuda_attention_kernel() { return selected_kernel().load(); }
 
 const char* cuda_attention_kernel_name(CudaAttentionKernel kernel) {
   switch (kernel) {
-    case CudaAttentionKernel::kAuto: return "auto";
-    case CudaAttentionKernel::kUnrolled: return "v2";
-    case CudaAttentionKernel::kFlash: return "v4";
+    case CudaAttentionKernel::kAuto:
+      return "auto";
+    case CudaAttentionKernel::kUnrolled:
+      return "v2";
+    case CudaAttentionKernel::kFlash:
+      return "v4";
   }
   return "?";
 }

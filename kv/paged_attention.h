@@ -4,8 +4,8 @@
 // model's compute dtype (float32 or bfloat16). A token at position p of a sequence lives in slot
 // block_table[p / block_size] * block_size + p % block_size.
 //
-// A batch holds S sequences with q_len[s] new (query) tokens each, packed into T rows. Query token j
-// of sequence s sits at absolute position context_len[s] - q_len[s] + j and attends causally to
+// A batch holds S sequences with q_len[s] new (query) tokens each, packed into T rows. Query token
+// j of sequence s sits at absolute position context_len[s] - q_len[s] + j and attends causally to
 // positions [0, that position]. Each row's result is computed independently of every other row
 // with a fixed reduction order (ascending positions), so outputs are batch-invariant.
 //
@@ -18,10 +18,10 @@
 namespace crl::kv {
 
 struct PagedAttentionMetadata {
-  at::Tensor slot_mapping;   // [T] int64: cache slot of each new token
-  at::Tensor query_start;    // [S + 1] int32: cumulative q_len (row offsets into the packed batch)
-  at::Tensor context_lens;   // [S] int32: tokens in the cache for each sequence after this step
-  at::Tensor block_tables;   // [S, max_blocks_per_seq] int32 (unused entries arbitrary)
+  at::Tensor slot_mapping;  // [T] int64: cache slot of each new token
+  at::Tensor query_start;   // [S + 1] int32: cumulative q_len (row offsets into the packed batch)
+  at::Tensor context_lens;  // [S] int32: tokens in the cache for each sequence after this step
+  at::Tensor block_tables;  // [S, max_blocks_per_seq] int32 (unused entries arbitrary)
   int64_t max_query_len = 0;
   int64_t max_context_len = 0;
 };
@@ -33,8 +33,9 @@ void write_kv_cache(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& 
 // q: [T, num_heads, head_dim] (num_heads a multiple of num_kv_heads, GQA). Returns [T, num_heads,
 // head_dim] in q's dtype; accumulation is float32. Throws std::invalid_argument on shape/dtype or
 // device mismatches, naming the argument.
-at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                           const PagedAttentionMetadata& meta, double scale);
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
+                           const at::Tensor& v_cache, const PagedAttentionMetadata& meta,
+                           double scale);
 
 // The CUDA attention kernel (process-wide; benchmarks and tests compare them). kAuto is v4 (the
 // lane-per-position kernel, measured 2.2x faster than v2 end to end on an H100, README "GPU") where

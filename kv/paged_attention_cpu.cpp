@@ -119,8 +119,9 @@ inline void prefetch_rows(const T* k_row, const T* v_row, int64_t row_bytes) {
 
 // Lane partials of one K row against each of the `groups` queries ([groups, hp]): query h's kLanes
 // partials go to out[h * kTile * kLanes].
-__attribute__((always_inline)) inline void dot_lanes(const float* __restrict q, const float* __restrict krow, int64_t groups, int64_t hp,
-                      float* out) {
+__attribute__((always_inline)) inline void dot_lanes(const float* __restrict q,
+                                                     const float* __restrict krow, int64_t groups,
+                                                     int64_t hp, float* out) {
   for (int64_t h = 0; h < groups; ++h) {
     const float* __restrict qh = q + h * hp;
     float p[kLanes] = {};
@@ -132,7 +133,8 @@ __attribute__((always_inline)) inline void dot_lanes(const float* __restrict q, 
 }
 
 // The fixed halving tree over each dot's kLanes partials: scores[r] = scale * sum of pt[r].
-__attribute__((always_inline)) inline void reduce_lanes(float* __restrict pt, int64_t num_dots, float scale, float* scores) {
+__attribute__((always_inline)) inline void reduce_lanes(float* __restrict pt, int64_t num_dots,
+                                                        float scale, float* scores) {
   for (int64_t r = 0; r < num_dots; ++r) {
     for (int64_t j = 0; j < 8; ++j) pt[r * kLanes + j] += pt[r * kLanes + j + 8];
   }
@@ -147,7 +149,9 @@ __attribute__((always_inline)) inline void reduce_lanes(float* __restrict pt, in
 
 // Online softmax over one tile ([groups, kTile] scores, `cnt` of them real): folds the tile max
 // into the running max m, rescales l and the accumulators, and turns the scores into weights.
-__attribute__((always_inline)) inline void online_softmax(float* sc, int64_t cnt, int64_t groups, int64_t hp, float* m, float* l, float* acc) {
+__attribute__((always_inline)) inline void online_softmax(float* sc, int64_t cnt, int64_t groups,
+                                                          int64_t hp, float* m, float* l,
+                                                          float* acc) {
   for (int64_t h = 0; h < groups; ++h) {
     float* s = sc + h * kTile;
     for (int64_t i = cnt; i < kTile; ++i) s[i] = -std::numeric_limits<float>::infinity();

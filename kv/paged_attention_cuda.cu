@@ -50,8 +50,9 @@ struct RowContext {
   int seq;
   int n;
 };
-__device__ __forceinline__ RowContext row_context(const int32_t* query_start, const int32_t* context_lens,
-                                                  int num_seqs, int row) {
+__device__ __forceinline__ RowContext row_context(const int32_t* query_start,
+                                                  const int32_t* context_lens, int num_seqs,
+                                                  int row) {
   int lo = 0, hi = num_seqs - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
@@ -102,10 +103,9 @@ __global__ void paged_attention_unrolled_kernel(
   const int lane = threadIdx.x % kWarpSize;
 
   const RowContext ctx = row_context(query_start, context_lens, num_seqs, row);
-  const int seq = ctx.seq;
-  const int n = ctx.n;
+  const int n = ctx.n;  // attended positions
   const int kv_head = head / (num_heads / num_kv_heads);
-  const int32_t* table = block_tables + static_cast<int64_t>(seq) * max_blocks;
+  const int32_t* table = block_tables + static_cast<int64_t>(ctx.seq) * max_blocks;
 
   float qr[kPer];
   const T* q_row = q + (static_cast<int64_t>(row) * num_heads + head) * head_dim;
@@ -126,7 +126,8 @@ __global__ void paged_attention_unrolled_kernel(
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int pos = min(base + u, n - 1);  // past the end: a valid position, weighted 0 below
-      const int64_t slot = static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size;
+      const int64_t slot =
+          static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size;
       off[u] = (slot * num_kv_heads + kv_head) * head_dim;
     }
     float kv[kUnroll][kPer];
@@ -189,7 +190,8 @@ __global__ void paged_attention_unrolled_kernel(
     for (int k = 0; k < kPer; ++k) {
       const int d = lane + k * kWarpSize;
       if (d < head_dim) {
-        store_float(merge_warp_states(warp_m, warp_l, 1, &warp_acc[0][d], kPer * kWarpSize, kWarps), out_row + d);
+        store_float(merge_warp_states(warp_m, warp_l, 1, &warp_acc[0][d], kPer * kWarpSize, kWarps),
+                    out_row + d);
       }
     }
   }
@@ -243,7 +245,8 @@ __device__ __forceinline__ void load_run(const __nv_bfloat16* p, float* out) {
 // Eight consecutive elements (16 bytes of bfloat16, two 16-byte loads of float32).
 __device__ __forceinline__ void load8(const float* p, float* out) {
   const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
-  out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w, out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+  out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w, out[4] = b.x, out[5] = b.y, out[6] = b.z,
+  out[7] = b.w;
 }
 
 __device__ __forceinline__ void load8(const __nv_bfloat16* p, float* out) {
@@ -257,12 +260,14 @@ __device__ __forceinline__ void load8(const __nv_bfloat16* p, float* out) {
 }
 
 template <typename T, int kG, int kPer>
-__global__ void __launch_bounds__(kFlashThreads) paged_attention_flash_kernel(
-    T* __restrict__ out, const T* __restrict__ q, const T* __restrict__ k_cache,
-    const T* __restrict__ v_cache, const int32_t* __restrict__ query_start,
-    const int32_t* __restrict__ context_lens, const int32_t* __restrict__ block_tables,
-    int num_seqs, int num_heads, int num_kv_heads, int block_size, int max_blocks, float scale,
-    int passes) {
+__global__ void __launch_bounds__(kFlashThreads)
+    paged_attention_flash_kernel(T* __restrict__ out, const T* __restrict__ q,
+                                 const T* __restrict__ k_cache, const T* __restrict__ v_cache,
+                                 const int32_t* __restrict__ query_start,
+                                 const int32_t* __restrict__ context_lens,
+                                 const int32_t* __restrict__ block_tables, int num_seqs,
+                                 int num_heads, int num_kv_heads, int block_size, int max_blocks,
+                                 float scale, int passes) {
   constexpr int kDim = kPer * kWarpSize;
   __shared__ __align__(16) float qs[kG][kDim];
   __shared__ float ps[kFlashWarps][kG][kWarpSize];
@@ -284,9 +289,8 @@ __global__ void __launch_bounds__(kFlashThreads) paged_attention_flash_kernel(
   const int lane = tid % kWarpSize;
 
   const RowContext ctx = row_context(query_start, context_lens, num_seqs, row);
-  const int seq = ctx.seq;
   const int n = ctx.n;  // >= 1
-  const int32_t* table = block_tables + static_cast<int64_t>(seq) * max_blocks;
+  const int32_t* table = block_tables + static_cast<int64_t>(ctx.seq) * max_blocks;
 
   const int head0 = kv_head * group + g0;  // first query head of this block
   const T* q_row = q + (static_cast<int64_t>(row) * num_heads + head0) * kDim;
@@ -371,7 +375,8 @@ __global__ void __launch_bounds__(kFlashThreads) paged_attention_flash_kernel(
   __syncthreads();
   for (int i = tid; i < gn * kDim; i += kFlashThreads) {
     const int g = i / kDim, d = i % kDim;
-    const float o = merge_warp_states(&wm[0][g], &wl[0][g], kG, &wacc[0][g][d], kG * kDim, kFlashWarps);
+    const float o =
+        merge_warp_states(&wm[0][g], &wl[0][g], kG, &wacc[0][g][d], kG * kDim, kFlashWarps);
     store_float(o, out + (static_cast<int64_t>(row) * num_heads + head0 + g) * kDim + d);
   }
 }
@@ -388,7 +393,8 @@ int flash_heads_per_pass(int group) {
 // v4 loads 16 bytes at a time from the caches: their storage must start 16-byte aligned (the
 // engine's pool slices always do; a view at an odd offset runs v2).
 bool flash_fits(int head_dim, const void* k_cache, const void* v_cache) {
-  const bool aligned = reinterpret_cast<uintptr_t>(k_cache) % 16 == 0 && reinterpret_cast<uintptr_t>(v_cache) % 16 == 0;
+  const bool aligned = reinterpret_cast<uintptr_t>(k_cache) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(v_cache) % 16 == 0;
   return aligned && (head_dim == 32 || head_dim == 64 || head_dim == 128);
 }
 
@@ -398,12 +404,14 @@ void launch_flash_g(T* out, const T* q, const T* k_cache, const T* v_cache,
                     int block_size, float scale, cudaStream_t stream) {
   const int passes = (num_heads / num_kv_heads + kG - 1) / kG;
   const int64_t blocks = static_cast<int64_t>(rows) * num_kv_heads * passes;
-  if (blocks > 0x7fffffff) throw std::invalid_argument("paged_attention: too many rows for one launch");
-  paged_attention_flash_kernel<T, kG, kPer><<<static_cast<unsigned>(blocks), kFlashThreads, 0, stream>>>(
-      out, q, k_cache, v_cache, meta.query_start.data_ptr<int32_t>(),
-      meta.context_lens.data_ptr<int32_t>(), meta.block_tables.data_ptr<int32_t>(),
-      static_cast<int>(meta.context_lens.size(0)), num_heads, num_kv_heads, block_size,
-      static_cast<int>(meta.block_tables.size(1)), scale, passes);
+  if (blocks > 0x7fffffff)
+    throw std::invalid_argument("paged_attention: too many rows for one launch");
+  paged_attention_flash_kernel<T, kG, kPer>
+      <<<static_cast<unsigned>(blocks), kFlashThreads, 0, stream>>>(
+          out, q, k_cache, v_cache, meta.query_start.data_ptr<int32_t>(),
+          meta.context_lens.data_ptr<int32_t>(), meta.block_tables.data_ptr<int32_t>(),
+          static_cast<int>(meta.context_lens.size(0)), num_heads, num_kv_heads, block_size,
+          static_cast<int>(meta.block_tables.size(1)), scale, passes);
 }
 
 template <typename T, int kPer>
@@ -411,11 +419,21 @@ void launch_flash(T* out, const T* q, const T* k_cache, const T* v_cache,
                   const PagedAttentionMetadata& meta, int rows, int num_heads, int num_kv_heads,
                   int block_size, float scale, cudaStream_t stream) {
   switch (flash_heads_per_pass(num_heads / num_kv_heads)) {
-    case 1: return launch_flash_g<T, 1, kPer>(out, q, k_cache, v_cache, meta, rows, num_heads, num_kv_heads, block_size, scale, stream);
-    case 2: return launch_flash_g<T, 2, kPer>(out, q, k_cache, v_cache, meta, rows, num_heads, num_kv_heads, block_size, scale, stream);
-    case 4: return launch_flash_g<T, 4, kPer>(out, q, k_cache, v_cache, meta, rows, num_heads, num_kv_heads, block_size, scale, stream);
-    case 7: return launch_flash_g<T, 7, kPer>(out, q, k_cache, v_cache, meta, rows, num_heads, num_kv_heads, block_size, scale, stream);
-    default: return launch_flash_g<T, 8, kPer>(out, q, k_cache, v_cache, meta, rows, num_heads, num_kv_heads, block_size, scale, stream);
+    case 1:
+      return launch_flash_g<T, 1, kPer>(out, q, k_cache, v_cache, meta, rows, num_heads,
+                                        num_kv_heads, block_size, scale, stream);
+    case 2:
+      return launch_flash_g<T, 2, kPer>(out, q, k_cache, v_cache, meta, rows, num_heads,
+                                        num_kv_heads, block_size, scale, stream);
+    case 4:
+      return launch_flash_g<T, 4, kPer>(out, q, k_cache, v_cache, meta, rows, num_heads,
+                                        num_kv_heads, block_size, scale, stream);
+    case 7:
+      return launch_flash_g<T, 7, kPer>(out, q, k_cache, v_cache, meta, rows, num_heads,
+                                        num_kv_heads, block_size, scale, stream);
+    default:
+      return launch_flash_g<T, 8, kPer>(out, q, k_cache, v_cache, meta, rows, num_heads,
+                                        num_kv_heads, block_size, scale, stream);
   }
 }
 
@@ -464,7 +482,8 @@ void launch_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
     // v4 where head_dim allows it: on an H100 it made the nano-vllm rollout benchmark (Qwen2-0.5B
     // shape, G = 7) 2.2x faster end to end than v2 (5.85 s against 12.98 s; decode attention 60 us
     // against 178 us a layer at 256 sequences, prefill 537 us against 2,160 us). v2 elsewhere.
-    kernel = flash_fits(head_dim, kp, vp) ? CudaAttentionKernel::kFlash : CudaAttentionKernel::kUnrolled;
+    kernel =
+        flash_fits(head_dim, kp, vp) ? CudaAttentionKernel::kFlash : CudaAttentionKernel::kUnrolled;
   }
   if (kernel == CudaAttentionKernel::kFlash && flash_fits(head_dim, kp, vp)) {
     if (head_dim == 32) {

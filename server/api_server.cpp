@@ -7,15 +7,15 @@
 #include <algorithm>
 #include <chrono>
 #include <ctime>
+#include <filesystem>
 #include <functional>
 #include <optional>
-#include <filesystem>
 
 #include "engine/model/config.h"
+#include "server/completion_render.h"
 #include "text/chat_encoder.h"
 #include "text/template_error.h"
 #include "text/tokenizer.h"
-#include "server/completion_render.h"
 
 namespace crl::server {
 
@@ -35,8 +35,9 @@ void apply_generation_defaults(const std::string& dir, ApiLimits& limits) {
   if (c.default_top_p >= 0) limits.default_top_p = c.default_top_p;
   if (c.default_top_k >= 0) limits.default_top_k = static_cast<int32_t>(c.default_top_k);
   if (c.default_temperature >= 0 || c.default_top_p >= 0 || c.default_top_k >= 0) {
-    spdlog::info("sampling defaults from generation_config.json: temperature {}, top_p {}, top_k {}",
-                 limits.default_temperature, limits.default_top_p, limits.default_top_k);
+    spdlog::info(
+        "sampling defaults from generation_config.json: temperature {}, top_p {}, top_k {}",
+        limits.default_temperature, limits.default_top_p, limits.default_top_k);
   }
 }
 
@@ -105,11 +106,14 @@ Server::Server(std::shared_ptr<engine::EngineLoop> loop, ServerOptions options)
       sessions_(options_.sessions) {
   loop_->set_request_observer(metrics_);
   const std::string& dir = loop_->config().model_dir;
-  model_name_ = options_.served_model_name.empty() ? default_model_name(dir) : options_.served_model_name;
+  model_name_ =
+      options_.served_model_name.empty() ? default_model_name(dir) : options_.served_model_name;
   for (const auto& [name, lora_dir] : loop_->config().lora_modules) {
     if (name == model_name_) {
-      throw std::invalid_argument("--lora " + name + "=" + lora_dir + ": the adapter's name is the served model's; "
-                                  "requests could never pick it (rename it or set --served-model-name)");
+      throw std::invalid_argument(
+          "--lora " + name + "=" + lora_dir +
+          ": the adapter's name is the served model's; "
+          "requests could never pick it (rename it or set --served-model-name)");
     }
   }
   try {
@@ -122,8 +126,9 @@ Server::Server(std::shared_ptr<engine::EngineLoop> loop, ServerOptions options)
   route("POST", "/v1/completions", [this](const HttpRequest& r) {
     return respond(r, [&] { return handle_completion(r, Endpoint::kCompletions); });
   });
-  route("POST", "/v1/chat/completions",
-        [this](const HttpRequest& r) { return respond(r, [&] { return handle_completion(r, Endpoint::kChat); }); });
+  route("POST", "/v1/chat/completions", [this](const HttpRequest& r) {
+    return respond(r, [&] { return handle_completion(r, Endpoint::kChat); });
+  });
   route("GET", "/v1/models", guarded(&Server::handle_models));
   route("GET", "/health", guarded(&Server::handle_health), Access::kOpenUnlessClosed);
   route("GET", "/metrics", guarded(&Server::handle_metrics), Access::kOpenUnlessClosed);
@@ -143,9 +148,10 @@ int Server::start() {
   const std::string& h = options_.host;
   const bool loopback = h == "localhost" || h == "::1" || h.rfind("127.", 0) == 0;
   if (options_.api_key.empty() && !loopback) {
-    spdlog::warn("serving on {}:{} without an API key: anyone who can reach it can generate and "
-                 "call /pause, /resume and /reset_prefix_cache (set --api-key or CRL_API_KEY)",
-                 h, port);
+    spdlog::warn(
+        "serving on {}:{} without an API key: anyone who can reach it can generate and "
+        "call /pause, /resume and /reset_prefix_cache (set --api-key or CRL_API_KEY)",
+        h, port);
   }
   spdlog::info("serving {} on http://{}:{} (chat template: {})", model_name_, options_.host, port,
                chat_.name());
@@ -164,16 +170,17 @@ void Server::stop() {
 
 void Server::route(const std::string& method, const std::string& path, HttpHandler handler,
                    Access access) {
-  const bool keyed = !options_.api_key.empty() &&
-                     (access == Access::kKey || options_.key_for_health_and_metrics);
+  const bool keyed =
+      !options_.api_key.empty() && (access == Access::kKey || options_.key_for_health_and_metrics);
   if (!keyed) return http_.route(method, path, std::move(handler));
   http_.route(method, path, [this, handler = std::move(handler)](const HttpRequest& req) {
     auto it = req.headers.find("authorization");
     if (it == req.headers.end() || !bearer_token_matches(it->second, options_.api_key)) {
       HttpResponse res = error_response(
-          401, it == req.headers.end()
-                   ? "this server needs an API key: send the header 'Authorization: Bearer KEY'"
-                   : "incorrect API key provided",
+          401,
+          it == req.headers.end()
+              ? "this server needs an API key: send the header 'Authorization: Bearer KEY'"
+              : "incorrect API key provided",
           "", "invalid_api_key");
       res.headers.emplace_back("WWW-Authenticate", "Bearer");
       metrics_->record_http_status(res.status);
@@ -189,7 +196,8 @@ HttpResponse Server::respond(const HttpRequest& req, const std::function<HttpRes
     res = handle();
   } catch (const ApiError& e) {
     res = error_response(e.status(), e.what(), e.param(), e.code());
-    if (e.status() == 429) res.headers.emplace_back("Retry-After", std::to_string(options_.retry_after_seconds));
+    if (e.status() == 429)
+      res.headers.emplace_back("Retry-After", std::to_string(options_.retry_after_seconds));
     // A session conflict stays one when asked again: OpenAI's SDKs retry 409s unless told not to.
     if (e.status() == 409) res.headers.emplace_back("x-should-retry", "false");
   } catch (const std::exception& e) {
@@ -203,13 +211,16 @@ HttpResponse Server::respond(const HttpRequest& req, const std::function<HttpRes
 }
 
 HttpHandler Server::guarded(HttpResponse (Server::*handler)(const HttpRequest&)) {
-  return [this, handler](const HttpRequest& req) { return respond(req, [&] { return (this->*handler)(req); }); };
+  return [this, handler](const HttpRequest& req) {
+    return respond(req, [&] { return (this->*handler)(req); });
+  };
 }
 
 void Server::require_ready() const {
   if (loop_->ready()) return;
   const std::string err = loop_->load_error();
-  throw ApiError(503, err.empty() ? "the model is still loading" : "the model failed to load: " + err);
+  throw ApiError(503,
+                 err.empty() ? "the model is still loading" : "the model failed to load: " + err);
 }
 
 void Server::require_chat_template() const {
@@ -222,12 +233,13 @@ void Server::require_chat_template() const {
 const std::vector<std::string>& Server::special_literals() const {
   const text::Tokenizer* tok = loop_->engine().tokenizer();
   if (!tok) throw ApiError(400, "this model has no tokenizer: use /v1/completions with token ids");
-  std::call_once(special_literals_once_, [&] { special_literals_ = text::special_token_literals(*tok); });
+  std::call_once(special_literals_once_,
+                 [&] { special_literals_ = text::special_token_literals(*tok); });
   return special_literals_;
 }
 
-std::vector<int32_t> Server::encode_chat(const std::string& text,
-                                         const std::vector<std::pair<size_t, size_t>>* literal_spans) const {
+std::vector<int32_t> Server::encode_chat(
+    const std::string& text, const std::vector<std::pair<size_t, size_t>>* literal_spans) const {
   const engine::LlmEngine& eng = loop_->engine();
   const text::Tokenizer* tok = eng.tokenizer();
   if (!tok) throw ApiError(400, "this model has no tokenizer: use /v1/completions with token ids");
@@ -255,38 +267,48 @@ json Server::append_reply(SessionTurn& s, const engine::RequestChannel::Snapshot
 
 std::optional<Server::SessionTurn> Server::session_turn(const HttpRequest& req, const json& body,
                                                         const nlohmann::ordered_json* ordered,
-                                                        Endpoint endpoint, const CompletionJob& job) {
+                                                        Endpoint endpoint,
+                                                        const CompletionJob& job) {
   std::string id = job.session_id;
   auto header = req.headers.find("x-session-id");
   if (header != req.headers.end() && !header->second.empty()) {
     if (!id.empty() && id != header->second) {
-      throw ApiError(400, "'session_id' and the X-Session-Id header name different sessions", "session_id");
+      throw ApiError(400, "'session_id' and the X-Session-Id header name different sessions",
+                     "session_id");
     }
     id = header->second;
   }
   if (id.empty()) return std::nullopt;
   if (id.size() > 256) throw ApiError(400, "'session_id' is longer than 256 bytes", "session_id");
   if (endpoint != Endpoint::kChat) {
-    throw ApiError(400, "sessions are for /v1/chat/completions (a session is a conversation)", "session_id");
+    throw ApiError(400, "sessions are for /v1/chat/completions (a session is a conversation)",
+                   "session_id");
   }
-  if (job.params.n != 1) throw ApiError(400, "a session continues one conversation: 'n' must be 1", "n");
+  if (job.params.n != 1)
+    throw ApiError(400, "a session continues one conversation: 'n' must be 1", "n");
   if (job.split_special_tokens) {
     throw ApiError(400, "'split_special_tokens' does not go with sessions", "split_special_tokens");
   }
   const text::ChatRenderOptions options = chat_render_options(*ordered);
   if (!options.add_generation_prompt || options.continue_final_message) {
-    throw ApiError(400, "a session turn opens the assistant's reply: no 'continue_final_message', "
-                   "no 'add_generation_prompt': false", "add_generation_prompt");
+    throw ApiError(400,
+                   "a session turn opens the assistant's reply: no 'continue_final_message', "
+                   "no 'add_generation_prompt': false",
+                   "add_generation_prompt");
   }
   const text::Tokenizer* tok = loop_->engine().tokenizer();
   if (!tok) throw ApiError(400, "this model has no tokenizer: sessions need one", "session_id");
   // Compared as values: the same tools with their keys in another order (another client library's
   // serialisation) are the same tools; the session keeps rendering the first turn's.
   const std::string key =
-      nlohmann::json::parse(nlohmann::ordered_json{{"tools", options.tools}, {"kwargs", options.kwargs}}.dump()).dump();
+      nlohmann::json::parse(
+          nlohmann::ordered_json{{"tools", options.tools}, {"kwargs", options.kwargs}}.dump())
+          .dump();
   SessionStore::Lease lease = sessions_.acquire(id, [&] {
-    std::vector<int32_t> prefix = chat_.is_jinja() ? std::vector<int32_t>() : loop_->engine().prompt_prefix();
-    return std::make_unique<Session>(text::ChatTrajectory(chat_, *tok, std::move(prefix), options), key);
+    std::vector<int32_t> prefix =
+        chat_.is_jinja() ? std::vector<int32_t>() : loop_->engine().prompt_prefix();
+    return std::make_unique<Session>(text::ChatTrajectory(chat_, *tok, std::move(prefix), options),
+                                     key);
   });
   if (lease->options_key != key) {
     throw ApiError(409, "'tools' and 'chat_template_kwargs' differ from the session's first turn",
@@ -298,7 +320,8 @@ std::optional<Server::SessionTurn> Server::session_turn(const HttpRequest& req, 
   } catch (const text::NotAnExtension& e) {
     throw ApiError(409, "session '" + id + "': " + e.what(), "messages", "session_conflict");
   } catch (const text::TemplateError& e) {
-    throw ApiError(400, std::string("the chat template failed on these messages: ") + e.what(), "messages");
+    throw ApiError(400, std::string("the chat template failed on these messages: ") + e.what(),
+                   "messages");
   } catch (const std::invalid_argument& e) {
     throw ApiError(400, e.what(), "messages");
   }
@@ -309,9 +332,10 @@ void Server::check_session_cap(const SessionTurn& s, int64_t max_tokens) const {
   // The reply may take all of max_tokens (the rest of the context when the request gave none).
   const int64_t want = static_cast<int64_t>(s.lease->trajectory.ids().size()) + max_tokens;
   if (want > sessions_.limits().max_tokens) {
-    throw ApiError(400, fmt::format("session '{}' would hold {} tokens with this turn, over its cap of "
-                                    "{} (serve --max-session-tokens)",
-                                    s.id, want, sessions_.limits().max_tokens),
+    throw ApiError(400,
+                   fmt::format("session '{}' would hold {} tokens with this turn, over its cap of "
+                               "{} (serve --max-session-tokens)",
+                               s.id, want, sessions_.limits().max_tokens),
                    "max_tokens");
   }
 }
@@ -327,7 +351,8 @@ struct Server::CompletionCall {
   std::string id;    // "chatcmpl-..." or "cmpl-..."
   std::string lora;  // the adapter the "model" field names; "" for the base model
   // Shared with a stream's writer, which appends the reply when the stream ends.
-  std::shared_ptr<std::optional<SessionTurn>> session = std::make_shared<std::optional<SessionTurn>>();
+  std::shared_ptr<std::optional<SessionTurn>> session =
+      std::make_shared<std::optional<SessionTurn>>();
   std::vector<engine::GenerateRequest> requests;
   std::vector<std::string> echo_texts;
   bool submitted = false;
@@ -347,8 +372,10 @@ HttpResponse Server::handle_completion(const HttpRequest& req, Endpoint endpoint
   prepare_completion(req, endpoint, call);
   if (++in_flight_ > options_.max_concurrent_requests) {
     in_flight_--;
-    throw ApiError(429, "too many requests in flight (" + std::to_string(options_.max_concurrent_requests) +
-                            "): retry later", "", "rate_limit_exceeded");
+    throw ApiError(429,
+                   "too many requests in flight (" +
+                       std::to_string(options_.max_concurrent_requests) + "): retry later",
+                   "", "rate_limit_exceeded");
   }
   auto slot = std::make_shared<InFlightSlot>(in_flight_);
   std::shared_ptr<engine::RequestChannel> channel;
@@ -360,9 +387,10 @@ HttpResponse Server::handle_completion(const HttpRequest& req, Endpoint endpoint
     throw ApiError(503, e.what());
   }
   call.submitted = true;
-  auto renderer = std::make_shared<CompletionRenderer>(call.job, call.id, call.lora.empty() ? model_name_ : call.lora,
-                                                       static_cast<int64_t>(std::time(nullptr)),
-                                                       loop_->engine().tokenizer(), std::move(call.echo_texts));
+  auto renderer = std::make_shared<CompletionRenderer>(
+      call.job, call.id, call.lora.empty() ? model_name_ : call.lora,
+      static_cast<int64_t>(std::time(nullptr)), loop_->engine().tokenizer(),
+      std::move(call.echo_texts));
   if (call.job.stream) return stream_completion(channel, renderer, call.session, slot);
   return await_completion(req, *channel, *renderer, *call.session);
 }
@@ -376,13 +404,14 @@ void Server::prepare_completion(const HttpRequest& req, Endpoint endpoint, Compl
   }
   const std::vector<std::string> unknown = unknown_fields(body, endpoint);
   if (!unknown.empty()) {
-    spdlog::warn("{}: ignoring unknown field(s) {}", endpoint == Endpoint::kChat ? "/v1/chat/completions" : "/v1/completions",
+    spdlog::warn("{}: ignoring unknown field(s) {}",
+                 endpoint == Endpoint::kChat ? "/v1/chat/completions" : "/v1/completions",
                  fmt::join(unknown, ", "));
   }
   const bool split = split_special_tokens_field(body, options_.limits.split_special_tokens);
-  call.job = parse_completion_request(body, endpoint, options_.limits, chat_,
-                                               ordered ? &*ordered : nullptr,
-                                               split && endpoint == Endpoint::kChat ? &special_literals() : nullptr);
+  call.job = parse_completion_request(
+      body, endpoint, options_.limits, chat_, ordered ? &*ordered : nullptr,
+      split && endpoint == Endpoint::kChat ? &special_literals() : nullptr);
   const CompletionJob& job = call.job;
   const engine::LlmEngine& eng = loop_->engine();
   // The "model" field: the base model's name (or none) runs the base, an adapter's name that LoRA.
@@ -391,8 +420,9 @@ void Server::prepare_completion(const HttpRequest& req, Endpoint endpoint, Compl
     if (std::find(adapters.begin(), adapters.end(), job.model) == adapters.end()) {
       std::string served = "'" + model_name_ + "'";
       for (const auto& a : adapters) served += ", '" + a + "'";
-      throw ApiError(400, "the model '" + job.model + "' does not exist (this server serves " + served + ")",
-                     "model", "model_not_found");
+      throw ApiError(
+          400, "the model '" + job.model + "' does not exist (this server serves " + served + ")",
+          "model", "model_not_found");
     }
     call.lora = job.model;
   }
@@ -403,7 +433,7 @@ void Server::prepare_completion(const HttpRequest& req, Endpoint endpoint, Compl
   // Requests, tokenized and validated here so a bad one is a 400 before anything is queued.
   const uint64_t serial = next_id_++;
   call.id = fmt::format("{}-{:x}{:06x}", endpoint == Endpoint::kChat ? "chatcmpl" : "cmpl",
-                                     static_cast<uint64_t>(std::time(nullptr)), serial);
+                        static_cast<uint64_t>(std::time(nullptr)), serial);
   for (size_t i = 0; i < job.prompts.size(); ++i) {
     const PromptInput& p = job.prompts[i];
     engine::GenerateRequest r;
@@ -423,8 +453,9 @@ void Server::prepare_completion(const HttpRequest& req, Endpoint endpoint, Compl
       if (endpoint == Endpoint::kChat && !job.max_tokens_given) {  // the rest of the context
         int64_t room = eng.max_model_len() - static_cast<int64_t>(r.prompt_token_ids.size());
         if (session) {  // and of the session's token cap
-          room = std::min<int64_t>(room, sessions_.limits().max_tokens -
-                                             static_cast<int64_t>(session->lease->trajectory.ids().size()));
+          room = std::min<int64_t>(
+              room, sessions_.limits().max_tokens -
+                        static_cast<int64_t>(session->lease->trajectory.ids().size()));
         }
         r.params.max_tokens = static_cast<int32_t>(std::max<int64_t>(1, room));
         r.params.min_tokens = std::min(r.params.min_tokens, r.params.max_tokens);
@@ -435,8 +466,8 @@ void Server::prepare_completion(const HttpRequest& req, Endpoint endpoint, Compl
       throw ApiError(400, e.what(), param_from_message(e.what()));
     }
     if (job.echo) {
-      call.echo_texts.push_back(p.is_text ? p.text
-                                     : (eng.tokenizer() ? eng.tokenizer()->decode(p.token_ids) : ""));
+      call.echo_texts.push_back(
+          p.is_text ? p.text : (eng.tokenizer() ? eng.tokenizer()->decode(p.token_ids) : ""));
     }
     call.requests.push_back(std::move(r));
   }
@@ -486,7 +517,8 @@ HttpResponse Server::stream_completion(std::shared_ptr<engine::RequestChannel> c
 }
 
 HttpResponse Server::await_completion(const HttpRequest& req, engine::RequestChannel& channel,
-                                      CompletionRenderer& renderer, std::optional<SessionTurn>& session) {
+                                      CompletionRenderer& renderer,
+                                      std::optional<SessionTurn>& session) {
   engine::EngineLoop* loop = loop_.get();
   const std::vector<std::string> ids = channel.ids();
   uint64_t seen = 0;
@@ -513,7 +545,8 @@ HttpResponse Server::await_completion(const HttpRequest& req, engine::RequestCha
   if (session) out["session"] = append_reply(*session, snap);
   HttpResponse res = json_response(200, out);
   if (session) res.headers.emplace_back("X-Session-Id", session->id);
-  res.headers.emplace_back("X-Weight-Version", std::to_string(CompletionRenderer::weight_version(snap)));
+  res.headers.emplace_back("X-Weight-Version",
+                           std::to_string(CompletionRenderer::weight_version(snap)));
   res.headers.emplace_back("X-First-Weight-Version",
                            std::to_string(CompletionRenderer::first_weight_version(snap)));
   return res;
@@ -533,8 +566,12 @@ HttpResponse Server::handle_models(const HttpRequest&) {
   json data = json::array({model});
   if (loop_->ready()) {  // the LoRA adapters, vLLM's way: each a model whose parent is the base
     for (const std::string& name : loop_->engine().loras().names()) {
-      data.push_back({{"id", name}, {"object", "model"}, {"created", model["created"]},
-                      {"owned_by", "colocated-rl"}, {"root", name}, {"parent", model_name_},
+      data.push_back({{"id", name},
+                      {"object", "model"},
+                      {"created", model["created"]},
+                      {"owned_by", "colocated-rl"},
+                      {"root", name},
+                      {"parent", model_name_},
                       {"max_model_len", model["max_model_len"]}});
     }
   }
@@ -543,7 +580,8 @@ HttpResponse Server::handle_models(const HttpRequest&) {
 
 HttpResponse Server::handle_health(const HttpRequest&) {
   if (loop_->ready()) {
-    HttpResponse r = json_response(200, {{"status", "ok"}, {"weight_version", loop_->gauges().weight_version}});
+    HttpResponse r =
+        json_response(200, {{"status", "ok"}, {"weight_version", loop_->gauges().weight_version}});
     return r;
   }
   const std::string err = loop_->load_error();
@@ -565,7 +603,8 @@ HttpResponse Server::handle_tokenize(const HttpRequest& req) {
   bool add_special = true;
   if (body.contains("add_special_tokens") && !body["add_special_tokens"].is_null()) {
     if (!body["add_special_tokens"].is_boolean()) {
-      throw ApiError(400, "'add_special_tokens' must be a boolean", "add_special_tokens", "invalid_type");
+      throw ApiError(400, "'add_special_tokens' must be a boolean", "add_special_tokens",
+                     "invalid_type");
     }
     add_special = body["add_special_tokens"].get<bool>();
   }
@@ -601,7 +640,8 @@ HttpResponse Server::handle_tokenize(const HttpRequest& req) {
     if (!chat_.is_jinja() && !bos.empty() && !ids.empty() && ids.front() == bos.front())
       ids.erase(ids.begin());
   }
-  return json_response(200, {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", eng.max_model_len()}});
+  return json_response(
+      200, {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", eng.max_model_len()}});
 }
 
 HttpResponse Server::handle_detokenize(const HttpRequest& req) {
@@ -619,7 +659,8 @@ HttpResponse Server::handle_pause(const HttpRequest& req) {
   if (!req.body.empty()) {
     const json body = parse_json_object(req.body);
     if (body.contains("mode") && !body["mode"].is_null()) {
-      if (!body["mode"].is_string()) throw ApiError(400, "'mode' must be a string", "mode", "invalid_type");
+      if (!body["mode"].is_string())
+        throw ApiError(400, "'mode' must be a string", "mode", "invalid_type");
       const std::string m = body["mode"].get<std::string>();
       if (m == "wait") {
         mode = engine::PauseMode::kWait;
@@ -636,7 +677,8 @@ HttpResponse Server::handle_pause(const HttpRequest& req) {
   }
   const bool drained = loop_->pause(
       mode, std::chrono::milliseconds(static_cast<int64_t>(std::min(timeout_s, 86400.0) * 1000)));
-  return json_response(200, {{"paused", true}, {"drained", drained},
+  return json_response(200, {{"paused", true},
+                             {"drained", drained},
                              {"mode", mode == engine::PauseMode::kWait ? "wait" : "abort"}});
 }
 

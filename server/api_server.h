@@ -30,13 +30,13 @@
 #include <vector>
 
 #include "engine/engine_config.h"
-#include "text/chat_encoder.h"
-#include "text/chat_template.h"
-#include "server/api_types.h"
 #include "engine/engine_loop.h"
+#include "server/api_types.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
 #include "server/sessions.h"
+#include "text/chat_encoder.h"
+#include "text/chat_template.h"
 
 namespace crl::server {
 
@@ -116,8 +116,9 @@ class Server {
   // Token ids of a chat prompt (text::ChatEncoder): control pieces written as text (</s>, <s>)
   // become their ids. The model's own template writes its BOS itself; the built-in formats get
   // the engine's.
-  std::vector<int32_t> encode_chat(const std::string& text,
-                                   const std::vector<std::pair<size_t, size_t>>* literal_spans = nullptr) const;
+  std::vector<int32_t> encode_chat(
+      const std::string& text,
+      const std::vector<std::pair<size_t, size_t>>* literal_spans = nullptr) const;
   // The session a chat request names ("session_id" or X-Session-Id), held for this request, with
   // the conversation's new turn appended; nullopt when it names none. Throws ApiError (400 for
   // bad fields, 409 when the conversation does not extend the session, 410 when it ended).
@@ -142,7 +143,8 @@ class Server {
   // The reply as server-sent events; `slot` (the in-flight count's) is held until it closes.
   HttpResponse stream_completion(std::shared_ptr<engine::RequestChannel> channel,
                                  std::shared_ptr<CompletionRenderer> renderer,
-                                 std::shared_ptr<std::optional<SessionTurn>> session, std::shared_ptr<void> slot);
+                                 std::shared_ptr<std::optional<SessionTurn>> session,
+                                 std::shared_ptr<void> slot);
   // The reply as one JSON body once every request finished (499 when the client left).
   HttpResponse await_completion(const HttpRequest& req, engine::RequestChannel& channel,
                                 CompletionRenderer& renderer, std::optional<SessionTurn>& session);

@@ -42,13 +42,17 @@ std::optional<int64_t> opt_int(const json& j, const char* key, int64_t lo, int64
   const json& v = j.at(key);
   if (!v.is_number_integer()) bad_type(key, "an integer", v);
   if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(hi)) {
-    throw ApiError(400, "'" + std::string(key) + "' must be in [" + std::to_string(lo) + ", " +
-                            std::to_string(hi) + "], got " + v.dump(), key, "out_of_range");
+    throw ApiError(400,
+                   "'" + std::string(key) + "' must be in [" + std::to_string(lo) + ", " +
+                       std::to_string(hi) + "], got " + v.dump(),
+                   key, "out_of_range");
   }
   const int64_t x = v.get<int64_t>();
   if (x < lo || x > hi) {
-    throw ApiError(400, "'" + std::string(key) + "' must be in [" + std::to_string(lo) + ", " +
-                            std::to_string(hi) + "], got " + std::to_string(x), key, "out_of_range");
+    throw ApiError(400,
+                   "'" + std::string(key) + "' must be in [" + std::to_string(lo) + ", " +
+                       std::to_string(hi) + "], got " + std::to_string(x),
+                   key, "out_of_range");
   }
   return x;
 }
@@ -75,7 +79,8 @@ std::vector<int32_t> int_list(const json& v, const std::string& key) {
   out.reserve(v.size());
   for (const auto& e : v) {
     if (!e.is_number_integer()) bad_type(key, "a list of integers", e);
-    const int64_t x = e.is_number_unsigned() && e.get<uint64_t>() > INT32_MAX ? INT64_MAX : e.get<int64_t>();
+    const int64_t x =
+        e.is_number_unsigned() && e.get<uint64_t>() > INT32_MAX ? INT64_MAX : e.get<int64_t>();
     if (x < std::numeric_limits<int32_t>::min() || x > std::numeric_limits<int32_t>::max()) {
       throw ApiError(400, "'" + key + "' holds " + e.dump() + ", outside the 32-bit token id range",
                      key, "out_of_range");
@@ -90,8 +95,7 @@ std::vector<PromptInput> parse_prompt(const json& body, const ApiLimits& limits)
     throw ApiError(400, "'prompt' is required", "prompt", "missing_required_parameter");
   }
   const json& p = body["prompt"];
-  const char* what =
-      "a string, a list of strings, a list of token ids or a list of token-id lists";
+  const char* what = "a string, a list of strings, a list of token ids or a list of token-id lists";
   std::vector<PromptInput> out;
   if (p.is_string()) {
     out.push_back({true, p.get<std::string>(), {}, {}});
@@ -104,8 +108,10 @@ std::vector<PromptInput> parse_prompt(const json& body, const ApiLimits& limits)
     return out;
   }
   if (p.size() > static_cast<size_t>(limits.max_prompts)) {
-    throw ApiError(400, "'prompt' holds " + std::to_string(p.size()) + " prompts, at most " +
-                            std::to_string(limits.max_prompts) + " are allowed", "prompt");
+    throw ApiError(400,
+                   "'prompt' holds " + std::to_string(p.size()) + " prompts, at most " +
+                       std::to_string(limits.max_prompts) + " are allowed",
+                   "prompt");
   }
   for (const auto& e : p) {
     if (e.is_string()) {
@@ -139,13 +145,17 @@ std::vector<std::string> string_or_list(const json& j, const char* key) {
 }  // namespace
 
 ApiError::ApiError(int status, const std::string& message, std::string param, std::string code)
-    : std::runtime_error(message), status_(status), param_(std::move(param)), code_(std::move(code)) {}
+    : std::runtime_error(message),
+      status_(status),
+      param_(std::move(param)),
+      code_(std::move(code)) {}
 
 std::string detokenize_body(const text::Tokenizer& tokenizer, const json& body,
                             const std::string& ids_field, bool skip_default) {
   auto it = body.find(ids_field);
   if (it == body.end() || !it->is_array()) {
-    throw ApiError(400, "'" + ids_field + "' (a list of token ids) is required", ids_field, "invalid_type");
+    throw ApiError(400, "'" + ids_field + "' (a list of token ids) is required", ids_field,
+                   "invalid_type");
   }
   std::vector<int32_t> ids;
   ids.reserve(it->size());
@@ -156,8 +166,10 @@ std::string detokenize_body(const text::Tokenizer& tokenizer, const json& body,
     }
     const int64_t id = v.get<int64_t>();
     if (id < 0 || id >= tokenizer.vocab_size()) {
-      throw ApiError(400, "token id " + v.dump() + " is outside the vocabulary [0, " +
-                              std::to_string(tokenizer.vocab_size()) + ")", ids_field, "out_of_range");
+      throw ApiError(400,
+                     "token id " + v.dump() + " is outside the vocabulary [0, " +
+                         std::to_string(tokenizer.vocab_size()) + ")",
+                     ids_field, "out_of_range");
     }
     ids.push_back(static_cast<int32_t>(id));
   }
@@ -165,7 +177,8 @@ std::string detokenize_body(const text::Tokenizer& tokenizer, const json& body,
   auto s = body.find("skip_special_tokens");
   if (s != body.end() && !s->is_null()) {
     if (!s->is_boolean()) {
-      throw ApiError(400, "'skip_special_tokens' must be a boolean", "skip_special_tokens", "invalid_type");
+      throw ApiError(400, "'skip_special_tokens' must be a boolean", "skip_special_tokens",
+                     "invalid_type");
     }
     skip = s->get<bool>();
   }
@@ -200,10 +213,13 @@ json parse_json_object(const std::string& body) {
   bool too_deep = false;
   json j = parse_untrusted_json<json>(body, &too_deep);
   if (too_deep) {
-    throw ApiError(400, "the request body nests arrays and objects deeper than " + std::to_string(kMaxJsonDepth) +
-                   " levels", "", "invalid_json");
+    throw ApiError(400,
+                   "the request body nests arrays and objects deeper than " +
+                       std::to_string(kMaxJsonDepth) + " levels",
+                   "", "invalid_json");
   }
-  if (j.is_discarded()) throw ApiError(400, "the request body is not valid JSON", "", "invalid_json");
+  if (j.is_discarded())
+    throw ApiError(400, "the request body is not valid JSON", "", "invalid_json");
   if (!j.is_object()) {
     throw ApiError(400, std::string("the request body must be a JSON object, got ") + type_name(j),
                    "", "invalid_json");
@@ -223,10 +239,13 @@ ojson parse_messages(const ojson& messages) {
       throw ApiError(400, "every message needs a string 'role' (" + at + ")", "messages");
     }
     const std::string role = m["role"].get<std::string>();
-    if (role != "system" && role != "developer" && role != "user" && role != "assistant" && role != "tool" &&
-        role != "ipython") {
-      throw ApiError(400, at + ": unknown role '" + role + "' (expected system, developer, user, assistant, tool "
-                     "or ipython)", "messages");
+    if (role != "system" && role != "developer" && role != "user" && role != "assistant" &&
+        role != "tool" && role != "ipython") {
+      throw ApiError(400,
+                     at + ": unknown role '" + role +
+                         "' (expected system, developer, user, assistant, tool "
+                         "or ipython)",
+                     "messages");
     }
     ojson msg = ojson::object();
     msg["role"] = role;
@@ -237,33 +256,42 @@ ojson parse_messages(const ojson& messages) {
       ojson parts = ojson::array();
       for (size_t k = 0; k < content.size(); ++k) {
         const ojson& part = content[k];
-        if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") ||
-            !part["text"].is_string()) {
-          throw ApiError(400, at + ".content[" + std::to_string(k) + "]: only text content parts "
-                         "({\"type\": \"text\", \"text\": ...}) are supported", "messages");
+        if (!part.is_object() || !part.contains("type") || part["type"] != "text" ||
+            !part.contains("text") || !part["text"].is_string()) {
+          throw ApiError(400,
+                         at + ".content[" + std::to_string(k) +
+                             "]: only text content parts "
+                             "({\"type\": \"text\", \"text\": ...}) are supported",
+                         "messages");
         }
         parts.push_back({{"type", "text"}, {"text", part["text"]}});
       }
       msg["content"] = std::move(parts);  // the chat template joins them or loops over them
     } else {
-      bad_type("messages", "messages whose content is a string, a list of text parts or null", content);
+      bad_type("messages", "messages whose content is a string, a list of text parts or null",
+               content);
     }
     for (const char* key : {"name", "tool_call_id", "reasoning_content"}) {
       if (!m.contains(key) || m[key].is_null()) continue;
-      if (!m[key].is_string()) throw ApiError(400, at + "." + key + " must be a string", "messages", "invalid_type");
+      if (!m[key].is_string())
+        throw ApiError(400, at + "." + key + " must be a string", "messages", "invalid_type");
       msg[key] = m[key];
     }
     if (m.contains("tool_calls") && !m["tool_calls"].is_null()) {
       const ojson& calls = m["tool_calls"];
-      if (!calls.is_array()) throw ApiError(400, at + ".tool_calls must be a list", "messages", "invalid_type");
+      if (!calls.is_array())
+        throw ApiError(400, at + ".tool_calls must be a list", "messages", "invalid_type");
       ojson parsed = ojson::array();
       for (size_t k = 0; k < calls.size(); ++k) {
         const std::string cat = at + ".tool_calls[" + std::to_string(k) + "]";
         ojson call = calls[k];
         if (!call.is_object() || !call.contains("function") || !call["function"].is_object() ||
             !call["function"].contains("name") || !call["function"]["name"].is_string()) {
-          throw ApiError(400, cat + " must be {\"type\": \"function\", \"function\": {\"name\": ..., "
-                         "\"arguments\": ...}}", "messages", "invalid_type");
+          throw ApiError(400,
+                         cat +
+                             " must be {\"type\": \"function\", \"function\": {\"name\": ..., "
+                             "\"arguments\": ...}}",
+                         "messages", "invalid_type");
         }
         ojson& fn = call["function"];
         if (!fn.contains("arguments") || fn["arguments"].is_null() ||
@@ -272,8 +300,10 @@ ojson parse_messages(const ojson& messages) {
         } else if (fn["arguments"].is_string()) {
           ojson args = parse_untrusted_json<ojson>(fn["arguments"].get<std::string>());
           if (args.is_discarded()) {
-            throw ApiError(400, cat + ".function.arguments is not valid JSON (or nests deeper than " +
-                           std::to_string(kMaxJsonDepth) + " levels)", "messages", "invalid_json");
+            throw ApiError(400,
+                           cat + ".function.arguments is not valid JSON (or nests deeper than " +
+                               std::to_string(kMaxJsonDepth) + " levels)",
+                           "messages", "invalid_json");
           }
           fn["arguments"] = std::move(args);
         }
@@ -290,7 +320,8 @@ text::ChatRenderOptions chat_render_options(const ojson& body) {
   text::ChatRenderOptions options;
   auto flag = [&](const char* key, bool fallback) {
     if (!body.contains(key) || body[key].is_null()) return fallback;
-    if (!body[key].is_boolean()) throw ApiError(400, std::string("'") + key + "' must be a boolean", key, "invalid_type");
+    if (!body[key].is_boolean())
+      throw ApiError(400, std::string("'") + key + "' must be a boolean", key, "invalid_type");
     return body[key].get<bool>();
   };
   options.continue_final_message = flag("continue_final_message", false);
@@ -301,15 +332,18 @@ text::ChatRenderOptions chat_render_options(const ojson& body) {
   }
   if (body.contains("tools") && !body["tools"].is_null()) {
     const ojson& tools = body["tools"];
-    if (!tools.is_array()) throw ApiError(400, "'tools' must be a list of tool objects", "tools", "invalid_type");
+    if (!tools.is_array())
+      throw ApiError(400, "'tools' must be a list of tool objects", "tools", "invalid_type");
     for (const auto& t : tools) {
-      if (!t.is_object()) throw ApiError(400, "'tools' must be a list of tool objects", "tools", "invalid_type");
+      if (!t.is_object())
+        throw ApiError(400, "'tools' must be a list of tool objects", "tools", "invalid_type");
     }
     if (!tools.empty()) options.tools = tools;
   }
   if (body.contains("chat_template_kwargs") && !body["chat_template_kwargs"].is_null()) {
     if (!body["chat_template_kwargs"].is_object()) {
-      throw ApiError(400, "'chat_template_kwargs' must be an object", "chat_template_kwargs", "invalid_type");
+      throw ApiError(400, "'chat_template_kwargs' must be an object", "chat_template_kwargs",
+                     "invalid_type");
     }
     options.kwargs = body["chat_template_kwargs"];
   }
@@ -324,7 +358,8 @@ std::string render_chat(const text::ChatTemplate& chat, const ojson& body,
   }
   std::optional<text::SpecialLiteralMask> mask;
   if (special_literals) mask.emplace(*special_literals);
-  const ojson messages = mask ? mask->mask(parse_messages(body["messages"])) : parse_messages(body["messages"]);
+  const ojson messages =
+      mask ? mask->mask(parse_messages(body["messages"])) : parse_messages(body["messages"]);
   const text::ChatRenderOptions options = chat_render_options(body);
   try {
     std::string rendered = chat.render(messages, options);
@@ -335,17 +370,18 @@ std::string render_chat(const text::ChatTemplate& chat, const ojson& body,
     return rendered;
   } catch (const text::TemplateError& e) {
     const bool raised = e.kind() == text::TemplateError::Kind::kRaised;
-    throw ApiError(400, raised ? "the chat template rejected the messages: " + e.message() + " (" + e.what() + ")"
-                               : std::string("the chat template failed on these messages: ") + e.what(),
-                   "messages", "chat_template_error");
+    throw ApiError(
+        400,
+        raised ? "the chat template rejected the messages: " + e.message() + " (" + e.what() + ")"
+               : std::string("the chat template failed on these messages: ") + e.what(),
+        "messages", "chat_template_error");
   } catch (const std::invalid_argument& e) {
     throw ApiError(400, e.what(), "messages");
   }
 }
 
-CompletionJob parse_completion_request(const json& body, Endpoint endpoint,
-                                       const ApiLimits& limits, const text::ChatTemplate& chat,
-                                       const ojson* ordered_body,
+CompletionJob parse_completion_request(const json& body, Endpoint endpoint, const ApiLimits& limits,
+                                       const text::ChatTemplate& chat, const ojson* ordered_body,
                                        const std::vector<std::string>* special_literals) {
   CompletionJob job;
   job.endpoint = endpoint;
@@ -364,12 +400,16 @@ CompletionJob parse_completion_request(const json& body, Endpoint endpoint,
     job.prompts = parse_prompt(body, limits);
   } else {
     if (job.split_special_tokens && !special_literals) {
-      throw ApiError(400, "'split_special_tokens' needs the model's tokenizer", "split_special_tokens");
+      throw ApiError(400, "'split_special_tokens' needs the model's tokenizer",
+                     "split_special_tokens");
     }
-    const std::vector<std::string>* literals = job.split_special_tokens ? special_literals : nullptr;
+    const std::vector<std::string>* literals =
+        job.split_special_tokens ? special_literals : nullptr;
     PromptInput chat_prompt;
-    chat_prompt.text = ordered_body ? render_chat(chat, *ordered_body, literals, &chat_prompt.literal_spans)
-                                    : render_chat(chat, ojson::parse(body.dump()), literals, &chat_prompt.literal_spans);
+    chat_prompt.text =
+        ordered_body
+            ? render_chat(chat, *ordered_body, literals, &chat_prompt.literal_spans)
+            : render_chat(chat, ojson::parse(body.dump()), literals, &chat_prompt.literal_spans);
     job.prompts.push_back(std::move(chat_prompt));
   }
 
@@ -381,7 +421,8 @@ CompletionJob parse_completion_request(const json& body, Endpoint endpoint,
   }
   job.max_tokens_given = max_tokens.has_value();
   p.max_tokens = static_cast<int32_t>(max_tokens.value_or(16));  // OpenAI's completions default
-  p.min_tokens = static_cast<int32_t>(opt_int(body, "min_tokens", 0, limits.max_tokens).value_or(0));
+  p.min_tokens =
+      static_cast<int32_t>(opt_int(body, "min_tokens", 0, limits.max_tokens).value_or(0));
   p.temperature = opt_number(body, "temperature").value_or(limits.default_temperature);
   p.top_p = opt_number(body, "top_p").value_or(limits.default_top_p);
   p.top_k = static_cast<int32_t>(opt_int(body, "top_k", -1, std::numeric_limits<int32_t>::max())
@@ -393,9 +434,11 @@ CompletionJob parse_completion_request(const json& body, Endpoint endpoint,
     p.seed = s.is_number_unsigned() ? s.get<uint64_t>() : static_cast<uint64_t>(s.get<int64_t>());
   }
   p.stop = string_or_list(body, "stop");
-  if (has(body, "stop_token_ids")) p.stop_token_ids = int_list(body["stop_token_ids"], "stop_token_ids");
+  if (has(body, "stop_token_ids"))
+    p.stop_token_ids = int_list(body["stop_token_ids"], "stop_token_ids");
   p.ignore_eos = opt_bool(body, "ignore_eos").value_or(false);
-  if (has(body, "skip_special_tokens")) p.skip_special_tokens = *opt_bool(body, "skip_special_tokens");
+  if (has(body, "skip_special_tokens"))
+    p.skip_special_tokens = *opt_bool(body, "skip_special_tokens");
 
   if (endpoint == Endpoint::kCompletions) {
     // Legacy completions: logprobs is the number of alternatives (0 = only the sampled token's).
@@ -427,13 +470,32 @@ bool split_special_tokens_field(const json& body, bool fallback) {
 }
 
 std::vector<std::string> unknown_fields(const json& body, Endpoint endpoint) {
-  static const std::set<std::string> kCommon = {
-      "model", "n", "max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
-      "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens", "split_special_tokens",
-      "logprobs", "return_token_ids", "stream", "stream_options", "session_id"};
+  static const std::set<std::string> kCommon = {"model",
+                                                "n",
+                                                "max_tokens",
+                                                "min_tokens",
+                                                "temperature",
+                                                "top_p",
+                                                "top_k",
+                                                "min_p",
+                                                "seed",
+                                                "stop",
+                                                "stop_token_ids",
+                                                "ignore_eos",
+                                                "skip_special_tokens",
+                                                "split_special_tokens",
+                                                "logprobs",
+                                                "return_token_ids",
+                                                "stream",
+                                                "stream_options",
+                                                "session_id"};
   static const std::set<std::string> kCompletions = {"prompt", "echo"};
-  static const std::set<std::string> kChat = {"messages", "max_completion_tokens", "top_logprobs", "tools",
-                                              "add_generation_prompt", "continue_final_message",
+  static const std::set<std::string> kChat = {"messages",
+                                              "max_completion_tokens",
+                                              "top_logprobs",
+                                              "tools",
+                                              "add_generation_prompt",
+                                              "continue_final_message",
                                               "chat_template_kwargs"};
   const std::set<std::string>& own = endpoint == Endpoint::kChat ? kChat : kCompletions;
   std::vector<std::string> out;

@@ -4,9 +4,8 @@
 // the field; unknown fields are ignored, as OpenAI does.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -53,8 +52,8 @@ struct PromptInput {
 };
 
 struct ApiLimits {
-  int32_t max_n = 64;         // samples per prompt
-  int32_t max_prompts = 64;   // prompts in one /v1/completions request
+  int32_t max_n = 64;        // samples per prompt
+  int32_t max_prompts = 64;  // prompts in one /v1/completions request
   int32_t max_tokens = 1 << 20;
   // Sampling values for requests that give none: the model's generation_config.json defaults
   // when it has them (as vLLM applies them), else OpenAI's.
@@ -67,16 +66,16 @@ struct ApiLimits {
 
 struct CompletionJob {
   Endpoint endpoint = Endpoint::kCompletions;
-  std::string model;                   // empty when the request named none
-  std::vector<PromptInput> prompts;    // chat: one, the rendered conversation
-  engine::SamplingParams params;       // shared by every prompt
-  bool max_tokens_given = false;       // chat without max_tokens: the rest of the context
+  std::string model;                 // empty when the request named none
+  std::vector<PromptInput> prompts;  // chat: one, the rendered conversation
+  engine::SamplingParams params;     // shared by every prompt
+  bool max_tokens_given = false;     // chat without max_tokens: the rest of the context
   bool stream = false;
-  bool include_usage = false;          // stream_options.include_usage
-  bool echo = false;                   // completions: the prompt text before the completion
-  bool return_token_ids = false;       // token-out: prompt and completion token ids
-  bool logprobs = false;               // return log-probs of the sampled tokens
-  int32_t top_logprobs = 0;            // and this many alternatives at each position
+  bool include_usage = false;     // stream_options.include_usage
+  bool echo = false;              // completions: the prompt text before the completion
+  bool return_token_ids = false;  // token-out: prompt and completion token ids
+  bool logprobs = false;          // return log-probs of the sampled tokens
+  int32_t top_logprobs = 0;       // and this many alternatives at each position
   // Special-token literals in prompt text (completions) or message contents (chat) are text.
   bool split_special_tokens = false;
   // The chat session the request continues ("session_id"; "" when it names none). The server

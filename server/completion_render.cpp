@@ -10,10 +10,12 @@ namespace {
 
 using json = nlohmann::json;
 
-const std::string kReplacementChar = "\xEF\xBF\xBD";  // U+FFFD, what a cut UTF-8 sequence decodes to
+const std::string kReplacementChar =
+    "\xEF\xBF\xBD";  // U+FFFD, what a cut UTF-8 sequence decodes to
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // Largest cut <= n that does not split a UTF-8 character of s.
@@ -47,7 +49,9 @@ int64_t code_points(const std::string& s) {
 
 }  // namespace
 
-std::string dump_json(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+std::string dump_json(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
 
 CompletionRenderer::CompletionRenderer(const CompletionJob& job, std::string id, std::string model,
                                        int64_t created, const text::Tokenizer* tokenizer,
@@ -67,10 +71,11 @@ std::string CompletionRenderer::decode(const std::vector<int32_t>& ids) const {
   return tokenizer_->decode_generated(ids, job_.params.skip_special_tokens);
 }
 
-CompletionRenderer::TokenRepr CompletionRenderer::token_repr(const std::vector<int32_t>& ids, size_t pos,
-                                                             int32_t id) const {
+CompletionRenderer::TokenRepr CompletionRenderer::token_repr(const std::vector<int32_t>& ids,
+                                                             size_t pos, int32_t id) const {
   if (!tokenizer_ || id < 0 || id >= tokenizer_->vocab_size()) return {};
-  // A special token is shown as itself (vLLM), though skip_special_tokens leaves it out of the text.
+  // A special token is shown as itself (vLLM), though skip_special_tokens leaves it out of the
+  // text.
   if (tokenizer_->is_special(id)) {
     std::string piece = tokenizer_->id_to_piece(id);
     return {piece, piece};
@@ -88,7 +93,8 @@ json CompletionRenderer::logprobs_json(const engine::CompletionOutput& c, size_t
     json content = json::array();
     for (size_t i = from; i < to; ++i) {
       const TokenRepr tok = token_repr(c.token_ids, i, c.token_ids[i]);
-      json e = {{"token", tok.text}, {"logprob", c.raw_logprobs[i]}, {"bytes", bytes_json(tok.bytes)}};
+      json e = {
+          {"token", tok.text}, {"logprob", c.raw_logprobs[i]}, {"bytes", bytes_json(tok.bytes)}};
       json tops = json::array();
       if (i < c.top_logprobs.size()) {
         for (const auto& [id, lp] : c.top_logprobs[i]) {
@@ -112,12 +118,15 @@ json CompletionRenderer::logprobs_json(const engine::CompletionOutput& c, size_t
     if (job_.top_logprobs > 0) {
       json row = json::object();
       if (i < c.top_logprobs.size()) {
-        for (const auto& [id, lp] : c.top_logprobs[i]) row[token_repr(c.token_ids, i, id).text] = lp;
+        for (const auto& [id, lp] : c.top_logprobs[i])
+          row[token_repr(c.token_ids, i, id).text] = lp;
       }
       tops.push_back(row);
     }
   }
-  return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", tops},
+  return {{"tokens", tokens},
+          {"token_logprobs", token_logprobs},
+          {"top_logprobs", tops},
           {"text_offset", offsets}};
 }
 
@@ -159,12 +168,14 @@ std::string CompletionRenderer::stream_update(const engine::RequestChannel::Snap
         full = decode(c.token_ids);
         if (ends_with(full, kReplacementChar)) full = st.text_sent;  // wait for the rest
         if (max_stop_len_ > 1 && full.size() > st.text_sent.size()) {
-          const size_t keep = full.size() >= max_stop_len_ - 1 ? full.size() - (max_stop_len_ - 1) : 0;
+          const size_t keep =
+              full.size() >= max_stop_len_ - 1 ? full.size() - (max_stop_len_ - 1) : 0;
           full.resize(std::max(st.text_sent.size(), utf8_boundary(full, keep)));
         }
       }
       std::string delta;
-      if (full.size() > st.text_sent.size() && full.compare(0, st.text_sent.size(), st.text_sent) == 0) {
+      if (full.size() > st.text_sent.size() &&
+          full.compare(0, st.text_sent.size(), st.text_sent) == 0) {
         delta = full.substr(st.text_sent.size());
       }
       const size_t ntok = c.token_ids.size();
@@ -174,7 +185,8 @@ std::string CompletionRenderer::stream_update(const engine::RequestChannel::Snap
       if (!delta.empty()) st.text_sent = full;
       json fields;
       // The echoed prompt is not part of the completion text the engine reports.
-      if (!st.started && !chat && job_.echo && p < echo_texts_.size()) delta = echo_texts_[p] + delta;
+      if (!st.started && !chat && job_.echo && p < echo_texts_.size())
+        delta = echo_texts_[p] + delta;
       if (chat) {
         json d = json::object();
         if (!st.started) d["role"] = "assistant";
@@ -190,8 +202,9 @@ std::string CompletionRenderer::stream_update(const engine::RequestChannel::Snap
       fields["finish_reason"] = finish_reason_json(c);
       if (finished) fields["stop_reason"] = stop_reason_json(c);
       if (job_.return_token_ids) {
-        fields["token_ids"] = std::vector<int32_t>(c.token_ids.begin() + static_cast<long>(std::min(st.tokens_sent, ntok)),
-                                                   c.token_ids.end());
+        fields["token_ids"] = std::vector<int32_t>(
+            c.token_ids.begin() + static_cast<long>(std::min(st.tokens_sent, ntok)),
+            c.token_ids.end());
         if (!st.started) fields["prompt_token_ids"] = out.prompt_token_ids;
       }
       events += "data: " + dump_json(chunk(ci, fields, out.weight_version)) + "\n\n";
@@ -206,14 +219,15 @@ std::string CompletionRenderer::stream_update(const engine::RequestChannel::Snap
 std::string CompletionRenderer::stream_end(const engine::RequestChannel::Snapshot& snap) const {
   std::string events;
   if (job_.include_usage) {
-    json u = {{"id", id_},
-              {"object", job_.endpoint == Endpoint::kChat ? "chat.completion.chunk" : "text_completion"},
-              {"created", created_},
-              {"model", model_},
-              {"choices", json::array()},
-              {"usage", usage(snap)},
-              {"weight_version", weight_version(snap)},
-              {"first_weight_version", first_weight_version(snap)}};
+    json u = {
+        {"id", id_},
+        {"object", job_.endpoint == Endpoint::kChat ? "chat.completion.chunk" : "text_completion"},
+        {"created", created_},
+        {"model", model_},
+        {"choices", json::array()},
+        {"usage", usage(snap)},
+        {"weight_version", weight_version(snap)},
+        {"first_weight_version", first_weight_version(snap)}};
     events += "data: " + dump_json(u) + "\n\n";
   }
   events += "data: [DONE]\n\n";
@@ -265,10 +279,12 @@ json CompletionRenderer::response(const engine::RequestChannel::Snapshot& snap) 
       if (chat) {
         choice["message"] = {{"role", "assistant"}, {"content", c.text}};
       } else {
-        choice["text"] = (job_.echo && p < echo_texts_.size() ? echo_texts_[p] : std::string()) + c.text;
+        choice["text"] =
+            (job_.echo && p < echo_texts_.size() ? echo_texts_[p] : std::string()) + c.text;
       }
       int64_t offset = 0;
-      choice["logprobs"] = job_.logprobs ? logprobs_json(c, 0, c.token_ids.size(), &offset) : json(nullptr);
+      choice["logprobs"] =
+          job_.logprobs ? logprobs_json(c, 0, c.token_ids.size(), &offset) : json(nullptr);
       choice["finish_reason"] = finish_reason_json(c);
       choice["stop_reason"] = stop_reason_json(c);
       if (job_.return_token_ids) {

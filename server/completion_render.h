@@ -8,15 +8,14 @@
 // Thread safety: none; one handler thread owns it. The tokenizer is only read.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
-#include "text/tokenizer.h"
-#include "server/api_types.h"
 #include "engine/engine_loop.h"
+#include "server/api_types.h"
+#include "text/tokenizer.h"
 
 namespace crl::server {
 

@@ -10,7 +10,8 @@ struct HttpClient::Impl {
   std::unique_ptr<httplib::Client> client;
 };
 
-HttpClient::HttpClient(const std::string& base_url, double read_timeout_s) : impl_(std::make_unique<Impl>()) {
+HttpClient::HttpClient(const std::string& base_url, double read_timeout_s)
+    : impl_(std::make_unique<Impl>()) {
   std::string url = base_url;
   if (url.rfind("http://", 0) == 0) url = url.substr(7);
   while (!url.empty() && url.back() == '/') url.pop_back();
@@ -24,7 +25,8 @@ HttpClient::HttpClient(const std::string& base_url, double read_timeout_s) : imp
   }
   impl_->client = std::make_unique<httplib::Client>(url.substr(0, colon), port);
   const auto us = static_cast<int64_t>(read_timeout_s * 1e6);
-  impl_->client->set_read_timeout(static_cast<time_t>(us / 1000000), static_cast<time_t>(us % 1000000));
+  impl_->client->set_read_timeout(static_cast<time_t>(us / 1000000),
+                                  static_cast<time_t>(us % 1000000));
   impl_->client->set_tcp_nodelay(true);
   impl_->client->set_keep_alive(true);  // one connection for many requests, as real clients do
 }

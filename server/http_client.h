@@ -20,8 +20,8 @@ class HttpClient {
   HttpClient& operator=(const HttpClient&) = delete;
 
   struct Result {
-    int status = -1;    // -1: no response (error says why)
-    std::string body;   // empty for post_stream
+    int status = -1;   // -1: no response (error says why)
+    std::string body;  // empty for post_stream
     std::string error;
   };
   // Sends "Authorization: Bearer KEY" with every request (a server started with --api-key);

@@ -2,10 +2,9 @@
 // see server/CMakeLists.txt: the struct layouts depend on them).
 #include "server/http_server.h"
 
-#include <httplib.h>
-
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <httplib.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -14,8 +13,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <stdexcept>
@@ -112,11 +111,11 @@ HttpServer::HttpServer(HttpServerOptions options) : impl_(std::make_unique<Impl>
   };
   svr.set_error_handler(on_error);
   // Backstop only: the API handlers catch everything themselves.
-  svr.set_exception_handler([error_body](const httplib::Request&, httplib::Response& res,
-                                         std::exception_ptr) {
-    res.status = 500;
-    res.set_content(error_body ? error_body(500) : std::string("{}"), "application/json");
-  });
+  svr.set_exception_handler(
+      [error_body](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+        res.status = 500;
+        res.set_content(error_body ? error_body(500) : std::string("{}"), "application/json");
+      });
 }
 
 HttpServer::~HttpServer() { stop(); }

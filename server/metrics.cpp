@@ -7,11 +7,12 @@ namespace crl::server {
 namespace {
 
 // vLLM's bucket bounds for these three histograms.
-const std::vector<double> kTtftBounds = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
-                                         0.75,  1.0,   2.5,  5.0,  7.5,  10.0, 20.0, 40.0, 80.0};
-const std::vector<double> kItlBounds = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
+const std::vector<double> kTtftBounds = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08,
+                                         0.1,   0.25,  0.5,  0.75, 1.0,  2.5,  5.0,
+                                         7.5,   10.0,  20.0, 40.0, 80.0};
+const std::vector<double> kItlBounds = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,  0.3, 0.4,
                                         0.5,  0.75,  1.0,  2.5,   5.0, 7.5,  10.0, 20.0};
-const std::vector<double> kE2eBounds = {0.3,  0.5,  0.8,  1.0,  1.5,  2.0,  2.5,  5.0,   10.0,
+const std::vector<double> kE2eBounds = {0.3,  0.5,  0.8,  1.0,  1.5,  2.0,  2.5,   5.0,  10.0,
                                         15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0};
 
 std::string labels(const std::string& model, const std::string& extra = "") {
@@ -88,10 +89,11 @@ std::string ServerMetrics::render(const engine::EngineGauges& g, const std::stri
       g.kv_blocks_total > 0 ? static_cast<double>(g.kv_blocks_used) / g.kv_blocks_total : 0.0;
   metric(out, "vllm:kv_cache_usage_perc", "gauge", "KV-cache usage (1 = every block in use).", l,
          usage);
-  metric(out, "vllm:num_preemptions_total", "counter", "Sequences preempted (recomputed later).",
-         l, static_cast<double>(g.num_preemptions));
-  metric(out, "vllm:prefix_cache_hits_total", "counter", "Prompt tokens served by the prefix cache.",
-         l, static_cast<double>(g.prefix_cache_hit_tokens));
+  metric(out, "vllm:num_preemptions_total", "counter", "Sequences preempted (recomputed later).", l,
+         static_cast<double>(g.num_preemptions));
+  metric(out, "vllm:prefix_cache_hits_total", "counter",
+         "Prompt tokens served by the prefix cache.", l,
+         static_cast<double>(g.prefix_cache_hit_tokens));
   metric(out, "crl:kv_blocks_used", "gauge", "KV blocks with a reference.", l,
          static_cast<double>(g.kv_blocks_used));
   metric(out, "crl:kv_blocks_free", "gauge", "KV blocks free (prefix-cached ones included).", l,
@@ -109,16 +111,18 @@ std::string ServerMetrics::render(const engine::EngineGauges& g, const std::stri
          static_cast<double>(prompt_tokens_));
   metric(out, "vllm:generation_tokens_total", "counter", "Generated tokens of finished requests.",
          l, static_cast<double>(generation_tokens_));
-  out += "# HELP vllm:request_success_total Finished requests by finish reason.\n"
-         "# TYPE vllm:request_success_total counter\n";
+  out +=
+      "# HELP vllm:request_success_total Finished requests by finish reason.\n"
+      "# TYPE vllm:request_success_total counter\n";
   for (const char* reason : {"stop", "length", "abort", "error"}) {
     auto it = finished_by_reason_.find(reason);
     out += fmt::format("vllm:request_success_total{} {}\n",
                        labels(model, fmt::format("finished_reason=\"{}\"", reason)),
                        it == finished_by_reason_.end() ? 0 : it->second);
   }
-  out += "# HELP crl:http_responses_total HTTP responses by status code.\n"
-         "# TYPE crl:http_responses_total counter\n";
+  out +=
+      "# HELP crl:http_responses_total HTTP responses by status code.\n"
+      "# TYPE crl:http_responses_total counter\n";
   for (const auto& [status, n] : http_status_) {
     out += fmt::format("crl:http_responses_total{{code=\"{}\"}} {}\n", status, n);
   }

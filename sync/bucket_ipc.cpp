@@ -1,7 +1,6 @@
 #include "sync/bucket_ipc.h"
 
 #include <fmt/format.h>
-
 #include <unistd.h>
 
 #include <cstring>

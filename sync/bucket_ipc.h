@@ -26,10 +26,10 @@ namespace crl::sync {
 
 // A region of a sender's memory, as a receiver needs it.
 struct IpcRegion {
-  std::string handle;   // opaque to the protocol (CUDA: the cudaIpcMemHandle_t's bytes)
-  int64_t offset = 0;   // from the start of the allocation `handle` names
+  std::string handle;  // opaque to the protocol (CUDA: the cudaIpcMemHandle_t's bytes)
+  int64_t offset = 0;  // from the start of the allocation `handle` names
   int64_t bytes = 0;
-  int64_t pid = 0;      // the exporting process
+  int64_t pid = 0;  // the exporting process
 };
 
 // A copy in flight.

@@ -14,8 +14,8 @@ std::string Communicator::describe_op(const std::string& op, int64_t bytes, int 
                               info_.name, backend(), info_.rank, info_.size(),
                               info_.world_ranks.at(info_.rank), info_.world_ranks);
   if (peer_or_root >= 0 && peer_or_root < info_.size()) {
-    s += fmt::format(" {}={} (world {})", peer_label, peer_or_root,
-                     info_.world_ranks[peer_or_root]);
+    s +=
+        fmt::format(" {}={} (world {})", peer_label, peer_or_root, info_.world_ranks[peer_or_root]);
   }
   s += fmt::format(" bytes={} timeout={}ms", bytes, info_.timeout.count());
   return s;
@@ -43,7 +43,8 @@ void Communicator::check_chunked(const std::string& op, const at::Tensor& big,
         "{} needs contiguous tensors of one dtype and device, the larger holding {} chunks of the "
         "smaller's {} elements; got {} and {} elements ({} and {}): {}",
         op, info_.size(), small.numel(), big.numel(), small.numel(),
-        c10::toString(big.scalar_type()), c10::toString(small.scalar_type()), describe_op(op, bytes)));
+        c10::toString(big.scalar_type()), c10::toString(small.scalar_type()),
+        describe_op(op, bytes)));
   }
 }
 

@@ -95,7 +95,9 @@ class Communicator {
   void reduce_scatter(const at::Tensor& in, const at::Tensor& out) {
     reduce_scatter_async(in, out)->wait();
   }
-  void all_gather(const at::Tensor& in, const at::Tensor& out) { all_gather_async(in, out)->wait(); }
+  void all_gather(const at::Tensor& in, const at::Tensor& out) {
+    all_gather_async(in, out)->wait();
+  }
 
   // "op=broadcast group=sync.node0 rank=1/3 (world 5) peers=world[4,5,6] root=0 bytes=1024":
   // the context every error of this communicator carries.

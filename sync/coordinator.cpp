@@ -1,10 +1,9 @@
 #include "sync/coordinator.h"
 
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-
 #include <fmt/format.h>
 
 #include <stdexcept>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <utility>
 
 namespace crl::sync {

@@ -63,7 +63,8 @@ class Coordinator {
   std::vector<std::string> collect(int64_t step, int ranks, std::chrono::milliseconds timeout);
 
   // Results: a named payload published once (e.g. an evaluation) and read by anyone; kept.
-  void publish_result(const std::string& topic, const std::string& name, const std::string& payload);
+  void publish_result(const std::string& topic, const std::string& name,
+                      const std::string& payload);
   // Throws "WHAT: store key ... was not set in time" at `deadline`.
   std::string wait_result(const std::string& topic, const std::string& name,
                           Clock::time_point deadline, const std::string& what);

@@ -28,11 +28,10 @@ std::unique_ptr<IpcMemory> make_cuda_ipc_memory(int) {
 
 #else
 
-#include <dlfcn.h>
-#include <unistd.h>
-
 #include <cuda.h>
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -95,18 +94,18 @@ const CudaApi& api() {
   static std::once_flag once;
   std::call_once(once, [] {
     std::string tried;
-    void* cudart = open_first({"libcudart.so.13", "libcudart.so.12", "libcudart.so",
-                               "/usr/local/cuda/lib64/libcudart.so",
-                               "/usr/local/cuda/lib/libcudart.so"},
-                              tried);
+    void* cudart =
+        open_first({"libcudart.so.13", "libcudart.so.12", "libcudart.so",
+                    "/usr/local/cuda/lib64/libcudart.so", "/usr/local/cuda/lib/libcudart.so"},
+                   tried);
     void* driver = open_first({"libcuda.so.1", "libcuda.so"}, tried);
     if (!cudart || !driver) {
-      a.error = fmt::format("cannot load {} (tried:{})", !cudart ? "libcudart" : "libcuda.so.1",
-                            tried);
+      a.error =
+          fmt::format("cannot load {} (tried:{})", !cudart ? "libcudart" : "libcuda.so.1", tried);
       return;
     }
     auto load = [&](void* lib, const char* symbol, auto& fn) {
-      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, symbol));
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)> >(dlsym(lib, symbol));
       if (!fn && a.error.empty()) a.error = fmt::format("symbol {} not found", symbol);
     };
 #define CRL_LOAD(lib, name) load(lib, #name, a.name)
@@ -251,9 +250,8 @@ class CudaIpcMemory : public IpcMemory {
     size_t size = 0;
     CUresult r = a.cuMemGetAddressRange(&base, &size, ptr);
     if (r != CUDA_SUCCESS) {
-      throw std::runtime_error(fmt::format(
-          "cuMemGetAddressRange failed on the bucket at {:#x}: {}", static_cast<uint64_t>(ptr),
-          driver_error(r)));
+      throw std::runtime_error(fmt::format("cuMemGetAddressRange failed on the bucket at {:#x}: {}",
+                                           static_cast<uint64_t>(ptr), driver_error(r)));
     }
     cudaIpcMemHandle_t handle;
     cudaError_t e = a.cudaIpcGetMemHandle(&handle, reinterpret_cast<void*>(base));
@@ -270,9 +268,10 @@ class CudaIpcMemory : public IpcMemory {
     region.bytes = nbytes(t);
     region.pid = static_cast<int64_t>(getpid());
     if (region.offset + region.bytes > static_cast<int64_t>(size)) {
-      throw std::runtime_error(fmt::format("a bucket of {} bytes at offset {} does not fit its "
-                                           "allocation of {} bytes",
-                                           region.bytes, region.offset, size));
+      throw std::runtime_error(
+          fmt::format("a bucket of {} bytes at offset {} does not fit its "
+                      "allocation of {} bytes",
+                      region.bytes, region.offset, size));
     }
     return region;
   }
@@ -363,8 +362,8 @@ class CudaIpcMemory : public IpcMemory {
   static void check_bounds(const IpcRegion& r, const Opened& opened, bool must_know_size) {
     if (r.offset < 0 || r.bytes < 0 || (opened.size >= 0 && r.offset + r.bytes > opened.size)) {
       throw std::runtime_error(fmt::format(
-          "ipc region of {} bytes at offset {} exceeds the opened allocation of {} bytes",
-          r.bytes, r.offset, opened.size));
+          "ipc region of {} bytes at offset {} exceeds the opened allocation of {} bytes", r.bytes,
+          r.offset, opened.size));
     }
     if (must_know_size && opened.size < 0) {
       throw std::runtime_error(
@@ -376,10 +375,10 @@ class CudaIpcMemory : public IpcMemory {
   void check_tensor(const at::Tensor& t, const char* what) const {
     const bool other_gpu = t.device().has_index() && t.device().index() != device_;
     if (!t.is_cuda() || !t.is_contiguous() || other_gpu) {
-      throw std::runtime_error(fmt::format("CUDA IPC can {} contiguous tensors on cuda:{} only, "
-                                           "got {}{}",
-                                           what, device_, t.device().str(),
-                                           t.is_contiguous() ? "" : " (not contiguous)"));
+      throw std::runtime_error(fmt::format(
+          "CUDA IPC can {} contiguous tensors on cuda:{} only, "
+          "got {}{}",
+          what, device_, t.device().str(), t.is_contiguous() ? "" : " (not contiguous)"));
     }
   }
 

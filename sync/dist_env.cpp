@@ -53,7 +53,8 @@ std::optional<int> slurm_tasks_per_node(const EnvLookup& env) {
   if (!v) v = env("SLURM_NTASKS_PER_NODE");
   if (!v) return std::nullopt;
   if (v->find(',') != std::string::npos) {
-    CRL_INVALID("Slurm tasks per node '", *v, "' differ between nodes; every node must run the "
+    CRL_INVALID("Slurm tasks per node '", *v,
+                "' differ between nodes; every node must run the "
                 "same number of tasks");
   }
   size_t used = 0;
@@ -76,17 +77,24 @@ struct PerRank {
 
 std::optional<PerRank> per_rank_vars(const EnvLookup& env) {
   if (env("WORLD_SIZE") && env("RANK")) {
-    return PerRank{"torchrun", parse_int(env, "WORLD_SIZE", 1), parse_int(env, "RANK", 0),
-                   opt_int(env, "LOCAL_RANK", 0), opt_int(env, "LOCAL_WORLD_SIZE", 1),
+    return PerRank{"torchrun",
+                   parse_int(env, "WORLD_SIZE", 1),
+                   parse_int(env, "RANK", 0),
+                   opt_int(env, "LOCAL_RANK", 0),
+                   opt_int(env, "LOCAL_WORLD_SIZE", 1),
                    "WORLD_SIZE/RANK/LOCAL_WORLD_SIZE"};
   }
   if (env("SLURM_NTASKS") && env("SLURM_PROCID")) {
-    return PerRank{"slurm", parse_int(env, "SLURM_NTASKS", 1), parse_int(env, "SLURM_PROCID", 0),
-                   opt_int(env, "SLURM_LOCALID", 0), slurm_tasks_per_node(env),
+    return PerRank{"slurm",
+                   parse_int(env, "SLURM_NTASKS", 1),
+                   parse_int(env, "SLURM_PROCID", 0),
+                   opt_int(env, "SLURM_LOCALID", 0),
+                   slurm_tasks_per_node(env),
                    "SLURM_NTASKS/SLURM_PROCID/SLURM_NTASKS_PER_NODE"};
   }
   if (env("OMPI_COMM_WORLD_SIZE") && env("OMPI_COMM_WORLD_RANK")) {
-    return PerRank{"openmpi", parse_int(env, "OMPI_COMM_WORLD_SIZE", 1),
+    return PerRank{"openmpi",
+                   parse_int(env, "OMPI_COMM_WORLD_SIZE", 1),
                    parse_int(env, "OMPI_COMM_WORLD_RANK", 0),
                    opt_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0),
                    opt_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", 1),
@@ -110,8 +118,10 @@ DistEnv resolve_dist_env(int ranks_per_node, const EnvLookup& env) {
     // Without a local size only the unambiguous cases are guessed: one process (a launcher) or
     // exactly one node's ranks.
     if (!pr->local_size && pr->world != 1 && pr->world != ranks_per_node) {
-      CRL_INVALID(pr->names, ": the tasks per node are not set, so it is unclear whether each of "
-                  "the ", pr->world, " processes is a rank or a node launcher; set the local size");
+      CRL_INVALID(pr->names,
+                  ": the tasks per node are not set, so it is unclear whether each of "
+                  "the ",
+                  pr->world, " processes is a rank or a node launcher; set the local size");
     }
     int local = pr->local_size.value_or(pr->world == ranks_per_node ? ranks_per_node : 1);
     d.source = pr->source;
@@ -133,8 +143,10 @@ DistEnv resolve_dist_env(int ranks_per_node, const EnvLookup& env) {
       d.nnodes = pr->world;  // one launcher per node
       d.node_rank = pr->rank;
     } else {
-      CRL_INVALID(pr->names, ": ", local, " tasks per node, but a node runs either 1 (its launcher "
-                  "spawns the ranks) or ", ranks_per_node, " (--gpus-infer + --gpus-train)");
+      CRL_INVALID(pr->names, ": ", local,
+                  " tasks per node, but a node runs either 1 (its launcher "
+                  "spawns the ranks) or ",
+                  ranks_per_node, " (--gpus-infer + --gpus-train)");
     }
   } else if (env("NNODES") || env("NODE_RANK")) {
     d.source = "torchrun";
@@ -152,7 +164,8 @@ DistEnv resolve_dist_env(int ranks_per_node, const EnvLookup& env) {
   if (auto a = env("MASTER_ADDR")) {
     d.master_addr = *a;
   } else if (d.nnodes > 1) {
-    CRL_INVALID("a ", d.nnodes, "-node job needs MASTER_ADDR (the address of node 0; under Slurm: "
+    CRL_INVALID("a ", d.nnodes,
+                "-node job needs MASTER_ADDR (the address of node 0; under Slurm: "
                 "export MASTER_ADDR=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1))");
   }
   // torchrun's agent already serves a TCPStore on MASTER_PORT: use it instead of hosting one.

@@ -6,7 +6,8 @@
 //   rank mode   one colocated-rl per rank (srun/mpirun with I+T tasks per node, or torchrun
 //               --nproc-per-node I+T): the process is a rank itself and spawns nothing.
 // Variables, first match wins:
-//   per-rank  torchrun WORLD_SIZE/RANK/LOCAL_RANK/LOCAL_WORLD_SIZE, Slurm SLURM_NTASKS/SLURM_PROCID/
+//   per-rank  torchrun WORLD_SIZE/RANK/LOCAL_RANK/LOCAL_WORLD_SIZE, Slurm
+//   SLURM_NTASKS/SLURM_PROCID/
 //             SLURM_LOCALID/SLURM_NTASKS_PER_NODE, OpenMPI OMPI_COMM_WORLD_SIZE/_RANK/_LOCAL_RANK/
 //             _LOCAL_SIZE. The local size decides: == I+T is rank mode, == 1 is node mode with
 //             node = that rank.
@@ -35,12 +36,13 @@ struct DistEnv {
   int node_rank = 0;
   int local_world_size = 1;  // ranks per node (I + T)
   std::string master_addr = "127.0.0.1";
-  int master_port = 0;       // 0: pick a free port (single node only)
+  int master_port = 0;  // 0: pick a free port (single node only)
   // Rank mode only (spawn == false): this process's ranks.
   bool spawn = true;
   int rank = 0;
   int local_rank = 0;
-  std::string source;  // which variables decided, for logs: "torchrun", "slurm", "openmpi", "default"
+  std::string
+      source;  // which variables decided, for logs: "torchrun", "slurm", "openmpi", "default"
   // torchrun's agent hosts the store on MASTER_PORT: nobody hosts one, keys get store_prefix.
   bool agent_store = false;
   std::string store_prefix;
@@ -62,15 +64,14 @@ struct RankEnv {
   int nnodes = 1;
   std::string master_addr;
   int master_port = 0;
-  std::string error_file;  // where a failing rank writes its error for the launcher
+  std::string error_file;    // where a failing rank writes its error for the launcher
   std::string store_prefix;  // prepended to every store key (a shared agent store)
 };
 
 // Names of the variables from_launcher() reads.
-inline const char* const kRankVars[] = {"CRL_RANK",      "CRL_WORLD_SIZE",  "CRL_LOCAL_RANK",
-                                        "CRL_LOCAL_WORLD_SIZE", "CRL_NODE_RANK", "CRL_NNODES",
-                                        "CRL_MASTER_ADDR", "CRL_MASTER_PORT", "CRL_ERROR_FILE",
-                                        "CRL_STORE_PREFIX"};
+inline const char* const kRankVars[] = {
+    "CRL_RANK",   "CRL_WORLD_SIZE",  "CRL_LOCAL_RANK",  "CRL_LOCAL_WORLD_SIZE", "CRL_NODE_RANK",
+    "CRL_NNODES", "CRL_MASTER_ADDR", "CRL_MASTER_PORT", "CRL_ERROR_FILE",       "CRL_STORE_PREFIX"};
 
 // nullopt when CRL_RANK is unset (this process is not a spawned rank).
 std::optional<RankEnv> rank_env_from_launcher(const EnvLookup& env);

@@ -1,16 +1,15 @@
 #include "sync/gloo_communicator.h"
 
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <functional>
-#include <utility>
 #include <thread>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <utility>
 
 namespace crl::sync {
 namespace {
@@ -23,7 +22,10 @@ class GlooWork : public Work {
  public:
   GlooWork(GlooCommunicator* comm, c10::intrusive_ptr<c10d::Work> work, std::string what,
            Clock::time_point issued, bool point_to_point)
-      : comm_(comm), work_(std::move(work)), what_(std::move(what)), issued_(issued),
+      : comm_(comm),
+        work_(std::move(work)),
+        what_(std::move(what)),
+        issued_(issued),
         point_to_point_(point_to_point) {}
   void wait() override;
 
@@ -63,9 +65,10 @@ class AllWork : public Work {
 
 class GlooCommunicator : public Communicator {
  public:
-  GlooCommunicator(const StorePtr& store, std::string prefix, GroupInfo info,
-                   std::string bind_addr)
-      : Communicator(std::move(info)), store_(store), prefix_(std::move(prefix)),
+  GlooCommunicator(const StorePtr& store, std::string prefix, GroupInfo info, std::string bind_addr)
+      : Communicator(std::move(info)),
+        store_(store),
+        prefix_(std::move(prefix)),
         bind_addr_(std::move(bind_addr)) {
     auto opts = c10d::ProcessGroupGloo::Options::create(info_.timeout);
     opts->devices.push_back(make_device(bind_addr_));
@@ -129,7 +132,8 @@ class GlooCommunicator : public Communicator {
   }
 
   // Gloo in libtorch 1.13 has no reduce_scatter: the input is all-reduced in place (an
-  // all-reduce's bytes on the wire, twice a ring reduce-scatter's) and this rank's chunk copied out.
+  // all-reduce's bytes on the wire, twice a ring reduce-scatter's) and this rank's chunk copied
+  // out.
   std::unique_ptr<Work> reduce_scatter_async(at::Tensor input, at::Tensor output) override {
     auto bytes = nbytes(input);
     begin_op("reduce_scatter", bytes);
@@ -261,8 +265,7 @@ class GlooCommunicator : public Communicator {
   template <typename Fn>
   std::unique_ptr<Work> issue(Fn&& fn, std::string what, bool point_to_point = false) {
     try {
-      return std::make_unique<GlooWork>(this, fn(), std::move(what), Clock::now(),
-                                        point_to_point);
+      return std::make_unique<GlooWork>(this, fn(), std::move(what), Clock::now(), point_to_point);
     } catch (const std::exception& e) {
       fail(fmt::format("failed to start: {}", first_line(e.what())), what);
     }

@@ -1,9 +1,9 @@
 #include "sync/groups.h"
 
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "common/check.h"
 #include "sync/gloo_communicator.h"
@@ -131,7 +131,8 @@ Groups make_groups(std::unique_ptr<Communicator> world, const Topology& topo,
     std::string prefix = "own/" + info.name;
     if (make_own) return make_own(backend, prefix, std::move(info));
     if (backend != "nccl") CRL_INVALID("group ", info.name, ": unknown backend '", backend, "'");
-    CRL_CHECK(store, "make_groups: group ", info.name, " needs the store to create its communicator");
+    CRL_CHECK(store, "make_groups: group ", info.name,
+              " needs the store to create its communicator");
     return make_nccl_communicator(store, prefix, std::move(info));
   };
   const auto timeout = world->timeout();

@@ -1,4 +1,5 @@
-// Rendezvous and the job's groups: world, train, infer and the node-local sync groups (DESIGN.md §2).
+// Rendezvous and the job's groups: world, train, infer and the node-local sync groups (DESIGN.md
+// §2).
 //
 // Rank layout: world rank = node * (I + T) + local rank; local ranks [0, I) are infer ranks and
 // [I, I + T) train ranks, so training and generation share every node.
@@ -86,7 +87,8 @@ struct GroupBackends {
 
 // Makes a group's own communicator; every member calls it with the same `prefix` (unique per
 // group) and its own `info`. make_groups' default makes "nccl" groups with make_nccl_communicator
-// (on the calling thread's current CUDA device); tests make Gloo ones to check membership and order.
+// (on the calling thread's current CUDA device); tests make Gloo ones to check membership and
+// order.
 using CommFactory = std::function<std::unique_ptr<Communicator>(
     const std::string& backend, const std::string& prefix, GroupInfo info)>;
 

@@ -30,7 +30,8 @@ std::string group_backend(const Placement& p, const std::string& what, const std
   const bool one_gpu = gpus.size() == 1;
   auto members = [&] {
     std::vector<std::string> m;
-    for (int l : locals) m.push_back(fmt::format("{} on {}", p.topo.describe(l), cuda_name(p.gpu_of_local[l])));
+    for (int l : locals)
+      m.push_back(fmt::format("{} on {}", p.topo.describe(l), cuda_name(p.gpu_of_local[l])));
     return fmt::format("{}", fmt::join(m, ", "));
   };
   if (!distinct && !one_gpu) {
@@ -67,7 +68,8 @@ std::vector<int> parse_device_map(const std::string& s) {
   size_t start = 0;
   while (true) {
     size_t comma = s.find(',', start);
-    std::string item = s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    std::string item =
+        s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     size_t used = 0;
     int v = -1;
     try {
@@ -109,8 +111,9 @@ Placement plan_placement(const Topology& topo, const PlacementRequest& req) {
     return p;
   }
   if (req.device_count < 1) {
-    CRL_INVALID("--device cuda: no CUDA device is usable here (a libtorch built without CUDA, no "
-                "GPU, or CUDA_VISIBLE_DEVICES hides them); use --device cpu");
+    CRL_INVALID(
+        "--device cuda: no CUDA device is usable here (a libtorch built without CUDA, no "
+        "GPU, or CUDA_VISIBLE_DEVICES hides them); use --device cpu");
   }
   if (p.from_map) {
     if (static_cast<int>(req.device_map.size()) != per_node) {
@@ -121,10 +124,9 @@ Placement plan_placement(const Topology& topo, const PlacementRequest& req) {
     for (int l = 0; l < per_node; ++l) {
       int gpu = req.device_map[l];
       if (gpu < 0 || gpu >= req.device_count) {
-        CRL_INVALID("--device-map entry ", l, " (local rank ", l, ", ",
-                    role_name(topo.role_of(l)), " ", topo.role_index(l), ") is GPU ", gpu,
-                    " but this node has ", req.device_count, " CUDA device(s) (0..",
-                    req.device_count - 1, ")");
+        CRL_INVALID("--device-map entry ", l, " (local rank ", l, ", ", role_name(topo.role_of(l)),
+                    " ", topo.role_index(l), ") is GPU ", gpu, " but this node has ",
+                    req.device_count, " CUDA device(s) (0..", req.device_count - 1, ")");
       }
     }
     p.gpu_of_local = req.device_map;
@@ -138,9 +140,9 @@ Placement plan_placement(const Topology& topo, const PlacementRequest& req) {
   for (int t = 0; t < T; ++t) {
     std::vector<int> locals{topo.infer_per_node + t};
     for (int l = 0; l < topo.infer_per_node; ++l) locals.push_back(l);
-    p.sync_root_backends.push_back(group_backend(
-        p, fmt::format("the sync_root group of train rank {}", t),
-        fmt::format("sync.node0.root{}", t), locals, cb));
+    p.sync_root_backends.push_back(
+        group_backend(p, fmt::format("the sync_root group of train rank {}", t),
+                      fmt::format("sync.node0.root{}", t), locals, cb));
   }
   return p;
 }
@@ -173,15 +175,14 @@ RankPlacement Placement::rank(int world_rank) const {
 GroupBackends Placement::group_backends() const { return {train_backend, sync_root_backends}; }
 
 bool Placement::any_nccl() const {
-  return train_backend == "nccl" ||
-         std::find(sync_root_backends.begin(), sync_root_backends.end(), "nccl") !=
-             sync_root_backends.end();
+  return train_backend == "nccl" || std::find(sync_root_backends.begin(), sync_root_backends.end(),
+                                              "nccl") != sync_root_backends.end();
 }
 
 std::string Placement::table() const {
-  std::string out = fmt::format(
-      "placement: {} node(s) x ({} infer + {} train ranks), --device {}", topo.nnodes,
-      topo.infer_per_node, topo.train_per_node, device_kind_name(kind));
+  std::string out =
+      fmt::format("placement: {} node(s) x ({} infer + {} train ranks), --device {}", topo.nnodes,
+                  topo.infer_per_node, topo.train_per_node, device_kind_name(kind));
   if (kind == DeviceKind::kCuda) {
     out += from_map ? fmt::format(" --device-map {}", fmt::join(gpu_of_local, ","))
                     : fmt::format(" ({} GPU(s) per node, GPU = local rank mod {})", device_count,
@@ -200,9 +201,9 @@ std::string Placement::table() const {
                     gpu_of_local[topo.infer_per_node + t] == gpu_of_local[0];
       roots.push_back(fmt::format("root{} {}", t, backend_label(rp.sync_root_backends[t], shared)));
     }
-    out += fmt::format("| {} | {} {} | {} | {} | {} |\n", r, role_name(rp.role),
-                       topo.role_index(r), rp.device,
-                       rp.train_backend.empty() ? "-" : rp.train_backend, fmt::join(roots, ", "));
+    out += fmt::format("| {} | {} {} | {} | {} | {} |\n", r, role_name(rp.role), topo.role_index(r),
+                       rp.device, rp.train_backend.empty() ? "-" : rp.train_backend,
+                       fmt::join(roots, ", "));
   }
   if (topo.nnodes > 1) {
     out += fmt::format("nodes 1..{}: the same devices by local rank\n", topo.nnodes - 1);

@@ -63,9 +63,9 @@ struct RankPlacement {
 struct Placement {
   Topology topo;
   DeviceKind kind = DeviceKind::kCpu;
-  int device_count = 0;              // as requested (CUDA)
-  bool from_map = false;             // --device-map given
-  std::vector<int> gpu_of_local;     // by local rank; empty on CPU
+  int device_count = 0;           // as requested (CUDA)
+  bool from_map = false;          // --device-map given
+  std::vector<int> gpu_of_local;  // by local rank; empty on CPU
   // "gloo" or "nccl": the train group, and the sync_root group of train rank t on every node
   // (every node has the same layout).
   std::string train_backend = "gloo";

@@ -110,7 +110,7 @@ bool RolloutSender::wait_open(int64_t step, int train) {
 
 void RolloutSender::run() {
   std::deque<std::pair<std::unique_ptr<Work>, at::Tensor>> posted;  // kept alive until sent
-  std::map<std::pair<int64_t, int>, int64_t> next_seq;             // (step, train) -> seq
+  std::map<std::pair<int64_t, int>, int64_t> next_seq;              // (step, train) -> seq
   try {
     while (true) {
       Message m;

@@ -89,7 +89,7 @@ class RolloutSender {
   const std::chrono::milliseconds open_timeout_;
   const size_t capacity_;
   const size_t max_in_flight_;
-  int64_t round_robin_ = 0;  // caller thread
+  int64_t round_robin_ = 0;         // caller thread
   std::vector<int64_t> open_step_;  // sender thread: per train rank, the newest step seen open
 
   std::mutex mu_;

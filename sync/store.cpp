@@ -1,11 +1,10 @@
 #include "sync/store.h"
 
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
-
 #include <fmt/format.h>
 
 #include <atomic>
 #include <thread>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 namespace crl::sync {
 
@@ -26,8 +25,8 @@ StorePtr host_store(int port, std::chrono::milliseconds timeout) {
   try {
     return c10::make_intrusive<c10d::TCPStore>("0.0.0.0", opts);
   } catch (const std::exception& e) {
-    throw std::runtime_error(fmt::format("cannot host the rendezvous store on port {}: {}", port,
-                                         e.what()));
+    throw std::runtime_error(
+        fmt::format("cannot host the rendezvous store on port {}: {}", port, e.what()));
   }
 }
 

@@ -4,11 +4,10 @@
 // wait here polls check() until its deadline and throws an error that names what was missing.
 #pragma once
 
-#include <torch/csrc/distributed/c10d/Store.hpp>
-
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
 
 namespace crl::sync {

@@ -1,11 +1,10 @@
 #include "sync/sync_transport.h"
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
-
 #include <unistd.h>
 
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 
 #include "common/check.h"
@@ -22,9 +21,12 @@ SyncTransport parse_sync_transport(const std::string& s) {
 
 const char* sync_transport_name(SyncTransport t) {
   switch (t) {
-    case SyncTransport::kAuto: return "auto";
-    case SyncTransport::kCommunicator: return "communicator";
-    case SyncTransport::kIpc: return "ipc";
+    case SyncTransport::kAuto:
+      return "auto";
+    case SyncTransport::kCommunicator:
+      return "communicator";
+    case SyncTransport::kIpc:
+      return "ipc";
   }
   return "?";
 }
@@ -42,8 +44,8 @@ std::string DeviceIdentity::describe() const {
 }
 
 std::string DeviceIdentity::to_json() const {
-  nlohmann::json j = {{"host", host}, {"pid", pid},     {"kind", kind},
-                      {"gpu", gpu},   {"pci", pci},     {"index", index}};
+  nlohmann::json j = {{"host", host}, {"pid", pid}, {"kind", kind},
+                      {"gpu", gpu},   {"pci", pci}, {"index", index}};
   return j.dump();
 }
 
@@ -100,15 +102,16 @@ SyncTransport select_transport(SyncTransport requested, const std::string& group
     return SyncTransport::kCommunicator;
   }
   auto fail = [&](const std::string& why) -> SyncTransport {
-    throw std::runtime_error(fmt::format("weight sync group {}: {} (members: {})", group, why,
-                                         list_members(members)));
+    throw std::runtime_error(
+        fmt::format("weight sync group {}: {} (members: {})", group, why, list_members(members)));
   };
   int cuda = 0;
   for (const auto& m : members) cuda += m.device.is_cuda() ? 1 : 0;
   const int n = static_cast<int>(members.size());
   if (cuda != 0 && cuda != n) {
-    return fail("some members' weight buckets are on the CPU and others on a GPU; every member "
-                "of a sync group must hold them on the same kind of device");
+    return fail(
+        "some members' weight buckets are on the CPU and others on a GPU; every member "
+        "of a sync group must hold them on the same kind of device");
   }
   // Pairs sharing one memory space: all of them (one space), none (distinct devices) or a mix.
   int sharing_pairs = 0;
@@ -129,14 +132,16 @@ SyncTransport select_transport(SyncTransport requested, const std::string& group
   if (cuda == 0) {
     if (requested != SyncTransport::kIpc) return SyncTransport::kCommunicator;
     if (one_space) return SyncTransport::kIpc;  // ranks as threads of one process (tests)
-    return fail("ipc transport requested, but CPU buckets can be handed over only between ranks "
-                "of one process (on a GPU: between ranks on the same GPU)");
+    return fail(
+        "ipc transport requested, but CPU buckets can be handed over only between ranks "
+        "of one process (on a GPU: between ranks on the same GPU)");
   }
   if (one_space) return SyncTransport::kIpc;
   if (sharing_pairs == 0) {
     if (requested == SyncTransport::kIpc) {
-      return fail("ipc transport requested, but the members are on distinct GPUs (CUDA IPC hands "
-                  "buckets over only between ranks on the same GPU; use the communicator)");
+      return fail(
+          "ipc transport requested, but the members are on distinct GPUs (CUDA IPC hands "
+          "buckets over only between ranks on the same GPU; use the communicator)");
     }
     return SyncTransport::kCommunicator;
   }

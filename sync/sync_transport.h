@@ -27,12 +27,12 @@ const char* sync_transport_name(SyncTransport t);
 
 // Where one rank's weight buckets live.
 struct DeviceIdentity {
-  std::string host;           // hostname
-  int64_t pid = 0;            // the rank's process id
-  std::string kind = "cpu";   // "cpu" or "cuda"
-  std::string gpu;            // cuda: the GPU's UUID ("GPU-...", "MIG-..."), else its PCI bus id
-  std::string pci;            // cuda: PCI bus id, e.g. "0000:3b:00.0" (for messages)
-  int index = -1;             // cuda: the device ordinal in that process (for messages)
+  std::string host;          // hostname
+  int64_t pid = 0;           // the rank's process id
+  std::string kind = "cpu";  // "cpu" or "cuda"
+  std::string gpu;           // cuda: the GPU's UUID ("GPU-...", "MIG-..."), else its PCI bus id
+  std::string pci;           // cuda: PCI bus id, e.g. "0000:3b:00.0" (for messages)
+  int index = -1;            // cuda: the device ordinal in that process (for messages)
 
   bool is_cuda() const { return kind == "cuda"; }
   // One memory space: the same GPU of the same host (cuda), the same process (cpu).

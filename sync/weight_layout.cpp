@@ -12,7 +12,9 @@
 namespace crl::sync {
 namespace {
 
-int64_t align_up(int64_t n, int64_t alignment) { return (n + alignment - 1) / alignment * alignment; }
+int64_t align_up(int64_t n, int64_t alignment) {
+  return (n + alignment - 1) / alignment * alignment;
+}
 
 // 64-bit FNV-1a; integers are fed as 8 little-endian bytes so the hash is platform independent.
 class Fnv1a {
@@ -142,26 +144,27 @@ std::optional<std::string> WeightLayout::first_difference(const WeightLayout& ot
   const std::vector<TensorSpec>& b = other.specs_;
   for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
     if (a[i].name != b[i].name || a[i].shape != b[i].shape || a[i].dtype != b[i].dtype) {
-      return ::crl::detail::str_cat("weight layout differs at tensor ", i, ": this ", describe(a[i]),
-                             ", other ", describe(b[i]));
+      return ::crl::detail::str_cat("weight layout differs at tensor ", i, ": this ",
+                                    describe(a[i]), ", other ", describe(b[i]));
     }
   }
   if (a.size() != b.size()) {
     const TensorSpec& extra = a.size() > b.size() ? a[b.size()] : b[a.size()];
     return ::crl::detail::str_cat("weight layout tensor count differs: this ", a.size(), ", other ",
-                           b.size(), " (first unmatched tensor ", std::min(a.size(), b.size()),
-                           ": ", describe(extra), ")");
+                                  b.size(), " (first unmatched tensor ",
+                                  std::min(a.size(), b.size()), ": ", describe(extra), ")");
   }
   if (bucket_bytes_ != other.bucket_bytes_) {
     return ::crl::detail::str_cat("weight layout bucket size differs: this ", bucket_bytes_,
-                           " bytes, other ", other.bucket_bytes_, " bytes");
+                                  " bytes, other ", other.bucket_bytes_, " bytes");
   }
   if (alignment_ != other.alignment_) {
     return ::crl::detail::str_cat("weight layout alignment differs: this ", alignment_, ", other ",
-                           other.alignment_);
+                                  other.alignment_);
   }
   // Equal inputs plan equal buckets; a differing hash here means differing planner versions.
-  if (hash_ != other.hash_) return std::string("weight layout specs are equal but the hashes differ");
+  if (hash_ != other.hash_)
+    return std::string("weight layout specs are equal but the hashes differ");
   return std::nullopt;
 }
 
@@ -169,7 +172,8 @@ std::vector<at::Tensor> WeightLayout::allocate_buckets(at::TensorOptions options
   std::vector<at::Tensor> out;
   out.reserve(buckets_.size());
   for (const Bucket& b : buckets_) {
-    out.push_back(zeros_in_huge_pages({b.nbytes}, options.dtype(at::kByte), "a weight-sync bucket"));
+    out.push_back(
+        zeros_in_huge_pages({b.nbytes}, options.dtype(at::kByte), "a weight-sync bucket"));
   }
   return out;
 }

@@ -1,4 +1,5 @@
-// WeightLayout: the agreed byte layout of a model's weights for bucketed weight sync (DESIGN.md §3).
+// WeightLayout: the agreed byte layout of a model's weights for bucketed weight sync (DESIGN.md
+// §3).
 //
 // A layout is a pure function of (ordered specs, bucket_bytes, alignment): every rank, trainer and
 // engine alike, calls plan() on the same specs and gets the same buckets, offsets and hash(). The
@@ -18,12 +19,12 @@
 // threads once built.
 #pragma once
 
+#include <ATen/ATen.h>
+
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <ATen/ATen.h>
 
 namespace crl::sync {
 
@@ -72,9 +73,9 @@ class WeightLayout {
   // resulting offsets. Equal inputs give equal hashes on every rank, build and run.
   uint64_t hash() const { return hash_; }
 
-  // nullopt when the layouts are equal; otherwise one line naming the first differing tensor (index,
-  // then name, shape and dtype on both sides), or the differing tensor count, bucket size or
-  // alignment. "this" is *this, "other" is `other`.
+  // nullopt when the layouts are equal; otherwise one line naming the first differing tensor
+  // (index, then name, shape and dtype on both sides), or the differing tensor count, bucket size
+  // or alignment. "this" is *this, "other" is `other`.
   std::optional<std::string> first_difference(const WeightLayout& other) const;
 
   // One zero-filled uint8 tensor of bucket.nbytes per bucket, with `options`' device (its dtype is

@@ -14,13 +14,13 @@ namespace crl::sync {
 // What one received (or sent) weight update cost.
 struct SyncStats {
   int64_t version = 0;
-  int64_t bytes = 0;             // payload bytes this rank sent or received
-  int64_t collectives = 0;       // collective calls this rank issued (ipc: buckets handed over)
-  double transfer_s = 0;         // first op posted -> last op completed (this rank)
-  double pack_s = 0;             // sender: filling/casting send buffers
-  double load_s = 0;             // per-tensor receiver: the load calls
-  int64_t extra_bytes = 0;       // buffers this sync allocated (send buffers, staging)
-  bool verified = false;         // checksums compared and equal
+  int64_t bytes = 0;        // payload bytes this rank sent or received
+  int64_t collectives = 0;  // collective calls this rank issued (ipc: buckets handed over)
+  double transfer_s = 0;    // first op posted -> last op completed (this rank)
+  double pack_s = 0;        // sender: filling/casting send buffers
+  double load_s = 0;        // per-tensor receiver: the load calls
+  int64_t extra_bytes = 0;  // buffers this sync allocated (send buffers, staging)
+  bool verified = false;    // checksums compared and equal
 };
 
 class WeightSource {

@@ -2,12 +2,12 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 
 #include "common/check.h"
@@ -45,9 +45,12 @@ SyncMode parse_sync_mode(const std::string& s) {
 
 const char* sync_mode_name(SyncMode m) {
   switch (m) {
-    case SyncMode::kBucket: return "bucket";
-    case SyncMode::kPerTensor: return "per-tensor";
-    case SyncMode::kRaw: return "raw";
+    case SyncMode::kBucket:
+      return "bucket";
+    case SyncMode::kPerTensor:
+      return "per-tensor";
+    case SyncMode::kRaw:
+      return "raw";
   }
   return "?";
 }
@@ -128,11 +131,11 @@ WeightSync::WeightSync(Groups& groups, const StorePtr& store, const WeightLayout
     WeightLayout other = layout_from_json(other_json);
     if (other.hash() != layout_.hash()) {
       auto diff = layout_.first_difference(other);
-      throw std::runtime_error(fmt::format(
-          "weight layout mismatch at setup between {} (this) and {} (other): {}",
-          groups_.topo.describe(groups_.world_rank), groups_.topo.describe(world),
-          diff.value_or(fmt::format("hashes differ ({:016x} vs {:016x})", layout_.hash(),
-                                    other.hash()))));
+      throw std::runtime_error(
+          fmt::format("weight layout mismatch at setup between {} (this) and {} (other): {}",
+                      groups_.topo.describe(groups_.world_rank), groups_.topo.describe(world),
+                      diff.value_or(fmt::format("hashes differ ({:016x} vs {:016x})",
+                                                layout_.hash(), other.hash()))));
     }
   }
   choose_transports(deadline);
@@ -173,8 +176,8 @@ void WeightSync::choose_transports(Clock::time_point deadline) {
   for (int t = 0; t < T; ++t) {
     std::vector<SyncMember> group = {members.at(t)};
     for (int i = 0; i < I; ++i) group.push_back(members.at(T + i));
-    transports_.push_back(select_transport(
-        requested, fmt::format("sync.node{}.root{}", groups_.node, t), group));
+    transports_.push_back(
+        select_transport(requested, fmt::format("sync.node{}.root{}", groups_.node, t), group));
     const bool member =
         groups_.role == Role::kInfer || groups_.topo.role_index(groups_.world_rank) == t;
     need_ipc |= member && transports_.back() == SyncTransport::kIpc;
@@ -225,9 +228,10 @@ void WeightSync::wait_requested(int64_t version, Clock::time_point deadline) con
   }
   auto missing = wait_keys(store_, want, deadline);
   if (!missing.empty()) {
-    throw std::runtime_error(fmt::format("the engines of node {} never asked for weights version "
-                                         "{} (missing: {})",
-                                         groups_.node, version, fmt::join(missing, ", ")));
+    throw std::runtime_error(
+        fmt::format("the engines of node {} never asked for weights version "
+                    "{} (missing: {})",
+                    groups_.node, version, fmt::join(missing, ", ")));
   }
 }
 
@@ -248,8 +252,8 @@ void WeightSync::verify_buckets(int64_t version, const std::vector<at::Tensor>& 
                                 SyncStats& stats) {
   auto deadline = Clock::now() + groups_.sync->timeout();
   for (const auto& b : layout_.buckets()) {
-    std::string want = store_get(store_, key(fmt::format("v{}/sum/{}", version, b.index)),
-                                 deadline, fmt::format("--sync-verify of version {}", version));
+    std::string want = store_get(store_, key(fmt::format("v{}/sum/{}", version, b.index)), deadline,
+                                 fmt::format("--sync-verify of version {}", version));
     auto got = checksum_bytes(buckets[b.index].narrow(0, 0, b.nbytes));
     if (std::to_string(got) != want) {
       const auto& first = layout_.specs()[b.entries.front().tensor];
@@ -408,8 +412,8 @@ SyncStats WeightSync::receive(std::vector<at::Tensor>& buckets, int64_t version,
         ipc = true;  // received below
         continue;
       }
-      works.push_back(root_group(root_of_bucket(b.index)).broadcast_async(
-          dst.narrow(0, 0, b.nbytes), 0));
+      works.push_back(
+          root_group(root_of_bucket(b.index)).broadcast_async(dst.narrow(0, 0, b.nbytes), 0));
       st.bytes += b.nbytes;
     }
     if (ipc) {

@@ -89,8 +89,8 @@ struct WeightSyncOptions {
   // Where this rank's buckets live (the engine's weight buckets, the trainer's tensors): published
   // at setup to choose the transport. cuda without an index: the current device.
   at::Device device = at::kCPU;
-  // Store keys of this sync live under wsync/node<n>/<scope>: two WeightSyncs with different layouts
-  // on the same groups (bench sync's model and LoRA rows) need different scopes.
+  // Store keys of this sync live under wsync/node<n>/<scope>: two WeightSyncs with different
+  // layouts on the same groups (bench sync's model and LoRA rows) need different scopes.
   std::string scope;
   // Fault-injection hook for tests: called by a sender after it posted each bucket.
   std::function<void(int64_t bucket)> on_bucket_posted;
@@ -163,8 +163,8 @@ class WeightSync : public WeightSource {
     std::vector<int64_t> buckets;
     int64_t bytes = 0;
   };
-  SyncStats send_ipc(const std::vector<at::Tensor>* tensors,
-                     const std::vector<at::Tensor>* buckets, int64_t version);
+  SyncStats send_ipc(const std::vector<at::Tensor>* tensors, const std::vector<at::Tensor>* buckets,
+                     int64_t version);
   IpcBatch publish_ipc_batch(int64_t version, int64_t seq,
                              const std::vector<std::pair<int64_t, at::Tensor>>& items);
   void wait_ipc_acks(int64_t version, const IpcBatch& batch);

@@ -12,21 +12,20 @@
 //                           set once its device finished the work queued before receive()
 //   v<V>/done/<t>/<i>       train rank t finished writing its buckets into infer rank i's
 // Infer rank i deletes both once every push sender set done (each read open/<i> before).
-#include "sync/weight_sync.h"
-
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <deque>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "common/check.h"
 #include "common/units.h"
 #include "sync/bucket_ipc.h"
+#include "sync/weight_sync.h"
 
 namespace crl::sync {
 namespace {
@@ -56,8 +55,8 @@ class Backoff {
 int64_t nbytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
 nlohmann::json region_json(int64_t bucket, const IpcRegion& r) {
-  return {{"b", bucket}, {"h", encode_handle(r.handle)}, {"o", r.offset}, {"n", r.bytes},
-          {"p", r.pid}};
+  return {
+      {"b", bucket}, {"h", encode_handle(r.handle)}, {"o", r.offset}, {"n", r.bytes}, {"p", r.pid}};
 }
 
 // Waits until `ipc`'s device finished the work queued so far (`what`: whose), or fails `group`
@@ -68,9 +67,9 @@ void wait_device_or_fail(IpcMemory& ipc, Communicator& group, const std::string&
   try {
     done = ipc.wait_writes(Clock::now() + group.timeout());
   } catch (const std::exception& e) {
-    group.fail(fmt::format("{} ipc: device error while finishing {}: {}", ipc.name(), what,
-                           e.what()),
-               where);
+    group.fail(
+        fmt::format("{} ipc: device error while finishing {}: {}", ipc.name(), what, e.what()),
+        where);
   }
   if (!done) {
     group.fail(fmt::format("{} ipc: the device did not finish {} within {} ms", ipc.name(), what,
@@ -151,12 +150,12 @@ void WeightSync::wait_ipc_acks(int64_t version, const IpcBatch& batch) {
       std::vector<std::string> who;
       const int base = groups_.node * groups_.topo.ranks_per_node();
       for (int i : missing) who.push_back(groups_.topo.describe(base + i));
-      group.fail(fmt::format("ipc: {} never acknowledged the copy within {} ms (receiver dead, "
-                             "stuck, or not receiving this version?)",
-                             fmt::join(who, ", "), group.timeout().count()),
-                 fmt::format("{} version={} buckets={}",
-                             group.describe_op("ipc-send", batch.bytes, 0), version,
-                             batch.buckets));
+      group.fail(
+          fmt::format("ipc: {} never acknowledged the copy within {} ms (receiver dead, "
+                      "stuck, or not receiving this version?)",
+                      fmt::join(who, ", "), group.timeout().count()),
+          fmt::format("{} version={} buckets={}", group.describe_op("ipc-send", batch.bytes, 0),
+                      version, batch.buckets));
     }
     backoff.pause();
   }
@@ -261,7 +260,7 @@ class WeightSync::IpcReceive {
     int t = 0;
     std::vector<int64_t> expected;  // its buckets, in the order it sends them
     size_t got = 0;
-    int64_t seq = 0;                // its next batch
+    int64_t seq = 0;  // its next batch
     How how = How::kUnknown;
   };
   struct Pending {
@@ -292,9 +291,13 @@ class WeightSync::IpcReceive {
   bool opened_ = false;  // this rank published its buckets to the push senders
 };
 
-WeightSync::IpcReceive::IpcReceive(WeightSync& ws, std::vector<at::Tensor>& buckets, int64_t version,
-                                   SyncStats& st)
-    : ws_(ws), buckets_(buckets), version_(version), st_(st), me_(ws.groups_.topo.role_index(ws.groups_.world_rank)) {
+WeightSync::IpcReceive::IpcReceive(WeightSync& ws, std::vector<at::Tensor>& buckets,
+                                   int64_t version, SyncStats& st)
+    : ws_(ws),
+      buckets_(buckets),
+      version_(version),
+      st_(st),
+      me_(ws.groups_.topo.role_index(ws.groups_.world_rank)) {
   for (int t = 0; t < ws_.groups_.topo.train_per_node; ++t) {
     if (ws_.transport(t) != SyncTransport::kIpc) continue;
     Sender s;
@@ -317,8 +320,10 @@ WeightSync::IpcReceive::~IpcReceive() {
   }
 }
 
-std::string WeightSync::IpcReceive::where(int t, int64_t bytes, const std::vector<int64_t>& bs) const {
-  return fmt::format("{} version={} buckets={}", ws_.root_group(t).describe_op("ipc-receive", bytes, 0), version_, bs);
+std::string WeightSync::IpcReceive::where(int t, int64_t bytes,
+                                          const std::vector<int64_t>& bs) const {
+  return fmt::format("{} version={} buckets={}",
+                     ws_.root_group(t).describe_op("ipc-receive", bytes, 0), version_, bs);
 }
 
 bool WeightSync::IpcReceive::learn_and_open() {
@@ -360,7 +365,8 @@ bool WeightSync::IpcReceive::take_batch(Sender& s) {
   const std::string k = ws_.ipc_key(version_, s.t, s.seq);
   if (!store_has(ws_.store_, k)) return false;
   Communicator& group = ws_.root_group(s.t);
-  auto regions = nlohmann::json::parse(store_get(ws_.store_, k, Clock::now() + group.timeout(), "ipc batch"));
+  auto regions =
+      nlohmann::json::parse(store_get(ws_.store_, k, Clock::now() + group.timeout(), "ipc batch"));
   Pending p;
   p.t = s.t;
   p.batch.seq = s.seq;
@@ -369,18 +375,20 @@ bool WeightSync::IpcReceive::take_batch(Sender& s) {
     const int64_t n = r.at("n").get<int64_t>();
     const bool expected = s.got < s.expected.size() && s.expected[s.got] == b;
     if (!expected || n != ws_.layout_.buckets()[b].nbytes) {
-      group.fail(fmt::format("ipc: train rank {} published bucket {} of {} bytes where bucket "
-                             "{} of {} bytes was due (layouts or versions out of step?)",
-                             s.t, b, n, s.got < s.expected.size() ? s.expected[s.got] : -1,
-                             s.got < s.expected.size() ? ws_.layout_.buckets()[s.expected[s.got]].nbytes : 0),
-                 where(s.t, n, {b}));
+      group.fail(
+          fmt::format(
+              "ipc: train rank {} published bucket {} of {} bytes where bucket "
+              "{} of {} bytes was due (layouts or versions out of step?)",
+              s.t, b, n, s.got < s.expected.size() ? s.expected[s.got] : -1,
+              s.got < s.expected.size() ? ws_.layout_.buckets()[s.expected[s.got]].nbytes : 0),
+          where(s.t, n, {b}));
     }
     IpcRegion region = region_from_json(r);
     try {
       p.copies.push_back(ws_.ipc_->copy_async(region, buckets_[b].narrow(0, 0, n)));
     } catch (const std::exception& e) {
-      group.fail(fmt::format("{} ipc: cannot copy bucket {} from train rank {}: {}", ws_.ipc_->name(), b, s.t,
-                             e.what()),
+      group.fail(fmt::format("{} ipc: cannot copy bucket {} from train rank {}: {}",
+                             ws_.ipc_->name(), b, s.t, e.what()),
                  where(s.t, n, {b}));
     }
     p.batch.buckets.push_back(b);
@@ -401,8 +409,9 @@ bool WeightSync::IpcReceive::ack_finished_copies() {
       try {
         finished = c->done();
       } catch (const std::exception& e) {
-        ws_.root_group(it->t).fail(fmt::format("{} ipc: the bucket copy failed: {}", ws_.ipc_->name(), e.what()),
-                                   where(it->t, it->batch.bytes, it->batch.buckets));
+        ws_.root_group(it->t).fail(
+            fmt::format("{} ipc: the bucket copy failed: {}", ws_.ipc_->name(), e.what()),
+            where(it->t, it->batch.bytes, it->batch.buckets));
       }
       if (!finished) break;
     }
@@ -411,7 +420,8 @@ bool WeightSync::IpcReceive::ack_finished_copies() {
       continue;
     }
     // The bytes are in place: the sender may overwrite its buffer.
-    store_set(ws_.store_, ws_.key(fmt::format("v{}/ack/{}/{}/{}", version_, it->t, it->batch.seq, me_)), "1");
+    store_set(ws_.store_,
+              ws_.key(fmt::format("v{}/ack/{}/{}/{}", version_, it->t, it->batch.seq, me_)), "1");
     st_.bytes += it->batch.bytes;
     st_.collectives += static_cast<int64_t>(it->batch.buckets.size());
     it = pending_.erase(it);
@@ -434,8 +444,8 @@ void WeightSync::IpcReceive::check_deadline(Clock::time_point last) {
   if (Clock::now() - last <= ws_.groups_.sync->timeout()) return;
   if (!pending_.empty()) {
     const Pending& p = pending_.front();
-    ws_.root_group(p.t).fail(fmt::format("{} ipc: the device copies did not complete within {} ms", ws_.ipc_->name(),
-                                         ws_.root_group(p.t).timeout().count()),
+    ws_.root_group(p.t).fail(fmt::format("{} ipc: the device copies did not complete within {} ms",
+                                         ws_.ipc_->name(), ws_.root_group(p.t).timeout().count()),
                              where(p.t, p.batch.bytes, p.batch.buckets));
   }
   for (const auto& s : senders_) {
@@ -446,10 +456,11 @@ void WeightSync::IpcReceive::check_deadline(Clock::time_point last) {
     if (s.how == How::kPush) {
       int64_t bytes = 0;
       for (int64_t e : s.expected) bytes += ws_.layout_.buckets()[e].nbytes;
-      group.fail(fmt::format("ipc: {} did not finish writing its buckets into this engine within {} "
-                             "ms (sender dead or stuck?)",
-                             ws_.groups_.topo.describe(world), group.timeout().count()),
-                 where(s.t, bytes, s.expected));
+      group.fail(
+          fmt::format("ipc: {} did not finish writing its buckets into this engine within {} "
+                      "ms (sender dead or stuck?)",
+                      ws_.groups_.topo.describe(world), group.timeout().count()),
+          where(s.t, bytes, s.expected));
     }
     group.fail(fmt::format("ipc: {} did not publish bucket {} within {} ms (sender dead, stuck, or "
                            "not sending this version?)",
@@ -496,8 +507,8 @@ void WeightSync::open_ipc_buckets(std::vector<at::Tensor>& buckets, int64_t vers
   wait_device_or_fail(*ipc_, group, "the engine's work", where());
   for (int64_t b : mine) {
     try {
-      regions.push_back(region_json(b, ipc_->export_region(
-                                           buckets[b].narrow(0, 0, layout_.buckets()[b].nbytes))));
+      regions.push_back(region_json(
+          b, ipc_->export_region(buckets[b].narrow(0, 0, layout_.buckets()[b].nbytes))));
     } catch (const std::exception& e) {
       group.fail(fmt::format("{} ipc: cannot export bucket {}: {}", ipc_->name(), b, e.what()),
                  where());
@@ -554,8 +565,8 @@ void WeightSync::push_ipc(const std::vector<at::Tensor>& tensors, int64_t versio
         try {
           dst[b] = ipc_->open_region(region_from_json(r));
         } catch (const std::exception& e) {
-          group.fail(fmt::format("{} ipc: cannot open infer rank {}'s bucket {}: {}",
-                                 ipc_->name(), i, b, e.what()),
+          group.fail(fmt::format("{} ipc: cannot open infer rank {}'s bucket {}: {}", ipc_->name(),
+                                 i, b, e.what()),
                      where());
         }
       }

@@ -3,10 +3,10 @@
 #include <sys/wait.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <sstream>
-#include <filesystem>
 
 #include "engine/model/model_cache.h"
 #include "sync/local_ranks.h"
@@ -15,7 +15,8 @@ namespace crl::test {
 
 std::vector<std::string> run_ranks(
     int n, std::chrono::milliseconds timeout,
-    const std::function<void(int, std::unique_ptr<sync::Communicator>&, const sync::StorePtr&)>& body) {
+    const std::function<void(int, std::unique_ptr<sync::Communicator>&, const sync::StorePtr&)>&
+        body) {
   return sync::run_local_ranks(n, timeout, body);
 }
 
@@ -28,17 +29,18 @@ void expect_tensor_near(const at::Tensor& a, const at::Tensor& b, double atol, d
   auto bad = diff > tol;
   if (bad.any().item<bool>()) {
     auto idx = bad.flatten().nonzero()[0].item<int64_t>();
-    ADD_FAILURE() << "tensors differ: max |a-b| = " << diff.max().item<double>() << " (atol " << atol
-                  << "), first bad flat index " << idx << ": " << af.flatten()[idx].item<double>()
-                  << " vs " << bf.flatten()[idx].item<double>();
+    ADD_FAILURE() << "tensors differ: max |a-b| = " << diff.max().item<double>() << " (atol "
+                  << atol << "), first bad flat index " << idx << ": "
+                  << af.flatten()[idx].item<double>() << " vs " << bf.flatten()[idx].item<double>();
   }
 }
 
 void expect_tensor_equal(const at::Tensor& a, const at::Tensor& b) {
   ASSERT_EQ(a.scalar_type(), b.scalar_type());
   ASSERT_EQ(a.sizes(), b.sizes());
-  EXPECT_TRUE(at::equal(a, b)) << "tensors are not bit-identical: max |a-b| = "
-                               << (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+  EXPECT_TRUE(at::equal(a, b))
+      << "tensors are not bit-identical: max |a-b| = "
+      << (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
 }
 
 std::string tokenizer_fixtures_dir() {
@@ -52,8 +54,8 @@ const std::string& tokenizer_fixtures_error() {
   std::call_once(once, [] {
     const std::string dir = tokenizer_fixtures_dir();
     const std::string log = dir + ".log";
-    const std::string cmd = "'" + std::string(CRL_SOURCE_DIR) + "/scripts/tokenizer_fixtures.sh' '" + dir +
-                            "' > '" + log + "' 2>&1";
+    const std::string cmd = "'" + std::string(CRL_SOURCE_DIR) +
+                            "/scripts/tokenizer_fixtures.sh' '" + dir + "' > '" + log + "' 2>&1";
     const int rc = std::system(cmd.c_str());
     if (rc != 0) {
       std::ifstream in(log);

@@ -19,7 +19,8 @@ namespace crl::test {
 // (c10d allows it), over a fresh TCP store; returns each rank's error ("" = ok).
 std::vector<std::string> run_ranks(
     int n, std::chrono::milliseconds timeout,
-    const std::function<void(int, std::unique_ptr<sync::Communicator>&, const sync::StorePtr&)>& body);
+    const std::function<void(int, std::unique_ptr<sync::Communicator>&, const sync::StorePtr&)>&
+        body);
 
 // Expects a and b to have the same shape and |a - b| <= atol + rtol * |b| everywhere.
 void expect_tensor_near(const at::Tensor& a, const at::Tensor& b, double atol, double rtol = 0.0);
@@ -54,15 +55,15 @@ class TempDir {
 
 // ASSERT_THROWS_WITH(stmt, ExceptionType, "substring"): stmt throws ExceptionType whose what()
 // contains the substring.
-#define ASSERT_THROWS_WITH(stmt, etype, substr)                                        \
-  do {                                                                                 \
-    bool crl_thrown_ = false;                                                          \
-    try {                                                                              \
-      stmt;                                                                            \
-    } catch (const etype& e) {                                                         \
-      crl_thrown_ = true;                                                              \
-      EXPECT_NE(std::string(e.what()).find(substr), std::string::npos)                 \
-          << "message was: " << e.what();                                              \
-    }                                                                                  \
-    ASSERT_TRUE(crl_thrown_) << "expected " #etype " from " #stmt;                     \
+#define ASSERT_THROWS_WITH(stmt, etype, substr)                        \
+  do {                                                                 \
+    bool crl_thrown_ = false;                                          \
+    try {                                                              \
+      stmt;                                                            \
+    } catch (const etype& e) {                                         \
+      crl_thrown_ = true;                                              \
+      EXPECT_NE(std::string(e.what()).find(substr), std::string::npos) \
+          << "message was: " << e.what();                              \
+    }                                                                  \
+    ASSERT_TRUE(crl_thrown_) << "expected " #etype " from " #stmt;     \
   } while (0)

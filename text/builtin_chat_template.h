@@ -42,7 +42,8 @@ class BuiltinChatTemplate {
   // The prompt for `messages`, ending with the assistant's turn opened unless
   // `add_generation_prompt` is false (Llama 2 and Mistral open it with each [/INST]). Throws
   // std::invalid_argument for an empty list or an unknown role.
-  std::string render(const std::vector<ChatMessage>& messages, bool add_generation_prompt = true) const;
+  std::string render(const std::vector<ChatMessage>& messages,
+                     bool add_generation_prompt = true) const;
 
  private:
   ChatFormat format_ = ChatFormat::kPlain;

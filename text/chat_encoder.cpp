@@ -37,7 +37,8 @@ ChatEncoder::ChatEncoder(const text::Tokenizer& tokenizer, std::vector<int32_t> 
   }
 }
 
-std::vector<int32_t> ChatEncoder::encode(const std::string& rendered, const Spans* literal_spans) const {
+std::vector<int32_t> ChatEncoder::encode(const std::string& rendered,
+                                         const Spans* literal_spans) const {
   std::vector<int32_t> ids = prefix_;
   if (specials_.empty()) {  // tokenizer.json: one text, the untrusted ranges passed on
     text::EncodeOptions options;
@@ -66,7 +67,8 @@ std::vector<int32_t> ChatEncoder::encode(const std::string& rendered, const Span
     }
     const size_t end = which ? best : rendered.size();
     if (end > text_from) {
-      const std::vector<int32_t> part = tokenizer_.encode(rendered.substr(text_from, end - text_from));
+      const std::vector<int32_t> part =
+          tokenizer_.encode(rendered.substr(text_from, end - text_from));
       ids.insert(ids.end(), part.begin(), part.end());
     }
     if (!which) break;
@@ -166,7 +168,8 @@ std::vector<std::pair<size_t, size_t>> SpecialLiteralMask::unmask(std::string& r
     while (k < rendered.size() && rendered[k] >= '0' && rendered[k] <= '9' && k - digits_from < 9) {
       index = index * 10 + static_cast<size_t>(rendered[k++] - '0');
     }
-    if (k == digits_from || rendered.compare(k, kClose.size(), kClose) != 0 || index >= masked_.size()) {
+    if (k == digits_from || rendered.compare(k, kClose.size(), kClose) != 0 ||
+        index >= masked_.size()) {
       throw std::invalid_argument(
           "split_special_tokens: the chat template rewrote a message's text around a special-token "
           "literal, so it cannot be kept as text");

@@ -2,11 +2,11 @@
 //
 // A template writes special tokens as text (<s>, <|im_start|>, </s>). A tokenizer.json finds them
 // itself (its added tokens), so the rendered text is encoded as one. Sentencepiece would spell
-// them out piece by piece, so for tokenizer.model every occurrence of a special piece written <...> (a control
-// token of the vocabulary) becomes its id, the longest one where several start at the same place,
-// and the text between is encoded as usual. Nothing is added but `prefix`: empty for the model's
-// own template, which writes its BOS itself (vLLM encodes a rendered template without adding
-// special tokens), the model's BOS for a built-in format. The server's chat endpoint and the
+// them out piece by piece, so for tokenizer.model every occurrence of a special piece written <...>
+// (a control token of the vocabulary) becomes its id, the longest one where several start at the
+// same place, and the text between is encoded as usual. Nothing is added but `prefix`: empty for
+// the model's own template, which writes its BOS itself (vLLM encodes a rendered template without
+// adding special tokens), the model's BOS for a built-in format. The server's chat endpoint and the
 // trainer's "messages" rows both encode here, so both give a conversation the same ids.
 //
 // Thread safety: immutable after construction; encode() may run on many threads at once.
@@ -19,10 +19,9 @@
 // render and returns where they are, for encode() to leave as text.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <array>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,8 +36,9 @@ class ChatEncoder {
 
   // `prefix`, then the ids of `rendered`. Special-token literals that overlap `literal_spans`
   // (byte ranges of `rendered`, sorted and disjoint; SpecialLiteralMask::unmask) are text.
-  std::vector<int32_t> encode(const std::string& rendered,
-                              const std::vector<std::pair<size_t, size_t>>* literal_spans = nullptr) const;
+  std::vector<int32_t> encode(
+      const std::string& rendered,
+      const std::vector<std::pair<size_t, size_t>>* literal_spans = nullptr) const;
 
  private:
   const text::Tokenizer& tokenizer_;
@@ -67,8 +67,8 @@ class SpecialLiteralMask {
   std::string mask_text(const std::string& text);
 
   std::array<std::vector<const std::string*>, 256> by_first_byte_;  // the literals, longest first
-  std::string tag_;                 // digits unique to this mask, in every placeholder
-  std::vector<std::string> masked_; // placeholder i stands for masked_[i]
+  std::string tag_;                  // digits unique to this mask, in every placeholder
+  std::vector<std::string> masked_;  // placeholder i stands for masked_[i]
 };
 
 }  // namespace crl::text

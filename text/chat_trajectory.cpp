@@ -51,7 +51,8 @@ ChatRenderOptions open(ChatRenderOptions o) {
 
 // Whether message `i` exists and is the assistant's.
 bool is_assistant(const ojson& messages, size_t i) {
-  return i < messages.size() && messages[i].is_object() && messages[i].value("role", "") == "assistant";
+  return i < messages.size() && messages[i].is_object() &&
+         messages[i].value("role", "") == "assistant";
 }
 
 ojson head(const ojson& messages, size_t count) {

@@ -97,7 +97,7 @@ class ChatTrajectory {
   void rewind(const Mark& m);
   struct Undo {  // the state before the open turn's extend (abort_turn)
     nlohmann::ordered_json messages;
-    size_t ids_kept;                  // ids_ up to here stayed; a rewound turn's ids follow
+    size_t ids_kept;  // ids_ up to here stayed; a rewound turn's ids follow
     std::vector<int32_t> ids_tail;
     std::vector<uint8_t> mask_tail;
     std::vector<size_t> segments;

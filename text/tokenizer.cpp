@@ -15,18 +15,18 @@
 #include <sentencepiece_trainer.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
-#include <unordered_map>
-#include <atomic>
 #include <thread>
-#include <algorithm>
-#include <nlohmann/json.hpp>
+#include <unordered_map>
 
 #include "common/file_util.h"
 #include "text/hf/hf_tokenizer.h"
@@ -167,7 +167,8 @@ void read_add_flags(const std::string& config_path, bool* add_bos, bool* add_eos
                            std::pair<const char*, bool*>{"add_eos_token", add_eos}}) {
     auto it = j.find(key);
     if (it == j.end() || it->is_null()) continue;
-    if (!it->is_boolean()) throw std::runtime_error(config_path + ": " + key + ": expected true or false");
+    if (!it->is_boolean())
+      throw std::runtime_error(config_path + ": " + key + ": expected true or false");
     *flag = it->get<bool>();
   }
 }
@@ -295,7 +296,8 @@ class SentencePieceImpl final : public Tokenizer::Impl {
         const auto status = sp_->Decode(std::vector<int>{id}, &alone);
         if (!status.ok()) throw std::runtime_error("tokenizer decode failed: " + status.ToString());
         size_t drop = 0;
-        while (drop < mapped.size() && mapped.size() - drop > alone.size() && mapped[drop] == ' ') ++drop;
+        while (drop < mapped.size() && mapped.size() - drop > alone.size() && mapped[drop] == ' ')
+          ++drop;
         mapped.erase(0, drop);
       }
       out += mapped;
@@ -350,7 +352,9 @@ std::string Tokenizer::tokenizer_file_in(const std::string& dir) {
   return "";
 }
 
-bool Tokenizer::dir_has_tokenizer(const std::string& dir) { return !tokenizer_file_in(dir).empty(); }
+bool Tokenizer::dir_has_tokenizer(const std::string& dir) {
+  return !tokenizer_file_in(dir).empty();
+}
 
 Tokenizer::Tokenizer(const std::string& path) {
   namespace fs = std::filesystem;
@@ -382,7 +386,8 @@ Tokenizer::Tokenizer(const std::string& path) {
 
 Tokenizer::~Tokenizer() = default;
 
-std::vector<int32_t> Tokenizer::encode(const std::string& text, const EncodeOptions& options) const {
+std::vector<int32_t> Tokenizer::encode(const std::string& text,
+                                       const EncodeOptions& options) const {
   return impl_->encode(text, options);
 }
 
@@ -403,7 +408,8 @@ std::vector<std::vector<int32_t>> Tokenizer::encode_batch(const std::vector<std:
   std::mutex error_mu;
   auto work = [&] {
     try {
-      for (size_t i = next++; i < texts.size(); i = next++) out[i] = impl_->encode(texts[i], options);
+      for (size_t i = next++; i < texts.size(); i = next++)
+        out[i] = impl_->encode(texts[i], options);
     } catch (...) {
       std::lock_guard<std::mutex> lock(error_mu);
       if (!error) error = std::current_exception();
@@ -424,7 +430,8 @@ std::vector<std::vector<int32_t>> Tokenizer::encode_batch(const std::vector<std:
 std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const {
   return impl_->decode(ids, skip_special_tokens);
 }
-std::string Tokenizer::decode_generated(const std::vector<int32_t>& ids, bool skip_special_tokens) const {
+std::string Tokenizer::decode_generated(const std::vector<int32_t>& ids,
+                                        bool skip_special_tokens) const {
   std::vector<int32_t> known;
   known.reserve(ids.size());
   for (int32_t id : ids) {
@@ -433,7 +440,8 @@ std::string Tokenizer::decode_generated(const std::vector<int32_t>& ids, bool sk
   return decode(known, skip_special_tokens);
 }
 std::vector<int32_t> Tokenizer::special_prefix() const { return impl_->special_prefix(); }
-std::string Tokenizer::decode_bytes(const std::vector<int32_t>& ids, bool skip_special_tokens) const {
+std::string Tokenizer::decode_bytes(const std::vector<int32_t>& ids,
+                                    bool skip_special_tokens) const {
   return impl_->decode_bytes(ids, skip_special_tokens);
 }
 
@@ -466,7 +474,8 @@ std::string Tokenizer::appended_bytes(const std::vector<int32_t>& ids, size_t en
   window.push_back(id);
   const std::string after = impl_->decode_bytes(window, skip_special_tokens);
   size_t common = 0;
-  while (common < before.size() && common < after.size() && before[common] == after[common]) ++common;
+  while (common < before.size() && common < after.size() && before[common] == after[common])
+    ++common;
   return after.substr(common);
 }
 

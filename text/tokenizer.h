@@ -63,12 +63,14 @@ class Tokenizer {
   std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens = true) const;
   // As decode, for what a model generated: ids outside the vocabulary (a model's padded embedding
   // rows, which a sampler can draw) have no text and are left out, as appended_bytes does.
-  std::string decode_generated(const std::vector<int32_t>& ids, bool skip_special_tokens = true) const;
+  std::string decode_generated(const std::vector<int32_t>& ids,
+                               bool skip_special_tokens = true) const;
   // As decode, but the bytes the tokens stand for, without the UTF-8 repair: where decode shows an
   // incomplete or invalid byte sequence as U+FFFD, this keeps the bytes. For valid text the two
   // are equal.
   std::string decode_bytes(const std::vector<int32_t>& ids, bool skip_special_tokens = true) const;
-  // The exact bytes token `id` adds to the text when it follows ids[0..end): decode_bytes(ids[0..end]
+  // The exact bytes token `id` adds to the text when it follows ids[0..end):
+  // decode_bytes(ids[0..end]
   // + {id}) less decode_bytes(ids[0..end]), computed from the last few ids only. The bytes of a
   // token that ends inside a multi-byte character are not valid UTF-8 alone; over a sequence the
   // pieces concatenate to decode_bytes of the whole. What log-probs report as a token's "bytes".
@@ -81,10 +83,10 @@ class Tokenizer {
   // The id of a vocabulary string (including added tokens), or -1.
   int32_t piece_to_id(const std::string& piece) const;
 
-  int32_t vocab_size() const;  // 1 + the largest id, added tokens included
-  int32_t bos_id() const;      // -1 when the model has none
-  int32_t eos_id() const;      // -1 when the model has none
-  int32_t pad_id() const;      // -1 when the model has none
+  int32_t vocab_size() const;         // 1 + the largest id, added tokens included
+  int32_t bos_id() const;             // -1 when the model has none
+  int32_t eos_id() const;             // -1 when the model has none
+  int32_t pad_id() const;             // -1 when the model has none
   bool is_special(int32_t id) const;  // special added tokens / sentencepiece control and unknown
   // "tokenizer.json" or "sentencepiece".
   std::string kind() const;

@@ -35,7 +35,8 @@ std::string read_call(const std::string& json_text, ToolCall* call) {
   bool too_deep = false;
   ojson j = parse_untrusted_json<ojson>(json_text, &too_deep);
   if (too_deep) {
-    return "tool call nests deeper than " + std::to_string(kMaxJsonDepth) + " levels: " + excerpt(json_text);
+    return "tool call nests deeper than " + std::to_string(kMaxJsonDepth) +
+           " levels: " + excerpt(json_text);
   }
   if (j.is_discarded()) return "tool call is not valid JSON: " + excerpt(json_text);
   if (!j.is_object()) return "tool call must be a JSON object: " + excerpt(json_text);
@@ -52,7 +53,8 @@ std::string read_call(const std::string& json_text, ToolCall* call) {
   if (args.is_string()) {
     ojson inner = parse_untrusted_json<ojson>(args.get<std::string>());
     if (inner.is_discarded()) {
-      return "tool call '" + call->name + "': arguments are a string that is not JSON (or nests deeper than " +
+      return "tool call '" + call->name +
+             "': arguments are a string that is not JSON (or nests deeper than " +
              std::to_string(kMaxJsonDepth) + " levels)";
     }
     args = inner;
@@ -107,14 +109,20 @@ std::vector<std::string> split_top_level(const std::string& s) {
   for (size_t i = 0; i < s.size(); ++i) {
     const char c = s[i];
     if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
       continue;
     }
-    if (c == '"') in_string = true;
-    else if (c == '{' || c == '[') ++depth;
-    else if (c == '}' || c == ']') --depth;
+    if (c == '"')
+      in_string = true;
+    else if (c == '{' || c == '[')
+      ++depth;
+    else if (c == '}' || c == ']')
+      --depth;
     else if (c == ';' && depth == 0) {
       parts.push_back(s.substr(start, i - start));
       start = i + 1;
@@ -139,7 +147,8 @@ ParsedReply parse_llama3(const std::string& text) {
     if (trim(part).empty()) continue;
     add_call(r, part);
   }
-  if (r.calls.empty() && r.errors.empty()) r.errors.push_back("empty tool call after <|python_tag|>");
+  if (r.calls.empty() && r.errors.empty())
+    r.errors.push_back("empty tool call after <|python_tag|>");
   return r;
 }
 

@@ -23,7 +23,6 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
-
 #include <string>
 #include <vector>
 
@@ -41,15 +40,15 @@ ToolCallFormat parse_tool_call_format(const std::string& name);
 ToolCallFormat detect_tool_call_format(const ChatTemplate& chat);
 
 struct ToolCall {
-  std::string id;                  // "call_<k>" in reply order (the caller may rename)
+  std::string id;  // "call_<k>" in reply order (the caller may rename)
   std::string name;
   nlohmann::ordered_json arguments = nlohmann::ordered_json::object();  // always an object
 };
 
 struct ParsedReply {
-  std::string content;             // the text outside the calls, trimmed
-  std::vector<ToolCall> calls;     // the calls that parsed, in order
-  std::vector<std::string> errors; // one line per call that did not parse, saying why
+  std::string content;              // the text outside the calls, trimmed
+  std::vector<ToolCall> calls;      // the calls that parsed, in order
+  std::vector<std::string> errors;  // one line per call that did not parse, saying why
   // The assistant message for the chat template: role, content, and tool_calls when there are
   // calls (OpenAI's form, with arguments as an object, as templates take them).
   nlohmann::ordered_json message() const;

@@ -3,7 +3,6 @@
 #include <cctype>
 #include <stdexcept>
 
-
 namespace crl::trainer {
 namespace {
 
@@ -34,7 +33,8 @@ bool read_integer(const ojson& v, int64_t* out) {
   const std::string s = v.get<std::string>();
   if (s.empty() || s.size() > 18) return false;
   for (size_t i = 0; i < s.size(); ++i) {
-    if (!std::isdigit(static_cast<unsigned char>(s[i])) && !(i == 0 && s[i] == '-' && s.size() > 1)) {
+    if (!std::isdigit(static_cast<unsigned char>(s[i])) &&
+        !(i == 0 && s[i] == '-' && s.size() > 1)) {
       return false;
     }
   }
@@ -59,19 +59,24 @@ bool first_integer(const std::string& text, int64_t* out) {
 ojson tool_message(const ojson& call, const std::string& content) {
   ojson m = {{"role", "tool"}, {"content", content}};
   if (call.contains("id")) m["tool_call_id"] = call["id"];
-  if (call.contains("function") && call["function"].contains("name")) m["name"] = call["function"]["name"];
+  if (call.contains("function") && call["function"].contains("name"))
+    m["name"] = call["function"]["name"];
   return m;
 }
 
 }  // namespace
 
 CalculatorEnv::CalculatorEnv(const EnvOptions& options)
-    : seed_(options.seed), digits_(options.calculator_digits), num_operands_(options.calculator_operands) {
+    : seed_(options.seed),
+      digits_(options.calculator_digits),
+      num_operands_(options.calculator_operands) {
   if (digits_ < 1 || digits_ > 9) {
-    throw std::invalid_argument("calculator digits must be in [1, 9], got " + std::to_string(digits_));
+    throw std::invalid_argument("calculator digits must be in [1, 9], got " +
+                                std::to_string(digits_));
   }
   if (num_operands_ < 2 || num_operands_ > 8) {
-    throw std::invalid_argument("calculator operands must be in [2, 8], got " + std::to_string(num_operands_));
+    throw std::invalid_argument("calculator operands must be in [2, 8], got " +
+                                std::to_string(num_operands_));
   }
 }
 
@@ -91,7 +96,8 @@ std::vector<int64_t> CalculatorEnv::operands(EnvSplit split, int64_t index) cons
 
 std::string CalculatorEnv::question(const std::vector<int64_t>& operands) {
   std::string q = "Question: what is ";
-  for (size_t i = 0; i < operands.size(); ++i) q += (i ? " plus " : "") + std::to_string(operands[i]);
+  for (size_t i = 0; i < operands.size(); ++i)
+    q += (i ? " plus " : "") + std::to_string(operands[i]);
   return q + "?";
 }
 
@@ -134,8 +140,9 @@ EnvReply CalculatorEnv::step(const std::string& episode_id, const ojson& assista
                           : ojson::array();
   if (calls.empty()) {
     int64_t got = 0;
-    const std::string content =
-        assistant.contains("content") && assistant["content"].is_string() ? assistant["content"].get<std::string>() : "";
+    const std::string content = assistant.contains("content") && assistant["content"].is_string()
+                                    ? assistant["content"].get<std::string>()
+                                    : "";
     r.done = true;
     r.correct = first_integer(content, &got) && got == sum;
     r.reward = r.correct ? 1.0 : 0.0;
@@ -146,14 +153,16 @@ EnvReply CalculatorEnv::step(const std::string& episode_id, const ojson& assista
     const ojson fn = call.value("function", ojson::object());
     const std::string name = fn.value("name", "");
     if (name != "add") {
-      r.messages.push_back(tool_message(call, "error: unknown tool '" + name + "' (the tool is add)"));
+      r.messages.push_back(
+          tool_message(call, "error: unknown tool '" + name + "' (the tool is add)"));
       continue;
     }
     const ojson args = fn.value("arguments", ojson::object());
     int64_t a = 0, b = 0;
-    if (!args.is_object() || !args.contains("a") || !args.contains("b") || !read_integer(args["a"], &a) ||
-        !read_integer(args["b"], &b)) {
-      r.messages.push_back(tool_message(call, "error: add takes integers a and b (at most 18 digits)"));
+    if (!args.is_object() || !args.contains("a") || !args.contains("b") ||
+        !read_integer(args["a"], &a) || !read_integer(args["b"], &b)) {
+      r.messages.push_back(
+          tool_message(call, "error: add takes integers a and b (at most 18 digits)"));
       continue;
     }
     r.messages.push_back(tool_message(call, std::to_string(a + b)));
@@ -176,8 +185,12 @@ ojson CalculatorEnv::demonstration(EnvSplit split, int64_t index) {
                   {"type", "function"},
                   {"function", {{"name", "add"}, {"arguments", {{"a", sum}, {"b", v[i]}}}}}};
     sum += v[i];
-    messages.push_back({{"role", "assistant"}, {"content", ""}, {"tool_calls", ojson::array({call})}});
-    messages.push_back({{"role", "tool"}, {"tool_call_id", id}, {"name", "add"}, {"content", std::to_string(sum)}});
+    messages.push_back(
+        {{"role", "assistant"}, {"content", ""}, {"tool_calls", ojson::array({call})}});
+    messages.push_back({{"role", "tool"},
+                        {"tool_call_id", id},
+                        {"name", "add"},
+                        {"content", std::to_string(sum)}});
   }
   messages.push_back({{"role", "assistant"}, {"content", std::to_string(sum)}});
   return {{"messages", std::move(messages)}, {"tools", tools()}};

@@ -1,13 +1,12 @@
 #include "trainer/checkpoint.h"
 
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
-
-#include <fmt/format.h>
 
 #include "common/check.h"
 #include "common/file_util.h"
@@ -24,12 +23,13 @@ namespace {
 constexpr int kFormat = 1;
 }
 
-void save_checkpoint(Trainer& trainer, const std::string& dir,
-                     const std::string& tokenizer_source, const json& extra, bool merged) {
+void save_checkpoint(Trainer& trainer, const std::string& dir, const std::string& tokenizer_source,
+                     const json& extra, bool merged) {
   const bool writer = trainer.is_group_leader();
   const LoraTrainOptions& lora = trainer.options().lora;
   if (merged && (!lora.enabled() || tokenizer_source.empty())) {
-    CRL_INVALID("save_checkpoint: a merged model needs a LoRA trainer and the base model directory");
+    CRL_INVALID(
+        "save_checkpoint: a merged model needs a LoRA trainer and the base model directory");
   }
   engine::LoraAdapter adapter;
   engine::NamedTensors weights;
@@ -60,7 +60,8 @@ void save_checkpoint(Trainer& trainer, const std::string& dir,
     if (lora.enabled()) {  // the adapter alone, as PEFT writes it; the base stays where it is
       fs::create_directories(tmp);
       engine::save_peft_adapter(adapter, tmp.string(), tokenizer_source);
-      if (merged) engine::write_merged_lora_model(tokenizer_source, tmp.string(), (tmp / "merged").string());
+      if (merged)
+        engine::write_merged_lora_model(tokenizer_source, tmp.string(), (tmp / "merged").string());
     } else if (!tokenizer_source.empty()) {
       engine::write_model_dir(tmp.string(), config, weights, tokenizer_source);
     } else {
@@ -79,7 +80,9 @@ void save_checkpoint(Trainer& trainer, const std::string& dir,
                   {"layout_hash", fmt::format("{:016x}", trainer.layout().hash())},
                   {"extra", extra}};
     if (lora.enabled()) {
-      state["lora"] = {{"rank", lora.rank}, {"alpha", lora.alpha}, {"targets", lora.targets},
+      state["lora"] = {{"rank", lora.rank},
+                       {"alpha", lora.alpha},
+                       {"targets", lora.targets},
                        {"base_model", tokenizer_source}};
     }
     crl::write_file_atomic((tmp / "trainer_state.json").string(), state.dump(2) + "\n");
@@ -89,13 +92,15 @@ void save_checkpoint(Trainer& trainer, const std::string& dir,
     if (fs::exists(target)) {
       fs::remove_all(old);
       fs::rename(target, old, ec);
-      if (ec) throw std::runtime_error("cannot move " + target.string() + " aside: " + ec.message());
+      if (ec)
+        throw std::runtime_error("cannot move " + target.string() + " aside: " + ec.message());
     }
     fs::rename(tmp, target, ec);
     if (ec) {
       std::error_code back;
       if (fs::exists(old)) fs::rename(old, target, back);  // the earlier checkpoint stays published
-      throw std::runtime_error("cannot publish checkpoint " + target.string() + ": " + ec.message());
+      throw std::runtime_error("cannot publish checkpoint " + target.string() + ": " +
+                               ec.message());
     }
     fs::remove_all(old, ec);
   } catch (...) {
@@ -123,17 +128,20 @@ CheckpointState read_checkpoint_state(const std::string& dir) {
   return s;
 }
 
-void check_resume_shape(const CheckpointState& st, const std::string& dir, const LoraTrainOptions& lora) {
+void check_resume_shape(const CheckpointState& st, const std::string& dir,
+                        const LoraTrainOptions& lora) {
   if (st.lora.is_object() && !lora.enabled()) {
     throw std::invalid_argument(fmt::format(
         "--resume {}: the checkpoint is a LoRA adapter of rank {} trained on {}; resume it with "
-        "--lora-rank {} and that base as --model", dir, st.lora.value("rank", 0),
-        st.lora.value("base_model", std::string("?")), st.lora.value("rank", 0)));
+        "--lora-rank {} and that base as --model",
+        dir, st.lora.value("rank", 0), st.lora.value("base_model", std::string("?")),
+        st.lora.value("rank", 0)));
   }
   if (!st.lora.is_object() && lora.enabled()) {
     throw std::invalid_argument(fmt::format(
         "--resume {}: the checkpoint holds full-model weights, not a LoRA adapter; resume it "
-        "without --lora-rank", dir));
+        "without --lora-rank",
+        dir));
   }
   if (!st.lora.is_object()) return;
   // Another adapter shape: said here, before an infer rank refuses the adapter's rank with a
@@ -146,9 +154,11 @@ void check_resume_shape(const CheckpointState& st, const std::string& dir, const
   const double alpha = st.lora.value("alpha", 0.0);
   const std::string targets = st.lora.value("targets", std::string());
   if (rank != lora.rank || alpha != lora.alpha ||
-      sorted(engine::parse_lora_targets(targets)) != sorted(engine::parse_lora_targets(lora.targets))) {
+      sorted(engine::parse_lora_targets(targets)) !=
+          sorted(engine::parse_lora_targets(lora.targets))) {
     throw std::invalid_argument(fmt::format(
-        "--resume {}: the checkpoint's adapter has rank {}, alpha {:g}, targets {}; the run asks for "
+        "--resume {}: the checkpoint's adapter has rank {}, alpha {:g}, targets {}; the run asks "
+        "for "
         "--lora-rank {} --lora-alpha {:g} --lora-targets {}: resume with the checkpoint's",
         dir, rank, alpha, targets, lora.rank, lora.alpha, lora.targets));
   }
@@ -161,7 +171,8 @@ CheckpointState load_trainer_state(Trainer& trainer, const std::string& dir) {
   const int64_t adam_step = j.value("adam_step", int64_t{0});
   check_resume_shape(s, dir, trainer.options().lora);
   if (trainer.options().lora.enabled()) {
-    trainer.load_master_weights(engine::lora_tensors(engine::load_peft_adapter(dir, trainer.config())));
+    trainer.load_master_weights(
+        engine::lora_tensors(engine::load_peft_adapter(dir, trainer.config())));
   }
   // Each rank reads its own slices out of the mapping: no full copy of the moments per rank.
   auto file = engine::SafetensorsFile::open(dir + "/optimizer.safetensors");

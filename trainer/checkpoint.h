@@ -17,9 +17,8 @@
 // or the new checkpoint, never a partial one.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "trainer/trainer.h"
@@ -34,15 +33,14 @@ namespace crl::trainer {
 // writes (the others take part in the gathers and return).
 // merged (LoRA only): also write <dir>/merged, a Hugging Face model directory of the base
 // (tokenizer_source, which must then be the base model directory) with the adapter merged in.
-void save_checkpoint(Trainer& trainer, const std::string& dir,
-                     const std::string& tokenizer_source,
+void save_checkpoint(Trainer& trainer, const std::string& dir, const std::string& tokenizer_source,
                      const nlohmann::json& extra = nlohmann::json::object(), bool merged = false);
 
 struct CheckpointState {
   int64_t step = 0;                 // optimizer steps taken
   std::string reference_model_dir;  // as the saving trainer had it
   nlohmann::json extra;             // the caller's state
-  nlohmann::json lora;              // a LoRA run's {"rank", "alpha", "targets", "base_model"}, else null
+  nlohmann::json lora;  // a LoRA run's {"rank", "alpha", "targets", "base_model"}, else null
 };
 
 // Reads trainer_state.json of a checkpoint. Throws std::runtime_error naming the file.
@@ -52,7 +50,8 @@ CheckpointState read_checkpoint_state(const std::string& dir);
 // is `st`: a LoRA checkpoint holds the adapter alone and a full one no adapter, and an adapter
 // resumes only with its own rank, alpha and targets. Throws std::invalid_argument saying which
 // flags resume it. The job checks it before any rank loads anything; load_trainer_state again.
-void check_resume_shape(const CheckpointState& st, const std::string& dir, const LoraTrainOptions& lora);
+void check_resume_shape(const CheckpointState& st, const std::string& dir,
+                        const LoraTrainOptions& lora);
 
 // Resume: restores optimizer state and step into `trainer`, which must have been created from
 // the same checkpoint directory (Trainer(dir, options)), or with LoRA from the run's base model

@@ -11,20 +11,19 @@
 // an external program may index its own data). The n trajectories of a GRPO group reset on the
 // same task.
 //
-// make_environment(spec) (make_environment.h): "calculator" is the built-in tool environment (calculator_env.h);
-// anything else is a command line, run by /bin/sh -c, that speaks JSON lines on stdin/stdout
-// (process_env.h). An environment that fails (its process died, a malformed line, no reply in
-// time) ends the episode with a named error (EnvReply::error, "env_died: ..."), reward 0; the
-// job counts it and goes on.
+// make_environment(spec) (make_environment.h): "calculator" is the built-in tool environment
+// (calculator_env.h); anything else is a command line, run by /bin/sh -c, that speaks JSON lines on
+// stdin/stdout (process_env.h). An environment that fails (its process died, a malformed line, no
+// reply in time) ends the episode with a named error (EnvReply::error, "env_died: ..."), reward 0;
+// the job counts it and goes on.
 #pragma once
-
-#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 
@@ -40,7 +39,7 @@ struct EnvReply {
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   // reset only: the tool schemas the chat template shows ([{"type": "function", ...}]; null: none).
   nlohmann::ordered_json tools = nullptr;
-  bool done = false;     // the episode is over: `reward` (and `correct`) are final
+  bool done = false;  // the episode is over: `reward` (and `correct`) are final
   double reward = 0;
   bool correct = false;  // counts toward accuracy (held-out success)
   // Set when the environment failed: "env_died: ...", "env_timeout: ..." or "env_malformed: ..."

@@ -1,11 +1,11 @@
 #include "trainer/job_report.h"
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 
 #include "common/units.h"
 #include "trainer/metrics.h"
@@ -52,7 +52,8 @@ class JobReport {
     if (!j_.versions.resumed()) print_data();
     wait_first_evals();
     std::map<int, double> prev_elapsed;  // per rank: when its previous step's metrics were written
-    for (int64_t step = j_.versions.start_step(); step < o_.steps; ++step) report_step(step, prev_elapsed);
+    for (int64_t step = j_.versions.start_step(); step < o_.steps; ++step)
+      report_step(step, prev_elapsed);
     print_summary();
   }
 
@@ -65,7 +66,8 @@ class JobReport {
 
   void print_data() const {
     fmt::print("data: {} {} ({}): {} held out for evaluation{}, {} for training\n",
-               j_.data.split().eval.size() + j_.data.split().train.size(), o_.env.empty() ? "rows" : "tasks",
+               j_.data.split().eval.size() + j_.data.split().train.size(),
+               o_.env.empty() ? "rows" : "tasks",
                !o_.env.empty()        ? "episodes of --env " + o_.env
                : o_.data_path.empty() ? std::string("built-in copy task")
                                       : o_.data_path,
@@ -80,14 +82,16 @@ class JobReport {
     const EvalReport start = wait_eval(coord_, EvalPoint::start(), j_.rollout_deadline());
     evals_ = {{"start", start.accuracy}};
     grpo_start_ = start.elapsed_s;
-    fmt::print("eval start: held-out accuracy {:.3f} ({} rows)\n", evals_[0].second, j_.data.split().eval.size());
+    fmt::print("eval start: held-out accuracy {:.3f} ({} rows)\n", evals_[0].second,
+               j_.data.split().eval.size());
     if (j_.versions.runs_sft()) {
       const EvalReport e = wait_eval(coord_, EvalPoint::sft(), j_.rollout_deadline());
       evals_.push_back({fmt::format("sft {} steps", o_.sft_steps), e.accuracy});
       grpo_start_ = e.elapsed_s;
-      fmt::print("eval after the SFT warm-up ({} steps of {} rows): held-out accuracy {:.3f} "
-                 "({:.1f} s)\n",
-                 o_.sft_steps, o_.sft_rows_per_step, evals_.back().second, e.elapsed_s);
+      fmt::print(
+          "eval after the SFT warm-up ({} steps of {} rows): held-out accuracy {:.3f} "
+          "({:.1f} s)\n",
+          o_.sft_steps, o_.sft_rows_per_step, evals_.back().second, e.elapsed_s);
     }
     totals_.last_elapsed = grpo_start_;
     std::fflush(stdout);
@@ -95,7 +99,8 @@ class JobReport {
 
   // Step `step`'s reports of every rank: its metrics row, progress lines and evaluation.
   void report_step(int64_t step, std::map<int, double>& prev_elapsed) {
-    const std::vector<RankReport> reports = collect_reports(coord_, step, j_.ranks.env.world_size, o_.rollout_timeout);
+    const std::vector<RankReport> reports =
+        collect_reports(coord_, step, j_.ranks.env.world_size, o_.rollout_timeout);
     std::vector<double> spans;
     for (int r = 0; r < j_.ranks.env.world_size; ++r) {
       const double el = elapsed_of(reports[r]);
@@ -117,17 +122,19 @@ class JobReport {
       metrics_ << nlohmann::json(row).dump() << "\n";
       metrics_.flush();
     }
-    fmt::print("{} | stale {:.2f}/{:.0f} drop {:.0f} isw {:.3f}/{:.3f} | time gen {:.2f} s wait {:.2f} s "
-               "train {:.2f} s sync {:.1f} ms | idle engine {:.0f}% trainer {:.0f}%\n",
-               format_progress(m), row.staleness_mean, row.staleness_max, row.groups_dropped,
-               row.is_weight_mean, row.is_weight_max, row.time_generate_s, row.time_wait_rollouts_s,
-               row.time_train_s, row.time_sync_s * 1e3, row.engine_idle_share * 100,
-               row.trainer_idle_share * 100);
+    fmt::print(
+        "{} | stale {:.2f}/{:.0f} drop {:.0f} isw {:.3f}/{:.3f} | time gen {:.2f} s wait {:.2f} s "
+        "train {:.2f} s sync {:.1f} ms | idle engine {:.0f}% trainer {:.0f}%\n",
+        format_progress(m), row.staleness_mean, row.staleness_max, row.groups_dropped,
+        row.is_weight_mean, row.is_weight_max, row.time_generate_s, row.time_wait_rollouts_s,
+        row.time_train_s, row.time_sync_s * 1e3, row.engine_idle_share * 100,
+        row.trainer_idle_share * 100);
     if (t.episodes > 0) {  // multi-turn (--env)
-      fmt::print("  episodes {:.0f} | turns/episode {:.2f} | tool errors {:.0f} | env errors {:.0f} | "
-                 "masked tokens {:.1f}%\n",
-                 t.episodes, row.turns_per_episode, row.tool_errors, row.env_errors,
-                 row.masked_token_share * 100);
+      fmt::print(
+          "  episodes {:.0f} | turns/episode {:.2f} | tool errors {:.0f} | env errors {:.0f} | "
+          "masked tokens {:.1f}%\n",
+          t.episodes, row.turns_per_episode, row.tool_errors, row.env_errors,
+          row.masked_token_share * 100);
     }
     std::fflush(stdout);
     if (m.eval_accuracy) evals_.push_back({fmt::format("step {}", m.step), *m.eval_accuracy});
@@ -136,34 +143,40 @@ class JobReport {
 
   void print_summary() const {
     const JobTotals& s = totals_;
-    fmt::print("\nsummary: {} node(s) x ({} infer + {} train ranks), {} GRPO steps{}, {:.1f} s, "
-               "--max-staleness {}, --inflight-update {}{}\n",
-               j_.ranks.g.topo.nnodes, j_.ranks.g.topo.infer_per_node, j_.ranks.g.topo.train_per_node,
-               s.steps_done,
-               j_.versions.resumed() ? fmt::format(" (resumed at step {})", j_.versions.start_step()) : "",
-               seconds_since(j_.t0), o_.max_staleness, engine::inflight_policy_name(o_.inflight),
-               o_.reproducible ? ", --reproducible" : "");
+    fmt::print(
+        "\nsummary: {} node(s) x ({} infer + {} train ranks), {} GRPO steps{}, {:.1f} s, "
+        "--max-staleness {}, --inflight-update {}{}\n",
+        j_.ranks.g.topo.nnodes, j_.ranks.g.topo.infer_per_node, j_.ranks.g.topo.train_per_node,
+        s.steps_done,
+        j_.versions.resumed() ? fmt::format(" (resumed at step {})", j_.versions.start_step()) : "",
+        seconds_since(j_.t0), o_.max_staleness, engine::inflight_policy_name(o_.inflight),
+        o_.reproducible ? ", --reproducible" : "");
     fmt::print("| eval point | held-out accuracy |\n|---|---|\n");
     for (const auto& [name, acc] : evals_) fmt::print("| {} | {:.3f} |\n", name, acc);
     if (s.steps_done > 0) {
       double k = static_cast<double>(s.steps_done);
       double grpo_s = s.last_elapsed - grpo_start_;
       fmt::print("| phase (mean per step) | seconds |\n|---|---|\n");
-      fmt::print("| generate | {:.2f} |\n| wait for rollouts (train) | {:.2f} |\n| train | {:.2f} |\n"
-                 "| weight sync | {:.3f} |\n",
-                 s.sum_gen / k, s.sum_wait / k, s.sum_train / k, s.sum_sync / k);
-      fmt::print("GRPO: {:.3f} steps/s, {:.0f} generated tok/s; engines idle {:.0f}%, trainers idle "
-                 "{:.0f}%; staleness max {:.0f}, {:.0f} groups dropped\n",
-                 grpo_s > 0 ? k / grpo_s : 0, grpo_s > 0 ? s.total_gen_tokens / grpo_s : 0,
-                 s.infer_span > 0 ? 100 * (1 - s.infer_busy / s.infer_span) : 0,
-                 s.train_span > 0 ? 100 * s.train_idle / s.train_span : 0, s.stale_max, s.dropped);
+      fmt::print(
+          "| generate | {:.2f} |\n| wait for rollouts (train) | {:.2f} |\n| train | {:.2f} |\n"
+          "| weight sync | {:.3f} |\n",
+          s.sum_gen / k, s.sum_wait / k, s.sum_train / k, s.sum_sync / k);
+      fmt::print(
+          "GRPO: {:.3f} steps/s, {:.0f} generated tok/s; engines idle {:.0f}%, trainers idle "
+          "{:.0f}%; staleness max {:.0f}, {:.0f} groups dropped\n",
+          grpo_s > 0 ? k / grpo_s : 0, grpo_s > 0 ? s.total_gen_tokens / grpo_s : 0,
+          s.infer_span > 0 ? 100 * (1 - s.infer_busy / s.infer_span) : 0,
+          s.train_span > 0 ? 100 * s.train_idle / s.train_span : 0, s.stale_max, s.dropped);
       fmt::print("control plane: {:.0f} store requests per step ({:.1f} per rank), {} per step\n",
-                 s.store_ops / k, s.store_ops / k / j_.ranks.env.world_size, format_bytes(s.store_bytes / k));
-      fmt::print("generated {} tokens; log-prob gap at the first step {:.2e}; peak train-rank RSS {}\n",
-                 s.total_gen_tokens, s.max_gap0, format_bytes(static_cast<double>(s.peak_train_rss)));
+                 s.store_ops / k, s.store_ops / k / j_.ranks.env.world_size,
+                 format_bytes(s.store_bytes / k));
+      fmt::print(
+          "generated {} tokens; log-prob gap at the first step {:.2e}; peak train-rank RSS {}\n",
+          s.total_gen_tokens, s.max_gap0, format_bytes(static_cast<double>(s.peak_train_rss)));
     }
     double first = evals_.front().second, last = evals_.back().second;
-    fmt::print("held-out accuracy {:.3f} -> {:.3f} ({:+.1f} points)\n", first, last, (last - first) * 100);
+    fmt::print("held-out accuracy {:.3f} -> {:.3f} ({:+.1f} points)\n", first, last,
+               (last - first) * 100);
     std::fflush(stdout);
   }
 

@@ -6,10 +6,11 @@
 // GRPO / PPO-clip (DESIGN.md §5 step 4), per token with ratio r = exp(logp - old):
 //   pg  = -min(r * A, clip(r, 1 - clip_low, 1 + clip_high) * A)
 //   old = the engine's raw log-prob of the token (the behaviour policy).
-// Truncated importance sampling (tis_cap > 0, off by default), for the engine/trainer mismatch: the trainer's own
-// log-prob at the current weights (detached) becomes `old`, and each token's pg is weighted by
-// min(exp(old_trainer - old_engine), tis_cap). One optimizer step per rollout batch is assumed
-// (the weights that sampled are the weights the trainer starts from). With asynchronous rollouts
+// Truncated importance sampling (tis_cap > 0, off by default), for the engine/trainer mismatch: the
+// trainer's own log-prob at the current weights (detached) becomes `old`, and each token's pg is
+// weighted by min(exp(old_trainer - old_engine), tis_cap). One optimizer step per rollout batch is
+// assumed (the weights that sampled are the weights the trainer starts from). With asynchronous
+// rollouts
 // (--max-staleness K >= 1) this is the decoupled PPO objective (AReaL): the proximal policy is the
 // trainer's weights at the start of the step, the behaviour policy the engine's log-probs, and
 // with one optimizer step per batch the ratio to the proximal policy is 1 in value.
@@ -39,9 +40,9 @@ struct GrpoOptions {
 
 // Scalars of one loss evaluation (sums are combined by the trainer over micro-batches).
 struct LossMetrics {
-  double loss = 0;           // token-mean loss
-  double kl = 0;             // token-mean k3 KL to the reference (0 without one)
-  double clip_fraction = 0;  // fraction of tokens with |r - 1| beyond the clip range
+  double loss = 0;              // token-mean loss
+  double kl = 0;                // token-mean k3 KL to the reference (0 without one)
+  double clip_fraction = 0;     // fraction of tokens with |r - 1| beyond the clip range
   double logprob_gap_max = 0;   // max |engine raw logprob - trainer logprob|
   double logprob_gap_mean = 0;  // mean of the same
   double is_weight_mean = 0;    // with tis_cap: mean of exp(trainer - engine) before truncation

@@ -21,8 +21,8 @@ struct LrSchedule {
   void validate() const;
 };
 
-// Learning rate of optimizer step `step` (0-based): (step + 1) / warmup * lr during warmup (warmup =
-// warmup_steps, capped at total_steps when set), then min_lr + (lr - min_lr) * (1 + cos(pi *
+// Learning rate of optimizer step `step` (0-based): (step + 1) / warmup * lr during warmup (warmup
+// = warmup_steps, capped at total_steps when set), then min_lr + (lr - min_lr) * (1 + cos(pi *
 // progress)) / 2 with progress = (step - warmup) / (total - warmup) capped at 1.
 double lr_at(const LrSchedule& schedule, int64_t step);
 

@@ -8,7 +8,8 @@
 namespace crl::trainer {
 
 std::unique_ptr<Environment> make_environment(const std::string& spec, const EnvOptions& options) {
-  if (spec.empty()) throw std::invalid_argument("--env: empty environment (calculator, or a command)");
+  if (spec.empty())
+    throw std::invalid_argument("--env: empty environment (calculator, or a command)");
   std::unique_ptr<Environment> env;
   if (spec == "calculator") {
     env = std::make_unique<CalculatorEnv>(options);

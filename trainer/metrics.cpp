@@ -56,9 +56,9 @@ std::string format_progress(const StepMetrics& m) {
       "step {} {} | reward {:.3f}±{:.3f} acc {:.3f}{} | loss {:.4g} kl {:.3g} clip {:.3f} "
       "gnorm {:.3g} lr {:.1e} | gen {:.0f} tok/s train {:.0f} tok/s sync {:.1f} ms | v{} gap "
       "{:.1e}/{:.1e} | {:.1f} s",
-      m.step, m.phase, m.reward_mean, m.reward_std, m.accuracy, eval, m.loss, m.kl,
-      m.clip_fraction, m.grad_norm, m.lr, m.gen_tok_s, m.train_tok_s, m.sync_ms, m.weight_version,
-      m.logprob_gap_max, m.logprob_gap_mean, m.elapsed_s);
+      m.step, m.phase, m.reward_mean, m.reward_std, m.accuracy, eval, m.loss, m.kl, m.clip_fraction,
+      m.grad_norm, m.lr, m.gen_tok_s, m.train_tok_s, m.sync_ms, m.weight_version, m.logprob_gap_max,
+      m.logprob_gap_mean, m.elapsed_s);
 }
 
 MetricsWriter::MetricsWriter(const std::string& path) : path_(path), out_(path, std::ios::trunc) {

@@ -2,34 +2,33 @@
 // human-readable progress line. Pure functions except MetricsWriter, which owns a file.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 
 namespace crl::trainer {
 
 struct StepMetrics {
-  int64_t step = 0;              // optimizer steps taken (1 after the first)
-  std::string phase = "grpo";    // "sft" or "grpo"
-  double reward_mean = 0;        // over this step's samples
+  int64_t step = 0;            // optimizer steps taken (1 after the first)
+  std::string phase = "grpo";  // "sft" or "grpo"
+  double reward_mean = 0;      // over this step's samples
   double reward_std = 0;
-  double accuracy = 0;           // fraction of this step's samples judged correct
+  double accuracy = 0;                  // fraction of this step's samples judged correct
   std::optional<double> eval_accuracy;  // held-out accuracy, when evaluated at this step
   double loss = 0;
   double kl = 0;
   double clip_fraction = 0;
   double grad_norm = 0;
   double lr = 0;
-  double gen_tok_s = 0;          // generated tokens per second of generation time
-  double train_tok_s = 0;        // forwarded tokens per second of train-step time
-  double sync_ms = 0;            // trainer -> engine weight copy time
-  int64_t weight_version = 0;    // engine weights after this step's sync
-  double logprob_gap_max = 0;    // max |engine raw logprob - trainer logprob| this step
+  double gen_tok_s = 0;        // generated tokens per second of generation time
+  double train_tok_s = 0;      // forwarded tokens per second of train-step time
+  double sync_ms = 0;          // trainer -> engine weight copy time
+  int64_t weight_version = 0;  // engine weights after this step's sync
+  double logprob_gap_max = 0;  // max |engine raw logprob - trainer logprob| this step
   double logprob_gap_mean = 0;
-  double elapsed_s = 0;          // since the run started
+  double elapsed_s = 0;  // since the run started
 };
 
 nlohmann::json to_json(const StepMetrics& m);

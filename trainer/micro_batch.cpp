@@ -33,7 +33,8 @@ void compute_group_advantages(SampleGroup& g, double eps) {
   for (const auto& s : g.samples) var += (s.reward - mean) * (s.reward - mean);
   const double std_dev = std::sqrt(var / static_cast<double>(n - 1));
   for (auto& s : g.samples) {
-    s.advantage = std_dev > 0 ? (s.reward - mean) / (std_dev + eps) : 0.0;  // equal rewards: no signal
+    s.advantage =
+        std_dev > 0 ? (s.reward - mean) / (std_dev + eps) : 0.0;  // equal rewards: no signal
   }
 }
 
@@ -77,7 +78,8 @@ void MicroBatch::validate() const {
 
 std::vector<MicroBatch> pack_micro_batches(const std::vector<SampleGroup>& groups,
                                            int64_t micro_batch_tokens, int64_t weight_version) {
-  if (micro_batch_tokens <= 0) CRL_INVALID("micro_batch_tokens must be > 0, got ", micro_batch_tokens);
+  if (micro_batch_tokens <= 0)
+    CRL_INVALID("micro_batch_tokens must be > 0, got ", micro_batch_tokens);
   std::vector<MicroBatch> out;
   std::vector<int64_t> tokens;
   std::vector<float> mask, old_lp, adv;
@@ -159,9 +161,7 @@ constexpr int64_t kMagic = 0x43524c4d42415443;  // "CRLMBATC"
 constexpr int64_t kVersion = 2;
 constexpr int64_t kHeaderWords = 6;
 
-int64_t serialized_bytes(int64_t s, int64_t t) {
-  return (kHeaderWords + s) * 8 + t * 4 * 5;
-}
+int64_t serialized_bytes(int64_t s, int64_t t) { return (kHeaderWords + s) * 8 + t * 4 * 5; }
 }  // namespace
 
 at::Tensor serialize_micro_batch(const MicroBatch& mb) {

@@ -41,7 +41,7 @@ struct Sample {
 struct SampleGroup {
   std::vector<int32_t> prompt_ids;  // BOS included when the model adds one
   std::vector<Sample> samples;
-  int64_t prompt_index = 0;         // caller's id of the prompt (task row), for bookkeeping
+  int64_t prompt_index = 0;  // caller's id of the prompt (task row), for bookkeeping
 };
 
 // Sets each sample's advantage to (r - mean) / (std + eps) over its group, std with Bessel's

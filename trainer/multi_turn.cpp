@@ -77,7 +77,8 @@ class EpisodeRunner::Play {
         specs_(specs),
         on_finished_(on_finished),
         live_(specs.size()),
-        cap_(runner.o_.max_in_flight > 0 ? static_cast<size_t>(runner.o_.max_in_flight) : specs.size()) {}
+        cap_(runner.o_.max_in_flight > 0 ? static_cast<size_t>(runner.o_.max_in_flight)
+                                         : specs.size()) {}
 
   bool done() const { return finished_ == specs_.size(); }
   // Up to the cap: an episode starts as soon as one ends, or, turn-synchronously, a wave of `cap`
@@ -145,7 +146,8 @@ void EpisodeRunner::Play::finish(size_t i, const std::string& end, bool env_ende
   l.ep.end = end;
   // Ended here, not by the environment: it forgets the episode (an external program's state, a
   // pool's count of its process's open episodes).
-  if (end == "turn_cap" || end == "token_cap" || (end == "env_error" && !env_ended)) r_.env_.close(specs_[i].id);
+  if (end == "turn_cap" || end == "token_cap" || (end == "env_error" && !env_ended))
+    r_.env_.close(specs_[i].id);
   l.phase = Live::Phase::kDone;
   l.channel.reset();
   ++finished_;
@@ -167,7 +169,8 @@ void EpisodeRunner::Play::submit(size_t i) {
   q.prompt_token_ids = l.traj->prompt();
   q.params.n = 1;
   q.params.temperature = specs_[i].temperature;
-  q.params.max_tokens = static_cast<int32_t>(std::min<int64_t>(r_.o_.max_tokens_per_turn, r_.episode_cap_ - used));
+  q.params.max_tokens =
+      static_cast<int32_t>(std::min<int64_t>(r_.o_.max_tokens_per_turn, r_.episode_cap_ - used));
   q.params.seed = specs_[i].seed + static_cast<uint64_t>(l.ep.turns) * 1000003ULL;
   q.params.stop = text::tool_call_stop_strings(r_.format_);
   std::vector<engine::GenerateRequest> one;
@@ -230,7 +233,8 @@ void EpisodeRunner::Play::step_env(size_t i, const ojson& message) {
 void EpisodeRunner::Play::on_turn(size_t i, const engine::RequestOutput& out) {
   Live& l = live_[i];
   if (!out.error.empty()) {
-    throw std::runtime_error("episode " + specs_[i].id + ": request " + out.request_id + " failed: " + out.error);
+    throw std::runtime_error("episode " + specs_[i].id + ": request " + out.request_id +
+                             " failed: " + out.error);
   }
   const engine::CompletionOutput& c = out.outputs.at(0);
   const int64_t prompt = static_cast<int64_t>(out.prompt_token_ids.size());
@@ -240,7 +244,8 @@ void EpisodeRunner::Play::on_turn(size_t i, const engine::RequestOutput& out) {
     l.ep.later_held_tokens += std::min(l.held, prompt);
   }
   l.held = prompt + static_cast<int64_t>(c.token_ids.size());
-  const text::ParsedReply parsed = text::parse_tool_calls(r_.format_, r_.tokenizer_.decode_generated(c.token_ids));
+  const text::ParsedReply parsed =
+      text::parse_tool_calls(r_.format_, r_.tokenizer_.decode_generated(c.token_ids));
   const ojson message = parsed.message();
   l.traj->append_completion(c.token_ids, message);
   l.messages.push_back(message);
@@ -262,7 +267,8 @@ bool EpisodeRunner::Play::poll() {
   bool progress = false;
   for (size_t i = 0; i < live_.size(); ++i) {
     Live& l = live_[i];
-    if (l.phase == Live::Phase::kEnv && l.env.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
+    if (l.phase == Live::Phase::kEnv &&
+        l.env.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
       progress = true;
       on_env(i, l.env.get());
     } else if (l.phase == Live::Phase::kEngine) {
@@ -272,8 +278,9 @@ bool EpisodeRunner::Play::poll() {
         progress = true;
         on_turn(i, *snap.outputs[0]);
       } else if (Clock::now() - l.submitted > r_.o_.timeout) {
-        throw std::runtime_error(fmt::format("episode {}: turn {} unfinished after {} s", specs_[i].id,
-                                             l.ep.turns + 1, r_.o_.timeout.count() / 1000));
+        throw std::runtime_error(fmt::format("episode {}: turn {} unfinished after {} s",
+                                             specs_[i].id, l.ep.turns + 1,
+                                             r_.o_.timeout.count() / 1000));
       }
     }
   }
@@ -293,9 +300,9 @@ std::vector<Sample> episode_samples(const Episode& ep, double advantage) {
   std::vector<Sample> out;
   if (ep.ids.size() != ep.mask.size() || ep.ids.size() != ep.logprobs.size() ||
       ep.ids.size() != ep.versions.size()) {
-    throw std::invalid_argument(fmt::format(
-        "episode_samples: {} ids, {} mask entries, {} log-probs, {} versions", ep.ids.size(),
-        ep.mask.size(), ep.logprobs.size(), ep.versions.size()));
+    throw std::invalid_argument(
+        fmt::format("episode_samples: {} ids, {} mask entries, {} log-probs, {} versions",
+                    ep.ids.size(), ep.mask.size(), ep.logprobs.size(), ep.versions.size()));
   }
   for (size_t k = 0; k < ep.segments.size(); ++k) {
     const size_t b = ep.segments[k];
@@ -331,14 +338,16 @@ std::vector<Sample> group_episode_samples(const std::vector<Episode>& episodes) 
   compute_group_advantages(rewards);
   std::vector<Sample> out;
   for (size_t k = 0; k < scored.size(); ++k) {
-    for (Sample& s : episode_samples(*scored[k], rewards[0].samples[k].advantage)) out.push_back(std::move(s));
+    for (Sample& s : episode_samples(*scored[k], rewards[0].samples[k].advantage))
+      out.push_back(std::move(s));
   }
   return out;
 }
 
-Sample demonstration_sample(const ojson& messages, const ojson& tools, const text::ChatTemplate& chat,
-                            const text::Tokenizer& tokenizer, const std::vector<int32_t>& prefix,
-                            text::ToolCallFormat format, int32_t eos) {
+Sample demonstration_sample(const ojson& messages, const ojson& tools,
+                            const text::ChatTemplate& chat, const text::Tokenizer& tokenizer,
+                            const std::vector<int32_t>& prefix, text::ToolCallFormat format,
+                            int32_t eos) {
   if (!messages.is_array() || messages.empty()) {
     throw std::invalid_argument("a demonstration must be a non-empty list of messages");
   }
@@ -357,7 +366,8 @@ Sample demonstration_sample(const ojson& messages, const ojson& tools, const tex
       continue;
     }
     traj.extend(held);
-    std::string text = m.contains("content") && m["content"].is_string() ? m["content"].get<std::string>() : "";
+    std::string text =
+        m.contains("content") && m["content"].is_string() ? m["content"].get<std::string>() : "";
     bool calls = false;
     if (m.contains("tool_calls") && m["tool_calls"].is_array()) {
       for (const auto& c : m["tool_calls"]) {
@@ -365,7 +375,8 @@ Sample demonstration_sample(const ojson& messages, const ojson& tools, const tex
         if (f == nullptr || !f->is_object() || !f->contains("name") || !(*f)["name"].is_string() ||
             !f->contains("arguments")) {
           throw std::invalid_argument(
-              "demonstration message " + std::to_string(i) + ": a tool call must be {\"function\": "
+              "demonstration message " + std::to_string(i) +
+              ": a tool call must be {\"function\": "
               "{\"name\": string, \"arguments\": object or string}}, not " +
               c.dump(-1, ' ', false, ojson::error_handler_t::replace).substr(0, 120));
         }
@@ -390,8 +401,9 @@ Sample demonstration_sample(const ojson& messages, const ojson& tools, const tex
   ep.versions.assign(ep.ids.size(), -1);
   auto samples = episode_samples(ep, 0.0);
   if (samples.size() != 1) {
-    throw std::invalid_argument(fmt::format(
-        "a demonstration must render as one segment with a reply (got {} samples)", samples.size()));
+    throw std::invalid_argument(
+        fmt::format("a demonstration must render as one segment with a reply (got {} samples)",
+                    samples.size()));
   }
   return std::move(samples[0]);
 }

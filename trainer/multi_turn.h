@@ -38,7 +38,7 @@ class EngineLoop;
 namespace crl::text {
 class ChatTemplate;
 class Tokenizer;
-}
+}  // namespace crl::text
 
 namespace crl::trainer {
 
@@ -74,18 +74,18 @@ struct EpisodeSpec {
 };
 
 struct Episode {
-  std::vector<int32_t> ids;        // every segment, in order
-  std::vector<uint8_t> mask;       // 1: sampled by the model; 0: prompt, tool and environment text
-  std::vector<float> logprobs;     // the engine's raw log-prob on sampled ids, 0 elsewhere
-  std::vector<int64_t> versions;   // the weights that sampled each id, -1 elsewhere
-  std::vector<size_t> segments;    // where each segment starts in ids
+  std::vector<int32_t> ids;       // every segment, in order
+  std::vector<uint8_t> mask;      // 1: sampled by the model; 0: prompt, tool and environment text
+  std::vector<float> logprobs;    // the engine's raw log-prob on sampled ids, 0 elsewhere
+  std::vector<int64_t> versions;  // the weights that sampled each id, -1 elsewhere
+  std::vector<size_t> segments;   // where each segment starts in ids
   double reward = 0;
   bool correct = false;
-  int32_t turns = 0;               // assistant turns
-  int32_t tool_calls = 0;          // calls that parsed
-  int32_t tool_errors = 0;         // calls that did not parse
-  std::string end;                 // "answer", "turn_cap", "token_cap" or "env_error"
-  std::string env_error;           // with end "env_error": the environment's named error
+  int32_t turns = 0;        // assistant turns
+  int32_t tool_calls = 0;   // calls that parsed
+  int32_t tool_errors = 0;  // calls that did not parse
+  std::string end;          // "answer", "turn_cap", "token_cap" or "env_error"
+  std::string env_error;    // with end "env_error": the environment's named error
   // The prompts of its engine requests after the first turn, summed, and how many of those
   // tokens the engine's prefix cache served.
   int64_t later_prompt_tokens = 0;
@@ -93,8 +93,8 @@ struct Episode {
   // Of those prompts, the ids the engine had already seen: the previous turn's prompt and reply
   // (the rest is what the turn adds: the tool's answer and the template's text).
   int64_t later_held_tokens = 0;
-  int64_t env_tokens() const;      // mask-0 ids after the first segment's opening prompt
-  int64_t model_tokens() const;    // mask-1 ids
+  int64_t env_tokens() const;    // mask-0 ids after the first segment's opening prompt
+  int64_t model_tokens() const;  // mask-1 ids
 };
 
 class EpisodeRunner {
@@ -140,9 +140,9 @@ std::vector<Sample> group_episode_samples(const std::vector<Episode>& episodes);
 // A demonstration conversation (Environment::demonstration) as an SFT sample: the assistant
 // turns are encoded from their text (tool calls written in `format`; the final answer followed by
 // `eos`), everything else as the template renders it, with mask 0. log-probs 0.
-Sample demonstration_sample(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
-                            const text::ChatTemplate& chat, const text::Tokenizer& tokenizer,
-                            const std::vector<int32_t>& prefix, text::ToolCallFormat format,
-                            int32_t eos);
+Sample demonstration_sample(const nlohmann::ordered_json& messages,
+                            const nlohmann::ordered_json& tools, const text::ChatTemplate& chat,
+                            const text::Tokenizer& tokenizer, const std::vector<int32_t>& prefix,
+                            text::ToolCallFormat format, int32_t eos);
 
 }  // namespace crl::trainer

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <spdlog/spdlog.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -13,8 +14,6 @@
 #include <cstring>
 #include <future>
 #include <stdexcept>
-
-#include <spdlog/spdlog.h>
 
 #include "common/json_depth.h"
 
@@ -78,7 +77,8 @@ std::string read_reply(const ojson& j, const std::string& episode_id, bool is_re
     r->tools = j["tools"];
   }
   if (r->done) {
-    if (!j.contains("reward") || !j["reward"].is_number()) return "\"done\" without a numeric \"reward\"";
+    if (!j.contains("reward") || !j["reward"].is_number())
+      return "\"done\" without a numeric \"reward\"";
     r->reward = j["reward"].get<double>();
     r->correct = r->reward > 0;
     if (j.contains("correct")) {
@@ -208,8 +208,10 @@ std::string ProcessEnv::stop_process() {
 }
 
 EnvReply ProcessEnv::exchange(const ojson& request, bool expect_reply, bool is_reset) {
-  auto task = std::make_shared<std::packaged_task<EnvReply()>>(
-      [this, request, expect_reply, is_reset] { return exchange_now(request, expect_reply, is_reset); });
+  auto task =
+      std::make_shared<std::packaged_task<EnvReply()>>([this, request, expect_reply, is_reset] {
+        return exchange_now(request, expect_reply, is_reset);
+      });
   auto reply = task->get_future();
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -239,7 +241,8 @@ EnvReply ProcessEnv::exchange_now(const ojson& request, bool expect_reply, bool 
   // One deadline for the request and its reply: a process that stops reading its stdin (a full
   // pipe) times out as one that never answers does, instead of blocking the send for ever.
   const auto deadline = Clock::now() + timeout_;
-  const std::string line = request.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  const std::string line =
+      request.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   if (auto err = send_line(line, deadline, what, episode_id)) return *err;
   if (!expect_reply) return {};
   std::string reply_line;
@@ -250,7 +253,8 @@ EnvReply ProcessEnv::exchange_now(const ojson& request, bool expect_reply, bool 
   const std::string bad = read_reply(j, episode_id, is_reset, &r);
   if (!bad.empty()) {
     born_.erase(episode_id);
-    return failed("env_malformed: the reply to the " + what + ": " + bad + ": " + excerpt(reply_line));
+    return failed("env_malformed: the reply to the " + what + ": " + bad + ": " +
+                  excerpt(reply_line));
   }
   if (is_reset) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -261,7 +265,8 @@ EnvReply ProcessEnv::exchange_now(const ojson& request, bool expect_reply, bool 
   return r;
 }
 
-std::optional<EnvReply> ProcessEnv::check_episode(const std::string& op, const std::string& episode_id,
+std::optional<EnvReply> ProcessEnv::check_episode(const std::string& op,
+                                                  const std::string& episode_id,
                                                   bool expect_reply) {
   if (op == "reset") return std::nullopt;
   auto it = born_.find(episode_id);
@@ -273,44 +278,51 @@ std::optional<EnvReply> ProcessEnv::check_episode(const std::string& op, const s
   if (it == born_.end() || it->second != current) {
     if (!expect_reply) return EnvReply{};  // nothing to close in a process that never saw it
     if (it != born_.end()) born_.erase(it);
-    return failed("env_died: the environment process (" + command_ + ") that began episode '" + episode_id +
-                  "' is gone");
+    return failed("env_died: the environment process (" + command_ + ") that began episode '" +
+                  episode_id + "' is gone");
   }
   if (op == "close") born_.erase(it);
   return std::nullopt;
 }
 
-EnvReply ProcessEnv::died(const std::string& doing, const std::string& what, const std::string& episode_id) {
+EnvReply ProcessEnv::died(const std::string& doing, const std::string& what,
+                          const std::string& episode_id) {
   // Give a dying process a moment to be reaped, so the error says how it ended.
   for (int i = 0; i < 50; ++i) {
     siginfo_t info{};
-    if (::waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid != 0) {
+    if (::waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT) != 0 ||
+        info.si_pid != 0) {
       break;
     }
     ::usleep(2000);
   }
   const std::string how = stop_process();
   born_.erase(episode_id);
-  return failed("env_died: the environment process (" + command_ + ") " + doing + " at the " + what + " (" +
-                how + ")");
+  return failed("env_died: the environment process (" + command_ + ") " + doing + " at the " +
+                what + " (" + how + ")");
 }
 
 std::optional<EnvReply> ProcessEnv::send_line(const std::string& line, Clock::time_point deadline,
-                                              const std::string& what, const std::string& episode_id) {
+                                              const std::string& what,
+                                              const std::string& episode_id) {
   for (size_t sent = 0; sent < line.size();) {
-    const ssize_t n = ::send(fd_, line.data() + sent, line.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+    const ssize_t n =
+        ::send(fd_, line.data() + sent, line.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
       if (left.count() <= 0) {
         stop_process();  // the rest of the line must not reach a later request's reader
         born_.erase(episode_id);
         return failed("env_timeout: the environment (" + command_ + ") did not read the " + what +
-                      " within " + std::to_string(timeout_.count()) + " ms (" + std::to_string(sent) + " of " +
-                      std::to_string(line.size()) + " bytes taken)");
+                      " within " + std::to_string(timeout_.count()) + " ms (" +
+                      std::to_string(sent) + " of " + std::to_string(line.size()) +
+                      " bytes taken)");
       }
       pollfd p{fd_, POLLOUT, 0};
-      if (::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000))) < 0 && errno != EINTR) {
+      if (::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000))) < 0 &&
+          errno != EINTR) {
         return died("failed a poll", what, episode_id);
       }
       continue;
@@ -325,7 +337,8 @@ std::optional<EnvReply> ProcessEnv::read_line(Clock::time_point deadline, const 
                                               const std::string& episode_id, std::string* line) {
   size_t eol;
   while ((eol = buffer_.find('\n')) == std::string::npos) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     if (left.count() <= 0) {
       stop_process();  // a late reply must not answer a later request
       born_.erase(episode_id);
@@ -353,9 +366,10 @@ std::optional<EnvReply> ProcessEnv::read_line(Clock::time_point deadline, const 
   return std::nullopt;
 }
 
-std::optional<EnvReply> ProcessEnv::read_reply_object(Clock::time_point deadline, const std::string& what,
-                                                      const std::string& episode_id, std::string* line,
-                                                      ojson* j) {
+std::optional<EnvReply> ProcessEnv::read_reply_object(Clock::time_point deadline,
+                                                      const std::string& what,
+                                                      const std::string& episode_id,
+                                                      std::string* line, ojson* j) {
   for (;;) {  // until a line that is meant as a reply (what is not is dropped: see below)
     if (auto err = read_line(deadline, what, episode_id, line)) return err;
     // A line that does not open a JSON object (a banner, a log line) or an object without an
@@ -367,30 +381,34 @@ std::optional<EnvReply> ProcessEnv::read_reply_object(Clock::time_point deadline
       *j = parse_untrusted_json<ojson>(*line, &too_deep);
       if (too_deep) {
         born_.erase(episode_id);
-        return failed("env_malformed: the reply to the " + what + " nests arrays and objects deeper than " +
-                      std::to_string(kMaxJsonDepth) + " levels: " + excerpt(*line));
+        return failed("env_malformed: the reply to the " + what +
+                      " nests arrays and objects deeper than " + std::to_string(kMaxJsonDepth) +
+                      " levels: " + excerpt(*line));
       }
       if (j->is_discarded() || !j->is_object() || j->contains("episode_id")) break;
     }
-    spdlog::warn("environment ({}): dropped a line that is not a reply (waiting for the {}'s): {}", command_,
-                 what, excerpt(*line));
+    spdlog::warn("environment ({}): dropped a line that is not a reply (waiting for the {}'s): {}",
+                 command_, what, excerpt(*line));
   }
   if (j->is_discarded() || !j->is_object()) {
     born_.erase(episode_id);  // over, as after any malformed reply
-    return failed("env_malformed: the reply to the " + what + " is not a JSON object: " + excerpt(*line));
+    return failed("env_malformed: the reply to the " + what +
+                  " is not a JSON object: " + excerpt(*line));
   }
   return std::nullopt;
 }
 
-EnvReply ProcessEnv::read_demonstration(const ojson& j, const std::string& what, const std::string& episode_id,
-                                        const std::string& line) {
+EnvReply ProcessEnv::read_demonstration(const ojson& j, const std::string& what,
+                                        const std::string& episode_id, const std::string& line) {
   if (!j.contains("episode_id") || j["episode_id"] != episode_id || !j.contains("demonstration")) {
-    return failed("env_malformed: the reply to the " + what + " must name the request's \"episode_id\" " +
+    return failed("env_malformed: the reply to the " + what +
+                  " must name the request's \"episode_id\" " +
                   "and hold \"demonstration\" (an object, or null): " + excerpt(line));
   }
   const ojson& d = j["demonstration"];
   if (!d.is_null() && (!d.is_object() || !d.contains("messages") || !d["messages"].is_array())) {
-    return failed("env_malformed: the reply to the " + what + ": \"demonstration\" must be null or " +
+    return failed("env_malformed: the reply to the " + what +
+                  ": \"demonstration\" must be null or " +
                   "{\"messages\": [...], \"tools\": [...]}: " + excerpt(line));
   }
   EnvReply r;
@@ -417,7 +435,10 @@ void ProcessEnv::drop_stray_output() {
 }
 
 EnvReply ProcessEnv::reset(const std::string& episode_id, EnvSplit split, int64_t index) {
-  ojson q = {{"op", "reset"}, {"episode_id", episode_id}, {"split", env_split_name(split)}, {"index", index}};
+  ojson q = {{"op", "reset"},
+             {"episode_id", episode_id},
+             {"split", env_split_name(split)},
+             {"index", index}};
   return exchange(q, true, true);
 }
 
@@ -428,10 +449,16 @@ EnvReply ProcessEnv::step(const std::string& episode_id, const ojson& assistant)
 
 ojson ProcessEnv::demonstration(EnvSplit split, int64_t index) {
   const std::string id = std::string("demo-") + env_split_name(split) + "-" + std::to_string(index);
-  ojson q = {{"op", "demonstration"}, {"episode_id", id}, {"split", env_split_name(split)}, {"index", index}};
+  ojson q = {{"op", "demonstration"},
+             {"episode_id", id},
+             {"split", env_split_name(split)},
+             {"index", index}};
   EnvReply r = exchange(q, true, false);
-  if (!r.error.empty()) throw std::runtime_error("--env " + command_ + ": no demonstration for the warm-up: " + r.error);
-  if (!r.demonstration.is_null() && !r.demonstration.contains("tools")) r.demonstration["tools"] = nullptr;
+  if (!r.error.empty())
+    throw std::runtime_error("--env " + command_ +
+                             ": no demonstration for the warm-up: " + r.error);
+  if (!r.demonstration.is_null() && !r.demonstration.contains("tools"))
+    r.demonstration["tools"] = nullptr;
   return r.demonstration;
 }
 
@@ -447,7 +474,8 @@ void ProcessEnv::close(const std::string& episode_id) {
 
 ProcessEnvPool::ProcessEnvPool(const std::string& command, const EnvOptions& options) {
   if (options.processes < 1) throw std::invalid_argument("--env-procs must be >= 1");
-  for (int32_t i = 0; i < options.processes; ++i) envs_.push_back(std::make_unique<ProcessEnv>(command, options));
+  for (int32_t i = 0; i < options.processes; ++i)
+    envs_.push_back(std::make_unique<ProcessEnv>(command, options));
   open_.assign(envs_.size(), 0);
 }
 
@@ -488,7 +516,8 @@ EnvReply ProcessEnvPool::step(const std::string& episode_id, const ojson& assist
   const int64_t p = owner(episode_id);
   if (p < 0) {
     EnvReply r;
-    r.error = "env_malformed: a step of episode '" + episode_id + "', which is not open (never reset, or ended)";
+    r.error = "env_malformed: a step of episode '" + episode_id +
+              "', which is not open (never reset, or ended)";
     return r;
   }
   EnvReply r = envs_[static_cast<size_t>(p)]->step(episode_id, assistant);

@@ -69,12 +69,15 @@ class ProcessEnv : public Environment {
   EnvReply exchange_now(const nlohmann::ordered_json& request, bool expect_reply, bool is_reset);
   // The parts of exchange_now; each returns the failure that ends the exchange, if any.
   // A step or close of an episode whose process is gone (env_died; a close of one is nothing).
-  std::optional<EnvReply> check_episode(const std::string& op, const std::string& episode_id, bool expect_reply);
-  std::optional<EnvReply> send_line(const std::string& line, std::chrono::steady_clock::time_point deadline,
+  std::optional<EnvReply> check_episode(const std::string& op, const std::string& episode_id,
+                                        bool expect_reply);
+  std::optional<EnvReply> send_line(const std::string& line,
+                                    std::chrono::steady_clock::time_point deadline,
                                     const std::string& what, const std::string& episode_id);
   // The next line the process wrote (without its newline) into *line.
-  std::optional<EnvReply> read_line(std::chrono::steady_clock::time_point deadline, const std::string& what,
-                                    const std::string& episode_id, std::string* line);
+  std::optional<EnvReply> read_line(std::chrono::steady_clock::time_point deadline,
+                                    const std::string& what, const std::string& episode_id,
+                                    std::string* line);
   // The next line that is meant as a reply, a JSON object, into *line and *j.
   std::optional<EnvReply> read_reply_object(std::chrono::steady_clock::time_point deadline,
                                             const std::string& what, const std::string& episode_id,
@@ -92,8 +95,8 @@ class ProcessEnv : public Environment {
   const std::chrono::milliseconds timeout_;
   // The worker's state: only the worker thread touches these.
   pid_t pid_ = -1;
-  int fd_ = -1;         // our end of the socket pair (the child's stdin and stdout)
-  std::string buffer_;  // bytes read past the last line
+  int fd_ = -1;              // our end of the socket pair (the child's stdin and stdout)
+  std::string buffer_;       // bytes read past the last line
   void drop_stray_output();  // before a request: what the process wrote unasked
   // The process each open episode was reset on (starts_ at its reset): a step of an episode whose
   // process is gone fails (env_died) without reaching the new one, which never saw it.
@@ -136,8 +139,8 @@ class ProcessEnvPool : public Environment {
   std::vector<std::unique_ptr<ProcessEnv>> envs_;
   mutable std::mutex mu_;
   std::map<std::string, size_t> owner_;  // open episode -> process; guarded by mu_
-  std::vector<int64_t> open_;             // open episodes per process; guarded by mu_
-  size_t next_demo_ = 0;                  // guarded by mu_
+  std::vector<int64_t> open_;            // open episodes per process; guarded by mu_
+  size_t next_demo_ = 0;                 // guarded by mu_
 };
 
 }  // namespace crl::trainer

@@ -36,8 +36,8 @@ void RlOptions::validate() {
   }
   const double lr = trainer.schedule.lr;
   if (!(lr >= 0) || !(sft_schedule.lr >= 0)) {
-    throw std::invalid_argument(fmt::format("--lr ({}) and --sft-lr ({}) must be >= 0", lr,
-                                            sft_schedule.lr));
+    throw std::invalid_argument(
+        fmt::format("--lr ({}) and --sft-lr ({}) must be >= 0", lr, sft_schedule.lr));
   }
   if (reproducible && serve_port >= 0 && !deterministic) {
     throw std::invalid_argument(
@@ -46,21 +46,26 @@ void RlOptions::validate() {
         "batch");
   }
   if (trainer.schedule.min_lr > lr) {
-    throw std::invalid_argument(fmt::format("--min-lr {} is above --lr {} (the cosine decays "
-                                            "from --lr to --min-lr)", trainer.schedule.min_lr, lr));
+    throw std::invalid_argument(
+        fmt::format("--min-lr {} is above --lr {} (the cosine decays "
+                    "from --lr to --min-lr)",
+                    trainer.schedule.min_lr, lr));
   }
   if (sft_schedule.min_lr > sft_schedule.lr) {
-    throw std::invalid_argument(fmt::format("--sft-min-lr {} is above --sft-lr {} (the cosine "
-                                            "decays from --sft-lr to --sft-min-lr)",
-                                            sft_schedule.min_lr, sft_schedule.lr));
+    throw std::invalid_argument(
+        fmt::format("--sft-min-lr {} is above --sft-lr {} (the cosine "
+                    "decays from --sft-lr to --sft-min-lr)",
+                    sft_schedule.min_lr, sft_schedule.lr));
   }
   sft_schedule.validate();
   trainer.validate();
   // A checkpoint of the other kind, or another adapter shape: said before any rank loads it.
-  if (!resume_dir.empty()) check_resume_shape(read_checkpoint_state(resume_dir), resume_dir, trainer.lora);
+  if (!resume_dir.empty())
+    check_resume_shape(read_checkpoint_state(resume_dir), resume_dir, trainer.lora);
   if (save_merged && (!trainer.lora.enabled() || save_dir.empty())) {
-    throw std::invalid_argument("--save-merged needs --lora-rank > 0 and --save-dir (a full fine-tuning "
-                                "checkpoint is already a model directory)");
+    throw std::invalid_argument(
+        "--save-merged needs --lora-rank > 0 and --save-dir (a full fine-tuning "
+        "checkpoint is already a model directory)");
   }
   if (sync.mode != sync::SyncMode::kBucket) {
     throw std::invalid_argument(fmt::format(
@@ -69,29 +74,36 @@ void RlOptions::validate() {
         sync::sync_mode_name(sync.mode)));
   }
   if (trainer.micro_batch_tokens <= max_tokens) {
-    throw std::invalid_argument("--micro-batch-tokens must exceed --max-tokens (a sequence never "
-                                "splits across micro-batches)");
+    throw std::invalid_argument(
+        "--micro-batch-tokens must exceed --max-tokens (a sequence never "
+        "splits across micro-batches)");
   }
   if (!env.empty()) {
     multi_turn.max_tokens_per_turn = max_tokens;
     if (multi_turn.max_turns < 1 || multi_turn.max_episode_tokens <= max_tokens) {
-      throw std::invalid_argument("--max-turns must be >= 1 and --max-episode-tokens above --max-tokens");
+      throw std::invalid_argument(
+          "--max-turns must be >= 1 and --max-episode-tokens above --max-tokens");
     }
     if (trainer.micro_batch_tokens < multi_turn.max_episode_tokens) {
-      throw std::invalid_argument(fmt::format(
-          "--micro-batch-tokens ({}) must be at least --max-episode-tokens ({}): a trajectory never "
-          "splits across micro-batches", trainer.micro_batch_tokens, multi_turn.max_episode_tokens));
+      throw std::invalid_argument(
+          fmt::format("--micro-batch-tokens ({}) must be at least --max-episode-tokens ({}): a "
+                      "trajectory never "
+                      "splits across micro-batches",
+                      trainer.micro_batch_tokens, multi_turn.max_episode_tokens));
     }
     if (!data_path.empty()) {
-      throw std::invalid_argument("--env and --data exclude each other: the environment sets the tasks");
+      throw std::invalid_argument(
+          "--env and --data exclude each other: the environment sets the tasks");
     }
     if (reproducible) {
-      throw std::invalid_argument("--reproducible is not supported with --env: episodes finish in "
-                                  "the order their environment answers");
+      throw std::invalid_argument(
+          "--reproducible is not supported with --env: episodes finish in "
+          "the order their environment answers");
     }
   }
   if (steps < 0 || prompts_per_step < 1 || samples_per_prompt < 1 || max_tokens < 1) {
-    throw std::invalid_argument("--steps >= 0, --prompts-per-step, --n-samples and --max-tokens >= 1");
+    throw std::invalid_argument(
+        "--steps >= 0, --prompts-per-step, --n-samples and --max-tokens >= 1");
   }
 }
 
@@ -105,7 +117,8 @@ RlRanks make_rl_ranks(sync::World& world, const RlOptions& o, const sync::CommFa
   if (cuda && o.device_map.empty() && topo.nnodes > 1) {
     // Without a map each node places its ranks by its own GPU count; the groups' backends agree
     // across nodes only if the counts do.
-    at::Tensor n = at::tensor({int64_t{o.cuda_device_count}, -int64_t{o.cuda_device_count}}, at::kLong);
+    at::Tensor n =
+        at::tensor({int64_t{o.cuda_device_count}, -int64_t{o.cuda_device_count}}, at::kLong);
     world.comm->all_reduce(n, sync::ReduceOp::kMax);
     if (n[0].item<int64_t>() != -n[1].item<int64_t>()) {
       CRL_INVALID("the nodes see different numbers of CUDA devices (", -n[1].item<int64_t>(),
@@ -116,7 +129,8 @@ RlRanks make_rl_ranks(sync::World& world, const RlOptions& o, const sync::CommFa
   if (!own && cuda) {
     const int gpu = r.self.gpu;
     sync::StorePtr store = world.store;
-    own = [store, gpu](const std::string& backend, const std::string& prefix, sync::GroupInfo info) {
+    own = [store, gpu](const std::string& backend, const std::string& prefix,
+                       sync::GroupInfo info) {
       CRL_CHECK(backend == "nccl", "group ", info.name, ": unexpected backend ", backend);
       sync::select_cuda_device(gpu);  // an NCCL communicator lives on the current CUDA device
       return sync::make_nccl_communicator(store, prefix, std::move(info));
@@ -139,8 +153,9 @@ RlContext::Start RlContext::read_start(const RlOptions& o) {
 }
 
 TaskData::TaskData(const RlOptions& o, int64_t rows_drawn) {
-  auto task = o.data_path.empty() ? default_task_rows(o.default_task_rows, o.seed)
-                                  : load_task_jsonl(o.data_path, o.reward, o.model_dir, o.split_special_tokens);
+  auto task = o.data_path.empty()
+                  ? default_task_rows(o.default_task_rows, o.seed)
+                  : load_task_jsonl(o.data_path, o.reward, o.model_dir, o.split_special_tokens);
   split_ = split_task(std::move(task), o.eval_rows, o.seed);
   if (split_.train.empty()) CRL_INVALID("the task has no training rows after the held-out split");
   rows_ = std::make_unique<RowSampler>(static_cast<int64_t>(split_.train.size()), o.seed + 17);

@@ -32,8 +32,8 @@ namespace crl::trainer {
 struct RlOptions {
   int infer_per_node = 1;
   int train_per_node = 1;
-  std::string model_dir;      // resolved
-  std::string data_path;      // empty: the built-in default task
+  std::string model_dir;              // resolved
+  std::string data_path;              // empty: the built-in default task
   bool split_special_tokens = false;  // --data is untrusted: special-token literals stay text
   trainer::RewardOptions reward;
   int64_t default_task_rows = 4000;
@@ -74,7 +74,8 @@ struct RlOptions {
   std::string save_dir;
   int64_t save_every = 0;
   std::string resume_dir;
-  bool save_merged = false;  // LoRA: each checkpoint also holds merged/, the base with the adapter merged
+  bool save_merged =
+      false;  // LoRA: each checkpoint also holds merged/, the base with the adapter merged
 
   // --serve-port: infer rank k serves the OpenAI API on port + k (0: any free port) during
   // training, its HTTP requests in the same continuous batch as the rollouts; -1: off.

@@ -4,7 +4,8 @@
 
 namespace crl::trainer {
 
-RolloutBatcher::RolloutBatcher(int64_t oldest_allowed, int64_t micro_batch_tokens, Send send, EndStep end_step)
+RolloutBatcher::RolloutBatcher(int64_t oldest_allowed, int64_t micro_batch_tokens, Send send,
+                               EndStep end_step)
     : oldest_allowed_(oldest_allowed),
       micro_batch_tokens_(micro_batch_tokens),
       send_(std::move(send)),

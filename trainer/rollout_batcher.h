@@ -25,8 +25,8 @@ class RolloutBatcher {
   RolloutBatcher(int64_t oldest_allowed, int64_t micro_batch_tokens, Send send, EndStep end_step);
 
   enum class Advantages {
-    kGroup,     // GRPO over the group's rewards (compute_group_advantages)
-    kAsGiven,   // the samples carry theirs (multi-turn: each episode's, group_episode_samples)
+    kGroup,    // GRPO over the group's rewards (compute_group_advantages)
+    kAsGiven,  // the samples carry theirs (multi-turn: each episode's, group_episode_samples)
   };
   // A finished group: its samples with the version of each token (Sample::versions) and the loss
   // mask (Sample::loss_mask; empty: every token trains). Returns false when it was dropped as too

@@ -12,17 +12,17 @@
 #include "common/check.h"
 #include "common/units.h"
 #include "engine/model/config.h"
-#include "text/chat_template.h"
-#include "text/tokenizer.h"
 #include "sync/rollout_transport.h"
 #include "sync/weight_layout.h"
 #include "sync/weight_sync.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
 #include "trainer/checkpoint.h"
 #include "trainer/environment.h"
 #include "trainer/make_environment.h"
-#include "trainer/multi_turn.h"
 #include "trainer/metrics.h"
 #include "trainer/micro_batch.h"
+#include "trainer/multi_turn.h"
 #include "trainer/prompt_encoder.h"
 #include "trainer/step_reports.h"
 
@@ -53,7 +53,7 @@ RolloutConsumer::RolloutConsumer(RlContext& ctx) : c_(ctx), o_(ctx.o) {
 RolloutConsumer::~RolloutConsumer() = default;
 
 TrainerOptions rollout_trainer_options(const RlOptions& o, const sync::RankPlacement& self,
-                                      sync::Communicator* train_group) {
+                                       sync::Communicator* train_group) {
   CRL_CHECK(self.role == sync::Role::kTrain, "rank ", self.world_rank, " is not a train rank");
   TrainerOptions topts = o.trainer;
   topts.device = self.device;
@@ -175,7 +175,8 @@ std::vector<LossMetrics> RolloutConsumer::accumulate_all(Trainer& tr,
       continue;
     }
     const MicroBatch& mb = batches[i];
-    parts.push_back(tr.accumulate(mb, kind, static_cast<double>(mb.num_loss_tokens()), i + 1 == rounds));
+    parts.push_back(
+        tr.accumulate(mb, kind, static_cast<double>(mb.num_loss_tokens()), i + 1 == rounds));
     local_loss_tokens_ += mb.num_loss_tokens();
   }
   return parts;
@@ -211,7 +212,8 @@ bool RolloutConsumer::run_rounds(Trainer& tr, Rounds& r, std::vector<LossMetrics
     } else {
       MicroBatch mb = std::move(r.held.front());
       r.held.pop_front();
-      parts.push_back(tr.accumulate(mb, LossKind::kGrpo, static_cast<double>(mb.num_loss_tokens())));
+      parts.push_back(
+          tr.accumulate(mb, LossKind::kGrpo, static_cast<double>(mb.num_loss_tokens())));
       local_loss_tokens_ += mb.num_loss_tokens();
     }
     ++r.done;
@@ -236,7 +238,8 @@ double RolloutConsumer::send(Trainer& tr, int64_t version) {
   return ws_->send(params, version).transfer_s;
 }
 
-std::unique_ptr<Trainer> RolloutConsumer::sft(std::unique_ptr<Trainer> tr, const TrainerOptions& topts) {
+std::unique_ptr<Trainer> RolloutConsumer::sft(std::unique_ptr<Trainer> tr,
+                                              const TrainerOptions& topts) {
   TrainerOptions so = topts;
   so.schedule = o_.sft_schedule;
   so.schedule.total_steps = o_.sft_steps;
@@ -270,17 +273,20 @@ std::unique_ptr<Trainer> RolloutConsumer::sft(std::unique_ptr<Trainer> tr, const
         const nlohmann::ordered_json demo = env->demonstration(EnvSplit::kTrain, picked[i]);
         if (demo.is_null()) {
           throw std::invalid_argument("--env " + o_.env + " gives no demonstration for task " +
-                                      std::to_string(picked[i]) + " (the SFT warm-up needs them; pass --sft-steps 0)");
+                                      std::to_string(picked[i]) +
+                                      " (the SFT warm-up needs them; pass --sft-steps 0)");
         }
         SampleGroup g;
-        g.samples.push_back(demonstration_sample(demo["messages"], demo["tools"], *chat, tok, chat_prefix,
-                                                 format, static_cast<int32_t>(cfg.eos_token_ids.at(0))));
+        g.samples.push_back(demonstration_sample(demo["messages"], demo["tools"], *chat, tok,
+                                                 chat_prefix, format,
+                                                 static_cast<int32_t>(cfg.eos_token_ids.at(0))));
         g.prompt_ids = g.samples[0].prompt_ids;
         groups.push_back(std::move(g));
         continue;
       }
       const auto& row = c_.data.split().train[picked[i]];
-      groups.push_back(sft_group(prompts.encode(row), tok.encode(row.answer, PromptEncoder::answer_options(row)),
+      groups.push_back(sft_group(prompts.encode(row),
+                                 tok.encode(row.answer, PromptEncoder::answer_options(row)),
                                  static_cast<int32_t>(cfg.eos_token_ids.at(0))));
     }
     auto batches = pack_micro_batches(groups, so.micro_batch_tokens);
@@ -306,7 +312,8 @@ std::unique_ptr<Trainer> RolloutConsumer::sft(std::unique_ptr<Trainer> tr, const
   return std::make_unique<Trainer>(config, std::move(w), topts);
 }
 
-void RolloutConsumer::check_staleness(const MicroBatch& mb, int64_t step, int64_t* sum, int64_t* max) const {
+void RolloutConsumer::check_staleness(const MicroBatch& mb, int64_t step, int64_t* sum,
+                                      int64_t* max) const {
   const int64_t trainer_version = c_.versions.version_at(step);
   at::Tensor on = mb.loss_mask > 0.5f;
   at::Tensor stale = trainer_version - mb.versions.masked_select(on);
@@ -317,12 +324,14 @@ void RolloutConsumer::check_staleness(const MicroBatch& mb, int64_t step, int64_
     throw std::runtime_error(fmt::format(
         "step {}: a rollout token was sampled by weights version {}, newer than the version "
         "this step trains ({}): the train ranks' version arithmetic disagrees with the "
-        "versions the engines received", step + 1, trainer_version - mn, trainer_version));
+        "versions the engines received",
+        step + 1, trainer_version - mn, trainer_version));
   }
   if (trainer_version - mx < c_.versions.oldest_allowed(step)) {
     throw std::runtime_error(fmt::format(
         "step {}: a rollout token is {} versions older than the trainer's weights (version {}), "
-        "beyond --max-staleness {}", step + 1, mx, trainer_version, o_.max_staleness));
+        "beyond --max-staleness {}",
+        step + 1, mx, trainer_version, o_.max_staleness));
   }
   *max = std::max(*max, mx);
   *sum += stale.sum().item<int64_t>();
@@ -363,24 +372,28 @@ TrainReport RolloutConsumer::train_step(Trainer& tr, int64_t step) {
   auto on_idle = [&] {
     if (!rd.held.empty()) look();
   };
-  auto rs = receiver_->receive_step(step, c_.rollout_deadline(), [&](at::Tensor buf) {
-    auto c0 = Clock::now();
-    MicroBatch mb = deserialize_micro_batch(buf);
-    buf = at::Tensor();
-    check_staleness(mb, step, &stale_sum, &stale_max);
-    tokens += mb.num_tokens();
-    if (rounds) {
-      rd.held.push_back(std::move(mb));
-      count_round(rd, /*ended=*/false);
-      rd.next_look = {};  // look now
-      rd.pause = std::chrono::microseconds(100);
-      look();
-    } else {
-      parts.push_back(tr.accumulate(mb, LossKind::kGrpo, static_cast<double>(mb.num_loss_tokens())));
-      local_loss_tokens_ += mb.num_loss_tokens();
-    }
-    compute_s += seconds_since(c0);
-  }, rounds ? std::function<void()>(on_idle) : nullptr, /*in_turn=*/o_.reproducible);
+  auto rs = receiver_->receive_step(
+      step, c_.rollout_deadline(),
+      [&](at::Tensor buf) {
+        auto c0 = Clock::now();
+        MicroBatch mb = deserialize_micro_batch(buf);
+        buf = at::Tensor();
+        check_staleness(mb, step, &stale_sum, &stale_max);
+        tokens += mb.num_tokens();
+        if (rounds) {
+          rd.held.push_back(std::move(mb));
+          count_round(rd, /*ended=*/false);
+          rd.next_look = {};  // look now
+          rd.pause = std::chrono::microseconds(100);
+          look();
+        } else {
+          parts.push_back(
+              tr.accumulate(mb, LossKind::kGrpo, static_cast<double>(mb.num_loss_tokens())));
+          local_loss_tokens_ += mb.num_loss_tokens();
+        }
+        compute_s += seconds_since(c0);
+      },
+      rounds ? std::function<void()>(on_idle) : nullptr, /*in_turn=*/o_.reproducible);
   double wait_s = rs.wait_s;
   if (rounds) {
     // This rank's stream ended: run the rest of the rounds (empty ones where peers have more).

@@ -52,7 +52,7 @@ bool round_runnable(int64_t have_i, int64_t ended, int64_t ended_i, int64_t rank
 // The trainer of train rank `self`: the options' trainer settings on the placement's device,
 // reducing over `train_group`, its buckets the weight sync's (same cap).
 TrainerOptions rollout_trainer_options(const RlOptions& o, const sync::RankPlacement& self,
-                                      sync::Communicator* train_group);
+                                       sync::Communicator* train_group);
 
 class RolloutConsumer {
  public:

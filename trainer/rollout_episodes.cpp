@@ -10,9 +10,9 @@
 #include "sync/communicator.h"
 #include "trainer/environment.h"
 #include "trainer/multi_turn.h"
-#include "trainer/step_reports.h"
 #include "trainer/rollout_batcher.h"
 #include "trainer/rollout_producer.h"
+#include "trainer/step_reports.h"
 
 namespace crl::trainer {
 

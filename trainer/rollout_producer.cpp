@@ -8,20 +8,20 @@
 #include <limits>
 #include <thread>
 
-#include "common/units.h"
 #include "common/check.h"
+#include "common/units.h"
 #include "engine/engine_loop.h"
 #include "engine/llm_engine.h"
-#include "text/chat_template.h"
 #include "sync/rollout_transport.h"
 #include "sync/weight_layout.h"
 #include "sync/weight_sync.h"
+#include "text/chat_template.h"
 #include "trainer/environment.h"
 #include "trainer/make_environment.h"
 #include "trainer/multi_turn.h"
 #include "trainer/prompt_encoder.h"
-#include "trainer/step_reports.h"
 #include "trainer/rollout_batcher.h"
+#include "trainer/step_reports.h"
 
 namespace crl::trainer {
 namespace {
@@ -46,7 +46,7 @@ std::vector<int> shard_by_cost(const std::vector<int64_t>& cost, int ranks) {
 }  // namespace
 
 engine::EngineConfig rollout_engine_config(const RlOptions& o, const sync::RankPlacement& self,
-                                          bool resumed) {
+                                           bool resumed) {
   CRL_CHECK(self.role == sync::Role::kInfer, "rank ", self.world_rank, " is not an infer rank");
   engine::EngineConfig ec;
   // A LoRA run's checkpoint holds the adapter alone: the engine loads the base from --model.
@@ -71,24 +71,26 @@ engine::EngineConfig rollout_engine_config(const RlOptions& o, const sync::RankP
 RolloutProducer::RolloutProducer(RlContext& ctx) : c_(ctx), o_(ctx.o) {
   auto eng = std::make_unique<engine::LlmEngine>(
       rollout_engine_config(o_, c_.ranks.self, c_.versions.resumed()));
-  CRL_CHECK(eng->tokenizer(), "the RL job needs a model with a tokenizer (tokenizer.json or tokenizer.model)");
+  CRL_CHECK(eng->tokenizer(),
+            "the RL job needs a model with a tokenizer (tokenizer.json or tokenizer.model)");
   prompts_ = std::make_unique<PromptEncoder>(*eng->tokenizer(), eng->prompt_prefix());
   if (o_.trainer.lora.enabled()) {
     // LoRA RL: the engine's updates are the policy adapter's versions (adapter bytes only); it
     // starts as the trainer does (B = 0: the base's outputs), or from the checkpoint's adapter.
     const LoraTrainOptions& lo = o_.trainer.lora;
     const engine::LoraAdapter initial =
-        c_.versions.resumed()
-            ? engine::load_peft_adapter(o_.resume_dir, eng->model_config())
-            : engine::make_lora_adapter(eng->model_config(), lo.rank, lo.alpha,
-                                        engine::parse_lora_targets(lo.targets), lo.seed, /*random_b=*/false);
+        c_.versions.resumed() ? engine::load_peft_adapter(o_.resume_dir, eng->model_config())
+                              : engine::make_lora_adapter(eng->model_config(), lo.rank, lo.alpha,
+                                                          engine::parse_lora_targets(lo.targets),
+                                                          lo.seed, /*random_b=*/false);
     layout_ = std::make_unique<sync::WeightLayout>(
         eng->loras()
-            .attach_policy("policy", initial, o_.bucket_bytes, static_cast<int32_t>(o_.max_staleness + 1),
-                           eng->weight_version())
+            .attach_policy("policy", initial, o_.bucket_bytes,
+                           static_cast<int32_t>(o_.max_staleness + 1), eng->weight_version())
             .layout());
   } else {
-    layout_ = std::make_unique<sync::WeightLayout>(eng->attach_weight_buffers(o_.bucket_bytes).layout());
+    layout_ =
+        std::make_unique<sync::WeightLayout>(eng->attach_weight_buffers(o_.bucket_bytes).layout());
   }
   followed_ = requested_ = c_.versions.start_step();  // the checkpoint's version on resume, else 0
   eng->set_weight_version(followed_);
@@ -106,10 +108,12 @@ RolloutProducer::RolloutProducer(RlContext& ctx) : c_(ctx), o_(ctx.o) {
         n += e;
       }
       const LoraTrainOptions& lo = o_.trainer.lora;
-      fmt::print("LoRA: rank {}, alpha {}, targets {}: {} adapter parameters trained and synced, the "
-                 "base frozen, {} versions held; warm-up {} steps at {:g}, GRPO at {:g}, rollouts at "
-                 "temperature {:g}\n", lo.rank, lo.alpha, lo.targets, n, o_.max_staleness + 1, o_.sft_steps,
-                 o_.sft_schedule.lr, o_.trainer.schedule.lr, o_.temperature);
+      fmt::print(
+          "LoRA: rank {}, alpha {}, targets {}: {} adapter parameters trained and synced, the "
+          "base frozen, {} versions held; warm-up {} steps at {:g}, GRPO at {:g}, rollouts at "
+          "temperature {:g}\n",
+          lo.rank, lo.alpha, lo.targets, n, o_.max_staleness + 1, o_.sft_steps, o_.sft_schedule.lr,
+          o_.trainer.schedule.lr, o_.temperature);
     }
     std::fflush(stdout);
   }
@@ -129,7 +133,8 @@ RolloutProducer::RolloutProducer(RlContext& ctx) : c_(ctx), o_(ctx.o) {
   }
   std::vector<int32_t> chat_prefix;
   if (!o_.env.empty()) {
-    chat_ = std::make_unique<text::ChatTemplate>(text::ChatTemplate::from_model_dir(eng->config().model_dir));
+    chat_ = std::make_unique<text::ChatTemplate>(
+        text::ChatTemplate::from_model_dir(eng->config().model_dir));
     if (!chat_->is_jinja()) chat_prefix = eng->prompt_prefix();  // a built-in format: BOS first
   }
   const text::Tokenizer* tok = eng->tokenizer();
@@ -142,11 +147,13 @@ RolloutProducer::RolloutProducer(RlContext& ctx) : c_(ctx), o_(ctx.o) {
     const text::ToolCallFormat format = text::detect_tool_call_format(*chat_);
     MultiTurnOptions mo = o_.multi_turn;
     mo.timeout = o_.rollout_timeout;
-    episodes_ = std::make_unique<EpisodeRunner>(*loop_, *env_, *chat_, *tok, chat_prefix, format, mo);
+    episodes_ =
+        std::make_unique<EpisodeRunner>(*loop_, *env_, *chat_, *tok, chat_prefix, format, mo);
     if (c_.ranks.env.rank == 0) {
-      fmt::print("multi-turn: environment {}, tool calls in the {} form, up to {} turns and {} "
-                 "tokens an episode\n", env_->name(), text::tool_call_format_name(format),
-                 mo.max_turns, mo.max_episode_tokens);
+      fmt::print(
+          "multi-turn: environment {}, tool calls in the {} form, up to {} turns and {} "
+          "tokens an episode\n",
+          env_->name(), text::tool_call_format_name(format), mo.max_turns, mo.max_episode_tokens);
       std::fflush(stdout);
     }
   }
@@ -220,8 +227,9 @@ void RolloutProducer::request_next() {
 void RolloutProducer::wait_weights() {
   request_next();
   if (!loop_->wait_weight_version(followed_ + 1, c_.rollout_deadline())) {
-    throw std::runtime_error(fmt::format("waited {} s for the train ranks to send weights version {}",
-                                         o_.rollout_timeout.count() / 1000, followed_ + 1));
+    throw std::runtime_error(
+        fmt::format("waited {} s for the train ranks to send weights version {}",
+                    o_.rollout_timeout.count() / 1000, followed_ + 1));
   }
   follow_updates();
 }
@@ -387,7 +395,8 @@ InferReport RolloutProducer::rollout(int64_t step) {
 
 int64_t RolloutProducer::send(std::vector<SampleGroup>& pending, int64_t step) {
   if (pending.empty()) return 0;
-  auto batches = pack_micro_batches(pending, o_.trainer.micro_batch_tokens, loop_->weight_version());
+  auto batches =
+      pack_micro_batches(pending, o_.trainer.micro_batch_tokens, loop_->weight_version());
   pending.clear();
   int64_t bytes = 0;
   for (auto& mb : batches) {
@@ -400,8 +409,10 @@ int64_t RolloutProducer::send(std::vector<SampleGroup>& pending, int64_t step) {
     while (!sender_->try_enqueue(step, buf)) {
       if (!follow_updates()) std::this_thread::sleep_for(std::chrono::microseconds(500));
       if (Clock::now() > deadline) {
-        throw std::runtime_error(fmt::format("step {}: the train ranks took no rollouts before the "
-                                             "deadline", step + 1));
+        throw std::runtime_error(
+            fmt::format("step {}: the train ranks took no rollouts before the "
+                        "deadline",
+                        step + 1));
       }
     }
   }

@@ -61,7 +61,7 @@ struct InferReport;
 // The engine of infer rank `self`: the options' model (the checkpoint's when `resumed`), dtype,
 // kernels and KV pool, on the placement's device.
 engine::EngineConfig rollout_engine_config(const RlOptions& o, const sync::RankPlacement& self,
-                                          bool resumed);
+                                           bool resumed);
 
 class RolloutProducer {
  public:
@@ -98,7 +98,8 @@ class RolloutProducer {
   // environment, one sample per trajectory segment; and the held-out success rate (greedy).
   InferReport rollout_episodes(int64_t step);
   double evaluate_episodes();
-  // Packs `pending` and queues the micro-batches; waits (following updates) while the queue is full.
+  // Packs `pending` and queues the micro-batches; waits (following updates) while the queue is
+  // full.
   int64_t send(std::vector<SampleGroup>& pending, int64_t step);
   // Step `step`'s way to the train ranks (staleness rule, advantages, send, end of step).
   RolloutBatcher batcher(int64_t step);
@@ -125,9 +126,9 @@ class RolloutProducer {
   int64_t followed_ = 0;
   int64_t requested_ = 0;  // the newest version asked for
   int64_t evals_ = 0;
-  double sync_mark_s_ = 0;  // loop_->weight_update_seconds() at the last step's metrics
+  double sync_mark_s_ = 0;   // loop_->weight_update_seconds() at the last step's metrics
   int64_t reuses_mark_ = 0;  // loop_->gauges().lora_slot_reuses at the last step's metrics
-  double busy_s_ = 0;    // rollout/eval requests in flight since the last step's metrics
+  double busy_s_ = 0;        // rollout/eval requests in flight since the last step's metrics
 };
 
 }  // namespace crl::trainer

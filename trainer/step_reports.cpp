@@ -320,7 +320,8 @@ void publish_report(sync::Coordinator& coord, int64_t step, int rank, const Rank
 std::vector<RankReport> collect_reports(sync::Coordinator& coord, int64_t step, int ranks,
                                         std::chrono::milliseconds timeout) {
   std::vector<RankReport> out;
-  for (const auto& text : coord.collect(step, ranks, timeout)) out.push_back(parse_rank_report(text));
+  for (const auto& text : coord.collect(step, ranks, timeout))
+    out.push_back(parse_rank_report(text));
   return out;
 }
 
@@ -330,18 +331,24 @@ const char* const kEvalTopic = "eval";
 
 std::string eval_name(const EvalPoint& at) {
   switch (at.kind) {
-    case EvalPoint::Kind::kStart: return "start";
-    case EvalPoint::Kind::kSft: return "sft";
-    case EvalPoint::Kind::kStep: return fmt::format("s{}", at.step);
+    case EvalPoint::Kind::kStart:
+      return "start";
+    case EvalPoint::Kind::kSft:
+      return "sft";
+    case EvalPoint::Kind::kStep:
+      return fmt::format("s{}", at.step);
   }
   return "";
 }
 
 std::string eval_what(const EvalPoint& at) {
   switch (at.kind) {
-    case EvalPoint::Kind::kStart: return "start eval";
-    case EvalPoint::Kind::kSft: return "SFT eval";
-    case EvalPoint::Kind::kStep: return fmt::format("step {} eval", at.step + 1);
+    case EvalPoint::Kind::kStart:
+      return "start eval";
+    case EvalPoint::Kind::kSft:
+      return "SFT eval";
+    case EvalPoint::Kind::kStep:
+      return fmt::format("step {} eval", at.step + 1);
   }
   return "";
 }
@@ -352,7 +359,8 @@ void publish_eval(sync::Coordinator& coord, const EvalPoint& at, const EvalRepor
   coord.publish_result(kEvalTopic, eval_name(at), json(report).dump());
 }
 
-EvalReport wait_eval(sync::Coordinator& coord, const EvalPoint& at, sync::Clock::time_point deadline) {
+EvalReport wait_eval(sync::Coordinator& coord, const EvalPoint& at,
+                     sync::Clock::time_point deadline) {
   return json::parse(coord.wait_result(kEvalTopic, eval_name(at), deadline, eval_what(at)))
       .get<EvalReport>();
 }

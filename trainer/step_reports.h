@@ -9,11 +9,10 @@
 
 #include <chrono>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <variant>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "sync/coordinator.h"
 #include "trainer/metrics.h"
@@ -56,33 +55,33 @@ void from_json(const nlohmann::json& j, InferReport& r);
 
 // A train rank's GRPO step (RolloutConsumer): its micro-batches, the optimizer step, the sync.
 struct TrainReport {
-  int64_t step = 0;                   // optimizer steps taken
-  double loss = 0;                    // LossMetrics of its micro-batches (combine_loss_metrics)
+  int64_t step = 0;  // optimizer steps taken
+  double loss = 0;   // LossMetrics of its micro-batches (combine_loss_metrics)
   double kl = 0;
   double clip_fraction = 0;
-  double gap_max = 0;                 // engine vs trainer log-prob gap
+  double gap_max = 0;  // engine vs trainer log-prob gap
   double gap_mean = 0;
   double is_weight_mean = 0;
   double is_weight_max = 0;
-  int64_t staleness_sum = 0;          // versions behind the trained weights, over loss tokens
+  int64_t staleness_sum = 0;  // versions behind the trained weights, over loss tokens
   int64_t staleness_max = 0;
   int64_t loss_tokens = 0;
   double grad_norm = 0;
   double lr = 0;
-  int64_t micro_batches = 0;          // trained (0: the loss figures mean nothing)
-  int64_t zero_rounds = 0;            // stage 2: collective rounds (empty ones included)
+  int64_t micro_batches = 0;                // trained (0: the loss figures mean nothing)
+  int64_t zero_rounds = 0;                  // stage 2: collective rounds (empty ones included)
   int64_t zero_rounds_while_receiving = 0;  // ... run before this rank's stream ended
-  int64_t train_tokens = 0;           // tokens forwarded
-  int64_t rollout_bytes = 0;          // micro-batch bytes received
-  double wait_s = 0;                  // waiting for rollouts (and the rollouts barrier)
-  double train_s = 0;                 // forward, backward and optimizer
-  double elapsed_s = 0;               // since the job started
-  int64_t peak_rss = 0;               // bytes
-  double sync_send_s = 0;             // sending the new weights
-  double send_wait_s = 0;             // waiting for the engines to ask for them
-  std::string checkpoint;             // the checkpoint written this step ("": none)
-  double checkpoint_s = 0;            // its write time
-  int64_t store_ops = 0;              // as InferReport's
+  int64_t train_tokens = 0;                 // tokens forwarded
+  int64_t rollout_bytes = 0;                // micro-batch bytes received
+  double wait_s = 0;                        // waiting for rollouts (and the rollouts barrier)
+  double train_s = 0;                       // forward, backward and optimizer
+  double elapsed_s = 0;                     // since the job started
+  int64_t peak_rss = 0;                     // bytes
+  double sync_send_s = 0;                   // sending the new weights
+  double send_wait_s = 0;                   // waiting for the engines to ask for them
+  std::string checkpoint;                   // the checkpoint written this step ("": none)
+  double checkpoint_s = 0;                  // its write time
+  int64_t store_ops = 0;                    // as InferReport's
   int64_t store_bytes = 0;
 };
 void to_json(nlohmann::json& j, const TrainReport& r);
@@ -102,12 +101,14 @@ struct StepTotals {
   double episodes = 0, turns = 0, tool_errors = 0, env_errors = 0, env_tokens = 0, model_tokens = 0;
   double lora_slot_reuses = 0;
   double infer_busy = 0, infer_span = 0, train_idle = 0, train_span = 0;
-  double zero_rounds = 0, zero_rounds_while_receiving = 0;  // ZeRO-2 rounds, summed over train ranks
+  double zero_rounds = 0,
+         zero_rounds_while_receiving = 0;  // ZeRO-2 rounds, summed over train ranks
   int64_t engine_version = 0, peak_rss = 0;
   int trains = 0;
 };
 // How the ranks' reports of one step add up. spans[r]: rank r's wall seconds since its previous
-// report (its part of the job's time, for the idle shares). REQUIRES: spans.size() == reports.size().
+// report (its part of the job's time, for the idle shares). REQUIRES: spans.size() ==
+// reports.size().
 StepTotals combine(const std::vector<RankReport>& reports, const std::vector<double>& spans);
 double elapsed_of(const RankReport& report);
 
@@ -138,15 +139,15 @@ struct RlMetricsRow {
   double time_sync_s = 0;           // slowest engine's weight update
   double generated_tokens = 0;
   double train_tokens = 0;
-  double staleness_mean = 0;        // per loss token
+  double staleness_mean = 0;  // per loss token
   double staleness_max = 0;
   double groups_dropped = 0;
-  double is_weight_mean = 0;        // per loss token
+  double is_weight_mean = 0;  // per loss token
   double is_weight_max = 0;
-  double engine_idle_share = 0;     // of the infer ranks' time, no request in flight
-  double trainer_idle_share = 0;    // of the train ranks' time, waiting
-  int64_t engine_version = 0;       // newest engine weights at the reports
-  double store_ops = 0;             // store requests of every rank this step
+  double engine_idle_share = 0;   // of the infer ranks' time, no request in flight
+  double trainer_idle_share = 0;  // of the train ranks' time, waiting
+  int64_t engine_version = 0;     // newest engine weights at the reports
+  double store_ops = 0;           // store requests of every rank this step
   double store_bytes = 0;
   // ZeRO stage 2: the share of collective rounds a train rank ran while its own rollout stream
   // was still open (over all train ranks).
@@ -173,6 +174,7 @@ std::vector<RankReport> collect_reports(sync::Coordinator& coord, int64_t step, 
                                         std::chrono::milliseconds timeout);
 void publish_eval(sync::Coordinator& coord, const EvalPoint& at, const EvalReport& report);
 // Throws naming the evaluation ("start eval", "SFT eval", "step N eval") at `deadline`.
-EvalReport wait_eval(sync::Coordinator& coord, const EvalPoint& at, sync::Clock::time_point deadline);
+EvalReport wait_eval(sync::Coordinator& coord, const EvalPoint& at,
+                     sync::Clock::time_point deadline);
 
 }  // namespace crl::trainer

@@ -1,11 +1,10 @@
 #include "trainer/tasks.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
 #include <regex>
@@ -33,10 +32,14 @@ RewardKind parse_reward_kind(const std::string& name) {
 
 std::string reward_kind_name(RewardKind kind) {
   switch (kind) {
-    case RewardKind::kExact: return "exact";
-    case RewardKind::kNumeric: return "numeric";
-    case RewardKind::kRegex: return "regex";
-    case RewardKind::kFormat: return "format";
+    case RewardKind::kExact:
+      return "exact";
+    case RewardKind::kNumeric:
+      return "numeric";
+    case RewardKind::kRegex:
+      return "regex";
+    case RewardKind::kFormat:
+      return "format";
   }
   return "?";
 }
@@ -127,7 +130,7 @@ RewardResult score_completion(const RewardOptions& o, const std::string& complet
 std::vector<TaskRow> load_task_jsonl(const std::string& path, const RewardOptions& reward,
                                      const std::string& model_dir, bool split_special_tokens) {
   compile(reward.format_regex, "format");
-  std::optional<text::ChatTemplate> chat;  // loaded at the first "messages" row
+  std::optional<text::ChatTemplate> chat;            // loaded at the first "messages" row
   std::optional<std::vector<std::string>> literals;  // with split_special_tokens, at the first chat
   std::ifstream in(path);
   if (!in) CRL_INVALID("cannot read task data ", path);
@@ -144,7 +147,8 @@ std::vector<TaskRow> load_task_jsonl(const std::string& path, const RewardOption
     bool too_deep = false;
     ojson j = parse_untrusted_json<ojson>(text, &too_deep);
     if (j.is_discarded()) {
-      bad(line, too_deep ? "JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels" : "invalid JSON");
+      bad(line, too_deep ? "JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels"
+                         : "invalid JSON");
       continue;
     }
     if (!j.is_object()) {
@@ -240,7 +244,8 @@ TaskSplit split_task(std::vector<TaskRow> rows, int64_t eval_rows, uint64_t seed
   if (eval_rows < 0) eval_rows = default_eval_rows(n);
   if (eval_rows > n / 2) {
     CRL_INVALID("--eval-rows ", eval_rows, " holds out more than half of the ", n,
-                " task rows; use --eval-rows ", n / 2, " or fewer (or leave it out: the default "
+                " task rows; use --eval-rows ", n / 2,
+                " or fewer (or leave it out: the default "
                 "holds out a fifth, at most 128)");
   }
   std::mt19937_64 rng(seed);
@@ -257,9 +262,9 @@ TaskSplit split_task(std::vector<TaskRow> rows, int64_t eval_rows, uint64_t seed
 std::vector<TaskRow> default_task_rows(int64_t count, uint64_t seed) {
   // Words of engine/model/model_writer.cpp's default corpus that the default tokenizer keeps as
   // single pieces ("▁red"), so an answer of k words is k tokens.
-  static const char* const kWords[] = {"red",   "big",   "old",   "green", "small", "quick",
-                                       "lazy",  "dark",  "happy", "young", "bright", "quiet",
-                                       "tree",  "river", "book",  "Leo"};
+  static const char* const kWords[] = {"red",  "big",   "old",   "green", "small",  "quick",
+                                       "lazy", "dark",  "happy", "young", "bright", "quiet",
+                                       "tree", "river", "book",  "Leo"};
   constexpr int64_t kNumWords = sizeof(kWords) / sizeof(kWords[0]);
   std::mt19937_64 rng(seed);
   std::vector<TaskRow> rows;

@@ -63,7 +63,7 @@ struct RewardOptions {
 
 struct RewardResult {
   double reward = 0;
-  bool correct = false;      // the accuracy criterion (format for kFormat)
+  bool correct = false;  // the accuracy criterion (format for kFormat)
   bool well_formed = false;
 };
 
@@ -82,7 +82,8 @@ RewardResult score_completion(const RewardOptions& options, const std::string& c
 // then a count), or names the file when it cannot be read or has no rows, or the model directory
 // when its chat template does not load.
 std::vector<TaskRow> load_task_jsonl(const std::string& path, const RewardOptions& reward = {},
-                                     const std::string& model_dir = "", bool split_special_tokens = false);
+                                     const std::string& model_dir = "",
+                                     bool split_special_tokens = false);
 
 struct TaskSplit {
   std::vector<TaskRow> train;

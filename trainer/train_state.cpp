@@ -44,7 +44,8 @@ TrainState::TrainState(const engine::NamedTensors& weights, TrainStateOptions op
         return sync::WeightLayout::plan(std::move(specs), options.bucket_bytes);
       }()) {
   at::NoGradGuard no_grad;
-  CRL_CHECK(o_.zero_stage >= 0 && o_.zero_stage <= 2, "zero stage ", o_.zero_stage, " is not 0, 1 or 2");
+  CRL_CHECK(o_.zero_stage >= 0 && o_.zero_stage <= 2, "zero stage ", o_.zero_stage,
+            " is not 0, 1 or 2");
   const int world = group_ ? group_->size() : 1;
   shards_ = o_.zero_stage == 0 ? 1 : world;
   shard_rank_ = o_.zero_stage == 0 || !group_ ? 0 : group_->rank();
@@ -80,7 +81,8 @@ TrainState::TrainState(const engine::NamedTensors& weights, TrainStateOptions op
   }
   for (size_t i = 0; i < weights.size(); ++i) {
     const at::Tensor& w = weights[i].second;
-    at::Tensor view = param_full_[where_[i].first].narrow(0, where_[i].second, w.numel()).view(w.sizes());
+    at::Tensor view =
+        param_full_[where_[i].first].narrow(0, where_[i].second, w.numel()).view(w.sizes());
     view.copy_(w);
     params_.emplace_back(weights[i].first, view);
   }
@@ -92,9 +94,11 @@ TrainState::TrainState(const engine::NamedTensors& weights, TrainStateOptions op
       // Exact fp32 masters: from the fp32 weights, not from the compute-dtype copy.
       at::Tensor m = at::zeros({slice_[b]}, state_opts);
       for (const auto& e : buckets[b].entries) {
-        const Overlap o = overlap(e.offset / esize, e.nbytes / esize, shard_rank_ * slice_[b], slice_[b]);
+        const Overlap o =
+            overlap(e.offset / esize, e.nbytes / esize, shard_rank_ * slice_[b], slice_[b]);
         if (o.count > 0) {
-          m.narrow(0, o.at, o.count).copy_(weights[e.tensor].second.reshape({-1}).narrow(0, o.from, o.count));
+          m.narrow(0, o.at, o.count)
+              .copy_(weights[e.tensor].second.reshape({-1}).narrow(0, o.from, o.count));
         }
       }
       master_.push_back(m);
@@ -128,7 +132,9 @@ at::Tensor TrainState::slice_of(const at::Tensor& full, int64_t b) const {
 
 StateBytes TrainState::bytes() const {
   StateBytes s;
-  auto nbytes = [](const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); };
+  auto nbytes = [](const at::Tensor& t) {
+    return t.numel() * static_cast<int64_t>(t.element_size());
+  };
   for (const auto& t : param_full_) s.parameters += nbytes(t);
   for (const auto& t : grad_full_) s.gradients += nbytes(t);
   for (const auto& t : grad_slice_) s.gradients += nbytes(t);
@@ -166,7 +172,8 @@ at::Tensor TrainState::grad_target(int64_t b) {
     }
     if (pool_free_.empty()) {
       int64_t biggest = *std::max_element(slice_.begin(), slice_.end()) * shards_;
-      pool_.push_back(at::empty({biggest}, at::TensorOptions().device(o_.device).dtype(at::kFloat)));
+      pool_.push_back(
+          at::empty({biggest}, at::TensorOptions().device(o_.device).dtype(at::kFloat)));
       pool_free_.push_back(static_cast<int>(pool_.size()) - 1);
     }
     slot_of_[b] = pool_free_.back();
@@ -307,7 +314,8 @@ engine::NamedTensors TrainState::gather(int what, bool keep) {
   engine::NamedTensors out(params_.size());
   for (const auto& bk : layout_.buckets()) {
     const int64_t b = bk.index;
-    at::Tensor full = at::empty({slice_[b] * shards_}, at::TensorOptions().device(o_.device).dtype(at::kFloat));
+    at::Tensor full =
+        at::empty({slice_[b] * shards_}, at::TensorOptions().device(o_.device).dtype(at::kFloat));
     at::Tensor own = slice_of(full, b);
     own.copy_(src[b]);
     if (shards_ > 1) group_->all_gather(own, full);
@@ -337,7 +345,8 @@ void TrainState::scatter(int what, const RangeReader& read) {
   for (const auto& bk : layout_.buckets()) {
     const int64_t b = bk.index;
     for (const auto& e : bk.entries) {
-      const Overlap o = overlap(e.offset / esize, e.nbytes / esize, shard_rank_ * slice_[b], slice_[b]);
+      const Overlap o =
+          overlap(e.offset / esize, e.nbytes / esize, shard_rank_ * slice_[b], slice_[b]);
       if (o.count == 0) continue;
       dst[b].narrow(0, o.at, o.count).copy_(read(e.tensor, o.from, o.count));
     }

@@ -119,20 +119,20 @@ class TrainState {
   int shards_ = 1, shard_rank_ = 0;
   sync::WeightLayout layout_;
   at::Device state_device_ = at::kCPU;
-  std::vector<int64_t> slice_;                 // elements per slice, per bucket
+  std::vector<int64_t> slice_;                      // elements per slice, per bucket
   std::vector<std::pair<int64_t, int64_t>> where_;  // per parameter: (bucket, element offset)
-  std::vector<int64_t> expected_;              // parameters per bucket
+  std::vector<int64_t> expected_;                   // parameters per bucket
   std::vector<std::vector<std::pair<int64_t, int64_t>>> decay_;  // per bucket: slice ranges
-  std::vector<at::Tensor> param_full_;         // compute dtype, [shards * slice]
+  std::vector<at::Tensor> param_full_;                           // compute dtype, [shards * slice]
   std::vector<at::Tensor> bucket_bytes_views_;
   engine::NamedTensors params_;
   std::vector<at::Tensor> master_, exp_avg_, exp_avg_sq_;  // fp32 [slice]
   bool master_aliased_ = false;
-  at::Tensor scratch_;                         // fp32 [max slice]: AdamW's denominator
+  at::Tensor scratch_;  // fp32 [max slice]: AdamW's denominator
   // stage 0/1: full fp32 gradients; stage 2: fp32 slices + a pool of full-bucket buffers.
   std::vector<at::Tensor> grad_full_, grad_slice_, pool_;
   std::vector<int> pool_free_;
-  std::vector<int> slot_of_;                   // stage 2: pool slot of a bucket this round, or -1
+  std::vector<int> slot_of_;  // stage 2: pool slot of a bucket this round, or -1
   std::vector<int64_t> arrived_;
   int64_t next_launch_ = -1;
   bool launching_ = false;

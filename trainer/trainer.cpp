@@ -31,16 +31,21 @@ void TrainerOptions::validate() const {
   if (!(beta2 >= 0 && beta2 < 1)) bad("beta2", std::to_string(beta2), "must be in [0, 1)");
   if (!(adam_eps > 0)) bad("adam_eps", std::to_string(adam_eps), "must be > 0");
   if (!(max_grad_norm >= 0)) bad("max_grad_norm", std::to_string(max_grad_norm), "must be >= 0");
-  if (micro_batch_tokens < 1) bad("micro_batch_tokens", std::to_string(micro_batch_tokens), "must be >= 1");
+  if (micro_batch_tokens < 1)
+    bad("micro_batch_tokens", std::to_string(micro_batch_tokens), "must be >= 1");
   if (zero_stage < -1 || zero_stage > 2) {
     bad("zero_stage", std::to_string(zero_stage), "0, 1 or 2 (-1: automatic)");
   }
-  if (grad_bucket_bytes < 4) bad("grad_bucket_bytes", std::to_string(grad_bucket_bytes), "must be >= 4");
-  if (cpu_kernels != "project" && cpu_kernels != "libtorch") bad("cpu_kernels", cpu_kernels, "project or libtorch");
-  if (lora.rank < 0) bad("lora.rank", std::to_string(lora.rank), "must be >= 0 (0: full fine-tuning)");
+  if (grad_bucket_bytes < 4)
+    bad("grad_bucket_bytes", std::to_string(grad_bucket_bytes), "must be >= 4");
+  if (cpu_kernels != "project" && cpu_kernels != "libtorch")
+    bad("cpu_kernels", cpu_kernels, "project or libtorch");
+  if (lora.rank < 0)
+    bad("lora.rank", std::to_string(lora.rank), "must be >= 0 (0: full fine-tuning)");
   if (lora.enabled()) {
     if (!(lora.alpha > 0)) bad("lora.alpha", std::to_string(lora.alpha), "must be > 0");
-    if (!(lora.dropout >= 0 && lora.dropout < 1)) bad("lora.dropout", std::to_string(lora.dropout), "must be in [0, 1)");
+    if (!(lora.dropout >= 0 && lora.dropout < 1))
+      bad("lora.dropout", std::to_string(lora.dropout), "must be in [0, 1)");
     if (lora.dropout > 0 && activation_checkpointing) {
       // The recomputed layer would draw other dropout masks than the forward that made the loss.
       bad("lora.dropout", std::to_string(lora.dropout), "must be 0 with activation checkpointing");
@@ -81,9 +86,9 @@ struct GradSink : public torch::autograd::Function<GradSink> {
 // (the sinks' graph anchor) puts the node into the graph even where `h` needs no gradient (LoRA:
 // the frozen embedding's output feeds the first layer).
 struct LayerCheckpoint : public torch::autograd::Function<LayerCheckpoint> {
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
-                                                const at::Tensor& h, const at::Tensor& anchor,
-                                                std::shared_ptr<engine::Transformer::LayerFn> layer) {
+  static torch::autograd::variable_list forward(
+      torch::autograd::AutogradContext* ctx, const at::Tensor& h, const at::Tensor& anchor,
+      std::shared_ptr<engine::Transformer::LayerFn> layer) {
     (void)anchor;
     ctx->save_for_backward({h});
     at::Tensor out = (*layer)(h);  // grad mode is off inside a custom forward
@@ -164,8 +169,9 @@ Trainer::Trainer(const std::string& model_dir, TrainerOptions options)
   // A LoRA run whose KL reference is the very base it adapts (a resumed run: it started from a zero
   // B, so base + adapter was the base, bit for bit): the reference shares the frozen base.
   std::error_code ec;
-  const bool reference_is_base = options_.lora.enabled() && !options_.reference_model_dir.empty() &&
-                                 std::filesystem::equivalent(options_.reference_model_dir, model_dir, ec);
+  const bool reference_is_base =
+      options_.lora.enabled() && !options_.reference_model_dir.empty() &&
+      std::filesystem::equivalent(options_.reference_model_dir, model_dir, ec);
   init(std::move(config), std::move(weights), reference_is_base);
 }
 
@@ -177,7 +183,8 @@ Trainer::Trainer(engine::ModelConfig config, engine::NamedTensors weights, Train
 
 Trainer::~Trainer() = default;
 
-void Trainer::init(engine::ModelConfig config, engine::NamedTensors weights, bool reference_is_base) {
+void Trainer::init(engine::ModelConfig config, engine::NamedTensors weights,
+                   bool reference_is_base) {
   Impl& s = *impl_;
   config.validate();
   s.config = config;
@@ -193,7 +200,8 @@ void Trainer::init(engine::ModelConfig config, engine::NamedTensors weights, boo
   // first PPO ratio is exactly 1 and the KL to an equal reference exactly 0.
   topts.cuda_fused = false;
 
-  if (options_.zero_stage < 0) options_.zero_stage = options_.group && options_.group->size() > 1 ? 2 : 0;
+  if (options_.zero_stage < 0)
+    options_.zero_stage = options_.group && options_.group->size() > 1 ? 2 : 0;
   TrainStateOptions so;
   so.zero_stage = options_.zero_stage;
   so.compute_dtype = s.compute_dtype;
@@ -205,8 +213,9 @@ void Trainer::init(engine::ModelConfig config, engine::NamedTensors weights, boo
     s.lora = true;
     for (auto& [name, w] : weights) w = w.detach().to(s.device, s.compute_dtype);
     const LoraTrainOptions& lo = options_.lora;
-    s.lora_shape = engine::make_lora_adapter(config, lo.rank, lo.alpha, engine::parse_lora_targets(lo.targets),
-                                             lo.seed, /*random_b=*/false);
+    s.lora_shape =
+        engine::make_lora_adapter(config, lo.rank, lo.alpha, engine::parse_lora_targets(lo.targets),
+                                  lo.seed, /*random_b=*/false);
     engine::NamedTensors adapter = engine::lora_tensors(s.lora_shape);
     for (auto& [name, t] : adapter) t = t.to(s.device, at::kFloat);
     s.state = std::make_unique<TrainState>(adapter, so, options_.group);
@@ -224,21 +233,24 @@ void Trainer::init(engine::ModelConfig config, engine::NamedTensors weights, boo
   s.anchor = at::zeros({}, at::TensorOptions().dtype(s.compute_dtype).device(s.device))
                  .requires_grad_(true);
   if (options_.activation_checkpointing) {
-    s.model->set_layer_runner([anchor = s.anchor](int64_t, const at::Tensor& h,
-                                                  std::shared_ptr<engine::Transformer::LayerFn> layer) {
-      if (!at::GradMode::is_enabled()) return (*layer)(h);
-      return LayerCheckpoint::apply(h, anchor, std::move(layer))[0];
-    });
+    s.model->set_layer_runner(
+        [anchor = s.anchor](int64_t, const at::Tensor& h,
+                            std::shared_ptr<engine::Transformer::LayerFn> layer) {
+          if (!at::GradMode::is_enabled()) return (*layer)(h);
+          return LayerCheckpoint::apply(h, anchor, std::move(layer))[0];
+        });
   }
 
   if (options_.grpo.kl_coef > 0) {
     if (reference_is_base) {
-      s.reference = std::make_unique<engine::Transformer>(config, s.model->named_parameters(), topts);
+      s.reference =
+          std::make_unique<engine::Transformer>(config, s.model->named_parameters(), topts);
     } else if (!options_.reference_model_dir.empty()) {
       s.reference = std::make_unique<engine::Transformer>(
           engine::Transformer::load(options_.reference_model_dir, topts));
     } else if (s.lora) {  // the shared frozen base with a frozen copy of the adapter
-      s.reference = std::make_unique<engine::Transformer>(config, s.model->named_parameters(), topts);
+      s.reference =
+          std::make_unique<engine::Transformer>(config, s.model->named_parameters(), topts);
       s.snapshot_reference_adapter();
       s.reference->set_adapter(&s.reference_adapter);
     } else {
@@ -260,12 +272,14 @@ int64_t Trainer::reference_bytes() const {
   const Impl& s = *impl_;
   if (!s.reference) return 0;
   std::set<const void*> trainer_storage;
-  for (const auto& [name, t] : s.model->named_parameters()) trainer_storage.insert(t.storage().data());
+  for (const auto& [name, t] : s.model->named_parameters())
+    trainer_storage.insert(t.storage().data());
   int64_t bytes = 0;
   for (const auto& [name, t] : s.reference->named_parameters()) {
     if (trainer_storage.count(t.storage().data()) == 0) bytes += t.numel() * t.element_size();
   }
-  for (const auto& [name, t] : engine::lora_tensors(s.reference_adapter)) bytes += t.numel() * t.element_size();
+  for (const auto& [name, t] : engine::lora_tensors(s.reference_adapter))
+    bytes += t.numel() * t.element_size();
   return bytes;
 }
 bool Trainer::is_group_leader() const { return !options_.group || options_.group->rank() == 0; }
@@ -287,7 +301,9 @@ engine::LoraAdapter Trainer::lora_adapter(bool keep) {
   return engine::lora_with_tensors(impl_->lora_shape, w);
 }
 
-const engine::NamedTensors& Trainer::model_weights() const { return impl_->model->named_parameters(); }
+const engine::NamedTensors& Trainer::model_weights() const {
+  return impl_->model->named_parameters();
+}
 
 void Trainer::zero_grad() { impl_->state->zero_grad(); }
 
@@ -405,7 +421,8 @@ at::Tensor Trainer::compute_logprobs(const MicroBatch& b) const {
 }
 
 void Trainer::copy_weights_to(engine::Transformer& model) const {
-  CRL_CHECK(!impl_->lora, "copy_weights_to: a LoRA trainer's weights are its adapter (lora_adapter())");
+  CRL_CHECK(!impl_->lora,
+            "copy_weights_to: a LoRA trainer's weights are its adapter (lora_adapter())");
   at::NoGradGuard no_grad;
   const engine::NamedTensors& dst = model.named_parameters();
   const engine::NamedTensors& src = impl_->state->parameters();
@@ -441,8 +458,8 @@ void Trainer::load_optimizer_state(const engine::SafetensorsFile& saved, int64_t
         auto it = saved.tensors().find(key);
         if (it == saved.tensors().end()) CRL_INVALID("optimizer state has no tensor '", key, "'");
         if (at::IntArrayRef(it->second.shape) != p.sizes()) {
-          CRL_INVALID("optimizer state tensor '", key, "' has shape ", at::IntArrayRef(it->second.shape),
-                      ", the parameter ", p.sizes());
+          CRL_INVALID("optimizer state tensor '", key, "' has shape ",
+                      at::IntArrayRef(it->second.shape), ", the parameter ", p.sizes());
         }
       }
     }

@@ -56,11 +56,11 @@ enum class LossKind { kGrpo, kSft };
 // alone, under PEFT's tensor names (engine::lora_tensors order). B starts at zero: the first
 // forward equals the base's.
 struct LoraTrainOptions {
-  int64_t rank = 0;                   // 0: full fine-tuning
-  double alpha = 32;                  // scaling alpha / rank (LoRA Without Regret's fixed 32)
-  std::string targets = "all-linear"; // engine::parse_lora_targets
-  double dropout = 0;                 // PEFT's lora_dropout on A's input, gradient passes only
-  uint64_t seed = 1;                  // A's initialisation
+  int64_t rank = 0;                    // 0: full fine-tuning
+  double alpha = 32;                   // scaling alpha / rank (LoRA Without Regret's fixed 32)
+  std::string targets = "all-linear";  // engine::parse_lora_targets
+  double dropout = 0;                  // PEFT's lora_dropout on A's input, gradient passes only
+  uint64_t seed = 1;                   // A's initialisation
   bool enabled() const { return rank > 0; }
 };
 
@@ -117,11 +117,11 @@ using GradScale = std::function<double()>;
 
 // What one optimizer step did.
 struct StepStats {
-  int64_t step = 0;        // optimizer steps taken after this one (1 for the first)
-  double lr = 0;           // learning rate used
-  double grad_norm = 0;    // global norm before clipping (after the all-reduce)
-  LossMetrics loss;        // loss/KL: mean over micro-batches; clip fraction and gap mean:
-                           // token-weighted; gap max: max
+  int64_t step = 0;      // optimizer steps taken after this one (1 for the first)
+  double lr = 0;         // learning rate used
+  double grad_norm = 0;  // global norm before clipping (after the all-reduce)
+  LossMetrics loss;      // loss/KL: mean over micro-batches; clip fraction and gap mean:
+                         // token-weighted; gap max: max
   int64_t num_micro_batches = 0;
   int64_t num_tokens = 0;       // tokens forwarded
   int64_t num_loss_tokens = 0;  // completion tokens
@@ -204,7 +204,8 @@ class Trainer {
 
  private:
   struct Impl;
-  void init(engine::ModelConfig config, engine::NamedTensors weights, bool reference_is_base = false);
+  void init(engine::ModelConfig config, engine::NamedTensors weights,
+            bool reference_is_base = false);
   // Rows' hidden states -> logits -> log-probs of the loss tokens, through `model`.
   at::Tensor forward_logprobs(const engine::Transformer& model, const MicroBatch& batch) const;
 

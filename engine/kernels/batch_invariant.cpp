@@ -15,23 +15,30 @@ namespace {
 const detail::KernelTable& active_table() {
   switch (active_cpu_isa()) {
 #if defined(__x86_64__)
-    case CpuIsa::kAvx512: return detail::kAvx512Kernels;
-    case CpuIsa::kAvx2: return detail::kAvx2Kernels;
+    case CpuIsa::kAvx512:
+      return detail::kAvx512Kernels;
+    case CpuIsa::kAvx2:
+      return detail::kAvx2Kernels;
 #endif
-    default: return detail::kScalarKernels;
+    default:
+      return detail::kScalarKernels;
   }
 }
 
 void check_cpu_dtype(const at::Tensor& t, const char* op, const char* what) {
   CRL_CHECK(t.defined(), op, ": ", what, " is undefined");
-  CRL_CHECK(t.device().is_cpu(), op, ": ", what, " must be on the CPU (batch-invariant kernels are "
-            "CPU kernels), got ", t.device());
+  CRL_CHECK(t.device().is_cpu(), op, ": ", what,
+            " must be on the CPU (batch-invariant kernels are "
+            "CPU kernels), got ",
+            t.device());
   CRL_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16, op, ": ", what,
             " must be float32 or bfloat16, got ", t.scalar_type());
 }
 
 // Rows per parallel chunk so that a chunk holds at least ~16k elements.
-int64_t row_grain(int64_t row_len) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, row_len)); }
+int64_t row_grain(int64_t row_len) {
+  return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, row_len));
+}
 
 }  // namespace
 
@@ -43,12 +50,12 @@ at::Tensor check_linear(const at::Tensor& x, const at::Tensor& weight, const at:
   check_cpu_dtype(weight, "linear", "weight");
   CRL_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1), "linear: x ",
             x.sizes(), " and weight ", weight.sizes(), " do not match ([M, K] and [N, K])");
-  CRL_CHECK(x.scalar_type() == weight.scalar_type(), "linear: x is ", x.scalar_type(),
-            ", weight ", weight.scalar_type());
+  CRL_CHECK(x.scalar_type() == weight.scalar_type(), "linear: x is ", x.scalar_type(), ", weight ",
+            weight.scalar_type());
   if (!bias.defined()) return {};
   check_cpu_dtype(bias, "linear", "bias");
-  CRL_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), "linear: bias ", bias.sizes(), " for ",
-            weight.size(0), " outputs");
+  CRL_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), "linear: bias ", bias.sizes(),
+            " for ", weight.size(0), " outputs");
   return bias.to(at::kFloat).contiguous();
 }
 
@@ -56,7 +63,9 @@ at::Tensor check_linear(const at::Tensor& x, const at::Tensor& weight, const at:
 at::Tensor trivial_linear(const at::Tensor& x, int64_t n, const at::Tensor& b) {
   const int64_t m = x.size(0), k = x.size(1);
   if (m == 0 || n == 0) return at::empty({m, n}, x.options());
-  if (k == 0) return b.defined() ? b.expand({m, n}).to(x.scalar_type()).contiguous() : at::zeros({m, n}, x.options());
+  if (k == 0)
+    return b.defined() ? b.expand({m, n}).to(x.scalar_type()).contiguous()
+                       : at::zeros({m, n}, x.options());
   return {};
 }
 
@@ -102,7 +111,8 @@ void run_gemm_parts(const std::vector<GemmPart>& parts, const GemmShape& s, Gemm
     if (sp.row_blocks * sp.panels < threads) {
       // Fewer panels than threads (a skinny product, such as a LoRA adapter's x A^T of one panel):
       // split the rows further, into no more blocks than micro-tiles, so that no thread only waits.
-      sp.row_blocks = std::max(sp.row_blocks, std::min((m + s.mr - 1) / s.mr, (threads + sp.panels - 1) / sp.panels));
+      sp.row_blocks = std::max(
+          sp.row_blocks, std::min((m + s.mr - 1) / s.mr, (threads + sp.panels - 1) / sp.panels));
     }
     sp.mc = std::max<int64_t>(1, (m + sp.row_blocks - 1) / sp.row_blocks);
     sp.row_blocks = (m + sp.mc - 1) / sp.mc;  // no block left without rows
@@ -126,7 +136,8 @@ void run_gemm_parts(const std::vector<GemmPart>& parts, const GemmShape& s, Gemm
       const int64_t local = task - sp.first_task;
       const int64_t m0 = part.m0 + local / sp.groups * sp.mc;
       const int64_t p0 = local % sp.groups * sp.g;
-      gemm(part.args, m0, std::min(part.m1, m0 + sp.mc), p0, std::min(sp.panels, p0 + sp.g), scratch.data());
+      gemm(part.args, m0, std::min(part.m1, m0 + sp.mc), p0, std::min(sp.panels, p0 + sp.g),
+           scratch.data());
     }
   });
 }
@@ -159,12 +170,13 @@ at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& weight, const at::Te
   if (second) {
     check_cpu_dtype(x2, "linear", "x2");
     check_cpu_dtype(weight2, "linear", "weight2");
-    CRL_CHECK(x2.dim() == 2 && weight2.dim() == 2 && x2.size(0) == x.size(0) && weight2.size(0) == weight.size(0) &&
-                  x2.size(1) == weight2.size(1),
-              "linear: second segment x2 ", x2.sizes(), " and weight2 ", weight2.sizes(), " do not fit x ",
-              x.sizes(), " and weight ", weight.sizes(), " ([M, K2] and [N, K2])");
-    CRL_CHECK(weight2.scalar_type() == weight.scalar_type(), "linear: weight2 is ", weight2.scalar_type(),
-              ", weight ", weight.scalar_type());
+    CRL_CHECK(x2.dim() == 2 && weight2.dim() == 2 && x2.size(0) == x.size(0) &&
+                  weight2.size(0) == weight.size(0) && x2.size(1) == weight2.size(1),
+              "linear: second segment x2 ", x2.sizes(), " and weight2 ", weight2.sizes(),
+              " do not fit x ", x.sizes(), " and weight ", weight.sizes(),
+              " ([M, K2] and [N, K2])");
+    CRL_CHECK(weight2.scalar_type() == weight.scalar_type(), "linear: weight2 is ",
+              weight2.scalar_type(), ", weight ", weight.scalar_type());
   }
   // [x | x2] with an empty x is x2 alone: the one segment (the output still in x's dtype).
   const bool only_second = second && x.size(1) == 0;
@@ -197,8 +209,9 @@ namespace {
 void check_row_groups(const std::vector<RowGroup>& groups, int64_t m, const char* op) {
   int64_t next = 0;
   for (const RowGroup& g : groups) {
-    CRL_CHECK(g.begin == next && g.end >= g.begin, op, ": row groups must cover the rows in order; a group [",
-              g.begin, ", ", g.end, ") follows row ", next);
+    CRL_CHECK(g.begin == next && g.end >= g.begin, op,
+              ": row groups must cover the rows in order; a group [", g.begin, ", ", g.end,
+              ") follows row ", next);
     next = g.end;
   }
   CRL_CHECK(next == m, op, ": row groups cover ", next, " of ", m, " rows");
@@ -216,8 +229,9 @@ at::Tensor bi_grouped_linear(const at::Tensor& x, const std::vector<RowGroup>& g
     check_cpu_dtype(g.weight, "grouped_linear", "weight");
     CRL_CHECK(g.weight.dim() == 2 && g.weight.size(0) == n && g.weight.size(1) == k &&
                   g.weight.scalar_type() == x.scalar_type() && g.weight.is_contiguous(),
-              "grouped_linear: the weight of rows [", g.begin, ", ", g.end, ") is ", g.weight.sizes(), " ",
-              g.weight.scalar_type(), ", not a contiguous [", n, ", ", k, "] ", x.scalar_type());
+              "grouped_linear: the weight of rows [", g.begin, ", ", g.end, ") is ",
+              g.weight.sizes(), " ", g.weight.scalar_type(), ", not a contiguous [", n, ", ", k,
+              "] ", x.scalar_type());
   }
   at::Tensor y = at::empty({m, n}, x.options());
   if (m == 0 || n == 0) return y;
@@ -239,20 +253,22 @@ at::Tensor bi_grouped_linear(const at::Tensor& x, const std::vector<RowGroup>& g
   return y;
 }
 
-at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& x2,
-                     const std::vector<RowGroup>& second) {
+at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                     const at::Tensor& x2, const std::vector<RowGroup>& second) {
   const at::Tensor b = check_linear(x, weight, bias);
   const int64_t m = x.size(0), n = weight.size(0);
   check_row_groups(second, m, "linear");
   check_cpu_dtype(x2, "linear", "x2");
-  CRL_CHECK(x2.dim() == 2 && x2.size(0) == m, "linear: second segment x2 ", x2.sizes(), " for ", m, " rows");
+  CRL_CHECK(x2.dim() == 2 && x2.size(0) == m, "linear: second segment x2 ", x2.sizes(), " for ", m,
+            " rows");
   for (const RowGroup& g : second) {
     if (!g.weight.defined()) continue;
     check_cpu_dtype(g.weight, "linear", "weight2");
     CRL_CHECK(g.weight.dim() == 2 && g.weight.size(0) == n && g.weight.size(1) == x2.size(1) &&
                   g.weight.scalar_type() == weight.scalar_type() && g.weight.is_contiguous(),
-              "linear: the second-segment weight of rows [", g.begin, ", ", g.end, ") is ", g.weight.sizes(), " ",
-              g.weight.scalar_type(), ", not a contiguous [", n, ", ", x2.size(1), "] ", weight.scalar_type());
+              "linear: the second-segment weight of rows [", g.begin, ", ", g.end, ") is ",
+              g.weight.sizes(), " ", g.weight.scalar_type(), ", not a contiguous [", n, ", ",
+              x2.size(1), "] ", weight.scalar_type());
   }
   CRL_CHECK(x.size(1) > 0, "linear: grouped second segments need a first one (x has no columns)");
   if (at::Tensor t = trivial_linear(x, n, b); t.defined()) return t;
@@ -267,7 +283,8 @@ at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& weight, const at::Te
   // second-segment block once for its rows (bi_gemm_impl.h).
   std::vector<detail::RowGroupW2> groups;
   groups.reserve(second.size());
-  for (const RowGroup& g : second) groups.push_back({g.end, g.weight.defined() ? g.weight.data_ptr() : nullptr});
+  for (const RowGroup& g : second)
+    groups.push_back({g.end, g.weight.defined() ? g.weight.data_ptr() : nullptr});
   if (x2f.size(1) > 0) {
     args.x2 = x2f.data_ptr<float>();
     args.ldx2 = x2f.size(1);
@@ -282,10 +299,11 @@ at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& weight, const at::Te
 
 at::Tensor bf16_dot_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   const at::Tensor b = check_linear(x, weight, bias);
-  CRL_CHECK(x.scalar_type() == at::kBFloat16, "bf16_dot_linear: x and weight must be bfloat16, got ",
-            x.scalar_type());
-  CRL_CHECK(bf16_dot_supported(), "bf16_dot_linear: needs AVX512-BF16 and the AVX-512 kernel path (",
-            describe_cpu(), ")");
+  CRL_CHECK(x.scalar_type() == at::kBFloat16,
+            "bf16_dot_linear: x and weight must be bfloat16, got ", x.scalar_type());
+  CRL_CHECK(bf16_dot_supported(),
+            "bf16_dot_linear: needs AVX512-BF16 and the AVX-512 kernel path (", describe_cpu(),
+            ")");
   if (at::Tensor t = trivial_linear(x, weight.size(0), b); t.defined()) return t;
 #if defined(__x86_64__)
   const at::Tensor w = weight.contiguous();
@@ -301,7 +319,8 @@ at::Tensor bf16_dot_linear(const at::Tensor& x, const at::Tensor& weight, const 
     for (int64_t r = 0; r < m; ++r) {
       const uint16_t* s = src + r * k;
       uint32_t* d = dst + r * kp;
-      for (int64_t j = 0; j < k / 2; ++j) d[j] = static_cast<uint32_t>(s[2 * j]) << 16 | s[2 * j + 1];
+      for (int64_t j = 0; j < k / 2; ++j)
+        d[j] = static_cast<uint32_t>(s[2 * j]) << 16 | s[2 * j + 1];
       if (k % 2) d[kp - 1] = static_cast<uint32_t>(s[k - 1]) << 16;
     }
   }
@@ -328,8 +347,9 @@ at::Tensor bi_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps
   at::Tensor y = at::empty_like(xc);
   const int64_t h = x.size(-1);
   if (xc.numel() == 0 || h == 0) return y;
-  const detail::RowArgs args{xc.data_ptr(), w.data_ptr(), y.data_ptr(),
-                             x.scalar_type() == at::kBFloat16, h, static_cast<float>(eps)};
+  const detail::RowArgs args{
+      xc.data_ptr(),          w.data_ptr(), y.data_ptr(), x.scalar_type() == at::kBFloat16, h,
+      static_cast<float>(eps)};
   const detail::KernelTable& t = active_table();
   at::parallel_for(0, xc.numel() / h, row_grain(h),
                    [&](int64_t begin, int64_t end) { t.rms_norm(args, begin, end); });
@@ -344,10 +364,11 @@ at::Tensor bi_silu_mul(const at::Tensor& gate, const at::Tensor& up) {
   const at::Tensor g = gate.contiguous();
   const at::Tensor u = up.contiguous();
   at::Tensor y = at::empty_like(g);
-  const detail::RowArgs args{g.data_ptr(), u.data_ptr(), y.data_ptr(),
-                             g.scalar_type() == at::kBFloat16, 0, 0.0f};
+  const detail::RowArgs args{
+      g.data_ptr(), u.data_ptr(), y.data_ptr(), g.scalar_type() == at::kBFloat16, 0, 0.0f};
   const detail::KernelTable& t = active_table();
-  at::parallel_for(0, g.numel(), 16384, [&](int64_t begin, int64_t end) { t.silu_mul(args, begin, end); });
+  at::parallel_for(0, g.numel(), 16384,
+                   [&](int64_t begin, int64_t end) { t.silu_mul(args, begin, end); });
   return y;
 }
 

@@ -45,8 +45,8 @@ at::Tensor bi_grouped_linear(const at::Tensor& x, const std::vector<RowGroup>& g
 // without one x weight^T + b (their x2 unread), each bit for bit bi_linear of the row alone with
 // its own segments. x2: [M, K2]; x needs K > 0. Several LoRA adapters' up-projections in one
 // product, each row reading only its own adapter's B.
-at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& x2,
-                     const std::vector<RowGroup>& second);
+at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                     const at::Tensor& x2, const std::vector<RowGroup>& second);
 
 // bi_linear for bfloat16 x and weight on a CPU with AVX512-BF16 (bf16_dot_supported(),
 // engine/kernels/cpu_isa.h): vdpbf16ps, two depths per instruction. The same canonical chain and
@@ -54,7 +54,8 @@ at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& weight, const at::Te
 // denormal partial sum flushes to zero, as the instruction does. So it keeps batch invariance on
 // one machine but not bit-identity with the other paths; deterministic mode does not use it.
 // Throws when the CPU cannot run it. y: [M, N] bfloat16.
-at::Tensor bf16_dot_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});
+at::Tensor bf16_dot_linear(const at::Tensor& x, const at::Tensor& weight,
+                           const at::Tensor& bias = {});
 
 // HF RMSNorm over the last dimension: y = (x * rsqrt(mean(x^2) + eps)).to(dtype) * weight.
 // x: [..., H], weight: [H], same dtype.

@@ -19,16 +19,18 @@
 namespace crl::engine::kernels::detail {
 namespace {
 
-#include "engine/kernels/bi_rowwise_impl.h"
 #include "engine/kernels/avx512_impl.h"
+#include "engine/kernels/bi_rowwise_impl.h"
 
 constexpr int64_t kNr = 32;
 constexpr int64_t kMr = 12;
 constexpr int64_t kKcp = 192;
 
 // pw[j * kNr + c] = the weight pair (w[n0 + c, 2(pb + j)], w[n0 + c, 2(pb + j) + 1]) as a dword
-// with the even depth high, for j < kcp and c < kNr (zero for columns past `cols` and depths past k).
-void pack_panel(const GemmArgs& a, int64_t n0, int64_t cols, int64_t pb, int64_t kcp, uint32_t* pw) {
+// with the even depth high, for j < kcp and c < kNr (zero for columns past `cols` and depths past
+// k).
+void pack_panel(const GemmArgs& a, int64_t n0, int64_t cols, int64_t pb, int64_t kcp,
+                uint32_t* pw) {
   const uint16_t* w = static_cast<const uint16_t*>(a.w);
   for (int64_t j0 = 0; j0 < kcp; j0 += 16) {
     const int64_t jcnt = kcp - j0 < 16 ? kcp - j0 : 16;
@@ -46,7 +48,8 @@ void pack_panel(const GemmArgs& a, int64_t n0, int64_t cols, int64_t pb, int64_t
           const __m512i v = _mm512_maskz_loadu_epi16(mask, src);
           // The same bytes of the next panel's column, into L2: a panel reads 32 rows at once,
           // more streams than the hardware prefetcher follows (a large lm_head ran at half speed).
-          if (n0 + col + kNr < a.n) _mm_prefetch(reinterpret_cast<const char*>(src + kNr * a.k), _MM_HINT_T1);
+          if (n0 + col + kNr < a.n)
+            _mm_prefetch(reinterpret_cast<const char*>(src + kNr * a.k), _MM_HINT_T1);
           r[c] = _mm512_castsi512_ps(_mm512_rol_epi32(v, 16));
         } else {
           r[c] = _mm512_setzero_ps();
@@ -54,7 +57,8 @@ void pack_panel(const GemmArgs& a, int64_t n0, int64_t cols, int64_t pb, int64_t
       }
       transpose16(r);  // data moves only: the dwords keep their bits
       uint32_t* dst = pw + j0 * kNr + half * 16;
-      for (int i = 0; i < jcnt; ++i) _mm512_storeu_ps(reinterpret_cast<float*>(dst + i * kNr), r[i]);
+      for (int i = 0; i < jcnt; ++i)
+        _mm512_storeu_ps(reinterpret_cast<float*>(dst + i * kNr), r[i]);
     }
   }
 }
@@ -62,8 +66,8 @@ void pack_panel(const GemmArgs& a, int64_t n0, int64_t cols, int64_t pb, int64_t
 // One micro-tile: rows [row0, row0 + MR) x the panel's 32 columns over one block of depth pairs.
 // xp points at (row0, pair pb); acc at the tile's float32 partial chains ([MR][kNr]).
 template <int MR>
-void tile(const GemmArgs& a, const uint32_t* xp, const uint32_t* pw, int64_t kcp, float* acc, bool first,
-          bool last, int64_t row0, int64_t n0, int64_t cols) {
+void tile(const GemmArgs& a, const uint32_t* xp, const uint32_t* pw, int64_t kcp, float* acc,
+          bool first, bool last, int64_t row0, int64_t n0, int64_t cols) {
   __m512 c0[MR], c1[MR];
 #pragma GCC unroll 12
   for (int i = 0; i < MR; ++i) {
@@ -98,17 +102,17 @@ void tile(const GemmArgs& a, const uint32_t* xp, const uint32_t* pw, int64_t kcp
   }
 }
 
-using TileFn = void (*)(const GemmArgs&, const uint32_t*, const uint32_t*, int64_t, float*, bool, bool,
-                        int64_t, int64_t, int64_t);
-constexpr TileFn kTiles[kMr + 1] = {nullptr,  tile<1>, tile<2>, tile<3>,  tile<4>,  tile<5>, tile<6>,
-                                    tile<7>,  tile<8>, tile<9>, tile<10>, tile<11>, tile<12>};
+using TileFn = void (*)(const GemmArgs&, const uint32_t*, const uint32_t*, int64_t, float*, bool,
+                        bool, int64_t, int64_t, int64_t);
+constexpr TileFn kTiles[kMr + 1] = {nullptr, tile<1>, tile<2>, tile<3>,  tile<4>,  tile<5>, tile<6>,
+                                    tile<7>, tile<8>, tile<9>, tile<10>, tile<11>, tile<12>};
 
 // Panel by panel, each over the whole depth: a panel's partial chains stay in L1 between depth
 // blocks. Row tiles are balanced (64 rows: 11+11+11+11+10+10, not 12 x 5 + 4), which keeps at least
 // ~20 chains in flight per tile; neither choice changes a bit.
 void gemm(const GemmArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1, float* scratch) {
   uint32_t* pw = reinterpret_cast<uint32_t*>(scratch);  // [kKcp][kNr] packed panel block
-  float* acc = scratch + kKcp * kNr;                      // [m1 - m0][kNr] partial chains
+  float* acc = scratch + kKcp * kNr;                    // [m1 - m0][kNr] partial chains
   const int64_t rows = m1 - m0;
   const int64_t tiles = (rows + kMr - 1) / kMr;
   const int64_t pairs = (a.k + 1) / 2;
@@ -123,7 +127,8 @@ void gemm(const GemmArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1, flo
       int64_t r = m0;
       for (int64_t t = 0; t < tiles; ++t) {
         const int64_t mr = (rows * (t + 1)) / tiles - (rows * t) / tiles;
-        kTiles[mr](a, a.xp + r * a.ldxp + pb, pw, kcp, acc + (r - m0) * kNr, first, last, r, n0, cols);
+        kTiles[mr](a, a.xp + r * a.ldxp + pb, pw, kcp, acc + (r - m0) * kNr, first, last, r, n0,
+                   cols);
         r += mr;
       }
     }

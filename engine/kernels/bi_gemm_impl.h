@@ -67,19 +67,20 @@ inline void for_each_finish_span(const GemmArgs& a, int64_t m0, int64_t m1, F&& 
 template <int64_t Nr, int64_t Mr, int64_t Kc>
 inline void gemm_panels(const GemmArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1,
                         float* scratch, PackFn pack, const TileFn* tiles_by_rows) {
-  float* pw = scratch;              // [Kc][Nr] packed panel block
-  float* acc = scratch + Kc * Nr;   // [m1 - m0][Nr] partial chains
+  float* pw = scratch;             // [Kc][Nr] packed panel block
+  float* acc = scratch + Kc * Nr;  // [m1 - m0][Nr] partial chains
   GemmArgs seg[2];
   const int segs = gemm_segments(a, seg);
   // The tiles of rows [r0, r1) over one packed block of segment s.
-  auto tiles = [&](const GemmArgs& s, int64_t r0, int64_t r1, int64_t kb, int64_t kc, bool first, bool last,
-                   int64_t n0, int64_t cols) {
+  auto tiles = [&](const GemmArgs& s, int64_t r0, int64_t r1, int64_t kb, int64_t kc, bool first,
+                   bool last, int64_t n0, int64_t cols) {
     const int64_t rows = r1 - r0;
     const int64_t count = (rows + Mr - 1) / Mr;
     int64_t r = r0;
     for (int64_t t = 0; t < count; ++t) {
       const int64_t mr = (rows * (t + 1)) / count - (rows * t) / count;
-      tiles_by_rows[mr](s, s.x + r * s.ldx + kb, pw, kc, acc + (r - m0) * Nr, first, last, r, n0, cols);
+      tiles_by_rows[mr](s, s.x + r * s.ldx + kb, pw, kc, acc + (r - m0) * Nr, first, last, r, n0,
+                        cols);
       r += mr;
     }
   };

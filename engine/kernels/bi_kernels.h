@@ -3,8 +3,8 @@
 // The canonical arithmetic (every table computes exactly this, so all give the same bits):
 //   linear:   y[m, n] = out(c + b[n]) (or out(c) without bias), where c is the chain
 //             c = 0; for k = 0 .. K-1: c = fma(x[m, k], w[n, k], c)   (float32, in this order)
-//             and out() rounds to the output dtype (bfloat16: round to nearest even; NaN -> 0x7FC0).
-//             With a second depth segment (GemmArgs::k2 > 0) the chain goes on over it:
+//             and out() rounds to the output dtype (bfloat16: round to nearest even; NaN ->
+//             0x7FC0). With a second depth segment (GemmArgs::k2 > 0) the chain goes on over it:
 //             for j = 0 .. k2-1: c = fma(x2[m, j], w2[n, j], c), i.e. the linear of [x | x2] and
 //             [w | w2] (a LoRA delta inside the base product: no second product, no add).
 //   rms_norm: s = 16 lane sums, lane l adding x[i]*x[i] (mul, then add) for i = l, l + 16, ...;
@@ -24,9 +24,9 @@
 namespace crl::engine::kernels::detail {
 
 struct GemmArgs {
-  const float* x;     // [m, k] float32, row stride ldx
+  const float* x;  // [m, k] float32, row stride ldx
   int64_t ldx;
-  const void* w;      // [n, k] row-major, float32 or bfloat16 (w_bf16)
+  const void* w;  // [n, k] row-major, float32 or bfloat16 (w_bf16)
   bool w_bf16;
   const float* bias;  // [n] float32, or null
   void* y;            // [m, n], float32 or bfloat16 (y_bf16), row stride ldy

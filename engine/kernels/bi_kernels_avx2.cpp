@@ -16,8 +16,8 @@
 namespace crl::engine::kernels::detail {
 namespace {
 
-#include "engine/kernels/bi_rowwise_impl.h"
 #include "engine/kernels/bi_gemm_impl.h"
+#include "engine/kernels/bi_rowwise_impl.h"
 
 constexpr int64_t kNr = 16;
 constexpr int64_t kMr = 6;
@@ -93,10 +93,11 @@ void pack_panel(const GemmArgs& a, int64_t n0, int64_t cols, int64_t kb, int64_t
 inline __m128i to_bf16(__m256 v) {
   const __m256i u = _mm256_castps_si256(v);
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
+  __m256i r =
+      _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
   const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
-  r = _mm256_castps_si256(
-      _mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC0)), nan));
+  r = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(r),
+                                           _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC0)), nan));
   const __m256i packed = _mm256_packus_epi32(r, r);  // values fit in 16 bits: no saturation
   return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
 }

@@ -19,9 +19,9 @@
 namespace crl::engine::kernels::detail {
 namespace {
 
-#include "engine/kernels/bi_rowwise_impl.h"
-#include "engine/kernels/bi_gemm_impl.h"
 #include "engine/kernels/avx512_impl.h"
+#include "engine/kernels/bi_gemm_impl.h"
+#include "engine/kernels/bi_rowwise_impl.h"
 
 constexpr int64_t kNr = 32;
 constexpr int64_t kMr = 12;
@@ -105,8 +105,8 @@ void tile(const GemmArgs& a, const float* x, const float* pw, int64_t kc, float*
   }
 }
 
-constexpr TileFn kTiles[kMr + 1] = {nullptr,  tile<1>, tile<2>, tile<3>,  tile<4>,  tile<5>, tile<6>,
-                                    tile<7>,  tile<8>, tile<9>, tile<10>, tile<11>, tile<12>};
+constexpr TileFn kTiles[kMr + 1] = {nullptr, tile<1>, tile<2>, tile<3>,  tile<4>,  tile<5>, tile<6>,
+                                    tile<7>, tile<8>, tile<9>, tile<10>, tile<11>, tile<12>};
 
 void gemm(const GemmArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1, float* scratch) {
   gemm_panels<kNr, kMr, kKc>(a, m0, m1, p0, p1, scratch, pack_panel, kTiles);

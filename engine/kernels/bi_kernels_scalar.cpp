@@ -33,7 +33,8 @@ void gemm(const GemmArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1, flo
           const GemmArgs& s = seg[si];
           const float* x = s.x + row * s.ldx;
           const int64_t w0 = (n0 + j) * s.k;
-          for (int64_t kk = 0; kk < s.k; ++kk) c = std::fma(x[kk], load_elem(s.w, w0 + kk, s.w_bf16), c);
+          for (int64_t kk = 0; kk < s.k; ++kk)
+            c = std::fma(x[kk], load_elem(s.w, w0 + kk, s.w_bf16), c);
         }
         acc[j] = c;
       }

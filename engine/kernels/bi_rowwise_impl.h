@@ -108,7 +108,8 @@ void silu_mul(const RowArgs& a, int64_t i0, int64_t i1) {
 }
 
 // Writes one finished output row segment: y[row, n0 + j] = out(acc[j] + bias[n0 + j]) for j < cols.
-inline void store_outputs(const GemmArgs& a, int64_t row, int64_t n0, int64_t cols, const float* acc) {
+inline void store_outputs(const GemmArgs& a, int64_t row, int64_t n0, int64_t cols,
+                          const float* acc) {
   for (int64_t j = 0; j < cols; ++j) {
     const float v = a.bias != nullptr ? acc[j] + a.bias[n0 + j] : acc[j];
     store_elem(a.y, row * a.ldy + n0 + j, v, a.y_bf16);

@@ -20,8 +20,8 @@ bool cpu_has_avx2() {
 bool cpu_has_avx512() {
   // libgcc's feature bits include the OS check (XCR0 enables the ZMM and opmask state).
 #if defined(__x86_64__)
-  return cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl");
+  return cpu_has_avx2() && __builtin_cpu_supports("avx512f") &&
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
 #else
   return false;
 #endif
@@ -37,9 +37,12 @@ bool cpu_has_avx512_bf16() {
 
 bool cpu_supports(CpuIsa isa) {
   switch (isa) {
-    case CpuIsa::kScalar: return true;
-    case CpuIsa::kAvx2: return cpu_has_avx2();
-    case CpuIsa::kAvx512: return cpu_has_avx512();
+    case CpuIsa::kScalar:
+      return true;
+    case CpuIsa::kAvx2:
+      return cpu_has_avx2();
+    case CpuIsa::kAvx512:
+      return cpu_has_avx512();
   }
   return false;
 }
@@ -73,7 +76,6 @@ CpuIsa initial_cpu_isa() {
 
 std::atomic<int> g_isa{-1};
 std::once_flag g_isa_once;
-
 
 }  // namespace
 
@@ -111,9 +113,12 @@ std::vector<CpuIsa> supported_cpu_isas() {
 
 const char* cpu_isa_name(CpuIsa isa) {
   switch (isa) {
-    case CpuIsa::kScalar: return "scalar";
-    case CpuIsa::kAvx2: return "avx2";
-    case CpuIsa::kAvx512: return "avx512";
+    case CpuIsa::kScalar:
+      return "scalar";
+    case CpuIsa::kAvx2:
+      return "avx2";
+    case CpuIsa::kAvx512:
+      return "avx512";
   }
   return "?";
 }
@@ -131,9 +136,12 @@ std::string describe_cpu() {
   std::string flags;
 #if defined(__x86_64__)
   const std::pair<const char*, bool> features[] = {
-      {"avx2", __builtin_cpu_supports("avx2")},         {"fma", __builtin_cpu_supports("fma")},
-      {"avx512f", __builtin_cpu_supports("avx512f")},   {"avx512bw", __builtin_cpu_supports("avx512bw")},
-      {"avx512vl", __builtin_cpu_supports("avx512vl")}, {"avx512_bf16", __builtin_cpu_supports("avx512bf16")},
+      {"avx2", __builtin_cpu_supports("avx2")},
+      {"fma", __builtin_cpu_supports("fma")},
+      {"avx512f", __builtin_cpu_supports("avx512f")},
+      {"avx512bw", __builtin_cpu_supports("avx512bw")},
+      {"avx512vl", __builtin_cpu_supports("avx512vl")},
+      {"avx512_bf16", __builtin_cpu_supports("avx512bf16")},
   };
   for (const auto& [name, on] : features) {
     if (!on) continue;
@@ -142,8 +150,8 @@ std::string describe_cpu() {
   }
 #endif
   const int isa = g_isa.load();
-  return cpu_model_name() + " (" + (flags.empty() ? "no AVX2" : flags) + "), kernels: " +
-         (isa < 0 ? "not chosen yet" : cpu_isa_name(static_cast<CpuIsa>(isa)));
+  return cpu_model_name() + " (" + (flags.empty() ? "no AVX2" : flags) +
+         "), kernels: " + (isa < 0 ? "not chosen yet" : cpu_isa_name(static_cast<CpuIsa>(isa)));
 }
 
 ScopedCpuIsa::ScopedCpuIsa(CpuIsa isa) : previous_(active_cpu_isa()) {

@@ -1,7 +1,7 @@
 // CpuIsa: which instruction-set path the project's own CPU kernels (engine/kernels/) run.
 //
-// The batch-invariant kernels exist three times, built from the same arithmetic: an AVX-512 path, an
-// AVX2 path and a portable scalar path. Every path computes every output element with the same
+// The batch-invariant kernels exist three times, built from the same arithmetic: an AVX-512 path,
+// an AVX2 path and a portable scalar path. Every path computes every output element with the same
 // sequence of IEEE-754 operations (fixed reduction orders, explicit FMAs, no contraction), so all
 // three give bit-identical results; the choice only changes speed.
 //

@@ -22,12 +22,18 @@ __device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float
 template <typename T>
 __device__ __forceinline__ T from_f(float x);
 template <>
-__device__ __forceinline__ float from_f<float>(float x) { return x; }
+__device__ __forceinline__ float from_f<float>(float x) {
+  return x;
+}
 template <>
-__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
 // x rounded to T and back: what an ATen op with a T result stores.
 template <typename T>
-__device__ __forceinline__ float round_to(float x) { return to_f(from_f<T>(x)); }
+__device__ __forceinline__ float round_to(float x) {
+  return to_f(from_f<T>(x));
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
   for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
@@ -53,8 +59,8 @@ __device__ float block_sum(float v) {
 
 // One block per row.
 template <typename T>
-__global__ void rms_norm_kernel(T* __restrict__ out, const T* __restrict__ x, const T* __restrict__ w,
-                                int h, float inv_h, float eps) {
+__global__ void rms_norm_kernel(T* __restrict__ out, const T* __restrict__ x,
+                                const T* __restrict__ w, int h, float inv_h, float eps) {
   const int64_t row = blockIdx.x;
   const T* xr = x + row * h;
   T* orow = out + row * h;
@@ -72,8 +78,8 @@ __global__ void rms_norm_kernel(T* __restrict__ out, const T* __restrict__ x, co
 }
 
 template <typename T>
-__global__ void silu_mul_kernel(T* __restrict__ out, const T* __restrict__ gate, const T* __restrict__ up,
-                                int64_t n) {
+__global__ void silu_mul_kernel(T* __restrict__ out, const T* __restrict__ gate,
+                                const T* __restrict__ up, int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float g = to_f(gate[i]);
@@ -84,9 +90,10 @@ __global__ void silu_mul_kernel(T* __restrict__ out, const T* __restrict__ gate,
 
 // One block per token; a thread per (head, pair) of q's heads then k's.
 template <typename T>
-__global__ void rope_kernel(T* __restrict__ q, T* __restrict__ k, const int64_t* __restrict__ positions,
-                            const float* __restrict__ cos_table, const float* __restrict__ sin_table,
-                            int hq, int hk, int half) {
+__global__ void rope_kernel(T* __restrict__ q, T* __restrict__ k,
+                            const int64_t* __restrict__ positions,
+                            const float* __restrict__ cos_table,
+                            const float* __restrict__ sin_table, int hq, int hk, int half) {
   const int64_t t = blockIdx.x;
   const int64_t p = positions[t];
   const float* ct = cos_table + p * half;
@@ -114,9 +121,9 @@ constexpr int kSampleWarps = kSampleThreads / 32;
 enum SampleField { kFRow = 0, kFScale = 1, kFInvT = 2, kFUniform = 6, kFGreedy = 7 };
 
 struct MaxSum {
-  float m;    // running max (-inf: nothing yet)
-  float s;    // sum of exp(x - m)
-  int idx;    // first index of the max
+  float m;  // running max (-inf: nothing yet)
+  float s;  // sum of exp(x - m)
+  int idx;  // first index of the max
 };
 
 __device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
@@ -125,7 +132,8 @@ __device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
   if (r.m == -INFINITY) {
     r.s = 0.0f;
   } else {
-    r.s = (a.m == -INFINITY ? 0.0f : a.s * expf(a.m - r.m)) + (b.m == -INFINITY ? 0.0f : b.s * expf(b.m - r.m));
+    r.s = (a.m == -INFINITY ? 0.0f : a.s * expf(a.m - r.m)) +
+          (b.m == -INFINITY ? 0.0f : b.s * expf(b.m - r.m));
   }
   r.idx = a.m > b.m ? a.idx : b.m > a.m ? b.idx : min(a.idx, b.idx);
   return r;
@@ -141,9 +149,9 @@ __device__ __forceinline__ float plain_q(float x, float zmax, float scale) {
   return expf(__fmul_rn(__fsub_rn(x, zmax), scale));
 }
 
-__global__ void __launch_bounds__(kSampleThreads) sample_plain_kernel(
-    int32_t* __restrict__ out, const float* __restrict__ logits, const double* __restrict__ params,
-    int64_t num_rows, int64_t vocab) {
+__global__ void __launch_bounds__(kSampleThreads)
+    sample_plain_kernel(int32_t* __restrict__ out, const float* __restrict__ logits,
+                        const double* __restrict__ params, int64_t num_rows, int64_t vocab) {
   const int64_t r = blockIdx.x;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int64_t logit_row = static_cast<int64_t>(params[kFRow * num_rows + r]);
@@ -203,7 +211,8 @@ __global__ void __launch_bounds__(kSampleThreads) sample_plain_kernel(
     const int64_t seg = ((vocab + kSampleWarps - 1) / kSampleWarps + 31) / 32 * 32;
     const int64_t begin = warp * seg, end = min(vocab, begin + seg);
     double part = 0.0;
-    for (int64_t i = begin + lane; i < end; i += 32) part += static_cast<double>(plain_q(x[i], zmax, scale));
+    for (int64_t i = begin + lane; i < end; i += 32)
+      part += static_cast<double>(plain_q(x[i], zmax, scale));
     part = warp_sum_d(part);
     if (lane == 0) seg_sum[warp] = part;
     __syncthreads();
@@ -244,7 +253,8 @@ __global__ void __launch_bounds__(kSampleThreads) sample_plain_kernel(
     __syncthreads();
     token = drawn;
     const double inv_t = params[kFInvT * num_rows + r];
-    const double logp = (static_cast<double>(x[token]) - static_cast<double>(zmax)) * inv_t - log(mass);
+    const double logp =
+        (static_cast<double>(x[token]) - static_cast<double>(zmax)) * inv_t - log(mass);
     processed = static_cast<float>(fmin(logp, 0.0));
   }
   if (tid == 0) {
@@ -296,9 +306,11 @@ at::Tensor cuda_rms_norm(const at::Tensor& x, const at::Tensor& weight, double e
                                                          weight.data_ptr<float>(), h, 1.0f / h,
                                                          static_cast<float>(eps));
   } else {
-    rms_norm_kernel<__nv_bfloat16><<<rows, threads, 0, stream>>>(
-        reinterpret_cast<__nv_bfloat16*>(out.data_ptr()), reinterpret_cast<const __nv_bfloat16*>(x.data_ptr()),
-        reinterpret_cast<const __nv_bfloat16*>(weight.data_ptr()), h, 1.0f / h, static_cast<float>(eps));
+    rms_norm_kernel<__nv_bfloat16>
+        <<<rows, threads, 0, stream>>>(reinterpret_cast<__nv_bfloat16*>(out.data_ptr()),
+                                       reinterpret_cast<const __nv_bfloat16*>(x.data_ptr()),
+                                       reinterpret_cast<const __nv_bfloat16*>(weight.data_ptr()), h,
+                                       1.0f / h, static_cast<float>(eps));
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
@@ -318,33 +330,35 @@ at::Tensor cuda_silu_mul(const at::Tensor& gate, const at::Tensor& up) {
   const int threads = 256;
   const int64_t blocks = std::min<int64_t>((n + threads - 1) / threads, 8192);
   if (gate.scalar_type() == at::kFloat) {
-    silu_mul_kernel<float><<<blocks, threads, 0, stream>>>(out.data_ptr<float>(), gate.data_ptr<float>(),
-                                                          up.data_ptr<float>(), n);
+    silu_mul_kernel<float><<<blocks, threads, 0, stream>>>(
+        out.data_ptr<float>(), gate.data_ptr<float>(), up.data_ptr<float>(), n);
   } else {
-    silu_mul_kernel<__nv_bfloat16><<<blocks, threads, 0, stream>>>(
-        reinterpret_cast<__nv_bfloat16*>(out.data_ptr()), reinterpret_cast<const __nv_bfloat16*>(gate.data_ptr()),
-        reinterpret_cast<const __nv_bfloat16*>(up.data_ptr()), n);
+    silu_mul_kernel<__nv_bfloat16>
+        <<<blocks, threads, 0, stream>>>(reinterpret_cast<__nv_bfloat16*>(out.data_ptr()),
+                                         reinterpret_cast<const __nv_bfloat16*>(gate.data_ptr()),
+                                         reinterpret_cast<const __nv_bfloat16*>(up.data_ptr()), n);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }
 
-void cuda_rope_(at::Tensor& q, at::Tensor& k, const at::Tensor& positions, const at::Tensor& cos_table,
-                const at::Tensor& sin_table) {
+void cuda_rope_(at::Tensor& q, at::Tensor& k, const at::Tensor& positions,
+                const at::Tensor& cos_table, const at::Tensor& sin_table) {
   check_operand(q, "rope q", q);
   check_dtype(q);
   check_operand(k, "rope k", q);
   CRL_CHECK(q.dim() == 3 && k.dim() == 3 && q.size(0) == k.size(0) && q.size(2) == k.size(2) &&
                 q.size(2) % 2 == 0,
-            "rope: q ", q.sizes(), " and k ", k.sizes(), " must be [T, heads, head_dim] with one even head_dim");
+            "rope: q ", q.sizes(), " and k ", k.sizes(),
+            " must be [T, heads, head_dim] with one even head_dim");
   const int64_t tokens = q.size(0);
   const int half = static_cast<int>(q.size(2) / 2);
   CRL_CHECK(positions.is_cuda() && positions.scalar_type() == at::kLong && positions.dim() == 1 &&
                 positions.size(0) == tokens && positions.is_contiguous(),
             "rope: positions must be [", tokens, "] int64 on the device");
   for (const at::Tensor* t : {&cos_table, &sin_table}) {
-    CRL_CHECK(t->is_cuda() && t->scalar_type() == at::kFloat && t->is_contiguous() && t->dim() == 2 &&
-                  t->size(1) == half && t->device() == q.device(),
+    CRL_CHECK(t->is_cuda() && t->scalar_type() == at::kFloat && t->is_contiguous() &&
+                  t->dim() == 2 && t->size(1) == half && t->device() == q.device(),
               "rope: tables must be [positions, ", half, "] float32 on ", q.device());
   }
   if (tokens == 0) return;
@@ -353,19 +367,21 @@ void cuda_rope_(at::Tensor& q, at::Tensor& k, const at::Tensor& positions, const
   const int hq = static_cast<int>(q.size(1)), hk = static_cast<int>(k.size(1));
   const int threads = std::min(512, threads_for(static_cast<int64_t>(hq + hk) * half));
   if (q.scalar_type() == at::kFloat) {
-    rope_kernel<float><<<tokens, threads, 0, stream>>>(q.data_ptr<float>(), k.data_ptr<float>(),
-                                                       positions.data_ptr<int64_t>(), cos_table.data_ptr<float>(),
-                                                       sin_table.data_ptr<float>(), hq, hk, half);
+    rope_kernel<float><<<tokens, threads, 0, stream>>>(
+        q.data_ptr<float>(), k.data_ptr<float>(), positions.data_ptr<int64_t>(),
+        cos_table.data_ptr<float>(), sin_table.data_ptr<float>(), hq, hk, half);
   } else {
     rope_kernel<__nv_bfloat16><<<tokens, threads, 0, stream>>>(
-        reinterpret_cast<__nv_bfloat16*>(q.data_ptr()), reinterpret_cast<__nv_bfloat16*>(k.data_ptr()),
-        positions.data_ptr<int64_t>(), cos_table.data_ptr<float>(), sin_table.data_ptr<float>(), hq, hk, half);
+        reinterpret_cast<__nv_bfloat16*>(q.data_ptr()),
+        reinterpret_cast<__nv_bfloat16*>(k.data_ptr()), positions.data_ptr<int64_t>(),
+        cos_table.data_ptr<float>(), sin_table.data_ptr<float>(), hq, hk, half);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 at::Tensor cuda_sample_plain_rows(const at::Tensor& logits, const at::Tensor& params) {
-  CRL_CHECK(logits.is_cuda() && logits.scalar_type() == at::kFloat && logits.dim() == 2 && logits.is_contiguous(),
+  CRL_CHECK(logits.is_cuda() && logits.scalar_type() == at::kFloat && logits.dim() == 2 &&
+                logits.is_contiguous(),
             "plain-row sampler: logits must be [N, V] float32, contiguous, on a CUDA device");
   CRL_CHECK(params.is_cuda() && params.scalar_type() == at::kDouble && params.dim() == 2 &&
                 params.size(0) == 8 && params.is_contiguous() && params.device() == logits.device(),
@@ -375,8 +391,10 @@ at::Tensor cuda_sample_plain_rows(const at::Tensor& logits, const at::Tensor& pa
   at::Tensor out = at::empty({4, rows}, logits.options().dtype(at::kInt));
   if (rows == 0) return out;
   const c10::cuda::CUDAGuard guard(logits.device());
-  sample_plain_kernel<<<static_cast<unsigned>(rows), kSampleThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
-      out.data_ptr<int32_t>(), logits.data_ptr<float>(), params.data_ptr<double>(), rows, logits.size(1));
+  sample_plain_kernel<<<static_cast<unsigned>(rows), kSampleThreads, 0,
+                        at::cuda::getCurrentCUDAStream()>>>(
+      out.data_ptr<int32_t>(), logits.data_ptr<float>(), params.data_ptr<double>(), rows,
+      logits.size(1));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }

@@ -27,8 +27,8 @@ at::Tensor cuda_silu_mul(const at::Tensor& gate, const at::Tensor& up);
 // In place: q [T, Hq, D] and k [T, Hk, D] rotated by RoPE (Hugging Face's rotate_half: the first
 // and second halves of each head are the pair) at `positions` [T] int64, from the float32 tables
 // cos_table, sin_table [P, D / 2] (rounded to the compute dtype first, as the ATen path does).
-void cuda_rope_(at::Tensor& q, at::Tensor& k, const at::Tensor& positions, const at::Tensor& cos_table,
-                const at::Tensor& sin_table);
+void cuda_rope_(at::Tensor& q, at::Tensor& k, const at::Tensor& positions,
+                const at::Tensor& cos_table, const at::Tensor& sin_table);
 
 }  // namespace crl::engine::kernels
 
@@ -37,10 +37,10 @@ namespace crl::engine::kernels {
 // The tensor sampler's (engine/tensor_sampler.h) plain rows in one kernel: rows with no top-k,
 // top-p, min-p, banned ids or top log-probs. logits [N, V] float32 (contiguous); params [8, R]
 // float64 in the tensor sampler's field order (logits row, scale, 1/T, top-k, top-p, min-p,
-// uniform, greedy). Returns [4, R] int32: the token (argmax for greedy rows; else the first id whose
-// running sum of exp((x - max) * scale), in double, exceeds uniform * the total, as the tensor
-// sampler's inverse CDF in id order), the raw log-prob and the processed one (float32 bits), and 1
-// where the row has a NaN or no finite maximum. Two passes over each row instead of a dozen.
+// uniform, greedy). Returns [4, R] int32: the token (argmax for greedy rows; else the first id
+// whose running sum of exp((x - max) * scale), in double, exceeds uniform * the total, as the
+// tensor sampler's inverse CDF in id order), the raw log-prob and the processed one (float32 bits),
+// and 1 where the row has a NaN or no finite maximum. Two passes over each row instead of a dozen.
 at::Tensor cuda_sample_plain_rows(const at::Tensor& logits, const at::Tensor& params);
 
 }  // namespace crl::engine::kernels

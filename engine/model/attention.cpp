@@ -52,8 +52,8 @@ at::Tensor DenseCausalAttention::attend_fused(const at::Tensor& q, const at::Ten
 
 at::Tensor DenseCausalAttention::attend(int64_t layer, const at::Tensor& q, const at::Tensor& k,
                                         const at::Tensor& v) {
-  if (CRL_HAS_SDPA && (fused_ == FusedAttention::kAlways ||
-                       (fused_ == FusedAttention::kOnCuda && q.is_cuda()))) {
+  if (CRL_HAS_SDPA &&
+      (fused_ == FusedAttention::kAlways || (fused_ == FusedAttention::kOnCuda && q.is_cuda()))) {
     return attend_fused(q, k, v);
   }
   const int64_t heads = q.size(1);

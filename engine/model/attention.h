@@ -1,6 +1,7 @@
 // AttentionBackend: how a Transformer layer turns (q, k, v) of the current tokens into attention
 // output. The model code is written once and parameterised by the backend:
-//   DenseCausalAttention — packed full sequences (cu_seqlens), plain differentiable libtorch ops; the
+//   DenseCausalAttention — packed full sequences (cu_seqlens), plain differentiable libtorch ops;
+//   the
 //                          trainer and the no-cache reference forward use it;
 //   PagedKvAttention     — (engine/model_runner.h) writes K/V into the paged cache and attends
 //                          through block tables.
@@ -26,9 +27,9 @@ class AttentionBackend {
 
 // Where DenseCausalAttention runs libtorch 2.x's fused scaled_dot_product_attention (on a GPU its
 // memory-efficient kernel, in float32 like the composed path: no [H, L, L] scores in memory, which
-// the composed ops hold per layer for the backward) in place of the composed ops: for CUDA tensors (the default), for
-// every tensor (tests compare the two on the CPU), or never. Against libtorch 1.x (Debian's) the
-// fused path is not compiled and the composed ops always run.
+// the composed ops hold per layer for the backward) in place of the composed ops: for CUDA tensors
+// (the default), for every tensor (tests compare the two on the CPU), or never. Against
+// libtorch 1.x (Debian's) the fused path is not compiled and the composed ops always run.
 enum class FusedAttention { kNever, kOnCuda, kAlways };
 
 // Causal self-attention over packed sequences: rows [cu[i], cu[i+1]) form sequence i, positions

@@ -157,12 +157,14 @@ void parse_rope(const FieldReader& r, ModelConfig& c) {
   const bool scaled = r.has("rope_scaling") && parse_rope_kind(r, "rope_scaling", c);
   if (!r.has("rope_parameters")) return;
   const json& rp = r.at("rope_parameters");
-  if (!rp.is_object()) r.fail("rope_parameters", "must be null or an object (got " + rp.dump() + ")");
+  if (!rp.is_object())
+    r.fail("rope_parameters", "must be null or an object (got " + rp.dump() + ")");
   FieldReader sub(rp, r.where() + ": rope_parameters");
   if (!sub.has("rope_theta") && !sub.has("rope_type") && !sub.has("type")) {
     // transformers 5's per-layer-type form ({"full_attention": {...}, ...}) among others.
-    r.fail("rope_parameters", "has neither 'rope_theta' nor 'rope_type' (per-layer-type RoPE is "
-                              "not supported)");
+    r.fail("rope_parameters",
+           "has neither 'rope_theta' nor 'rope_type' (per-layer-type RoPE is "
+           "not supported)");
   }
   if (sub.has("rope_theta")) {
     const double theta = sub.get_double("rope_theta", c.rope_theta);
@@ -176,11 +178,11 @@ void parse_rope(const FieldReader& r, ModelConfig& c) {
   if (!sub.has("rope_type") && !sub.has("type")) return;
   ModelConfig p = c;
   const bool p_scaled = parse_rope_kind(r, "rope_parameters", p);
-  if (r.has("rope_scaling") && (scaled != p_scaled ||
-      (p.rope_scaling != c.rope_scaling || p.rope_factor != c.rope_factor ||
-       p.rope_low_freq_factor != c.rope_low_freq_factor ||
-       p.rope_high_freq_factor != c.rope_high_freq_factor ||
-       p.rope_original_max_position != c.rope_original_max_position))) {
+  if (r.has("rope_scaling") &&
+      (scaled != p_scaled || (p.rope_scaling != c.rope_scaling || p.rope_factor != c.rope_factor ||
+                              p.rope_low_freq_factor != c.rope_low_freq_factor ||
+                              p.rope_high_freq_factor != c.rope_high_freq_factor ||
+                              p.rope_original_max_position != c.rope_original_max_position))) {
     r.fail("rope_parameters", "names another scaling than rope_scaling");
   }
   if (p_scaled) c = p;
@@ -199,7 +201,8 @@ void check_config(const ModelConfig& c, const std::string& where) {
   if (c.model_type != "llama" && c.model_type != "qwen2" && c.model_type != "qwen3" &&
       c.model_type != "mistral") {
     CRL_INVALID(where, ": field 'model_type' must be one of llama, qwen2, qwen3, mistral (got '",
-                c.model_type, "'): other architectures (mixture-of-experts models among them) "
+                c.model_type,
+                "'): other architectures (mixture-of-experts models among them) "
                 "are not supported");
   }
   check_positive(where, "vocab_size", c.vocab_size);
@@ -266,12 +269,13 @@ void check_supported_settings(const FieldReader& r, const ModelConfig& c) {
   // Qwen2/Qwen3 configs carry sliding_window but apply it only with use_sliding_window; Mistral
   // applies sliding_window whenever it is set. Either way it matters only where a sequence can
   // be longer than the window.
-  const bool window_on = c.model_type == "mistral" ? r.has("sliding_window")
-                                                   : r.get_bool("use_sliding_window", false);
+  const bool window_on =
+      c.model_type == "mistral" ? r.has("sliding_window") : r.get_bool("use_sliding_window", false);
   if (window_on && r.has("sliding_window")) {
     const int64_t w = r.get_int("sliding_window");
     if (w < c.max_position_embeddings) {
-      r.fail("sliding_window", "is " + std::to_string(w) + ", shorter than max_position_embeddings (" +
+      r.fail("sliding_window", "is " + std::to_string(w) +
+                                   ", shorter than max_position_embeddings (" +
                                    std::to_string(c.max_position_embeddings) +
                                    "): sliding-window attention is not supported");
     }

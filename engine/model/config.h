@@ -17,10 +17,10 @@ struct ModelConfig {
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
-  int64_t num_layers = 0;          // num_hidden_layers
-  int64_t num_heads = 0;           // num_attention_heads
-  int64_t num_kv_heads = 0;        // num_key_value_heads (defaults to num_heads)
-  int64_t head_dim = 0;            // defaults to hidden_size / num_heads
+  int64_t num_layers = 0;    // num_hidden_layers
+  int64_t num_heads = 0;     // num_attention_heads
+  int64_t num_kv_heads = 0;  // num_key_value_heads (defaults to num_heads)
+  int64_t head_dim = 0;      // defaults to hidden_size / num_heads
   int64_t max_position_embeddings = 2048;
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
@@ -52,7 +52,8 @@ struct ParamSpec {
   std::vector<int64_t> shape;
 };
 
-// Parses config.json text; `source` (a path) is used in error messages. Throws std::invalid_argument.
+// Parses config.json text; `source` (a path) is used in error messages. Throws
+// std::invalid_argument.
 ModelConfig parse_model_config(const std::string& json_text, const std::string& source);
 
 // Reads <dir>/config.json and, if present, <dir>/generation_config.json (bos/eos override).
@@ -68,7 +69,8 @@ std::string model_config_to_json(const ModelConfig& config);
 // lm_head.weight (absent when tied).
 std::vector<ParamSpec> model_param_specs(const ModelConfig& config);
 
-// "float32" / "bfloat16" / "float16" (also "fp32", "bf16", "fp16") to a scalar type; throws otherwise.
+// "float32" / "bfloat16" / "float16" (also "fp32", "bf16", "fp16") to a scalar type; throws
+// otherwise.
 at::ScalarType parse_dtype(const std::string& name);
 std::string dtype_name(at::ScalarType dtype);
 

@@ -23,8 +23,9 @@ at::Tensor linear_grad_x(torch::autograd::AutogradContext* ctx, const at::Tensor
                          const at::Tensor& weight) {
   if (!ctx->needs_input_grad(0)) return {};
   // gy [M, N] . weight [N, K] = gy . (weight^T)^T
-  return ctx->saved_data["kernel_backward"].toBool() ? kernels::bi_linear(gy, weight.t().contiguous())
-                                                     : gy.mm(weight);
+  return ctx->saved_data["kernel_backward"].toBool()
+             ? kernels::bi_linear(gy, weight.t().contiguous())
+             : gy.mm(weight);
 }
 at::Tensor linear_grad_w(torch::autograd::AutogradContext* ctx, const at::Tensor& gy,
                          const at::Tensor& x) {
@@ -45,13 +46,15 @@ struct LinearFn : torch::autograd::Function<LinearFn> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    return {linear_grad_x(ctx, grads[0], saved[1]), linear_grad_w(ctx, grads[0], saved[0]), at::Tensor()};
+    return {linear_grad_x(ctx, grads[0], saved[1]), linear_grad_w(ctx, grads[0], saved[0]),
+            at::Tensor()};
   }
 };
 
 struct LinearBiasFn : torch::autograd::Function<LinearBiasFn> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
-                            const at::Tensor& weight, const at::Tensor& bias, bool kernel_backward) {
+                            const at::Tensor& weight, const at::Tensor& bias,
+                            bool kernel_backward) {
     ctx->save_for_backward({x, weight});
     ctx->saved_data["kernel_backward"] = kernel_backward;
     return kernels::bi_linear(x, weight, bias);

@@ -1,5 +1,5 @@
-// apply_linear(): y = x W^T + b for the model's projections, with a bandwidth-bound CPU path for the
-// few-row case (decode at small batch) where BLAS GEMM packs the whole weight matrix on every
+// apply_linear(): y = x W^T + b for the model's projections, with a bandwidth-bound CPU path for
+// the few-row case (decode at small batch) where BLAS GEMM packs the whole weight matrix on every
 // call. Falls back to at::linear whenever autograd needs the graph, on CUDA, or for more rows.
 #pragma once
 

@@ -28,8 +28,8 @@ inline float load(const c10::BFloat16* p) {
 // fixed order: shared by the one-row and the four-row loops so a weight row gives the same bits in
 // either.
 template <typename T>
-inline float finish(const float* acc, const float* __restrict x, const T* __restrict w, int64_t main,
-                    int64_t k) {
+inline float finish(const float* acc, const float* __restrict x, const T* __restrict w,
+                    int64_t main, int64_t k) {
   float tail = 0;
   for (int64_t i = main; i < k; ++i) tail += x[i] * load(w + i);
   float s = 0;
@@ -51,7 +51,8 @@ inline Lanes load_lanes(const float* p) {
 }
 
 template <int64_t M, int64_t R>
-inline void dot_block(const float* __restrict x, const float* __restrict w, int64_t k, float (*out)[M]) {
+inline void dot_block(const float* __restrict x, const float* __restrict w, int64_t k,
+                      float (*out)[M]) {
   Lanes acc[R][M] = {};
   const int64_t main = k - k % kLanes;
   for (int64_t i = 0; i < main; i += kLanes) {
@@ -74,7 +75,8 @@ inline void dot_block(const float* __restrict x, const float* __restrict w, int6
 // bfloat16 weights: one row at a time with plain arrays, which GCC widens well (in vector types the
 // widening went lane by lane: 2.5x slower).
 template <int64_t M>
-inline void dot_rows(const float* __restrict x, const c10::BFloat16* __restrict w, int64_t k, float* out) {
+inline void dot_rows(const float* __restrict x, const c10::BFloat16* __restrict w, int64_t k,
+                     float* out) {
   float acc[M][kLanes] = {};
   const int64_t main = k - k % kLanes;
   for (int64_t i = 0; i < main; i += kLanes) {
@@ -122,10 +124,14 @@ void run(const float* x, const T* w, const T* bias, T* y, int64_t n, int64_t k) 
 template <typename T>
 void dispatch_rows(int64_t m, const float* x, const T* w, const T* b, T* y, int64_t n, int64_t k) {
   switch (m) {
-    case 1: return run<T, 1>(x, w, b, y, n, k);
-    case 2: return run<T, 2>(x, w, b, y, n, k);
-    case 3: return run<T, 3>(x, w, b, y, n, k);
-    case 4: return run<T, 4>(x, w, b, y, n, k);
+    case 1:
+      return run<T, 1>(x, w, b, y, n, k);
+    case 2:
+      return run<T, 2>(x, w, b, y, n, k);
+    case 3:
+      return run<T, 3>(x, w, b, y, n, k);
+    case 4:
+      return run<T, 4>(x, w, b, y, n, k);
     default:
       for (int64_t r = 0; r < m; r += 4) {
         const int64_t rows = std::min<int64_t>(4, m - r);

@@ -1,12 +1,11 @@
 #include "engine/model/lora.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <regex>
 #include <stdexcept>
@@ -22,10 +21,12 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr std::array<LoraTarget, kNumLoraTargets> kAllTargets = {
-    LoraTarget::kQ, LoraTarget::kK, LoraTarget::kV, LoraTarget::kO,
+    LoraTarget::kQ,    LoraTarget::kK,  LoraTarget::kV,   LoraTarget::kO,
     LoraTarget::kGate, LoraTarget::kUp, LoraTarget::kDown};
 
-bool is_attention(LoraTarget t) { return t == LoraTarget::kQ || t == LoraTarget::kK || t == LoraTarget::kV || t == LoraTarget::kO; }
+bool is_attention(LoraTarget t) {
+  return t == LoraTarget::kQ || t == LoraTarget::kK || t == LoraTarget::kV || t == LoraTarget::kO;
+}
 
 std::optional<LoraTarget> target_from_name(const std::string& s) {
   for (LoraTarget t : kAllTargets) {
@@ -45,13 +46,20 @@ std::string base_weight_name(int64_t li, LoraTarget t) {
 
 const char* lora_target_name(LoraTarget t) {
   switch (t) {
-    case LoraTarget::kQ: return "q_proj";
-    case LoraTarget::kK: return "k_proj";
-    case LoraTarget::kV: return "v_proj";
-    case LoraTarget::kO: return "o_proj";
-    case LoraTarget::kGate: return "gate_proj";
-    case LoraTarget::kUp: return "up_proj";
-    case LoraTarget::kDown: return "down_proj";
+    case LoraTarget::kQ:
+      return "q_proj";
+    case LoraTarget::kK:
+      return "k_proj";
+    case LoraTarget::kV:
+      return "v_proj";
+    case LoraTarget::kO:
+      return "o_proj";
+    case LoraTarget::kGate:
+      return "gate_proj";
+    case LoraTarget::kUp:
+      return "up_proj";
+    case LoraTarget::kDown:
+      return "down_proj";
   }
   return "?";
 }
@@ -62,12 +70,14 @@ std::vector<LoraTarget> parse_lora_targets(const std::string& spec) {
   size_t start = 0;
   while (start <= spec.size()) {
     const size_t comma = spec.find(',', start);
-    const std::string item = spec.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    const std::string item =
+        spec.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     if (!item.empty()) {
       const auto t = target_from_name(item);
       if (!t) {
-        throw std::invalid_argument("LoRA target '" + item +
-                                    "': expected all-linear or a list of q, k, v, o, gate, up, down");
+        throw std::invalid_argument(
+            "LoRA target '" + item +
+            "': expected all-linear or a list of q, k, v, o, gate, up, down");
       }
       if (std::find(out.begin(), out.end(), *t) == out.end()) out.push_back(*t);
     }
@@ -81,13 +91,20 @@ std::vector<LoraTarget> parse_lora_targets(const std::string& spec) {
 std::pair<int64_t, int64_t> lora_target_shape(const ModelConfig& c, LoraTarget t) {
   const int64_t h = c.hidden_size, q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
   switch (t) {
-    case LoraTarget::kQ: return {h, q};
-    case LoraTarget::kK: return {h, kv};
-    case LoraTarget::kV: return {h, kv};
-    case LoraTarget::kO: return {q, h};
-    case LoraTarget::kGate: return {h, c.intermediate_size};
-    case LoraTarget::kUp: return {h, c.intermediate_size};
-    case LoraTarget::kDown: return {c.intermediate_size, h};
+    case LoraTarget::kQ:
+      return {h, q};
+    case LoraTarget::kK:
+      return {h, kv};
+    case LoraTarget::kV:
+      return {h, kv};
+    case LoraTarget::kO:
+      return {q, h};
+    case LoraTarget::kGate:
+      return {h, c.intermediate_size};
+    case LoraTarget::kUp:
+      return {h, c.intermediate_size};
+    case LoraTarget::kDown:
+      return {c.intermediate_size, h};
   }
   return {0, 0};
 }
@@ -103,7 +120,8 @@ std::string LoraAdapter::peft_name(int64_t li, LoraTarget t, bool is_a) {
 }
 
 LoraAdapter make_lora_adapter(const ModelConfig& config, int64_t rank, double alpha,
-                              const std::vector<LoraTarget>& targets, uint64_t seed, bool random_b) {
+                              const std::vector<LoraTarget>& targets, uint64_t seed,
+                              bool random_b) {
   CRL_CHECK(rank >= 1, "LoRA rank must be >= 1, got ", rank);
   LoraAdapter ad;
   ad.rank = rank;
@@ -129,8 +147,10 @@ NamedTensors lora_tensors(const LoraAdapter& adapter) {
     for (int ti = 0; ti < kNumLoraTargets; ++ti) {
       const auto t = static_cast<LoraTarget>(ti);
       if (!adapter.has(t)) continue;
-      out.emplace_back(LoraAdapter::peft_name(static_cast<int64_t>(li), t, true), adapter.a[li][ti]);
-      out.emplace_back(LoraAdapter::peft_name(static_cast<int64_t>(li), t, false), adapter.b[li][ti]);
+      out.emplace_back(LoraAdapter::peft_name(static_cast<int64_t>(li), t, true),
+                       adapter.a[li][ti]);
+      out.emplace_back(LoraAdapter::peft_name(static_cast<int64_t>(li), t, false),
+                       adapter.b[li][ti]);
     }
   }
   return out;
@@ -151,12 +171,13 @@ LoraAdapter lora_with_tensors(const LoraAdapter& like, const NamedTensors& tenso
       for (bool is_a : {true, false}) {
         const std::string name = LoraAdapter::peft_name(static_cast<int64_t>(li), t, is_a);
         const at::Tensor& ref = is_a ? like.a[li][ti] : like.b[li][ti];
-        if (k >= tensors.size() || tensors[k].first != name || tensors[k].second.sizes() != ref.sizes()) {
-          throw std::invalid_argument(
-              "LoRA tensor " + std::to_string(k) + " should be '" + name + "' of shape " +
-              c10::str(ref.sizes()) + ", got " +
-              (k < tensors.size() ? "'" + tensors[k].first + "' " + c10::str(tensors[k].second.sizes())
-                                  : std::string("none")));
+        if (k >= tensors.size() || tensors[k].first != name ||
+            tensors[k].second.sizes() != ref.sizes()) {
+          throw std::invalid_argument("LoRA tensor " + std::to_string(k) + " should be '" + name +
+                                      "' of shape " + c10::str(ref.sizes()) + ", got " +
+                                      (k < tensors.size() ? "'" + tensors[k].first + "' " +
+                                                                c10::str(tensors[k].second.sizes())
+                                                          : std::string("none")));
         }
         (is_a ? ad.a[li][ti] : ad.b[li][ti]) = tensors[k++].second;
       }
@@ -191,15 +212,20 @@ LoraAdapter load_peft_adapter(const std::string& dir, const ModelConfig& config)
     if (!j.contains("r") || !j["r"].is_number_integer() || j["r"].get<int64_t>() < 1) {
       throw bad("'r' must be a positive integer");
     }
-    auto flag = [&](const char* key) { return j.contains(key) && !j[key].is_null() && j[key].get<bool>(); };
+    auto flag = [&](const char* key) {
+      return j.contains(key) && !j[key].is_null() && j[key].get<bool>();
+    };
     if (flag("use_rslora")) throw bad("use_rslora adapters are not supported");
     if (flag("use_dora")) throw bad("DoRA adapters are not supported");
     if (flag("fan_in_fan_out")) throw bad("fan_in_fan_out adapters are not supported");
     for (const char* key : {"rank_pattern", "alpha_pattern"}) {  // per-module ranks or scalings
-      if (j.contains(key) && !j[key].is_null() && !j[key].empty()) throw bad(std::string(key) + " is not supported");
+      if (j.contains(key) && !j[key].is_null() && !j[key].empty())
+        throw bad(std::string(key) + " is not supported");
     }
     ad.rank = j["r"].get<int64_t>();
-    ad.alpha = j.contains("lora_alpha") && !j["lora_alpha"].is_null() ? j["lora_alpha"].get<double>() : 8.0;  // PEFT's default
+    ad.alpha = j.contains("lora_alpha") && !j["lora_alpha"].is_null()
+                   ? j["lora_alpha"].get<double>()
+                   : 8.0;  // PEFT's default
     const auto& tm = j.contains("target_modules") ? j["target_modules"] : nlohmann::json();
     if (tm.is_string()) {
       ad.targets = parse_lora_targets(tm.get<std::string>());
@@ -220,7 +246,8 @@ LoraAdapter load_peft_adapter(const std::string& dir, const ModelConfig& config)
   ad.a.resize(config.num_layers);
   ad.b.resize(config.num_layers);
 
-  if (!fs::exists(st_path)) throw std::invalid_argument("LoRA adapter " + dir + ": no adapter_model.safetensors");
+  if (!fs::exists(st_path))
+    throw std::invalid_argument("LoRA adapter " + dir + ": no adapter_model.safetensors");
   const auto file = SafetensorsFile::open(st_path);
   static const std::regex kName(
       R"(^(?:base_model\.model\.)?model\.layers\.(\d+)\.(self_attn|mlp)\.([a-z_]+)\.lora_([AB])(?:\.default)?\.weight$)");
@@ -233,8 +260,9 @@ LoraAdapter load_peft_adapter(const std::string& dir, const ModelConfig& config)
     const int64_t li = m[1].str().size() > 9 ? config.num_layers : std::stoll(m[1].str());
     const auto t = target_from_name(m[3].str());
     if (li >= config.num_layers) {
-      throw std::invalid_argument(st_path + ": tensor '" + name + "' is for layer " + std::to_string(li) +
-                                  ", the model has " + std::to_string(config.num_layers));
+      throw std::invalid_argument(st_path + ": tensor '" + name + "' is for layer " +
+                                  std::to_string(li) + ", the model has " +
+                                  std::to_string(config.num_layers));
     }
     if (!t || !ad.has(*t)) {
       throw std::invalid_argument(st_path + ": tensor '" + name + "' adapts '" + m[3].str() +
@@ -242,7 +270,8 @@ LoraAdapter load_peft_adapter(const std::string& dir, const ModelConfig& config)
     }
     const bool is_a = m[4].str() == "A";
     const auto [fin, fout] = lora_target_shape(config, *t);
-    const std::vector<int64_t> want = is_a ? std::vector<int64_t>{ad.rank, fin} : std::vector<int64_t>{fout, ad.rank};
+    const std::vector<int64_t> want =
+        is_a ? std::vector<int64_t>{ad.rank, fin} : std::vector<int64_t>{fout, ad.rank};
     if (info.shape != want) {
       throw std::invalid_argument(st_path + ": tensor '" + name + "' has shape " +
                                   c10::str(at::IntArrayRef(info.shape)) + ", the model needs " +
@@ -260,7 +289,8 @@ LoraAdapter load_peft_adapter(const std::string& dir, const ModelConfig& config)
     for (LoraTarget t : ad.targets) {
       const int ti = static_cast<int>(t);
       if (!ad.a[li][ti].defined() || !ad.b[li][ti].defined()) {
-        throw std::invalid_argument(st_path + ": no '" + LoraAdapter::peft_name(li, t, !ad.a[li][ti].defined()) +
+        throw std::invalid_argument(st_path + ": no '" +
+                                    LoraAdapter::peft_name(li, t, !ad.a[li][ti].defined()) +
                                     "' (target_modules names " + lora_target_name(t) + ")");
       }
     }
@@ -268,7 +298,8 @@ LoraAdapter load_peft_adapter(const std::string& dir, const ModelConfig& config)
   return ad;
 }
 
-void save_peft_adapter(const LoraAdapter& adapter, const std::string& dir, const std::string& base_model_name) {
+void save_peft_adapter(const LoraAdapter& adapter, const std::string& dir,
+                       const std::string& base_model_name) {
   fs::create_directories(dir);
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   nlohmann::json modules = nlohmann::json::array();
@@ -276,16 +307,23 @@ void save_peft_adapter(const LoraAdapter& adapter, const std::string& dir, const
   for (size_t li = 0; li < adapter.a.size(); ++li) {
     for (LoraTarget t : adapter.targets) {
       const int ti = static_cast<int>(t);
-      tensors.emplace_back(LoraAdapter::peft_name(static_cast<int64_t>(li), t, true), adapter.a[li][ti].contiguous());
-      tensors.emplace_back(LoraAdapter::peft_name(static_cast<int64_t>(li), t, false), adapter.b[li][ti].contiguous());
+      tensors.emplace_back(LoraAdapter::peft_name(static_cast<int64_t>(li), t, true),
+                           adapter.a[li][ti].contiguous());
+      tensors.emplace_back(LoraAdapter::peft_name(static_cast<int64_t>(li), t, false),
+                           adapter.b[li][ti].contiguous());
     }
   }
   write_safetensors(dir + "/adapter_model.safetensors", tensors, {{"format", "pt"}});
-  const nlohmann::json cfg = {{"peft_type", "LORA"},        {"task_type", "CAUSAL_LM"},
-                              {"r", adapter.rank},          {"lora_alpha", adapter.alpha},
-                              {"lora_dropout", 0.0},        {"bias", "none"},
-                              {"target_modules", modules},  {"fan_in_fan_out", false},
-                              {"use_rslora", false},        {"inference_mode", true},
+  const nlohmann::json cfg = {{"peft_type", "LORA"},
+                              {"task_type", "CAUSAL_LM"},
+                              {"r", adapter.rank},
+                              {"lora_alpha", adapter.alpha},
+                              {"lora_dropout", 0.0},
+                              {"bias", "none"},
+                              {"target_modules", modules},
+                              {"fan_in_fan_out", false},
+                              {"use_rslora", false},
+                              {"inference_mode", true},
                               {"base_model_name_or_path", base_model_name}};
   const std::string tmp = dir + "/adapter_config.json.tmp";
   {
@@ -296,7 +334,8 @@ void save_peft_adapter(const LoraAdapter& adapter, const std::string& dir, const
   fs::rename(tmp, dir + "/adapter_config.json");
 }
 
-NamedTensors merge_lora(const NamedTensors& base, const LoraAdapter& adapter, const ModelConfig& config) {
+NamedTensors merge_lora(const NamedTensors& base, const LoraAdapter& adapter,
+                        const ModelConfig& config) {
   NamedTensors out = base;
   std::map<std::string, size_t> index;
   for (size_t i = 0; i < out.size(); ++i) index[out[i].first] = i;
@@ -306,8 +345,9 @@ NamedTensors merge_lora(const NamedTensors& base, const LoraAdapter& adapter, co
       auto it = index.find(base_weight_name(li, t));
       CRL_CHECK(it != index.end(), "merge_lora: the model has no '", base_weight_name(li, t), "'");
       at::Tensor& w = out[it->second].second;
-      const at::Tensor delta = at::matmul(adapter.b[li][ti].to(at::kDouble), adapter.a[li][ti].to(at::kDouble)) *
-                               adapter.scaling();
+      const at::Tensor delta =
+          at::matmul(adapter.b[li][ti].to(at::kDouble), adapter.a[li][ti].to(at::kDouble)) *
+          adapter.scaling();
       w = (w.to(at::kCPU, at::kDouble) + delta).to(w.device(), w.scalar_type());
     }
   }
@@ -322,7 +362,8 @@ void write_merged_lora_model(const std::string& model_dir, const std::string& lo
   ModelConfig config = load_model_config(model_dir);
   const LoraAdapter adapter = load_peft_adapter(lora_dir, config);
   config.torch_dtype = dtype;  // what the files hold, not the base's (HF loaders trust the field)
-  NamedTensors merged = merge_lora(load_checkpoint(model_dir, model_param_specs(config), at::kFloat), adapter, config);
+  NamedTensors merged = merge_lora(
+      load_checkpoint(model_dir, model_param_specs(config), at::kFloat), adapter, config);
   if (dtype == "bfloat16") {
     for (auto& [name, t] : merged) t = t.to(at::kBFloat16);
   }
@@ -332,12 +373,13 @@ void write_merged_lora_model(const std::string& model_dir, const std::string& lo
 LoraSlots::LoraSlots(const ModelConfig& config, int64_t num_slots, int64_t max_rank,
                      std::vector<LoraTarget> targets, at::ScalarType dtype, at::Device device)
     : config_(config), num_slots_(num_slots), max_rank_(max_rank), dtype_(dtype), device_(device) {
-  CRL_CHECK(num_slots >= 1 && max_rank >= 1, "LoRA slots: need >= 1 slot and rank >= 1, got ", num_slots,
-            " slots of rank ", max_rank);
+  CRL_CHECK(num_slots >= 1 && max_rank >= 1, "LoRA slots: need >= 1 slot and rank >= 1, got ",
+            num_slots, " slots of rank ", max_rank);
   for (LoraTarget t : targets) enabled_[static_cast<int>(t)] = true;
   a_.resize(config.num_layers);
   b_.resize(config.num_layers);
-  slot_b_.assign(static_cast<size_t>(num_slots), std::vector<std::array<at::Tensor, kNumLoraTargets>>(config.num_layers));
+  slot_b_.assign(static_cast<size_t>(num_slots),
+                 std::vector<std::array<at::Tensor, kNumLoraTargets>>(config.num_layers));
   const auto opts = at::TensorOptions().dtype(dtype).device(device);
   for (int64_t li = 0; li < config.num_layers; ++li) {
     for (LoraTarget t : targets) {
@@ -346,7 +388,8 @@ LoraSlots::LoraSlots(const ModelConfig& config, int64_t num_slots, int64_t max_r
       b_[li][static_cast<int>(t)] = at::zeros({out, num_slots * max_rank}, opts);
       // One slot: b_ is that slot's B, contiguous already (no second copy to keep in step).
       for (auto& slot : slot_b_) {
-        slot[li][static_cast<int>(t)] = num_slots == 1 ? b_[li][static_cast<int>(t)] : at::zeros({out, max_rank}, opts);
+        slot[li][static_cast<int>(t)] =
+            num_slots == 1 ? b_[li][static_cast<int>(t)] : at::zeros({out, max_rank}, opts);
       }
     }
   }
@@ -360,8 +403,8 @@ void LoraSlots::load(int64_t slot, const LoraAdapter& ad) {
                                 " (--max-lora-rank)");
   }
   if (static_cast<int64_t>(ad.a.size()) != config_.num_layers) {
-    throw std::invalid_argument("LoRA adapter has " + std::to_string(ad.a.size()) + " layers, the model " +
-                                std::to_string(config_.num_layers));
+    throw std::invalid_argument("LoRA adapter has " + std::to_string(ad.a.size()) +
+                                " layers, the model " + std::to_string(config_.num_layers));
   }
   for (LoraTarget t : ad.targets) {
     if (!targets(t)) {
@@ -378,16 +421,17 @@ void LoraSlots::load(int64_t slot, const LoraAdapter& ad) {
       if (!a.defined() || !b.defined() || a.sizes() != at::IntArrayRef({ad.rank, in}) ||
           b.sizes() != at::IntArrayRef({out, ad.rank})) {
         throw std::invalid_argument("LoRA adapter tensor '" + LoraAdapter::peft_name(li, t, true) +
-                                    "' or its B does not have the shapes [" + std::to_string(ad.rank) + ", " +
-                                    std::to_string(in) + "] / [" + std::to_string(out) + ", " +
-                                    std::to_string(ad.rank) + "]");
+                                    "' or its B does not have the shapes [" +
+                                    std::to_string(ad.rank) + ", " + std::to_string(in) + "] / [" +
+                                    std::to_string(out) + ", " + std::to_string(ad.rank) + "]");
       }
     }
   }
   // An adapter that fills the slot (its rank, every target the slots hold: an RL policy update)
   // overwrites every value, so the slot is not zeroed first.
   bool fills = ad.rank == max_rank_;
-  for (int ti = 0; ti < kNumLoraTargets; ++ti) fills = fills && (!enabled_[ti] || ad.has(static_cast<LoraTarget>(ti)));
+  for (int ti = 0; ti < kNumLoraTargets; ++ti)
+    fills = fills && (!enabled_[ti] || ad.has(static_cast<LoraTarget>(ti)));
   if (!fills) clear(slot);
   const int64_t c0 = slot * max_rank_;
   for (int64_t li = 0; li < config_.num_layers; ++li) {
@@ -429,7 +473,8 @@ at::Tensor LoraSlots::row_mask(const std::vector<int32_t>& row_slots, bool on_ho
     const int32_t s = row_slots[r];
     if (s < 0) continue;
     CRL_CHECK(s < num_slots_, "LoRA slot ", s, " outside [0, ", num_slots_, ")");
-    std::fill(p + r * num_slots_ * max_rank_ + s * max_rank_, p + r * num_slots_ * max_rank_ + (s + 1) * max_rank_, 1.0f);
+    std::fill(p + r * num_slots_ * max_rank_ + s * max_rank_,
+              p + r * num_slots_ * max_rank_ + (s + 1) * max_rank_, 1.0f);
   }
   return on_host ? m.to(dtype_) : m.to(device_, dtype_);
 }

@@ -2,8 +2,8 @@
 // PEFT's on-disk format, and the engine's slots that serve several of them unmerged at once.
 //
 // Serving unmerged: LoraSlots stacks every slot's A of one target layer into [S * r, in] and its
-// B, scaled by alpha / r, into [out, S * r] (an adapter of smaller rank zero-padded: exact). A batch
-// whose rows use different slots (or none) adds to each target layer's output
+// B, scaled by alpha / r, into [out, S * r] (an adapter of smaller rank zero-padded: exact). A
+// batch whose rows use different slots (or none) adds to each target layer's output
 //   ((x A_all^T) * mask) B_all^T,   mask [T, S * r]: 1 in the columns of the row's own slot,
 // two products per target layer for the whole batch, no per-adapter sub-batches, and nothing
 // gathered per row. Through the model's own linear (Transformer), so deterministic mode stays
@@ -72,7 +72,8 @@ void save_peft_adapter(const LoraAdapter& adapter, const std::string& dir,
 
 // The base weights (model_param_specs order) with `adapter` merged in: W + scaling * B A, in each
 // weight's dtype. The reference for unmerged serving, and a merged checkpoint's weights.
-NamedTensors merge_lora(const NamedTensors& base, const LoraAdapter& adapter, const ModelConfig& config);
+NamedTensors merge_lora(const NamedTensors& base, const LoraAdapter& adapter,
+                        const ModelConfig& config);
 
 // Rows [begin, end) of a forward, all on LoRA slot `slot` (-1: none).
 struct LoraRowRun {
@@ -143,7 +144,8 @@ class LoraSlots {
   at::ScalarType dtype_;
   at::Device device_;
   std::vector<std::array<at::Tensor, kNumLoraTargets>> a_, b_;
-  std::vector<std::vector<std::array<at::Tensor, kNumLoraTargets>>> slot_b_;  // [slot][layer][target]
+  std::vector<std::vector<std::array<at::Tensor, kNumLoraTargets>>>
+      slot_b_;  // [slot][layer][target]
 };
 
 }  // namespace crl::engine

@@ -35,7 +35,8 @@ void publish_dir(const std::string& tmp, const std::string& dst) {
 
 std::string cache_dir() {
   if (const char* d = std::getenv("CRL_CACHE_DIR"); d && *d) return d;
-  if (const char* d = std::getenv("XDG_CACHE_HOME"); d && *d) return std::string(d) + "/colocated-rl";
+  if (const char* d = std::getenv("XDG_CACHE_HOME"); d && *d)
+    return std::string(d) + "/colocated-rl";
   if (const char* d = std::getenv("HOME"); d && *d) return std::string(d) + "/.cache/colocated-rl";
   return (fs::temp_directory_path() / "colocated-rl").string();
 }
@@ -171,7 +172,8 @@ void make_model(const std::string& dir, const ModelConfig& config, uint64_t seed
 }
 
 std::string preset_model_dir(const std::string& name, const std::string& dtype) {
-  return cache_dir() + "/models/" + name + "-" + dtype_name(parse_dtype(dtype)) + "-" + kCacheVersion;
+  return cache_dir() + "/models/" + name + "-" + dtype_name(parse_dtype(dtype)) + "-" +
+         kCacheVersion;
 }
 
 std::string ensure_preset_model(const std::string& name, const std::string& dtype) {

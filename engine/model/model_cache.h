@@ -27,9 +27,10 @@ std::string ensure_default_tokenizer();
 // Writes a model with `config`, random weights from `seed` stored as `dtype`, and a tokenizer,
 // into `dir` (atomically: temp dir + rename). The tokenizer is the default one, or with
 // `tokenizer_from` (a Hugging Face model or tokenizer directory) that one's files: the config's
-// bos/eos ids then come from it, and vocab_size too unless config.vocab_size is already larger. An existing empty directory or model
-// directory (one with config.json) is replaced; any other existing directory is refused
-// (std::invalid_argument), so a mistyped --out never wipes unrelated files.
+// bos/eos ids then come from it, and vocab_size too unless config.vocab_size is already larger. An
+// existing empty directory or model directory (one with config.json) is replaced; any other
+// existing directory is refused (std::invalid_argument), so a mistyped --out never wipes unrelated
+// files.
 void make_model(const std::string& dir, const ModelConfig& config, uint64_t seed,
                 const std::string& dtype, const std::string& tokenizer_from = "");
 

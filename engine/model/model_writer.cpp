@@ -136,7 +136,6 @@ std::string arithmetic(Rng& rng) {
   return os.str();
 }
 
-
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::runtime_error("cannot open " + path + " for reading");
@@ -252,10 +251,11 @@ void write_model_dir(const std::string& dir, const ModelConfig& config, const Na
     // A real tokenizer directory: its files as they are (template, added tokens, flags).
     const fs::path tok_file(tok.path());
     crl::write_file_atomic((root / tok_file.filename()).string(), read_file(tok.path()));
-    for (const char* name : {"tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                             "generation_config.json"}) {
+    for (const char* name : {"tokenizer_config.json", "special_tokens_map.json",
+                             "chat_template.jinja", "generation_config.json"}) {
       const fs::path src = fs::path(tokenizer_source) / name;
-      if (fs::is_regular_file(src)) crl::write_file_atomic((root / name).string(), read_file(src.string()));
+      if (fs::is_regular_file(src))
+        crl::write_file_atomic((root / name).string(), read_file(src.string()));
     }
     return;
   }

@@ -241,8 +241,9 @@ at::Tensor SafetensorsFile::load_range(const std::string& name, int64_t from, in
   int64_t numel = 1;
   for (int64_t d : it->second.shape) numel *= d;
   if (from < 0 || count < 0 || from + count > numel) {
-    fail_tensor(path_, name, "elements [" + std::to_string(from) + ", " + std::to_string(from + count) +
-                                 ") are outside its " + std::to_string(numel));
+    fail_tensor(path_, name,
+                "elements [" + std::to_string(from) + ", " + std::to_string(from + count) +
+                    ") are outside its " + std::to_string(numel));
   }
   return read(name, it->second, from, {count}, dtype);
 }

@@ -19,9 +19,9 @@ namespace crl::engine {
 class SafetensorsFile {
  public:
   struct TensorInfo {
-    std::string dtype;            // "F32", "BF16", "F16", "I64", ...
+    std::string dtype;  // "F32", "BF16", "F16", "I64", ...
     std::vector<int64_t> shape;
-    uint64_t begin = 0;           // byte offsets into the data region
+    uint64_t begin = 0;  // byte offsets into the data region
     uint64_t end = 0;
   };
 

@@ -48,8 +48,8 @@ Transformer::Transformer(ModelConfig config, NamedTensors weights, TransformerOp
   }
   auto specs = model_param_specs(config_);
   if (specs.size() != params_.size()) {
-    throw std::invalid_argument("model expects " + std::to_string(specs.size()) +
-                                " weights, got " + std::to_string(params_.size()));
+    throw std::invalid_argument("model expects " + std::to_string(specs.size()) + " weights, got " +
+                                std::to_string(params_.size()));
   }
   for (size_t i = 0; i < specs.size(); ++i) {
     auto& [name, tensor] = params_[i];
@@ -58,9 +58,8 @@ Transformer::Transformer(ModelConfig config, NamedTensors weights, TransformerOp
                                   specs[i].name + "'");
     }
     if (tensor.sizes() != at::IntArrayRef(specs[i].shape)) {
-      throw std::invalid_argument("weight '" + name + "' has shape " +
-                                  c10::str(tensor.sizes()) + ", expected " +
-                                  c10::str(at::IntArrayRef(specs[i].shape)));
+      throw std::invalid_argument("weight '" + name + "' has shape " + c10::str(tensor.sizes()) +
+                                  ", expected " + c10::str(at::IntArrayRef(specs[i].shape)));
     }
     if (tensor.scalar_type() != options_.dtype || tensor.device() != options_.device) {
       tensor = tensor.to(options_.device, options_.dtype).contiguous();
@@ -164,13 +163,13 @@ void Transformer::set_parameters(const NamedTensors& values) {
 
 void Transformer::set_deterministic(bool on) {
   if (on && !options_.device.is_cpu()) {
-    throw std::invalid_argument("deterministic mode runs the project's CPU kernels; it is not "
-                                "available on " + options_.device.str());
+    throw std::invalid_argument(
+        "deterministic mode runs the project's CPU kernels; it is not "
+        "available on " +
+        options_.device.str());
   }
   options_.deterministic = on;
 }
-
-
 
 namespace {
 
@@ -181,12 +180,13 @@ namespace {
 // from 3 to 512 rows it beat oneDNN's bf16 matmul by 1.06-4.3x). Never with an autograd graph.
 enum class ProjectLinear { kNone, kFloat32, kFloat32WithGrad, kBf16Dot };
 
-ProjectLinear project_linear_for(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+ProjectLinear project_linear_for(const at::Tensor& x, const at::Tensor& weight,
+                                 const at::Tensor& bias) {
   if (x.dim() != 2 || x.size(0) < 2 || !x.is_cpu() || x.scalar_type() != weight.scalar_type()) {
     return ProjectLinear::kNone;
   }
-  const bool graph = at::GradMode::is_enabled() &&
-                     (x.requires_grad() || weight.requires_grad() || (bias.defined() && bias.requires_grad()));
+  const bool graph = at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad() ||
+                                                    (bias.defined() && bias.requires_grad()));
   if (x.scalar_type() == at::kFloat && kernels::active_cpu_isa() != kernels::CpuIsa::kScalar) {
     if (graph) return ProjectLinear::kFloat32WithGrad;
     return x.size(0) >= 5 ? ProjectLinear::kFloat32 : ProjectLinear::kNone;
@@ -219,19 +219,25 @@ at::Tensor Transformer::linear(const at::Tensor& x, const at::Tensor& weight,
   if (options_.deterministic) return det_linear(x, weight, bias);
   if (options_.project_linear) {
     switch (project_linear_for(x, weight, bias)) {
-      case ProjectLinear::kFloat32: return kernels::bi_linear(x, weight, bias);
-      case ProjectLinear::kFloat32WithGrad: return kernel_linear(x, weight, bias);
-      case ProjectLinear::kBf16Dot: return kernels::bf16_dot_linear(x, weight, bias);
-      case ProjectLinear::kNone: break;
+      case ProjectLinear::kFloat32:
+        return kernels::bi_linear(x, weight, bias);
+      case ProjectLinear::kFloat32WithGrad:
+        return kernel_linear(x, weight, bias);
+      case ProjectLinear::kBf16Dot:
+        return kernels::bf16_dot_linear(x, weight, bias);
+      case ProjectLinear::kNone:
+        break;
     }
   }
   return apply_linear(x, weight, bias);
 }
 
 bool Transformer::cuda_fused_fits(std::initializer_list<const at::Tensor*> ts) const {
-  if (!options_.cuda_fused || !options_.device.is_cuda() || !kernels::cuda_ops_built()) return false;
+  if (!options_.cuda_fused || !options_.device.is_cuda() || !kernels::cuda_ops_built())
+    return false;
   for (const at::Tensor* t : ts) {
-    if (!t->is_cuda() || (t->scalar_type() != at::kFloat && t->scalar_type() != at::kBFloat16)) return false;
+    if (!t->is_cuda() || (t->scalar_type() != at::kFloat && t->scalar_type() != at::kBFloat16))
+      return false;
     if (at::GradMode::is_enabled() && t->requires_grad()) return false;
   }
   return true;
@@ -250,8 +256,10 @@ at::Tensor Transformer::rms_norm(const at::Tensor& x, const at::Tensor& weight) 
 
 at::Tensor Transformer::silu_mul(const at::Tensor& gate, const at::Tensor& up) const {
   if (options_.deterministic) return det_silu_mul(gate, up);
-  if (cuda_fused_fits({&gate, &up})) return kernels::cuda_silu_mul(gate.contiguous(), up.contiguous());
-  if (options_.project_linear && project_rowwise_fits({&gate, &up})) return kernels::bi_silu_mul(gate, up);
+  if (cuda_fused_fits({&gate, &up}))
+    return kernels::cuda_silu_mul(gate.contiguous(), up.contiguous());
+  if (options_.project_linear && project_rowwise_fits({&gate, &up}))
+    return kernels::bi_silu_mul(gate, up);
   return at::silu(gate) * up;
 }
 
@@ -267,8 +275,8 @@ at::Tensor Transformer::apply_rope(const at::Tensor& x, const at::Tensor& cos,
 }
 
 at::Tensor Transformer::adapted_linear(int64_t li, LoraTarget target, const at::Tensor& x,
-                                      const at::Tensor& weight, const at::Tensor& bias,
-                                      const LoraBatch& lora) const {
+                                       const at::Tensor& weight, const at::Tensor& bias,
+                                       const LoraBatch& lora) const {
   if (fuses_lora(li, target, x, weight, bias, lora)) {
     // The engine's slots outside deterministic mode, on the project's float32 kernel: the adapter's
     // up-projection is a second depth segment of the base product, y = [x | x A^T] [W | s B]^T + b,
@@ -285,12 +293,14 @@ at::Tensor Transformer::adapted_linear(int64_t li, LoraTarget target, const at::
         down.push_back({r.begin, r.end, on ? lora_->slot_a(li, target, r.slot) : at::Tensor()});
         up.push_back({r.begin, r.end, on ? lora_->slot_b(li, target, r.slot) : at::Tensor()});
       }
-      return kernels::bi_linear(x, weight, bias, kernels::bi_grouped_linear(x, down, lora_->max_rank()), up);
+      return kernels::bi_linear(x, weight, bias,
+                                kernels::bi_grouped_linear(x, down, lora_->max_rank()), up);
     }
     const at::Tensor xa = lora.slot >= 0 ? linear(x, lora_->slot_a(li, target, lora.slot))
                                          : linear(x, lora_->a(li, target)) * lora.mask;
-    return kernels::bi_linear(x, weight, bias, xa,
-                              lora.slot >= 0 ? lora_->slot_b(li, target, lora.slot) : lora_->b(li, target));
+    return kernels::bi_linear(
+        x, weight, bias, xa,
+        lora.slot >= 0 ? lora_->slot_b(li, target, lora.slot) : lora_->b(li, target));
   }
   at::Tensor y = linear(x, weight, bias);
   if (adapter_ != nullptr && adapter_->has(target)) {
@@ -302,19 +312,22 @@ at::Tensor Transformer::adapted_linear(int64_t li, LoraTarget target, const at::
   }
   if (lora_ == nullptr || !lora.active() || !lora_->targets(target)) return y;
   if (lora.slot >= 0) {  // one adapter for every row: its own A and B alone
-    return y + linear(linear(x, lora_->slot_a(li, target, lora.slot)), lora_->slot_b(li, target, lora.slot));
+    return y + linear(linear(x, lora_->slot_a(li, target, lora.slot)),
+                      lora_->slot_b(li, target, lora.slot));
   }
   // ((x A^T) * mask) B^T: every slot's down-projection at once, each row keeping its own slot's.
   return y + linear(linear(x, lora_->a(li, target)) * lora.mask, lora_->b(li, target));
 }
 
-bool Transformer::fuses_lora(int64_t li, LoraTarget target, const at::Tensor& x, const at::Tensor& weight,
-                             const at::Tensor& bias, const LoraBatch& lora) const {
+bool Transformer::fuses_lora(int64_t li, LoraTarget target, const at::Tensor& x,
+                             const at::Tensor& weight, const at::Tensor& bias,
+                             const LoraBatch& lora) const {
   return lora_ != nullptr && lora.active() && lora_->targets(target) && !options_.deterministic &&
          options_.project_linear && (adapter_ == nullptr || !adapter_->has(target)) &&
          project_linear_for(x, weight, bias) == ProjectLinear::kFloat32 &&
          lora_->a(li, target).scalar_type() == weight.scalar_type() &&
-         !lora_->a(li, target).requires_grad() && !lora_->b(li, target).requires_grad();  // no autograd here
+         !lora_->a(li, target).requires_grad() &&
+         !lora_->b(li, target).requires_grad();  // no autograd here
 }
 
 at::Tensor Transformer::layer_forward(int64_t li, const at::Tensor& h, const Rope& rope,
@@ -325,9 +338,12 @@ at::Tensor Transformer::layer_forward(int64_t li, const at::Tensor& h, const Rop
   const Layer& l = layers_[li];
   const LoraBatch& m = rope.lora;
   auto n = rms_norm(h, l.input_norm);
-  auto q = adapted_linear(li, LoraTarget::kQ, n, l.q_proj, l.q_bias, m).view({t, c.num_heads, c.head_dim});
-  auto k = adapted_linear(li, LoraTarget::kK, n, l.k_proj, l.k_bias, m).view({t, c.num_kv_heads, c.head_dim});
-  auto v = adapted_linear(li, LoraTarget::kV, n, l.v_proj, l.v_bias, m).view({t, c.num_kv_heads, c.head_dim});
+  auto q = adapted_linear(li, LoraTarget::kQ, n, l.q_proj, l.q_bias, m)
+               .view({t, c.num_heads, c.head_dim});
+  auto k = adapted_linear(li, LoraTarget::kK, n, l.k_proj, l.k_bias, m)
+               .view({t, c.num_kv_heads, c.head_dim});
+  auto v = adapted_linear(li, LoraTarget::kV, n, l.v_proj, l.v_bias, m)
+               .view({t, c.num_kv_heads, c.head_dim});
   if (c.qk_norm) {  // Qwen3: each head's q and k normalised over head_dim before RoPE
     q = rms_norm(q.reshape({t * c.num_heads, c.head_dim}), l.q_norm)
             .view({t, c.num_heads, c.head_dim});
@@ -335,8 +351,12 @@ at::Tensor Transformer::layer_forward(int64_t li, const at::Tensor& h, const Rop
             .view({t, c.num_kv_heads, c.head_dim});
   }
   if (rope.cos.defined() || !cuda_fused_fits({&q, &k})) {
-    const at::Tensor cos = rope.cos.defined() ? rope.cos : rope_cos_.index_select(0, rope.positions).to(options_.dtype);
-    const at::Tensor sin = rope.sin.defined() ? rope.sin : rope_sin_.index_select(0, rope.positions).to(options_.dtype);
+    const at::Tensor cos = rope.cos.defined()
+                               ? rope.cos
+                               : rope_cos_.index_select(0, rope.positions).to(options_.dtype);
+    const at::Tensor sin = rope.sin.defined()
+                               ? rope.sin
+                               : rope_sin_.index_select(0, rope.positions).to(options_.dtype);
     q = apply_rope(q, cos, sin);
     k = apply_rope(k, cos, sin);
   } else {
@@ -344,8 +364,8 @@ at::Tensor Transformer::layer_forward(int64_t li, const at::Tensor& h, const Rop
     k = k.contiguous();
     kernels::cuda_rope_(q, k, rope.positions, rope_cos_, rope_sin_);
   }
-  auto attn = attention.attend(li, q.contiguous(), k.contiguous(), v.contiguous())
-                  .reshape({t, q_dim});
+  auto attn =
+      attention.attend(li, q.contiguous(), k.contiguous(), v.contiguous()).reshape({t, q_dim});
   auto h2 = h + adapted_linear(li, LoraTarget::kO, attn, l.o_proj, {}, m);
   auto n2 = rms_norm(h2, l.post_norm);
   auto gate = adapted_linear(li, LoraTarget::kGate, n2, l.gate_proj, {}, m);
@@ -365,11 +385,12 @@ at::Tensor Transformer::forward_hidden(const at::Tensor& tokens, const at::Tenso
   auto h = embed_.index_select(0, tokens);  // [T, hidden]
   if (lora.active()) {
     CRL_CHECK(lora_ != nullptr, "forward_hidden: LoRA rows without LoRA slots");
-    CRL_CHECK(lora.slot < lora_->num_slots(), "forward_hidden: LoRA slot ", lora.slot, " of ", lora_->num_slots());
+    CRL_CHECK(lora.slot < lora_->num_slots(), "forward_hidden: LoRA slot ", lora.slot, " of ",
+              lora_->num_slots());
     CRL_CHECK(lora.slot >= 0 || (lora.mask.dim() == 2 && lora.mask.size(0) == tokens.size(0) &&
                                  lora.mask.size(1) == lora_->num_slots() * lora_->max_rank()),
-              "forward_hidden: LoRA mask ", lora.mask.sizes(), " for ", tokens.size(0), " rows and ",
-              lora_->num_slots(), " slots of rank ", lora_->max_rank());
+              "forward_hidden: LoRA mask ", lora.mask.sizes(), " for ", tokens.size(0),
+              " rows and ", lora_->num_slots(), " slots of rank ", lora_->max_rank());
   }
   Rope rope{positions, {}, {}, lora};
   if (!cuda_fused_fits({&h})) {  // the fused kernel reads the tables itself
@@ -382,10 +403,9 @@ at::Tensor Transformer::forward_hidden(const at::Tensor& tokens, const at::Tenso
       h = layer_forward(li, h, rope, attention);
       continue;
     }
-    auto fn = std::make_shared<LayerFn>(
-        [this, li, rope, &attention](const at::Tensor& x) {
-          return layer_forward(li, x, rope, attention);
-        });
+    auto fn = std::make_shared<LayerFn>([this, li, rope, &attention](const at::Tensor& x) {
+      return layer_forward(li, x, rope, attention);
+    });
     h = layer_runner_(li, h, std::move(fn));
   }
   return rms_norm(h, final_norm_);
@@ -401,9 +421,11 @@ at::Tensor Transformer::forward_packed(const at::Tensor& tokens,
   for (int64_t len : seq_lens) pos.push_back(at::arange(len, at::kLong));
   auto positions = (pos.size() == 1 ? pos[0] : at::cat(pos, 0)).to(options_.device);
   DenseCausalAttention attention(seq_lens);
-  const int64_t longest = seq_lens.empty() ? 0 : *std::max_element(seq_lens.begin(), seq_lens.end());
+  const int64_t longest =
+      seq_lens.empty() ? 0 : *std::max_element(seq_lens.begin(), seq_lens.end());
   // Token ids may come from the host (tests, the trainer's packed batches): gather on the device.
-  return compute_logits(forward_hidden(tokens.to(options_.device), positions, attention, longest - 1));
+  return compute_logits(
+      forward_hidden(tokens.to(options_.device), positions, attention, longest - 1));
 }
 
 }  // namespace crl::engine

@@ -51,7 +51,8 @@ struct TransformerOptions {
 
 class Transformer {
  public:
-  // `weights` must match model_param_specs(config) in names and shapes (checked, naming the tensor).
+  // `weights` must match model_param_specs(config) in names and shapes (checked, naming the
+  // tensor).
   Transformer(ModelConfig config, NamedTensors weights, TransformerOptions options);
   // Loads config.json and the safetensors checkpoint from a Hugging Face directory.
   static Transformer load(const std::string& dir, TransformerOptions options);
@@ -122,7 +123,8 @@ class Transformer {
   bool cuda_fused_fits(std::initializer_list<const at::Tensor*> ts) const;
   // The row-wise ops, through the batch-invariant kernels in deterministic mode.
   at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight) const;
-  at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {}) const;
+  at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
+                    const at::Tensor& bias = {}) const;
   at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) const;
   at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const;
   // linear(x, weight, bias) plus layer `li`'s LoRA delta for target `t` where the mask selects one.

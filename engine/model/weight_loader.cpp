@@ -67,7 +67,6 @@ std::map<std::string, std::string> read_index(const std::string& index_path) {
   return weight_map;
 }
 
-
 }  // namespace
 
 NamedTensors load_checkpoint(const std::string& dir, const std::vector<ParamSpec>& specs,

@@ -21,7 +21,8 @@ NamedTensors load_checkpoint(const std::string& dir, const std::vector<ParamSpec
                              at::ScalarType dtype);
 
 // Writes named tensors as <dir>/model.safetensors (or, when max_shard_bytes > 0 and they do not fit
-// one shard, as model-0000k-of-0000n.safetensors plus model.safetensors.index.json). Atomic per file.
+// one shard, as model-0000k-of-0000n.safetensors plus model.safetensors.index.json). Atomic per
+// file.
 void save_checkpoint(const std::string& dir, const NamedTensors& tensors,
                      int64_t max_shard_bytes = 0);
 

@@ -1,15 +1,13 @@
 // The RL job with --serve-port, run as the real binary: HTTP completions succeed while training
 // proceeds, and the weight version in the responses increases (issue 5, in-training part).
 #include <gtest/gtest.h>
-
-#include <nlohmann/json.hpp>
-
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
 #include <thread>
@@ -25,12 +23,11 @@ TEST(RlServeTest, CompletionsSucceedDuringTrainingAndTheWeightVersionIncreases) 
   const std::string model = engine::ensure_preset_model("default");
   int out[2];
   ASSERT_EQ(pipe(out), 0);
-  std::vector<std::string> args = {CRL_BINARY,      "--gpus-infer",   "1",    "--gpus-train", "1",
-                                   "--model",       model,            "--steps", "60",
-                                   "--sft-steps",   "2",              "--prompts-per-step", "4",
-                                   "--n-samples",   "4",              "--eval-every", "0",
-                                   "--eval-rows",   "8",              "--serve-port", "0",
-                                   "--timeout",     "60"};
+  std::vector<std::string> args = {
+      CRL_BINARY, "--gpus-infer", "1",  "--gpus-train", "1", "--model",
+      model,      "--steps",      "60", "--sft-steps",  "2", "--prompts-per-step",
+      "4",        "--n-samples",  "4",  "--eval-every", "0", "--eval-rows",
+      "8",        "--serve-port", "0",  "--timeout",    "60"};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -67,8 +64,8 @@ TEST(RlServeTest, CompletionsSucceedDuringTrainingAndTheWeightVersionIncreases) 
   server::HttpClient client(url, 60);
   std::vector<int64_t> versions;
   int ok = 0, requests = 0;
-  nlohmann::json body = {{"prompt", "Copy: red tree big. Answer:"}, {"max_tokens", 6},
-                         {"temperature", 0}};
+  nlohmann::json body = {
+      {"prompt", "Copy: red tree big. Answer:"}, {"max_tokens", 6}, {"temperature", 0}};
   while (true) {
     int status = 0;
     if (waitpid(pid, &status, WNOHANG) == pid) {

@@ -23,7 +23,7 @@ struct Shape {
 };
 
 // Odd sizes on purpose: column tails of every panel width, depths past one packed block (384).
-const std::vector<Shape> kShapes = {{1, 1, 1},   {3, 37, 19},   {13, 100, 385},
+const std::vector<Shape> kShapes = {{1, 1, 1},    {3, 37, 19},    {13, 100, 385},
                                     {12, 32, 16}, {50, 576, 576}, {130, 33, 800}};
 
 std::string label(at::ScalarType dt, const Shape& s) {
@@ -77,10 +77,12 @@ TEST(BatchInvariantTest, ASecondDepthSegmentIsTheLinearOfTheConcatenations) {
         {
           ScopedCpuIsa scalar(CpuIsa::kScalar);
           want = bi_linear(x, w, b, x2, w2);  // float32 x2 also beside bfloat16 weights
-          if (dt == at::kFloat) test::expect_tensor_equal(want, bi_linear(at::cat({x, x2}, 1), at::cat({w, w2}, 1), b));
+          if (dt == at::kFloat)
+            test::expect_tensor_equal(want, bi_linear(at::cat({x, x2}, 1), at::cat({w, w2}, 1), b));
         }
         for (CpuIsa isa : supported_cpu_isas()) {
-          SCOPED_TRACE(std::string(cpu_isa_name(isa)) + " " + label(dt, s) + " k2=" + std::to_string(k2));
+          SCOPED_TRACE(std::string(cpu_isa_name(isa)) + " " + label(dt, s) +
+                       " k2=" + std::to_string(k2));
           ScopedCpuIsa path(isa);
           test::expect_tensor_equal(bi_linear(x, w, b, x2, w2), want);
           // bfloat16 x2 as the model's own activations would be: the same widening.
@@ -95,8 +97,9 @@ TEST(BatchInvariantTest, ASecondDepthSegmentIsTheLinearOfTheConcatenations) {
   const auto w2 = at::randn({4, 5});
   test::expect_tensor_equal(bi_linear(at::empty({3, 0}), at::empty({4, 0}), {}, x2, w2),
                             bi_linear(x2.to(at::kFloat), w2));
-  ASSERT_THROWS_WITH(bi_linear(at::randn({2, 4}), at::randn({3, 4}), {}, at::randn({2, 5}), at::randn({3, 4})),
-                     std::logic_error, "second segment x2 [2, 5] and weight2 [3, 4] do not fit");
+  ASSERT_THROWS_WITH(
+      bi_linear(at::randn({2, 4}), at::randn({3, 4}), {}, at::randn({2, 5}), at::randn({3, 4})),
+      std::logic_error, "second segment x2 [2, 5] and weight2 [3, 4] do not fit");
   ASSERT_THROWS_WITH(bi_linear(at::randn({2, 4}), at::randn({3, 4}), {}, at::randn({2, 4}),
                                at::randn({3, 4}).to(at::kBFloat16)),
                      std::logic_error, "weight2 is BFloat16, weight Float");
@@ -113,8 +116,9 @@ TEST(BatchInvariantTest, RowGroupsEachGetTheBitsOfTheirOwnWeights) {
     int64_t k, n, r;
     std::vector<std::pair<int64_t, bool>> sizes;  // (rows, has weights) per group
   };
-  const std::vector<Case> cases = {{77, 40, 19, {{1, true}, {0, true}, {14, true}, {5, false}, {30, true}, {3, true}}},
-                                   {800, 70, 400, {{200, true}, {90, true}, {10, false}, {20, true}}}};
+  const std::vector<Case> cases = {
+      {77, 40, 19, {{1, true}, {0, true}, {14, true}, {5, false}, {30, true}, {3, true}}},
+      {800, 70, 400, {{200, true}, {90, true}, {10, false}, {20, true}}}};
   at::manual_seed(13);
   const int threads = at::get_num_threads();
   for (auto dt : {at::kFloat, at::kBFloat16}) {
@@ -140,8 +144,9 @@ TEST(BatchInvariantTest, RowGroupsEachGetTheBitsOfTheirOwnWeights) {
             const auto xi = x.narrow(0, i, 1);
             want_down.push_back(down[gi].weight.defined() ? bi_linear(xi, down[gi].weight)
                                                           : at::zeros({1, c.r}, x.options()));
-            want_up.push_back(up[gi].weight.defined() ? bi_linear(xi, w, b, x2.narrow(0, i, 1), up[gi].weight)
-                                                      : bi_linear(xi, w, b));
+            want_up.push_back(up[gi].weight.defined()
+                                  ? bi_linear(xi, w, b, x2.narrow(0, i, 1), up[gi].weight)
+                                  : bi_linear(xi, w, b));
           }
         }
       }
@@ -159,14 +164,15 @@ TEST(BatchInvariantTest, RowGroupsEachGetTheBitsOfTheirOwnWeights) {
     }
   }
   const auto x = at::randn({4, 3});
-  ASSERT_THROWS_WITH(bi_grouped_linear(x, {{0, 2, at::randn({5, 3})}, {3, 4, {}}}, 5), std::logic_error,
-                     "a group [3, 4) follows row 2");
+  ASSERT_THROWS_WITH(bi_grouped_linear(x, {{0, 2, at::randn({5, 3})}, {3, 4, {}}}, 5),
+                     std::logic_error, "a group [3, 4) follows row 2");
   ASSERT_THROWS_WITH(bi_grouped_linear(x, {{0, 3, at::randn({5, 3})}}, 5), std::logic_error,
                      "row groups cover 3 of 4 rows");
   ASSERT_THROWS_WITH(bi_grouped_linear(x, {{0, 4, at::randn({5, 2})}}, 5), std::logic_error,
                      "the weight of rows [0, 4) is [5, 2]");
-  ASSERT_THROWS_WITH(bi_linear(x, at::randn({6, 3}), {}, at::randn({4, 2}), {{0, 4, at::randn({6, 3})}}),
-                     std::logic_error, "second-segment weight of rows [0, 4) is [6, 3]");
+  ASSERT_THROWS_WITH(
+      bi_linear(x, at::randn({6, 3}), {}, at::randn({4, 2}), {{0, 4, at::randn({6, 3})}}),
+      std::logic_error, "second-segment weight of rows [0, 4) is [6, 3]");
 }
 
 TEST(BatchInvariantTest, ValuesMatchLibtorchWithinRounding) {
@@ -207,8 +213,8 @@ TEST(BatchInvariantTest, ARowsOutputIgnoresBatchSizePositionNeighboursAndThreads
       std::vector<std::pair<int64_t, int64_t>> shapes = {{130, 897}};
       if (isa != CpuIsa::kScalar) shapes.insert(shapes.end(), {{1536, 576}, {576, 1536}});
       for (auto [n, k] : shapes) {
-        SCOPED_TRACE(std::string(cpu_isa_name(isa)) + " n=" + std::to_string(n) + " k=" +
-                     std::to_string(k));
+        SCOPED_TRACE(std::string(cpu_isa_name(isa)) + " n=" + std::to_string(n) +
+                     " k=" + std::to_string(k));
         const auto w = at::randn({n, k}).to(dt);
         const auto b = at::randn({n}).to(dt);
         const auto nw = (at::rand({k}) + 0.5).to(dt);
@@ -216,8 +222,12 @@ TEST(BatchInvariantTest, ARowsOutputIgnoresBatchSizePositionNeighboursAndThreads
         const auto lin_alone = bi_linear(row, w, b);
         const auto norm_alone = bi_rms_norm(row, nw, 1e-5);
         const auto gate_alone = bi_silu_mul(row, row * 2);
-        for (auto [rows, pos] : {std::pair<int64_t, int64_t>{2, 1}, {7, 3}, {13, 12}, {64, 40},
-                                 {131, 130}, {300, 250}}) {
+        for (auto [rows, pos] : {std::pair<int64_t, int64_t>{2, 1},
+                                 {7, 3},
+                                 {13, 12},
+                                 {64, 40},
+                                 {131, 130},
+                                 {300, 250}}) {
           auto x = at::randn({rows, k}).to(dt);
           x.narrow(0, pos, 1).copy_(row);
           for (int64_t t : {int64_t{1}, threads}) {
@@ -296,12 +306,14 @@ TEST(BatchInvariantTest, KernelLinearTrainsLikeAtLinear) {
 }
 
 TEST(BatchInvariantTest, BadInputsAreClearErrors) {
-  ASSERT_THROWS_WITH(bi_linear(at::randn({2, 3}), at::randn({4, 5})), std::exception, "do not match");
-  ASSERT_THROWS_WITH(bi_linear(at::randn({2, 3}), at::randn({4, 3}).to(at::kBFloat16)), std::exception,
-                     "weight BFloat16");
-  ASSERT_THROWS_WITH(bi_linear(at::randn({2, 3}).to(at::kDouble), at::randn({4, 3})), std::exception,
-                     "float32 or bfloat16");
-  ASSERT_THROWS_WITH(parse_cpu_isa("sse9"), std::invalid_argument, "unknown CPU kernel path 'sse9'");
+  ASSERT_THROWS_WITH(bi_linear(at::randn({2, 3}), at::randn({4, 5})), std::exception,
+                     "do not match");
+  ASSERT_THROWS_WITH(bi_linear(at::randn({2, 3}), at::randn({4, 3}).to(at::kBFloat16)),
+                     std::exception, "weight BFloat16");
+  ASSERT_THROWS_WITH(bi_linear(at::randn({2, 3}).to(at::kDouble), at::randn({4, 3})),
+                     std::exception, "float32 or bfloat16");
+  ASSERT_THROWS_WITH(parse_cpu_isa("sse9"), std::invalid_argument,
+                     "unknown CPU kernel path 'sse9'");
   EXPECT_EQ(parse_cpu_isa("avx2"), CpuIsa::kAvx2);
   EXPECT_NE(describe_cpu().find("kernels: "), std::string::npos);
 }
@@ -319,9 +331,11 @@ class Bf16DotLinearTest : public ::testing::Test {
 TEST_F(Bf16DotLinearTest, GivesTheCanonicalChainsBitsForNormalInputs) {
   at::manual_seed(21);
   // Odd depths (the last pair half empty), depths past one packed block (384 pairs), column tails,
-  // row counts that split into unequal tiles and row blocks (the kernel takes up to 256 rows a task).
-  const std::vector<Shape> shapes = {{1, 1, 1},     {3, 37, 19},   {13, 100, 385},  {12, 32, 16},
-                                     {64, 576, 576}, {130, 33, 801}, {257, 70, 64},  {5, 300, 1536}};
+  // row counts that split into unequal tiles and row blocks (the kernel takes up to 256 rows a
+  // task).
+  const std::vector<Shape> shapes = {{1, 1, 1},     {3, 37, 19},    {13, 100, 385},
+                                     {12, 32, 16},  {64, 576, 576}, {130, 33, 801},
+                                     {257, 70, 64}, {5, 300, 1536}};
   for (const Shape& s : shapes) {
     SCOPED_TRACE(label(at::kBFloat16, s));
     const auto x = at::randn({s.m, s.k}).to(at::kBFloat16);
@@ -369,8 +383,9 @@ TEST(Bf16DotLinearErrors, WrongDtypeOrPathIsAClearError) {
   if (supported_cpu_isas().size() > 1) {
     ScopedCpuIsa avx2(CpuIsa::kAvx2);
     EXPECT_FALSE(bf16_dot_supported());
-    ASSERT_THROWS_WITH(bf16_dot_linear(at::randn({2, 3}).to(at::kBFloat16), at::randn({4, 3}).to(at::kBFloat16)),
-                       std::exception, "needs AVX512-BF16 and the AVX-512 kernel path");
+    ASSERT_THROWS_WITH(
+        bf16_dot_linear(at::randn({2, 3}).to(at::kBFloat16), at::randn({4, 3}).to(at::kBFloat16)),
+        std::exception, "needs AVX512-BF16 and the AVX-512 kernel path");
   }
 }
 

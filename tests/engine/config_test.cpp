@@ -95,9 +95,9 @@ TEST(ModelConfigTest, ReadsTransformers5RopeParameters) {
   EXPECT_DOUBLE_EQ(c.rope_theta, 1000000.0);
   EXPECT_EQ(c.rope_scaling, RopeScaling::kNone);
 
-  j["rope_parameters"] = {{"rope_type", "llama3"},      {"rope_theta", 500000.0},
-                          {"factor", 8.0},              {"low_freq_factor", 1.0},
-                          {"high_freq_factor", 4.0},    {"original_max_position_embeddings", 8192}};
+  j["rope_parameters"] = {{"rope_type", "llama3"},   {"rope_theta", 500000.0},
+                          {"factor", 8.0},           {"low_freq_factor", 1.0},
+                          {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
   c = parse(j);
   EXPECT_DOUBLE_EQ(c.rope_theta, 500000.0);
   EXPECT_EQ(c.rope_scaling, RopeScaling::kLlama3);
@@ -347,14 +347,28 @@ TEST(ModelConfigTest, RejectsBadConfigsNamingSourceAndField) {
 
 TEST(ModelConfigTest, ParsesQwen3WithHeadDimFromTheConfigAndPerHeadNorms) {
   // The shape of Qwen/Qwen3-0.6B's config.json.
-  json j = {{"architectures", {"Qwen3ForCausalLM"}}, {"model_type", "qwen3"},
-            {"vocab_size", 151936}, {"hidden_size", 1024}, {"intermediate_size", 3072},
-            {"num_hidden_layers", 28}, {"num_attention_heads", 16}, {"num_key_value_heads", 8},
-            {"head_dim", 128}, {"max_position_embeddings", 40960}, {"rms_norm_eps", 1e-6},
-            {"rope_theta", 1000000}, {"rope_scaling", nullptr}, {"attention_bias", false},
-            {"tie_word_embeddings", true}, {"use_sliding_window", false}, {"sliding_window", nullptr},
-            {"max_window_layers", 28}, {"hidden_act", "silu"}, {"bos_token_id", 151643},
-            {"eos_token_id", 151645}, {"torch_dtype", "bfloat16"}};
+  json j = {{"architectures", {"Qwen3ForCausalLM"}},
+            {"model_type", "qwen3"},
+            {"vocab_size", 151936},
+            {"hidden_size", 1024},
+            {"intermediate_size", 3072},
+            {"num_hidden_layers", 28},
+            {"num_attention_heads", 16},
+            {"num_key_value_heads", 8},
+            {"head_dim", 128},
+            {"max_position_embeddings", 40960},
+            {"rms_norm_eps", 1e-6},
+            {"rope_theta", 1000000},
+            {"rope_scaling", nullptr},
+            {"attention_bias", false},
+            {"tie_word_embeddings", true},
+            {"use_sliding_window", false},
+            {"sliding_window", nullptr},
+            {"max_window_layers", 28},
+            {"hidden_act", "silu"},
+            {"bos_token_id", 151643},
+            {"eos_token_id", 151645},
+            {"torch_dtype", "bfloat16"}};
   ModelConfig c = parse(j);
   EXPECT_EQ(c.head_dim, 128);  // not hidden_size / num_attention_heads = 64
   EXPECT_TRUE(c.qk_norm);
@@ -399,7 +413,8 @@ TEST(ModelConfigTest, GenerationConfigGivesDefaultSamplingValues) {
   EXPECT_DOUBLE_EQ(c.default_temperature, 0.6);
   EXPECT_DOUBLE_EQ(c.default_top_p, 0.95);
   EXPECT_EQ(c.default_top_k, 20);
-  std::ofstream(dir.file("generation_config.json")) << R"({"do_sample": false, "temperature": 0.6})";
+  std::ofstream(dir.file("generation_config.json"))
+      << R"({"do_sample": false, "temperature": 0.6})";
   EXPECT_EQ(load_model_config(dir.path()).default_temperature, 0);  // greedy
 }
 

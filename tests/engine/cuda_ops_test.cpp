@@ -1,11 +1,12 @@
 // The fused CUDA ops (engine/kernels/cuda_ops.h) against the ATen composition they replace, and
 // whole engines with and without them. CUDA-only (skipped without a device); `ctest -L gpu`.
+#include "engine/kernels/cuda_ops.h"
+
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <random>
 
-#include "engine/kernels/cuda_ops.h"
 #include "engine/llm_engine.h"
 #include "engine/model/deterministic_ops.h"
 #include "tests/engine/test_model.h"
@@ -62,9 +63,11 @@ TEST(CudaFusedOpsTest, EachOpMatchesTheAtenComposition) {
     const at::Tensor cos_t = angle.cos().to(at::kFloat).to(at::kCUDA);
     const at::Tensor sin_t = angle.sin().to(at::kFloat).to(at::kCUDA);
     for (int64_t t : {1, 256, 3000}) {
-      const at::Tensor pos = at::randint(0, max_pos, {t}, at::TensorOptions().dtype(at::kLong).device(at::kCUDA));
+      const at::Tensor pos =
+          at::randint(0, max_pos, {t}, at::TensorOptions().dtype(at::kLong).device(at::kCUDA));
       at::Tensor q = at::randn({t, 14, 64}, opts), k = at::randn({t, 2, 64}, opts);
-      const at::Tensor cos = cos_t.index_select(0, pos).to(dt), sin = sin_t.index_select(0, pos).to(dt);
+      const at::Tensor cos = cos_t.index_select(0, pos).to(dt),
+                       sin = sin_t.index_select(0, pos).to(dt);
       const at::Tensor q_ref = aten_rope(q, cos, sin), k_ref = aten_rope(k, cos, sin);
       kernels::cuda_rope_(q, k, pos, cos_t, sin_t);
       const std::string what = std::string(c10::toString(dt)) + " t " + std::to_string(t);
@@ -109,7 +112,8 @@ TEST(CudaFusedOpsTest, EnginesWithAndWithoutTheFusedOpsAgree) {
       const auto& x = a[i].outputs[0].raw_logprobs;
       const auto& y = b[i].outputs[0].raw_logprobs;
       ASSERT_EQ(x.size(), y.size());
-      for (size_t t = 0; t < x.size(); ++t) EXPECT_NEAR(x[t], y[t], 1e-4) << a[i].request_id << " @" << t;
+      for (size_t t = 0; t < x.size(); ++t)
+        EXPECT_NEAR(x[t], y[t], 1e-4) << a[i].request_id << " @" << t;
     }
   }
 }

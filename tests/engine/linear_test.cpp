@@ -40,7 +40,8 @@ TEST(LinearTest, GemvGivesEachWeightRowTheSameBitsWhereverItFallsInTheBlocking) 
         auto b = at::randn({n}).to(dtype);
         at::Tensor all = apply_linear(x, w, b);
         for (int64_t j = 0; j < n; ++j) {
-          at::Tensor one = apply_linear(x, w.narrow(0, j, 1).contiguous(), b.narrow(0, j, 1).contiguous());
+          at::Tensor one =
+              apply_linear(x, w.narrow(0, j, 1).contiguous(), b.narrow(0, j, 1).contiguous());
           ASSERT_TRUE(at::equal(all.narrow(1, j, 1), one))
               << "weight row " << j << " of " << n << ", " << rows << " rows, " << dtype;
         }

@@ -1,9 +1,8 @@
 // End-to-end engine tests against the plain full-sequence forward (no KV cache).
+#include "engine/llm_engine.h"
+
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
-
-#include <nlohmann/json.hpp>
-
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -11,10 +10,10 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "engine/kernels/cpu_isa.h"
-#include "engine/llm_engine.h"
 #include "tests/engine/test_model.h"
 #include "tests/test_utils.h"
 
@@ -43,7 +42,8 @@ GenerateRequest greedy(const std::string& id, std::vector<int32_t> prompt, int m
 // Reference: logits of the last position of `tokens` from a full forward with no cache.
 at::Tensor full_forward_last(const Transformer& model, const std::vector<int32_t>& tokens) {
   std::vector<int64_t> ids(tokens.begin(), tokens.end());
-  auto logits = model.forward_packed(at::tensor(ids, at::kLong), {static_cast<int64_t>(ids.size())});
+  auto logits =
+      model.forward_packed(at::tensor(ids, at::kLong), {static_cast<int64_t>(ids.size())});
   return logits[logits.size(0) - 1];
 }
 
@@ -164,8 +164,8 @@ TEST_P(EngineVsFullForwardTest, FullForwardMatchesAnIndependentPyTorchReference)
   auto ids = random_tokens(rng, 13);
   int status = 0;
   std::string out;
-  at::Tensor ref = reference_logits("/usr/bin/python3", "hf_reference.py", cfg.model_dir, ids,
-                                    &status, &out);
+  at::Tensor ref =
+      reference_logits("/usr/bin/python3", "hf_reference.py", cfg.model_dir, ids, &status, &out);
   ASSERT_EQ(status, 0) << "the reference needs Debian's /usr/bin/python3 with torch "
                           "(scripts/bootstrap.sh installs python3-torch): "
                        << out;
@@ -186,8 +186,8 @@ TEST_P(EngineVsFullForwardTest, ATransformers5ConfigIsTheSameModel) {
   EXPECT_TRUE(full_forward_last(LlmEngine(cfg5).model(), ids).equal(want));
   int status = 0;
   std::string out;
-  at::Tensor ref = reference_logits("/usr/bin/python3", "hf_reference.py", dir.path(), ids,
-                                    &status, &out);
+  at::Tensor ref =
+      reference_logits("/usr/bin/python3", "hf_reference.py", dir.path(), ids, &status, &out);
   ASSERT_EQ(status, 0) << out;
   test::expect_tensor_near(want.to(at::kDouble), ref, 2e-3, 1e-4);
 }
@@ -211,8 +211,8 @@ TEST_P(EngineVsFullForwardTest, FullForwardMatchesTransformers) {
     at::Tensor want = full_forward_last(LlmEngine(c).model(), ids).to(at::kDouble);
     int status = 0;
     std::string out;
-    at::Tensor ref = reference_logits(python, "hf_transformers_reference.py", model_dir, ids,
-                                      &status, &out);
+    at::Tensor ref =
+        reference_logits(python, "hf_transformers_reference.py", model_dir, ids, &status, &out);
     ASSERT_EQ(status, 0) << "CRL_HF_PYTHON=" << python << " on " << model_dir << ": " << out;
     test::expect_tensor_near(want, ref, 2e-3, 1e-4);
   }
@@ -294,7 +294,8 @@ TEST(CudaEngineTest, PagedContinuousBatchingMatchesFullForwardOnCuda) {
 
 // A bf16 engine (weights and KV) on `device` against the fp32 CPU full forward of the same
 // checkpoint: the relative error of each step's logits is that of bf16 (< 3e-2), never NaN.
-void expect_bf16_engine_tracks_the_fp32_forward(const std::string& device, const std::string& cpu_kernels) {
+void expect_bf16_engine_tracks_the_fp32_forward(const std::string& device,
+                                                const std::string& cpu_kernels) {
   EngineConfig cpu_cfg = test::test_engine_config("llama3");
   LlmEngine cpu_eng(cpu_cfg);
   EngineConfig cfg = cpu_cfg;
@@ -390,7 +391,8 @@ TEST(LlmEngineTest, CudaGraphsOffCudaAreAClearError) {
   cfg.cuda_graphs = "auto";  // off on the CPU
   EXPECT_EQ(LlmEngine(cfg).runner().num_cuda_graphs(), 0);
   cfg.cuda_graphs = "on";
-  ASSERT_THROWS_WITH(LlmEngine{cfg}, std::invalid_argument, "CUDA graphs need the model on a CUDA device");
+  ASSERT_THROWS_WITH(LlmEngine{cfg}, std::invalid_argument,
+                     "CUDA graphs need the model on a CUDA device");
 }
 
 TEST(CudaEngineTest, DeterministicModeOnCudaIsAClearError) {
@@ -495,7 +497,8 @@ TEST(LlmEngineTest, SamplesShareThePromptBlocksUntilCopyOnWrite) {
 TEST(LlmEngineTest, PreemptionUnderATinyPoolGivesTheSameGreedyOutput) {
   std::mt19937 rng(4);
   std::vector<GenerateRequest> reqs;
-  for (int i = 0; i < 6; ++i) reqs.push_back(greedy("r" + std::to_string(i), random_tokens(rng, 20), 20));
+  for (int i = 0; i < 6; ++i)
+    reqs.push_back(greedy("r" + std::to_string(i), random_tokens(rng, 20), 20));
   EngineConfig ample = test::test_engine_config();
   EngineConfig tiny = ample;
   tiny.num_kv_blocks = 14;  // one sequence needs 10 blocks at the end
@@ -632,7 +635,8 @@ TEST(LlmEngineTest, RejectsBadRequestsWithClearErrors) {
   bad.params.top_p = 1.5;
   ASSERT_THROWS_WITH(eng.add_request(bad), std::invalid_argument, "top_p");
   eng.add_request(greedy("dup", {5, 6}, 4));
-  ASSERT_THROWS_WITH(eng.add_request(greedy("dup", {5, 6}, 4)), std::invalid_argument, "already in use");
+  ASSERT_THROWS_WITH(eng.add_request(greedy("dup", {5, 6}, 4)), std::invalid_argument,
+                     "already in use");
   EngineConfig small = test::test_engine_config();
   small.num_kv_blocks = 3;
   LlmEngine tiny(small);
@@ -646,7 +650,8 @@ TEST(LlmEngineTest, AbortFreesBlocksInEveryState) {
   cfg.max_batched_tokens = 8;
   LlmEngine eng(cfg);
   std::mt19937 rng(10);
-  for (int i = 0; i < 5; ++i) eng.add_request(greedy("r" + std::to_string(i), random_tokens(rng, 19), 40));
+  for (int i = 0; i < 5; ++i)
+    eng.add_request(greedy("r" + std::to_string(i), random_tokens(rng, 19), 40));
   eng.add_request(greedy("waiting", random_tokens(rng, 5), 5));
   eng.step();
   eng.step();  // r0 is mid chunked prefill, others wait
@@ -656,7 +661,7 @@ TEST(LlmEngineTest, AbortFreesBlocksInEveryState) {
   for (int i = 0; i < 200 && eng.has_unfinished(); ++i) {
     eng.step();
     preempted_seen = eng.stats().preemptions;
-    if (i == 30) eng.abort("r1");   // decoding (or preempted)
+    if (i == 30) eng.abort("r1");  // decoding (or preempted)
     if (preempted_seen > 0) eng.abort("r4");
   }
   while (eng.has_unfinished()) eng.step();

@@ -1,17 +1,18 @@
 // LoRA adapters served unmerged (engine/model/lora.h): against the base, against the merged
 // weights, mixed in one batch, in PEFT's format, and refused when they do not fit.
+#include "engine/model/lora.h"
+
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "engine/llm_engine.h"
-#include "engine/model/lora.h"
 #include "engine/model/model_cache.h"
 #include "engine/model/model_writer.h"
 #include "engine/model/safetensors.h"
@@ -70,7 +71,8 @@ EngineConfig lora_config(const std::string& variant, int32_t slots) {
 TEST(LoraTest, ZeroInitialisedBLeavesTheBaseOutputs) {
   EngineConfig cfg = lora_config("qwen2", 1);
   LlmEngine eng(cfg);
-  eng.loras().add("fresh", make_lora_adapter(eng.model_config(), 8, 16, parse_lora_targets("all-linear"), 1, false));
+  eng.loras().add("fresh", make_lora_adapter(eng.model_config(), 8, 16,
+                                             parse_lora_targets("all-linear"), 1, false));
   const auto base = eng.generate(greedy_requests("r", 4, 3, {""}));
   const auto adapted = eng.generate(greedy_requests("r", 4, 3, {"fresh"}));
   expect_same_outputs(base, adapted, 0);
@@ -105,7 +107,8 @@ TEST(LoraTest, UnmergedAdapterMatchesTheMergedWeights) {
     // And the adapter changed something: the base's outputs differ.
     const auto plain = eng.generate(greedy_requests("m", 5, 9, {""}));
     int differ = 0;
-    for (size_t i = 0; i < plain.size(); ++i) differ += plain[i].outputs[0].token_ids != unmerged[i].outputs[0].token_ids;
+    for (size_t i = 0; i < plain.size(); ++i)
+      differ += plain[i].outputs[0].token_ids != unmerged[i].outputs[0].token_ids;
     EXPECT_GT(differ, 0);
   }
 }
@@ -154,13 +157,15 @@ TEST(LoraTest, PolicyVersionsKeepARunningRequestOnTheVersionItStartedOn) {
   const ModelConfig mc = eng.model_config();
   const auto targets = parse_lora_targets("all-linear");
   std::vector<LoraAdapter> v;
-  for (uint64_t seed : {31, 32, 33, 34}) v.push_back(make_lora_adapter(mc, 8, 16, targets, seed, true));
+  for (uint64_t seed : {31, 32, 33, 34})
+    v.push_back(make_lora_adapter(mc, 8, 16, targets, seed, true));
   LoraBuffers& lb = eng.loras().attach_policy("policy", v[0], 1 << 20, 2, eng.weight_version());
   eng.set_weight_version(0);
   auto send = [&](const LoraAdapter& ad, int64_t version) {  // what a weight sync does
     std::vector<at::Tensor> tensors;
     for (const auto& [name, t] : lora_tensors(ad)) tensors.push_back(t);
-    for (size_t b = 0; b < lb.buckets().size(); ++b) lb.layout().pack(tensors, static_cast<int64_t>(b), lb.buckets()[b]);
+    for (size_t b = 0; b < lb.buckets().size(); ++b)
+      lb.layout().pack(tensors, static_cast<int64_t>(b), lb.buckets()[b]);
     eng.apply_weight_update(version, InflightPolicy::kKeep);
   };
   auto request = [&](const std::string& id, int max_tokens) {
@@ -175,7 +180,9 @@ TEST(LoraTest, PolicyVersionsKeepARunningRequestOnTheVersionItStartedOn) {
       for (auto& out : eng.step()) {
         if (out.request_id == id) last = out;
       }
-      if (!last.outputs.empty() && (static_cast<int64_t>(last.outputs[0].token_ids.size()) >= generated || last.finished)) break;
+      if (!last.outputs.empty() &&
+          (static_cast<int64_t>(last.outputs[0].token_ids.size()) >= generated || last.finished))
+        break;
     }
     return last;
   };
@@ -201,7 +208,8 @@ TEST(LoraTest, PolicyVersionsKeepARunningRequestOnTheVersionItStartedOn) {
     a0 = ref.generate({request("a", 12)})[0].outputs[0];
     std::vector<at::Tensor> tensors;
     for (const auto& [name, t] : lora_tensors(v[1])) tensors.push_back(t);
-    for (size_t b = 0; b < rb.buckets().size(); ++b) rb.layout().pack(tensors, static_cast<int64_t>(b), rb.buckets()[b]);
+    for (size_t b = 0; b < rb.buckets().size(); ++b)
+      rb.layout().pack(tensors, static_cast<int64_t>(b), rb.buckets()[b]);
     ref.apply_weight_update(1);
     b1 = ref.generate({request("b", 12)})[0].outputs[0];
   }
@@ -234,7 +242,9 @@ TEST(LoraTest, PolicyVersionsKeepARunningRequestOnTheVersionItStartedOn) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Lora, LoraMixTest, ::testing::Bool(),
-                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "Deterministic" : "Default"; });
+                         [](const ::testing::TestParamInfo<bool>& i) {
+                           return i.param ? "Deterministic" : "Default";
+                         });
 
 // Decode steps with adapted rows replaying LoRA graphs (the masked product, padded to the bucket)
 // against the eager engine on the same GPU: mixed slots and base rows, and one adapter for every
@@ -274,7 +284,8 @@ TEST(CudaLoraTest, DecodeGraphsServeMixedAdaptersAsTheEagerEngine) {
 TEST(LoraTest, AdaptersDoNotShareTheBasesPrefixCache) {
   EngineConfig cfg = lora_config("llama", 1);
   LlmEngine eng(cfg);
-  eng.loras().add("a", make_lora_adapter(eng.model_config(), 4, 8, parse_lora_targets("all-linear"), 5, true));
+  eng.loras().add(
+      "a", make_lora_adapter(eng.model_config(), 4, 8, parse_lora_targets("all-linear"), 5, true));
   auto reqs = greedy_requests("p", 1, 4, {""});
   reqs[0].prompt_token_ids.resize(40, 7);
   eng.generate(reqs);
@@ -347,24 +358,31 @@ TEST(LoraTest, AdaptersThatDoNotFitAreNamedErrors) {
   // PEFT fields this loader does not apply are refused, not ignored; wrong types are named.
   std::ofstream(dir + "/adapter_config.json")
       << R"({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj"], "alpha_pattern": {"q_proj": 32}})";
-  ASSERT_THROWS_WITH(load_peft_adapter(dir, mc), std::invalid_argument, "alpha_pattern is not supported");
-  std::ofstream(dir + "/adapter_config.json") << R"({"peft_type": "LORA", "r": 4, "target_modules": [3]})";
-  ASSERT_THROWS_WITH(load_peft_adapter(dir, mc), std::invalid_argument, "adapter_config.json: a field has the wrong type");
+  ASSERT_THROWS_WITH(load_peft_adapter(dir, mc), std::invalid_argument,
+                     "alpha_pattern is not supported");
+  std::ofstream(dir + "/adapter_config.json")
+      << R"({"peft_type": "LORA", "r": 4, "target_modules": [3]})";
+  ASSERT_THROWS_WITH(load_peft_adapter(dir, mc), std::invalid_argument,
+                     "adapter_config.json: a field has the wrong type");
 
   EngineConfig cfg = lora_config("qwen2", 1);
   cfg.lora_targets = "q,k,v";
   LlmEngine eng(cfg);
-  ASSERT_THROWS_WITH(eng.loras().add("big", make_lora_adapter(mc, 9, 8, parse_lora_targets("q"), 1, true)),
-                     std::invalid_argument, "--max-lora-rank");
-  ASSERT_THROWS_WITH(eng.loras().add("mlp", make_lora_adapter(mc, 2, 8, parse_lora_targets("down"), 1, true)),
-                     std::invalid_argument, "down_proj");
+  ASSERT_THROWS_WITH(
+      eng.loras().add("big", make_lora_adapter(mc, 9, 8, parse_lora_targets("q"), 1, true)),
+      std::invalid_argument, "--max-lora-rank");
+  ASSERT_THROWS_WITH(
+      eng.loras().add("mlp", make_lora_adapter(mc, 2, 8, parse_lora_targets("down"), 1, true)),
+      std::invalid_argument, "down_proj");
   eng.loras().add("ok", make_lora_adapter(mc, 2, 8, parse_lora_targets("q"), 1, true));
-  ASSERT_THROWS_WITH(eng.loras().add("two", make_lora_adapter(mc, 2, 8, parse_lora_targets("q"), 1, true)),
-                     std::invalid_argument, "all 1 LoRA slots are in use");
+  ASSERT_THROWS_WITH(
+      eng.loras().add("two", make_lora_adapter(mc, 2, 8, parse_lora_targets("q"), 1, true)),
+      std::invalid_argument, "all 1 LoRA slots are in use");
   auto r = greedy_requests("e", 1, 1, {"nope"});
-  ASSERT_THROWS_WITH(eng.add_request(r[0]), std::invalid_argument, "unknown LoRA adapter 'nope' (loaded: ok)");
-  ASSERT_THROWS_WITH(LlmEngine(test::test_engine_config("qwen2")).loras().add("x", ad), std::invalid_argument,
-                     "--max-loras");
+  ASSERT_THROWS_WITH(eng.add_request(r[0]), std::invalid_argument,
+                     "unknown LoRA adapter 'nope' (loaded: ok)");
+  ASSERT_THROWS_WITH(LlmEngine(test::test_engine_config("qwen2")).loras().add("x", ad),
+                     std::invalid_argument, "--max-loras");
 }
 
 }  // namespace

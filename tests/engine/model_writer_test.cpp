@@ -9,8 +9,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "text/tokenizer.h"
 #include "tests/test_utils.h"
+#include "text/tokenizer.h"
 
 namespace crl::engine {
 namespace {

@@ -118,14 +118,16 @@ TEST(SafetensorsTest, LoadsAnElementRangeInRowMajorOrder) {
   const at::Tensor x = at::randn({5, 7});
   write_safetensors(path, {{"x", x}, {"h", x.to(at::kBFloat16)}});
   auto file = SafetensorsFile::open(path);
-  test::expect_tensor_equal(file->load_range("x", 9, 13, at::kFloat), x.reshape({-1}).narrow(0, 9, 13));
+  test::expect_tensor_equal(file->load_range("x", 9, 13, at::kFloat),
+                            x.reshape({-1}).narrow(0, 9, 13));
   test::expect_tensor_equal(file->load_range("h", 30, 5, at::kFloat),
                             x.to(at::kBFloat16).to(at::kFloat).reshape({-1}).narrow(0, 30, 5));
   EXPECT_EQ(file->load_range("x", 35, 0, at::kFloat).numel(), 0);
   ASSERT_THROWS_WITH(file->load_range("x", 30, 6, at::kFloat), std::runtime_error,
                      "elements [30, 36) are outside its 35");
   ASSERT_THROWS_WITH(file->load_range("x", -1, 2, at::kFloat), std::runtime_error, "tensor 'x'");
-  ASSERT_THROWS_WITH(file->load_range("nope", 0, 1, at::kFloat), std::runtime_error, "tensor 'nope'");
+  ASSERT_THROWS_WITH(file->load_range("nope", 0, 1, at::kFloat), std::runtime_error,
+                     "tensor 'nope'");
 }
 
 TEST(SafetensorsTest, LoadsTensorsAtUnalignedOffsets) {

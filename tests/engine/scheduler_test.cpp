@@ -20,7 +20,8 @@ struct Harness {
   // A prompt of `prompt_len` ids derived from the length (equal lengths, equal prompts).
   Sequence* add(int prompt_len, int max_tokens, int n = 1) {
     std::vector<int32_t> prompt;
-    for (int i = 0; i < prompt_len; ++i) prompt.push_back(static_cast<int32_t>(prompt_len * 7 + i % 5));
+    for (int i = 0; i < prompt_len; ++i)
+      prompt.push_back(static_cast<int32_t>(prompt_len * 7 + i % 5));
     return add_ids(std::move(prompt), max_tokens, n);
   }
 
@@ -183,7 +184,8 @@ TEST(SchedulerTest, ALaterTurnTakesOverTheEarlierTurnsPartialLastBlock) {
   EXPECT_EQ(out.seqs[0].start, 13) << "3 full blocks and the 1 computed id of the fourth";
   EXPECT_EQ(b->num_cached_prompt_tokens, 13);
   EXPECT_TRUE(out.block_copies.empty()) << "its only holder writes it in place";
-  EXPECT_EQ(h.sched.allocator().num_partial_entries(), 0) << "the entry goes before the block is written";
+  EXPECT_EQ(h.sched.allocator().num_partial_entries(), 0)
+      << "the entry goes before the block is written";
   h.check();
   // A prompt that differs inside the partial block gets the full blocks only.
   std::vector<int32_t> edited(a->tokens.begin(), a->tokens.begin() + 12);
@@ -243,7 +245,8 @@ TEST(SchedulerTest, PostprocessForksAtTheFirstSampleAndFinishesAtMaxTokens) {
   for (size_t k = 0; k < 3; ++k) {
     EXPECT_EQ(req->seqs[k]->sample_index, static_cast<int32_t>(k));
     EXPECT_EQ(req->seqs[k]->num_generated(), 1);
-    EXPECT_EQ(req->seqs[k]->block_table[0], parent->block_table[0]) << "the prompt's blocks are shared";
+    EXPECT_EQ(req->seqs[k]->block_table[0], parent->block_table[0])
+        << "the prompt's blocks are shared";
   }
   EXPECT_EQ(h.sched.num_generated_tokens(), 3);
   while (h.sched.has_work()) h.step(rng);
@@ -315,7 +318,8 @@ TEST(SchedulerTest, RandomAddAbortPreemptKeepsTheBlockAccountingExact) {
   for (int op = 0; op < 4000; ++op) {
     const int r = static_cast<int>(rng() % 10);
     if (r < 3 && h.requests.size() < 400) {
-      h.add(1 + static_cast<int>(rng() % 30), 1 + static_cast<int>(rng() % 30), 1 + static_cast<int>(rng() % 3));
+      h.add(1 + static_cast<int>(rng() % 30), 1 + static_cast<int>(rng() % 30),
+            1 + static_cast<int>(rng() % 3));
     } else if (r < 4 && !h.requests.empty()) {
       auto& req = h.requests[rng() % h.requests.size()];
       for (auto& s : req->seqs) {

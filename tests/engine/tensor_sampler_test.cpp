@@ -105,7 +105,8 @@ std::vector<bool> reference_kept(const at::Tensor& logits_row, const SamplingPar
   const double m = *std::max_element(d, d + v);
   std::vector<double> q(v);
   for (int64_t i = 0; i < v; ++i) {
-    q[i] = std::exp(static_cast<double>(static_cast<float>(d[i] - m) * static_cast<float>(1.0 / p.temperature)));
+    q[i] = std::exp(static_cast<double>(static_cast<float>(d[i] - m) *
+                                        static_cast<float>(1.0 / p.temperature)));
   }
   std::vector<int64_t> order(v);
   std::iota(order.begin(), order.end(), 0);
@@ -301,7 +302,8 @@ void expect_engines_agree(EngineConfig cfg, int64_t* d2h_bytes_per_step = nullpt
   for (int i = 0; i < 6; ++i) {
     GenerateRequest r;
     r.request_id = "r" + std::to_string(i);
-    for (int t = 0; t < 5 + 3 * i; ++t) r.prompt_token_ids.push_back(static_cast<int32_t>(4 + rng() % 200));
+    for (int t = 0; t < 5 + 3 * i; ++t)
+      r.prompt_token_ids.push_back(static_cast<int32_t>(4 + rng() % 200));
     r.params.max_tokens = 12;
     r.params.ignore_eos = true;
     r.params.seed = 100 + i;

@@ -42,8 +42,8 @@ std::string test_model_dir(const std::string& variant) {
   }
   auto weights = engine::random_init_weights(c, /*seed=*/42, at::kFloat);
   for (auto& [name, t] : weights) {
-    if (t.dim() == 2) t.mul_(4.0);                 // sharper logits
-    if (name.find(".bias") != std::string::npos) t.normal_(0.0, 0.5);  // non-zero biases
+    if (t.dim() == 2) t.mul_(4.0);                                             // sharper logits
+    if (name.find(".bias") != std::string::npos) t.normal_(0.0, 0.5);          // non-zero biases
     if (name.find("_norm.weight") != std::string::npos) t.uniform_(0.5, 1.5);  // not all ones
   }
   const std::string tmp = dir + ".tmp." + std::to_string(::getpid());

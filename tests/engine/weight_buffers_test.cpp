@@ -65,7 +65,8 @@ TEST(WeightBuffersTest, WritingTheBucketsIsAWholeInPlaceWeightUpdate) {
 
   const auto& params = eng.model().named_parameters();
   ASSERT_EQ(params.size(), fresh.size());
-  for (size_t i = 0; i < params.size(); ++i) test::expect_tensor_equal(params[i].second, fresh[i].second);
+  for (size_t i = 0; i < params.size(); ++i)
+    test::expect_tensor_equal(params[i].second, fresh[i].second);
 
   test::TempDir dir;
   write_model_dir(dir.path(), eng.model_config(), fresh, engine::ensure_default_tokenizer());
@@ -75,7 +76,8 @@ TEST(WeightBuffersTest, WritingTheBucketsIsAWholeInPlaceWeightUpdate) {
   auto updated = eng.generate({greedy_request(kPrompt)})[0];
   EXPECT_EQ(updated.num_cached_tokens, 0) << "KV from the old weights must not be reused";
   EXPECT_EQ(updated.weight_version, 1);
-  EXPECT_EQ(updated.outputs[0].token_ids, ref.generate({greedy_request(kPrompt)})[0].outputs[0].token_ids);
+  EXPECT_EQ(updated.outputs[0].token_ids,
+            ref.generate({greedy_request(kPrompt)})[0].outputs[0].token_ids);
 }
 
 // An update lands while a request (n = 2, greedy) has generated 4 of its 10 tokens; the engine is
@@ -175,7 +177,8 @@ class MemorySource : public sync::WeightSource {
   bool ready(int64_t version) const override { return version <= offered_; }
   sync::SyncStats receive(std::vector<at::Tensor>& buckets, int64_t version) override {
     if (fail_) throw std::runtime_error("broadcast timed out (test)");
-    for (size_t b = 0; b < buckets.size(); ++b) layout_.pack(masters_, static_cast<int64_t>(b), buckets[b]);
+    for (size_t b = 0; b < buckets.size(); ++b)
+      layout_.pack(masters_, static_cast<int64_t>(b), buckets[b]);
     received_.push_back(version);
     sync::SyncStats st;
     st.version = version;
@@ -191,7 +194,8 @@ class MemorySource : public sync::WeightSource {
   std::vector<int64_t> received_;  // engine thread
 };
 
-std::vector<at::Tensor> scaled_random_weights(const ModelConfig& config, NamedTensors* named = nullptr) {
+std::vector<at::Tensor> scaled_random_weights(const ModelConfig& config,
+                                              NamedTensors* named = nullptr) {
   auto fresh = random_init_weights(config, /*seed=*/99, at::kFloat);
   std::vector<at::Tensor> masters;
   for (auto& [name, t] : fresh) masters.push_back(t.mul_(4.0));
@@ -213,11 +217,13 @@ TEST(WeightBuffersTest, TheEngineLoopTakesEachVersionFromItsSourceBetweenSteps) 
   GenerateRequest first = greedy_request(kPrompt);
   first.request_id = "before";
   auto ch = loop.submit({first});
-  while (!ch->wait(0, std::chrono::milliseconds(100)).all_finished) {}
+  while (!ch->wait(0, std::chrono::milliseconds(100)).all_finished) {
+  }
   EXPECT_EQ(loop.weight_version(), 0) << "nothing offered: no update";
 
   source->offer(1);
-  ASSERT_TRUE(loop.wait_weight_version(1, std::chrono::steady_clock::now() + std::chrono::seconds(30)));
+  ASSERT_TRUE(
+      loop.wait_weight_version(1, std::chrono::steady_clock::now() + std::chrono::seconds(30)));
   EXPECT_EQ(loop.weight_version(), 1);
   EXPECT_EQ(loop.gauges().weight_version, 1);
   EXPECT_GE(loop.weight_update_seconds(), 0.0);
@@ -225,7 +231,8 @@ TEST(WeightBuffersTest, TheEngineLoopTakesEachVersionFromItsSourceBetweenSteps) 
   second.request_id = "after";
   ch = loop.submit({second});
   RequestChannel::Snapshot snap;
-  while (!(snap = ch->wait(0, std::chrono::milliseconds(100))).all_finished) {}
+  while (!(snap = ch->wait(0, std::chrono::milliseconds(100))).all_finished) {
+  }
   loop.stop();
   EXPECT_EQ(source->received(), std::vector<int64_t>{1}) << "each version is received once";
 
@@ -237,7 +244,8 @@ TEST(WeightBuffersTest, TheEngineLoopTakesEachVersionFromItsSourceBetweenSteps) 
   const RequestOutput& out = *snap.outputs[0];
   EXPECT_EQ(out.weight_version, 1);
   EXPECT_EQ(out.num_cached_tokens, 0) << "KV from the old weights must not be reused";
-  EXPECT_EQ(out.outputs[0].token_ids, ref.generate({greedy_request(kPrompt)})[0].outputs[0].token_ids);
+  EXPECT_EQ(out.outputs[0].token_ids,
+            ref.generate({greedy_request(kPrompt)})[0].outputs[0].token_ids);
 }
 
 TEST(WeightBuffersTest, AFailedReceiveStopsTheUpdatesAndItsWaitersHearWhy) {
@@ -250,8 +258,9 @@ TEST(WeightBuffersTest, AFailedReceiveStopsTheUpdatesAndItsWaitersHearWhy) {
   loop.wait_ready();
   source->fail_receives();
   source->offer(1);
-  ASSERT_THROWS_WITH(loop.wait_weight_version(1, std::chrono::steady_clock::now() + std::chrono::seconds(30)),
-                     std::runtime_error, "weight update to version 1 failed: broadcast timed out (test)");
+  ASSERT_THROWS_WITH(
+      loop.wait_weight_version(1, std::chrono::steady_clock::now() + std::chrono::seconds(30)),
+      std::runtime_error, "weight update to version 1 failed: broadcast timed out (test)");
   EXPECT_EQ(loop.weight_version(), 0);
   EXPECT_NE(loop.weight_update_error().find("broadcast timed out"), std::string::npos);
 }
@@ -265,8 +274,9 @@ TEST(WeightBuffersTest, ASourceOnAnEngineWithoutSyncBucketsIsAnErrorNotAWriteAny
   loop.start();
   loop.wait_ready();
   source->offer(1);
-  ASSERT_THROWS_WITH(loop.wait_weight_version(1, std::chrono::steady_clock::now() + std::chrono::seconds(30)),
-                     std::runtime_error, "attach_weight_buffers");
+  ASSERT_THROWS_WITH(
+      loop.wait_weight_version(1, std::chrono::steady_clock::now() + std::chrono::seconds(30)),
+      std::runtime_error, "attach_weight_buffers");
   EXPECT_TRUE(source->received().empty());
 }
 
@@ -274,7 +284,8 @@ TEST(WeightBuffersTest, InflightPolicyNamesParseAndABadOneNamesTheChoices) {
   for (auto p : {InflightPolicy::kKeep, InflightPolicy::kRecompute, InflightPolicy::kAbort}) {
     EXPECT_EQ(parse_inflight_policy(inflight_policy_name(p)), p);
   }
-  ASSERT_THROWS_WITH(parse_inflight_policy("drain"), std::invalid_argument, "keep, recompute or abort");
+  ASSERT_THROWS_WITH(parse_inflight_policy("drain"), std::invalid_argument,
+                     "keep, recompute or abort");
 }
 
 }  // namespace

@@ -6,7 +6,8 @@
 #include "kv/paged_attention_cpu.cpp"
 
 at::Tensor paged_attention_cpu_baseline_build(const at::Tensor& q, const at::Tensor& k_cache,
-                                              const at::Tensor& v_cache, const at::Tensor& query_start,
+                                              const at::Tensor& v_cache,
+                                              const at::Tensor& query_start,
                                               const at::Tensor& context_lens,
                                               const at::Tensor& block_tables, int64_t max_query_len,
                                               int64_t max_context_len, double scale) {

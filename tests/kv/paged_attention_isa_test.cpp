@@ -12,7 +12,8 @@
 #include "tests/test_utils.h"
 
 at::Tensor paged_attention_cpu_baseline_build(const at::Tensor& q, const at::Tensor& k_cache,
-                                              const at::Tensor& v_cache, const at::Tensor& query_start,
+                                              const at::Tensor& v_cache,
+                                              const at::Tensor& query_start,
                                               const at::Tensor& context_lens,
                                               const at::Tensor& block_tables, int64_t max_query_len,
                                               int64_t max_context_len, double scale);
@@ -37,9 +38,9 @@ TEST(PagedAttentionIsaTest, NativeAndBaselineBuildsGiveTheSameBits) {
       const auto q = at::randn({15, heads, head_dim}).to(dt);
       const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
       const auto native = detail::paged_attention_cpu(q, k, v, m, scale);
-      const auto baseline = paged_attention_cpu_baseline_build(
-          q, k, v, m.query_start, m.context_lens, m.block_tables, m.max_query_len,
-          m.max_context_len, scale);
+      const auto baseline =
+          paged_attention_cpu_baseline_build(q, k, v, m.query_start, m.context_lens, m.block_tables,
+                                             m.max_query_len, m.max_context_len, scale);
       test::expect_tensor_equal(baseline, native);
     }
   }

@@ -53,7 +53,8 @@ class ServerApiTest : public ::testing::Test {
 ServedModel* ServerApiTest::served_ = nullptr;
 engine::LlmEngine* ServerApiTest::reference_ = nullptr;
 
-void expect_error(const std::pair<int, std::string>& res, int status, const std::string& param = "") {
+void expect_error(const std::pair<int, std::string>& res, int status,
+                  const std::string& param = "") {
   EXPECT_EQ(res.first, status) << res.second;
   json j = json::parse(res.second, nullptr, false);
   ASSERT_TRUE(j.is_object() && j.contains("error")) << res.second;
@@ -101,12 +102,15 @@ TEST_F(ServerApiTest, CompletionMatchesEngineGenerateStreamingAndNot) {
       {"Once upon a time", 2, 1.0, 3, {"e", " the"}},  // stop strings: streamed text held back
   };
   for (const auto& tc : cases) {
-    json body = {{"model", "tiny"}, {"prompt", tc.prompt}, {"n", tc.n}, {"max_tokens", 24},
-                 {"temperature", tc.temperature}, {"seed", tc.seed}, {"return_token_ids", true}};
+    json body = {{"model", "tiny"},         {"prompt", tc.prompt},           {"n", tc.n},
+                 {"max_tokens", 24},        {"temperature", tc.temperature}, {"seed", tc.seed},
+                 {"return_token_ids", true}};
     if (!tc.stop.empty()) body["stop"] = tc.stop;
     engine::GenerateRequest ref;
-    if (tc.prompt.is_string()) ref.prompt = tc.prompt.get<std::string>();
-    else ref.prompt_token_ids = tc.prompt.get<std::vector<int32_t>>();
+    if (tc.prompt.is_string())
+      ref.prompt = tc.prompt.get<std::string>();
+    else
+      ref.prompt_token_ids = tc.prompt.get<std::vector<int32_t>>();
     ref.params.n = tc.n;
     ref.params.max_tokens = 24;
     ref.params.temperature = tc.temperature;
@@ -167,8 +171,12 @@ TEST_F(ServerApiTest, CompletionMatchesEngineGenerateStreamingAndNot) {
 }
 
 TEST_F(ServerApiTest, BatchOfPromptsLogprobsAndEcho) {
-  json body = {{"prompt", json::array({"Hello there", "What is two plus two?"})}, {"max_tokens", 6},
-               {"temperature", 0}, {"logprobs", 2}, {"echo", true}, {"ignore_eos", true}};
+  json body = {{"prompt", json::array({"Hello there", "What is two plus two?"})},
+               {"max_tokens", 6},
+               {"temperature", 0},
+               {"logprobs", 2},
+               {"echo", true},
+               {"ignore_eos", true}};
   auto [status, text] = served_->post("/v1/completions", body);
   ASSERT_EQ(status, 200) << text;
   json r = json::parse(text);
@@ -197,7 +205,8 @@ TEST_F(ServerApiTest, TokenizeDetokenizeRoundTrip) {
   auto [s2, b2] = served_->post("/detokenize", {{"tokens", ids}});
   ASSERT_EQ(s2, 200) << b2;
   EXPECT_EQ(json::parse(b2)["prompt"], tok.decode(ids, false));
-  EXPECT_EQ(json::parse(b2)["prompt"].get<std::string>().rfind(tok.id_to_piece(ids.front()), 0), 0u) << b2;
+  EXPECT_EQ(json::parse(b2)["prompt"].get<std::string>().rfind(tok.id_to_piece(ids.front()), 0), 0u)
+      << b2;
   auto [s2s, b2s] = served_->post("/detokenize", {{"tokens", ids}, {"skip_special_tokens", true}});
   ASSERT_EQ(s2s, 200) << b2s;
   EXPECT_EQ(json::parse(b2s)["prompt"], text);
@@ -210,8 +219,8 @@ TEST_F(ServerApiTest, TokenizeDetokenizeRoundTrip) {
   EXPECT_EQ(r["choices"][0]["prompt_token_ids"].get<std::vector<int32_t>>(), ids);
   std::vector<int32_t> next = ids;
   for (int32_t id : r["choices"][0]["token_ids"]) next.push_back(id);
-  auto [s4, b4] = served_->post("/v1/completions", {{"prompt", next}, {"max_tokens", 1},
-                                                    {"return_token_ids", true}});
+  auto [s4, b4] = served_->post("/v1/completions",
+                                {{"prompt", next}, {"max_tokens", 1}, {"return_token_ids", true}});
   ASSERT_EQ(s4, 200) << b4;
   EXPECT_EQ(json::parse(b4)["choices"][0]["prompt_token_ids"].get<std::vector<int32_t>>(), next);
 }
@@ -223,10 +232,11 @@ TEST_F(ServerApiTest, ChatCompletionUsesTheTemplateAndMatchesTheEngine) {
   auto [ts, tb] = served_->post("/tokenize", {{"messages", messages}});
   ASSERT_EQ(ts, 200) << tb;
   const auto prompt_ids = json::parse(tb)["tokens"].get<std::vector<int32_t>>();
-  EXPECT_EQ(prompt_ids, reference().encode_prompt("System: Be brief.\nUser: What is 3 plus 4?\nAssistant:"));
+  EXPECT_EQ(prompt_ids,
+            reference().encode_prompt("System: Be brief.\nUser: What is 3 plus 4?\nAssistant:"));
 
   json body = {{"messages", messages}, {"max_tokens", 12}, {"temperature", 0.7}, {"seed", 5},
-               {"logprobs", true}, {"top_logprobs", 1}};
+               {"logprobs", true},     {"top_logprobs", 1}};
   auto [status, text] = served_->post("/v1/chat/completions", body);
   ASSERT_EQ(status, 200) << text;
   json r = json::parse(text);
@@ -297,14 +307,18 @@ TEST_F(ServerApiTest, BadRequestsGetOpenAIErrorsAndTheServerKeepsServing) {
       {"/v1/completions", "{\"prompt\": \"" + long_prompt + "\"}", 400, ""},
       {"/v1/chat/completions", R"({"prompt": "hi"})", 400, "messages"},
       {"/v1/chat/completions", R"({"messages": []})", 400, "messages"},
-      {"/v1/chat/completions", R"({"messages": [{"role": "wizard", "content": "x"}]})", 400, "messages"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "wizard", "content": "x"}]})", 400,
+       "messages"},
       {"/v1/chat/completions", R"({"messages": [{"content": "x"}]})", 400, "messages"},
       {"/v1/chat/completions", R"({"messages": "hello"})", 400, "messages"},
-      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})", 400, "top_logprobs"},
+      {"/v1/chat/completions",
+       R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})", 400,
+       "top_logprobs"},
       {"/tokenize", R"({"prompt": 3})", 400, "prompt"},
       {"/detokenize", R"({"tokens": [1, -5]})", 400, "tokens"},
       {"/detokenize", R"({"tokens": "abc"})", 400, "tokens"},
-      {"/detokenize", R"({"tokens": [1], "skip_special_tokens": "yes"})", 400, "skip_special_tokens"},
+      {"/detokenize", R"({"tokens": [1], "skip_special_tokens": "yes"})", 400,
+       "skip_special_tokens"},
       {"/pause", R"({"mode": "later"})", 400, "mode"},
       {"/v1/completions", std::string(70 << 10, ' '), 413, ""},
       {"/v1/nothing", "{}", 404, ""},
@@ -313,7 +327,8 @@ TEST_F(ServerApiTest, BadRequestsGetOpenAIErrorsAndTheServerKeepsServing) {
     SCOPED_TRACE(bad.path + " " + bad.body.substr(0, 80));
     expect_error(served_->post_raw(bad.path, bad.body), bad.status, bad.param);
   }
-  auto [status, text] = served_->post("/v1/completions", {{"prompt", "still alive?"}, {"max_tokens", 3}});
+  auto [status, text] =
+      served_->post("/v1/completions", {{"prompt", "still alive?"}, {"max_tokens", 3}});
   EXPECT_EQ(status, 200) << text;
   EXPECT_TRUE(served_->wait_idle(5));
 }
@@ -328,9 +343,12 @@ TEST_F(ServerApiTest, WeightUpdatePostedBetweenStepsShowsInResponses) {
   const int64_t v0 = json::parse(before.second)["weight_version"];
 
   // What a weight sync does: runs on the engine thread between two steps, then bumps the version.
-  served_->server.engine_loop().post([](engine::LlmEngine& e) { e.apply_weight_update(e.weight_version() + 1); }).get();
+  served_->server.engine_loop()
+      .post([](engine::LlmEngine& e) { e.apply_weight_update(e.weight_version() + 1); })
+      .get();
   auto c = served_->client();
-  auto res = c->Post("/v1/completions", json{{"prompt", "a"}, {"max_tokens", 3}}.dump(), "application/json");
+  auto res = c->Post("/v1/completions", json{{"prompt", "a"}, {"max_tokens", 3}}.dump(),
+                     "application/json");
   ASSERT_TRUE(res);
   EXPECT_EQ(json::parse(res->body)["weight_version"], v0 + 1);
   EXPECT_EQ(res->get_header_value("X-Weight-Version"), std::to_string(v0 + 1));
@@ -351,7 +369,8 @@ TEST_F(ServerApiTest, DisconnectedClientsAbortTheirRequests) {
   struct Restore {
     ~Restore() { served_->server.engine_loop().set_between_steps(nullptr); }
   } restore;
-  json body = {{"prompt", "Tell me a long story"}, {"max_tokens", 480}, {"n", 8}, {"ignore_eos", true}};
+  json body = {
+      {"prompt", "Tell me a long story"}, {"max_tokens", 480}, {"n", 8}, {"ignore_eos", true}};
 
   {  // Non-streaming: the client's read times out and it closes the connection.
     auto c = served_->client(/*read_timeout_ms=*/300);
@@ -425,7 +444,8 @@ class HoldWhileGenerating {
 // the server sends them only once the request was submitted to the engine loop.
 class BackgroundStream {
  public:
-  BackgroundStream(const ServedModel& served, json body) : accepted_(accepted_promise_.get_future()) {
+  BackgroundStream(const ServedModel& served, json body)
+      : accepted_(accepted_promise_.get_future()) {
     body["stream"] = true;
     thread_ = std::thread([this, &served, body] {
       auto c = served.client();
@@ -506,7 +526,9 @@ TEST_F(ServerApiTest, PauseAbortWaitAndResume) {
 
   {  // abort mode, a request accepted but not yet seen by the engine thread: it is aborted too.
     auto engine_held = loop.post([&](engine::LlmEngine&) { hold_until_paused(loop); });
-    BackgroundStream inflight(*served_, {{"prompt", "pause me"}, {"max_tokens", 400}, {"ignore_eos", true},
+    BackgroundStream inflight(*served_, {{"prompt", "pause me"},
+                                         {"max_tokens", 400},
+                                         {"ignore_eos", true},
                                          {"return_token_ids", true}});
     ASSERT_TRUE(inflight.accepted(std::chrono::seconds(30)));
     pause_server("abort");
@@ -536,9 +558,12 @@ TEST_F(ServerApiTest, PauseAbortWaitAndResume) {
 
   {  // While paused a request is held, not refused; resume admits it.
     std::pair<int, std::string> held;
-    std::thread t([&] { held = served_->post("/v1/completions", {{"prompt", "later"}, {"max_tokens", 2}}); });
+    std::thread t([&] {
+      held = served_->post("/v1/completions", {{"prompt", "later"}, {"max_tokens", 2}});
+    });
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (fresh_metric("vllm:num_requests_waiting") < 1 && std::chrono::steady_clock::now() < deadline) {
+    while (fresh_metric("vllm:num_requests_waiting") < 1 &&
+           std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
     // Held by the loop, not in the engine: the engine thread has nothing to do.
@@ -555,7 +580,9 @@ TEST_F(ServerApiTest, PauseAbortWaitAndResume) {
 
   {  // wait mode: a request generating when /pause arrives finishes normally before it returns.
     HoldWhileGenerating hold(loop);
-    BackgroundStream waited(*served_, {{"prompt", "finish me"}, {"max_tokens", 40}, {"ignore_eos", true},
+    BackgroundStream waited(*served_, {{"prompt", "finish me"},
+                                       {"max_tokens", 40},
+                                       {"ignore_eos", true},
                                        {"return_token_ids", true}});
     const bool holding = hold.holding(std::chrono::seconds(30));
     if (holding) pause_server("wait");
@@ -580,7 +607,8 @@ TEST(ServerLimitsTest, QueueFullGets429WithRetryAfter) {
     httplib::Request req;
     req.method = "POST";
     req.path = "/v1/completions";
-    req.body = json{{"prompt", "hold"}, {"max_tokens", 480}, {"ignore_eos", true}, {"stream", true}}.dump();
+    req.body = json{{"prompt", "hold"}, {"max_tokens", 480}, {"ignore_eos", true}, {"stream", true}}
+                   .dump();
     req.set_header("Content-Type", "application/json");
     req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
       started = true;
@@ -591,7 +619,8 @@ TEST(ServerLimitsTest, QueueFullGets429WithRetryAfter) {
   });
   while (!started) std::this_thread::sleep_for(std::chrono::milliseconds(2));
   auto c = served.client();
-  auto res = c->Post("/v1/completions", json{{"prompt", "x"}, {"max_tokens", 2}}.dump(), "application/json");
+  auto res = c->Post("/v1/completions", json{{"prompt", "x"}, {"max_tokens", 2}}.dump(),
+                     "application/json");
   checked = true;
   holder.join();
   ASSERT_TRUE(res);
@@ -600,7 +629,8 @@ TEST(ServerLimitsTest, QueueFullGets429WithRetryAfter) {
   EXPECT_TRUE(json::parse(res->body).contains("error"));
   EXPECT_TRUE(served.wait_idle(5));
   // The slot is free again.
-  auto ok = c->Post("/v1/completions", json{{"prompt", "x"}, {"max_tokens", 2}}.dump(), "application/json");
+  auto ok = c->Post("/v1/completions", json{{"prompt", "x"}, {"max_tokens", 2}}.dump(),
+                    "application/json");
   ASSERT_TRUE(ok);
   EXPECT_EQ(ok->status, 200);
 }
@@ -622,8 +652,9 @@ TEST(ServerAuthTest, ApiKeyGuardsEveryEndpointButHealthAndMetrics) {
     EXPECT_EQ(e["type"], "invalid_request_error") << what;
   };
   expect_401(c->Post("/v1/completions", completion, "application/json"), "no key");
-  for (const std::string bad : {"Bearer sk-local-7f3", "Bearer sk-local-7f3ab", "Bearer sk-local-7f3b",
-                                "bearer sk-local-7f3a", "sk-local-7f3a", "Bearer  sk-local-7f3a", ""}) {
+  for (const std::string bad :
+       {"Bearer sk-local-7f3", "Bearer sk-local-7f3ab", "Bearer sk-local-7f3b",
+        "bearer sk-local-7f3a", "sk-local-7f3a", "Bearer  sk-local-7f3a", ""}) {
     expect_401(c->Post("/v1/completions", {{"Authorization", bad}}, completion, "application/json"),
                "header '" + bad + "'");
   }
@@ -694,9 +725,10 @@ TEST(ServerLoraTest, RequestsPickAnAdapterByTheirModelField) {
   engine::EngineConfig cfg = server_test_config();
   {
     engine::LlmEngine probe(cfg);
-    engine::save_peft_adapter(engine::make_lora_adapter(probe.model_config(), 4, 8,
-                                                        engine::parse_lora_targets("all-linear"), 17, true),
-                              tmp.file("sql"));
+    engine::save_peft_adapter(
+        engine::make_lora_adapter(probe.model_config(), 4, 8,
+                                  engine::parse_lora_targets("all-linear"), 17, true),
+        tmp.file("sql"));
   }
   cfg.lora_modules = {{"sql", tmp.file("sql")}};
   server::ServerOptions o;
@@ -716,8 +748,11 @@ TEST(ServerLoraTest, RequestsPickAnAdapterByTheirModelField) {
   std::vector<std::vector<int32_t>> got;
   for (const std::string model : {"sql", "tiny"}) {
     SCOPED_TRACE(model);
-    auto [status, text] = served.post("/v1/completions", {{"model", model}, {"prompt", prompt}, {"max_tokens", 12},
-                                                          {"temperature", 0}, {"return_token_ids", true}});
+    auto [status, text] = served.post("/v1/completions", {{"model", model},
+                                                          {"prompt", prompt},
+                                                          {"max_tokens", 12},
+                                                          {"temperature", 0},
+                                                          {"return_token_ids", true}});
     ASSERT_EQ(status, 200) << text;
     const json r = json::parse(text);
     EXPECT_EQ(r["model"], model);

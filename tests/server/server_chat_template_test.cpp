@@ -26,10 +26,12 @@ engine::EngineConfig config_for(const std::string& model_dir) {
 
 TEST(ServerChatTemplateTest, ChatUsesTheModelsJinjaTemplateAndRequestFields) {
   TempDir dir;
-  const json config = {{"chat_template",
-                        "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
-                        "{% if tools %}tools: {{ tools|map(attribute='function.name')|join(',') }}\n{% endif %}"
-                        "{% if add_generation_prompt %}assistant:{% if think is false %} no thinking{% endif %}{% endif %}"}};
+  const json config = {
+      {"chat_template",
+       "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+       "{% if tools %}tools: {{ tools|map(attribute='function.name')|join(',') }}\n{% endif %}"
+       "{% if add_generation_prompt %}assistant:{% if think is false %} no thinking{% endif %}{% "
+       "endif %}"}};
   ServedModel served(config_for(model_with_config(dir, config)));
   EXPECT_EQ(served.server.chat_template().name(), "jinja");
   const json body = {{"messages", {{{"role", "user"}, {"content", "What is 3 plus 4?"}}}},
@@ -39,8 +41,9 @@ TEST(ServerChatTemplateTest, ChatUsesTheModelsJinjaTemplateAndRequestFields) {
   ASSERT_EQ(ts, 200) << tb;
   engine::LlmEngine reference(config_for(dir.path()));
   // No BOS added by the server: the template decides what the prompt starts with.
-  EXPECT_EQ(json::parse(tb)["tokens"].get<std::vector<int32_t>>(),
-            reference.tokenizer()->encode("user: What is 3 plus 4?\ntools: add\nassistant: no thinking"));
+  EXPECT_EQ(
+      json::parse(tb)["tokens"].get<std::vector<int32_t>>(),
+      reference.tokenizer()->encode("user: What is 3 plus 4?\ntools: add\nassistant: no thinking"));
   json chat = body;
   chat["max_tokens"] = 3;
   auto [cs, cb] = served.post("/v1/chat/completions", chat);
@@ -64,9 +67,9 @@ TEST(ServerChatTemplateTest, TemplateThatWritesBosAndEosGetsTheirIdsOnce) {
                         "{% if add_generation_prompt %}assistant:{% endif %}"}};
   ServedModel served(config_for(model_with_config(dir, config)));
   const json body = {{"messages",
-                       {{{"role", "user"}, {"content", "hi"}},
-                        {{"role", "assistant"}, {"content", "ho"}},
-                        {{"role", "user"}, {"content", "2+2?"}}}}};
+                      {{{"role", "user"}, {"content", "hi"}},
+                       {{"role", "assistant"}, {"content", "ho"}},
+                       {{"role", "user"}, {"content", "2+2?"}}}}};
   auto [ts, tb] = served.post("/tokenize", body);
   ASSERT_EQ(ts, 200) << tb;
   engine::LlmEngine reference(config_for(dir.path()));
@@ -104,15 +107,20 @@ TEST(ServerChatTemplateTest, ChatEndpointAndMessagesDataRowsGiveAChatTheSameIds)
 
 TEST(ServerChatTemplateTest, BrokenTemplateGives400NamingTheLineWhileCompletionsWork) {
   TempDir dir;
-  ServedModel served(config_for(model_with_config(dir, {{"chat_template", "ok\n{{ messages | nosuch }}"}})));
-  EXPECT_NE(served.server.chat_template_error().find("line 2: unknown filter 'nosuch'"), std::string::npos)
+  ServedModel served(
+      config_for(model_with_config(dir, {{"chat_template", "ok\n{{ messages | nosuch }}"}})));
+  EXPECT_NE(served.server.chat_template_error().find("line 2: unknown filter 'nosuch'"),
+            std::string::npos)
       << served.server.chat_template_error();
-  auto [cs, cb] = served.post("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "x"}}}}});
+  auto [cs, cb] =
+      served.post("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "x"}}}}});
   EXPECT_EQ(cs, 400);
   const json error = json::parse(cb)["error"];
   EXPECT_EQ(error["code"], "chat_template_error");
-  EXPECT_NE(error["message"].get<std::string>().find("tokenizer_config.json: chat_template' line 2"),
-            std::string::npos) << cb;
+  EXPECT_NE(
+      error["message"].get<std::string>().find("tokenizer_config.json: chat_template' line 2"),
+      std::string::npos)
+      << cb;
   auto [ps, pb] = served.post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 2}});
   EXPECT_EQ(ps, 200) << pb;
 }
@@ -120,9 +128,11 @@ TEST(ServerChatTemplateTest, BrokenTemplateGives400NamingTheLineWhileCompletions
 TEST(ServerChatTemplateTest, TemplateRaiseExceptionIs400) {
   TempDir dir;
   const json config = {{"chat_template",
-                        "{% if messages[0].role != 'system' %}{{ raise_exception('System message first!') }}{% endif %}x"}};
+                        "{% if messages[0].role != 'system' %}{{ raise_exception('System message "
+                        "first!') }}{% endif %}x"}};
   ServedModel served(config_for(model_with_config(dir, config)));
-  auto [cs, cb] = served.post("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "x"}}}}});
+  auto [cs, cb] =
+      served.post("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "x"}}}}});
   EXPECT_EQ(cs, 400) << cb;
   EXPECT_NE(cb.find("System message first!"), std::string::npos) << cb;
 }

@@ -50,8 +50,10 @@ TEST(ServerLoadTest, ManyClientsMixedStreamingAndDisconnects) {
         std::string failure;
         if (kind < 2) {
           auto res = c->Post("/v1/completions", body.dump(), "application/json");
-          if (res) status = res->status;
-          else failure = "post: " + httplib::to_string(res.error());
+          if (res)
+            status = res->status;
+          else
+            failure = "post: " + httplib::to_string(res.error());
           if (res && res->status == 200) completed++;
         } else {
           body["stream"] = true;
@@ -61,7 +63,8 @@ TEST(ServerLoadTest, ManyClientsMixedStreamingAndDisconnects) {
           req.path = i % 2 ? "/v1/completions" : "/v1/chat/completions";
           if (i % 2 == 0) {
             body.erase("prompt");
-            body["messages"] = json::array({{{"role", "user"}, {"content", "hello " + std::to_string(i)}}});
+            body["messages"] =
+                json::array({{{"role", "user"}, {"content", "hello " + std::to_string(i)}}});
           }
           req.body = body.dump();
           req.set_header("Content-Type", "application/json");
@@ -106,7 +109,8 @@ TEST(ServerLoadTest, ManyClientsMixedStreamingAndDisconnects) {
   }
   EXPECT_GT(completed.load(), kClients) << summary;
   EXPECT_GT(disconnected.load(), 0) << summary;
-  EXPECT_TRUE(served.wait_idle(10)) << "KV blocks still in use: " << served.metric("crl:kv_blocks_used");
+  EXPECT_TRUE(served.wait_idle(10))
+      << "KV blocks still in use: " << served.metric("crl:kv_blocks_used");
   EXPECT_EQ(served.metric("crl:kv_blocks_used"), 0);
   EXPECT_EQ(served.metric("vllm:kv_cache_usage_perc"), 0);
   auto health = served.client()->Get("/health");

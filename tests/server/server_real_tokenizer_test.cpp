@@ -7,10 +7,10 @@
 
 #include "engine/model/model_cache.h"
 #include "engine/model/model_writer.h"
-#include "text/utf8.h"
-#include "text/tokenizer.h"
 #include "tests/server/server_test_util.h"
 #include "tests/test_utils.h"
+#include "text/tokenizer.h"
+#include "text/utf8.h"
 
 namespace crl::test {
 namespace {
@@ -31,7 +31,8 @@ struct RealTokenizerModel {
     c.num_kv_heads = 1;
     c.head_dim = 16;
     c.max_position_embeddings = 256;
-    engine::make_model(dir.file("m"), c, /*seed=*/5, "float32", tokenizer_fixtures_dir() + "/" + name);
+    engine::make_model(dir.file("m"), c, /*seed=*/5, "float32",
+                       tokenizer_fixtures_dir() + "/" + name);
     engine::EngineConfig ec;
     ec.model_dir = dir.file("m");
     ec.num_kv_blocks = 128;
@@ -66,7 +67,8 @@ std::vector<Entry> chat_entries(const json& logprobs) {
   std::vector<Entry> out;
   for (const json& e : logprobs["content"]) {
     Entry x{e["token"].get<std::string>(), bytes_of(e["bytes"]), {}};
-    for (const json& t : e["top_logprobs"]) x.tops.emplace_back(t["token"].get<std::string>(), bytes_of(t["bytes"]));
+    for (const json& t : e["top_logprobs"])
+      x.tops.emplace_back(t["token"].get<std::string>(), bytes_of(t["bytes"]));
     out.push_back(std::move(x));
   }
   return out;
@@ -120,13 +122,16 @@ class ServerRealTokenizerTest : public ::testing::TestWithParam<std::string> {
 TEST_P(ServerRealTokenizerTest, LogprobBytesConcatenateToTheContent) {
   RealTokenizerModel m(GetParam());
   const text::Tokenizer& tok = *m.tok;
-  const bool has_chat = m.served->post("/v1/chat/completions",
-                                       {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 1}})
-                            .first == 200;
+  const bool has_chat =
+      m.served
+          ->post("/v1/chat/completions",
+                 {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 1}})
+          .first == 200;
   int choices = 0, with_partial = 0;
   for (int seed = 0; seed < 6; ++seed) {
-    const json common = {{"max_tokens", 24}, {"temperature", 1.0}, {"seed", seed}, {"n", 2},
-                         {"ignore_eos", seed % 2 == 0}, {"return_token_ids", true}};
+    const json common = {
+        {"max_tokens", 24}, {"temperature", 1.0},          {"seed", seed},
+        {"n", 2},           {"ignore_eos", seed % 2 == 0}, {"return_token_ids", true}};
     // /v1/completions, whole.
     json body = common;
     body["prompt"] = "Once upon a time \xE6\x97\xA5\xE6\x9C\xAC";
@@ -139,28 +144,31 @@ TEST_P(ServerRealTokenizerTest, LogprobBytesConcatenateToTheContent) {
       for (size_t i = 0; i < lp["tokens"].size(); ++i) {
         Entry e{lp["tokens"][i].get<std::string>(), "", {}};
         // The completions format has no bytes: the text must be what the bytes say.
-        e.bytes = tok.appended_bytes(ch["token_ids"].get<Ids>(), i, ch["token_ids"][i].get<int32_t>());
+        e.bytes =
+            tok.appended_bytes(ch["token_ids"].get<Ids>(), i, ch["token_ids"][i].get<int32_t>());
         entries.push_back(e);
         ASSERT_LE(lp["top_logprobs"][i].size(), 3u);
       }
       // Completions' tokens carry only text: their bytes come from the tokenizer, and the text
       // must be theirs.
-      with_partial += check_choice(tok, GetParam() + " completions seed " + std::to_string(seed),
-                                   ch["text"].get<std::string>(), ch["token_ids"].get<Ids>(), entries);
+      with_partial +=
+          check_choice(tok, GetParam() + " completions seed " + std::to_string(seed),
+                       ch["text"].get<std::string>(), ch["token_ids"].get<Ids>(), entries);
       ++choices;
     }
     if (!has_chat) continue;
     // /v1/chat/completions, whole and streamed.
     body = common;
-    body["messages"] = {{{"role", "user"}, {"content", "Write something in \xE4\xB8\xAD\xE6\x96\x87."}}};
+    body["messages"] = {
+        {{"role", "user"}, {"content", "Write something in \xE4\xB8\xAD\xE6\x96\x87."}}};
     body["logprobs"] = true;
     body["top_logprobs"] = 2;
     std::tie(status, text) = m.served->post("/v1/chat/completions", body);
     ASSERT_EQ(status, 200) << text;
     for (const json& ch : json::parse(text)["choices"]) {
       with_partial += check_choice(tok, GetParam() + " chat seed " + std::to_string(seed),
-                                   ch["message"]["content"].get<std::string>(), ch["token_ids"].get<Ids>(),
-                                   chat_entries(ch["logprobs"]));
+                                   ch["message"]["content"].get<std::string>(),
+                                   ch["token_ids"].get<Ids>(), chat_entries(ch["logprobs"]));
       ++choices;
     }
     body["stream"] = true;
@@ -174,7 +182,8 @@ TEST_P(ServerRealTokenizerTest, LogprobBytesConcatenateToTheContent) {
       ASSERT_FALSE(chunk.contains("error")) << payload;
       for (const json& ch : chunk["choices"]) {
         const int idx = ch["index"].get<int>();
-        if (ch["delta"].contains("content")) content[idx] += ch["delta"]["content"].get<std::string>();
+        if (ch["delta"].contains("content"))
+          content[idx] += ch["delta"]["content"].get<std::string>();
         if (ch.contains("token_ids")) {
           for (const json& id : ch["token_ids"]) ids[idx].push_back(id.get<int32_t>());
         }
@@ -186,8 +195,8 @@ TEST_P(ServerRealTokenizerTest, LogprobBytesConcatenateToTheContent) {
     ASSERT_EQ(sstatus, 200);
     ASSERT_EQ(content.size(), 2u);
     for (const auto& [idx, c] : content) {
-      with_partial += check_choice(tok, GetParam() + " streamed chat seed " + std::to_string(seed), c,
-                                   ids[idx], entries[idx]);
+      with_partial += check_choice(tok, GetParam() + " streamed chat seed " + std::to_string(seed),
+                                   c, ids[idx], entries[idx]);
       ++choices;
     }
   }
@@ -222,7 +231,8 @@ TEST(ServerSplitSpecialTokensTest, LiteralsInUntrustedTextStayTextTemplatesKeepT
   const json messages = {{{"role", "user"}, {"content", evil}}};
   const json kwargs = {{"enable_thinking", false}};
   const Ids trusted = ids_of({{"messages", messages}, {"chat_template_kwargs", kwargs}});
-  const Ids chat = ids_of({{"messages", messages}, {"chat_template_kwargs", kwargs}, {"split_special_tokens", true}});
+  const Ids chat = ids_of(
+      {{"messages", messages}, {"chat_template_kwargs", kwargs}, {"split_special_tokens", true}});
   EXPECT_EQ(count(trusted, im_start), 3);
   EXPECT_EQ(count(chat, im_start), 2);
   EXPECT_EQ(count(chat, im_end), 1);
@@ -238,16 +248,20 @@ TEST(ServerSplitSpecialTokensTest, LiteralsInUntrustedTextStayTextTemplatesKeepT
   EXPECT_EQ(tok.decode(chat, false), tok.decode(trusted, false));
 
   // The completion endpoints use the same ids.
-  json body = {{"messages", messages}, {"chat_template_kwargs", kwargs}, {"split_special_tokens", true},
-               {"max_tokens", 1}, {"return_token_ids", true}, {"some_unknown_field", 1}};
+  json body = {{"messages", messages},         {"chat_template_kwargs", kwargs},
+               {"split_special_tokens", true}, {"max_tokens", 1},
+               {"return_token_ids", true},     {"some_unknown_field", 1}};
   auto [status, text] = m.served->post("/v1/chat/completions", body);
   ASSERT_EQ(status, 200) << text;  // an unknown field is ignored (and logged), as vLLM does
   EXPECT_EQ(json::parse(text)["prompt_token_ids"].get<Ids>(), chat);
-  std::tie(status, text) = m.served->post(
-      "/v1/completions", {{"prompt", evil}, {"split_special_tokens", true}, {"max_tokens", 1}, {"return_token_ids", true}});
+  std::tie(status, text) = m.served->post("/v1/completions", {{"prompt", evil},
+                                                              {"split_special_tokens", true},
+                                                              {"max_tokens", 1},
+                                                              {"return_token_ids", true}});
   ASSERT_EQ(status, 200) << text;
   EXPECT_EQ(json::parse(text)["choices"][0]["prompt_token_ids"].get<Ids>(), split_text);
-  std::tie(status, text) = m.served->post("/tokenize", {{"prompt", evil}, {"split_special_tokens", "yes"}});
+  std::tie(status, text) =
+      m.served->post("/tokenize", {{"prompt", evil}, {"split_special_tokens", "yes"}});
   EXPECT_EQ(status, 400) << text;
 
   // serve --split-special-tokens: the default, which a request can turn off.
@@ -266,13 +280,18 @@ TEST(ServerSplitSpecialTokensTest, LiteralsInUntrustedTextStayTextTemplatesKeepT
   };
   EXPECT_EQ(strict_ids({{"prompt", evil}}), split_text);
   EXPECT_EQ(strict_ids({{"messages", messages}, {"chat_template_kwargs", kwargs}}), chat);
-  EXPECT_EQ(strict_ids({{"messages", messages}, {"chat_template_kwargs", kwargs}, {"split_special_tokens", false}}),
+  EXPECT_EQ(strict_ids({{"messages", messages},
+                        {"chat_template_kwargs", kwargs},
+                        {"split_special_tokens", false}}),
             trusted);
 }
 
 INSTANTIATE_TEST_SUITE_P(Real, ServerRealTokenizerTest,
-                         ::testing::Values("qwen3", "llama3_1", "llama2", "deepseek_v3", "gemma3", "gpt4o"),
-                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+                         ::testing::Values("qwen3", "llama3_1", "llama2", "deepseek_v3", "gemma3",
+                                           "gpt4o"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
 
 }  // namespace
 }  // namespace crl::test

@@ -7,10 +7,10 @@
 #include <thread>
 
 #include "engine/llm_engine.h"
-#include "text/chat_encoder.h"
 #include "tests/engine/test_model.h"
 #include "tests/server/server_test_util.h"
 #include "tests/test_utils.h"
+#include "text/chat_encoder.h"
 
 namespace crl::test {
 namespace {
@@ -109,7 +109,8 @@ TEST_F(ServerSessionTest, AnEditIsRefusedWith409AndARetryRewinds) {
   edited[0]["content"] = "first, edited";
   edited.push_back(second["choices"][0]["message"]);
   edited.push_back(user("third"));
-  auto res3 = served.client()->Post("/v1/chat/completions", turn_body(edited, "s2").dump(), "application/json");
+  auto res3 = served.client()->Post("/v1/chat/completions", turn_body(edited, "s2").dump(),
+                                    "application/json");
   ASSERT_TRUE(res3);
   const std::string& b3 = res3->body;
   EXPECT_EQ(res3->status, 409) << b3;
@@ -167,14 +168,16 @@ TEST_F(ServerSessionTest, BadSessionRequestsAre400) {
   auto [s5, b5] = served.post("/v1/chat/completions", with_tools);
   EXPECT_EQ(s5, 409) << b5;
   // The same tools with their keys in another order are the same tools.
-  auto [s6, b6] = served.post_raw("/v1/chat/completions",
-                                  R"({"session_id": "s5", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}],
+  auto [s6, b6] = served.post_raw(
+      "/v1/chat/completions",
+      R"({"session_id": "s5", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}],
                                       "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]})");
   ASSERT_EQ(s6, 200) << b6;
   const json reply = json::parse(b6)["choices"][0]["message"];
   auto [s7, b7] = served.post_raw(
       "/v1/chat/completions",
-      R"({"session_id": "s5", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}, )" + reply.dump() +
+      R"({"session_id": "s5", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}, )" +
+          reply.dump() +
           R"(, {"role": "user", "content": "y"}],
              "tools": [{"function": {"parameters": {"type": "object"}, "name": "f"}, "type": "function"}]})");
   EXPECT_EQ(s7, 200) << b7;

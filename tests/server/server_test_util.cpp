@@ -31,11 +31,13 @@ std::unique_ptr<httplib::Client> ServedModel::client(int read_timeout_ms) const 
   return c;
 }
 
-std::pair<int, std::string> ServedModel::post(const std::string& path, const nlohmann::json& body) const {
+std::pair<int, std::string> ServedModel::post(const std::string& path,
+                                              const nlohmann::json& body) const {
   return post_raw(path, body.dump());
 }
 
-std::pair<int, std::string> ServedModel::post_raw(const std::string& path, const std::string& body) const {
+std::pair<int, std::string> ServedModel::post_raw(const std::string& path,
+                                                  const std::string& body) const {
   auto c = client();
   auto res = c->Post(path.c_str(), body, "application/json");
   if (!res) return {-1, httplib::to_string(res.error())};

@@ -2,9 +2,9 @@
 #pragma once
 
 #include <httplib.h>
-#include <nlohmann/json.hpp>
 
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -22,7 +22,8 @@ struct ServedModel {
   std::pair<int, std::string> post(const std::string& path, const nlohmann::json& body) const;
   std::pair<int, std::string> post_raw(const std::string& path, const std::string& body) const;
   // POSTs a streaming request; returns the "data: " payloads in order ([DONE] included).
-  std::vector<std::string> stream(const std::string& path, nlohmann::json body, int* status = nullptr) const;
+  std::vector<std::string> stream(const std::string& path, nlohmann::json body,
+                                  int* status = nullptr) const;
   // The value of a Prometheus sample line starting with `prefix` (name plus labels); -1 if absent.
   double metric(const std::string& prefix) const;
   // Polls /metrics until crl:kv_blocks_used is 0 and no request runs or waits; false on timeout.

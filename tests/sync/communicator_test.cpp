@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "sync/gloo_communicator.h"
-#include "sync/nccl_communicator.h"
 #include "sync/groups.h"
+#include "sync/nccl_communicator.h"
 #include "sync/store.h"
 #include "sync/weight_sync.h"
 #include "tests/test_utils.h"
@@ -37,7 +37,8 @@ TEST(CommunicatorTest, BroadcastAllReduceSendRecvBarrier) {
     comm->all_reduce(m, ReduceOp::kMax);
     EXPECT_EQ(m[0].item<int64_t>(), 2);
     // bf16 moves as raw bytes.
-    at::Tensor h = r == 0 ? at::linspace(-1, 1, 7).to(at::kBFloat16) : at::zeros({7}, at::kBFloat16);
+    at::Tensor h =
+        r == 0 ? at::linspace(-1, 1, 7).to(at::kBFloat16) : at::zeros({7}, at::kBFloat16);
     comm->broadcast(h, 0);
     EXPECT_TRUE(h.equal(at::linspace(-1, 1, 7).to(at::kBFloat16)));
     if (r == 0) comm->send(at::arange(5, at::kInt), 2);
@@ -234,25 +235,25 @@ TEST(CommBackendTest, AutoPicksGlooForCpuTensorsAndRefusesImpossibleChoices) {
 TEST(CudaNcclTest, OneRankCommunicatorRunsItsOps) {
   std::string why;
   if (!at::hasCUDA() || !nccl_available(&why)) GTEST_SKIP() << "no CUDA device or NCCL: " << why;
-  auto run = run_ranks(1, milliseconds(20000), [](int, std::unique_ptr<Communicator>&,
-                                                   const StorePtr& store) {
-    GroupInfo info;
-    info.name = "nccl-one";
-    info.rank = 0;
-    info.world_ranks = {0};
-    info.timeout = milliseconds(20000);
-    auto comm = make_nccl_communicator(store, "nccl-one", info);
-    EXPECT_EQ(comm->backend(), "nccl");
-    at::Tensor t = at::arange(1 << 20, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA));
-    at::Tensor ref = t.clone();
-    comm->broadcast_async(t, 0)->wait();
-    comm->all_reduce_async(t, ReduceOp::kSum)->wait();
-    at::Tensor part = at::empty_like(t);
-    comm->reduce_scatter(t, part);
-    comm->all_gather(part, t);
-    comm->barrier();
-    EXPECT_TRUE(t.equal(ref));
-  });
+  auto run = run_ranks(
+      1, milliseconds(20000), [](int, std::unique_ptr<Communicator>&, const StorePtr& store) {
+        GroupInfo info;
+        info.name = "nccl-one";
+        info.rank = 0;
+        info.world_ranks = {0};
+        info.timeout = milliseconds(20000);
+        auto comm = make_nccl_communicator(store, "nccl-one", info);
+        EXPECT_EQ(comm->backend(), "nccl");
+        at::Tensor t = at::arange(1 << 20, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA));
+        at::Tensor ref = t.clone();
+        comm->broadcast_async(t, 0)->wait();
+        comm->all_reduce_async(t, ReduceOp::kSum)->wait();
+        at::Tensor part = at::empty_like(t);
+        comm->reduce_scatter(t, part);
+        comm->all_gather(part, t);
+        comm->barrier();
+        EXPECT_TRUE(t.equal(ref));
+      });
   EXPECT_EQ(run[0], "");
 }
 

@@ -152,7 +152,8 @@ TEST(PlacementTest, BadMapsAreErrorsNamingTheFlag) {
   ASSERT_THROWS_WITH(plan_placement(Topology{1, 1, 1}, cuda(4, "0,4")), std::invalid_argument,
                      "--device-map entry 1 (local rank 1, train 0) is GPU 4 but this node has 4 "
                      "CUDA device(s)");
-  ASSERT_THROWS_WITH(parse_device_map("0,x"), std::invalid_argument, "--device-map '0,x': entry 1 ('x')");
+  ASSERT_THROWS_WITH(parse_device_map("0,x"), std::invalid_argument,
+                     "--device-map '0,x': entry 1 ('x')");
   ASSERT_THROWS_WITH(parse_device_map("0,,1"), std::invalid_argument, "entry 1 ('')");
   ASSERT_THROWS_WITH(parse_device_map("-1"), std::invalid_argument, "entry 0 ('-1')");
   ASSERT_THROWS_WITH(parse_device_map("1.5"), std::invalid_argument, "entry 0 ('1.5')");
@@ -167,7 +168,8 @@ TEST(PlacementTest, BadMapsAreErrorsNamingTheFlag) {
 TEST(PlacementTest, CudaWithoutADeviceAndImpossibleBackendsAreErrors) {
   ASSERT_THROWS_WITH(plan_placement(Topology{1, 1, 1}, cuda(0)), std::invalid_argument,
                      "--device cuda: no CUDA device is usable here");
-  ASSERT_THROWS_WITH(parse_device_kind("gpu"), std::invalid_argument, "--device must be cpu or cuda");
+  ASSERT_THROWS_WITH(parse_device_kind("gpu"), std::invalid_argument,
+                     "--device must be cpu or cuda");
   PlacementRequest cpu_nccl;
   cpu_nccl.comm_backend = "nccl";
   ASSERT_THROWS_WITH(plan_placement(Topology{1, 1, 1}, cpu_nccl), std::invalid_argument,
@@ -207,34 +209,36 @@ TEST(PlacementGroupsTest, GroupsOfTheirOwnMatchTheSplitOnesAndRun) {
     for (const auto& c : g.sync_roots) record(c.get(), split[r]);
   });
   for (const auto& e : errors) ASSERT_EQ(e, "");
-  auto errors2 = test::run_ranks(4, milliseconds(20000), [&](int r, auto& comm, const StorePtr& store) {
-    GroupBackends b{"nccl", {"nccl", "nccl"}};
-    CommFactory gloo = [&, r](const std::string& backend, const std::string& prefix, GroupInfo info) {
-      EXPECT_EQ(backend, "nccl");
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        made[r].push_back(info.name);
-      }
-      return make_gloo_communicator(store, prefix, std::move(info), "127.0.0.1");
-    };
-    Groups g = make_groups(std::move(comm), topo, b, store, gloo);
-    record(g.train.get(), own[r]);
-    for (const auto& c : g.sync_roots) record(c.get(), own[r]);
-    // The groups work: the train group sums, each root broadcasts from its train rank.
-    if (g.train) {
-      at::Tensor t = at::ones({3});
-      g.train->all_reduce(t);
-      EXPECT_TRUE(t.equal(at::full({3}, 2.0f)));
-    }
-    for (int t = 0; t < topo.train_per_node; ++t) {
-      if (!g.sync_roots[t]) continue;
-      at::Tensor v = g.sync_roots[t]->rank() == 0 ? at::full({2}, 10.0f + t) : at::zeros({2});
-      g.sync_roots[t]->broadcast(v, 0);
-      EXPECT_TRUE(v.equal(at::full({2}, 10.0f + t))) << g.sync_roots[t]->name();
-    }
-    EXPECT_EQ(g.sync->backend(), "gloo");
-    EXPECT_EQ(g.infer != nullptr, g.role == Role::kInfer);
-  });
+  auto errors2 =
+      test::run_ranks(4, milliseconds(20000), [&](int r, auto& comm, const StorePtr& store) {
+        GroupBackends b{"nccl", {"nccl", "nccl"}};
+        CommFactory gloo = [&, r](const std::string& backend, const std::string& prefix,
+                                  GroupInfo info) {
+          EXPECT_EQ(backend, "nccl");
+          {
+            std::lock_guard<std::mutex> lock(mu);
+            made[r].push_back(info.name);
+          }
+          return make_gloo_communicator(store, prefix, std::move(info), "127.0.0.1");
+        };
+        Groups g = make_groups(std::move(comm), topo, b, store, gloo);
+        record(g.train.get(), own[r]);
+        for (const auto& c : g.sync_roots) record(c.get(), own[r]);
+        // The groups work: the train group sums, each root broadcasts from its train rank.
+        if (g.train) {
+          at::Tensor t = at::ones({3});
+          g.train->all_reduce(t);
+          EXPECT_TRUE(t.equal(at::full({3}, 2.0f)));
+        }
+        for (int t = 0; t < topo.train_per_node; ++t) {
+          if (!g.sync_roots[t]) continue;
+          at::Tensor v = g.sync_roots[t]->rank() == 0 ? at::full({2}, 10.0f + t) : at::zeros({2});
+          g.sync_roots[t]->broadcast(v, 0);
+          EXPECT_TRUE(v.equal(at::full({2}, 10.0f + t))) << g.sync_roots[t]->name();
+        }
+        EXPECT_EQ(g.sync->backend(), "gloo");
+        EXPECT_EQ(g.infer != nullptr, g.role == Role::kInfer);
+      });
   for (const auto& e : errors2) ASSERT_EQ(e, "");
   for (int r = 0; r < 4; ++r) {
     EXPECT_EQ(own[r].members, split[r].members) << "rank " << r;

@@ -37,9 +37,9 @@ DeviceIdentity cpu(int64_t pid, const std::string& host = "node-a") {
 std::vector<SyncMember> group(const std::vector<DeviceIdentity>& devices) {
   std::vector<SyncMember> m;
   for (size_t r = 0; r < devices.size(); ++r) {
-    std::string who = r == 0 ? "rank 2 (node 0, train 0)"
-                             : "rank " + std::to_string(r - 1) + " (node 0, infer " +
-                                   std::to_string(r - 1) + ")";
+    std::string who =
+        r == 0 ? "rank 2 (node 0, train 0)"
+               : "rank " + std::to_string(r - 1) + " (node 0, infer " + std::to_string(r - 1) + ")";
     m.push_back({who, devices[r]});
   }
   return m;

@@ -86,8 +86,10 @@ void expect_valid_plan(const WeightLayout& l, int64_t cap, int64_t align) {
 
 TEST(WeightLayoutTest, PacksTensorsInOrderWithoutExceedingTheCap) {
   // 400 B, 200 B, 256 B, 40 B under a 1024 B cap with 256 B alignment (offsets worked out by hand).
-  WeightLayout l = WeightLayout::plan({{"a", {100}, at::kFloat}, {"b", {50}, at::kFloat},
-                                       {"c", {8, 8}, at::kFloat}, {"d", {20}, at::kBFloat16}},
+  WeightLayout l = WeightLayout::plan({{"a", {100}, at::kFloat},
+                                       {"b", {50}, at::kFloat},
+                                       {"c", {8, 8}, at::kFloat},
+                                       {"d", {20}, at::kBFloat16}},
                                       1024, 256);
   ASSERT_EQ(l.buckets().size(), 2u);
   const auto& b0 = l.buckets()[0].entries;
@@ -110,10 +112,12 @@ TEST(WeightLayoutTest, PacksTensorsInOrderWithoutExceedingTheCap) {
 }
 
 TEST(WeightLayoutTest, GivesAnOversizeTensorABucketOfItsOwn) {
-  WeightLayout l = WeightLayout::plan(
-      {{"big0", {600}, at::kFloat}, {"s1", {10}, at::kFloat}, {"big2", {1000, 2}, at::kHalf},
-       {"s3", {10}, at::kFloat}, {"s4", {10}, at::kFloat}},
-      1024, 256);
+  WeightLayout l = WeightLayout::plan({{"big0", {600}, at::kFloat},
+                                       {"s1", {10}, at::kFloat},
+                                       {"big2", {1000, 2}, at::kHalf},
+                                       {"s3", {10}, at::kFloat},
+                                       {"s4", {10}, at::kFloat}},
+                                      1024, 256);
   ASSERT_EQ(l.buckets().size(), 4u);
   std::vector<std::vector<int64_t>> tensors;
   for (const Bucket& b : l.buckets()) {
@@ -132,10 +136,11 @@ TEST(WeightLayoutTest, AlignsOffsetsWithoutOverlap) {
     expect_valid_plan(WeightLayout::plan(random_specs(11, 80), 8192, align), 8192, align);
   }
   // A scalar and an empty tensor still get aligned, non-overlapping slots.
-  WeightLayout l = WeightLayout::plan(
-      {{"x", {3}, at::kBFloat16}, {"scalar", {}, at::kFloat}, {"empty", {0, 4}, at::kFloat},
-       {"y", {5}, at::kFloat}},
-      1 << 20, 256);
+  WeightLayout l = WeightLayout::plan({{"x", {3}, at::kBFloat16},
+                                       {"scalar", {}, at::kFloat},
+                                       {"empty", {0, 4}, at::kFloat},
+                                       {"y", {5}, at::kFloat}},
+                                      1 << 20, 256);
   expect_valid_plan(l, 1 << 20, 256);
   EXPECT_EQ(l.buckets()[0].entries[1].offset, 256);
   EXPECT_EQ(l.buckets()[0].entries[1].nbytes, 4);
@@ -177,9 +182,9 @@ TEST(WeightLayoutTest, FirstDifferenceNamesTheTensor) {
   other[idx].shape = {128, 32};
   auto msg = a.first_difference(WeightLayout::plan(other, 16384));
   ASSERT_TRUE(msg.has_value());
-  for (const std::string& part : {std::to_string(idx), std::string("model.layers.1.mlp.up_proj.weight"),
-                                  std::string("[128, 64]"), std::string("[128, 32]"),
-                                  std::string("BFloat16")}) {
+  for (const std::string& part :
+       {std::to_string(idx), std::string("model.layers.1.mlp.up_proj.weight"),
+        std::string("[128, 64]"), std::string("[128, 32]"), std::string("BFloat16")}) {
     EXPECT_NE(msg->find(part), std::string::npos) << "missing '" << part << "' in: " << *msg;
   }
 
@@ -228,13 +233,15 @@ TEST(WeightLayoutTest, ViewsAliasTheBucketsBothWays) {
       for (const BucketEntry& e : b.entries) {
         std::vector<uint8_t> src = bytes_of(values[e.tensor]);
         std::memcpy(expected.data() + e.offset, src.data(), src.size());
-        EXPECT_EQ(views[e.tensor].data_ptr(),
-                  static_cast<void*>(static_cast<uint8_t*>(buckets[b.index].data_ptr()) + e.offset));
+        EXPECT_EQ(
+            views[e.tensor].data_ptr(),
+            static_cast<void*>(static_cast<uint8_t*>(buckets[b.index].data_ptr()) + e.offset));
       }
       EXPECT_EQ(bytes_of(buckets[b.index]), expected) << "bucket " << b.index;
     }
 
-    // Bucket -> view: write fresh bytes into the buckets; the views (read through a clone) see them.
+    // Bucket -> view: write fresh bytes into the buckets; the views (read through a clone) see
+    // them.
     for (const Bucket& b : l.buckets()) {
       for (const BucketEntry& e : b.entries) {
         values[e.tensor] = at::randn(l.specs()[e.tensor].shape).to(dtype);
@@ -244,7 +251,8 @@ TEST(WeightLayoutTest, ViewsAliasTheBucketsBothWays) {
       }
     }
     buckets.clear();  // the views keep the storage alive
-    for (size_t i = 0; i < views.size(); ++i) test::expect_tensor_equal(views[i].clone(), values[i]);
+    for (size_t i = 0; i < views.size(); ++i)
+      test::expect_tensor_equal(views[i].clone(), values[i]);
   }
 }
 
@@ -302,8 +310,8 @@ TEST(WeightLayoutTest, RejectsBadInputs) {
   }
   ASSERT_THROWS_WITH(WeightLayout::plan({{"a", {4}, at::kFloat}, {"a", {4}, at::kFloat}}, 1024),
                      std::invalid_argument, "duplicate tensor name 'a'");
-  ASSERT_THROWS_WITH(WeightLayout::plan({{"a", {4, -1}, at::kFloat}}, 1024),
-                     std::invalid_argument, "negative dim");
+  ASSERT_THROWS_WITH(WeightLayout::plan({{"a", {4, -1}, at::kFloat}}, 1024), std::invalid_argument,
+                     "negative dim");
   ASSERT_THROWS_WITH(WeightLayout::plan({{"", {4}, at::kFloat}}, 1024), std::invalid_argument,
                      "empty name");
 

@@ -2,12 +2,9 @@
 // acknowledgements, in-flight buffer reuse, version handshake, --sync-verify, deadlines and their
 // errors) over host memory, which runs here; and, where a GPU is present (ctest label `gpu`), the
 // CUDA side of a region in one process. Two processes on one GPU: ctest gpu.sync_check_ipc_*.
-#include "sync/weight_sync.h"
-
 #include <ATen/ATen.h>
-#include <gtest/gtest.h>
-
 #include <fmt/format.h>
+#include <gtest/gtest.h>
 
 #include <chrono>
 #include <string>
@@ -18,6 +15,7 @@
 #include "sync/cuda_ipc.h"
 #include "sync/groups.h"
 #include "sync/store.h"
+#include "sync/weight_sync.h"
 #include "tests/test_utils.h"
 
 namespace crl::sync {

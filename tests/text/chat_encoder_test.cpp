@@ -2,8 +2,8 @@
 
 #include <gtest/gtest.h>
 
-#include "text/tokenizer.h"
 #include "tests/engine/test_model.h"
+#include "text/tokenizer.h"
 
 namespace crl::text {
 namespace {

@@ -118,7 +118,9 @@ TEST(ChatTemplateFixtureTest, ContentPartsReachEachTemplateInTheFormItTakes) {
     ojson config;
     for (const auto& t : fixture("templates.json")) {
       if (t["name"] == e["template"])
-        config = {{"chat_template", t["template"]}, {"bos_token", t["bos_token"]}, {"eos_token", t["eos_token"]}};
+        config = {{"chat_template", t["template"]},
+                  {"bos_token", t["bos_token"]},
+                  {"eos_token", t["eos_token"]}};
     }
     const ChatTemplate chat = ChatTemplate::from_tokenizer_config(config, name);
     const auto tmpl = jinja::Template::parse(config["chat_template"].get<std::string>(), name);
@@ -131,7 +133,8 @@ TEST(ChatTemplateFixtureTest, ContentPartsReachEachTemplateInTheFormItTakes) {
       EXPECT_EQ(chat.render(e["messages"], options), e[key].get<std::string>()) << name;
       ++checked;
     } else {
-      EXPECT_THROW(chat.render(e["messages"], options), jinja::TemplateError) << name << ": " << e[key + "_error"];
+      EXPECT_THROW(chat.render(e["messages"], options), jinja::TemplateError)
+          << name << ": " << e[key + "_error"];
     }
   }
   EXPECT_GE(checked, 15u);

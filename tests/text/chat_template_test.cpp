@@ -4,8 +4,8 @@
 
 #include <fstream>
 
-#include "text/jinja/template.h"
 #include "tests/test_utils.h"
+#include "text/jinja/template.h"
 
 namespace crl::text {
 namespace {

@@ -10,8 +10,8 @@
 #include <memory>
 #include <random>
 
-#include "text/tokenizer.h"
 #include "tests/test_utils.h"
+#include "text/tokenizer.h"
 
 namespace crl::text {
 namespace {
@@ -48,7 +48,7 @@ const text::Tokenizer& tokenizer(const std::string& name) {
     if (!test::tokenizer_fixtures_error().empty())
       throw std::runtime_error(test::tokenizer_fixtures_error());
     t = std::make_unique<text::Tokenizer>(test::tokenizer_fixtures_dir() + "/" + name +
-                                            "/tokenizer.json");
+                                          "/tokenizer.json");
   }
   return *t;
 }
@@ -241,7 +241,8 @@ class ChatTrajectoryTest : public ::testing::Test {
   // A turn of `m` answered with the one-id `reply` and the end of turn.
   void answered(ChatTrajectory& traj, const ojson& m, const std::string& reply) const {
     traj.extend(m);
-    traj.append_completion({id(reply), id("<|im_end|>")}, {{"role", "assistant"}, {"content", reply}});
+    traj.append_completion({id(reply), id("<|im_end|>")},
+                           {{"role", "assistant"}, {"content", reply}});
   }
 };
 

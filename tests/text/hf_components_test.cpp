@@ -1,10 +1,10 @@
 // Tests of the tokenizer.json components (text/hf: utf8, regex, normalizer, pre_tokenizer,
-// decoder). Expected values come from Hugging Face tokenizers 0.23 (the Node binding) run on the same
-// configurations, including the pre-tokenizers of the Qwen3, Llama-3 and GPT-4o tokenizer.json files.
+// decoder). Expected values come from Hugging Face tokenizers 0.23 (the Node binding) run on the
+// same configurations, including the pre-tokenizers of the Qwen3, Llama-3 and GPT-4o tokenizer.json
+// files.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
-
 #include <string>
 #include <vector>
 
@@ -83,25 +83,29 @@ TEST(HfComponentsUtf8, CharLen) {
   EXPECT_EQ(utf8_char_len("\xC3\xA9", 0), 2u);
   EXPECT_EQ(utf8_char_len("\xE2\x82\xAC", 0), 3u);
   EXPECT_EQ(utf8_char_len("\xF0\x9F\x98\x80", 0), 4u);
-  EXPECT_EQ(utf8_char_len("\xE2\x82", 0), 0u);      // truncated
-  EXPECT_EQ(utf8_char_len("\x80", 0), 0u);          // lone continuation
-  EXPECT_EQ(utf8_char_len("\xC0\xAF", 0), 0u);      // overlong
-  EXPECT_EQ(utf8_char_len("\xED\xA0\x80", 0), 0u);  // surrogate
+  EXPECT_EQ(utf8_char_len("\xE2\x82", 0), 0u);          // truncated
+  EXPECT_EQ(utf8_char_len("\x80", 0), 0u);              // lone continuation
+  EXPECT_EQ(utf8_char_len("\xC0\xAF", 0), 0u);          // overlong
+  EXPECT_EQ(utf8_char_len("\xED\xA0\x80", 0), 0u);      // surrogate
   EXPECT_EQ(utf8_char_len("\xF4\x90\x80\x80", 0), 0u);  // above U+10FFFF
 }
 
 TEST(HfComponentsUtf8, LossyMatchesRust) {
   const std::string r = "\xEF\xBF\xBD";
   EXPECT_EQ(utf8_lossy("h\xC3\xA9llo"), "h\xC3\xA9llo");
-  EXPECT_EQ(utf8_lossy("a\xE2\x82"), "a" + r);            // truncated 3-byte char: one U+FFFD
-  EXPECT_EQ(utf8_lossy("\xE2\x82" "b"), r + "b");
-  EXPECT_EQ(utf8_lossy("\x80\x80"), r + r);               // each lone continuation byte
-  EXPECT_EQ(utf8_lossy("\xC0\xAF"), r + r);               // overlong: C0 is never valid
-  EXPECT_EQ(utf8_lossy("\xE0\x80\xAF"), r + r + r);       // overlong 3-byte
-  EXPECT_EQ(utf8_lossy("\xED\xA0\x80"), r + r + r);       // surrogate
-  EXPECT_EQ(utf8_lossy("\xF0\x9F\x98x"), r + "x");        // truncated 4-byte char
+  EXPECT_EQ(utf8_lossy("a\xE2\x82"), "a" + r);  // truncated 3-byte char: one U+FFFD
+  EXPECT_EQ(utf8_lossy("\xE2\x82"
+                       "b"),
+            r + "b");
+  EXPECT_EQ(utf8_lossy("\x80\x80"), r + r);          // each lone continuation byte
+  EXPECT_EQ(utf8_lossy("\xC0\xAF"), r + r);          // overlong: C0 is never valid
+  EXPECT_EQ(utf8_lossy("\xE0\x80\xAF"), r + r + r);  // overlong 3-byte
+  EXPECT_EQ(utf8_lossy("\xED\xA0\x80"), r + r + r);  // surrogate
+  EXPECT_EQ(utf8_lossy("\xF0\x9F\x98x"), r + "x");   // truncated 4-byte char
   EXPECT_EQ(utf8_lossy("\xF4\x90\x80\x80"), r + r + r + r);
-  EXPECT_EQ(utf8_lossy("\xFF" "a\xF0\x9F\x98\x80"), r + "a\xF0\x9F\x98\x80");
+  EXPECT_EQ(utf8_lossy("\xFF"
+                       "a\xF0\x9F\x98\x80"),
+            r + "a\xF0\x9F\x98\x80");
   EXPECT_EQ(utf8_lossy(""), "");
 }
 
@@ -111,9 +115,11 @@ TEST(HfComponentsUtf8, CompletePrefix) {
   EXPECT_EQ(utf8_complete_prefix("ab\xE2\x82\xAC"), 5u);
   EXPECT_EQ(utf8_complete_prefix("\xF0\x9F"), 0u);
   EXPECT_EQ(utf8_complete_prefix("\xF0\x9F\x98"), 0u);
-  EXPECT_EQ(utf8_complete_prefix("ab\x80"), 3u);      // invalid, cannot be completed
-  EXPECT_EQ(utf8_complete_prefix("ab\xE2" "c"), 4u);  // the broken char is not at the end
-  EXPECT_EQ(utf8_complete_prefix("a\xC0"), 2u);       // C0 never starts a character
+  EXPECT_EQ(utf8_complete_prefix("ab\x80"), 3u);  // invalid, cannot be completed
+  EXPECT_EQ(utf8_complete_prefix("ab\xE2"
+                                 "c"),
+            4u);                                 // the broken char is not at the end
+  EXPECT_EQ(utf8_complete_prefix("a\xC0"), 2u);  // C0 never starts a character
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -122,7 +128,10 @@ TEST(HfComponentsUtf8, CompletePrefix) {
 TEST(HfComponentsRegex, FindAllByteOffsets) {
   Regex re(R"(\p{N}{1,3})", kRoot);
   std::vector<std::pair<size_t, size_t>> spans;
-  re.find_all("a12345 \xC3\xA9" "7", spans);
+  re.find_all(
+      "a12345 \xC3\xA9"
+      "7",
+      spans);
   ASSERT_EQ(spans.size(), 3u);
   EXPECT_EQ(spans[0], std::make_pair(size_t{1}, size_t{4}));
   EXPECT_EQ(spans[1], std::make_pair(size_t{4}, size_t{6}));
@@ -144,7 +153,11 @@ TEST(HfComponentsRegex, EmptyMatchesLikeOniguruma) {
 
 TEST(HfComponentsRegex, OnigurumaClasses) {
   std::vector<std::pair<size_t, size_t>> spans;
-  Regex(R"(\s+)", kRoot).find_all("a\xC2\x85" "b", spans);  // U+0085 is whitespace in onig
+  Regex(R"(\s+)", kRoot)
+      .find_all(
+          "a\xC2\x85"
+          "b",
+          spans);  // U+0085 is whitespace in onig
   ASSERT_EQ(spans.size(), 1u);
   EXPECT_EQ(spans[0], std::make_pair(size_t{1}, size_t{3}));
   spans.clear();
@@ -162,20 +175,22 @@ TEST(HfComponentsRegex, CategoriesFollowUtf8proc) {
   const std::string shaking = "\xF0\x9F\xAB\xA8";  // U+1FAE8
   const std::string melting = "\xF0\x9F\xAB\xA0";  // U+1FAE0 (Unicode 14)
   std::vector<std::pair<size_t, size_t>> spans;
-  for (const char* pattern : {R"(\p{S})", R"(\p{So})", R"([\p{P}\p{S}])", R"(\p{Symbol})",
-                              R"([^\P{S}])"}) {
+  for (const char* pattern :
+       {R"(\p{S})", R"(\p{So})", R"([\p{P}\p{S}])", R"(\p{Symbol})", R"([^\P{S}])"}) {
     spans.clear();
     Regex(pattern, kRoot).find_all("a" + shaking + "b", spans);
     ASSERT_EQ(spans.size(), 1u) << pattern;
     EXPECT_EQ(spans[0], std::make_pair(size_t{1}, size_t{5})) << pattern;
   }
-  for (const char* pattern : {R"(\P{S})", R"(\p{^S})", R"([^\p{S}])", R"(\p{Cn})", R"(\p{L})", R"([\p{L}\p{N}])"}) {
+  for (const char* pattern :
+       {R"(\P{S})", R"(\p{^S})", R"([^\p{S}])", R"(\p{Cn})", R"(\p{L})", R"([\p{L}\p{N}])"}) {
     spans.clear();
     Regex(pattern, kRoot).find_all(shaking, spans);
     EXPECT_TRUE(spans.empty()) << pattern;
   }
   spans.clear();
-  Regex(R"(\p{Lo}+)", kRoot).find_all("\xF0\xB1\x8D\x90", spans);  // U+31350 (CJK Ext. H, Unicode 15)
+  Regex(R"(\p{Lo}+)", kRoot)
+      .find_all("\xF0\xB1\x8D\x90", spans);  // U+31350 (CJK Ext. H, Unicode 15)
   EXPECT_EQ(spans.size(), 1u);
   spans.clear();
   Regex(R"(\w+)", kRoot).find_all("\xF0\xB1\x8D\x90", spans);
@@ -184,7 +199,8 @@ TEST(HfComponentsRegex, CategoriesFollowUtf8proc) {
   // DeepSeek-V3's pre-tokenizer pattern; Hugging Face (tokenizers 0.2x) splits this text into
   // "🫠🫨\n", "\t\n" and "(((" (tokens ðŁ « ł ðŁ « ¨ Ċ | ĉĊ | ((( ).
   Regex deepseek(
-      "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| "
+      "[!\"#$%&'()*+,\\-./"
+      ":;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| "
       "?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
       kRoot);
   spans.clear();
@@ -203,8 +219,9 @@ TEST(HfComponentsRegex, LiteralAndErrors) {
     FAIL() << "expected an error";
   } catch (const TokenizerFileError& e) {
     const std::string what = e.what();
-    EXPECT_NE(what.find("tokenizer.json: pre_tokenizer.pattern.Regex: bad regular expression \"(ab\""),
-              std::string::npos)
+    EXPECT_NE(
+        what.find("tokenizer.json: pre_tokenizer.pattern.Regex: bad regular expression \"(ab\""),
+        std::string::npos)
         << what;
     EXPECT_NE(what.find("at offset 3"), std::string::npos) << what;
   }
@@ -217,25 +234,31 @@ TEST(HfComponentsRegex, LiteralAndErrors) {
 TEST(HfComponentsNormalizer, UnicodeForms) {
   EXPECT_EQ(normalize(R"({"type":"NFC"})", "e\xCC\x81"), "\xC3\xA9");
   EXPECT_EQ(normalize(R"({"type":"NFD"})", "\xC3\xA9"), "e\xCC\x81");
-  EXPECT_EQ(normalize(R"({"type":"NFKC"})", "\xEF\xAC\x81"), "fi");        // U+FB01 ligature
-  EXPECT_EQ(normalize(R"({"type":"NFKD"})", "\xE2\x91\xA0"), "1");         // circled one
+  EXPECT_EQ(normalize(R"({"type":"NFKC"})", "\xEF\xAC\x81"), "fi");  // U+FB01 ligature
+  EXPECT_EQ(normalize(R"({"type":"NFKD"})", "\xE2\x91\xA0"), "1");   // circled one
   EXPECT_EQ(normalize(R"({"type":"NFC"})", "plain ascii"), "plain ascii");
   // Only the stretches around combining characters are renormalized; the rest is kept as is.
-  EXPECT_EQ(normalize(R"({"type":"NFC"})", "\xE4\xBD\xA0 e\xCC\x81 \xEA\xB0\x80\xE1\x86\xA8 \xD0\xB8\xCC\x86!"),
+  EXPECT_EQ(normalize(R"({"type":"NFC"})",
+                      "\xE4\xBD\xA0 e\xCC\x81 \xEA\xB0\x80\xE1\x86\xA8 \xD0\xB8\xCC\x86!"),
             "\xE4\xBD\xA0 \xC3\xA9 \xEA\xB0\x81 \xD0\xB9!");  // 你 é 각 й
-  EXPECT_EQ(normalize(R"({"type":"NFD"})", "\xE4\xBD\xA0\xEA\xB0\x81"), "\xE4\xBD\xA0\xE1\x84\x80\xE1\x85\xA1\xE1\x86\xA8");
+  EXPECT_EQ(normalize(R"({"type":"NFD"})", "\xE4\xBD\xA0\xEA\xB0\x81"),
+            "\xE4\xBD\xA0\xE1\x84\x80\xE1\x85\xA1\xE1\x86\xA8");
 }
 
 TEST(HfComponentsNormalizer, LowercaseStripPrependReplace) {
   // U+0130 lowercases to "i" + U+0307 as Rust's char::to_lowercase; Σ -> σ per character.
   EXPECT_EQ(normalize(R"({"type":"Lowercase"})", "\xC4\xB0STANBUL \xCE\xA3\xCE\x91\xCE\xA3"),
             "i\xCC\x87stanbul \xCF\x83\xCE\xB1\xCF\x83");
-  EXPECT_EQ(normalize(R"({"type":"Strip","strip_left":true,"strip_right":true})", "\xE3\x80\x80 a b\n\t"), "a b");
+  EXPECT_EQ(
+      normalize(R"({"type":"Strip","strip_left":true,"strip_right":true})", "\xE3\x80\x80 a b\n\t"),
+      "a b");
   EXPECT_EQ(normalize(R"({"type":"Strip","strip_left":false,"strip_right":true})", "  a  "), "  a");
   EXPECT_EQ(normalize(R"({"type":"Prepend","prepend":"\u2581"})", "hi"), "\xE2\x96\x81hi");
   EXPECT_EQ(normalize(R"({"type":"Prepend","prepend":"\u2581"})", ""), "");
-  EXPECT_EQ(normalize(R"({"type":"Replace","pattern":{"Regex":"\\s+"},"content":"_"})", "a  b\n c"), "a_b_c");
-  EXPECT_EQ(normalize(R"({"type":"Replace","pattern":{"String":"."},"content":"<dot>"})", "a.b"), "a<dot>b");
+  EXPECT_EQ(normalize(R"({"type":"Replace","pattern":{"Regex":"\\s+"},"content":"_"})", "a  b\n c"),
+            "a_b_c");
+  EXPECT_EQ(normalize(R"({"type":"Replace","pattern":{"String":"."},"content":"<dot>"})", "a.b"),
+            "a<dot>b");
 }
 
 TEST(HfComponentsNormalizer, Llama2Sequence) {
@@ -256,15 +279,21 @@ TEST(HfComponentsNormalizer, BertNormalizer) {
 }
 
 TEST(HfComponentsNormalizer, ErrorsNameThePath) {
-  const std::string e1 =
-      error_of(make_normalizer, R"({"type":"Sequence","normalizers":[{"type":"NFC"},{"type":"Precompiled"}]})",
-               "normalizer");
-  EXPECT_EQ(e1, "tokenizer.json: normalizer.normalizers[1].type: unsupported normalizer type \"Precompiled\"");
-  const std::string e2 = error_of(make_normalizer, R"({"type":"Replace","content":"x"})", "normalizer");
+  const std::string e1 = error_of(
+      make_normalizer,
+      R"({"type":"Sequence","normalizers":[{"type":"NFC"},{"type":"Precompiled"}]})", "normalizer");
+  EXPECT_EQ(e1,
+            "tokenizer.json: normalizer.normalizers[1].type: unsupported normalizer type "
+            "\"Precompiled\"");
+  const std::string e2 =
+      error_of(make_normalizer, R"({"type":"Replace","content":"x"})", "normalizer");
   EXPECT_EQ(e2, "tokenizer.json: normalizer.pattern: missing");
   const std::string e3 =
-      error_of(make_normalizer, R"({"type":"Replace","pattern":{"Regex":"[a"},"content":"x"})", "normalizer");
-  EXPECT_NE(e3.find("tokenizer.json: normalizer.pattern.Regex: bad regular expression"), std::string::npos) << e3;
+      error_of(make_normalizer, R"({"type":"Replace","pattern":{"Regex":"[a"},"content":"x"})",
+               "normalizer");
+  EXPECT_NE(e3.find("tokenizer.json: normalizer.pattern.Regex: bad regular expression"),
+            std::string::npos)
+      << e3;
   EXPECT_EQ(make_normalizer(Json(nullptr), kRoot), nullptr);
 }
 
@@ -285,8 +314,13 @@ const std::string kSample = "Hello world, I'M here 12345!\n\n  foo\tbar  ";
 
 TEST(HfComponentsPreTokenizer, Qwen3) {
   EXPECT_EQ(pre_tokenize(kQwen3, kSample),
-            (Strings{"Hello", "\xC4\xA0world", ",", "\xC4\xA0I", "'M", "\xC4\xA0here", "\xC4\xA0", "1", "2", "3", "4",
-                     "5", "!\xC4\x8A\xC4\x8A", "\xC4\xA0", "\xC4\xA0" "foo", "\xC4\x89" "bar", "\xC4\xA0\xC4\xA0"}));
+            (Strings{"Hello", "\xC4\xA0world", ",", "\xC4\xA0I", "'M", "\xC4\xA0here", "\xC4\xA0",
+                     "1", "2", "3", "4", "5", "!\xC4\x8A\xC4\x8A", "\xC4\xA0",
+                     "\xC4\xA0"
+                     "foo",
+                     "\xC4\x89"
+                     "bar",
+                     "\xC4\xA0\xC4\xA0"}));
   EXPECT_EQ(pre_tokenize(kQwen3, "don't   stop\r\n"),
             (Strings{"don", "'t", "\xC4\xA0\xC4\xA0", "\xC4\xA0stop", "\xC4\x8D\xC4\x8A"}));
   EXPECT_EQ(pre_tokenize(kQwen3, "  x"), (Strings{"\xC4\xA0", "\xC4\xA0x"}));
@@ -294,32 +328,45 @@ TEST(HfComponentsPreTokenizer, Qwen3) {
 
 TEST(HfComponentsPreTokenizer, Llama3DigitRuns) {
   EXPECT_EQ(pre_tokenize(kLlama3, kSample),
-            (Strings{"Hello", "\xC4\xA0world", ",", "\xC4\xA0I", "'M", "\xC4\xA0here", "\xC4\xA0", "123", "45",
-                     "!\xC4\x8A\xC4\x8A", "\xC4\xA0", "\xC4\xA0" "foo", "\xC4\x89" "bar", "\xC4\xA0\xC4\xA0"}));
+            (Strings{"Hello", "\xC4\xA0world", ",", "\xC4\xA0I", "'M", "\xC4\xA0here", "\xC4\xA0",
+                     "123", "45", "!\xC4\x8A\xC4\x8A", "\xC4\xA0",
+                     "\xC4\xA0"
+                     "foo",
+                     "\xC4\x89"
+                     "bar",
+                     "\xC4\xA0\xC4\xA0"}));
 }
 
 TEST(HfComponentsPreTokenizer, Gpt4oInvertedRemoved) {
   EXPECT_EQ(pre_tokenize(kGpt4o, kSample),
-            (Strings{"Hello", "\xC4\xA0world", ",", "\xC4\xA0I'M", "\xC4\xA0here", "\xC4\xA0", "123", "45",
-                     "!\xC4\x8A\xC4\x8A", "\xC4\xA0", "\xC4\xA0" "foo", "\xC4\x89" "bar", "\xC4\xA0\xC4\xA0"}));
+            (Strings{"Hello", "\xC4\xA0world", ",", "\xC4\xA0I'M", "\xC4\xA0here", "\xC4\xA0",
+                     "123", "45", "!\xC4\x8A\xC4\x8A", "\xC4\xA0",
+                     "\xC4\xA0"
+                     "foo",
+                     "\xC4\x89"
+                     "bar",
+                     "\xC4\xA0\xC4\xA0"}));
   EXPECT_EQ(pre_tokenize(kGpt4o, "don't   stop\r\n"),
             (Strings{"don't", "\xC4\xA0\xC4\xA0", "\xC4\xA0stop", "\xC4\x8D\xC4\x8A"}));
 }
 
 TEST(HfComponentsPreTokenizer, ByteLevelWithRegex) {
-  const char* config = R"({"type":"ByteLevel","add_prefix_space":true,"trim_offsets":true,"use_regex":true})";
+  const char* config =
+      R"({"type":"ByteLevel","add_prefix_space":true,"trim_offsets":true,"use_regex":true})";
   EXPECT_EQ(pre_tokenize(config, "Hello there!"), (Strings{"\xC4\xA0Hello", "\xC4\xA0there", "!"}));
   EXPECT_EQ(pre_tokenize(config, " x"), (Strings{"\xC4\xA0x"}));
   // Every byte of a multi-byte character maps on its own: é = C3 A9 -> "Ã©".
-  EXPECT_EQ(pre_tokenize(R"({"type":"ByteLevel","add_prefix_space":false,"use_regex":false})", "\xC3\xA9"),
+  EXPECT_EQ(pre_tokenize(R"({"type":"ByteLevel","add_prefix_space":false,"use_regex":false})",
+                         "\xC3\xA9"),
             (Strings{"\xC3\x83\xC2\xA9"}));
 }
 
 TEST(HfComponentsPreTokenizer, SplitBehaviors) {
   auto split = [](const char* behavior) {
-    return pre_tokenize(std::string(R"({"type":"Split","pattern":{"String":"-"},"invert":false,"behavior":")") +
-                            behavior + "\"}",
-                        "the-final--countdown");
+    return pre_tokenize(
+        std::string(R"({"type":"Split","pattern":{"String":"-"},"invert":false,"behavior":")") +
+            behavior + "\"}",
+        "the-final--countdown");
   };
   EXPECT_EQ(split("Removed"), (Strings{"the", "final", "countdown"}));
   EXPECT_EQ(split("Isolated"), (Strings{"the", "-", "final", "-", "-", "countdown"}));
@@ -329,12 +376,14 @@ TEST(HfComponentsPreTokenizer, SplitBehaviors) {
 }
 
 TEST(HfComponentsPreTokenizer, Metaspace) {
-  const char* first = R"({"type":"Metaspace","replacement":"\u2581","prepend_scheme":"first","split":true})";
+  const char* first =
+      R"({"type":"Metaspace","replacement":"\u2581","prepend_scheme":"first","split":true})";
   const std::string m = "\xE2\x96\x81";
   EXPECT_EQ(pre_tokenize(first, "Hey friend"), (Strings{m + "Hey", m + "friend"}));
   EXPECT_EQ(pre_tokenize(first, "a  b"), (Strings{m + "a", m, m + "b"}));
   EXPECT_EQ(pre_tokenize(first, "Hey", /*at_start=*/false), (Strings{"Hey"}));
-  const char* always = R"({"type":"Metaspace","replacement":"\u2581","prepend_scheme":"always","split":false})";
+  const char* always =
+      R"({"type":"Metaspace","replacement":"\u2581","prepend_scheme":"always","split":false})";
   EXPECT_EQ(pre_tokenize(always, "Hey you", /*at_start=*/false), (Strings{m + "Hey" + m + "you"}));
   const char* never = R"({"type":"Metaspace","replacement":"\u2581","prepend_scheme":"never"})";
   EXPECT_EQ(pre_tokenize(never, "Hey you"), (Strings{"Hey", m + "you"}));
@@ -352,15 +401,19 @@ TEST(HfComponentsPreTokenizer, CharacterClassSplitters) {
             (Strings{"Hello", ",", "world", "!", "(", "a_b", ")", "3", ".", "14"}));
   EXPECT_EQ(pre_tokenize(R"({"type":"BertPreTokenizer"})", "Hello, world! (a_b) 3.14"),
             (Strings{"Hello", ",", "world", "!", "(", "a", "_", "b", ")", "3", ".", "14"}));
-  EXPECT_EQ(pre_tokenize(R"({"type":"WhitespaceSplit"})", " a\tb\xE3\x80\x80" "c "), (Strings{"a", "b", "c"}));
+  EXPECT_EQ(pre_tokenize(R"({"type":"WhitespaceSplit"})",
+                         " a\tb\xE3\x80\x80"
+                         "c "),
+            (Strings{"a", "b", "c"}));
   EXPECT_EQ(pre_tokenize(R"({"type":"Punctuation","behavior":"MergedWithPrevious"})", "a,b!!"),
             (Strings{"a,", "b!", "!"}));
 }
 
 TEST(HfComponentsPreTokenizer, AtStartOnlyForTheFirstSubPiece) {
-  auto p = make_pre_tokenizer(Json::parse(R"({"type":"Sequence","pretokenizers":[{"type":"WhitespaceSplit"},
+  auto p = make_pre_tokenizer(
+      Json::parse(R"({"type":"Sequence","pretokenizers":[{"type":"WhitespaceSplit"},
       {"type":"Metaspace","replacement":"_","prepend_scheme":"first"}]})"),
-                              kRoot);
+      kRoot);
   std::vector<Piece> pieces{Piece{"a b", true}, Piece{"c", false}};
   p->split(pieces);
   ASSERT_EQ(pieces.size(), 3u);
@@ -372,18 +425,26 @@ TEST(HfComponentsPreTokenizer, AtStartOnlyForTheFirstSubPiece) {
 }
 
 TEST(HfComponentsPreTokenizer, ErrorsNameThePath) {
-  EXPECT_EQ(error_of(make_pre_tokenizer, R"({"type":"Sequence","pretokenizers":[{"type":"Digits"},{"type":"UnicodeScripts"}]})",
-                     "pre_tokenizer"),
-            "tokenizer.json: pre_tokenizer.pretokenizers[1].type: unsupported pre-tokenizer type \"UnicodeScripts\"");
-  EXPECT_EQ(error_of(make_pre_tokenizer,
-                     R"({"type":"Split","pattern":{"String":"-"},"behavior":"Sideways","invert":false})",
-                     "pre_tokenizer"),
-            "tokenizer.json: pre_tokenizer.behavior: unknown split behavior \"Sideways\"");
-  EXPECT_EQ(error_of(make_pre_tokenizer, R"({"type":"Split","pattern":{"Glob":"*"},"behavior":"Isolated"})",
-                     "pre_tokenizer"),
-            "tokenizer.json: pre_tokenizer.pattern: expected {\"String\": ...} or {\"Regex\": ...}, found key \"Glob\"");
-  EXPECT_EQ(error_of(make_pre_tokenizer, R"({"type":"Metaspace","replacement":"ab"})", "pre_tokenizer"),
-            "tokenizer.json: pre_tokenizer.replacement: expected a single character, found \"ab\"");
+  EXPECT_EQ(
+      error_of(
+          make_pre_tokenizer,
+          R"({"type":"Sequence","pretokenizers":[{"type":"Digits"},{"type":"UnicodeScripts"}]})",
+          "pre_tokenizer"),
+      "tokenizer.json: pre_tokenizer.pretokenizers[1].type: unsupported pre-tokenizer type "
+      "\"UnicodeScripts\"");
+  EXPECT_EQ(
+      error_of(make_pre_tokenizer,
+               R"({"type":"Split","pattern":{"String":"-"},"behavior":"Sideways","invert":false})",
+               "pre_tokenizer"),
+      "tokenizer.json: pre_tokenizer.behavior: unknown split behavior \"Sideways\"");
+  EXPECT_EQ(
+      error_of(make_pre_tokenizer,
+               R"({"type":"Split","pattern":{"Glob":"*"},"behavior":"Isolated"})", "pre_tokenizer"),
+      "tokenizer.json: pre_tokenizer.pattern: expected {\"String\": ...} or {\"Regex\": ...}, "
+      "found key \"Glob\"");
+  EXPECT_EQ(
+      error_of(make_pre_tokenizer, R"({"type":"Metaspace","replacement":"ab"})", "pre_tokenizer"),
+      "tokenizer.json: pre_tokenizer.replacement: expected a single character, found \"ab\"");
   EXPECT_EQ(error_of(make_pre_tokenizer, R"({"kind":"Split"})", "pre_tokenizer"),
             "tokenizer.json: pre_tokenizer.type: missing or not a string");
 }
@@ -392,7 +453,8 @@ TEST(HfComponentsPreTokenizer, ErrorsNameThePath) {
 // Decoders
 
 TEST(HfComponentsDecoder, ByteLevel) {
-  const char* config = R"({"type":"ByteLevel","add_prefix_space":true,"trim_offsets":true,"use_regex":true})";
+  const char* config =
+      R"({"type":"ByteLevel","add_prefix_space":true,"trim_offsets":true,"use_regex":true})";
   EXPECT_EQ(decode(config, {"Hello", "\xC4\xA0world", "\xC4\x8A"}), "Hello world\n");
   // "é" split over two tokens ("Ã" "©") is rejoined before the UTF-8 conversion.
   EXPECT_EQ(decode(config, {"\xC3\x83", "\xC2\xA9"}), "\xC3\xA9");
@@ -402,7 +464,8 @@ TEST(HfComponentsDecoder, ByteLevel) {
 }
 
 TEST(HfComponentsDecoder, Llama2Sequence) {
-  const char* config = R"({"type":"Sequence","decoders":[{"type":"Replace","pattern":{"String":"\u2581"},"content":" "},
+  const char* config =
+      R"({"type":"Sequence","decoders":[{"type":"Replace","pattern":{"String":"\u2581"},"content":" "},
       {"type":"ByteFallback"},{"type":"Fuse"},{"type":"Strip","content":" ","start":1,"stop":0}]})";
   EXPECT_EQ(decode(config, {"\xE2\x96\x81Hello", "\xE2\x96\x81wor", "ld"}), "Hello world");
   EXPECT_EQ(decode(config, {"\xE2\x96\x81", "<0xE2>", "<0x82>", "<0xAC>", "!"}), "\xE2\x82\xAC!");
@@ -412,15 +475,25 @@ TEST(HfComponentsDecoder, ByteFallback) {
   const char* config = R"({"type":"ByteFallback"})";
   const std::string r = "\xEF\xBF\xBD";
   EXPECT_EQ(decode(config, {"<0x41>", "<0x61>"}), "Aa");
-  EXPECT_EQ(decode(config, {"<0xE2>", "<0x82>", "y", "<0xAC>"}), r + r + "y" + r);  // one U+FFFD per byte
-  EXPECT_EQ(decode(config, {"<0xzz>", "<0x+A>"}), "<0xzz>\n");  // "+A" parses as Rust's from_str_radix does
+  EXPECT_EQ(decode(config, {"<0xE2>", "<0x82>", "y", "<0xAC>"}),
+            r + r + "y" + r);  // one U+FFFD per byte
+  EXPECT_EQ(decode(config, {"<0xzz>", "<0x+A>"}),
+            "<0xzz>\n");  // "+A" parses as Rust's from_str_radix does
 }
 
 TEST(HfComponentsDecoder, Metaspace) {
-  const char* always = R"({"type":"Metaspace","replacement":"\u2581","prepend_scheme":"always","split":true})";
-  EXPECT_EQ(decode(always, {"\xE2\x96\x81Hey", "\xE2\x96\x81" "friend!"}), "Hey friend!");
-  const char* never = R"({"type":"Metaspace","replacement":"\u2581","prepend_scheme":"never","split":true})";
-  EXPECT_EQ(decode(never, {"\xE2\x96\x81Hey", "\xE2\x96\x81" "friend!"}), " Hey friend!");
+  const char* always =
+      R"({"type":"Metaspace","replacement":"\u2581","prepend_scheme":"always","split":true})";
+  EXPECT_EQ(decode(always, {"\xE2\x96\x81Hey",
+                            "\xE2\x96\x81"
+                            "friend!"}),
+            "Hey friend!");
+  const char* never =
+      R"({"type":"Metaspace","replacement":"\u2581","prepend_scheme":"never","split":true})";
+  EXPECT_EQ(decode(never, {"\xE2\x96\x81Hey",
+                           "\xE2\x96\x81"
+                           "friend!"}),
+            " Hey friend!");
 }
 
 TEST(HfComponentsDecoder, WordPieceStripFuse) {
@@ -433,10 +506,13 @@ TEST(HfComponentsDecoder, WordPieceStripFuse) {
 }
 
 TEST(HfComponentsDecoder, ErrorsNameThePath) {
-  EXPECT_EQ(error_of(make_decoder, R"({"type":"Sequence","decoders":[{"type":"Fuse"},{"type":"Unknown"}]})", "decoder"),
-            "tokenizer.json: decoder.decoders[1].type: unsupported decoder type \"Unknown\"");
-  EXPECT_EQ(error_of(make_decoder, R"({"type":"Strip","content":" ","start":-1,"stop":0})", "decoder"),
-            "tokenizer.json: decoder.start: expected a non-negative integer");
+  EXPECT_EQ(
+      error_of(make_decoder,
+               R"({"type":"Sequence","decoders":[{"type":"Fuse"},{"type":"Unknown"}]})", "decoder"),
+      "tokenizer.json: decoder.decoders[1].type: unsupported decoder type \"Unknown\"");
+  EXPECT_EQ(
+      error_of(make_decoder, R"({"type":"Strip","content":" ","start":-1,"stop":0})", "decoder"),
+      "tokenizer.json: decoder.start: expected a non-negative integer");
   EXPECT_EQ(make_decoder(Json(nullptr), kRoot), nullptr);
 }
 

@@ -17,19 +17,19 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <random>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <set>
 #include <sstream>
 
 #include "engine/llm_engine.h"
 #include "engine/model/config.h"
 #include "engine/model/model_cache.h"
+#include "tests/test_utils.h"
 #include "text/chat_encoder.h"
 #include "text/chat_template.h"
-#include "text/utf8.h"
 #include "text/tokenizer.h"
-#include "tests/test_utils.h"
+#include "text/utf8.h"
 
 namespace crl::text {
 namespace {
@@ -279,7 +279,8 @@ TEST_P(HfTokenizerConformance, AppendedBytesConcatenateToTheDecodedText) {
     }
     return why;
   });
-  if (GetParam() != "gpt4o") EXPECT_GT(partial, 0u) << "the corpus has no token that ends inside a character";
+  if (GetParam() != "gpt4o")
+    EXPECT_GT(partial, 0u) << "the corpus has no token that ends inside a character";
 
   std::mt19937 rng(7);
   std::uniform_int_distribution<int32_t> any(0, tok().vocab_size() - 1);
@@ -453,7 +454,8 @@ TEST(HfTokenizerConformanceRealModel, Qwen3TokenizerModelEncodesChatsAndGenerate
   EXPECT_EQ(eng.tokenizer()->kind(), "tokenizer.json");
   const json& cases = reference("qwen3").expected["cases"];
   for (size_t i = 0; i < 40 && i < cases.size(); ++i) {
-    EXPECT_EQ(eng.encode_prompt(corpus()[i]), cases[i]["ids_special"].get<Ids>()) << show(corpus()[i]);
+    EXPECT_EQ(eng.encode_prompt(corpus()[i]), cases[i]["ids_special"].get<Ids>())
+        << show(corpus()[i]);
   }
 
   const auto chat = text::ChatTemplate::from_model_dir(dir.file("m"));

@@ -14,8 +14,8 @@
 #include "engine/model/config.h"
 #include "engine/model/model_cache.h"
 #include "engine/model/model_writer.h"
-#include "text/tokenizer.h"
 #include "tests/test_utils.h"
+#include "text/tokenizer.h"
 
 namespace crl::text {
 namespace {
@@ -25,7 +25,8 @@ using Ids = std::vector<int32_t>;
 
 // Vocab a b c Ġ ab Ġa Ġab < > x s e o t l (ids 0-14); added <s> 15 (special), <eot> 16 (special,
 // lstrip + rstrip), xx 17 (single_word, normalized), <tool> 18; ByteLevel; BOS template.
-const char* kTokenizerJson = R"JSON({"version": "1.0", "truncation": null, "padding": null, "added_tokens": [{"id": 15, "content": "<s>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}, {"id": 16, "content": "<eot>", "single_word": false, "lstrip": true, "rstrip": true, "normalized": false, "special": true}, {"id": 17, "content": "xx", "single_word": true, "lstrip": false, "rstrip": false, "normalized": true, "special": false}, {"id": 18, "content": "<tool>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": false}], "normalizer": null, "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}, "post_processor": {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}], "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}], "special_tokens": {"<s>": {"id": "<s>", "ids": [15], "tokens": ["<s>"]}}}, "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true}, "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false, "vocab": {"a": 0, "b": 1, "c": 2, "\u0120": 3, "ab": 4, "\u0120a": 5, "\u0120ab": 6, "<": 7, ">": 8, "x": 9, "s": 10, "e": 11, "o": 12, "t": 13, "l": 14}, "merges": ["a b", "\u0120 a", "\u0120a b"]}})JSON";
+const char* kTokenizerJson =
+    R"JSON({"version": "1.0", "truncation": null, "padding": null, "added_tokens": [{"id": 15, "content": "<s>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}, {"id": 16, "content": "<eot>", "single_word": false, "lstrip": true, "rstrip": true, "normalized": false, "special": true}, {"id": 17, "content": "xx", "single_word": true, "lstrip": false, "rstrip": false, "normalized": true, "special": false}, {"id": 18, "content": "<tool>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": false}], "normalizer": null, "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}, "post_processor": {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}], "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}], "special_tokens": {"<s>": {"id": "<s>", "ids": [15], "tokens": ["<s>"]}}}, "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true}, "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false, "vocab": {"a": 0, "b": 1, "c": 2, "\u0120": 3, "ab": 4, "\u0120a": 5, "\u0120ab": 6, "<": 7, ">": 8, "x": 9, "s": 10, "e": 11, "o": 12, "t": 13, "l": 14}, "merges": ["a b", "\u0120 a", "\u0120a b"]}})JSON";
 
 void write(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary) << text;
@@ -53,7 +54,10 @@ TEST_F(HfTokenizerTest, MatchesHuggingFaceOnAddedTokensAndTemplate) {
       {" ab<tool>x", {3, 4, 18, 9}, {15, 3, 4, 18, 9}},
       {"xxxx", {9, 9, 9, 9}, {15, 9, 9, 9, 9}},
       {"", {}, {15}},
-      {"a\xC3\xA9" "b", {4}, {15, 4}},  // no byte in the vocab for é: dropped, as HF does
+      {"a\xC3\xA9"
+       "b",
+       {4},
+       {15, 4}},  // no byte in the vocab for é: dropped, as HF does
       {"x xx.", {9, 3, 17}, {15, 9, 3, 17}},
   };
   for (const auto& [text, ids, ids_special] : cases) {
@@ -166,12 +170,14 @@ TEST_F(HfTokenizerTest, SpecialTokensMapFillsInAndMissingPiecesAreLenient) {
 // about BOS the way Qwen's do (config bos_token_id set, tokenizer bos_token null): checkpoints of
 // such a model must save.
 TEST_F(HfTokenizerTest, ModelDirectoryCopiesARealTokenizerAsItIs) {
-  write(dir_.file("tokenizer_config.json"), R"({"eos_token": "<eot>", "chat_template": "{{ 1 }}"})");
+  write(dir_.file("tokenizer_config.json"),
+        R"({"eos_token": "<eot>", "chat_template": "{{ 1 }}"})");
   write(dir_.file("generation_config.json"), R"({"eos_token_id": 16, "temperature": 0.7})");
   engine::ModelConfig c = engine::preset_config("default");
   ASSERT_GE(c.bos_token_id, 0);  // a BOS id the tokenizer does not have
   test::TempDir out;
-  engine::write_model_dir(out.file("m"), c, engine::random_init_weights(c, 1, at::kFloat), dir_.path());
+  engine::write_model_dir(out.file("m"), c, engine::random_init_weights(c, 1, at::kFloat),
+                          dir_.path());
   for (const char* name : {"tokenizer.json", "tokenizer_config.json", "generation_config.json"}) {
     std::ifstream a(dir_.file(name)), b(out.file("m") + "/" + name);
     std::stringstream sa, sb;

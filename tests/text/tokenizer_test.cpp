@@ -102,7 +102,8 @@ TEST_F(TokenizerTest, RoundTripsUnicodeThroughByteFallback) {
 TEST_F(TokenizerTest, AppendedBytesConcatenateToTheText) {
   const Tokenizer& tok = *tok_;
   const std::string text =
-      " lead h\xC3\xA9llo w\xC3\xB6rld \xE2\x80\x94 \xE6\x97\xA5\xE6\x9C\xAC \xF0\x9F\x99\x82! 12 + 30 = 42";
+      " lead h\xC3\xA9llo w\xC3\xB6rld \xE2\x80\x94 \xE6\x97\xA5\xE6\x9C\xAC \xF0\x9F\x99\x82! 12 "
+      "+ 30 = 42";
   for (const std::string& t : {text, std::string("Hello world"), std::string("  two spaces")}) {
     std::vector<int32_t> ids = tok.encode(t);
     std::string all;
@@ -117,7 +118,8 @@ TEST_F(TokenizerTest, AppendedBytesConcatenateToTheText) {
   std::mt19937 rng(11);
   for (int trial = 0; trial < 300; ++trial) {
     std::vector<int32_t> ids(1 + rng() % 16);
-    for (int32_t& id : ids) id = static_cast<int32_t>(rng() % static_cast<uint32_t>(tok.vocab_size()));
+    for (int32_t& id : ids)
+      id = static_cast<int32_t>(rng() % static_cast<uint32_t>(tok.vocab_size()));
     for (bool skip : {false, true}) {
       std::string all;
       for (size_t k = 0; k < ids.size(); ++k) all += tok.appended_bytes(ids, k, ids[k], skip);

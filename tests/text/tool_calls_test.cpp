@@ -26,10 +26,11 @@ ChatTemplate fixture_template(const std::string& name) {
 }
 
 TEST(ToolCallsTest, HermesCallsAndContent) {
-  auto r = parse_tool_calls(ToolCallFormat::kHermes,
-                            "Let me add.\n<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 12, "
-                            "\"b\": 30}}\n</tool_call>\n<tool_call>{\"name\": \"neg\", \"arguments\": "
-                            "\"{\\\"x\\\": 1}\"}</tool_call>");
+  auto r =
+      parse_tool_calls(ToolCallFormat::kHermes,
+                       "Let me add.\n<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 12, "
+                       "\"b\": 30}}\n</tool_call>\n<tool_call>{\"name\": \"neg\", \"arguments\": "
+                       "\"{\\\"x\\\": 1}\"}</tool_call>");
   EXPECT_EQ(r.content, "Let me add.");
   ASSERT_EQ(r.calls.size(), 2u);
   EXPECT_TRUE(r.errors.empty());
@@ -54,11 +55,11 @@ TEST(ToolCallsTest, HermesPlainAnswerHasNoCalls) {
 TEST(ToolCallsTest, BadHermesCallsAreErrorsNotExceptions) {
   const char* bad[] = {
       "<tool_call>{\"name\": \"add\", \"arguments\": {\"a\": 1</tool_call>",  // bad JSON
-      "<tool_call>[1, 2]</tool_call>",                                       // not an object
+      "<tool_call>[1, 2]</tool_call>",                                        // not an object
       "<tool_call>{\"arguments\": {}}</tool_call>",                           // no name
       "<tool_call>{\"name\": \"f\", \"arguments\": [1]}</tool_call>",         // args not object
-      "<tool_call>{\"name\": \"f\", \"arguments\": \"nope\"}</tool_call>",    // args string not JSON
-      "<tool_call>{\"name\": \"f\", \"arguments\": {}}",                      // unterminated
+      "<tool_call>{\"name\": \"f\", \"arguments\": \"nope\"}</tool_call>",  // args string not JSON
+      "<tool_call>{\"name\": \"f\", \"arguments\": {}}",                    // unterminated
       "<tool_call>",
       "<tool_call>\xff\xfe</tool_call>",
   };
@@ -72,7 +73,8 @@ TEST(ToolCallsTest, BadHermesCallsAreErrorsNotExceptions) {
   // An error's excerpt of the call is cut at a character boundary: the tool message that carries
   // it back to the model stays valid UTF-8 (a strict JSON dump of it does not throw).
   for (size_t pad = 74; pad <= 78; ++pad) {
-    const std::string call = "<tool_call>" + std::string(pad, 'x') + "\xc3\xa9" + std::string(10, 'y') + "</tool_call>";
+    const std::string call =
+        "<tool_call>" + std::string(pad, 'x') + "\xc3\xa9" + std::string(10, 'y') + "</tool_call>";
     ParsedReply bad_utf8 = parse_tool_calls(ToolCallFormat::kHermes, call);
     ASSERT_EQ(bad_utf8.errors.size(), 1u);
     EXPECT_NO_THROW((void)ojson(bad_utf8.errors[0]).dump()) << pad;
@@ -86,8 +88,9 @@ TEST(ToolCallsTest, BadHermesCallsAreErrorsNotExceptions) {
 }
 
 TEST(ToolCallsTest, Llama3JsonCalls) {
-  auto r = parse_tool_calls(ToolCallFormat::kLlama3Json,
-                            "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris; FR\"}}");
+  auto r =
+      parse_tool_calls(ToolCallFormat::kLlama3Json,
+                       "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris; FR\"}}");
   ASSERT_EQ(r.calls.size(), 1u);
   EXPECT_EQ(r.calls[0].name, "get_weather");
   EXPECT_EQ(r.calls[0].arguments["city"], "Paris; FR");  // ';' inside a string does not split
@@ -121,12 +124,14 @@ TEST(ToolCallsTest, FormatThenParseRoundTrips) {
     EXPECT_EQ(parse_tool_call_format(tool_call_format_name(f)), f);
   }
   EXPECT_THROW(parse_tool_call_format("mistral"), std::invalid_argument);
-  EXPECT_EQ(tool_call_stop_strings(ToolCallFormat::kHermes), std::vector<std::string>{"</tool_call>"});
+  EXPECT_EQ(tool_call_stop_strings(ToolCallFormat::kHermes),
+            std::vector<std::string>{"</tool_call>"});
   EXPECT_TRUE(tool_call_stop_strings(ToolCallFormat::kLlama3Json).empty());
 }
 
 TEST(ToolCallsTest, FormatIsChosenFromTheModelsTemplate) {
-  EXPECT_EQ(detect_tool_call_format(fixture_template("Qwen2.5-7B-Instruct")), ToolCallFormat::kHermes);
+  EXPECT_EQ(detect_tool_call_format(fixture_template("Qwen2.5-7B-Instruct")),
+            ToolCallFormat::kHermes);
   EXPECT_EQ(detect_tool_call_format(fixture_template("Qwen3")), ToolCallFormat::kHermes);
   EXPECT_EQ(detect_tool_call_format(fixture_template("Hermes-2-Pro-Llama-3-8B")),
             ToolCallFormat::kHermes);

@@ -1,7 +1,6 @@
 #include "trainer/checkpoint.h"
 
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <filesystem>
@@ -70,8 +69,8 @@ TEST(CheckpointTest, ResumeContinuesExactlyAsIfNeverStoppedAndTheEngineLoadsIt) 
   EXPECT_EQ(resumed.step(), 2);
   for (uint64_t s = 2; s < 4; ++s) resumed.train_step(batch(s), LossKind::kGrpo);
   for (size_t i = 0; i < straight.master_weights().size(); ++i) {
-    test::expect_tensor_near(resumed.master_weights()[i].second, straight.master_weights()[i].second,
-                             1e-6);
+    test::expect_tensor_near(resumed.master_weights()[i].second,
+                             straight.master_weights()[i].second, 1e-6);
   }
 
   engine::EngineConfig cfg = test::test_engine_config();
@@ -108,7 +107,8 @@ TEST(CheckpointTest, AMissingOrMisShapedOptimizerTensorIsAnErrorNamingIt) {
   engine::NamedTensors opt;
   {
     auto file = engine::SafetensorsFile::open(path);
-    for (const auto& [name, info] : file->tensors()) opt.emplace_back(name, file->load(name, at::kFloat));
+    for (const auto& [name, info] : file->tensors())
+      opt.emplace_back(name, file->load(name, at::kFloat));
   }
   const std::string victim = opt[0].first;
   engine::NamedTensors missing(opt.begin() + 1, opt.end());

@@ -7,8 +7,9 @@ namespace crl::test {
 using trainer::Sample;
 using trainer::SampleGroup;
 
-std::vector<trainer::MicroBatch> engine_rollouts(engine::LlmEngine& eng, int prompts, int n, int max_tokens, int64_t cap,
-                                        uint64_t seed, int reward_mod) {
+std::vector<trainer::MicroBatch> engine_rollouts(engine::LlmEngine& eng, int prompts, int n,
+                                                 int max_tokens, int64_t cap, uint64_t seed,
+                                                 int reward_mod) {
   std::mt19937 rng(seed);
   std::uniform_int_distribution<int> tok(4, 500), len(3, 12);
   std::vector<engine::GenerateRequest> reqs;

@@ -13,7 +13,8 @@ namespace crl::test {
 // temperature 1 (requests without an adapter: the engine's policy adapter where it has one), each
 // sample rewarded its first token mod `reward_mod` (arbitrary but varied), group advantages
 // computed, packed into micro-batches of at most `cap` tokens.
-std::vector<trainer::MicroBatch> engine_rollouts(engine::LlmEngine& eng, int prompts, int n, int max_tokens, int64_t cap,
-                                        uint64_t seed, int reward_mod = 7);
+std::vector<trainer::MicroBatch> engine_rollouts(engine::LlmEngine& eng, int prompts, int n,
+                                                 int max_tokens, int64_t cap, uint64_t seed,
+                                                 int reward_mod = 7);
 
 }  // namespace crl::test

@@ -1,7 +1,6 @@
 // Environments (issue 28): the built-in calculator, and external programs speaking JSON lines,
 // including ones that die, lie and hang (tests/fixtures/envs/test_env.py).
 #include "trainer/environment.h"
-#include "trainer/make_environment.h"
 
 #include <gtest/gtest.h>
 
@@ -13,6 +12,7 @@
 #include <vector>
 
 #include "trainer/calculator_env.h"
+#include "trainer/make_environment.h"
 #include "trainer/process_env.h"
 
 namespace crl::trainer {
@@ -48,7 +48,8 @@ TEST(CalculatorEnvTest, ToolAnswersAndTheFinalAnswerIsScored) {
   EXPECT_NE(env.operands(EnvSplit::kEval, 7), env.operands(EnvSplit::kTrain, 7));
   EnvReply r = env.reset("e", EnvSplit::kTrain, 7);
   ASSERT_EQ(r.messages.size(), 1u);
-  EXPECT_EQ(r.messages[0]["content"], "Question: what is " + std::to_string(a) + " plus " + std::to_string(b) + "?");
+  EXPECT_EQ(r.messages[0]["content"],
+            "Question: what is " + std::to_string(a) + " plus " + std::to_string(b) + "?");
   EXPECT_TRUE(r.tools.is_array());
   r = env.step("e", assistant("", call_add(a, std::to_string(b))));  // a numeric string is accepted
   EXPECT_FALSE(r.done);
@@ -56,13 +57,15 @@ TEST(CalculatorEnvTest, ToolAnswersAndTheFinalAnswerIsScored) {
   EXPECT_EQ(r.messages[0]["role"], "tool");
   EXPECT_EQ(r.messages[0]["content"], std::to_string(a + b));
   EXPECT_EQ(r.messages[0]["tool_call_id"], "call_0");
-  r = env.step("e", assistant("", call_add("x", 1)));  // bad arguments: an error, the episode goes on
+  r = env.step("e",
+               assistant("", call_add("x", 1)));  // bad arguments: an error, the episode goes on
   EXPECT_FALSE(r.done);
   EXPECT_EQ(r.messages[0]["content"].get<std::string>().rfind("error:", 0), 0u);
   // Operands past 18 digits are errors too, not a signed overflow or an unsigned one wrapped.
   for (const ojson& big : {ojson(INT64_MAX), ojson(uint64_t{1} << 63), ojson(INT64_MIN)}) {
     r = env.step("e", assistant("", call_add(big, 1)));
-    EXPECT_EQ(r.messages[0]["content"], "error: add takes integers a and b (at most 18 digits)") << big;
+    EXPECT_EQ(r.messages[0]["content"], "error: add takes integers a and b (at most 18 digits)")
+        << big;
   }
   r = env.step("e", assistant("", call_add(999'999'999'999'999'999, -1)));
   EXPECT_EQ(r.messages[0]["content"], "999999999999999998");
@@ -142,7 +145,8 @@ TEST(DelayedEnvTest, ATasksStepsWaitTheSameInEveryRun) {
     const auto t0 = std::chrono::steady_clock::now();
     env.step(id, assistant("", call_add(1, 2)));
     env.step(id, assistant("", call_add(3, 4)));
-    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::steady_clock::now() - t0);
     EXPECT_GE(ms.count(), want[0] + want[1]) << id;
   }
 }
@@ -184,7 +188,9 @@ TEST(ProcessEnvTest, GivesDemonstrationsForTheWarmUpOverJsonLines) {
   // Episodes go on around it.
   EnvReply r = env->reset("e1", EnvSplit::kTrain, 3);
   ASSERT_TRUE(r.error.empty()) << r.error;
-  EXPECT_TRUE(make_environment(test_env("--no-demonstrations"), EnvOptions{})->demonstration(EnvSplit::kTrain, 3).is_null());
+  EXPECT_TRUE(make_environment(test_env("--no-demonstrations"), EnvOptions{})
+                  ->demonstration(EnvSplit::kTrain, 3)
+                  .is_null());
   auto liar = make_environment(test_env("--lie-every 1"), EnvOptions{});
   try {
     liar->demonstration(EnvSplit::kTrain, 3);
@@ -217,8 +223,8 @@ TEST(ProcessEnvTest, ADyingEnvironmentEndsThatEpisodeAndIsStartedAgain) {
 
 TEST(ProcessEnvTest, ALyingEnvironmentGetsNamedMalformedErrors) {
   ProcessEnv env(test_env("--lie-every 1"), EnvOptions{});
-  const char* why[] = {"is not a JSON object", "names episode 'e2-other'", "without a numeric \"reward\"",
-                       "\"messages\" must be a list"};
+  const char* why[] = {"is not a JSON object", "names episode 'e2-other'",
+                       "without a numeric \"reward\"", "\"messages\" must be a list"};
   for (int i = 0; i < 4; ++i) {
     EnvReply r = env.reset("e" + std::to_string(i + 1), EnvSplit::kTrain, i);
     EXPECT_TRUE(r.done);
@@ -300,7 +306,8 @@ TEST(ProcessEnvTest, AnEnvironmentThatStopsReadingTimesOutInsteadOfBlockingTheSe
   // pipe. The send must give up at the timeout (before, it blocked for ever: a hung rollout).
   ProcessEnv env(test_env("--deaf-after-request 1"), timeout_2s());
   ASSERT_TRUE(env.reset("first", EnvSplit::kTrain, 0).error.empty());
-  EnvReply r = within_seconds([&] { return env.step("first", assistant(std::string(8 << 20, 'x'))); });
+  EnvReply r =
+      within_seconds([&] { return env.step("first", assistant(std::string(8 << 20, 'x'))); });
   EXPECT_EQ(env_error_kind(r.error), "env_timeout") << r.error;
   EXPECT_NE(r.error.find("did not read the step"), std::string::npos) << r.error;
   r = env.reset("next", EnvSplit::kTrain, 0);  // a new process
@@ -324,7 +331,9 @@ TEST(ProcessEnvTest, APoolKeepsEachEpisodeOnTheProcessItWasResetOn) {
     EnvReply r = env->reset(id, EnvSplit::kTrain, i);
     ASSERT_TRUE(r.error.empty()) << r.error;
     int a = 0, b = 0;
-    ASSERT_EQ(std::sscanf(r.messages[0]["content"].get<std::string>().c_str(), "Question: what is %d plus %d?", &a, &b), 2);
+    ASSERT_EQ(std::sscanf(r.messages[0]["content"].get<std::string>().c_str(),
+                          "Question: what is %d plus %d?", &a, &b),
+              2);
     sums.push_back({id, a + b});
   }
   EXPECT_EQ(pool->starts(), 3);
@@ -342,11 +351,12 @@ TEST(ProcessEnvTest, APoolKeepsEachEpisodeOnTheProcessItWasResetOn) {
   ASSERT_TRUE(env->reset("late", EnvSplit::kTrain, 9).error.empty());
   env->close("late");
   EXPECT_EQ(env_error_kind(env->step("late", assistant("1")).error), "env_malformed");
-  EXPECT_THROW(make_environment(test_env(), [] {
-                 EnvOptions bad;
-                 bad.processes = 0;
-                 return bad;
-               }()),
+  EXPECT_THROW(make_environment(test_env(),
+                                [] {
+                                  EnvOptions bad;
+                                  bad.processes = 0;
+                                  return bad;
+                                }()),
                std::invalid_argument);
 }
 

@@ -20,7 +20,8 @@ namespace {
 namespace fs = std::filesystem;
 
 // Engine rollouts, one micro-batch (requests without an adapter: the engine's policy adapter).
-std::vector<MicroBatch> rollouts(engine::LlmEngine& eng, int prompts, int n, int max_tokens, uint64_t seed) {
+std::vector<MicroBatch> rollouts(engine::LlmEngine& eng, int prompts, int n, int max_tokens,
+                                 uint64_t seed) {
   return test::engine_rollouts(eng, prompts, n, max_tokens, 1 << 20, seed, 5);
 }
 
@@ -70,7 +71,9 @@ TEST(LoraTrainTest, ZeroBStartsAtTheBaseAndOnlyTheAdapterTrains) {
   EXPECT_EQ(masters[1].first, "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight");
   // A second step moves the policy: its log-probs leave the base's.
   lora.train_step(mbs, LossKind::kGrpo);
-  EXPECT_GT((lora.compute_logprobs(mbs[0]) - full.compute_logprobs(mbs[0])).abs().max().item<float>(), 1e-4f);
+  EXPECT_GT(
+      (lora.compute_logprobs(mbs[0]) - full.compute_logprobs(mbs[0])).abs().max().item<float>(),
+      1e-4f);
   // Training state: adapter-sized.
   const StateBytes lb = lora.state_bytes(), fb = full.state_bytes();
   EXPECT_LT(lb.total() * 5, fb.total());
@@ -103,7 +106,9 @@ TEST_P(LoraSyncTest, AnEngineServingTheSyncedAdapterHasTheTrainersLogprobs) {
   o.grad_bucket_bytes = 64 * 1024;  // several buckets
   Trainer tr(cfg.model_dir, o);
   engine::LoraBuffers& lb = eng.loras().attach_policy(
-      "policy", engine::make_lora_adapter(eng.model_config(), 4, 16, engine::parse_lora_targets(cfg.lora_targets), 1, false),
+      "policy",
+      engine::make_lora_adapter(eng.model_config(), 4, 16,
+                                engine::parse_lora_targets(cfg.lora_targets), 1, false),
       o.grad_bucket_bytes, 1, eng.weight_version());
   ASSERT_EQ(lb.layout().hash(), tr.layout().hash());
   ASSERT_GT(lb.buckets().size(), 1u);
@@ -115,7 +120,8 @@ TEST_P(LoraSyncTest, AnEngineServingTheSyncedAdapterHasTheTrainersLogprobs) {
   const auto masters = tr.master_weights();
   const auto received = engine::lora_tensors(lb.adapter());
   ASSERT_EQ(received.size(), masters.size());
-  for (size_t i = 0; i < masters.size(); ++i) test::expect_tensor_equal(received[i].second, masters[i].second);
+  for (size_t i = 0; i < masters.size(); ++i)
+    test::expect_tensor_equal(received[i].second, masters[i].second);
 
   auto fresh = rollouts(eng, 5, 3, 10, 32);
   ASSERT_EQ(fresh.size(), 1u);
@@ -131,11 +137,14 @@ TEST_P(LoraSyncTest, AnEngineServingTheSyncedAdapterHasTheTrainersLogprobs) {
     b.deterministic = deterministic;
     return b;
   }());
-  EXPECT_GT((base.compute_logprobs(fresh[0]) - old_logprobs(fresh[0])).abs().max().item<float>(), 1e-3f);
+  EXPECT_GT((base.compute_logprobs(fresh[0]) - old_logprobs(fresh[0])).abs().max().item<float>(),
+            1e-3f);
 }
 
 INSTANTIATE_TEST_SUITE_P(LoraTrain, LoraSyncTest, ::testing::Bool(),
-                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "Deterministic" : "Default"; });
+                         [](const ::testing::TestParamInfo<bool>& i) {
+                           return i.param ? "Deterministic" : "Default";
+                         });
 
 // A checkpoint is the adapter in PEFT's files (the masters, fp32) plus the optimizer state; a
 // trainer made from the base and resumed from it takes the same next step as the one that went on.
@@ -152,16 +161,21 @@ TEST(LoraTrainTest, ACheckpointIsAPeftAdapterAndResumesTheSameStep) {
   EXPECT_FALSE(fs::exists(dir + "/model.safetensors"));
   {  // merged/: a model directory whose plain forward is the adapted trainer's
     Trainer merged(dir + "/merged", TrainerOptions{});
-    EXPECT_LT((merged.compute_logprobs(mbs[0]) - a.compute_logprobs(mbs[0])).abs().max().item<float>(), 1e-4f);
+    EXPECT_LT(
+        (merged.compute_logprobs(mbs[0]) - a.compute_logprobs(mbs[0])).abs().max().item<float>(),
+        1e-4f);
     Trainer base(cfg.model_dir, TrainerOptions{});
-    EXPECT_GT((base.compute_logprobs(mbs[0]) - a.compute_logprobs(mbs[0])).abs().max().item<float>(), 1e-3f);
+    EXPECT_GT(
+        (base.compute_logprobs(mbs[0]) - a.compute_logprobs(mbs[0])).abs().max().item<float>(),
+        1e-3f);
   }
   EXPECT_EQ(read_checkpoint_state(dir).lora.value("rank", 0), 2);
   const engine::LoraAdapter saved = engine::load_peft_adapter(dir, a.config());
   const auto masters = a.master_weights();
   const auto files = engine::lora_tensors(saved);
   ASSERT_EQ(files.size(), masters.size());
-  for (size_t i = 0; i < masters.size(); ++i) test::expect_tensor_equal(files[i].second, masters[i].second);
+  for (size_t i = 0; i < masters.size(); ++i)
+    test::expect_tensor_equal(files[i].second, masters[i].second);
 
   Trainer b(cfg.model_dir, lora_options(2));
   load_trainer_state(b, dir);
@@ -179,8 +193,9 @@ TEST(LoraTrainTest, ACheckpointIsAPeftAdapterAndResumesTheSameStep) {
   Trainer full(cfg.model_dir, TrainerOptions{});
   ASSERT_THROWS_WITH(load_trainer_state(full, dir), std::invalid_argument,
                      "the checkpoint is a LoRA adapter of rank 2 trained on");
-  ASSERT_THROWS_WITH(save_checkpoint(full, tmp.file("x"), cfg.model_dir, nlohmann::json::object(), true),
-                     std::invalid_argument, "a merged model needs a LoRA trainer");
+  ASSERT_THROWS_WITH(
+      save_checkpoint(full, tmp.file("x"), cfg.model_dir, nlohmann::json::object(), true),
+      std::invalid_argument, "a merged model needs a LoRA trainer");
 }
 
 // --resume of a LoRA run with --kl-coef names the initial model as the reference: that is the base
@@ -237,7 +252,8 @@ TEST(LoraTrainTest, ActivationCheckpointingTrainsTheAdapterAsWithout) {
   const auto wa = plain.master_weights(), wb = ckpt.master_weights();
   for (size_t i = 0; i < wa.size(); ++i) test::expect_tensor_near(wb[i].second, wa[i].second, 1e-6);
   o.lora.dropout = 0.1;
-  ASSERT_THROWS_WITH(o.validate(), std::invalid_argument, "must be 0 with activation checkpointing");
+  ASSERT_THROWS_WITH(o.validate(), std::invalid_argument,
+                     "must be 0 with activation checkpointing");
 }
 
 // ZeRO over two ranks shards the adapter's state and trains as one rank does.
@@ -250,27 +266,29 @@ TEST(LoraTrainTest, TwoShardedRanksTrainTheAdapterAsOneRank) {
   one.train_step(mbs, LossKind::kGrpo);
   const auto want = one.master_weights();
   engine::NamedTensors got;
-  auto errors = test::run_ranks(2, std::chrono::milliseconds(60000), [&](int r, auto& comm, const sync::StorePtr&) {
-    TrainerOptions o = lora_options(4);
-    o.group = comm.get();
-    o.zero_stage = 2;
-    Trainer t(cfg.model_dir, o);
-    // Rank 0 trains the batch, rank 1 an empty round: the summed gradient is the one rank's.
-    t.set_grad_scale([] { return 1.0; });
-    t.zero_grad();
-    if (r == 0) {
-      t.accumulate(mbs[0], LossKind::kGrpo, 1.0, true);
-    } else {
-      t.accumulate_empty();
-    }
-    t.finish_step();
-    EXPECT_LT(t.state_bytes().optimizer * 3, one.state_bytes().optimizer * 2);
-    auto w = t.master_weights(r == 0);
-    if (r == 0) got = std::move(w);
-  });
+  auto errors = test::run_ranks(
+      2, std::chrono::milliseconds(60000), [&](int r, auto& comm, const sync::StorePtr&) {
+        TrainerOptions o = lora_options(4);
+        o.group = comm.get();
+        o.zero_stage = 2;
+        Trainer t(cfg.model_dir, o);
+        // Rank 0 trains the batch, rank 1 an empty round: the summed gradient is the one rank's.
+        t.set_grad_scale([] { return 1.0; });
+        t.zero_grad();
+        if (r == 0) {
+          t.accumulate(mbs[0], LossKind::kGrpo, 1.0, true);
+        } else {
+          t.accumulate_empty();
+        }
+        t.finish_step();
+        EXPECT_LT(t.state_bytes().optimizer * 3, one.state_bytes().optimizer * 2);
+        auto w = t.master_weights(r == 0);
+        if (r == 0) got = std::move(w);
+      });
   for (const auto& e : errors) EXPECT_EQ(e, "");
   ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < want.size(); ++i) test::expect_tensor_near(got[i].second, want[i].second, 1e-6);
+  for (size_t i = 0; i < want.size(); ++i)
+    test::expect_tensor_near(got[i].second, want[i].second, 1e-6);
 }
 
 }  // namespace

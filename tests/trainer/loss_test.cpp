@@ -38,9 +38,9 @@ TEST(GrpoLossTest, RatiosOutsideTheClipRangeStopTheGradientAndCount) {
   EXPECT_DOUBLE_EQ(out.metrics.clip_fraction, 1.0);  // every |r - 1| = 0.5 > 0.2
   out.loss.backward();
   auto g = lp.grad();
-  EXPECT_EQ(g[0].item<float>(), 0.0f);  // r > 1 + eps with A > 0: clipped
-  EXPECT_EQ(g[1].item<float>(), 0.0f);  // r < 1 - eps with A < 0: clipped
-  EXPECT_NEAR(g[2].item<float>(), 1.5f / 4, 1e-6);   // -(r * A) / N, d/dlp = -r*A/N
+  EXPECT_EQ(g[0].item<float>(), 0.0f);              // r > 1 + eps with A > 0: clipped
+  EXPECT_EQ(g[1].item<float>(), 0.0f);              // r < 1 - eps with A < 0: clipped
+  EXPECT_NEAR(g[2].item<float>(), 1.5f / 4, 1e-6);  // -(r * A) / N, d/dlp = -r*A/N
   EXPECT_NEAR(g[3].item<float>(), -0.5f / 4, 1e-6);
   EXPECT_NEAR(out.metrics.logprob_gap_max, std::log(2.0), 1e-6);
 }
@@ -145,8 +145,9 @@ TEST(MaskedLossTest, ToolTokenLogitsPerturbedLeaveTheLossAndGradientUnchanged) {
   ASSERT_EQ(rows.size(0), 4);
   auto loss_and_grad = [&](const at::Tensor& logits_in) {
     at::Tensor logits = logits_in.clone().requires_grad_(true);
-    at::Tensor lp = target_logprobs(logits.index_select(0, rows - 1), mb.tokens.index_select(0, rows),
-                                    /*match_engine=*/true);
+    at::Tensor lp =
+        target_logprobs(logits.index_select(0, rows - 1), mb.tokens.index_select(0, rows),
+                        /*match_engine=*/true);
     LossOutput out = grpo_loss(lp, mb.old_logprobs.index_select(0, rows),
                                mb.advantages.index_select(0, rows), at::Tensor(), GrpoOptions{});
     out.loss.backward();

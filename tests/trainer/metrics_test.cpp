@@ -62,7 +62,8 @@ TEST(MetricsTest, JsonlWriterWritesOneObjectPerStep) {
   EXPECT_EQ(jb["eval_accuracy"], 0.5);
   EXPECT_EQ(jb["weight_version"], 12);
   EXPECT_DOUBLE_EQ(ja["logprob_gap_max"].get<double>(), 2.4e-7);
-  ASSERT_THROWS_WITH(MetricsWriter(dir.file("no/such/dir/m.jsonl")), std::runtime_error, "cannot open");
+  ASSERT_THROWS_WITH(MetricsWriter(dir.file("no/such/dir/m.jsonl")), std::runtime_error,
+                     "cannot open");
 }
 
 }  // namespace

@@ -1,9 +1,9 @@
 #include "trainer/micro_batch.h"
-#include "trainer/rollout_consumer.h"
 
 #include <gtest/gtest.h>
 
 #include "tests/test_utils.h"
+#include "trainer/rollout_consumer.h"
 
 namespace crl::trainer {
 namespace {
@@ -38,7 +38,8 @@ TEST(MicroBatchTest, PackerConcatenatesWholeSequencesUnderTheTokenCap) {
                                      group({4, 5}, {{20}, {}, {21, 22, 23, 24}}, {0, 1, 1})};
   compute_group_advantages(groups);
   auto mbs = pack_micro_batches(groups, 8, /*weight_version=*/7);
-  // Sequences: 5, 6, 3, (empty completion skipped), 6 tokens -> [5], [6], [3], [6] under a cap of 8.
+  // Sequences: 5, 6, 3, (empty completion skipped), 6 tokens -> [5], [6], [3], [6] under a cap
+  // of 8.
   ASSERT_EQ(mbs.size(), 4u);
   EXPECT_EQ(mbs[0].seq_lens, (std::vector<int64_t>{5}));
   EXPECT_EQ(mbs[2].seq_lens, (std::vector<int64_t>{3}));
@@ -48,20 +49,24 @@ TEST(MicroBatchTest, PackerConcatenatesWholeSequencesUnderTheTokenCap) {
   EXPECT_EQ(mb.seq_lens, (std::vector<int64_t>{5, 6, 3, 6}));
   EXPECT_EQ(mb.num_tokens(), 20);
   EXPECT_EQ(mb.num_loss_tokens(), 2 + 3 + 1 + 4);
-  std::vector<int64_t> want = {1, 2, 3, 10, 11, 1, 2, 3, 12, 13, 14, 4, 5, 20, 4, 5, 21, 22, 23, 24};
+  std::vector<int64_t> want = {1,  2, 3, 10, 11, 1, 2,  3,  12, 13,
+                               14, 4, 5, 20, 4,  5, 21, 22, 23, 24};
   test::expect_tensor_equal(mb.tokens, at::tensor(want, at::kLong));
   EXPECT_EQ(mb.loss_mask[2].item<float>(), 0.0f);
   EXPECT_EQ(mb.loss_mask[3].item<float>(), 1.0f);
   EXPECT_FLOAT_EQ(mb.old_logprobs[4].item<float>(), -0.6f);
-  EXPECT_FLOAT_EQ(mb.advantages[3].item<float>(), static_cast<float>(groups[0].samples[0].advantage));
+  EXPECT_FLOAT_EQ(mb.advantages[3].item<float>(),
+                  static_cast<float>(groups[0].samples[0].advantage));
   EXPECT_EQ(mb.advantages[0].item<float>(), 0.0f);
-  test::expect_tensor_equal(mb.cu_seqlens(), at::tensor(std::vector<int64_t>{0, 5, 11, 14, 20}, at::kLong));
+  test::expect_tensor_equal(mb.cu_seqlens(),
+                            at::tensor(std::vector<int64_t>{0, 5, 11, 14, 20}, at::kLong));
   EXPECT_EQ(mbs[0].weight_version, 7);
 }
 
 TEST(MicroBatchTest, PackerRejectsASequenceLongerThanTheCapAndMismatchedLogprobs) {
   std::vector<SampleGroup> groups = {group({1, 2, 3}, {{10, 11, 12}}, {1})};
-  ASSERT_THROWS_WITH(pack_micro_batches(groups, 5), std::invalid_argument, "exceeds micro_batch_tokens 5");
+  ASSERT_THROWS_WITH(pack_micro_batches(groups, 5), std::invalid_argument,
+                     "exceeds micro_batch_tokens 5");
   groups[0].samples[0].logprobs.pop_back();
   ASSERT_THROWS_WITH(pack_micro_batches(groups, 64), std::invalid_argument, "log-probs");
 }

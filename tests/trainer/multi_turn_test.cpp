@@ -12,10 +12,10 @@
 
 #include "engine/engine_loop.h"
 #include "engine/llm_engine.h"
-#include "text/chat_template.h"
-#include "text/tokenizer.h"
 #include "tests/engine/test_model.h"
 #include "tests/test_utils.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
 #include "trainer/calculator_env.h"
 #include "trainer/make_environment.h"
 #include "trainer/process_env.h"
@@ -107,7 +107,8 @@ TEST(MultiTurnTest, EpisodesRunToTheTurnCapWithEnvironmentTextMaskedOut) {
   EpisodeRunner runner(*e.loop, env, e.chat, *e.tok, e.prefix, text::ToolCallFormat::kHermes, o);
   std::map<size_t, Episode> got;
   int between = 0;
-  runner.run(specs(6), [&](size_t i, Episode& ep) { got[i] = ep; }, [&] { ++between; });
+  runner.run(
+      specs(6), [&](size_t i, Episode& ep) { got[i] = ep; }, [&] { ++between; });
   ASSERT_EQ(got.size(), 6u);
   EXPECT_GT(between, 0);
   for (auto& [i, ep] : got) {
@@ -122,8 +123,10 @@ TEST(MultiTurnTest, EpisodesRunToTheTurnCapWithEnvironmentTextMaskedOut) {
     for (size_t k = 1; k < r.size(); k += 2) EXPECT_LE(r[k].second, 6u);
     // The environment's text is the rendered follow-up, never the model's.
     const size_t env_begin = r[0].second + r[1].second;
-    std::vector<int32_t> env_ids(ep.ids.begin() + env_begin, ep.ids.begin() + env_begin + r[2].second);
-    EXPECT_NE(e.tok->decode(env_ids).find("User: go on"), std::string::npos) << e.tok->decode(env_ids);
+    std::vector<int32_t> env_ids(ep.ids.begin() + env_begin,
+                                 ep.ids.begin() + env_begin + r[2].second);
+    EXPECT_NE(e.tok->decode(env_ids).find("User: go on"), std::string::npos)
+        << e.tok->decode(env_ids);
     EXPECT_EQ(ep.env_tokens(), static_cast<int64_t>(r[2].second + r[4].second));
     EXPECT_EQ(ep.model_tokens(), static_cast<int64_t>(r[1].second + r[3].second + r[5].second));
   }
@@ -232,10 +235,13 @@ class RejectedReplyEnv : public Environment {
 TEST(MultiTurnTest, AnEpisodeTheRunnerEndsIsClosedOnTheEnvironment) {
   Engine e;
   const text::ChatTemplate strict = text::ChatTemplate::from_jinja(
-      "{% for m in messages %}{% if m.content == 'boom' %}{{ raise_exception('no boom') }}{% endif %}"
-      "{{ m.role }}: {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}");
+      "{% for m in messages %}{% if m.content == 'boom' %}{{ raise_exception('no boom') }}{% endif "
+      "%}"
+      "{{ m.role }}: {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif "
+      "%}");
   CountingEnv env(std::make_unique<RejectedReplyEnv>());
-  EpisodeRunner runner(*e.loop, env, strict, *e.tok, e.prefix, text::ToolCallFormat::kHermes, caps(3, 4, 400));
+  EpisodeRunner runner(*e.loop, env, strict, *e.tok, e.prefix, text::ToolCallFormat::kHermes,
+                       caps(3, 4, 400));
   size_t done = 0;
   runner.run(specs(3), [&](size_t, Episode& ep) {
     EXPECT_EQ(ep.end, "env_error");
@@ -392,9 +398,11 @@ TEST(MultiTurnTest, OneSamplePerTrajectoryHasTheLossOfPerTurnPackingFromFewerTok
   auto trajectory = episode_samples(ep, 0.5);
   ASSERT_EQ(trajectory.size(), 1u);
   std::vector<Sample> per_turn;
-  int64_t trajectory_tokens = static_cast<int64_t>(trajectory[0].prompt_ids.size() + trajectory[0].completion_ids.size());
+  int64_t trajectory_tokens =
+      static_cast<int64_t>(trajectory[0].prompt_ids.size() + trajectory[0].completion_ids.size());
   int64_t per_turn_tokens = 0;
-  for (size_t j = 0; j < ep.ids.size();) {  // each run of model ids: a sample of all before it and the run
+  for (size_t j = 0;
+       j < ep.ids.size();) {  // each run of model ids: a sample of all before it and the run
     if (!ep.mask[j]) {
       ++j;
       continue;
@@ -418,8 +426,10 @@ TEST(MultiTurnTest, OneSamplePerTrajectoryHasTheLossOfPerTurnPackingFromFewerTok
     return g;
   };
   Trainer a(cfg.model_dir, TrainerOptions{}), b(cfg.model_dir, TrainerOptions{});
-  const StepStats sa = a.train_step(pack_micro_batches({group(trajectory)}, 1 << 14), LossKind::kGrpo);
-  const StepStats sb = b.train_step(pack_micro_batches({group(per_turn)}, 1 << 14), LossKind::kGrpo);
+  const StepStats sa =
+      a.train_step(pack_micro_batches({group(trajectory)}, 1 << 14), LossKind::kGrpo);
+  const StepStats sb =
+      b.train_step(pack_micro_batches({group(per_turn)}, 1 << 14), LossKind::kGrpo);
   EXPECT_EQ(sa.loss.num_tokens, 6 * turns);
   EXPECT_EQ(sb.loss.num_tokens, 6 * turns);
   EXPECT_NEAR(sa.loss.loss, sb.loss.loss, 1e-6 * std::max(1.0, std::abs(sb.loss.loss)));
@@ -445,8 +455,8 @@ TEST(MultiTurnTest, EpisodesTheEnvironmentFailedAreNeitherTrainedOnNorInTheirGro
     ep.end = end;
     return ep;
   };
-  const std::vector<Episode> group = {episode(1, "answer"), episode(0, "answer"), episode(1, "answer"),
-                                      episode(0, "env_error")};
+  const std::vector<Episode> group = {episode(1, "answer"), episode(0, "answer"),
+                                      episode(1, "answer"), episode(0, "env_error")};
   const std::vector<Sample> got = group_episode_samples(group);
   ASSERT_EQ(got.size(), 3u);
   std::vector<SampleGroup> want(1);
@@ -499,7 +509,8 @@ TEST(MultiTurnTest, ADemonstrationIsTheModelTurnsAsTargetsAndTheRestMasked) {
   roleless[0]["role"] = 7;
   ASSERT_THROWS_WITH(demonstration_sample(roleless, demo["tools"], chat, tok, tok.special_prefix(),
                                           text::ToolCallFormat::kHermes, eos),
-                     std::invalid_argument, "demonstration message 0 is not an object with a string");
+                     std::invalid_argument,
+                     "demonstration message 0 is not an object with a string");
 }
 
 }  // namespace

@@ -7,9 +7,9 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/llm_engine.h"
-#include "text/chat_template.h"
 #include "tests/engine/test_model.h"
 #include "tests/test_utils.h"
+#include "text/chat_template.h"
 
 namespace crl::trainer {
 namespace {
@@ -78,14 +78,16 @@ TEST(PromptEncoderTest, UntrustedMessagesKeepTheirSpecialTokenLiteralsAsText) {
                         {"bos_token", "<s>"},
                         {"eos_token", "</s>"},
                         {"add_bos_token", true}};
-  const std::string model = test::test_model_with_tokenizer_config(dir.file("model"), config.dump());
+  const std::string model =
+      test::test_model_with_tokenizer_config(dir.file("model"), config.dump());
   const std::string path = dir.file("data.jsonl");
   const ojson chat = ojson::parse(
       R"([{"role": "user", "content": "hi</s><s>"}, {"role": "assistant", "content": "ho"},)"
       R"( {"role": "user", "content": "2+2? </s>"}])");
   std::ofstream(path) << ojson({{"messages", chat}, {"answer", "4"}}) << "\n";
   const std::vector<TaskRow> trusted = load_task_jsonl(path, {}, model);
-  const std::vector<TaskRow> untrusted = load_task_jsonl(path, {}, model, /*split_special_tokens=*/true);
+  const std::vector<TaskRow> untrusted =
+      load_task_jsonl(path, {}, model, /*split_special_tokens=*/true);
   ASSERT_EQ(untrusted.size(), 1u);
   EXPECT_EQ(untrusted[0].prompt, trusted[0].prompt);  // the same text; the literals' places known
   EXPECT_EQ(untrusted[0].prompt, "<s>[INST] hi</s><s> [/INST]ho</s> [INST] 2+2? </s> [/INST]");

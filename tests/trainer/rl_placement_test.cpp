@@ -22,10 +22,10 @@ using std::chrono::milliseconds;
 
 // What one rank of the job ended up with.
 struct RankView {
-  std::string device;         // RlRanks::self
-  std::string engine_device;  // rollout_engine_config (infer ranks)
-  std::string trainer_device; // rollout_trainer_options (train ranks)
-  std::string sync_device;    // rl_sync_options: where the weight sync says its buckets live
+  std::string device;          // RlRanks::self
+  std::string engine_device;   // rollout_engine_config (infer ranks)
+  std::string trainer_device;  // rollout_trainer_options (train ranks)
+  std::string sync_device;     // rl_sync_options: where the weight sync says its buckets live
   bool trainer_reduces_over_train_group = false;
   std::vector<std::string> made_own;  // groups made by the NCCL factory, in order
   std::vector<std::string> split;     // train / sync_root groups split from the Gloo world
@@ -35,43 +35,45 @@ std::vector<RankView> run_job_ranks(const RlOptions& o) {
   const int n = o.infer_per_node + o.train_per_node;
   std::vector<RankView> views(n);
   std::mutex mu;
-  auto errors = test::run_ranks(n, milliseconds(20000), [&](int r, auto& comm, const sync::StorePtr& store) {
-    sync::World world;
-    world.store = store;
-    world.env.rank = r;
-    world.env.world_size = n;
-    world.env.local_rank = r;
-    world.env.local_world_size = n;
-    world.comm = std::move(comm);
-    RankView& v = views[r];
-    sync::CommFactory nccl_stand_in = [&](const std::string& backend, const std::string& prefix,
-                                          sync::GroupInfo info) {
-      EXPECT_EQ(backend, "nccl");
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        v.made_own.push_back(info.name);
-      }
-      return sync::make_gloo_communicator(store, prefix, std::move(info), "127.0.0.1");
-    };
-    RlRanks ranks = make_rl_ranks(world, o, nccl_stand_in);
-    v.device = ranks.self.device;
-    v.sync_device = rl_sync_options(o, ranks.self).device.str();
-    std::vector<const sync::Communicator*> cuda_groups{ranks.g.train.get()};
-    for (const auto& c : ranks.g.sync_roots) cuda_groups.push_back(c.get());
-    for (const auto* c : cuda_groups) {
-      bool made = c && std::find(v.made_own.begin(), v.made_own.end(), c->name()) != v.made_own.end();
-      if (c && !made) v.split.push_back(c->name());
-    }
-    if (ranks.g.role == sync::Role::kInfer) {
-      v.engine_device = rollout_engine_config(o, ranks.self, /*resumed=*/false).device;
-      EXPECT_THROW(rollout_trainer_options(o, ranks.self, nullptr), std::logic_error);
-    } else {
-      TrainerOptions t = rollout_trainer_options(o, ranks.self, ranks.g.train.get());
-      v.trainer_device = t.device;
-      v.trainer_reduces_over_train_group = t.group == ranks.g.train.get() && t.group != nullptr;
-      EXPECT_THROW(rollout_engine_config(o, ranks.self, false), std::logic_error);
-    }
-  });
+  auto errors =
+      test::run_ranks(n, milliseconds(20000), [&](int r, auto& comm, const sync::StorePtr& store) {
+        sync::World world;
+        world.store = store;
+        world.env.rank = r;
+        world.env.world_size = n;
+        world.env.local_rank = r;
+        world.env.local_world_size = n;
+        world.comm = std::move(comm);
+        RankView& v = views[r];
+        sync::CommFactory nccl_stand_in = [&](const std::string& backend, const std::string& prefix,
+                                              sync::GroupInfo info) {
+          EXPECT_EQ(backend, "nccl");
+          {
+            std::lock_guard<std::mutex> lock(mu);
+            v.made_own.push_back(info.name);
+          }
+          return sync::make_gloo_communicator(store, prefix, std::move(info), "127.0.0.1");
+        };
+        RlRanks ranks = make_rl_ranks(world, o, nccl_stand_in);
+        v.device = ranks.self.device;
+        v.sync_device = rl_sync_options(o, ranks.self).device.str();
+        std::vector<const sync::Communicator*> cuda_groups{ranks.g.train.get()};
+        for (const auto& c : ranks.g.sync_roots) cuda_groups.push_back(c.get());
+        for (const auto* c : cuda_groups) {
+          bool made =
+              c && std::find(v.made_own.begin(), v.made_own.end(), c->name()) != v.made_own.end();
+          if (c && !made) v.split.push_back(c->name());
+        }
+        if (ranks.g.role == sync::Role::kInfer) {
+          v.engine_device = rollout_engine_config(o, ranks.self, /*resumed=*/false).device;
+          EXPECT_THROW(rollout_trainer_options(o, ranks.self, nullptr), std::logic_error);
+        } else {
+          TrainerOptions t = rollout_trainer_options(o, ranks.self, ranks.g.train.get());
+          v.trainer_device = t.device;
+          v.trainer_reduces_over_train_group = t.group == ranks.g.train.get() && t.group != nullptr;
+          EXPECT_THROW(rollout_engine_config(o, ranks.self, false), std::logic_error);
+        }
+      });
   for (const auto& e : errors) EXPECT_EQ(e, "");
   return views;
 }

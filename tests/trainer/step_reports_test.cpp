@@ -76,17 +76,17 @@ TEST(RlReportsTest, CombineSumsTakesMaximaAndAveragesOnlyRanksThatTrained) {
   StepTotals t = combine(reports, {2.0, 3.0, 4.0, 4.0});
   EXPECT_EQ(t.samples, 12);
   EXPECT_EQ(t.gen_tokens, 120);
-  EXPECT_DOUBLE_EQ(t.gen_s, 0.8);          // the slowest engine
+  EXPECT_DOUBLE_EQ(t.gen_s, 0.8);  // the slowest engine
   EXPECT_EQ(t.engine_version, 8);
   EXPECT_DOUBLE_EQ(t.infer_busy, 1.0 + 3.0);  // busy time capped at the span
   EXPECT_DOUBLE_EQ(t.infer_span, 5.0);
   EXPECT_DOUBLE_EQ(t.train_idle, 1.5 + 1.5);
-  EXPECT_EQ(t.trains, 1);                  // the rank without micro-batches averages nothing
+  EXPECT_EQ(t.trains, 1);  // the rank without micro-batches averages nothing
   EXPECT_DOUBLE_EQ(t.gap_max, 0.1);
-  EXPECT_DOUBLE_EQ(t.clip, 0.5 * 30);      // token-weighted
-  EXPECT_EQ(t.zero_rounds, 8);             // ... but its rounds count
+  EXPECT_DOUBLE_EQ(t.clip, 0.5 * 30);  // token-weighted
+  EXPECT_EQ(t.zero_rounds, 8);         // ... but its rounds count
   EXPECT_EQ(t.store_ops, 7 + 7 + 3 + 3);
-  EXPECT_EQ(t.lora_slot_reuses, 2);        // every engine's
+  EXPECT_EQ(t.lora_slot_reuses, 2);  // every engine's
   EXPECT_DOUBLE_EQ(t.elapsed, 9.0);
   EXPECT_DOUBLE_EQ(elapsed_of(reports[1]), 6.0);
 }
@@ -97,13 +97,32 @@ TEST(RlReportsTest, MetricsRowKeepsTheMetricsFileFieldsAndReadsBack) {
   row.m.step = 3;
   row.m.weight_version = 4;
   json j = row;
-  for (const char* k : {"step", "phase", "eval_accuracy", "elapsed_s", "time_generate_s",
-                        "time_wait_rollouts_s", "time_train_s", "time_sync_s", "generated_tokens",
-                        "train_tokens", "staleness_mean", "staleness_max", "groups_dropped",
-                        "is_weight_mean", "is_weight_max", "engine_idle_share",
-                        "trainer_idle_share", "engine_version", "store_ops", "store_bytes",
-                        "zero_rounds_while_receiving_share", "turns_per_episode", "tool_errors",
-                        "env_errors", "masked_token_share", "lora_slot_reuses"}) {
+  for (const char* k : {"step",
+                        "phase",
+                        "eval_accuracy",
+                        "elapsed_s",
+                        "time_generate_s",
+                        "time_wait_rollouts_s",
+                        "time_train_s",
+                        "time_sync_s",
+                        "generated_tokens",
+                        "train_tokens",
+                        "staleness_mean",
+                        "staleness_max",
+                        "groups_dropped",
+                        "is_weight_mean",
+                        "is_weight_max",
+                        "engine_idle_share",
+                        "trainer_idle_share",
+                        "engine_version",
+                        "store_ops",
+                        "store_bytes",
+                        "zero_rounds_while_receiving_share",
+                        "turns_per_episode",
+                        "tool_errors",
+                        "env_errors",
+                        "masked_token_share",
+                        "lora_slot_reuses"}) {
     EXPECT_TRUE(j.contains(k)) << k;
   }
   EXPECT_TRUE(j["eval_accuracy"].is_null());
@@ -153,9 +172,11 @@ TEST(RlOptionsTest, TisIsOffByDefaultAtAnyStalenessAndKeptWhenGiven) {
 TEST(RlOptionsTest, ValidateRefusesTheBaselineSyncModes) {
   RlOptions o;
   o.sync.mode = sync::SyncMode::kPerTensor;
-  ASSERT_THROWS_WITH(o.validate(), std::invalid_argument, "--sync-mode per-tensor is a benchmark baseline");
+  ASSERT_THROWS_WITH(o.validate(), std::invalid_argument,
+                     "--sync-mode per-tensor is a benchmark baseline");
   o.sync.mode = sync::SyncMode::kRaw;
-  ASSERT_THROWS_WITH(o.validate(), std::invalid_argument, "--sync-mode raw is a benchmark baseline");
+  ASSERT_THROWS_WITH(o.validate(), std::invalid_argument,
+                     "--sync-mode raw is a benchmark baseline");
 }
 
 TEST(RlOptionsTest, ValidateNamesTheFlags) {
@@ -165,7 +186,8 @@ TEST(RlOptionsTest, ValidateNamesTheFlags) {
   ASSERT_THROWS_WITH(o.validate(), std::invalid_argument, "--min-lr 0.001 is above --lr 0.0001");
   o = RlOptions();
   o.trainer.micro_batch_tokens = o.max_tokens;
-  ASSERT_THROWS_WITH(o.validate(), std::invalid_argument, "--micro-batch-tokens must exceed --max-tokens");
+  ASSERT_THROWS_WITH(o.validate(), std::invalid_argument,
+                     "--micro-batch-tokens must exceed --max-tokens");
 }
 
 TEST(VersionPlanTest, FreshJobSendsTheWarmUpAsVersionOneAndEachStepTheNext) {

@@ -8,19 +8,17 @@
 #include <set>
 
 #include "engine/model/model_cache.h"
-#include "text/chat_template.h"
-#include "text/tokenizer.h"
 #include "tests/engine/test_model.h"
 #include "tests/test_utils.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
 
 namespace crl::trainer {
 namespace {
 
 using ojson = nlohmann::ordered_json;
 
-void write(const std::string& path, const std::string& text) {
-  std::ofstream(path) << text;
-}
+void write(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
 
 const ojson& chat_fixture(const std::string& file) {
   static std::map<std::string, ojson> cache;
@@ -100,8 +98,11 @@ TEST(TaskTest, BadRowsAreAllReportedWithFileAndLineAndNothingLoads) {
     EXPECT_NE(msg.find("6 bad rows"), std::string::npos) << msg;
     EXPECT_NE(msg.find(path + ":4: invalid JSON"), std::string::npos) << msg;
     EXPECT_NE(msg.find(path + ":5: missing field \"prompt\""), std::string::npos) << msg;
-    EXPECT_NE(msg.find(path + ":6: \"prompt\" must be a string, got number"), std::string::npos) << msg;
-    EXPECT_NE(msg.find(path + ":7: \"answer\" must be a string or a number, got array"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(path + ":6: \"prompt\" must be a string, got number"), std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find(path + ":7: \"answer\" must be a string or a number, got array"),
+              std::string::npos)
+        << msg;
     EXPECT_NE(msg.find(path + ":8: expected a JSON object"), std::string::npos) << msg;
     EXPECT_NE(msg.find(path + ":9: \"prompt\" is empty"), std::string::npos) << msg;
     EXPECT_EQ(msg.find(":2:"), std::string::npos) << "numeric answers are fine: " << msg;
@@ -112,18 +113,20 @@ TEST(TaskTest, BadRowsAreAllReportedWithFileAndLineAndNothingLoads) {
   ASSERT_THROWS_WITH(load_task_jsonl(path, regex), std::invalid_argument, ":1: bad answer regex");
   RewardOptions numeric;
   numeric.kind = RewardKind::kNumeric;
-  ASSERT_THROWS_WITH(load_task_jsonl(path, numeric), std::invalid_argument, ":2: \"answer\" \"x\" is not a number");
+  ASSERT_THROWS_WITH(load_task_jsonl(path, numeric), std::invalid_argument,
+                     ":2: \"answer\" \"x\" is not a number");
   auto rows = load_task_jsonl(path);
   ASSERT_EQ(rows.size(), 2u);
   EXPECT_EQ(rows[1].line, 2);
-  ASSERT_THROWS_WITH(load_task_jsonl(dir.file("missing.jsonl")), std::invalid_argument, "missing.jsonl");
+  ASSERT_THROWS_WITH(load_task_jsonl(dir.file("missing.jsonl")), std::invalid_argument,
+                     "missing.jsonl");
 }
 
 TEST(TaskTest, MessagesRowsRenderWithTheModelsTemplateLikePythonJinja2) {
   test::TempDir dir;
-  for (const char* name : {"Llama-3.1-8B-Instruct", "Qwen2.5-7B-Instruct", "Qwen3",
-                           "SmolLM2-Instruct", "Mistral-7B-Instruct-v0.3",
-                           "DeepSeek-R1-Distill-Qwen-32B"}) {
+  for (const char* name :
+       {"Llama-3.1-8B-Instruct", "Qwen2.5-7B-Instruct", "Qwen3", "SmolLM2-Instruct",
+        "Mistral-7B-Instruct-v0.3", "DeepSeek-R1-Distill-Qwen-32B"}) {
     SCOPED_TRACE(name);
     const std::string model = model_with_fixture_template(dir, name);
     // python3-jinja2's render of a system prompt and several turns with add_generation_prompt.
@@ -178,18 +181,23 @@ TEST(TaskTest, BadMessagesRowsNameTheFileAndLine) {
     const std::string msg = e.what();
     EXPECT_NE(msg.find("7 bad rows"), std::string::npos) << msg;
     EXPECT_EQ(msg.find(path + ":1:"), std::string::npos) << msg;
-    EXPECT_NE(msg.find(path + ":2: has both \"prompt\" and \"messages\""), std::string::npos) << msg;
+    EXPECT_NE(msg.find(path + ":2: has both \"prompt\" and \"messages\""), std::string::npos)
+        << msg;
     EXPECT_NE(msg.find(path + ":3: missing field \"prompt\" (or \"messages\", a chat)"),
-              std::string::npos) << msg;
+              std::string::npos)
+        << msg;
     EXPECT_NE(msg.find(path + ":4: \"messages\": 'messages' must be a list"), std::string::npos)
         << msg;
     EXPECT_NE(msg.find(path + ":5: \"messages\": 'messages' must not be empty"), std::string::npos)
         << msg;
-    EXPECT_NE(msg.find(path + ":6: \"messages\": every message must be an object with a string 'role'"),
-              std::string::npos) << msg;
+    EXPECT_NE(
+        msg.find(path + ":6: \"messages\": every message must be an object with a string 'role'"),
+        std::string::npos)
+        << msg;
     // The template's raise_exception, with its message.
     EXPECT_NE(msg.find(path + ":7: \"messages\": "), std::string::npos) << msg;
-    EXPECT_NE(msg.find("Conversation roles must alternate user/assistant"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("Conversation roles must alternate user/assistant"), std::string::npos)
+        << msg;
     EXPECT_NE(msg.find(path + ":8: missing field \"answer\""), std::string::npos) << msg;
   }
   // No model directory, or one whose template does not parse: named with the first chat row.
@@ -208,8 +216,9 @@ TEST(TaskTest, EvalSplitIsHeldOutAndSeeded) {
   ASSERT_EQ(a.eval.size(), 20u);
   ASSERT_EQ(a.train.size(), 80u);
   for (size_t i = 0; i < a.eval.size(); ++i) EXPECT_EQ(a.eval[i].prompt, b.eval[i].prompt);
-  ASSERT_THROWS_WITH(split_task(rows, 60, 1), std::invalid_argument,
-                     "--eval-rows 60 holds out more than half of the 100 task rows; use --eval-rows 50");
+  ASSERT_THROWS_WITH(
+      split_task(rows, 60, 1), std::invalid_argument,
+      "--eval-rows 60 holds out more than half of the 100 task rows; use --eval-rows 50");
 }
 
 TEST(TaskTest, DefaultEvalSplitFitsTheData) {

@@ -54,7 +54,8 @@ TEST(TrainerTest, ProjectKernelsTrainAsLibtorchDoes) {
     EXPECT_NEAR(a.loss.loss, b.loss.loss, 1e-4 * (1 + std::abs(b.loss.loss))) << "step " << step;
     EXPECT_NEAR(a.grad_norm, b.grad_norm, 1e-3 * (1 + b.grad_norm)) << "step " << step;
   }
-  EXPECT_LT((tp.compute_logprobs(mbs[0]) - tl.compute_logprobs(mbs[0])).abs().max().item<float>(), 1e-3);
+  EXPECT_LT((tp.compute_logprobs(mbs[0]) - tl.compute_logprobs(mbs[0])).abs().max().item<float>(),
+            1e-3);
   TrainerOptions bad;
   bad.cpu_kernels = "fast";
   ASSERT_THROWS_WITH(bad.validate(), std::invalid_argument, "project or libtorch");
@@ -186,7 +187,8 @@ TEST(TrainerTest, MaskedToolTokensHaveNoPartInTheStep) {
   EXPECT_EQ(sa.loss.loss, sb.loss.loss);
   EXPECT_EQ(sa.loss.num_tokens, static_cast<int64_t>(3 * 2 * 10 - tool_rows.size()));
   auto wa = a.master_weights(), wb = b.master_weights();
-  for (size_t i = 0; i < wa.size(); ++i) EXPECT_TRUE(at::equal(wa[i].second, wb[i].second)) << wa[i].first;
+  for (size_t i = 0; i < wa.size(); ++i)
+    EXPECT_TRUE(at::equal(wa[i].second, wb[i].second)) << wa[i].first;
   // The same NaN on the mask: the step sees it.
   MicroBatch on = poisoned;
   on.loss_mask = base.loss_mask.clone();
@@ -258,29 +260,30 @@ ZeroRun run_zero(const std::string& model_dir, const std::vector<MicroBatch>& mb
                  int stage, int steps, const std::string& resume_dir = "",
                  const std::string& save_dir = "", int save_after = -1) {
   ZeroRun out;
-  auto errors = test::run_ranks(ranks, std::chrono::milliseconds(60000), [&](int r, auto& comm,
-                                                                            const sync::StorePtr&) {
-    TrainerOptions o = zero_options();
-    o.group = comm.get();
-    o.zero_stage = stage;
-    Trainer t(resume_dir.empty() ? model_dir : resume_dir, o);
-    if (!resume_dir.empty()) load_trainer_state(t, resume_dir);
-    std::vector<MicroBatch> mine;
-    for (size_t i = r; i < mbs.size(); i += ranks) mine.push_back(mbs[i]);
-    for (int s = 0; s < steps; ++s) {
-      StepStats st = t.train_step(mine, LossKind::kGrpo);
-      if (r == 0) {
-        out.grad_norms.push_back(st.grad_norm);
-        out.losses.push_back(st.loss.loss);
-      }
-      if (s + 1 == save_after) save_checkpoint(t, save_dir, "");
-    }
-    auto w = t.master_weights(r == 0);
-    if (r == 0) {
-      out.weights = std::move(w);
-      out.bytes = t.state_bytes();
-    }
-  });
+  auto errors = test::run_ranks(ranks, std::chrono::milliseconds(60000),
+                                [&](int r, auto& comm, const sync::StorePtr&) {
+                                  TrainerOptions o = zero_options();
+                                  o.group = comm.get();
+                                  o.zero_stage = stage;
+                                  Trainer t(resume_dir.empty() ? model_dir : resume_dir, o);
+                                  if (!resume_dir.empty()) load_trainer_state(t, resume_dir);
+                                  std::vector<MicroBatch> mine;
+                                  for (size_t i = r; i < mbs.size(); i += ranks)
+                                    mine.push_back(mbs[i]);
+                                  for (int s = 0; s < steps; ++s) {
+                                    StepStats st = t.train_step(mine, LossKind::kGrpo);
+                                    if (r == 0) {
+                                      out.grad_norms.push_back(st.grad_norm);
+                                      out.losses.push_back(st.loss.loss);
+                                    }
+                                    if (s + 1 == save_after) save_checkpoint(t, save_dir, "");
+                                  }
+                                  auto w = t.master_weights(r == 0);
+                                  if (r == 0) {
+                                    out.weights = std::move(w);
+                                    out.bytes = t.state_bytes();
+                                  }
+                                });
   for (const auto& e : errors) EXPECT_EQ(e, "");
   return out;
 }
@@ -303,7 +306,8 @@ void expect_same_training(const ZeroRun& a, const ZeroRun& b, const std::string&
   for (size_t i = 0; i < a.grad_norms.size(); ++i) {
     EXPECT_NEAR(a.grad_norms[i], b.grad_norms[i], 1e-5 * b.grad_norms[i]) << "step " << i + 1;
     if (same_ranks) {
-      EXPECT_NEAR(a.losses[i], b.losses[i], 1e-5 * std::abs(b.losses[i]) + 1e-7) << "step " << i + 1;
+      EXPECT_NEAR(a.losses[i], b.losses[i], 1e-5 * std::abs(b.losses[i]) + 1e-7)
+          << "step " << i + 1;
     }
   }
   ASSERT_EQ(a.weights.size(), b.weights.size());
@@ -376,22 +380,22 @@ TEST(ZeroTest, ARankWithoutMicroBatchesStillIssuesTheReductionsBeforeTheScaleCol
   auto mbs = six_micro_batches(dir);
   for (int stage : {0, 1}) {
     std::vector<double> norms(2);
-    auto errors = test::run_ranks(2, std::chrono::milliseconds(20000), [&](int r, auto& comm,
-                                                                           const sync::StorePtr&) {
-      TrainerOptions o = zero_options();
-      o.group = comm.get();
-      o.zero_stage = stage;
-      Trainer t(dir, o);
-      // As the RL consumer's: a collective of its own inside finish_step.
-      t.set_grad_scale([&] {
-        at::Tensor n = at::ones({1}, at::kDouble);
-        comm->all_reduce(n);
-        return 1.0 / n.item<double>();
-      });
-      std::vector<MicroBatch> mine;
-      if (r == 0) mine = {mbs[0], mbs[1]};  // rank 0 reduces from its last backward
-      norms[r] = t.train_step(mine, LossKind::kGrpo).grad_norm;
-    });
+    auto errors = test::run_ranks(
+        2, std::chrono::milliseconds(20000), [&](int r, auto& comm, const sync::StorePtr&) {
+          TrainerOptions o = zero_options();
+          o.group = comm.get();
+          o.zero_stage = stage;
+          Trainer t(dir, o);
+          // As the RL consumer's: a collective of its own inside finish_step.
+          t.set_grad_scale([&] {
+            at::Tensor n = at::ones({1}, at::kDouble);
+            comm->all_reduce(n);
+            return 1.0 / n.item<double>();
+          });
+          std::vector<MicroBatch> mine;
+          if (r == 0) mine = {mbs[0], mbs[1]};  // rank 0 reduces from its last backward
+          norms[r] = t.train_step(mine, LossKind::kGrpo).grad_norm;
+        });
     for (const auto& e : errors) EXPECT_EQ(e, "") << "stage " << stage;
     EXPECT_EQ(norms[0], norms[1]) << "stage " << stage;
     EXPECT_GT(norms[0], 0.0);
@@ -401,15 +405,15 @@ TEST(ZeroTest, ARankWithoutMicroBatchesStillIssuesTheReductionsBeforeTheScaleCol
 TEST(ZeroTest, ARankThatDiesBeforeTheReduceScatterEndsTheStepWithTheNamedError) {
   const std::string dir = test::test_engine_config().model_dir;
   auto mbs = six_micro_batches(dir);
-  auto errors = test::run_ranks(2, std::chrono::milliseconds(3000), [&](int r, auto& comm,
-                                                                        const sync::StorePtr&) {
-    TrainerOptions o = zero_options();
-    o.group = comm.get();
-    o.zero_stage = 2;
-    Trainer t(dir, o);
-    if (r == 1) return;  // dead: never reaches the step's collectives
-    t.train_step({mbs[0]}, LossKind::kGrpo);
-  });
+  auto errors = test::run_ranks(2, std::chrono::milliseconds(3000),
+                                [&](int r, auto& comm, const sync::StorePtr&) {
+                                  TrainerOptions o = zero_options();
+                                  o.group = comm.get();
+                                  o.zero_stage = 2;
+                                  Trainer t(dir, o);
+                                  if (r == 1) return;  // dead: never reaches the step's collectives
+                                  t.train_step({mbs[0]}, LossKind::kGrpo);
+                                });
   EXPECT_EQ(errors[1], "");
   EXPECT_NE(errors[0].find("op=reduce_scatter group=world"), std::string::npos) << errors[0];
   EXPECT_NE(errors[0].find("rank=0/2"), std::string::npos) << errors[0];

@@ -3,8 +3,8 @@
 // vocab (token -> id), merges ("a b" strings or ["a", "b"] pairs; the rank is the position),
 // unk_token, fuse_unk, byte_fallback (<0xAB> tokens for bytes not in the vocab),
 // ignore_merges (a word that is itself in the vocab is one token), continuing_subword_prefix,
-// end_of_word_suffix. dropout must be null or 0 (inference is deterministic). A merge naming a token
-// missing from the vocab, or a merged token missing from it, fails naming the JSON path.
+// end_of_word_suffix. dropout must be null or 0 (inference is deterministic). A merge naming a
+// token missing from the vocab, or a merged token missing from it, fails naming the JSON path.
 //
 // Speed: merges are a hash map from the pair of ids to (rank, new id); a word is merged with a
 // priority queue over adjacent pairs (O(n log n)); results for words up to 256 bytes are kept in a
@@ -13,10 +13,9 @@
 // Thread safety: tokenize() may run on many threads at once (the cache is internally locked).
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>

@@ -1,6 +1,6 @@
-// Decoders of tokenizer.json, matching Hugging Face tokenizers' decoders/ (see decoder.h), including
-// their handling of invalid UTF-8 (ByteLevel: String::from_utf8_lossy over all tokens at once;
-// ByteFallback: one U+FFFD per byte of an invalid run of <0xXX> tokens).
+// Decoders of tokenizer.json, matching Hugging Face tokenizers' decoders/ (see decoder.h),
+// including their handling of invalid UTF-8 (ByteLevel: String::from_utf8_lossy over all tokens at
+// once; ByteFallback: one U+FFFD per byte of an invalid run of <0xXX> tokens).
 #include "text/hf/decoder.h"
 
 #include <utility>
@@ -90,7 +90,9 @@ class ByteLevel : public Decoder {
 
 class Metaspace : public Decoder {
  public:
-  Metaspace(char32_t replacement, PrependScheme scheme) : scheme_(scheme) { append_utf8(rep_, replacement); }
+  Metaspace(char32_t replacement, PrependScheme scheme) : scheme_(scheme) {
+    append_utf8(rep_, replacement);
+  }
   void decode_chain(std::vector<std::string>& tokens, Bytes /*bytes*/) const override {
     for (size_t i = 0; i < tokens.size(); ++i) {
       const bool drop = i == 0 && scheme_ != PrependScheme::kNever;
@@ -105,7 +107,8 @@ class Metaspace : public Decoder {
 
 class Replace : public Decoder {
  public:
-  Replace(Regex regex, std::string content) : regex_(std::move(regex)), content_(std::move(content)) {}
+  Replace(Regex regex, std::string content)
+      : regex_(std::move(regex)), content_(std::move(content)) {}
   void decode_chain(std::vector<std::string>& tokens, Bytes /*bytes*/) const override {
     thread_local std::vector<std::pair<size_t, size_t>> spans;
     for (std::string& token : tokens) {
@@ -194,14 +197,19 @@ class Fuse : public Decoder {
 
 class Strip : public Decoder {
  public:
-  Strip(char32_t content, size_t start, size_t stop) : start_(start), stop_(stop) { append_utf8(content_, content); }
+  Strip(char32_t content, size_t start, size_t stop) : start_(start), stop_(stop) {
+    append_utf8(content_, content);
+  }
   void decode_chain(std::vector<std::string>& tokens, Bytes /*bytes*/) const override {
     const size_t w = content_.size();
     for (std::string& t : tokens) {
       size_t begin = 0;
-      for (size_t k = 0; k < start_ && t.compare(begin, w, content_) == 0 && begin + w <= t.size(); ++k) begin += w;
+      for (size_t k = 0; k < start_ && t.compare(begin, w, content_) == 0 && begin + w <= t.size();
+           ++k)
+        begin += w;
       size_t end = t.size();
-      for (size_t k = 0; k < stop_ && end >= begin + w && t.compare(end - w, w, content_) == 0; ++k) end -= w;
+      for (size_t k = 0; k < stop_ && end >= begin + w && t.compare(end - w, w, content_) == 0; ++k)
+        end -= w;
       if (begin != 0 || end != t.size()) t = t.substr(begin, end - begin);
     }
   }
@@ -214,8 +222,9 @@ class Strip : public Decoder {
 
 std::string wordpiece_cleanup(const std::string& s) {
   static const std::pair<const char*, const char*> kRules[] = {
-      {" .", "."},   {" ?", "?"},     {" !", "!"},           {" ,", ","},     {" ' ", "'"},    {" n't", "n't"},
-      {" 'm", "'m"}, {" do not", " don't"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
+      {" .", "."},   {" ?", "?"},     {" !", "!"},    {" ,", ","},
+      {" ' ", "'"},  {" n't", "n't"}, {" 'm", "'m"},  {" do not", " don't"},
+      {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
   std::string out = s;
   for (const auto& [from, to] : kRules) {
     if (out.find(from) != std::string::npos) out = replace_all(out, from, to);
@@ -316,15 +325,19 @@ std::unique_ptr<Decoder> make_decoder(const nlohmann::json& j, const JsonPath& a
   if (type == "ByteFallback") return std::make_unique<ByteFallback>();
   if (type == "Fuse") return std::make_unique<Fuse>();
   if (type == "Strip") {
-    return std::make_unique<Strip>(get_char(j, "content", at), get_count(j, "start", at), get_count(j, "stop", at));
+    return std::make_unique<Strip>(get_char(j, "content", at), get_count(j, "start", at),
+                                   get_count(j, "stop", at));
   }
   if (type == "WordPiece") {
-    return std::make_unique<WordPiece>(get_string(j, "prefix", at, "##"), get_bool(j, "cleanup", at, true));
+    return std::make_unique<WordPiece>(get_string(j, "prefix", at, "##"),
+                                       get_bool(j, "cleanup", at, true));
   }
-  if (type == "BPEDecoder") return std::make_unique<BpeDecoder>(get_string(j, "suffix", at, "</w>"));
+  if (type == "BPEDecoder")
+    return std::make_unique<BpeDecoder>(get_string(j, "suffix", at, "</w>"));
   if (type == "CTC") {
     return std::make_unique<Ctc>(get_string(j, "pad_token", at, "<pad>"),
-                                 get_string(j, "word_delimiter_token", at, "|"), get_bool(j, "cleanup", at, true));
+                                 get_string(j, "word_delimiter_token", at, "|"),
+                                 get_bool(j, "cleanup", at, true));
   }
   if (type == "Sequence") {
     const nlohmann::json& list = require(j, "decoders", at);

@@ -1,6 +1,6 @@
 // Decoders of Hugging Face tokenizer.json ("decoder": {...}): token strings -> text. Supported:
-// ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip, WordPiece, Sequence. Anything else fails
-// naming the type and the JSON path.
+// ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip, WordPiece, Sequence. Anything else
+// fails naming the type and the JSON path.
 //
 // The output is bytes as Hugging Face produces them: ByteLevel and ByteFallback turn byte sequences
 // that are not valid UTF-8 into U+FFFD exactly as Rust's String::from_utf8_lossy /
@@ -9,9 +9,8 @@
 // Thread safety: immutable after construction; decode_chain() may run on many threads at once.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 

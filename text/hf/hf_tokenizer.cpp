@@ -3,9 +3,9 @@
 #include <utf8proc.h>
 
 #include <algorithm>
-#include <limits>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <stdexcept>
 #include <unordered_map>
@@ -63,10 +63,17 @@ bool is_word_char(int32_t cp) {
   if (cp < 0) return false;
   if (cp < 128) return std::isalnum(cp) || cp == '_';
   switch (utf8proc_category(cp)) {
-    case UTF8PROC_CATEGORY_LU: case UTF8PROC_CATEGORY_LL: case UTF8PROC_CATEGORY_LT:
-    case UTF8PROC_CATEGORY_LM: case UTF8PROC_CATEGORY_LO: case UTF8PROC_CATEGORY_MN:
-    case UTF8PROC_CATEGORY_MC: case UTF8PROC_CATEGORY_ME: case UTF8PROC_CATEGORY_ND:
-    case UTF8PROC_CATEGORY_NL: case UTF8PROC_CATEGORY_PC:
+    case UTF8PROC_CATEGORY_LU:
+    case UTF8PROC_CATEGORY_LL:
+    case UTF8PROC_CATEGORY_LT:
+    case UTF8PROC_CATEGORY_LM:
+    case UTF8PROC_CATEGORY_LO:
+    case UTF8PROC_CATEGORY_MN:
+    case UTF8PROC_CATEGORY_MC:
+    case UTF8PROC_CATEGORY_ME:
+    case UTF8PROC_CATEGORY_ND:
+    case UTF8PROC_CATEGORY_NL:
+    case UTF8PROC_CATEGORY_PC:
       return true;
     default:
       return cp == 0x200C || cp == 0x200D;
@@ -158,7 +165,7 @@ struct Segment {
   std::string text;
   int32_t token = -1;  // index into added tokens
   bool at_start = false;
-  size_t offset = 0;   // where `text` starts in the input (first pass only)
+  size_t offset = 0;  // where `text` starts in the input (first pass only)
 };
 
 using Spans = std::vector<std::pair<size_t, size_t>>;
@@ -166,7 +173,8 @@ using Spans = std::vector<std::pair<size_t, size_t>>;
 // Whether [begin, end) overlaps one of the sorted, disjoint `spans`.
 bool overlaps(const Spans* spans, size_t begin, size_t end) {
   if (!spans) return false;
-  auto it = std::upper_bound(spans->begin(), spans->end(), std::make_pair(begin, std::numeric_limits<size_t>::max()));
+  auto it = std::upper_bound(spans->begin(), spans->end(),
+                             std::make_pair(begin, std::numeric_limits<size_t>::max()));
   if (it != spans->begin() && std::prev(it)->second > begin) return true;
   return it != spans->end() && it->first < end;
 }
@@ -186,9 +194,9 @@ struct HfTokenizer::Impl {
   std::unique_ptr<BpeModel> model;
   std::unique_ptr<Decoder> decoder;
   PostProcessor post;
-  std::vector<AddedToken> added;                      // in file order
-  std::unordered_map<int32_t, size_t> added_by_id;    // id -> index in added
-  std::unordered_map<std::string, int32_t> added_ids; // content -> id
+  std::vector<AddedToken> added;                       // in file order
+  std::unordered_map<int32_t, size_t> added_by_id;     // id -> index in added
+  std::unordered_map<std::string, int32_t> added_ids;  // content -> id
   LiteralMatcher raw_matcher;                          // tokens with normalized == false
   LiteralMatcher normalized_matcher;                   // tokens with normalized == true
   int32_t vocab_size = 0;
@@ -196,7 +204,8 @@ struct HfTokenizer::Impl {
   // Splits `s` at the added tokens `matcher` finds (tokenizers' AddedVocabulary::find_matches).
   // Special tokens are skipped with `split_special`, and where they overlap `literal_spans`.
   void split_added(const std::string& s, bool at_start, const LiteralMatcher& matcher,
-                   bool split_special, std::vector<Segment>& out, const Spans* literal_spans = nullptr) const {
+                   bool split_special, std::vector<Segment>& out,
+                   const Spans* literal_spans = nullptr) const {
     if (matcher.empty() || s.empty()) {
       out.push_back({s, -1, at_start, 0});
       return;
@@ -228,7 +237,8 @@ struct HfTokenizer::Impl {
         while (end < s.size() && is_space_char(code_point_at(s, end, &len))) end += len;
       }
       if (start_offset < begin) {
-        out.push_back({s.substr(start_offset, begin - start_offset), -1, at_start && start_offset == 0, start_offset});
+        out.push_back({s.substr(start_offset, begin - start_offset), -1,
+                       at_start && start_offset == 0, start_offset});
       }
       out.push_back({s.substr(begin, end - begin), which, at_start && begin == 0, begin});
       start_offset = end;
@@ -387,9 +397,9 @@ HfTokenizer::HfTokenizer(const std::string& tokenizer_json, const std::string& t
   for (const std::vector<int32_t>* ids : {&m.post.prefix, &m.post.suffix}) {
     for (int32_t id : *ids) {
       if (id >= m.vocab_size) {
-        at.at("post_processor").fail("special token id " + std::to_string(id) +
-                                     " is outside the vocabulary [0, " +
-                                     std::to_string(m.vocab_size) + ")");
+        at.at("post_processor")
+            .fail("special token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                  std::to_string(m.vocab_size) + ")");
       }
     }
   }
@@ -442,7 +452,8 @@ const std::vector<int32_t>& HfTokenizer::special_prefix() const { return impl_->
 HfTokenizer::~HfTokenizer() = default;
 
 std::vector<int32_t> HfTokenizer::encode(std::string_view text, bool add_special_tokens,
-                                         bool split_special_tokens, const Spans* literal_spans) const {
+                                         bool split_special_tokens,
+                                         const Spans* literal_spans) const {
   const Impl& m = *impl_;
   std::vector<int32_t> ids;
   if (add_special_tokens) ids = m.post.prefix;
@@ -458,7 +469,8 @@ std::vector<int32_t> HfTokenizer::encode(std::string_view text, bool add_special
     }
     parts.clear();
     // Normalizing moves offsets: a part with an untrusted range splits its normalized literals.
-    const bool split_here = split_special_tokens || overlaps(literal_spans, seg.offset, seg.offset + seg.text.size());
+    const bool split_here =
+        split_special_tokens || overlaps(literal_spans, seg.offset, seg.offset + seg.text.size());
     if (m.normalizer) m.normalizer->normalize(seg.text);
     m.split_added(seg.text, seg.at_start, m.normalized_matcher, split_here, parts);
     for (Segment& part : parts) {
@@ -490,7 +502,8 @@ std::string HfTokenizer::decode(const std::vector<int32_t>& ids, bool skip_speci
   return decode_as(ids, skip_special_tokens, /*raw_bytes=*/false);
 }
 
-std::string HfTokenizer::decode_bytes(const std::vector<int32_t>& ids, bool skip_special_tokens) const {
+std::string HfTokenizer::decode_bytes(const std::vector<int32_t>& ids,
+                                      bool skip_special_tokens) const {
   return decode_as(ids, skip_special_tokens, /*raw_bytes=*/true);
 }
 

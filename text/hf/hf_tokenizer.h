@@ -29,7 +29,8 @@ namespace crl::text::hf {
 class HfTokenizer {
  public:
   // Loads `tokenizer_json` and, when `tokenizer_config` is non-empty, that tokenizer_config.json
-  // and special_tokens_map.json beside it, when they exist. Throws TokenizerFileError ("<file>: <json path>: <what>").
+  // and special_tokens_map.json beside it, when they exist. Throws TokenizerFileError ("<file>:
+  // <json path>: <what>").
   explicit HfTokenizer(const std::string& tokenizer_json, const std::string& tokenizer_config = "");
   ~HfTokenizer();
   HfTokenizer(const HfTokenizer&) = delete;
@@ -37,8 +38,9 @@ class HfTokenizer {
 
   // `literal_spans`: byte ranges of `text` where special-token literals are text (as
   // split_special_tokens, there only); sorted and disjoint, or nullptr.
-  std::vector<int32_t> encode(std::string_view text, bool add_special_tokens, bool split_special_tokens,
-                              const std::vector<std::pair<size_t, size_t>>* literal_spans = nullptr) const;
+  std::vector<int32_t> encode(
+      std::string_view text, bool add_special_tokens, bool split_special_tokens,
+      const std::vector<std::pair<size_t, size_t>>* literal_spans = nullptr) const;
   // Ids outside [0, vocab_size()) throw std::invalid_argument; ids with no token are skipped.
   std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const;
   // As decode, but the bytes the tokens stand for without the UTF-8 repair: a byte-level or
@@ -57,7 +59,8 @@ class HfTokenizer {
   int32_t pad_id() const { return pad_id_; }
 
  private:
-  std::string decode_as(const std::vector<int32_t>& ids, bool skip_special_tokens, bool raw_bytes) const;
+  std::string decode_as(const std::vector<int32_t>& ids, bool skip_special_tokens,
+                        bool raw_bytes) const;
 
   struct Impl;
   std::unique_ptr<Impl> impl_;

@@ -26,25 +26,26 @@ bool is_ascii(const std::string& s) {
 }
 
 // Characters that every one of the four normal forms leaves alone and that never combine with a
-// neighbour (NFC_QC = NFD_QC = NFKC_QC = NFKD_QC = Yes, canonical combining class 0): CJK ideographs,
-// Cyrillic without combining marks, emoji. A string splits into independently normalizable parts
-// before such a character.
+// neighbour (NFC_QC = NFD_QC = NFKC_QC = NFKD_QC = Yes, canonical combining class 0): CJK
+// ideographs, Cyrillic without combining marks, emoji. A string splits into independently
+// normalizable parts before such a character.
 bool always_stable(char32_t cp) {
-  return (cp >= 0x4E00 && cp <= 0x9FFF) || (cp >= 0x3400 && cp <= 0x4DBF) || (cp >= 0x1F300 && cp <= 0x1FAFF);
+  return (cp >= 0x4E00 && cp <= 0x9FFF) || (cp >= 0x3400 && cp <= 0x4DBF) ||
+         (cp >= 0x1F300 && cp <= 0x1FAFF);
 }
 
 // As always_stable, for NFC only (adds Latin-1 / Latin Extended / IPA, Cyrillic, kana, Hangul
 // syllables, which are precomposed or have no decomposition and do not compose with what precedes).
 bool nfc_stable(char32_t cp) {
   return cp < 0x300 || (cp >= 0x400 && cp <= 0x482) || (cp >= 0x48A && cp <= 0x52F) ||
-         (cp >= 0x3041 && cp <= 0x3096) || (cp >= 0x30A1 && cp <= 0x30FA) || (cp >= 0xAC00 && cp <= 0xD7A3) ||
-         always_stable(cp);
+         (cp >= 0x3041 && cp <= 0x3096) || (cp >= 0x30A1 && cp <= 0x30FA) ||
+         (cp >= 0xAC00 && cp <= 0xD7A3) || always_stable(cp);
 }
 
 bool nfkc_stable(char32_t cp) {
   return cp < 0x80 || (cp >= 0x400 && cp <= 0x482) || (cp >= 0x48A && cp <= 0x52F) ||
-         (cp >= 0x3041 && cp <= 0x3096) || (cp >= 0x30A1 && cp <= 0x30FA) || (cp >= 0xAC00 && cp <= 0xD7A3) ||
-         always_stable(cp);
+         (cp >= 0x3041 && cp <= 0x3096) || (cp >= 0x30A1 && cp <= 0x30FA) ||
+         (cp >= 0xAC00 && cp <= 0xD7A3) || always_stable(cp);
 }
 
 bool decomposed_stable(char32_t cp) { return cp < 0x80 || always_stable(cp); }
@@ -100,10 +101,12 @@ class UnicodeNormalizer : public Normalizer {
   void map_into(std::string_view part, std::string& out) const {
     utf8proc_uint8_t* mapped = nullptr;
     const utf8proc_ssize_t len =
-        utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(part.data()), static_cast<utf8proc_ssize_t>(part.size()),
-                     &mapped, static_cast<utf8proc_option_t>(options_));
+        utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(part.data()),
+                     static_cast<utf8proc_ssize_t>(part.size()), &mapped,
+                     static_cast<utf8proc_option_t>(options_));
     if (len < 0) {
-      throw std::invalid_argument(std::string("unicode normalization failed: ") + utf8proc_errmsg(len));
+      throw std::invalid_argument(std::string("unicode normalization failed: ") +
+                                  utf8proc_errmsg(len));
     }
     out.append(reinterpret_cast<const char*>(mapped), static_cast<size_t>(len));
     std::free(mapped);
@@ -195,7 +198,8 @@ class Prepend : public Normalizer {
 
 class Replace : public Normalizer {
  public:
-  Replace(Regex regex, std::string content) : regex_(std::move(regex)), content_(std::move(content)) {}
+  Replace(Regex regex, std::string content)
+      : regex_(std::move(regex)), content_(std::move(content)) {}
   void normalize(std::string& text) const override {
     if (text.empty()) return;  // HF reports no match at all in an empty string
     thread_local std::vector<std::pair<size_t, size_t>> spans;
@@ -245,16 +249,17 @@ void filter_chars(std::string& text, Keep keep) {
 }
 
 bool is_chinese_char(char32_t c) {
-  return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) || (c >= 0x20000 && c <= 0x2A6DF) ||
-         (c >= 0x2A700 && c <= 0x2B73F) || (c >= 0x2B740 && c <= 0x2B81F) || (c >= 0x2B920 && c <= 0x2CEAF) ||
+  return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) ||
+         (c >= 0x20000 && c <= 0x2A6DF) || (c >= 0x2A700 && c <= 0x2B73F) ||
+         (c >= 0x2B740 && c <= 0x2B81F) || (c >= 0x2B920 && c <= 0x2CEAF) ||
          (c >= 0xF900 && c <= 0xFAFF) || (c >= 0x2F800 && c <= 0x2FA1F);
 }
 
 // unicode_categories' is_other: general category Cc, Cf, Cn, Co or Cs.
 bool is_other_category(char32_t c) {
   const auto cat = char_category(c);
-  return cat == UTF8PROC_CATEGORY_CN || cat == UTF8PROC_CATEGORY_CC || cat == UTF8PROC_CATEGORY_CF ||
-         cat == UTF8PROC_CATEGORY_CO || cat == UTF8PROC_CATEGORY_CS;
+  return cat == UTF8PROC_CATEGORY_CN || cat == UTF8PROC_CATEGORY_CC ||
+         cat == UTF8PROC_CATEGORY_CF || cat == UTF8PROC_CATEGORY_CO || cat == UTF8PROC_CATEGORY_CS;
 }
 
 class BertNormalizer : public Normalizer {
@@ -303,7 +308,8 @@ class BertNormalizer : public Normalizer {
     }
     if (strip_accents_ && !is_ascii(text)) {
       nfd_.normalize(text);
-      filter_chars(text, [](char32_t cp) { return cp < 0x80 || char_category(cp) != UTF8PROC_CATEGORY_MN; });
+      filter_chars(
+          text, [](char32_t cp) { return cp < 0x80 || char_category(cp) != UTF8PROC_CATEGORY_MN; });
     }
     if (lowercase_) lowercase(text);
   }
@@ -324,7 +330,8 @@ class StripAccents : public Normalizer {
     filter_chars(text, [](char32_t cp) {
       if (cp < 0x80) return true;
       const auto cat = char_category(cp);
-      return cat != UTF8PROC_CATEGORY_MN && cat != UTF8PROC_CATEGORY_MC && cat != UTF8PROC_CATEGORY_ME;
+      return cat != UTF8PROC_CATEGORY_MN && cat != UTF8PROC_CATEGORY_MC &&
+             cat != UTF8PROC_CATEGORY_ME;
     });
   }
 };
@@ -339,13 +346,13 @@ class Nmt : public Normalizer {
       char32_t cp;
       const size_t len = decode_utf8(text, i, cp);
       i += len;
-      if ((cp >= 0x1 && cp <= 0x8) || cp == 0xB || (cp >= 0xE && cp <= 0x1F) || cp == 0x7F || cp == 0x8F ||
-          cp == 0x9F) {
+      if ((cp >= 0x1 && cp <= 0x8) || cp == 0xB || (cp >= 0xE && cp <= 0x1F) || cp == 0x7F ||
+          cp == 0x8F || cp == 0x9F) {
         continue;
       }
       const bool space = cp == 0x9 || cp == 0xA || cp == 0xC || cp == 0xD || cp == 0x1680 ||
-                         (cp >= 0x200B && cp <= 0x200F) || cp == 0x2028 || cp == 0x2029 || cp == 0x2581 ||
-                         cp == 0xFEFF || cp == 0xFFFD;
+                         (cp >= 0x200B && cp <= 0x200F) || cp == 0x2028 || cp == 0x2029 ||
+                         cp == 0x2581 || cp == 0xFEFF || cp == 0xFFFD;
       if (space) {
         out.push_back(' ');
       } else {
@@ -373,16 +380,20 @@ std::unique_ptr<Normalizer> make_normalizer(const nlohmann::json& j, const JsonP
   if (j.is_null()) return nullptr;
   const std::string type = get_type(j, at);
   if (type == "NFC") return std::make_unique<UnicodeNormalizer>(UTF8PROC_STABLE | UTF8PROC_COMPOSE);
-  if (type == "NFD") return std::make_unique<UnicodeNormalizer>(UTF8PROC_STABLE | UTF8PROC_DECOMPOSE);
+  if (type == "NFD")
+    return std::make_unique<UnicodeNormalizer>(UTF8PROC_STABLE | UTF8PROC_DECOMPOSE);
   if (type == "NFKC") {
-    return std::make_unique<UnicodeNormalizer>(UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT);
+    return std::make_unique<UnicodeNormalizer>(UTF8PROC_STABLE | UTF8PROC_COMPOSE |
+                                               UTF8PROC_COMPAT);
   }
   if (type == "NFKD") {
-    return std::make_unique<UnicodeNormalizer>(UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT);
+    return std::make_unique<UnicodeNormalizer>(UTF8PROC_STABLE | UTF8PROC_DECOMPOSE |
+                                               UTF8PROC_COMPAT);
   }
   if (type == "Lowercase") return std::make_unique<Lowercase>();
   if (type == "Strip") {
-    return std::make_unique<Strip>(get_bool(j, "strip_left", at, false), get_bool(j, "strip_right", at, false));
+    return std::make_unique<Strip>(get_bool(j, "strip_left", at, false),
+                                   get_bool(j, "strip_right", at, false));
   }
   if (type == "StripAccents") return std::make_unique<StripAccents>();
   if (type == "Nmt") return std::make_unique<Nmt>();

@@ -1,14 +1,13 @@
 // Normalizers of Hugging Face tokenizer.json ("normalizer": {...}): text -> text before the
 // pre-tokenizer. Supported: NFC, NFD, NFKC, NFKD (utf8proc), Lowercase, Strip, Prepend, Replace
-// (String or Regex pattern; PCRE2), Sequence, and BertNormalizer. Anything else fails naming the type
-// and the JSON path.
+// (String or Regex pattern; PCRE2), Sequence, and BertNormalizer. Anything else fails naming the
+// type and the JSON path.
 //
 // Thread safety: immutable after construction; normalize() may run on many threads at once.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "text/hf/json_path.h"

@@ -1,7 +1,7 @@
 // Pre-tokenizers of tokenizer.json, matching Hugging Face tokenizers' pre_tokenizers/ (see
-// pre_tokenizer.h). Every splitting pre-tokenizer goes through split_pieces(): the pattern marks each
-// piece as a list of match / non-match segments covering it (HF's Pattern::find_matches) and the
-// SplitDelimiterBehavior decides which segments become pieces (HF's NormalizedString::split).
+// pre_tokenizer.h). Every splitting pre-tokenizer goes through split_pieces(): the pattern marks
+// each piece as a list of match / non-match segments covering it (HF's Pattern::find_matches) and
+// the SplitDelimiterBehavior decides which segments become pieces (HF's NormalizedString::split).
 #include "text/hf/pre_tokenizer.h"
 
 #include <utility>
@@ -17,7 +17,8 @@ namespace {
 
 enum class Behavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
 
-Behavior parse_behavior(const nlohmann::json& j, const std::string& key, const JsonPath& at, Behavior fallback) {
+Behavior parse_behavior(const nlohmann::json& j, const std::string& key, const JsonPath& at,
+                        Behavior fallback) {
   const std::string name = get_string(j, key, at, "");
   if (name.empty()) return fallback;
   if (name == "Removed") return Behavior::kRemoved;
@@ -29,11 +30,13 @@ Behavior parse_behavior(const nlohmann::json& j, const std::string& key, const J
 }
 
 // One character given as a JSON string of exactly one code point.
-char32_t get_char(const nlohmann::json& j, const std::string& key, const JsonPath& at, char32_t fallback) {
+char32_t get_char(const nlohmann::json& j, const std::string& key, const JsonPath& at,
+                  char32_t fallback) {
   const std::string s = get_string(j, key, at, "");
   if (s.empty() && (!j.contains(key) || j[key].is_null())) return fallback;
   const size_t len = utf8_char_len(s, 0);
-  if (s.empty() || len != s.size()) at.at(key).fail("expected a single character, found \"" + s + "\"");
+  if (s.empty() || len != s.size())
+    at.at(key).fail("expected a single character, found \"" + s + "\"");
   char32_t cp;
   decode_utf8(s, 0, cp);
   return cp;
@@ -46,7 +49,8 @@ struct Segment {
 };
 
 // Segments of `text` from regex matches (empty matches included, as onig reports them).
-void regex_segments(const Regex& regex, std::string_view text, bool invert, std::vector<Segment>& segs) {
+void regex_segments(const Regex& regex, std::string_view text, bool invert,
+                    std::vector<Segment>& segs) {
   thread_local std::vector<std::pair<size_t, size_t>> spans;
   spans.clear();
   regex.find_all(text, spans, /*keep_empty=*/true);
@@ -76,8 +80,10 @@ void char_segments(std::string_view text, Pred pred, std::vector<Segment>& segs)
   if (last < text.size()) segs.push_back({last, text.size(), false});
 }
 
-// Applies `behavior` to the segments of `piece` and appends the resulting non-empty pieces to `out`.
-void emit_pieces(Piece&& piece, std::vector<Segment>& segs, Behavior behavior, std::vector<Piece>& out) {
+// Applies `behavior` to the segments of `piece` and appends the resulting non-empty pieces to
+// `out`.
+void emit_pieces(Piece&& piece, std::vector<Segment>& segs, Behavior behavior,
+                 std::vector<Piece>& out) {
   // Fold the segments into ranges to keep (in place: segs[0..kept) with match = "remove").
   size_t kept = 0;
   bool previous_match = false;
@@ -133,7 +139,8 @@ void emit_pieces(Piece&& piece, std::vector<Segment>& segs, Behavior behavior, s
   for (size_t k = 0; k < kept; ++k) {
     const Segment& s = segs[k];
     if (s.match || s.begin == s.end) continue;
-    out.push_back(Piece{piece.text.substr(s.begin, s.end - s.begin), piece.at_start && s.begin == 0});
+    out.push_back(
+        Piece{piece.text.substr(s.begin, s.end - s.begin), piece.at_start && s.begin == 0});
   }
 }
 
@@ -180,14 +187,16 @@ class Split : public PreTokenizer {
 
 // The GPT-2 pattern of the ByteLevel pre-tokenizer.
 const Regex& gpt2_regex() {
-  static const Regex regex(R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)",
-                           JsonPath{"(builtin)", "ByteLevel"});
+  static const Regex regex(
+      R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)",
+      JsonPath{"(builtin)", "ByteLevel"});
   return regex;
 }
 
 class ByteLevel : public PreTokenizer {
  public:
-  ByteLevel(bool add_prefix_space, bool use_regex) : add_prefix_space_(add_prefix_space), use_regex_(use_regex) {}
+  ByteLevel(bool add_prefix_space, bool use_regex)
+      : add_prefix_space_(add_prefix_space), use_regex_(use_regex) {}
   void split(std::vector<Piece>& pieces) const override {
     if (add_prefix_space_) {
       for (Piece& piece : pieces) {
@@ -196,9 +205,10 @@ class ByteLevel : public PreTokenizer {
     }
     if (use_regex_) {
       const Regex& regex = gpt2_regex();
-      split_pieces(pieces, Behavior::kIsolated, [&regex](std::string_view text, std::vector<Segment>& segs) {
-        regex_segments(regex, text, false, segs);
-      });
+      split_pieces(pieces, Behavior::kIsolated,
+                   [&regex](std::string_view text, std::vector<Segment>& segs) {
+                     regex_segments(regex, text, false, segs);
+                   });
     }
     drop_empty(pieces);
     std::string mapped;
@@ -237,7 +247,8 @@ class Metaspace : public PreTokenizer {
         piece.text.swap(out);
       }
       const bool starts = piece.text.compare(0, rep_.size(), rep_) == 0;
-      if (!starts && (scheme_ == PrependScheme::kAlways || (scheme_ == PrependScheme::kFirst && piece.at_start))) {
+      if (!starts && (scheme_ == PrependScheme::kAlways ||
+                      (scheme_ == PrependScheme::kFirst && piece.at_start))) {
         piece.text.insert(0, rep_);
       }
     }
@@ -245,9 +256,11 @@ class Metaspace : public PreTokenizer {
       drop_empty(pieces);
     } else {
       const char32_t rep = replacement_;
-      split_pieces(pieces, Behavior::kMergedWithNext, [rep](std::string_view text, std::vector<Segment>& segs) {
-        char_segments(text, [rep](char32_t cp) { return cp == rep; }, segs);
-      });
+      split_pieces(pieces, Behavior::kMergedWithNext,
+                   [rep](std::string_view text, std::vector<Segment>& segs) {
+                     char_segments(
+                         text, [rep](char32_t cp) { return cp == rep; }, segs);
+                   });
     }
   }
 
@@ -258,8 +271,8 @@ class Metaspace : public PreTokenizer {
   bool split_;
 };
 
-// Splits on characters matching a predicate (Digits, Punctuation, WhitespaceSplit, BertPreTokenizer,
-// CharDelimiterSplit).
+// Splits on characters matching a predicate (Digits, Punctuation, WhitespaceSplit,
+// BertPreTokenizer, CharDelimiterSplit).
 template <typename Pred>
 class CharSplit : public PreTokenizer {
  public:
@@ -300,9 +313,10 @@ class BertPreTokenizer : public PreTokenizer {
     split_pieces(pieces, Behavior::kRemoved, [](std::string_view text, std::vector<Segment>& segs) {
       char_segments(text, is_white_space, segs);
     });
-    split_pieces(pieces, Behavior::kIsolated, [](std::string_view text, std::vector<Segment>& segs) {
-      char_segments(text, is_punctuation_char, segs);
-    });
+    split_pieces(pieces, Behavior::kIsolated,
+                 [](std::string_view text, std::vector<Segment>& segs) {
+                   char_segments(text, is_punctuation_char, segs);
+                 });
   }
 };
 
@@ -354,7 +368,8 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const nlohmann::json& j, const 
     return std::make_unique<Split>(std::move(regex), behavior, get_bool(j, "invert", at, false));
   }
   if (type == "ByteLevel") {
-    return std::make_unique<ByteLevel>(get_bool(j, "add_prefix_space", at, true), get_bool(j, "use_regex", at, true));
+    return std::make_unique<ByteLevel>(get_bool(j, "add_prefix_space", at, true),
+                                       get_bool(j, "use_regex", at, true));
   }
   if (type == "Metaspace") {
     require(j, "replacement", at);
@@ -364,10 +379,12 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const nlohmann::json& j, const 
   }
   if (type == "Digits") {
     const bool individual = get_bool(j, "individual_digits", at, false);
-    return make_char_split(is_numeric_char, individual ? Behavior::kIsolated : Behavior::kContiguous);
+    return make_char_split(is_numeric_char,
+                           individual ? Behavior::kIsolated : Behavior::kContiguous);
   }
   if (type == "Punctuation") {
-    return make_char_split(is_punctuation_char, parse_behavior(j, "behavior", at, Behavior::kIsolated));
+    return make_char_split(is_punctuation_char,
+                           parse_behavior(j, "behavior", at, Behavior::kIsolated));
   }
   if (type == "Whitespace") return std::make_unique<Whitespace>();
   if (type == "WhitespaceSplit") return make_char_split(is_white_space, Behavior::kRemoved);
@@ -375,7 +392,8 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const nlohmann::json& j, const 
   if (type == "CharDelimiterSplit" || type == "Delimiter") {
     require(j, "delimiter", at);
     const char32_t delimiter = get_char(j, "delimiter", at, 0);
-    return make_char_split([delimiter](char32_t cp) { return cp == delimiter; }, Behavior::kRemoved);
+    return make_char_split([delimiter](char32_t cp) { return cp == delimiter; },
+                           Behavior::kRemoved);
   }
   if (type == "FixedLength") {
     const int64_t length = get_int(j, "length", at, 5);

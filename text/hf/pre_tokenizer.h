@@ -1,17 +1,17 @@
-// Pre-tokenizers of Hugging Face tokenizer.json ("pre_tokenizer": {...}): split normalized text into
-// the pieces ("words") the model tokenizes one by one. Supported: Split (String or Regex pattern,
-// PCRE2 with UTF, UCP and JIT; behaviours Removed, Isolated, MergedWithPrevious, MergedWithNext,
-// Contiguous; invert), ByteLevel (add_prefix_space, use_regex with the GPT-2 pattern; maps bytes to
-// the byte-level alphabet), Digits (individual_digits), Metaspace (replacement, prepend_scheme
-// always/first/never, split), Punctuation (behaviour), Whitespace, WhitespaceSplit, BertPreTokenizer,
-// Sequence. Anything else fails naming the type and the JSON path.
+// Pre-tokenizers of Hugging Face tokenizer.json ("pre_tokenizer": {...}): split normalized text
+// into the pieces ("words") the model tokenizes one by one. Supported: Split (String or Regex
+// pattern, PCRE2 with UTF, UCP and JIT; behaviours Removed, Isolated, MergedWithPrevious,
+// MergedWithNext, Contiguous; invert), ByteLevel (add_prefix_space, use_regex with the GPT-2
+// pattern; maps bytes to the byte-level alphabet), Digits (individual_digits), Metaspace
+// (replacement, prepend_scheme always/first/never, split), Punctuation (behaviour), Whitespace,
+// WhitespaceSplit, BertPreTokenizer, Sequence. Anything else fails naming the type and the JSON
+// path.
 //
 // Thread safety: immutable after construction; split() may run on many threads at once.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 

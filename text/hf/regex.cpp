@@ -1,11 +1,11 @@
-// PCRE2-backed Regex for the tokenizer.json components; see regex.h. The pattern is rewritten so that
-// PCRE2 classifies characters as Oniguruma (Hugging Face's regex engine) does, then compiled with
-// UTF, UCP and MULTILINE and JIT-compiled; matching reuses thread_local match data and JIT stack.
+// PCRE2-backed Regex for the tokenizer.json components; see regex.h. The pattern is rewritten so
+// that PCRE2 classifies characters as Oniguruma (Hugging Face's regex engine) does, then compiled
+// with UTF, UCP and MULTILINE and JIT-compiled; matching reuses thread_local match data and JIT
+// stack.
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "text/hf/regex.h"
 
 #include <pcre2.h>
-
 #include <utf8proc.h>
 
 #include <algorithm>
@@ -24,15 +24,16 @@ struct Regex::Code {
 
 namespace {
 
-// ---- Unicode general categories from utf8proc ----------------------------------------------------
-// PCRE2's own Unicode tables can be older than those of Oniguruma (Hugging Face) and utf8proc (e.g.
-// Debian bookworm's PCRE2 10.42 has Unicode 14, so U+1FAE8, a Unicode 15 symbol, is unassigned to
-// it). So \p{..} / \P{..} with a general category follow utf8proc: the set is written as PCRE2's own
-// property (a fast table lookup) plus explicit ranges for the code points utf8proc puts in the
-// category and PCRE2 does not. Where PCRE2 puts a code point in the category that utf8proc does not
-// (it cannot be subtracted inside a class), the whole set is written as utf8proc's ranges instead
-// (correct, but matching is several times slower). The disagreements are found once per process by
-// running PCRE2 over every code point.
+// ---- Unicode general categories from utf8proc
+// ---------------------------------------------------- PCRE2's own Unicode tables can be older than
+// those of Oniguruma (Hugging Face) and utf8proc (e.g. Debian bookworm's PCRE2 10.42 has Unicode
+// 14, so U+1FAE8, a Unicode 15 symbol, is unassigned to it). So \p{..} / \P{..} with a general
+// category follow utf8proc: the set is written as PCRE2's own property (a fast table lookup) plus
+// explicit ranges for the code points utf8proc puts in the category and PCRE2 does not. Where PCRE2
+// puts a code point in the category that utf8proc does not (it cannot be subtracted inside a
+// class), the whole set is written as utf8proc's ranges instead (correct, but matching is several
+// times slower). The disagreements are found once per process by running PCRE2 over every code
+// point.
 
 using Ranges = std::vector<std::pair<char32_t, char32_t>>;  // sorted, disjoint, inclusive
 constexpr char32_t kMaxCodePoint = 0x10FFFF;
@@ -54,8 +55,8 @@ struct NativePattern {
   explicit NativePattern(const std::string& pattern) {
     int error = 0;
     PCRE2_SIZE offset = 0;
-    code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_UTF | PCRE2_UCP,
-                         &error, &offset, nullptr);
+    code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                         PCRE2_UTF | PCRE2_UCP, &error, &offset, nullptr);
     if (code == nullptr) throw std::logic_error("regex: cannot compile " + pattern);
     pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
     data = pcre2_match_data_create(1, nullptr);
@@ -117,7 +118,8 @@ const CategoryTables& category_tables() {
       const int cat = utf8proc_category(static_cast<utf8proc_int32_t>(cp));
       if (cat != prev) t.runs.emplace_back(cp, static_cast<uint8_t>(cat));
       prev = cat;
-      if (cp < kSurrogateFirst || cp > kSurrogateLast) append_utf8(text[static_cast<size_t>(cat)], cp);
+      if (cp < kSurrogateFirst || cp > kSurrogateLast)
+        append_utf8(text[static_cast<size_t>(cat)], cp);
     }
     std::vector<std::unique_ptr<NativePattern>> is_cat;
     for (const char* name : kCategoryNames) {
@@ -138,7 +140,8 @@ const CategoryTables& category_tables() {
             break;
           }
         }
-        t.disagreements.push_back({static_cast<char32_t>(cp), static_cast<uint8_t>(cat), static_cast<uint8_t>(theirs)});
+        t.disagreements.push_back(
+            {static_cast<char32_t>(cp), static_cast<uint8_t>(cat), static_cast<uint8_t>(theirs)});
       }
     }
     std::sort(t.disagreements.begin(), t.disagreements.end(),
@@ -233,29 +236,84 @@ uint32_t category_mask(std::string name) {
     uint32_t mask;
   };
   const Entry table[] = {
-      {"l", lu | ll | lt | lm | lo}, {"letter", lu | ll | lt | lm | lo},
-      {"lc", lu | ll | lt}, {"l&", lu | ll | lt}, {"casedletter", lu | ll | lt},
-      {"lu", lu}, {"uppercaseletter", lu}, {"ll", ll}, {"lowercaseletter", ll},
-      {"lt", lt}, {"titlecaseletter", lt}, {"lm", lm}, {"modifierletter", lm},
-      {"lo", lo}, {"otherletter", lo},
-      {"m", mn | mc | me}, {"mark", mn | mc | me}, {"combiningmark", mn | mc | me},
-      {"mn", mn}, {"nonspacingmark", mn}, {"mc", mc}, {"spacingmark", mc},
-      {"me", me}, {"enclosingmark", me},
-      {"n", nd | nl | no}, {"number", nd | nl | no}, {"nd", nd}, {"decimalnumber", nd},
-      {"nl", nl}, {"letternumber", nl}, {"no", no}, {"othernumber", no},
-      {"p", pc | pd | ps | pe | pi | pf | po}, {"punctuation", pc | pd | ps | pe | pi | pf | po},
-      {"pc", pc}, {"connectorpunctuation", pc}, {"pd", pd}, {"dashpunctuation", pd},
-      {"ps", ps}, {"openpunctuation", ps}, {"pe", pe}, {"closepunctuation", pe},
-      {"pi", pi}, {"initialpunctuation", pi}, {"pf", pf}, {"finalpunctuation", pf},
-      {"po", po}, {"otherpunctuation", po},
-      {"s", sm | sc | sk | so}, {"symbol", sm | sc | sk | so}, {"sm", sm}, {"mathsymbol", sm},
-      {"sc", sc}, {"currencysymbol", sc}, {"sk", sk}, {"modifiersymbol", sk},
-      {"so", so}, {"othersymbol", so},
-      {"z", zs | zl | zp}, {"separator", zs | zl | zp}, {"zs", zs}, {"spaceseparator", zs},
-      {"zl", zl}, {"lineseparator", zl}, {"zp", zp}, {"paragraphseparator", zp},
-      {"c", cc | cf | cs | co | cn}, {"other", cc | cf | cs | co | cn},
-      {"cc", cc}, {"control", cc}, {"cf", cf}, {"format", cf}, {"cs", cs}, {"surrogate", cs},
-      {"co", co}, {"privateuse", co}, {"cn", cn}, {"unassigned", cn},
+      {"l", lu | ll | lt | lm | lo},
+      {"letter", lu | ll | lt | lm | lo},
+      {"lc", lu | ll | lt},
+      {"l&", lu | ll | lt},
+      {"casedletter", lu | ll | lt},
+      {"lu", lu},
+      {"uppercaseletter", lu},
+      {"ll", ll},
+      {"lowercaseletter", ll},
+      {"lt", lt},
+      {"titlecaseletter", lt},
+      {"lm", lm},
+      {"modifierletter", lm},
+      {"lo", lo},
+      {"otherletter", lo},
+      {"m", mn | mc | me},
+      {"mark", mn | mc | me},
+      {"combiningmark", mn | mc | me},
+      {"mn", mn},
+      {"nonspacingmark", mn},
+      {"mc", mc},
+      {"spacingmark", mc},
+      {"me", me},
+      {"enclosingmark", me},
+      {"n", nd | nl | no},
+      {"number", nd | nl | no},
+      {"nd", nd},
+      {"decimalnumber", nd},
+      {"nl", nl},
+      {"letternumber", nl},
+      {"no", no},
+      {"othernumber", no},
+      {"p", pc | pd | ps | pe | pi | pf | po},
+      {"punctuation", pc | pd | ps | pe | pi | pf | po},
+      {"pc", pc},
+      {"connectorpunctuation", pc},
+      {"pd", pd},
+      {"dashpunctuation", pd},
+      {"ps", ps},
+      {"openpunctuation", ps},
+      {"pe", pe},
+      {"closepunctuation", pe},
+      {"pi", pi},
+      {"initialpunctuation", pi},
+      {"pf", pf},
+      {"finalpunctuation", pf},
+      {"po", po},
+      {"otherpunctuation", po},
+      {"s", sm | sc | sk | so},
+      {"symbol", sm | sc | sk | so},
+      {"sm", sm},
+      {"mathsymbol", sm},
+      {"sc", sc},
+      {"currencysymbol", sc},
+      {"sk", sk},
+      {"modifiersymbol", sk},
+      {"so", so},
+      {"othersymbol", so},
+      {"z", zs | zl | zp},
+      {"separator", zs | zl | zp},
+      {"zs", zs},
+      {"spaceseparator", zs},
+      {"zl", zl},
+      {"lineseparator", zl},
+      {"zp", zp},
+      {"paragraphseparator", zp},
+      {"c", cc | cf | cs | co | cn},
+      {"other", cc | cf | cs | co | cn},
+      {"cc", cc},
+      {"control", cc},
+      {"cf", cf},
+      {"format", cf},
+      {"cs", cs},
+      {"surrogate", cs},
+      {"co", co},
+      {"privateuse", co},
+      {"cn", cn},
+      {"unassigned", cn},
   };
   for (const Entry& e : table) {
     if (key == e.name) return e.mask;
@@ -266,8 +324,13 @@ uint32_t category_mask(std::string name) {
 // PCRE2's name for a mask category_mask() returns.
 std::string pcre2_property_name(uint32_t mask) {
   static const std::pair<const char*, std::vector<int>> groups[] = {
-      {"L", {1, 2, 3, 4, 5}}, {"L&", {1, 2, 3}}, {"M", {6, 7, 8}}, {"N", {9, 10, 11}},
-      {"P", {12, 13, 14, 15, 16, 17, 18}}, {"S", {19, 20, 21, 22}}, {"Z", {23, 24, 25}},
+      {"L", {1, 2, 3, 4, 5}},
+      {"L&", {1, 2, 3}},
+      {"M", {6, 7, 8}},
+      {"N", {9, 10, 11}},
+      {"P", {12, 13, 14, 15, 16, 17, 18}},
+      {"S", {19, 20, 21, 22}},
+      {"Z", {23, 24, 25}},
       {"C", {0, 26, 27, 28, 29}}};
   for (const auto& [name, cats] : groups) {
     uint32_t m = 0;
@@ -306,7 +369,8 @@ void append_code_point(std::string& out, char32_t cp) {
 Ranges bridge_gaps(const Ranges& r, uint32_t mask) {
   Ranges out;
   for (const auto& iv : r) {
-    if (!out.empty() && mask != 0 && (out.back().second < kSurrogateFirst) == (iv.first < kSurrogateFirst)) {
+    if (!out.empty() && mask != 0 &&
+        (out.back().second < kSurrogateFirst) == (iv.first < kSurrogateFirst)) {
       bool inside = true;
       for (char32_t cp = out.back().second + 1; cp < iv.first && inside; ++cp) {
         inside = (mask & cat_bit(utf8proc_category(static_cast<utf8proc_int32_t>(cp)))) != 0;
@@ -341,10 +405,12 @@ std::string class_body(const Ranges& r) {
 // Outside a class Oniguruma also matches the Latin-1 number characters ¹ ² ³ ¼ ½ ¾ (its single-byte
 // ctype table), inside a class it does not.
 uint32_t word_category_mask() {
-  return cat_bit(UTF8PROC_CATEGORY_LU) | cat_bit(UTF8PROC_CATEGORY_LL) | cat_bit(UTF8PROC_CATEGORY_LT) |
-         cat_bit(UTF8PROC_CATEGORY_LM) | cat_bit(UTF8PROC_CATEGORY_LO) | cat_bit(UTF8PROC_CATEGORY_NL) |
-         cat_bit(UTF8PROC_CATEGORY_MN) | cat_bit(UTF8PROC_CATEGORY_MC) | cat_bit(UTF8PROC_CATEGORY_ME) |
-         cat_bit(UTF8PROC_CATEGORY_ND) | cat_bit(UTF8PROC_CATEGORY_PC);
+  return cat_bit(UTF8PROC_CATEGORY_LU) | cat_bit(UTF8PROC_CATEGORY_LL) |
+         cat_bit(UTF8PROC_CATEGORY_LT) | cat_bit(UTF8PROC_CATEGORY_LM) |
+         cat_bit(UTF8PROC_CATEGORY_LO) | cat_bit(UTF8PROC_CATEGORY_NL) |
+         cat_bit(UTF8PROC_CATEGORY_MN) | cat_bit(UTF8PROC_CATEGORY_MC) |
+         cat_bit(UTF8PROC_CATEGORY_ME) | cat_bit(UTF8PROC_CATEGORY_ND) |
+         cat_bit(UTF8PROC_CATEGORY_PC);
 }
 constexpr const char* kWordNative = "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}";
 const Ranges kWordLatin1Extra{{0xB2, 0xB3}, {0xB9, 0xB9}, {0xBC, 0xBE}};
@@ -446,11 +512,22 @@ void rewrite_escape(const std::string& p, size_t i, std::string& out, bool in_cl
   const char* cls = nullptr;
   bool negated = false;
   switch (p[i + 1]) {
-    case 's': cls = kSpaceClass; break;
-    case 'S': cls = kSpaceClass; negated = true; break;
-    case 'h': cls = kHexClass; break;
-    case 'H': cls = kHexClass; negated = true; break;
-    default: break;
+    case 's':
+      cls = kSpaceClass;
+      break;
+    case 'S':
+      cls = kSpaceClass;
+      negated = true;
+      break;
+    case 'h':
+      cls = kHexClass;
+      break;
+    case 'H':
+      cls = kHexClass;
+      negated = true;
+      break;
+    default:
+      break;
   }
   if (cls != nullptr && !in_class) {
     out += negated ? "[^" : "[";
@@ -613,7 +690,8 @@ void Regex::find_all(std::string_view text, std::vector<std::pair<size_t, size_t
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) {
       if (rc <= PCRE2_ERROR_UTF8_ERR1 && rc >= PCRE2_ERROR_UTF8_ERR21) {
-        throw std::invalid_argument("regex " + pattern_ + ": text is not valid UTF-8 (" + pcre2_message(rc) + ")");
+        throw std::invalid_argument("regex " + pattern_ + ": text is not valid UTF-8 (" +
+                                    pcre2_message(rc) + ")");
       }
       throw std::runtime_error("regex " + pattern_ + ": " + pcre2_message(rc));
     }

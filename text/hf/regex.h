@@ -16,12 +16,11 @@
 #pragma once
 
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "text/hf/json_path.h"
 
@@ -40,8 +39,8 @@ class Regex {
   ~Regex();
 
   // Appends to `spans` the [begin, end) byte offsets of the matches in `text` (valid UTF-8), left
-  // to right and non-overlapping, as Rust's onig / regex find_iter. Empty matches are skipped unless
-  // `keep_empty`. Throws std::invalid_argument when `text` is not valid UTF-8 and
+  // to right and non-overlapping, as Rust's onig / regex find_iter. Empty matches are skipped
+  // unless `keep_empty`. Throws std::invalid_argument when `text` is not valid UTF-8 and
   // std::runtime_error when PCRE2 gives up (match or JIT stack limit).
   void find_all(std::string_view text, std::vector<std::pair<size_t, size_t>>& spans,
                 bool keep_empty = false) const;

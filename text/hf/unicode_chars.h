@@ -41,7 +41,13 @@ inline size_t decode_utf8(std::string_view s, size_t i, char32_t& cp) {
 inline bool is_white_space(char32_t c) {
   if (c < 0x80) return c == ' ' || (c >= 0x09 && c <= 0x0D);
   switch (c) {
-    case 0x85: case 0xA0: case 0x1680: case 0x2028: case 0x2029: case 0x202F: case 0x205F:
+    case 0x85:
+    case 0xA0:
+    case 0x1680:
+    case 0x2028:
+    case 0x2029:
+    case 0x202F:
+    case 0x205F:
     case 0x3000:
       return true;
     default:
@@ -63,7 +69,8 @@ inline bool is_numeric_char(char32_t c) {
 // Hugging Face's is_punc / is_bert_punc: ASCII punctuation or general category P*.
 inline bool is_punctuation_char(char32_t c) {
   if (c < 0x80) {
-    return (c >= 33 && c <= 47) || (c >= 58 && c <= 64) || (c >= 91 && c <= 96) || (c >= 123 && c <= 126);
+    return (c >= 33 && c <= 47) || (c >= 58 && c <= 64) || (c >= 91 && c <= 96) ||
+           (c >= 123 && c <= 126);
   }
   const auto cat = char_category(c);
   return cat >= UTF8PROC_CATEGORY_PC && cat <= UTF8PROC_CATEGORY_PO;

@@ -59,7 +59,9 @@ bool is_var_or_elems_access(const Expr* e, const std::string& name, const std::s
     default:
       break;
   }
-  auto is_name = [&](const Expr* x) { return x && x->kind == Expr::Kind::kName && x->name == name; };
+  auto is_name = [&](const Expr* x) {
+    return x && x->kind == Expr::Kind::kName && x->name == name;
+  };
   if (!key) return is_name(e);
   if (e->kind == Expr::Kind::kAttr) return is_name(e->args[0].get()) && e->name == *key;
   if (e->kind == Expr::Kind::kItem) {
@@ -86,7 +88,8 @@ bool Template::detect_message_content_loop() const {
         if (n.kind != Node::Kind::kSet) return;
         if (!is_var_or_elems_access(n.expr.get(), related, nullptr)) return;
         if (!n.attribute.empty() || n.targets.size() != 1) throw Untraceable{};
-        if (std::find(messages_names.begin(), messages_names.end(), n.targets[0]) == messages_names.end()) {
+        if (std::find(messages_names.begin(), messages_names.end(), n.targets[0]) ==
+            messages_names.end()) {
           messages_names.push_back(n.targets[0]);
         }
       });
