@@ -162,31 +162,48 @@ void kill_all(const std::vector<Child>& children, int sig) {
   }
 }
 
-// Waits until every rank of the node exited. The first failure is logged as it happens; peers
-// blocked in a collective with the failed rank fail on their own within `timeout`, naming the op,
-// and whatever is left after `timeout` + 1 s is killed. SIGINT/SIGTERM stop the ranks (SIGTERM,
-// then SIGKILL after 3 s). Returns the local index of the first failed rank, or -1.
+// How long the other ranks of a node get after one of them failed: enough to print their own
+// errors (a peer blocked in a collective with the failed rank fails on its own within --timeout,
+// naming the op, when that is shorter), not the whole --timeout.
+constexpr std::chrono::seconds kFailureGrace{5};
+// From SIGTERM to SIGKILL.
+constexpr std::chrono::seconds kTermGrace{3};
+
+// Waits until every rank of the node exited. The first failure is logged as it happens; the
+// others get min(timeout + 1 s, kFailureGrace) to end on their own, then SIGTERM, then SIGKILL
+// kTermGrace later (torchrun's agent stops the group at once too: a job never sits out its
+// --timeout behind a dead rank). SIGINT/SIGTERM to the launcher stop the ranks the same way.
+// Returns the local index of the first failed rank, or -1.
 int supervise(std::vector<Child>& children, const sync::Topology& topo,
               std::chrono::milliseconds timeout) {
   int first_failed = -1;
-  Clock::time_point kill_at = Clock::time_point::max();
-  bool killed = false;
+  Clock::time_point term_at = Clock::time_point::max(), kill_at = Clock::time_point::max();
+  bool stopping = false;
   while (count_running(children) > 0) {
     reap(children);
     for (size_t l = 0; first_failed < 0 && l < children.size(); ++l) {
       if (children[l].running || !failed(children[l].status)) continue;
       first_failed = static_cast<int>(l);
-      std::string err = read_text(children[l].env.error_file);
-      spdlog::error("launcher: {} {}{}{}; the other ranks get {} s to fail on their own",
+      const std::string err = read_text(children[l].env.error_file);
+      const auto grace =
+          std::min<Clock::duration>(timeout + std::chrono::seconds(1), kFailureGrace);
+      const double grace_s = std::chrono::duration<double>(grace).count();
+      spdlog::error("launcher: {} {}{}{}; stopping the other ranks in {:g} s",
                     topo.describe(children[l].env.rank), describe_status(children[l].status),
-                    err.empty() ? "" : ": ", err, timeout.count() / 1000 + 1);
-      kill_at = Clock::now() + timeout + std::chrono::seconds(1);
+                    err.empty() ? "" : ": ", err, grace_s);
+      term_at = Clock::now() + grace;
     }
-    if (g_stop_signal && !killed) {
+    if (g_stop_signal && !stopping) {
       spdlog::warn("launcher: signal {}, stopping the ranks", static_cast<int>(g_stop_signal));
+      term_at = Clock::now();
+    }
+    if (Clock::now() >= term_at && !stopping) {
+      if (!g_stop_signal && count_running(children) > 0) {
+        spdlog::warn("launcher: stopping {} rank(s) still running", count_running(children));
+      }
       kill_all(children, SIGTERM);
-      kill_at = std::min(kill_at, Clock::now() + std::chrono::seconds(3));
-      killed = true;
+      kill_at = Clock::now() + kTermGrace;
+      stopping = true;
     }
     if (Clock::now() >= kill_at) {
       kill_all(children, SIGKILL);

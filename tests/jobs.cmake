@@ -114,6 +114,17 @@ add_test(NAME rl.killed_rank_fails_the_job_then_resume_continues_at_the_saved_st
 set_tests_properties(rl.killed_rank_fails_the_job_then_resume_continues_at_the_saved_step PROPERTIES
                      LABELS multiprocess ENVIRONMENT "${CRL_CLI_ENV}" TIMEOUT 200
                      RESOURCE_LOCK multiprocess_cores)
+# A dead rank ends the job within seconds, not at --timeout (300 s by default, kept here): the
+# launcher names the first failure at once and stops the others after a 5 s grace (issue 49),
+# for a train rank and for an infer rank.
+crl_job_test(rl.killed_train_rank_ends_the_job_within_seconds fail 40
+             "rank 1 \\(node 0, train 0\\) killed by signal 9.*stopping the other ranks in 5 s"
+             --gpus-infer 1 --gpus-train 1 --steps 8 --sft-steps 3 --prompts-per-step 4 --n-samples 4
+             --eval-every 0 --inject-fault die-at-step:1:2)
+crl_job_test(rl.killed_infer_rank_ends_the_job_within_seconds fail 40
+             "rank 0 \\(node 0, infer 0\\) killed by signal 9.*stopping the other ranks in 5 s"
+             --gpus-infer 1 --gpus-train 1 --steps 8 --sft-steps 3 --prompts-per-step 4 --n-samples 4
+             --eval-every 0 --inject-fault die-at-step:0:2)
 # An SFT-only run (--steps 0) still leaves its checkpoint, the warmed-up model, at step-0; resuming
 # it starts GRPO at step 0 with the engine on the saved weights (a gap at float32 rounding).
 set(CRL_RL_SFT_SAVE ${CMAKE_CURRENT_BINARY_DIR}/rl-sft-only)
