@@ -22,6 +22,7 @@
 #include "engine/llm_engine.h"
 #include "engine/model/lora.h"
 #include "engine/model/model_cache.h"
+#include "kv/paged_attention.h"
 
 namespace crl::bench {
 
@@ -324,6 +325,10 @@ int run_rollout_bench(const RolloutBenchOptions& o) {
   engine::kernels::active_cpu_isa();  // chooses the path (CRL_CPU_ISA) before it is reported
   std::cout << "cpu: " << engine::kernels::describe_cpu() << "\n";
   result["cpu"] = engine::kernels::describe_cpu();
+  if (o.device != "cpu") {
+    result["attention_kernel"] = kv::cuda_attention_kernel_name(kv::cuda_attention_kernel());
+    std::cout << "attention kernel: " << result["attention_kernel"].get<std::string>() << "\n";
+  }
   std::cout << fmt::format("{:<13} {:>9} {:>11} {:>11} {:>10} {:>9} {:>9} {:>8}\n", "mode",
                            "time_s", "gen_tok/s", "total_tok/s", "samples/s", "prefill", "kv_util",
                            "preempt");

@@ -253,13 +253,22 @@ CudaAttentionKernel kernel_from_env() {
   const std::string v = e == nullptr ? "auto" : e;
   if (v == "v2") return CudaAttentionKernel::kUnrolled;
   if (v == "v4") return CudaAttentionKernel::kFlash;
+  if (v == "flashinfer") {
+    if (!cuda_attention_kernel_built(CudaAttentionKernel::kFlashInfer)) {
+      throw std::invalid_argument(
+          "CRL_PAGED_ATTENTION=flashinfer: this build has no FlashInfer (the GPU build path, "
+          "scripts/bootstrap.sh --cuda, compiles it)");
+    }
+    return CudaAttentionKernel::kFlashInfer;
+  }
   if (v == "v1" || v == "v3") {
     throw std::invalid_argument("CRL_PAGED_ATTENTION=" + v +
                                 ": that kernel was retired (slower than v2 and v4 "
-                                "on every GPU measured); expected v2, v4 or auto");
+                                "on every GPU measured); expected v2, v4, flashinfer or auto");
   }
   if (v != "auto" && !v.empty()) {
-    throw std::invalid_argument("CRL_PAGED_ATTENTION=" + v + ": expected v2, v4 or auto");
+    throw std::invalid_argument("CRL_PAGED_ATTENTION=" + v +
+                                ": expected v2, v4, flashinfer or auto");
   }
   return CudaAttentionKernel::kAuto;
 }
@@ -275,6 +284,14 @@ void set_cuda_attention_kernel(CudaAttentionKernel kernel) { selected_kernel().s
 
 CudaAttentionKernel cuda_attention_kernel() { return selected_kernel().load(); }
 
+bool cuda_attention_kernel_built(CudaAttentionKernel kernel) {
+#ifdef CRL_WITH_FLASHINFER
+  return true;
+#else
+  return kernel != CudaAttentionKernel::kFlashInfer;
+#endif
+}
+
 const char* cuda_attention_kernel_name(CudaAttentionKernel kernel) {
   switch (kernel) {
     case CudaAttentionKernel::kAuto:
@@ -283,6 +300,8 @@ const char* cuda_attention_kernel_name(CudaAttentionKernel kernel) {
       return "v2";
     case CudaAttentionKernel::kFlash:
       return "v4";
+    case CudaAttentionKernel::kFlashInfer:
+      return "flashinfer";
   }
   return "?";
 }

@@ -37,18 +37,25 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
                            const at::Tensor& v_cache, const PagedAttentionMetadata& meta,
                            double scale);
 
-// The CUDA attention kernel (process-wide; benchmarks and tests compare them). kAuto is v4 (the
-// lane-per-position kernel, measured 2.2x faster than v2 end to end on an H100, README "GPU") where
-// head_dim is 32, 64 or 128 and the caches are 16-byte aligned, else v2; v4 asked for where it
-// does not fit runs v2. The first value comes from CRL_PAGED_ATTENTION (v2 | v4 | auto). Both are
-// deterministic and batch-invariant; they differ in summation order. (v1 and v3 lost to them on
-// every GPU measured and were retired.)
+// The CUDA attention kernel (process-wide; benchmarks and tests compare them). kAuto is
+// FlashInfer's decode where it fits (builds with it; 1.29x faster than v4 end to end on
+// Qwen3-0.6B's shape on an H200), else v4 (the lane-per-position kernel, measured 2.2x faster than
+// v2 end to end on an H100) where head_dim is 32, 64 or 128 and the caches are 16-byte aligned,
+// else v2; v4 asked for where it does not fit runs v2. The first value comes from
+// CRL_PAGED_ATTENTION (v2 | v4 | flashinfer | auto). Both are deterministic and batch-invariant;
+// they differ in summation order. (v1 and v3 lost to them on every GPU measured and were retired.)
 enum class CudaAttentionKernel {
   kAuto,
-  kUnrolled,  // v2: a block per (row, query head), four positions in flight per warp
-  kFlash,     // v4: a block of 8 warps per (row, KV head), a lane per position, K and V read once
-              //     for up to 8 query heads (head_dim 32, 64 or 128; else v2)
+  kUnrolled,    // v2: a block per (row, query head), four positions in flight per warp
+  kFlash,       // v4: a block of 8 warps per (row, KV head), a lane per position, K and V read once
+                //     for up to 8 query heads (head_dim 32, 64 or 128; else v2)
+  kFlashInfer,  // "flashinfer": FlashInfer's batch decode (a block per (sequence, KV head)) for
+                // decode batches in bfloat16 with head_dim 64 or 128 and a GQA group of 1, 2, 3,
+                // 4, 6, 8 or 16; v4 for every other call. Only in builds with FlashInfer's headers
+                // (the GPU build path): cuda_attention_kernel_built says.
 };
+// Whether this build has `kernel` (kFlashInfer needs FlashInfer's headers at build time).
+bool cuda_attention_kernel_built(CudaAttentionKernel kernel);
 void set_cuda_attention_kernel(CudaAttentionKernel kernel);
 CudaAttentionKernel cuda_attention_kernel();
 const char* cuda_attention_kernel_name(CudaAttentionKernel kernel);

@@ -15,6 +15,11 @@
 #                    and cuda-toolkit==$CRL_CUDA_TOOLKIT_VERSION's nvcc, headers and runtime, and
 #                    (tests only) transformers; pip's own cache keeps the wheels between runs on one
 #                    machine.
+#   CRL_FLASHINFER_INCLUDE  FlashInfer's CUDA headers (the folder holding flashinfer/): default the
+#                    flashinfer-python package beside the python's torch, else .gpu-deps/flashinfer/
+#                    include (carried to machines without it: scripts/gpu-check.sh fetch-debs).
+#                    flashinfer-python==$CRL_FLASHINFER_VERSION goes into the venv (no dependencies:
+#                    only its headers are used).
 #   CRL_GPU_BUILD    the build folder (default build-gpu); CRL_CUDA_ARCHS its CUDA architectures
 #                    (default "80;90": A100/A800 and H100/H200).
 #   CRL_GPU_PREFIX   a folder with Debian's C++ libraries unpacked into it (scripts/gpu-check.sh on a
@@ -85,6 +90,9 @@ fi
 # its device headers and libdevice.
 CRL_TORCH_VERSION=${CRL_TORCH_VERSION:-2.11.0}
 CRL_CUDA_TOOLKIT_VERSION=${CRL_CUDA_TOOLKIT_VERSION:-13.0.2}
+# FlashInfer's headers (its batch decode attention: kv/paged_attention_flashinfer.cu). 0.6.9 is the
+# newest whose headers compile with CUDA 13.0's CCCL (0.6.10 on use cuda::fast_mod_div, CCCL 3.1+).
+CRL_FLASHINFER_VERSION=${CRL_FLASHINFER_VERSION:-0.6.9}
 VENV=${CRL_GPU_VENV:-$ROOT/.cache/gpu-venv}
 BUILD=${CRL_GPU_BUILD:-$ROOT/build-gpu}
 
@@ -122,7 +130,10 @@ if [ -z "$PY" ]; then
     "$PY" -m pip install -q --disable-pip-version-check "torch==$CRL_TORCH_VERSION" \
       "cuda-toolkit[nvcc,crt,cccl,nvvm,cudart]==$CRL_CUDA_TOOLKIT_VERSION" \
       "transformers==${CRL_TRANSFORMERS_VERSION:-5.24.0}"
+    "$PY" -m pip install -q --disable-pip-version-check --no-deps "flashinfer-python==$CRL_FLASHINFER_VERSION"
     echo "bootstrap: venv ready in $(( $(date +%s) - start )) s, $(du -sh "$VENV" | cut -f1)"
+  elif ! "$PY" -m pip show -q flashinfer-python >/dev/null 2>&1; then  # a venv from before it
+    "$PY" -m pip install -q --disable-pip-version-check --no-deps "flashinfer-python==$CRL_FLASHINFER_VERSION"
   fi
 fi
 
@@ -139,12 +150,18 @@ vals = {
     "WHEEL_CUDA": first(*[os.path.join(site, "nvidia", d) for d in ("cu13", "cu12")]),
     "WHEEL_NCCL": first(os.path.join(site, "nvidia", "nccl")),
     "TORCH_LIB": os.path.join(os.path.dirname(torch.__file__), "lib"),
+    "WHEEL_FLASHINFER": first(os.path.join(site, "flashinfer", "data", "include")),
 }
 for k, v in vals.items():
     print(f"{k}={shlex.quote(v)}")
 EOF
 ) || { echo "bootstrap: $PY could not describe its torch" >&2; exit 1; }
 eval "$found"
+FLASHINFER_INCLUDE=${CRL_FLASHINFER_INCLUDE:-$WHEEL_FLASHINFER}
+[ -n "$FLASHINFER_INCLUDE" ] || [ ! -d "$ROOT/.gpu-deps/flashinfer/include" ] \
+  || FLASHINFER_INCLUDE=$ROOT/.gpu-deps/flashinfer/include
+[ -f "$FLASHINFER_INCLUDE/flashinfer/attention/decode.cuh" ] || {
+  echo "bootstrap: no FlashInfer headers (flashinfer-python beside $PY's torch, CRL_FLASHINFER_INCLUDE or .gpu-deps/flashinfer/include)" >&2; exit 1; }
 
 # nvcc: the wheel's beside this torch (it matches the torch it was pinned with), else the system's.
 NVCC=""
@@ -181,7 +198,7 @@ for d in "$WHEEL_NCCL/include" "$CUDA_ROOT/include" /usr/include; do
 done
 [ -n "$NCCL_INCLUDE" ] || { echo "bootstrap: no nccl.h (install nvidia-nccl-cu13 into $PY's environment)" >&2; exit 1; }
 
-echo "bootstrap: GPU path: torch $TORCH_VER (CUDA $TORCH_CUDA) from $PY; nvcc $NVCC_VER; nccl.h in $NCCL_INCLUDE"
+echo "bootstrap: GPU path: torch $TORCH_VER (CUDA $TORCH_CUDA) from $PY; nvcc $NVCC_VER; nccl.h in $NCCL_INCLUDE; FlashInfer headers in $FLASHINFER_INCLUDE"
 extra=()
 [ -n "${CRL_GPU_PREFIX:-}" ] && extra+=(-DCMAKE_PREFIX_PATH="$TORCH_CMAKE;$CRL_GPU_PREFIX/usr") \
   || extra+=(-DCMAKE_PREFIX_PATH="$TORCH_CMAKE")
@@ -193,6 +210,7 @@ PATH=$(dirname "$NVCC"):$PATH cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUIL
   -DCRL_GPU_PATH=ON "${extra[@]}" -DTorch_DIR="$TORCH_CMAKE/Torch" -DPython_EXECUTABLE="$PY" \
   -DCMAKE_CUDA_COMPILER="$NVCC" -DCUDA_TOOLKIT_ROOT_DIR="$CUDA_ROOT" -DCUDAToolkit_ROOT="$CUDA_ROOT" \
   -DCRL_CUDA_ARCHITECTURES="$ARCHS" -DCRL_NCCL_INCLUDE_DIR="$NCCL_INCLUDE" \
+  -DCRL_FLASHINFER_INCLUDE_DIR="$FLASHINFER_INCLUDE" \
   ${CRL_GPU_CMAKE_ARGS:-} > "$BUILD/configure.log" 2>&1 \
   || { tail -30 "$BUILD/configure.log"; echo "bootstrap: configuring $BUILD failed (log: $BUILD/configure.log)" >&2; exit 1; }
 grep -E "colocated-rl:" "$BUILD/configure.log" | sed 's/^-- /bootstrap: /'

@@ -8,8 +8,8 @@
 # figures printed as they come.
 #
 #   scripts/gpu-check.sh fetch-debs                              (on a Debian machine with apt)
-#   scripts/gpu-check.sh [build] [tests] [cudatests] [bench] [rl] [sync] [qwen3] [unit]
-#                                     (default: build tests bench rl sync)
+#   scripts/gpu-check.sh [build] [cudatests] [bench] [rl] [sync] [tests] [qwen3] [unit]
+#                                     (default: build tests bench rl sync; stages run in this order)
 # cudatests: crl_tests' Cuda suites alone (quicker than `tests`, the whole gpu label).
 # CRL_GPU_TARGETS: the build targets (default: all). CRL_CUDA_ARCHS: the CUDA architectures
 # (default: the device's own, e.g. 90). CRL_GPU_PROFILE=1: the benchmark's first mode also writes a
@@ -38,6 +38,12 @@ DEB_PACKAGES="libsentencepiece-dev libsentencepiece0 libprotobuf-lite32 libcpp-h
   libssl-dev libssl3 zlib1g-dev zlib1g libbrotli-dev libbrotli1"
 
 if [ "${1:-}" = fetch-debs ]; then
+  # And FlashInfer's headers (the machine has no flashinfer-python): the version bootstrap.sh pins.
+  fi_ver=$(sed -n 's/^CRL_FLASHINFER_VERSION=${CRL_FLASHINFER_VERSION:-\(.*\)}$/\1/p' scripts/bootstrap.sh)
+  mkdir -p "$DEBS/flashinfer" && rm -rf "$DEBS/flashinfer/include" \
+    && python3 -m pip download -q --no-deps "flashinfer-python==$fi_ver" -d "$DEBS/flashinfer" \
+    && (cd "$DEBS/flashinfer" && unzip -q -o ./*.whl 'flashinfer/data/include/*' \
+        && mv flashinfer/data/include include && rm -rf flashinfer ./*.whl) || exit 1
   mkdir -p "$DEBS" && cd "$DEBS" && apt-get download $DEB_PACKAGES
   exit $?
 fi
@@ -149,56 +155,73 @@ if [ -n "$HF_PID" ]; then
   stamp "hf generate: $(tail -1 "$OUT/bench_hf.log")"
 fi
 
-if want tests; then
-  timeout 300 ctest --test-dir "$BUILD" -L gpu --output-on-failure > "$OUT/tests_gpu.log" 2>&1
-  rc=$?
-  note tests_gpu "{\"rc\": $rc}"
-  grep -E "tests passed|\(Failed\)|Timeout|\[  FAILED  \]|transport ipc|sync-check: (PASS|FAIL)" "$OUT/tests_gpu.log" | head -30
-  stamp "gpu tests rc=$rc"
-fi
-
 if want cudatests; then
   timeout 300 "$BUILD/tests/crl_tests" --gtest_filter='Cuda*:*/*Cuda*' > "$OUT/tests_cuda.log" 2>&1
   rc=$?
   note tests_cuda "{\"rc\": $rc}"
   grep -E "^\[  (PASSED|FAILED|  OK|SKIPPED) |Failure|Expected|Which is|error" "$OUT/tests_cuda.log" | cut -c1-250 | head -60
   stamp "cuda tests rc=$rc"
+  # The engines again with FlashInfer's decode attention (CUDA graphs, bf16 engines, LoRA graphs).
+  CRL_PAGED_ATTENTION=flashinfer timeout 240 "$BUILD/tests/crl_tests" \
+    --gtest_filter="${CRL_GPU_FLASHINFER_TESTS:-Cuda*Engine*:*/*Cuda*Engine*:CudaLora*:CudaGraph*}" \
+    > "$OUT/tests_cuda_flashinfer.log" 2>&1
+  rc=$?
+  note tests_cuda_flashinfer "{\"rc\": $rc}"
+  grep -E "^\[  (PASSED|FAILED) |Failure|Expected|Which is|error" "$OUT/tests_cuda_flashinfer.log" | cut -c1-250 | head -30
+  stamp "cuda tests with flashinfer attention rc=$rc"
 fi
 
 if want bench; then
-  model=$CRL_CACHE_DIR/bench-qwen2-0.5b-bf16
-  [ -f "$model/config.json" ] || "$BIN" make-model --shape qwen2-0.5b --dtype bfloat16 --out "$model" > /dev/null
   # nano-vllm's protocol: 256 sequences, prompt and output lengths uniform in 100..1024, EOS ignored.
-  # CRL_GPU_BENCH_KERNELS: the attention kernels to run it with (kv::CudaAttentionKernel), in turn.
-  for kern in ${CRL_GPU_BENCH_KERNELS:-auto}; do
+  # CRL_GPU_BENCH_RUNS: shape:attention-kernel pairs (kv::CudaAttentionKernel), one process each;
+  # the first also runs CRL_GPU_BENCH_MODES (and the profile, with CRL_GPU_PROFILE=1), the others
+  # `continuous` alone. Qwen2-0.5B's GQA group of 7 is outside FlashInfer's decode dispatch (it would
+  # run v4), so FlashInfer is measured on Qwen3-0.6B's shape (group 2, head_dim 128, KV-bound).
+  first=1
+  for run in ${CRL_GPU_BENCH_RUNS:-qwen2-0.5b:auto qwen3-0.6b:v4 qwen3-0.6b:flashinfer}; do
+    shape=${run%%:*} kern=${run#*:}
+    model=$CRL_CACHE_DIR/bench-$shape-bf16
+    [ -f "$model/config.json" ] || "$BIN" make-model --shape "$shape" --dtype bfloat16 --out "$model" > /dev/null
+    modes=continuous profile=""
+    if [ $first = 1 ]; then
+      modes=${CRL_GPU_BENCH_MODES:-continuous,eager}
+      [ -n "${CRL_GPU_PROFILE:-}" ] && profile=1
+    fi
     CRL_PAGED_ATTENTION=$kern timeout 300 "$BIN" bench rollout --model "$model" --dtype bfloat16 \
       --device cuda --workload-in "$OUT/workload.json" --n 1 --repeats 1 \
-      --modes "${CRL_GPU_BENCH_MODES:-continuous,eager}" --max-seqs 256 --max-batched-tokens 8192 \
-      --kv-memory 24GiB --threads 8 --json-out "$OUT/rollout.jsonl" \
-      ${CRL_GPU_PROFILE:+--step-trace "$OUT/steps_$kern.jsonl" --profile "$OUT/prof_$kern" --profile-steps "${CRL_GPU_PROFILE_STEPS:-3:2,60:3,700:3}"} \
-      > "$OUT/bench_rollout_$kern.log" 2>&1
-    note "bench_rc_$kern" "$?"
-    grep -E '^(continuous|eager|host-sampler|libtorch) |roofline|time of' "$OUT/bench_rollout_$kern.log" | sed "s/^/attention $kern: /" | cut -c1-300
-    if [ -n "${CRL_GPU_PROFILE:-}" ]; then
-      python3 scripts/profile_summary.py --top "${CRL_GPU_PROFILE_TOP:-22}" --steps "$OUT/steps_$kern.jsonl" "$OUT"/prof_"$kern".*.json \
-        > "$OUT/profile_$kern.txt" 2>&1
-      cat "$OUT/profile_$kern.txt"
-      gzip -f "$OUT"/prof_"$kern".*.json "$OUT/steps_$kern.jsonl"
+      --modes "$modes" --max-seqs 256 --max-batched-tokens 8192 \
+      --kv-memory 64GiB --threads 8 --json-out "$OUT/rollout.jsonl" \
+      ${profile:+--step-trace "$OUT/steps_$shape.jsonl" --profile "$OUT/prof_$shape" --profile-steps "${CRL_GPU_PROFILE_STEPS:-3:2,60:3,700:3}"} \
+      > "$OUT/bench_rollout_${shape}_$kern.log" 2>&1
+    note "bench_rc_${shape}_$kern" "$?"
+    grep -E '^(continuous|eager|host-sampler|libtorch) |roofline|time of|attention kernel' "$OUT/bench_rollout_${shape}_$kern.log" | sed "s/^/$shape $kern: /" | cut -c1-300
+    if [ -n "$profile" ]; then
+      python3 scripts/profile_summary.py --top "${CRL_GPU_PROFILE_TOP:-22}" --steps "$OUT/steps_$shape.jsonl" "$OUT"/prof_"$shape".*.json \
+        > "$OUT/profile_$shape.txt" 2>&1
+      cat "$OUT/profile_$shape.txt"
+      rm -f "$OUT"/prof_"$shape".*.json; gzip -f "$OUT/steps_$shape.jsonl"
     fi
+    first=0
   done
   python3 - "$OUT" <<'EOF'
 import json, sys
 out = sys.argv[1]
+runs, hf = [], None
 try:
-    ours = json.loads(open(out + "/rollout.jsonl").read().strip().splitlines()[-1])
+    runs = [json.loads(l) for l in open(out + "/rollout.jsonl").read().strip().splitlines()]
     hf = json.loads(open(out + "/bench_hf.log").read().strip().splitlines()[-1])
 except Exception as e:
-    print("gpu-check: no benchmark comparison:", e); sys.exit(0)
-for mode, m in ours["modes"].items():
-    print(f"engine {mode}: {m['gen_tok_s']:.0f} output tok/s ({m['seconds']:.1f} s), "
-          f"{m['d2h_bytes_per_step']:.0f} B/step device->host; HF generate {hf['output_tok_s']:.0f} "
-          f"({hf['seconds']:.1f} s): {m['gen_tok_s'] / hf['output_tok_s']:.1f}x; host phases (s) "
-          f"{m.get('host_phase_s')}")
+    print("gpu-check: benchmark comparison incomplete:", e)
+for r in runs:
+    for mode, m in r["modes"].items():
+        vs = ""
+        if hf and "qwen2" in r["model"]:
+            vs = f"; HF generate {hf['output_tok_s']:.0f}: {m['gen_tok_s'] / hf['output_tok_s']:.1f}x"
+        roof = r.get("roofline", {})
+        print(f"engine {r['model'].rsplit('/', 1)[-1]} {r.get('attention_kernel')} {mode}: "
+              f"{m['gen_tok_s']:.0f} output tok/s ({m['seconds']:.2f} s, {m['steps']:.0f} steps), "
+              f"{100 * roof.get('share_of_roofline', 0):.1f}% of roofline, "
+              f"{m['d2h_bytes_per_step']:.0f} B/step device->host; host phases (s) {m.get('host_phase_s')}{vs}")
 EOF
   stamp "bench done"
 fi
@@ -243,6 +266,16 @@ if want sync; then
   note bench_sync_ipc "{\"rc\": $?}"
   tail -10 "$OUT/bench_sync_ipc.log"
   stamp "sync done"
+fi
+
+if want tests; then
+  # With `cudatests` in the same call, its suites are not run twice.
+  excl=""; want cudatests && excl="-E ^gpu\.cuda_tests$"
+  timeout 300 ctest --test-dir "$BUILD" -L gpu $excl --output-on-failure > "$OUT/tests_gpu.log" 2>&1
+  rc=$?
+  note tests_gpu "{\"rc\": $rc}"
+  grep -E "tests passed|\(Failed\)|Timeout|\[  FAILED  \]|transport ipc|sync-check: (PASS|FAIL)" "$OUT/tests_gpu.log" | head -30
+  stamp "gpu tests rc=$rc"
 fi
 
 # A real tokenizer (issue 12): Qwen3-0.6B's shape, random bf16 weights, Qwen3's tokenizer.json and

@@ -9,6 +9,7 @@
 
 #include "engine/llm_engine.h"
 #include "engine/model/deterministic_ops.h"
+#include "kv/paged_attention.h"
 #include "tests/engine/test_model.h"
 
 namespace crl::engine {
@@ -116,6 +117,66 @@ TEST(CudaFusedOpsTest, EnginesWithAndWithoutTheFusedOpsAgree) {
         EXPECT_NEAR(x[t], y[t], 1e-4) << a[i].request_id << " @" << t;
     }
   }
+}
+
+// FlashInfer's decode attention inside whole bf16 engines (kv::CudaAttentionKernel::kFlashInfer):
+// replayed in CUDA graphs it gives the eager engine's tokens and log-probs; against the project's
+// v4 kernel (another summation order, bf16 rounding) the same greedy tokens up to a first
+// difference, with log-probs to bf16's tolerance, over at least 90% of the tokens.
+TEST(CudaEngineTest, FlashInferDecodeAttentionInGraphsMatchesTheEagerEngineAndV4) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  if (!kv::cuda_attention_kernel_built(kv::CudaAttentionKernel::kFlashInfer)) {
+    GTEST_SKIP() << "this build has no FlashInfer";
+  }
+  EngineConfig cfg = test::test_engine_config("qwen3-hd64");
+  cfg.device = "cuda";
+  cfg.dtype = "bfloat16";
+  cfg.block_size = 16;
+  cfg.max_batched_tokens = 512;
+  std::vector<GenerateRequest> reqs;
+  std::mt19937 rng(13);
+  std::uniform_int_distribution<int32_t> tok(3, 200);
+  for (int i = 0; i < 10; ++i) {
+    GenerateRequest r;
+    r.request_id = "r" + std::to_string(i);
+    for (int j = 0; j < 3 + 23 * i; ++j) r.prompt_token_ids.push_back(tok(rng));
+    r.params.max_tokens = 16;
+    r.params.temperature = 0.0;
+    r.params.ignore_eos = true;
+    reqs.push_back(r);
+  }
+  const kv::CudaAttentionKernel before = kv::cuda_attention_kernel();
+  auto run = [&](kv::CudaAttentionKernel kernel, const char* graphs) {
+    kv::set_cuda_attention_kernel(kernel);
+    cfg.cuda_graphs = graphs;
+    LlmEngine eng(cfg);
+    auto out = eng.generate(reqs);
+    if (std::string(graphs) == "auto") EXPECT_GT(eng.runner().num_cuda_graphs(), 0);
+    return out;
+  };
+  const auto graphed = run(kv::CudaAttentionKernel::kFlashInfer, "auto");
+  const auto eager = run(kv::CudaAttentionKernel::kFlashInfer, "off");
+  const auto v4 = run(kv::CudaAttentionKernel::kFlash, "auto");
+  kv::set_cuda_attention_kernel(before);
+  size_t total = 0, common = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    SCOPED_TRACE(reqs[i].request_id);
+    const auto& g = graphed[i].outputs[0];
+    EXPECT_EQ(g.token_ids, eager[i].outputs[0].token_ids);
+    ASSERT_EQ(g.raw_logprobs.size(), eager[i].outputs[0].raw_logprobs.size());
+    for (size_t t = 0; t < g.raw_logprobs.size(); ++t) {
+      EXPECT_NEAR(g.raw_logprobs[t], eager[i].outputs[0].raw_logprobs[t], 2e-3) << "@" << t;
+    }
+    const auto& o = v4[i].outputs[0];
+    size_t t = 0;
+    for (; t < g.token_ids.size() && t < o.token_ids.size() && g.token_ids[t] == o.token_ids[t];
+         ++t) {
+      EXPECT_NEAR(g.raw_logprobs[t], o.raw_logprobs[t], 5e-2) << "@" << t;
+    }
+    total += g.token_ids.size();
+    common += t;
+  }
+  EXPECT_GE(common * 10, total * 9) << common << " of " << total << " tokens before a difference";
 }
 
 }  // namespace

@@ -37,6 +37,10 @@ std::string test_model_dir(const std::string& variant) {
     c.model_type = "qwen3";
     c.qk_norm = true;
     c.head_dim = 48;  // not hidden_size / num_heads, as in the real Qwen3 models
+  } else if (variant == "qwen3-hd64") {
+    c.model_type = "qwen3";  // Qwen3-0.6B's attention geometry in small: head_dim 64, GQA group 2
+    c.qk_norm = true;
+    c.head_dim = 64;
   } else if (variant != "llama") {
     throw std::invalid_argument("unknown test model variant " + variant);
   }

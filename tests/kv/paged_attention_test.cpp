@@ -152,7 +152,12 @@ class PagedAttentionTest : public ::testing::TestWithParam<Config> {
 // Every CUDA kernel (kv::CudaAttentionKernel) on CUDA; the one kernel on the CPU.
 std::vector<CudaAttentionKernel> kernels_on(at::DeviceType dev) {
   if (dev != at::kCUDA) return {CudaAttentionKernel::kAuto};
-  return {CudaAttentionKernel::kUnrolled, CudaAttentionKernel::kFlash};
+  std::vector<CudaAttentionKernel> k = {CudaAttentionKernel::kUnrolled,
+                                        CudaAttentionKernel::kFlash};
+  if (kv::cuda_attention_kernel_built(CudaAttentionKernel::kFlashInfer)) {
+    k.push_back(CudaAttentionKernel::kFlashInfer);
+  }
+  return k;
 }
 
 // Runs `p` with each kernel of `dev` and compares with the reference.
@@ -217,6 +222,38 @@ TEST(CudaPagedAttentionTest, EveryKernelMatchesTheReferenceOnLongContextsAndWide
       }
     }
   }
+}
+
+// FlashInfer's decode kernel where it runs (decode rows only, bfloat16): the group sizes of
+// Qwen3-0.6B (2), Llama-3 (4) and 8, head_dim 64 and 128, contexts from one position to past 2k,
+// on pages of 16 and 4, and a batch of 256 rows (the benchmark's); rows it does not take (group 7,
+// float32) fall back to v4 and match too.
+TEST(CudaPagedAttentionTest, FlashInferDecodeMatchesTheReference) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  if (!kv::cuda_attention_kernel_built(CudaAttentionKernel::kFlashInfer)) {
+    GTEST_SKIP() << "this build has no FlashInfer";
+  }
+  const CudaAttentionKernel before = cuda_attention_kernel();
+  set_cuda_attention_kernel(CudaAttentionKernel::kFlashInfer);
+  for (int64_t block_size : {16, 4}) {
+    for (int64_t group : {1, 2, 4, 8, 7}) {
+      for (int64_t head_dim : {64, 128}) {
+        SCOPED_TRACE("block " + std::to_string(block_size) + " group " + std::to_string(group) +
+                     " head_dim " + std::to_string(head_dim));
+        const Problem p =
+            make_problem({{1, 1}, {15, 1}, {16, 1}, {17, 1}, {300, 1}, {777, 1}, {2100, 1}},
+                         block_size, 2, group, head_dim, at::kBFloat16, 41 + group);
+        expect_matches_reference(p, run_on(p, at::kCUDA));
+      }
+    }
+  }
+  std::vector<SeqSpec> many;
+  for (int64_t i = 0; i < 256; ++i) many.push_back({1 + (i * 37) % 700, 1});
+  const Problem wide = make_problem(many, 16, 2, 2, 128, at::kBFloat16, 77);
+  expect_matches_reference(wide, run_on(wide, at::kCUDA));
+  const Problem f32 = make_problem({{9, 1}, {300, 1}}, 16, 2, 2, 128, at::kFloat, 78);
+  expect_matches_reference(f32, run_on(f32, at::kCUDA));
+  set_cuda_attention_kernel(before);
 }
 
 TEST(PagedAttentionCpuTest, SharpScoresStayAccurate) {
