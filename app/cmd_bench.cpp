@@ -11,6 +11,7 @@
 
 #include "app/commands.h"
 #include "app/launcher.h"
+#include "bench/host_step_bench.h"
 #include "bench/linear_bench.h"
 #include "bench/multi_turn_bench.h"
 #include "bench/rl_bench.h"
@@ -241,8 +242,14 @@ Runner register_bench(CLI::App& app) {
                                  "that overlap their tool waits vs the turn-synchronous "
                                  "baseline, prefix-cache share, trainer tokens");
   bench::add_multi_turn_bench_flags(*mt, *mt_opts);
+  auto hs_opts = std::make_shared<bench::HostStepBenchOptions>();
+  auto* hs = cmd->add_subcommand("host-step",
+                                 "the engine's host work of a decode step without a model "
+                                 "(scheduler, step inputs, postprocess) at 256 sequences");
+  bench::add_host_step_bench_flags(*hs, *hs_opts);
   return [opts, rollout, sync, sf, serve_opts, serve, e2e, tok_opts, tok, train_opts, train,
-          linear_opts, linear, mt_opts, mt]() {
+          linear_opts, linear, mt_opts, mt, hs_opts, hs]() {
+    if (hs->parsed()) return bench::run_host_step_bench(*hs_opts);
     if (mt->parsed()) return bench::run_multi_turn_bench(*mt_opts);
     if (linear->parsed()) return bench::run_linear_bench(*linear_opts);
     if (train->parsed()) return bench::run_train_bench(*train_opts);

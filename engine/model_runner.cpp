@@ -7,6 +7,7 @@
 #include "common/check.h"
 #include "common/host_memory.h"
 #include "engine/cuda_graph.h"
+#include "engine/step_inputs.h"
 #include "kv/paged_attention.h"
 
 namespace crl::engine {
@@ -48,113 +49,6 @@ ModelRunner::ModelRunner(const Transformer& model, int32_t block_size, int32_t n
       at::TensorOptions().dtype(model.options().dtype).device(model.options().device),
       "the KV cache pool");
 }
-
-namespace {
-
-// Where a step's metadata sits in one byte buffer: the int64 sections first (token ids, positions,
-// cache slots, the rows that sample, copy-on-write block pairs), then the int32 ones (query
-// starts, context lengths, block tables), each 8-byte aligned.
-struct StepLayout {
-  int64_t rows = 0, seqs = 0, samples = 0, pairs = 0, max_blocks = 1;
-  int64_t tok = 0, pos = 0, slot = 0, sample = 0, pair = 0, qs = 0, cl = 0, bt = 0, bytes = 0;
-
-  StepLayout(int64_t rows_, int64_t seqs_, int64_t samples_, int64_t pairs_, int64_t max_blocks_)
-      : rows(rows_), seqs(seqs_), samples(samples_), pairs(pairs_), max_blocks(max_blocks_) {
-    auto take = [this](int64_t count, int64_t size) {
-      const int64_t off = bytes;
-      bytes += (count * size + 7) / 8 * 8;
-      return off;
-    };
-    tok = take(rows, 8);
-    pos = take(rows, 8);
-    slot = take(rows, 8);
-    sample = take(samples, 8);
-    pair = take(2 * pairs, 8);
-    qs = take(seqs + 1, 4);
-    cl = take(seqs, 4);
-    bt = take(seqs * max_blocks, 4);
-    bytes = std::max<int64_t>(bytes, 8);
-  }
-  // Section `off` of `buf` as `count` elements of `dtype`.
-  static at::Tensor view(const at::Tensor& buf, int64_t off, int64_t count, at::ScalarType dtype) {
-    return buf.narrow(0, off, count * static_cast<int64_t>(c10::elementSize(dtype))).view(dtype);
-  }
-  kv::PagedAttentionMetadata metadata(const at::Tensor& buf, int64_t max_q, int64_t max_ctx) const {
-    kv::PagedAttentionMetadata meta;
-    meta.slot_mapping = view(buf, slot, rows, at::kLong);
-    meta.query_start = view(buf, qs, seqs + 1, at::kInt);
-    meta.context_lens = view(buf, cl, seqs, at::kInt);
-    meta.block_tables = view(buf, bt, seqs * max_blocks, at::kInt).view({seqs, max_blocks});
-    meta.max_query_len = max_q;
-    meta.max_context_len = max_ctx;
-    return meta;
-  }
-};
-
-// A host buffer for a step's metadata: pinned for a device, so the one upload is asynchronous (the
-// caching host allocator keeps the block until the copy has run).
-at::Tensor host_buffer(const StepLayout& layout, const at::Device& device) {
-  return at::empty({layout.bytes},
-                   at::TensorOptions().dtype(at::kByte).pinned_memory(!device.is_cpu()));
-}
-
-struct Filled {
-  int64_t max_q = 0, max_ctx = 0;
-};
-
-// Writes `batch` into `buf` laid out by `layout`; sequences past the batch's (up to layout.seqs)
-// are padding: one row each at position 0, no cache slot (-1: the write skips it), one attended
-// position in block 0 (finite, and discarded by the caller).
-Filled fill_step(const SchedulerOutput& batch, int32_t block_size, const StepLayout& layout,
-                 at::Tensor& buf) {
-  uint8_t* base = buf.data_ptr<uint8_t>();
-  auto* tok = reinterpret_cast<int64_t*>(base + layout.tok);
-  auto* pos = reinterpret_cast<int64_t*>(base + layout.pos);
-  auto* slot = reinterpret_cast<int64_t*>(base + layout.slot);
-  auto* sample = reinterpret_cast<int64_t*>(base + layout.sample);
-  auto* pairs = reinterpret_cast<int64_t*>(base + layout.pair);
-  auto* qs = reinterpret_cast<int32_t*>(base + layout.qs);
-  auto* cl = reinterpret_cast<int32_t*>(base + layout.cl);
-  auto* bt = reinterpret_cast<int32_t*>(base + layout.bt);
-  for (int64_t i = 0; i < layout.pairs; ++i) {
-    pairs[2 * i] = batch.block_copies[i].first;
-    pairs[2 * i + 1] = batch.block_copies[i].second;
-  }
-  Filled f;
-  int64_t row = 0, samples = 0;
-  const int64_t mb = layout.max_blocks;
-  for (size_t i = 0; i < batch.seqs.size(); ++i) {
-    const ScheduledSeq& s = batch.seqs[i];
-    const Sequence& seq = *s.seq;
-    CRL_CHECK(static_cast<int64_t>(seq.block_table.size()) * block_size >= s.start + s.num_tokens,
-              "seq ", seq.seq_id, " lacks blocks");
-    qs[i] = static_cast<int32_t>(row);
-    for (int64_t p = s.start; p < s.start + s.num_tokens; ++p, ++row) {
-      tok[row] = seq.tokens[p];
-      pos[row] = p;
-      slot[row] =
-          static_cast<int64_t>(seq.block_table[p / block_size]) * block_size + p % block_size;
-    }
-    if (s.sample && samples < layout.samples) sample[samples++] = row - 1;
-    cl[i] = static_cast<int32_t>(s.start + s.num_tokens);
-    std::fill(std::copy(seq.block_table.begin(), seq.block_table.end(), bt + i * mb),
-              bt + (i + 1) * mb, 0);
-    f.max_q = std::max(f.max_q, s.num_tokens);
-    f.max_ctx = std::max<int64_t>(f.max_ctx, cl[i]);
-  }
-  for (int64_t i = static_cast<int64_t>(batch.seqs.size()); i < layout.seqs; ++i, ++row) {
-    qs[i] = static_cast<int32_t>(row);
-    tok[row] = 0;
-    pos[row] = 0;
-    slot[row] = -1;
-    cl[i] = 1;
-    std::fill(bt + i * mb, bt + (i + 1) * mb, 0);
-  }
-  qs[layout.seqs] = static_cast<int32_t>(row);
-  return f;
-}
-
-}  // namespace
 
 // One captured decode forward: static inputs in one device buffer (StepLayout of `bucket` rows and
 // sequences), replayed after one upload into it. A LoRA graph also reads a static mask [bucket,
@@ -199,7 +93,7 @@ void ModelRunner::capture_cuda_graphs(bool lora) {
     auto g = std::make_unique<DecodeGraph>();
     g->bucket = *it;
     g->layout = std::make_unique<StepLayout>(g->bucket, g->bucket, 0, 0, graph_max_blocks_);
-    at::Tensor host = host_buffer(*g->layout, device);
+    at::Tensor host = step_host_buffer(*g->layout, device);
     fill_step(SchedulerOutput(), block_size_, *g->layout, host);  // all padding
     g->inputs = host.to(device);
     LoraBatch batch;
@@ -264,7 +158,7 @@ ForwardOutput ModelRunner::execute_graph(const SchedulerOutput& batch, DecodeGra
   const int64_t n = static_cast<int64_t>(batch.seqs.size());
   if (!batch.block_copies.empty()) {
     StepLayout pairs(0, 0, 0, static_cast<int64_t>(batch.block_copies.size()), 1);
-    at::Tensor host = host_buffer(pairs, device);
+    at::Tensor host = step_host_buffer(pairs, device);
     SchedulerOutput copies_only;
     copies_only.block_copies = batch.block_copies;
     fill_step(copies_only, block_size_, pairs, host);
@@ -273,7 +167,7 @@ ForwardOutput ModelRunner::execute_graph(const SchedulerOutput& batch, DecodeGra
     kv::copy_blocks(kv_cache_,
                     StepLayout::view(dev, pairs.pair, 2 * pairs.pairs, at::kLong).view({-1, 2}));
   }
-  at::Tensor host = host_buffer(*g.layout, device);
+  at::Tensor host = step_host_buffer(*g.layout, device);
   fill_step(batch, block_size_, *g.layout, host);
   g.inputs.copy_(host, /*non_blocking=*/true);
   out.h2d_bytes += host.numel();
@@ -308,7 +202,7 @@ ForwardOutput ModelRunner::execute(const SchedulerOutput& batch) {
   const StepLayout layout(total, num_seqs, num_samples,
                           static_cast<int64_t>(batch.block_copies.size()), max_blocks);
   const at::Device device = kv_cache_.device();
-  at::Tensor host = host_buffer(layout, device);
+  at::Tensor host = step_host_buffer(layout, device);
   const Filled f = fill_step(batch, block_size_, layout, host);
   out.row_start.reserve(num_seqs);
   for (int64_t i = 0; i < num_seqs; ++i) {

@@ -104,6 +104,11 @@ crl_job_test(bench.sync_single_cell_prints_its_table pass 90
              "\\| default \\| .* \\| 1->1 \\| bucket \\| ;; rows also in .*sync-cell.jsonl"
              bench sync --shapes default --dtypes float32 --topologies 1-1 --repeats 1
              --results ${CMAKE_CURRENT_BINARY_DIR}/sync-cell.jsonl)
+# The engine's host work of a decode step without a model (issue 47): each phase timed, the
+# used block-table columns against the graph's full width.
+crl_job_test(bench.host_step_times_the_host_work_of_a_decode_step pass 60
+             "^schedule +[0-9.]+ ;; ^inputs +[0-9.]+ ;; host work a decode step: [0-9.]+ ms"
+             bench host-step --seqs 64 --steps 32 --max-model-len 4096)
 crl_job_test(bench.train_zero_cells_print_memory_and_tokens_per_s pass 120
              "bench train \\| default ;;     2    2 off     off \\| .* \\| .*x"
              bench train --shape default --zero 0,2 --train-ranks 1,2 --steps 1 --seq-tokens 128
