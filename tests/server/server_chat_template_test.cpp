@@ -105,6 +105,25 @@ TEST(ServerChatTemplateTest, ChatEndpointAndMessagesDataRowsGiveAChatTheSameIds)
   EXPECT_EQ(prompts.encode(rows[0]), json::parse(tb)["tokens"].get<std::vector<int32_t>>());
 }
 
+// Hostile templates from a model directory (issue 49): 10,000 nested parentheses used to end the
+// process at start (stack overflow) and nested loops kept a core busy for hours. Now the server
+// starts, chat requests get a 400 chat_template_error, and it keeps serving.
+TEST(ServerChatTemplateTest, HostileTemplatesGive400AndTheServerKeepsServing) {
+  const std::string deep = "{{ " + std::string(10000, '(') + "1" + std::string(10000, ')') + " }}";
+  const std::string loops =
+      "{% for i in range(1000000) %}{% for j in range(1000000) %}{% endfor %}{% endfor %}";
+  for (const std::string& tmpl : {deep, loops}) {
+    TempDir dir;
+    ServedModel served(config_for(model_with_config(dir, {{"chat_template", tmpl}})));
+    auto [cs, cb] =
+        served.post("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "x"}}}}});
+    EXPECT_EQ(cs, 400) << cb;
+    EXPECT_EQ(json::parse(cb)["error"]["code"], "chat_template_error") << cb;
+    auto [ps, pb] = served.post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 2}});
+    EXPECT_EQ(ps, 200) << pb;
+  }
+}
+
 TEST(ServerChatTemplateTest, BrokenTemplateGives400NamingTheLineWhileCompletionsWork) {
   TempDir dir;
   ServedModel served(

@@ -6,6 +6,7 @@
 
 #include "text/jinja/builtins.h"
 #include "text/jinja/error.h"
+#include "text/jinja/limits.h"
 #include "text/jinja/methods.h"
 
 namespace crl::text::jinja {
@@ -176,6 +177,7 @@ Value f_join(const Value& v, CallArgs& a) {
   for (size_t i = 0; i < items.size(); ++i) {
     if (i) out += sep.str();
     out += (attribute.is_none() ? items[i] : attribute_path(items[i], attribute)).str();
+    check_string_bytes(out.size(), "join's result");
   }
   return Value(out);
 }
@@ -289,6 +291,8 @@ Value f_indent(const Value& v, CallArgs& a) {
   const Value width = a.get(0, "width", Value(static_cast<int64_t>(4)));
   const bool first = a.get(1, "first", Value(false)).truthy();
   const bool blank = a.get(2, "blank", Value(false)).truthy();
+  if (!width.is_string())
+    check_string_bytes(std::max<int64_t>(0, width.as_int()), "indent's width");
   const std::string pad =
       width.is_string()
           ? width.as_string()
@@ -405,6 +409,7 @@ Value f_center(const Value& v, CallArgs& a) {
   const std::string s = v.str();
   const int64_t n = static_cast<int64_t>(utf8_length(s));
   if (width <= n) return Value(s);
+  check_string_bytes(static_cast<uint64_t>(width) + s.size(), "center's result");
   const int64_t total = width - n, left = total / 2 + (total & width & 1);
   return Value(std::string(static_cast<size_t>(left), ' ') + s +
                std::string(static_cast<size_t>(total - left), ' '));

@@ -1,11 +1,13 @@
 #include "text/jinja/interpreter.h"
 
+#include <cstdint>
 #include <memory>
 #include <unordered_map>
 #include <vector>
 
 #include "text/jinja/builtins.h"
 #include "text/jinja/error.h"
+#include "text/jinja/limits.h"
 
 namespace crl::text::jinja {
 
@@ -14,9 +16,6 @@ namespace {
 using Scope = std::unordered_map<std::string, Value>;
 
 enum class Flow { kNormal, kBreak, kContinue };
-
-// Deep recursion (macros calling themselves) is cut off rather than overflowing the stack.
-constexpr int kMaxDepth = 200;
 
 class Interpreter {
  public:
@@ -85,9 +84,25 @@ class Interpreter {
 
   Flow exec(const Node& n, std::string& out) {
     try {
-      return exec_node(n, out);
+      step();
+      const Flow f = exec_node(n, out);
+      check_string_bytes(out.size(), "the rendered text");
+      return f;
     } catch (const TemplateError& e) {
       rethrow_located(e, n.line);
+    }
+  }
+
+  // One statement or expression more: past kMaxRenderSteps the render fails (a loop of loops
+  // over range(1000000) would otherwise keep a core busy for hours).
+  // A loop iteration builds its `loop` object: it counts as this many steps.
+  static constexpr int64_t kLoopIterationSteps = 16;
+  void step(int64_t n = 1) {
+    steps_ += n;
+    if (steps_ > kMaxRenderSteps) {
+      throw TemplateError(TemplateError::Kind::kRuntime, "the template ran past its budget of " +
+                                                             std::to_string(kMaxRenderSteps) +
+                                                             " evaluation steps");
     }
   }
 
@@ -180,6 +195,7 @@ class Interpreter {
       ~DepthGuard() { --d; }
     } depth_guard{loop_depth_};
     for (int64_t i = 0; i < length; ++i) {
+      step(kLoopIterationSteps);
       ScopeGuard guard(scopes_, std::make_shared<Scope>());
       ValueItems loop = {
           {Value("index"), Value(i + 1)},
@@ -211,7 +227,7 @@ class Interpreter {
   Value make_macro(const Node& n) {
     const Node* node = &n;
     return Value::function(n.text, [this, node](CallArgs& args) {
-      if (++call_depth_ > kMaxDepth) {
+      if (++call_depth_ > kMaxMacroDepth) {
         --call_depth_;
         throw TemplateError(TemplateError::Kind::kRuntime,
                             "macro '" + node->text + "' recursed too deeply");
@@ -276,7 +292,10 @@ class Interpreter {
 
   Value eval(const Expr& e) {
     try {
-      return eval_expr(e);
+      step();
+      Value v = eval_expr(e);
+      if (v.is_string()) check_string_bytes(v.as_string().size(), "a string");
+      return v;
     } catch (const TemplateError& err) {
       rethrow_located(err, e.line);
     }
@@ -364,6 +383,7 @@ class Interpreter {
   std::vector<std::shared_ptr<Scope>> scopes_;
   int loop_depth_ = 0;
   int call_depth_ = 0;
+  int64_t steps_ = 0;
 };
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include "text/jinja/builtins.h"
 #include "text/jinja/error.h"
+#include "text/jinja/limits.h"
 
 namespace crl::text::jinja {
 
@@ -145,7 +146,10 @@ std::optional<Value> string_method(const Value& self, const std::string& name) {
     f = [s](CallArgs& a) {
       std::string out;
       const ValueList items = iterate(a.get(0, "iterable"));
-      for (size_t i = 0; i < items.size(); ++i) out += (i ? s : "") + str_arg(items[i], "join");
+      for (size_t i = 0; i < items.size(); ++i) {
+        out += (i ? s : "") + str_arg(items[i], "join");
+        check_string_bytes(out.size(), "join()'s result");
+      }
       return Value(out);
     };
   } else if (name == "find" || name == "rfind" || name == "index" || name == "rindex" ||
@@ -376,6 +380,7 @@ std::string py_replace(const std::string& s, const std::string& old, const std::
     for (const auto& c : cs) {
       if (count < 0 || n < count) out += with, ++n;
       out += c;
+      check_string_bytes(out.size(), "replace()'s result");
     }
     if (count < 0 || n < count) out += with;
     return out;
@@ -385,6 +390,7 @@ std::string py_replace(const std::string& s, const std::string& old, const std::
   for (size_t at = s.find(old); at != std::string::npos && (count < 0 || n < count);
        at = s.find(old, start)) {
     out += s.substr(start, at - start) + with;
+    check_string_bytes(out.size(), "replace()'s result");
     start = at + old.size();
     ++n;
   }

@@ -5,6 +5,7 @@
 
 #include "text/jinja/builtins.h"
 #include "text/jinja/error.h"
+#include "text/jinja/limits.h"
 #include "text/jinja/methods.h"
 
 namespace crl::text::jinja {
@@ -82,11 +83,18 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
 }
 
 Value repeat(const Value& seq, int64_t n) {
+  if (n <= 0) return seq.is_string() ? Value(std::string()) : Value::list(ValueList());
+  const uint64_t unit = seq.is_string() ? seq.as_string().size() : seq.as_list().size();
+  const uint64_t count = static_cast<uint64_t>(n);
+  const uint64_t total = unit != 0 && count > UINT64_MAX / unit ? UINT64_MAX : unit * count;
   if (seq.is_string()) {
+    check_string_bytes(total, "a repeated string");
     std::string out;
+    out.reserve(static_cast<size_t>(total));
     for (int64_t i = 0; i < n; ++i) out += seq.as_string();
     return Value(out);
   }
+  check_list_items(total, "a repeated list");
   ValueList out;
   for (int64_t i = 0; i < n; ++i) out.insert(out.end(), seq.as_list().begin(), seq.as_list().end());
   return Value::list(std::move(out));
@@ -234,8 +242,31 @@ bool less_than(const Value& a, const Value& b) {
   type_error("'<' not supported between instances of " + quoted_type(a) + " and " + quoted_type(b));
 }
 
+void check_string_bytes(uint64_t bytes, const char* what) {
+  if (bytes > kMaxTemplateStringBytes) {
+    throw TemplateError(TemplateError::Kind::kRuntime,
+                        std::string(what) + " of " + std::to_string(bytes) +
+                            " bytes passes the template string limit of " +
+                            std::to_string(kMaxTemplateStringBytes) + " bytes");
+  }
+}
+
+void check_list_items(uint64_t items, const char* what) {
+  if (items > kMaxTemplateListItems) {
+    throw TemplateError(TemplateError::Kind::kRuntime,
+                        std::string(what) + " of " + std::to_string(items) +
+                            " items passes the template list limit of " +
+                            std::to_string(kMaxTemplateListItems));
+  }
+}
+
 Value binary_op(const std::string& op, const Value& a, const Value& b) {
-  if (op == "~") return Value(a.str() + b.str());
+  if (op == "~") {
+    std::string x = a.str();
+    const std::string y = b.str();
+    check_string_bytes(uint64_t{x.size()} + y.size(), "a '~' concatenation");
+    return Value(x + y);
+  }
   if (op == "==") return Value(a.equals(b));
   if (op == "!=") return Value(!a.equals(b));
   if (op == "in") return Value(contains(b, a));
@@ -248,8 +279,13 @@ Value binary_op(const std::string& op, const Value& a, const Value& b) {
   if (b.is_undefined()) raise_undefined(b);
   if (a.is_number() && b.is_number()) return arithmetic(op, a, b);
   if (op == "+") {
-    if (a.is_string() && b.is_string()) return Value(a.as_string() + b.as_string());
+    if (a.is_string() && b.is_string()) {
+      check_string_bytes(uint64_t{a.as_string().size()} + b.as_string().size(),
+                         "a '+' concatenation");
+      return Value(a.as_string() + b.as_string());
+    }
     if (a.is_list() && b.is_list()) {
+      check_list_items(uint64_t{a.as_list().size()} + b.as_list().size(), "a '+' concatenation");
       ValueList out = a.as_list();
       out.insert(out.end(), b.as_list().begin(), b.as_list().end());
       return Value::list(std::move(out));

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <initializer_list>
+#include <string>
 
 #include "text/jinja/builtins.h"
 #include "text/jinja/error.h"
+#include "text/jinja/limits.h"
 
 namespace crl::text::jinja {
 
@@ -129,6 +131,7 @@ class Parser {
   }
 
   NodePtr parse_statement(const std::string& tag) {
+    const Nest nest(*this);
     auto n = std::make_unique<Node>();
     n->line = toks_[pos_ - 1].line;
     if (tag == "if") {
@@ -269,6 +272,7 @@ class Parser {
   }
 
   ExprPtr parse_expression(bool with_condexpr) {
+    const Nest nest(*this);
     ExprPtr expr = parse_or();
     if (!with_condexpr) return expr;
     while (is_name("if")) {
@@ -313,6 +317,7 @@ class Parser {
 
   ExprPtr parse_not() {
     if (is_name("not")) {
+      const Nest nest(*this);
       auto e = make(Expr::Kind::kUnary, cur().line);
       advance();
       e->name = "not";
@@ -394,6 +399,7 @@ class Parser {
   ExprPtr parse_unary(bool with_filter) {
     ExprPtr node;
     if (is_op("-") || is_op("+")) {
+      const Nest nest(*this);
       node = make(Expr::Kind::kUnary, cur().line);
       node->name = cur().text;
       advance();
@@ -587,9 +593,26 @@ class Parser {
     }
   }
 
+  // Nesting (parentheses, unary operators, blocks) past kMaxTemplateNesting is a syntax error: the
+  // parser, the interpreter and the tree's destructor all recurse once a level, so a template of
+  // 10,000 nested parentheses would otherwise end the process with a stack overflow.
+  struct Nest {
+    explicit Nest(Parser& p) : p(p) {
+      if (++p.depth_ > kMaxTemplateNesting) {
+        p.fail("nesting deeper than " + std::to_string(kMaxTemplateNesting) +
+               " levels (parentheses, operators or blocks)");
+      }
+    }
+    ~Nest() { --p.depth_; }
+    Nest(const Nest&) = delete;
+    Nest& operator=(const Nest&) = delete;
+    Parser& p;
+  };
+
   const std::vector<Token>& toks_;
   std::string name_;
   size_t pos_ = 0;
+  int depth_ = 0;
 };
 
 }  // namespace
