@@ -50,9 +50,10 @@ int run_rl_rank(const sync::RankEnv& env, const RlJobOptions& o) {
   // coordinator over its own connection.
   std::shared_ptr<sync::Coordinator> coord = ctx->connect_own_coordinator();
   auto err = std::make_shared<std::exception_ptr>();
-  std::thread reporter([ctx, coord, err] {
+  auto learned = std::make_shared<bool>(true);
+  std::thread reporter([ctx, coord, err, learned] {
     try {
-      trainer::report_rl_job(*ctx, *coord);
+      *learned = trainer::report_rl_job(*ctx, *coord);
     } catch (...) {
       *err = std::current_exception();
     }
@@ -65,7 +66,7 @@ int run_rl_rank(const sync::RankEnv& env, const RlJobOptions& o) {
   }
   reporter.join();
   if (*err) std::rethrow_exception(*err);
-  return 0;
+  return *learned ? 0 : 1;
 }
 
 }  // namespace crl::app

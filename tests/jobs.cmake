@@ -196,6 +196,14 @@ crl_job_test(rl.multi_turn_external_env_that_lies_and_dies_counts_named_errors p
              --env "python3 ${CMAKE_CURRENT_SOURCE_DIR}/fixtures/envs/test_env.py --lie-every 7 --die-at-request 30"
              --sft-steps 0 --steps 2 --prompts-per-step 4 --n-samples 4 --max-tokens 8 --max-turns 2
              --eval-rows 4 --eval-every 0 --timeout 60)
+# A job whose every episode ends in an environment error learned nothing from it: it says so and
+# exits non-zero (issue 49; it used to exit 0).
+crl_job_test(rl.multi_turn_env_whose_every_episode_fails_exits_non_zero fail 90
+             "every one of the 8 episodes ended in an environment error ;; rank 0 \\(node 0, infer 0\\) exit code 1"
+             --gpus-infer 1 --gpus-train 1
+             --env "python3 ${CMAKE_CURRENT_SOURCE_DIR}/fixtures/envs/test_env.py --lie-every 1"
+             --sft-steps 0 --steps 1 --prompts-per-step 4 --n-samples 2 --max-tokens 8 --max-turns 2
+             --eval-rows 4 --eval-every 0 --timeout 60)
 # An external environment's demonstrations (op "demonstration") feed the SFT warm-up; one that
 # has none fails the warm-up naming the task and the way out. Two processes per rank
 # (--env-procs): demonstrations and episodes spread over the pool.

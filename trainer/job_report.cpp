@@ -21,8 +21,11 @@ struct JobTotals {
   double infer_busy = 0, infer_span = 0, train_idle = 0, train_span = 0, stale_max = 0;
   double store_ops = 0, store_bytes = 0, last_elapsed = 0;
   int64_t total_gen_tokens = 0, peak_train_rss = 0, steps_done = 0;
+  double episodes = 0, env_errors = 0;  // multi-turn (--env) only
 
   void add(const StepTotals& t, double elapsed_s) {
+    episodes += t.episodes;
+    env_errors += t.env_errors;
     if (max_gap0 < 0) max_gap0 = t.gap_max;
     sum_gen += t.gen_s;
     sum_wait += t.wait_s;
@@ -47,7 +50,7 @@ class JobReport {
  public:
   JobReport(const RlContext& j, sync::Coordinator& coord) : j_(j), o_(j.o), coord_(coord) {}
 
-  void run() {
+  bool run() {
     open_metrics();
     if (!j_.versions.resumed()) print_data();
     wait_first_evals();
@@ -55,6 +58,16 @@ class JobReport {
     for (int64_t step = j_.versions.start_step(); step < o_.steps; ++step)
       report_step(step, prev_elapsed);
     print_summary();
+    const JobTotals& s = totals_;
+    if (s.episodes > 0 && s.env_errors >= s.episodes) {
+      fmt::print(
+          "every one of the {:.0f} episodes ended in an environment error (the log names them): "
+          "nothing was learned from the environment; exit status 1\n",
+          s.episodes);
+      std::fflush(stdout);
+      return false;
+    }
+    return true;
   }
 
  private:
@@ -191,6 +204,8 @@ class JobReport {
 
 }  // namespace
 
-void report_rl_job(const RlContext& j, sync::Coordinator& coord) { JobReport(j, coord).run(); }
+bool report_rl_job(const RlContext& j, sync::Coordinator& coord) {
+  return JobReport(j, coord).run();
+}
 
 }  // namespace crl::trainer

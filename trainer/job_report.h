@@ -9,8 +9,10 @@
 
 namespace crl::trainer {
 
+// Returns false when the job had episodes (--env) and every one of them ended in an environment
+// error (said on stdout): the job's exit status is then 1.
 // REQUIRES: `coord` is over a store connection no other thread uses
 // (RlContext::connect_own_coordinator).
-void report_rl_job(const RlContext& ctx, sync::Coordinator& coord);
+bool report_rl_job(const RlContext& ctx, sync::Coordinator& coord);
 
 }  // namespace crl::trainer

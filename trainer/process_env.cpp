@@ -26,11 +26,28 @@ using Clock = std::chrono::steady_clock;
 constexpr size_t kMaxLineBytes = size_t{64} << 20;  // one reply line
 
 // At most 120 bytes of `s`, cut at a UTF-8 character boundary (errors land in JSON metrics).
+// The first ~120 bytes of what an environment wrote, for a log line or an error: control bytes
+// (a raw newline or escape sequence would forge or garble log lines) written as \xNN.
 std::string excerpt(const std::string& s) {
-  if (s.size() <= 120) return s;
-  size_t cut = 117;
-  while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
-  return s.substr(0, cut) + "...";
+  size_t cut = s.size();
+  if (s.size() > 120) {
+    cut = 117;
+    while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
+  }
+  std::string out;
+  out.reserve(cut + 8);
+  static const char* kHex = "0123456789abcdef";
+  for (size_t i = 0; i < cut; ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7f) {
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return cut < s.size() ? out + "..." : out;
 }
 
 EnvReply failed(const std::string& error) {
@@ -336,7 +353,9 @@ std::optional<EnvReply> ProcessEnv::send_line(const std::string& line, Clock::ti
 std::optional<EnvReply> ProcessEnv::read_line(Clock::time_point deadline, const std::string& what,
                                               const std::string& episode_id, std::string* line) {
   size_t eol;
-  while ((eol = buffer_.find('\n')) == std::string::npos) {
+  size_t from = 0;  // bytes of buffer_ already searched: each byte is looked at once
+  while ((eol = buffer_.find('\n', from)) == std::string::npos) {
+    from = buffer_.size();
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     if (left.count() <= 0) {
@@ -355,7 +374,7 @@ std::optional<EnvReply> ProcessEnv::read_line(Clock::time_point deadline, const 
     const int ready = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
     if (ready < 0 && errno != EINTR) return died("failed a poll", what, episode_id);
     if (ready <= 0) continue;
-    char buf[4096];
+    char buf[65536];
     const ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return died("closed its stdout", what, episode_id);
@@ -387,8 +406,18 @@ std::optional<EnvReply> ProcessEnv::read_reply_object(Clock::time_point deadline
       }
       if (j->is_discarded() || !j->is_object() || j->contains("episode_id")) break;
     }
-    spdlog::warn("environment ({}): dropped a line that is not a reply (waiting for the {}'s): {}",
-                 command_, what, excerpt(*line));
+    // The first few dropped lines in full, then a count now and then (a chatty process must not
+    // fill the log).
+    ++dropped_lines_;
+    if (dropped_lines_ <= kLoggedDroppedLines) {
+      spdlog::warn(
+          "environment ({}): dropped a line that is not a reply (waiting for the {}'s): {}{}",
+          command_, what, excerpt(*line),
+          dropped_lines_ == kLoggedDroppedLines ? " (later ones are counted, not shown)" : "");
+    } else if (dropped_lines_ % 10000 == 0) {
+      spdlog::warn("environment ({}): {} lines dropped so far that were not replies", command_,
+                   dropped_lines_);
+    }
   }
   if (j->is_discarded() || !j->is_object()) {
     born_.erase(episode_id);  // over, as after any malformed reply

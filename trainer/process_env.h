@@ -98,6 +98,9 @@ class ProcessEnv : public Environment {
   int fd_ = -1;              // our end of the socket pair (the child's stdin and stdout)
   std::string buffer_;       // bytes read past the last line
   void drop_stray_output();  // before a request: what the process wrote unasked
+  // Lines dropped as no reply over the process's life: the first kLoggedDroppedLines are logged.
+  int64_t dropped_lines_ = 0;
+  static constexpr int64_t kLoggedDroppedLines = 5;
   // The process each open episode was reset on (starts_ at its reset): a step of an episode whose
   // process is gone fails (env_died) without reaching the new one, which never saw it.
   std::map<std::string, int64_t> born_;

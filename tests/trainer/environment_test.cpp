@@ -3,12 +3,15 @@
 #include "trainer/environment.h"
 
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <future>
+#include <sstream>
 #include <vector>
 
 #include "trainer/calculator_env.h"
@@ -268,6 +271,38 @@ TEST(ProcessEnvTest, UnaskedLinesDoNotShiftTheLaterReplies) {
   EXPECT_EQ(failures, 0);
   EXPECT_TRUE(env.reset("last", EnvSplit::kTrain, 7).error.empty());
   EXPECT_EQ(env.starts(), 1);
+}
+
+// An environment that writes much that is no reply (issue 49): thousands of log lines with
+// terminal control bytes and one 20 MB line. The replies still come through, the log shows the
+// first few lines with their control bytes escaped and then only counts, and the long line is
+// read in one pass (it used to be rescanned from its start after every 4 KiB read).
+TEST(ProcessEnvTest, StrayLinesAreDroppedWithABoundedEscapedLog) {
+  std::ostringstream log;
+  const auto before = spdlog::default_logger();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>(
+      "capture", std::make_shared<spdlog::sinks::ostream_sink_mt>(log)));
+  {
+    ProcessEnv env(test_env("--stray-lines 4000 --long-line-bytes 20000000"), EnvOptions{});
+    for (int i = 0; i < 3; ++i) {
+      const EnvReply r = env.reset("s" + std::to_string(i), EnvSplit::kTrain, i);
+      EXPECT_TRUE(r.error.empty()) << r.error;
+    }
+    EXPECT_EQ(env.starts(), 1);
+  }
+  spdlog::set_default_logger(before);
+  const std::string out = log.str();
+  size_t shown = 0;
+  for (size_t at = out.find("dropped a line"); at != std::string::npos;
+       at = out.find("dropped a line", at + 1)) {
+    ++shown;
+  }
+  EXPECT_EQ(shown, 5u) << out.substr(0, 2000);
+  EXPECT_NE(out.find("later ones are counted, not shown"), std::string::npos);
+  EXPECT_NE(out.find("10000 lines dropped so far"), std::string::npos) << out.substr(0, 2000);
+  EXPECT_NE(out.find("\\x1b[31mstray 0\\x0d\\x07"), std::string::npos) << out.substr(0, 2000);
+  EXPECT_EQ(out.find('\x1b'), std::string::npos);
+  EXPECT_LT(out.size(), 20000u);
 }
 
 // Long enough for a python3 start and a first reply on a loaded 2-core machine (300 ms was not,
