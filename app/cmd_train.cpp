@@ -237,6 +237,11 @@ void add_env_flags(CLI::App* cmd, TrainFlags* f) {
                   "--env: seconds an external environment has for one reply (then the episode ends "
                   "with env_timeout, reward 0)")
       ->capture_default_str();
+  cmd->add_option("--env-pass", o.env_options.pass_env,
+                  "--env COMMAND: environment variables it gets beside PATH, HOME, LANG, TMPDIR, "
+                  "PYTHONPATH and a few others (names, comma-separated; NAME* for a prefix); it "
+                  "gets no other: not the API key, not the rendezvous store's address")
+      ->delimiter(',');
   cmd->add_option("--env-procs", o.env_options.processes,
                   "--env COMMAND: processes per infer rank (each answers one request at a time: "
                   "this many episodes' tool calls run at once)")

@@ -78,6 +78,9 @@ struct EnvOptions {
   uint64_t seed = 1;
   // External environments: the longest wait for one reply line.
   std::chrono::milliseconds timeout{30000};
+  // External environments: variables passed to the process beside the clean environment's few
+  // (ProcessEnv; `--env-pass`). A name ending in '*' passes every variable with that prefix.
+  std::vector<std::string> pass_env;
   // External environments: processes per infer rank (ProcessEnvPool). Each answers one request at
   // a time, so this many episodes' tool calls run at once.
   int32_t processes = 1;

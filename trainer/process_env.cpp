@@ -106,10 +106,38 @@ std::string read_reply(const ojson& j, const std::string& episode_id, bool is_re
   return "";
 }
 
+// The environment an environment process starts with: the variables a program needs to run
+// (ProcessEnv's contract) and the ones the user passes, from this process's own.
+std::vector<std::string> clean_environment(const std::vector<std::string>& pass) {
+  static const char* kKept[] = {"PATH",       "HOME",        "USER",         "LOGNAME",
+                                "SHELL",      "LANG",        "LANGUAGE",     "LC_*",
+                                "TZ",         "TMPDIR",      "TERM",         "PYTHONPATH",
+                                "PYTHONHOME", "VIRTUAL_ENV", "CONDA_PREFIX", "LD_LIBRARY_PATH"};
+  auto matches = [](const std::string& name, const std::string& pattern) {
+    if (!pattern.empty() && pattern.back() == '*') {
+      return name.compare(0, pattern.size() - 1, pattern, 0, pattern.size() - 1) == 0;
+    }
+    return name == pattern;
+  };
+  std::vector<std::string> out;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    const std::string entry = *e;
+    const std::string name = entry.substr(0, entry.find('='));
+    bool keep = std::any_of(std::begin(kKept), std::end(kKept),
+                            [&](const char* k) { return matches(name, k); });
+    keep = keep || std::any_of(pass.begin(), pass.end(),
+                               [&](const std::string& p) { return matches(name, p); });
+    if (keep) out.push_back(entry);
+  }
+  return out;
+}
+
 }  // namespace
 
 ProcessEnv::ProcessEnv(std::string command, const EnvOptions& options)
-    : command_(std::move(command)), timeout_(options.timeout) {
+    : command_(std::move(command)),
+      timeout_(options.timeout),
+      env_(clean_environment(options.pass_env)) {
   if (timeout_.count() <= 0) throw std::invalid_argument("the environment timeout must be > 0");
   thread_ = std::thread([this] { worker(); });
   // Start the process now (on the worker: a process dies with the thread that started it,
@@ -178,6 +206,11 @@ void ProcessEnv::start_process() {
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
     throw std::runtime_error(std::string("environment: socketpair: ") + std::strerror(errno));
   }
+  // The exec's arguments and environment, made before the fork (the child only execs).
+  std::vector<char*> envp;
+  for (const std::string& e : env_) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  const char* argv[] = {"sh", "-c", command_.c_str(), nullptr};
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) {
@@ -191,7 +224,7 @@ void ProcessEnv::start_process() {
     ::setpgid(0, 0);  // its own group: stop_process() ends what the shell started too
     ::dup2(sv[1], 0);
     ::dup2(sv[1], 1);
-    ::execl("/bin/sh", "sh", "-c", command_.c_str(), static_cast<char*>(nullptr));
+    ::execve("/bin/sh", const_cast<char* const*>(argv), envp.data());
     ::_exit(127);
   }
   ::setpgid(pid, pid);  // as the child does: whichever runs first

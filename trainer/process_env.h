@@ -23,9 +23,13 @@
 //                  late reply cannot answer a later request),
 //   env_malformed  a line that is not a JSON object, names another episode, or has fields of the
 //                  wrong type.
-// The process runs in a process group of its own, killed whole when the ProcessEnv is destroyed
-// or a reply times out. If the rank dies, the shell gets SIGKILL (PR_SET_PDEATHSIG) and a command
-// it forked reads EOF on its stdin.
+// The process starts with a clean environment: PATH, HOME, USER, LOGNAME, SHELL, LANG, LANGUAGE,
+// LC_*, TZ, TMPDIR, TERM, PYTHONPATH, PYTHONHOME, VIRTUAL_ENV, CONDA_PREFIX, LD_LIBRARY_PATH and
+// the names in EnvOptions::pass_env (`--env-pass`), nothing else: no CRL_* (the API key, the
+// rendezvous store's address), no other secrets. Environments are where model-written tool calls
+// run. The process runs in a process group of its own, killed whole when the ProcessEnv is
+// destroyed or a reply times out. If the rank dies, the shell gets SIGKILL (PR_SET_PDEATHSIG) and a
+// command it forked reads EOF on its stdin.
 //
 // Thread safety: reset/step/close may be called from any thread; requests are sent one at a time,
 // by one worker thread the ProcessEnv owns (which also starts the process).
@@ -39,6 +43,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -93,6 +98,7 @@ class ProcessEnv : public Environment {
 
   const std::string command_;
   const std::chrono::milliseconds timeout_;
+  const std::vector<std::string> env_;  // the process's environment, "NAME=value"
   // The worker's state: only the worker thread touches these.
   pid_t pid_ = -1;
   int fd_ = -1;              // our end of the socket pair (the child's stdin and stdout)

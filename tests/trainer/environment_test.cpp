@@ -273,6 +273,37 @@ TEST(ProcessEnvTest, UnaskedLinesDoNotShiftTheLaterReplies) {
   EXPECT_EQ(env.starts(), 1);
 }
 
+// Environment programs run model-written tool calls: they start with a clean environment (issue
+// 49): no CRL_* (the API key, the store's address), no other secret; PATH and the like, and what
+// --env-pass names (a name, or a prefix with '*').
+TEST(ProcessEnvTest, TheProcessGetsACleanEnvironmentAndWhatIsPassed) {
+  ::setenv("CRL_API_KEY", "sk-secret", 1);
+  ::setenv("CRL_MASTER_ADDR", "10.0.0.1", 1);
+  ::setenv("CRL_TEST_TOOL_TOKEN", "t1", 1);
+  ::setenv("CRL_TEST_PREFIX_A", "a", 1);
+  ::setenv("CRL_TEST_UNASKED", "u", 1);
+  EnvOptions o;
+  o.pass_env = {"CRL_TEST_TOOL_TOKEN", "CRL_TEST_PREFIX_*"};
+  ProcessEnv env(test_env("--echo-env CRL_API_KEY,CRL_MASTER_ADDR,CRL_TEST_TOOL_TOKEN,"
+                          "CRL_TEST_PREFIX_A,CRL_TEST_UNASKED,PATH"),
+                 o);
+  const EnvReply r = env.reset("e", EnvSplit::kTrain, 0);
+  ::unsetenv("CRL_API_KEY");
+  ::unsetenv("CRL_MASTER_ADDR");
+  for (const char* n : {"CRL_TEST_TOOL_TOKEN", "CRL_TEST_PREFIX_A", "CRL_TEST_UNASKED"}) {
+    ::unsetenv(n);
+  }
+  ASSERT_TRUE(r.error.empty()) << r.error;
+  ASSERT_FALSE(r.messages.empty());
+  const std::string content = r.messages[0]["content"].get<std::string>();
+  EXPECT_NE(content.find("CRL_API_KEY unset"), std::string::npos) << content;
+  EXPECT_NE(content.find("CRL_MASTER_ADDR unset"), std::string::npos) << content;
+  EXPECT_NE(content.find("CRL_TEST_TOOL_TOKEN=t1"), std::string::npos) << content;
+  EXPECT_NE(content.find("CRL_TEST_PREFIX_A=a"), std::string::npos) << content;
+  EXPECT_NE(content.find("CRL_TEST_UNASKED unset"), std::string::npos) << content;
+  EXPECT_NE(content.find("PATH=/"), std::string::npos) << content;
+}
+
 // An environment that writes much that is no reply (issue 49): thousands of log lines with
 // terminal control bytes and one 20 MB line. The replies still come through, the log shows the
 // first few lines with their control bytes escaped and then only counts, and the long line is
