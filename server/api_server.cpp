@@ -148,21 +148,24 @@ void Server::route(const std::string& method, const std::string& path, HttpHandl
   const bool keyed =
       !options_.api_key.empty() && (access == Access::kKey || options_.key_for_health_and_metrics);
   if (!keyed) return http_.route(method, path, std::move(handler));
-  http_.route(method, path, [this, handler = std::move(handler)](const HttpRequest& req) {
-    auto it = req.headers.find("authorization");
-    if (it == req.headers.end() || !bearer_token_matches(it->second, options_.api_key)) {
-      HttpResponse res = error_response(
-          401,
-          it == req.headers.end()
-              ? "this server needs an API key: send the header 'Authorization: Bearer KEY'"
-              : "incorrect API key provided",
-          "", "invalid_api_key");
-      res.headers.emplace_back("WWW-Authenticate", "Bearer");
-      metrics_->record_http_status(res.status);
-      return res;
-    }
-    return handler(req);
-  });
+  // The key is checked on the headers, before a body is read.
+  http_.route(
+      method, path, std::move(handler),
+      [this](const HttpRequest& req) -> std::optional<HttpResponse> {
+        auto it = req.headers.find("authorization");
+        if (it != req.headers.end() && bearer_token_matches(it->second, options_.api_key)) {
+          return std::nullopt;
+        }
+        HttpResponse res = error_response(
+            401,
+            it == req.headers.end()
+                ? "this server needs an API key: send the header 'Authorization: Bearer KEY'"
+                : "incorrect API key provided",
+            "", "invalid_api_key");
+        res.headers.emplace_back("WWW-Authenticate", "Bearer");
+        metrics_->record_http_status(res.status);
+        return res;
+      });
 }
 
 HttpResponse Server::respond(const HttpRequest& req, const std::function<HttpResponse()>& handle) {

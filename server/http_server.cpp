@@ -120,15 +120,35 @@ HttpServer::HttpServer(HttpServerOptions options) : impl_(std::make_unique<Impl>
 
 HttpServer::~HttpServer() { stop(); }
 
-void HttpServer::route(const std::string& method, const std::string& path, HttpHandler handler) {
+namespace {
+
+// A gate's answer, sent without reading the body. The unread bytes are never buffered: httplib
+// takes what follows as the next request line, refuses it (at most its 8 KiB line limit read) and
+// closes. (Closing the socket here would reset the connection and lose the answer.)
+void send_gated(httplib::Response& res, const HttpResponse& out) {
+  res.status = out.status;
+  for (const auto& [k, v] : out.headers) res.set_header(k, v);
+  res.set_header("Connection", "close");
+  res.set_content(out.body, out.content_type);
+}
+
+HttpRequest head_of(const httplib::Request& req) {
+  HttpRequest r;
+  r.method = req.method;
+  r.path = req.path;
+  for (const auto& [k, v] : req.headers) r.headers.emplace(lower(k), v);
+  return r;
+}
+
+}  // namespace
+
+void HttpServer::route(const std::string& method, const std::string& path, HttpHandler handler,
+                       HttpGate gate) {
   // `body` is null for GET: then req.body is used.
   auto serve = [handler = std::move(handler)](const httplib::Request& req, httplib::Response& res,
                                               std::string* body) {
-    HttpRequest r;
-    r.method = req.method;
-    r.path = req.path;
+    HttpRequest r = head_of(req);
     r.body = body ? std::move(*body) : req.body;
-    for (const auto& [k, v] : req.headers) r.headers.emplace(lower(k), v);
     auto fd = std::make_shared<int>(-2);  // -2: not looked up yet
     const int local_port = req.local_port;
     const std::string remote_addr = req.remote_addr;
@@ -163,25 +183,41 @@ void HttpServer::route(const std::string& method, const std::string& path, HttpH
         });
   };
   if (method == "GET") {
-    impl_->svr.Get(path, [serve](const httplib::Request& req, httplib::Response& res) {
+    impl_->svr.Get(path, [serve, gate](const httplib::Request& req, httplib::Response& res) {
+      if (gate) {
+        if (auto out = gate(head_of(req))) return send_gated(res, *out);
+      }
       serve(req, res, nullptr);
     });
   } else if (method == "POST") {
     // Read the body ourselves: httplib caps bodies it reads as form data (curl's default
-    // Content-Type) at 8 KiB; this way only max_body_bytes applies, whatever the Content-Type.
-    impl_->svr.Post(path, [serve](const httplib::Request& req, httplib::Response& res,
-                                  const httplib::ContentReader& reader) {
-      std::string body;
-      const bool ok = reader([&body](const char* data, size_t size) {
-        body.append(data, size);
-        return true;
-      });
-      if (!ok) {  // httplib set 413 (too large) or 400; the error handler writes the body
-        if (res.status < 400) res.status = 400;
-        return;
-      }
-      serve(req, res, &body);
-    });
+    // Content-Type) at 8 KiB; this way only max_body_bytes applies, whatever the Content-Type,
+    // counted here because httplib 0.11 checks it only against a Content-Length.
+    const size_t max_body = impl_->options.max_body_bytes;
+    impl_->svr.Post(
+        path, [serve, gate, max_body](const httplib::Request& req, httplib::Response& res,
+                                      const httplib::ContentReader& reader) {
+          if (gate) {
+            if (auto out = gate(head_of(req))) return send_gated(res, *out);
+          }
+          std::string body;
+          bool too_large = false;
+          const bool ok = reader([&body, &too_large, max_body](const char* data, size_t size) {
+            if (size > max_body - body.size()) {
+              too_large = true;
+              return false;
+            }
+            body.append(data, size);
+            return true;
+          });
+          if (!ok || too_large) {  // 413 (too large) or 400; the error handler writes the body
+            if (too_large) res.status = 413;
+            if (res.status < 400) res.status = 400;
+            res.set_header("Connection", "close");  // the rest of the body is never read
+            return;
+          }
+          serve(req, res, &body);
+        });
   } else {
     throw std::invalid_argument("HttpServer::route: unsupported method " + method);
   }

@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -51,11 +52,17 @@ struct HttpResponse {
 };
 
 using HttpHandler = std::function<HttpResponse(const HttpRequest&)>;
+// Runs on the request line and headers alone (HttpRequest::body empty), before a body is read: a
+// response it returns is sent as it is, the connection closed and the body never read (an
+// unauthenticated client cannot make the server buffer its body); nullopt lets the request on.
+using HttpGate = std::function<std::optional<HttpResponse>(const HttpRequest&)>;
 
 struct HttpServerOptions {
   // Worker threads: each in-flight request holds one while it runs (streams included).
   int threads = 128;
-  // Bodies over this size are refused with 413 before any handler runs.
+  // Bodies over this size are refused with 413 before any handler runs, counted as they arrive
+  // whatever the transfer encoding (a chunked body has no Content-Length to check first); the
+  // connection is then closed.
   size_t max_body_bytes = size_t{8} << 20;
   // Renders the body of a transport-level error (404 no route, 413 too large, ...) when the
   // handler left it empty: (status) -> JSON text.
@@ -69,8 +76,9 @@ class HttpServer {
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
 
-  // method: "GET" or "POST"; path: exact match.
-  void route(const std::string& method, const std::string& path, HttpHandler handler);
+  // method: "GET" or "POST"; path: exact match. `gate`, when set, runs first (HttpGate).
+  void route(const std::string& method, const std::string& path, HttpHandler handler,
+             HttpGate gate = {});
 
   // Binds host:port (port 0 = any free port) and serves on a background thread. Returns the bound
   // port. Throws std::runtime_error when the address cannot be bound.
