@@ -42,7 +42,8 @@ template <class Json>
 Json parse_untrusted_json(std::string_view text, bool* too_deep = nullptr) {
   const bool deep = json_too_deep(text);
   if (too_deep != nullptr) *too_deep = deep;
-  if (deep) return Json(Json::value_t::discarded);
+  // nlohmann's parser stops at a NUL byte and accepts what came before it; JSON has no raw NUL.
+  if (deep || text.find('\0') != std::string_view::npos) return Json(Json::value_t::discarded);
   return Json::parse(text, nullptr, /*allow_exceptions=*/false);
 }
 

@@ -50,6 +50,11 @@ std::optional<Server::SessionTurn> Server::session_turn(const HttpRequest& req, 
   }
   if (id.empty()) return std::nullopt;
   if (id.size() > 256) throw ApiError(400, "'session_id' is longer than 256 bytes", "session_id");
+  if (std::any_of(id.begin(), id.end(), [](char c) {
+        return static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) == 0x7f;
+      })) {
+    throw ApiError(400, "'session_id' holds a control character", "session_id");
+  }
   if (endpoint != Endpoint::kChat) {
     throw ApiError(400, "sessions are for /v1/chat/completions (a session is a conversation)",
                    "session_id");
@@ -174,9 +179,15 @@ void Server::prepare_completion(const HttpRequest& req, Endpoint endpoint, Compl
   }
   const std::vector<std::string> unknown = unknown_fields(body, endpoint);
   if (!unknown.empty()) {
+    // As JSON strings (a name is the client's text: a newline in it must not forge a log line),
+    // the first ten.
+    std::string names;
+    for (size_t i = 0; i < unknown.size() && i < 10; ++i) {
+      names += (i ? ", " : "") + json(unknown[i]).dump();
+    }
+    if (unknown.size() > 10) names += fmt::format(" and {} more", unknown.size() - 10);
     spdlog::warn("{}: ignoring unknown field(s) {}",
-                 endpoint == Endpoint::kChat ? "/v1/chat/completions" : "/v1/completions",
-                 fmt::join(unknown, ", "));
+                 endpoint == Endpoint::kChat ? "/v1/chat/completions" : "/v1/completions", names);
   }
   const bool split = split_special_tokens_field(body, options_.limits.split_special_tokens);
   call.job = parse_completion_request(

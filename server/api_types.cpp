@@ -1,5 +1,6 @@
 #include "server/api_types.h"
 
+#include <cctype>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -186,14 +187,15 @@ std::string detokenize_body(const text::Tokenizer& tokenizer, const json& body,
 }
 
 bool bearer_token_matches(const std::string& authorization, const std::string& key) {
-  static const std::string kScheme = "Bearer ";
+  // The scheme is case-insensitive (RFC 7235: "bearer KEY" is the same credential).
+  static const std::string kScheme = "bearer ";
   const std::string expected = kScheme + key;
   // Differences are OR-ed over the expected length; a value of another length is a mismatch
   // that still reads every expected byte.
   unsigned diff = authorization.size() == expected.size() ? 0u : 1u;
   for (size_t i = 0; i < expected.size(); ++i) {
-    const unsigned char got =
-        i < authorization.size() ? static_cast<unsigned char>(authorization[i]) : 0;
+    unsigned char got = i < authorization.size() ? static_cast<unsigned char>(authorization[i]) : 0;
+    if (i < kScheme.size()) got = static_cast<unsigned char>(std::tolower(got));
     diff |= got ^ static_cast<unsigned char>(expected[i]);
   }
   return diff == 0 && !key.empty();
@@ -416,8 +418,9 @@ CompletionJob parse_completion_request(const json& body, Endpoint endpoint, cons
   engine::SamplingParams& p = job.params;
   p.n = static_cast<int32_t>(opt_int(body, "n", 1, limits.max_n).value_or(1));
   auto max_tokens = opt_int(body, "max_tokens", 1, limits.max_tokens);
-  if (endpoint == Endpoint::kChat && !max_tokens) {
-    max_tokens = opt_int(body, "max_completion_tokens", 1, limits.max_tokens);
+  if (endpoint == Endpoint::kChat) {  // OpenAI's newer name, checked whether or not max_tokens is
+    // there, and preferred over it (as vLLM does)
+    if (auto mct = opt_int(body, "max_completion_tokens", 1, limits.max_tokens)) max_tokens = mct;
   }
   job.max_tokens_given = max_tokens.has_value();
   p.max_tokens = static_cast<int32_t>(max_tokens.value_or(16));  // OpenAI's completions default

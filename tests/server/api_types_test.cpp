@@ -160,6 +160,9 @@ TEST(ServerApiTypesTest, BearerTokenMatchesOnlyTheExactKey) {
   EXPECT_FALSE(bearer_token_matches("Basic k3y", "k3y"));
   EXPECT_FALSE(bearer_token_matches("Bearer ", ""));  // an empty key is no key
   EXPECT_FALSE(bearer_token_matches("", "k3y"));
+  EXPECT_TRUE(bearer_token_matches("bearer k3y", "k3y"));  // the scheme in any case (RFC 7235)
+  EXPECT_TRUE(bearer_token_matches("BeArEr k3y", "k3y"));
+  EXPECT_FALSE(bearer_token_matches("Bearer K3Y", "k3y"));  // the key exactly
 }
 
 }  // namespace

@@ -635,8 +635,8 @@ TEST(ServerLimitsTest, QueueFullGets429WithRetryAfter) {
   EXPECT_EQ(ok->status, 200);
 }
 
-// --api-key: every endpoint but /health and /metrics needs "Authorization: Bearer KEY"; a
-// missing or wrong key is a 401 OpenAI error, whatever the endpoint or body.
+// --api-key: every endpoint but /health and /metrics needs "Authorization: Bearer KEY" (the
+// scheme in any case); a missing or wrong key is a 401 OpenAI error, whatever the endpoint or body.
 TEST(ServerAuthTest, ApiKeyGuardsEveryEndpointButHealthAndMetrics) {
   server::ServerOptions o;
   o.api_key = "sk-local-7f3a";
@@ -654,7 +654,7 @@ TEST(ServerAuthTest, ApiKeyGuardsEveryEndpointButHealthAndMetrics) {
   expect_401(c->Post("/v1/completions", completion, "application/json"), "no key");
   for (const std::string bad :
        {"Bearer sk-local-7f3", "Bearer sk-local-7f3ab", "Bearer sk-local-7f3b",
-        "bearer sk-local-7f3a", "sk-local-7f3a", "Bearer  sk-local-7f3a", ""}) {
+        "Bearer SK-LOCAL-7F3A", "sk-local-7f3a", "Bearer  sk-local-7f3a", ""}) {
     expect_401(c->Post("/v1/completions", {{"Authorization", bad}}, completion, "application/json"),
                "header '" + bad + "'");
   }
@@ -676,6 +676,13 @@ TEST(ServerAuthTest, ApiKeyGuardsEveryEndpointButHealthAndMetrics) {
   auto ok = c->Post("/v1/completions", key, completion, "application/json");
   ASSERT_TRUE(ok);
   EXPECT_EQ(ok->status, 200) << ok->body;
+  // The scheme is case-insensitive (RFC 7235), the key is not (above).
+  for (const std::string scheme : {"bearer", "BEARER"}) {
+    auto lower = c->Post("/v1/completions", {{"Authorization", scheme + " sk-local-7f3a"}},
+                         completion, "application/json");
+    ASSERT_TRUE(lower);
+    EXPECT_EQ(lower->status, 200) << scheme << ": " << lower->body;
+  }
   auto t = c->Post("/tokenize", key, R"({"prompt": "hello"})", "application/json");
   ASSERT_TRUE(t);
   EXPECT_EQ(t->status, 200) << t->body;

@@ -1,15 +1,19 @@
-// The HTTP transport's limits against hostile clients (issue 49), over raw sockets: a chunked body
-// is counted against --max-body-bytes as it arrives (httplib checks only a Content-Length), and a
-// keyed server answers 401 on the headers without reading the body.
+// The HTTP server against hostile clients (issue 49), over raw sockets: a chunked body is counted
+// against --max-body-bytes as it arrives (httplib checks only a Content-Length), a keyed server
+// answers 401 on the headers without reading the body, and the smaller items.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <memory>
+#include <sstream>
 #include <string>
 
 #include "tests/engine/test_model.h"
@@ -107,6 +111,53 @@ TEST(ServerLimitsTest, AKeyedServerAnswers401BeforeReadingTheBody) {
       std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
   const std::string ok = exchange(served.port, good, 0, "", 10);
   EXPECT_EQ(ok.rfind("HTTP/1.1 200", 0), 0u) << ok.substr(0, 300);
+}
+
+// Smaller items of issue 49, one request each on one served model: a NUL no longer ends a body
+// (nlohmann's parser stopped there and took what came before), the auth scheme is
+// case-insensitive, max_completion_tokens is checked beside max_tokens (and wins, as in vLLM), a
+// session id may not hold control characters (it is echoed in X-Session-Id), and unknown field
+// names reach the log as JSON strings (a newline in one forged a log line).
+TEST(ServerLimitsTest, SmallerHostileInputsAreRefusedOrEscaped) {
+  server::ServerOptions o;
+  o.api_key = "sk-small";
+  ServedModel served(test_engine_config("llama"), o);
+  auto post = [&](const std::string& path, const std::string& body,
+                  const std::string& auth = "Bearer sk-small") {
+    const std::string req =
+        "POST " + path + " HTTP/1.1\r\nHost: x\r\nAuthorization: " + auth +
+        "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+        "\r\nConnection: close\r\n\r\n" + body;
+    return exchange(served.port, req, 0, "", 10);
+  };
+  const std::string nul =
+      post("/v1/completions", std::string(R"({"prompt": "hi", "max_tokens": 2})") + '\0' + "junk");
+  EXPECT_EQ(nul.rfind("HTTP/1.1 400", 0), 0u) << nul.substr(0, 300);
+  EXPECT_NE(nul.find("invalid_json"), std::string::npos) << nul;
+  const std::string lower =
+      post("/v1/completions", R"({"prompt": "hi", "max_tokens": 2})", "bearer sk-small");
+  EXPECT_EQ(lower.rfind("HTTP/1.1 200", 0), 0u) << lower.substr(0, 300);
+  const std::string chat_mct = post(
+      "/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 2,)"
+                              R"( "max_completion_tokens": -3})");
+  EXPECT_EQ(chat_mct.rfind("HTTP/1.1 400", 0), 0u) << chat_mct.substr(0, 300);
+  EXPECT_NE(chat_mct.find("max_completion_tokens"), std::string::npos) << chat_mct;
+  const std::string control = post(
+      "/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 2,)"
+                              R"( "session_id": "a\u0001b"})");
+  EXPECT_EQ(control.rfind("HTTP/1.1 400", 0), 0u) << control.substr(0, 300);
+  EXPECT_NE(control.find("control character"), std::string::npos) << control;
+
+  std::ostringstream log;
+  const auto before = spdlog::default_logger();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>(
+      "capture", std::make_shared<spdlog::sinks::ostream_sink_mt>(log)));
+  const std::string forged =
+      post("/v1/completions", R"({"prompt": "hi", "max_tokens": 1, "x\n[error] forged": 1})");
+  spdlog::set_default_logger(before);
+  EXPECT_EQ(forged.rfind("HTTP/1.1 200", 0), 0u) << forged.substr(0, 300);
+  EXPECT_NE(log.str().find(R"("x\n[error] forged")"), std::string::npos) << log.str();
+  EXPECT_EQ(log.str().find("\n[error] forged"), std::string::npos) << log.str();
 }
 
 }  // namespace
