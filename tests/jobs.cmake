@@ -119,6 +119,13 @@ add_test(NAME rl.killed_rank_fails_the_job_then_resume_continues_at_the_saved_st
 set_tests_properties(rl.killed_rank_fails_the_job_then_resume_continues_at_the_saved_step PROPERTIES
                      LABELS multiprocess ENVIRONMENT "${CRL_CLI_ENV}" TIMEOUT 200
                      RESOURCE_LOCK multiprocess_cores)
+# A resume from a trainer state whose rows_drawn is absurd (1e11 spun both ranks) is refused at
+# once, naming the field (issue 49).
+set(CRL_RL_FORGED ${CMAKE_CURRENT_BINARY_DIR}/rl-forged-state)
+add_test(NAME rl.resume_refuses_a_forged_rows_drawn
+         COMMAND sh -c "rm -rf ${CRL_RL_FORGED} && ${CRL_RUN_JOB} pass 90 'step 1 grpo' -- $<TARGET_FILE:colocated-rl> --gpus-infer 1 --gpus-train 1 --steps 1 --sft-steps 0 --prompts-per-step 4 --n-samples 2 --eval-every 0 --timeout 30 --save-dir ${CRL_RL_FORGED} --save-every 1 && python3 -c \"import json, sys; p = sys.argv[1] + '/step-1/trainer_state.json'; j = json.load(open(p)); j['extra']['rows_drawn'] = 10**11; json.dump(j, open(p, 'w'))\" ${CRL_RL_FORGED} && ${CRL_RUN_JOB} fail 30 'extra.rows_drawn 100000000000 is not an integer in \\[0, 100000000\\]' -- $<TARGET_FILE:colocated-rl> --gpus-infer 1 --gpus-train 1 --steps 2 --prompts-per-step 4 --n-samples 2 --eval-every 0 --timeout 30 --resume ${CRL_RL_FORGED}/step-1")
+set_tests_properties(rl.resume_refuses_a_forged_rows_drawn PROPERTIES LABELS multiprocess
+                     ENVIRONMENT "${CRL_CLI_ENV}" TIMEOUT 150 RESOURCE_LOCK multiprocess_cores)
 # A dead rank ends the job within seconds, not at --timeout (300 s by default, kept here): the
 # launcher names the first failure at once and stops the others after a 5 s grace (issue 49),
 # for a train rank and for an infer rank.

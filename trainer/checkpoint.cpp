@@ -122,6 +122,10 @@ CheckpointState read_checkpoint_state(const std::string& dir) {
   }
   CheckpointState s;
   s.step = j["step"].get<int64_t>();
+  if (s.step < 0 || s.step > kMaxCheckpointStep) {
+    throw std::runtime_error(path + ": \"step\" " + std::to_string(s.step) + " is outside [0, " +
+                             std::to_string(kMaxCheckpointStep) + "]");
+  }
   s.reference_model_dir = j.value("reference_model_dir", std::string());
   s.extra = j.value("extra", json::object());
   s.lora = j.value("lora", json());

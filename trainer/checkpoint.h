@@ -45,6 +45,8 @@ struct CheckpointState {
 
 // Reads trainer_state.json of a checkpoint. Throws std::runtime_error naming the file.
 CheckpointState read_checkpoint_state(const std::string& dir);
+// The largest step a trainer state may name (a damaged or forged file is refused, not replayed).
+constexpr int64_t kMaxCheckpointStep = 100'000'000;
 
 // Whether a run with `lora` (LoRA off: full fine-tuning) can resume checkpoint `dir`, whose state
 // is `st`: a LoRA checkpoint holds the adapter alone and a full one no adapter, and an adapter

@@ -149,7 +149,16 @@ RlRanks make_rl_ranks(sync::World& world, const RlOptions& o, const sync::CommFa
 RlContext::Start RlContext::read_start(const RlOptions& o) {
   if (o.resume_dir.empty()) return {};
   auto state = read_checkpoint_state(o.resume_dir);
-  return {state.step, state.extra.value("rows_drawn", int64_t{0}), true};
+  // The rows the data sampler drew before the save, replayed one by one at the resume: a count
+  // from a damaged file must not spin the ranks (1e11 did).
+  const nlohmann::json drawn = state.extra.value("rows_drawn", nlohmann::json(0));
+  constexpr int64_t kMaxRowsDrawn = 100'000'000;
+  if (!drawn.is_number_integer() || drawn.get<int64_t>() < 0 ||
+      drawn.get<int64_t>() > kMaxRowsDrawn) {
+    CRL_INVALID("--resume ", o.resume_dir, ": trainer_state.json's extra.rows_drawn ", drawn.dump(),
+                " is not an integer in [0, ", kMaxRowsDrawn, "]");
+  }
+  return {state.step, drawn.get<int64_t>(), true};
 }
 
 TaskData::TaskData(const RlOptions& o, int64_t rows_drawn) {

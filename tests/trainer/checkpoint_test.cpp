@@ -142,6 +142,24 @@ TEST(CheckpointTest, AFailedSaveLeavesNoPartialDirectoryAndKeepsTheLastCheckpoin
   EXPECT_EQ(read_checkpoint_state(ckpt).extra["cursor"], 1);
 }
 
+// A damaged or forged trainer_state.json (issue 49): a negative step was accepted and ended in NaN
+// logits 15 s into the resumed job. It is refused naming the file and the field.
+TEST(CheckpointTest, AStepOutsideItsRangeIsRefusedNamingTheFile) {
+  test::TempDir dir;
+  const std::string ckpt = dir.file("step-1");
+  Trainer t(test::test_model_dir(), options());
+  save_checkpoint(t, ckpt, "", {{"rows_drawn", 4}});
+  for (const char* step : {"-5", "100000000000"}) {
+    SCOPED_TRACE(step);
+    std::ifstream in(ckpt + "/trainer_state.json");
+    nlohmann::json j = nlohmann::json::parse(in);
+    j["step"] = nlohmann::json::parse(step);
+    std::ofstream(ckpt + "/trainer_state.json") << j.dump();
+    ASSERT_THROWS_WITH(read_checkpoint_state(ckpt), std::runtime_error,
+                       "trainer_state.json: \"step\" " + std::string(step) + " is outside [0, ");
+  }
+}
+
 TEST(CheckpointTest, RefusesToReplaceADirectoryThatIsNotACheckpoint) {
   test::TempDir dir;
   std::filesystem::create_directories(dir.file("precious"));
