@@ -3,7 +3,9 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -67,6 +69,43 @@ std::map<std::string, std::string> read_index(const std::string& index_path) {
   return weight_map;
 }
 
+// The index of the first element that is NaN or infinite, or -1 (float32 and bfloat16 read in
+// place; other dtypes through ATen).
+int64_t first_non_finite(const at::Tensor& t) {
+  const at::Tensor c = t.contiguous();
+  const int64_t n = c.numel();
+  if (c.scalar_type() == at::kFloat) {
+    const float* p = c.data_ptr<float>();
+    for (int64_t i = 0; i < n; ++i) {
+      if (!std::isfinite(p[i])) return i;
+    }
+    return -1;
+  }
+  if (c.scalar_type() == at::kBFloat16) {
+    const auto* p = reinterpret_cast<const uint16_t*>(c.data_ptr<at::BFloat16>());
+    for (int64_t i = 0; i < n; ++i) {
+      if ((p[i] & 0x7f80u) == 0x7f80u) return i;  // exponent all ones: inf or NaN
+    }
+    return -1;
+  }
+  const at::Tensor bad = at::logical_not(at::isfinite(c)).flatten().nonzero();
+  return bad.numel() == 0 ? -1 : bad[0][0].item<int64_t>();
+}
+
+// "model.layers.N.": N, else -1.
+int64_t layer_index(const std::string& name) {
+  static const std::string kPrefix = "model.layers.";
+  if (name.compare(0, kPrefix.size(), kPrefix) != 0) return -1;
+  const size_t dot = name.find('.', kPrefix.size());
+  if (dot == std::string::npos || dot == kPrefix.size()) return -1;
+  int64_t n = 0;
+  for (size_t i = kPrefix.size(); i < dot; ++i) {
+    if (name[i] < '0' || name[i] > '9' || n > 1'000'000) return -1;
+    n = n * 10 + (name[i] - '0');
+  }
+  return n;
+}
+
 }  // namespace
 
 NamedTensors load_checkpoint(const std::string& dir, const std::vector<ParamSpec>& specs,
@@ -128,7 +167,37 @@ NamedTensors load_checkpoint(const std::string& dir, const std::vector<ParamSpec
                                shape_str(info->second.shape) + ", expected " +
                                shape_str(spec.shape));
     }
-    out.emplace_back(spec.name, file.load(spec.name, dtype));
+    at::Tensor t = file.load(spec.name, dtype);
+    if (const int64_t bad = first_non_finite(t); bad >= 0) {
+      throw std::runtime_error("tensor '" + spec.name + "' in " + path + " holds " +
+                               (std::isnan(t.flatten()[bad].item<double>()) ? "NaN" : "infinite") +
+                               " values (the first at element " + std::to_string(bad) + ")");
+    }
+    out.emplace_back(spec.name, std::move(t));
+  }
+  // Layers the checkpoint has past the config's: a num_hidden_layers that does not match the
+  // weights (the model would run on a truncated stack, silently).
+  int64_t layers = 0;
+  for (const ParamSpec& spec : specs) layers = std::max(layers, layer_index(spec.name) + 1);
+  std::vector<std::string> names;
+  if (single) {
+    for (const auto& kv : get_file(single_path).tensors()) names.push_back(kv.first);
+  } else {
+    for (const auto& kv : weight_map) names.push_back(kv.first);
+  }
+  int64_t extra_layers = -1;
+  std::string example;
+  for (const std::string& name : names) {
+    const int64_t l = layer_index(name);
+    if (l >= layers && l > extra_layers) {
+      extra_layers = l;
+      example = name;
+    }
+  }
+  if (layers > 0 && extra_layers >= 0) {
+    throw std::runtime_error("checkpoint in " + dir + " has weights of " +
+                             std::to_string(extra_layers + 1) + " layers (e.g. '" + example +
+                             "') but config.json's num_hidden_layers is " + std::to_string(layers));
   }
   return out;
 }

@@ -16,7 +16,8 @@ using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 // Reads <dir>/model.safetensors, or <dir>/model.safetensors.index.json and its shards, and returns
 // one tensor per spec, in spec order, converted to `dtype` (CPU). Errors (std::runtime_error) name
 // the file and tensor: a missing file, a bad index, a missing tensor, a shape mismatch, an
-// unsupported stored dtype, a corrupt or truncated file.
+// unsupported stored dtype, a corrupt or truncated file, NaN or infinite values, and weights of
+// more layers than the specs name (config.json's num_hidden_layers short of the checkpoint's).
 NamedTensors load_checkpoint(const std::string& dir, const std::vector<ParamSpec>& specs,
                              at::ScalarType dtype);
 

@@ -3,8 +3,10 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -169,6 +171,39 @@ TEST(WeightLoaderTest, ReportsShapeMismatchWithFileAndBothShapes) {
   ASSERT_THROWS_WITH(load_checkpoint(dir.path(), specs, at::kFloat), std::runtime_error,
                      "tensor 'model.layers.0.self_attn.q_proj.weight' in " +
                          dir.file("model.safetensors") + " has shape [16, 8], expected [16, 16]");
+}
+
+// Issue 49: NaN or infinite weights, and a config.json with fewer layers than the weights, loaded
+// silently (generate exited 0). Both are errors naming the tensor or the layer count, in a single
+// file and in shards; bf16 checked in place.
+TEST(WeightLoaderTest, ReportsNonFiniteWeightsAndLayersPastTheConfig) {
+  const auto specs = model_param_specs(tiny_config());
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    for (float bad : {std::nanf(""), std::numeric_limits<float>::infinity()}) {
+      SCOPED_TRACE(std::string(dtype == at::kFloat ? "float " : "bfloat16 ") +
+                   (std::isnan(bad) ? "NaN" : "inf"));
+      test::TempDir dir;
+      NamedTensors weights = make_weights(specs);
+      weights[3].second.view(-1)[5] = bad;
+      save_checkpoint(dir.path(), weights);
+      ASSERT_THROWS_WITH(load_checkpoint(dir.path(), specs, dtype), std::runtime_error,
+                         "tensor '" + weights[3].first + "' in " + dir.file("model.safetensors") +
+                             " holds " + (std::isnan(bad) ? "NaN" : "infinite") +
+                             " values (the first at element 5)");
+    }
+  }
+  // Weights of 4 layers under a config of 2.
+  ModelConfig four = tiny_config();
+  four.num_layers = 4;
+  for (int64_t shard_bytes : {int64_t{0}, int64_t{4096}}) {
+    SCOPED_TRACE(shard_bytes == 0 ? "one file" : "shards");
+    test::TempDir dir;
+    save_checkpoint(dir.path(), make_weights(model_param_specs(four)), shard_bytes);
+    ASSERT_THROWS_WITH(load_checkpoint(dir.path(), specs, at::kFloat), std::runtime_error,
+                       "has weights of 4 layers (e.g. 'model.layers.3.");
+    ASSERT_THROWS_WITH(load_checkpoint(dir.path(), specs, at::kFloat), std::runtime_error,
+                       "but config.json's num_hidden_layers is 2");
+  }
 }
 
 TEST(WeightLoaderTest, ReportsMissingTensorsShardsAndCheckpoints) {
