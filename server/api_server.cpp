@@ -226,6 +226,14 @@ std::vector<int32_t> Server::encode_chat(
     chat_encoder_ = std::make_unique<text::ChatEncoder>(
         *tok, chat_.is_jinja() ? std::vector<int32_t>() : eng.prompt_prefix());
   });
+  // As LlmEngine::encode_prompt: a chat that cannot fit is refused before it is encoded whole.
+  if (tok->exceeds_tokens(text, eng.max_model_len())) {
+    throw ApiError(400,
+                   "the chat (" + std::to_string(text.size()) +
+                       " bytes rendered) exceeds the context length " +
+                       std::to_string(eng.max_model_len()) + " tokens",
+                   "messages");
+  }
   return chat_encoder_->encode(text, literal_spans);
 }
 

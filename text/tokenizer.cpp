@@ -391,6 +391,33 @@ std::vector<int32_t> Tokenizer::encode(const std::string& text,
   return impl_->encode(text, options);
 }
 
+bool Tokenizer::exceeds_tokens(const std::string& text, int64_t limit,
+                               const EncodeOptions& options) const {
+  if (text.size() <= kCountPieceBytes) return false;  // encoding it whole is cheap
+  int64_t count = 0, cuts = 0;
+  EncodeOptions piece_options = options;
+  for (size_t start = 0; start < text.size();) {
+    size_t end = std::min(text.size(), start + kCountPieceBytes);
+    if (end < text.size()) {
+      // Before a space or newline in the piece's last quarter (a word then starts the next piece
+      // as it would in the whole text), else at a character boundary.
+      const size_t ws = text.find_last_of(" \n\t", end);
+      if (ws != std::string::npos && ws > start + kCountPieceBytes * 3 / 4) {
+        end = ws;
+      } else {
+        while (end > start + 1 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) --end;
+      }
+      ++cuts;
+    }
+    count +=
+        static_cast<int64_t>(impl_->encode(text.substr(start, end - start), piece_options).size());
+    piece_options.add_special_tokens = false;  // BOS/EOS once, with the first piece
+    if (count > limit + kCountCutMargin * cuts) return true;
+    start = end;
+  }
+  return false;
+}
+
 std::vector<std::vector<int32_t>> Tokenizer::encode_batch(const std::vector<std::string>& texts,
                                                           const EncodeOptions& options,
                                                           int num_threads) const {

@@ -51,6 +51,16 @@ class Tokenizer {
   // and special-token literals in the text become their ids (tokenizer.json only; sentencepiece
   // spells them out).
   std::vector<int32_t> encode(const std::string& text, const EncodeOptions& options = {}) const;
+  // Whether `text` certainly encodes to more than `limit` tokens, found without encoding it whole:
+  // a text over kCountPieceBytes is encoded a piece at a time (cut before whitespace where one is
+  // near, else at a character boundary), the pieces' counts summed, until the sum passes `limit`
+  // plus kCountCutMargin tokens for each cut so far (what a cut can change). False when the text
+  // may fit: encode it to know. Memory and time: one piece at a time, so a megabytes-long prompt
+  // against a short context is refused after its first pieces.
+  bool exceeds_tokens(const std::string& text, int64_t limit,
+                      const EncodeOptions& options = {}) const;
+  static constexpr size_t kCountPieceBytes = 64 << 10;
+  static constexpr int64_t kCountCutMargin = 16;
   // Several texts, on up to `num_threads` threads (0: all cores); result i is encode(texts[i]).
   std::vector<std::vector<int32_t>> encode_batch(const std::vector<std::string>& texts,
                                                  const EncodeOptions& options = {},

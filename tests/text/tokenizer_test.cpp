@@ -40,6 +40,38 @@ class TokenizerTest : public ::testing::Test {
 test::TempDir* TokenizerTest::dir_ = nullptr;
 Tokenizer* TokenizerTest::tok_ = nullptr;
 
+// exceeds_tokens (issue 49: a prompt is refused before it is encoded whole) never refuses a text
+// that fits (limits at and past the true count), and finds one at twice or ten times its limit,
+// over texts of words and newlines, of mixed scripts and emoji with whitespace runs, and with no
+// whitespace at all; with and without the special tokens.
+TEST_F(TokenizerTest, ExceedsTokensNeverRefusesWhatFitsAndFindsWhatDoesNot) {
+  const Tokenizer& tok = *tok_;
+  std::mt19937 rng(3);
+  auto text_of = [&](const std::vector<std::string>& parts, size_t bytes) {
+    std::string t;
+    std::uniform_int_distribution<size_t> pick(0, parts.size() - 1);
+    while (t.size() < bytes) t += parts[pick(rng)];
+    return t;
+  };
+  const std::vector<std::string> texts = {
+      text_of({"alpha ", "beta ", "gamma ", "delta\n", "the ", "copy ", "answer: ", "42 "}, 300000),
+      text_of({"日本語", "🙂", "ñ", "  ", "\n\n", "abc", "123456", "\t", "Ünïcödé "}, 200000),
+      text_of({"abc", "xyz", "q"}, 150000),
+  };
+  for (size_t i = 0; i < texts.size(); ++i) {
+    for (bool special : {false, true}) {
+      SCOPED_TRACE("text " + std::to_string(i) + (special ? ", special tokens" : ""));
+      EncodeOptions o;
+      o.add_special_tokens = special;
+      const int64_t n = static_cast<int64_t>(tok.encode(texts[i], o).size());
+      for (int64_t limit : {n, n + 1, n + 100})
+        EXPECT_FALSE(tok.exceeds_tokens(texts[i], limit, o));
+      for (int64_t limit : {n / 2, n / 10}) EXPECT_TRUE(tok.exceeds_tokens(texts[i], limit, o));
+    }
+  }
+  EXPECT_FALSE(tok.exceeds_tokens("short", 0));  // small texts: encode them to know
+}
+
 TEST_F(TokenizerTest, HasFixedSpecialIds) {
   const Tokenizer& tok = *tok_;
   EXPECT_EQ(tok.vocab_size(), 400);
