@@ -133,6 +133,15 @@ crl_job_test(rl.killed_train_rank_ends_the_job_within_seconds fail 40
              "rank 1 \\(node 0, train 0\\) killed by signal 9.*stopping the other ranks in 5 s"
              --gpus-infer 1 --gpus-train 1 --steps 8 --sft-steps 3 --prompts-per-step 4 --n-samples 4
              --eval-every 0 --inject-fault die-at-step:1:2)
+# A save that fails (its directory cannot be made: here a path under a file, as a full or
+# read-only disk fails it) fails the train rank, and the launcher ends the job within seconds
+# naming it (issue 49).
+file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/save-dir-is-a-file "")
+crl_job_test(rl.failed_save_ends_the_job_within_seconds fail 40
+             "rank 1 \\(node 0, train 0\\) exit code 1: filesystem error: cannot create directories.*stopping the other ranks in 5 s"
+             --gpus-infer 1 --gpus-train 1 --steps 4 --sft-steps 2 --prompts-per-step 4 --n-samples 2
+             --eval-every 0 --save-dir ${CMAKE_CURRENT_BINARY_DIR}/save-dir-is-a-file/ckpt
+             --save-every 1)
 crl_job_test(rl.killed_infer_rank_ends_the_job_within_seconds fail 40
              "rank 0 \\(node 0, infer 0\\) killed by signal 9.*stopping the other ranks in 5 s"
              --gpus-infer 1 --gpus-train 1 --steps 8 --sft-steps 3 --prompts-per-step 4 --n-samples 4
