@@ -83,6 +83,24 @@ TEST(CudaFusedOpsTest, EachOpMatchesTheAtenComposition) {
   EXPECT_THROW(kernels::cuda_rms_norm(x.cpu(), at::ones({8}), 1e-6), std::exception);
 }
 
+// `count` greedy requests (EOS ignored) of random ids, prompt i holding first + step * i of them.
+std::vector<GenerateRequest> greedy_requests(int count, int first, int step, int max_tokens,
+                                             uint32_t seed) {
+  std::vector<GenerateRequest> reqs;
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> tok(3, 200);
+  for (int i = 0; i < count; ++i) {
+    GenerateRequest r;
+    r.request_id = "r" + std::to_string(i);
+    for (int j = 0; j < first + step * i; ++j) r.prompt_token_ids.push_back(tok(rng));
+    r.params.max_tokens = max_tokens;
+    r.params.temperature = 0.0;
+    r.params.ignore_eos = true;
+    reqs.push_back(r);
+  }
+  return reqs;
+}
+
 // Whole engines, float32, with the fused ops and with ATen's: the same greedy tokens and log-probs
 // to float32 rounding, for every model variant (qkv bias, Qwen3's per-head norms, llama3 RoPE).
 TEST(CudaFusedOpsTest, EnginesWithAndWithoutTheFusedOpsAgree) {
@@ -91,18 +109,7 @@ TEST(CudaFusedOpsTest, EnginesWithAndWithoutTheFusedOpsAgree) {
     SCOPED_TRACE(variant);
     EngineConfig cfg = test::test_engine_config(variant);
     cfg.device = "cuda";
-    std::vector<GenerateRequest> reqs;
-    std::mt19937 rng(11);
-    std::uniform_int_distribution<int32_t> tok(3, 200);
-    for (int i = 0; i < 6; ++i) {
-      GenerateRequest r;
-      r.request_id = "r" + std::to_string(i);
-      for (int j = 0; j < 5 + 9 * i; ++j) r.prompt_token_ids.push_back(tok(rng));
-      r.params.max_tokens = 12;
-      r.params.temperature = 0.0;
-      r.params.ignore_eos = true;
-      reqs.push_back(r);
-    }
+    const std::vector<GenerateRequest> reqs = greedy_requests(6, 5, 9, 12, 11);
     cfg.gpu_kernels = "libtorch";
     const auto a = LlmEngine(cfg).generate(reqs);
     cfg.gpu_kernels = "auto";
@@ -133,18 +140,7 @@ TEST(CudaEngineTest, FlashInferDecodeAttentionInGraphsMatchesTheEagerEngineAndV4
   cfg.dtype = "bfloat16";
   cfg.block_size = 16;
   cfg.max_batched_tokens = 512;
-  std::vector<GenerateRequest> reqs;
-  std::mt19937 rng(13);
-  std::uniform_int_distribution<int32_t> tok(3, 200);
-  for (int i = 0; i < 10; ++i) {
-    GenerateRequest r;
-    r.request_id = "r" + std::to_string(i);
-    for (int j = 0; j < 3 + 23 * i; ++j) r.prompt_token_ids.push_back(tok(rng));
-    r.params.max_tokens = 16;
-    r.params.temperature = 0.0;
-    r.params.ignore_eos = true;
-    reqs.push_back(r);
-  }
+  const std::vector<GenerateRequest> reqs = greedy_requests(10, 3, 23, 16, 13);
   const kv::CudaAttentionKernel before = kv::cuda_attention_kernel();
   auto run = [&](kv::CudaAttentionKernel kernel, const char* graphs) {
     kv::set_cuda_attention_kernel(kernel);
