@@ -1,9 +1,11 @@
+#include <malloc.h>
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <thread>
 
@@ -50,6 +52,16 @@ Runner register_serve(CLI::App& app) {
   cmd->add_option("--http-threads", s.http_threads, "HTTP worker threads")->capture_default_str();
   cmd->add_option("--max-body-bytes", s.max_body_bytes, "larger request bodies get 413")
       ->capture_default_str();
+  cmd->add_option("--http-request-timeout", s.request_timeout_s,
+                  "seconds a request may take to arrive, head and body (its head: 10 s at most); "
+                  "408 and the connection closed after")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--max-connections-per-client", s.max_connections_per_client,
+                  "connections one remote address may hold open; more get 503 (0: no cap; "
+                  "loopback clients are not capped)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   cmd->add_option("--session-idle-timeout", s.sessions.idle_timeout_s,
                   "chat sessions end after this many seconds without a request")
       ->check(CLI::PositiveNumber)
@@ -63,6 +75,12 @@ Runner register_serve(CLI::App& app) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   return [f]() {
+    // One malloc arena for the whole server (unless the user set MALLOC_ARENA_MAX). glibc gives
+    // threads their own arenas, up to 8 per core, and returns an arena's freed top to the system
+    // only past a threshold that grows with the largest block freed: every HTTP worker that once
+    // parsed a multi-MiB body kept it, and RSS climbed ~15 MiB per large request (issue 49). With
+    // one arena malloc_trim returns it; `bench serve` measured no loss (README, "Limits").
+    if (!std::getenv("MALLOC_ARENA_MAX")) mallopt(M_ARENA_MAX, 1);
     engine::EngineConfig config = f->engine.resolve();
     server::Server srv(config, f->server);
     std::signal(SIGINT, on_stop_signal);

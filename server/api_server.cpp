@@ -66,6 +66,10 @@ Server::Server(std::shared_ptr<engine::EngineLoop> loop, ServerOptions options)
         HttpServerOptions h;
         h.threads = options_.http_threads;
         h.max_body_bytes = options_.max_body_bytes;
+        h.request_timeout_s = options_.request_timeout_s;
+        h.head_timeout_s = std::min(h.head_timeout_s, options_.request_timeout_s);
+        h.max_connections_per_client = options_.max_connections_per_client;
+        h.cap_loopback_clients = options_.cap_loopback_clients;
         h.error_body = [](int status) {
           std::string message = "request failed";
           std::string code;
@@ -73,6 +77,9 @@ Server::Server(std::shared_ptr<engine::EngineLoop> loop, ServerOptions options)
           if (status == 405) message = "method not allowed";
           if (status == 413) message = "the request body is too large", code = "payload_too_large";
           if (status == 400) message = "malformed HTTP request";
+          if (status == 408) message = "the request did not arrive in time", code = "timeout";
+          if (status == 503)
+            message = "too many connections from this address", code = "overloaded";
           if (status >= 500) message = "internal server error";
           return dump_json(error_json(status, message, "", code));
         };

@@ -57,6 +57,12 @@ struct ServerOptions {
   int retry_after_seconds = 1;
   // Request bodies over this size get 413.
   size_t max_body_bytes = size_t{8} << 20;
+  // Seconds one request (head and body) may take to arrive; 408 after (HttpServerOptions).
+  double request_timeout_s = 60;
+  // Connections one remote address may hold open; more get 503 (0: no cap; loopback uncapped
+  // unless cap_loopback_clients).
+  int max_connections_per_client = 64;
+  bool cap_loopback_clients = false;
   // When not empty, every endpoint but /health and /metrics needs "Authorization: Bearer KEY"
   // (401 otherwise), as vLLM's --api-key; with key_for_health_and_metrics those two as well.
   std::string api_key;

@@ -3,11 +3,11 @@
 #include "server/http_server.h"
 
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <httplib.h>
+#include <malloc.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +17,9 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
 
@@ -29,44 +32,7 @@ std::string lower(std::string s) {
   return s;
 }
 
-int port_of(const sockaddr_storage& a) {
-  if (a.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port);
-  if (a.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6&>(a).sin6_port);
-  return -1;
-}
-
-// httplib 0.11 does not hand the connection's socket to handlers. A TCP connection is named by
-// its (local port, remote address, remote port), which the request carries, so the socket is
-// the open fd with those ends. The fd stays ours while the handler runs (httplib closes it only
-// after the handler returned), so the lookup is safe; it is done once per request.
-int find_connection_fd(int local_port, const std::string& remote_addr, int remote_port) {
-  DIR* dir = opendir("/proc/self/fd");
-  if (!dir) return -1;
-  int found = -1;
-  while (dirent* e = readdir(dir)) {
-    char* end = nullptr;
-    long fd = std::strtol(e->d_name, &end, 10);
-    if (end == e->d_name || *end != '\0') continue;
-    struct stat st;
-    if (fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
-    sockaddr_storage local{}, peer{};
-    socklen_t ll = sizeof(local), pl = sizeof(peer);
-    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &ll) != 0) continue;
-    if (getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &pl) != 0) continue;
-    if (port_of(local) != local_port || port_of(peer) != remote_port) continue;
-    char buf[INET6_ADDRSTRLEN] = {0};
-    if (peer.ss_family == AF_INET) {
-      inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in&>(peer).sin_addr, buf, sizeof(buf));
-    } else {
-      inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6&>(peer).sin6_addr, buf, sizeof(buf));
-    }
-    if (remote_addr != buf) continue;
-    found = static_cast<int>(fd);
-    break;
-  }
-  closedir(dir);
-  return found;
-}
+using Clock = std::chrono::steady_clock;
 
 // True while the peer has not closed: a non-blocking peek reads 0 bytes only after its FIN.
 bool socket_alive(int fd) {
@@ -77,18 +43,251 @@ bool socket_alive(int fd) {
   return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
 }
 
+// poll() for `events` on fd, at most until `until`; true when ready.
+bool wait_for(int fd, short events, Clock::time_point until) {
+  for (;;) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
+    if (left <= 0) return false;
+    pollfd p{fd, events, 0};
+    const int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 100)));
+    if (r > 0) return true;
+    if (r < 0 && errno != EINTR) return false;
+  }
+}
+
+void address_of(const sockaddr_storage& a, std::string& ip, int& port) {
+  char buf[INET6_ADDRSTRLEN] = {0};
+  port = -1;
+  if (a.ss_family == AF_INET) {
+    const auto& in = reinterpret_cast<const sockaddr_in&>(a);
+    inet_ntop(AF_INET, &in.sin_addr, buf, sizeof(buf));
+    port = ntohs(in.sin_port);
+  } else if (a.ss_family == AF_INET6) {
+    const auto& in6 = reinterpret_cast<const sockaddr_in6&>(a);
+    inet_ntop(AF_INET6, &in6.sin6_addr, buf, sizeof(buf));
+    port = ntohs(in6.sin6_port);
+  }
+  ip = buf;
+}
+
+bool is_loopback(const std::string& ip) {
+  return ip.rfind("127.", 0) == 0 || ip == "::1" || ip.rfind("::ffff:127.", 0) == 0;
+}
+
+// One client connection, served by one worker thread from accept to close. The handlers reach it
+// through t_connection (they run on that thread) to ask for the connection to be closed after
+// their response and to poll whether the client is still there.
+struct Connection {
+  int fd = -1;
+  std::string remote_ip, local_ip;
+  int remote_port = -1, local_port = -1;
+  // The current request: its head (request line and headers) must arrive by head_deadline, its
+  // body by body_deadline; both counted from its first byte.
+  Clock::time_point head_deadline, body_deadline;
+  bool head_done = false;    // httplib parsed the head (its setup hook ran)
+  bool timed_out = false;    // a read of this request passed its deadline
+  bool close_after = false;  // a handler answered without reading the whole body: close
+};
+thread_local Connection* t_connection = nullptr;
+
+// httplib's Stream over a Connection, one for the connection's whole life (httplib makes one per
+// request and drops what it had read past that request, so pipelined requests went unanswered).
+// Reads are buffered and bound by the request's deadlines, not only per read: a client sending a
+// byte a second cannot hold a worker past them.
+class ConnectionStream final : public httplib::Stream {
+ public:
+  ConnectionStream(Connection& c, std::chrono::milliseconds write_timeout)
+      : c_(c), write_timeout_(write_timeout) {}
+
+  bool buffered() const { return pos_ < end_; }
+
+  bool is_readable() const override {
+    if (buffered()) return true;
+    const Clock::time_point until = c_.head_done ? c_.body_deadline : c_.head_deadline;
+    if (wait_for(c_.fd, POLLIN, until)) return true;
+    c_.timed_out = true;
+    return false;
+  }
+  bool is_writable() const override {
+    return wait_for(c_.fd, POLLOUT, Clock::now() + write_timeout_) && socket_alive(c_.fd);
+  }
+  ssize_t read(char* ptr, size_t size) override {
+    if (!buffered()) {
+      if (!is_readable()) return -1;
+      ssize_t n;
+      do n = ::recv(c_.fd, buf_, sizeof(buf_), 0);
+      while (n < 0 && errno == EINTR);
+      if (n <= 0) return n;
+      pos_ = 0;
+      end_ = static_cast<size_t>(n);
+    }
+    const size_t n = std::min(size, end_ - pos_);
+    std::memcpy(ptr, buf_ + pos_, n);
+    pos_ += n;
+    return static_cast<ssize_t>(n);
+  }
+  ssize_t write(const char* ptr, size_t size) override {
+    if (!wait_for(c_.fd, POLLOUT, Clock::now() + write_timeout_)) return -1;
+    ssize_t n;
+    do n = ::send(c_.fd, ptr, size, MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    return n;
+  }
+  void get_remote_ip_and_port(std::string& ip, int& port) const override {
+    ip = c_.remote_ip;
+    port = c_.remote_port;
+  }
+  void get_local_ip_and_port(std::string& ip, int& port) const override {
+    ip = c_.local_ip;
+    port = c_.local_port;
+  }
+  socket_t socket() const override { return c_.fd; }
+
+ private:
+  Connection& c_;
+  std::chrono::milliseconds write_timeout_;
+  char buf_[16 << 10];
+  size_t pos_ = 0, end_ = 0;
+};
+
+// Closes after an answer sent while the client may still be sending (a refused body): closing a
+// socket with unread bytes resets the connection, and the client may lose the answer. So stop
+// sending, drain what comes for up to a second (1 MiB at most), then close.
+void close_lingering(int fd) {
+  ::shutdown(fd, SHUT_WR);
+  const Clock::time_point until = Clock::now() + std::chrono::seconds(1);
+  char sink[16 << 10];
+  for (size_t drained = 0; drained < (size_t{1} << 20) && wait_for(fd, POLLIN, until);) {
+    const ssize_t n = ::recv(fd, sink, sizeof(sink), 0);
+    if (n <= 0) break;
+    drained += static_cast<size_t>(n);
+  }
+  ::close(fd);
+}
+
+// httplib's server with the connection loop replaced (process_and_close_socket is httplib's
+// per-connection hook; its request parsing and routing, process_request, stay httplib's): the
+// loop adds request deadlines, a cap on connections per client address, pipelining and closing
+// after a refused or malformed request.
+class Transport final : public httplib::Server {
+ public:
+  explicit Transport(const HttpServerOptions& o) : o_(o) { keep_alive_max_count_ = 100; }
+
+ private:
+  bool process_and_close_socket(socket_t sock) override {
+    Connection c;
+    c.fd = sock;
+    sockaddr_storage a{};
+    socklen_t len = sizeof(a);
+    if (getpeername(sock, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+      address_of(a, c.remote_ip, c.remote_port);
+    }
+    len = sizeof(a);
+    if (getsockname(sock, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+      address_of(a, c.local_ip, c.local_port);
+    }
+    const bool capped =
+        o_.max_connections_per_client > 0 && (o_.cap_loopback_clients || !is_loopback(c.remote_ip));
+    if (capped && !admit(c.remote_ip)) {
+      refuse_over_cap(sock);
+      return false;
+    }
+    const bool ret = serve(c);
+    if (capped) release(c.remote_ip);
+    if (c.close_after) {
+      close_lingering(sock);
+    } else {
+      ::shutdown(sock, SHUT_RDWR);
+      ::close(sock);
+    }
+    return ret;
+  }
+
+  bool serve(Connection& c) {
+    t_connection = &c;
+    ConnectionStream strm(c, std::chrono::seconds(write_timeout_sec_));
+    const auto head_timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(o_.head_timeout_s * 1000));
+    const auto request_timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(o_.request_timeout_s * 1000));
+    bool ret = false;
+    for (size_t served = 0; served < keep_alive_max_count_; ++served) {
+      // Idle between requests: up to the keep-alive timeout, watching for the server to stop.
+      if (!strm.buffered() && !wait_idle(c.fd)) break;
+      if (svr_sock_ == INVALID_SOCKET) break;
+      const Clock::time_point start = Clock::now();
+      c.head_deadline = start + std::min(head_timeout, request_timeout);
+      c.body_deadline = start + request_timeout;
+      c.head_done = c.timed_out = c.close_after = false;
+      bool connection_closed = false;
+      const bool last = served + 1 == keep_alive_max_count_;
+      ret = process_request(strm, last, connection_closed,
+                            [&c](httplib::Request&) { c.head_done = true; });
+      // A head httplib refused (400, 414) or one that never came whole: what follows on the
+      // connection cannot be trusted to start a request, so close rather than wait for more.
+      if (!c.head_done) c.close_after = true;
+      if (!ret || connection_closed || c.close_after) break;
+    }
+    t_connection = nullptr;
+    return ret;
+  }
+
+  // Waits for a request's first byte for up to the keep-alive timeout; false when none came or
+  // the server is stopping (checked every 100 ms, so stop() does not wait out idle clients).
+  bool wait_idle(int fd) const {
+    const Clock::time_point until = Clock::now() + std::chrono::seconds(keep_alive_timeout_sec_);
+    while (svr_sock_ != INVALID_SOCKET) {
+      const Clock::time_point now = Clock::now();
+      if (now >= until) return false;
+      if (wait_for(fd, POLLIN, std::min(until, now + std::chrono::milliseconds(100)))) return true;
+    }
+    return false;
+  }
+
+  bool admit(const std::string& ip) {
+    std::lock_guard<std::mutex> lock(mu_);
+    int& n = open_[ip];
+    if (n >= o_.max_connections_per_client) return false;
+    ++n;
+    return true;
+  }
+  void release(const std::string& ip) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--open_[ip] <= 0) open_.erase(ip);
+  }
+  void refuse_over_cap(int fd) {
+    const std::string body =
+        o_.error_body ? o_.error_body(503) : std::string(R"({"error":"too many connections"})");
+    const std::string head =
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+        "Retry-After: 1\r\nConnection: close\r\nContent-Length: " +
+        std::to_string(body.size()) + "\r\n\r\n";
+    const std::string out = head + body;
+    if (wait_for(fd, POLLOUT, Clock::now() + std::chrono::seconds(1))) {
+      (void)::send(fd, out.data(), out.size(), MSG_NOSIGNAL);
+    }
+    close_lingering(fd);
+  }
+
+  const HttpServerOptions& o_;
+  std::mutex mu_;
+  std::map<std::string, int> open_;  // connections open per capped client address
+};
+
 }  // namespace
 
 struct HttpServer::Impl {
+  explicit Impl(HttpServerOptions o) : options(std::move(o)), svr(options) {}
   HttpServerOptions options;
-  httplib::Server svr;
+  Transport svr;
   std::thread listener;
   std::atomic<bool> running{false};
   std::atomic<int> listen_fd{-1};
 };
 
-HttpServer::HttpServer(HttpServerOptions options) : impl_(std::make_unique<Impl>()) {
-  impl_->options = std::move(options);
+HttpServer::HttpServer(HttpServerOptions options)
+    : impl_(std::make_unique<Impl>(std::move(options))) {
   auto& svr = impl_->svr;
   const int threads = std::max(1, impl_->options.threads);
   svr.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
@@ -103,6 +302,8 @@ HttpServer::HttpServer(HttpServerOptions options) : impl_(std::make_unique<Impl>
   // Called for every response with status >= 400: fill only bodies nobody wrote (404, 413...).
   httplib::Server::HandlerWithResponse on_error = [error_body](const httplib::Request&,
                                                                httplib::Response& res) {
+    // A head or body that did not arrive within its deadline is a 408, not a malformed request.
+    if (res.status == 400 && t_connection && t_connection->timed_out) res.status = 408;
     if (!res.body.empty() || res.is_chunked_content_provider_ || !error_body) {
       return httplib::Server::HandlerResponse::Unhandled;
     }
@@ -122,13 +323,21 @@ HttpServer::~HttpServer() { stop(); }
 
 namespace {
 
-// A gate's answer, sent without reading the body. The unread bytes are never buffered: httplib
-// takes what follows as the next request line, refuses it (at most its 8 KiB line limit read) and
-// closes. (Closing the socket here would reset the connection and lose the answer.)
+// Bodies from this size up are followed by a malloc_trim (see route()).
+constexpr size_t kTrimAfterBodyBytes = size_t{1} << 20;
+
+// Answers without reading (the rest of) the body: the connection is closed after the answer
+// (Transport drains what the client still sends, so the answer is not lost to a reset).
+void close_after_answer(httplib::Response& res) {
+  res.set_header("Connection", "close");
+  if (t_connection) t_connection->close_after = true;
+}
+
+// A gate's answer, sent without reading the body.
 void send_gated(httplib::Response& res, const HttpResponse& out) {
   res.status = out.status;
   for (const auto& [k, v] : out.headers) res.set_header(k, v);
-  res.set_header("Connection", "close");
+  close_after_answer(res);
   res.set_content(out.body, out.content_type);
 }
 
@@ -149,14 +358,10 @@ void HttpServer::route(const std::string& method, const std::string& path, HttpH
                                               std::string* body) {
     HttpRequest r = head_of(req);
     r.body = body ? std::move(*body) : req.body;
-    auto fd = std::make_shared<int>(-2);  // -2: not looked up yet
-    const int local_port = req.local_port;
-    const std::string remote_addr = req.remote_addr;
-    const int remote_port = req.remote_port;
-    r.is_connection_alive = [fd, local_port, remote_addr, remote_port]() {
-      if (*fd == -2) *fd = find_connection_fd(local_port, remote_addr, remote_port);
-      return *fd < 0 || socket_alive(*fd);  // unknown socket: assume alive
-    };
+    // The handler runs on the connection's worker thread, which keeps the socket open until
+    // the handler has returned.
+    const int fd = t_connection ? t_connection->fd : -1;
+    r.is_connection_alive = [fd]() { return fd < 0 || socket_alive(fd); };
     HttpResponse out = handler(r);
     res.status = out.status;
     for (const auto& [k, v] : out.headers) res.set_header(k, v);
@@ -201,6 +406,11 @@ void HttpServer::route(const std::string& method, const std::string& path, HttpH
             if (auto out = gate(head_of(req))) return send_gated(res, *out);
           }
           std::string body;
+          // A Content-Length within the limit is trusted for one allocation (no doubling copies).
+          if (req.has_header("Content-Length")) {
+            const uint64_t announced = req.get_header_value<uint64_t>("Content-Length");
+            if (announced <= max_body) body.reserve(static_cast<size_t>(announced));
+          }
           bool too_large = false;
           const bool ok = reader([&body, &too_large, max_body](const char* data, size_t size) {
             if (size > max_body - body.size()) {
@@ -210,13 +420,25 @@ void HttpServer::route(const std::string& method, const std::string& path, HttpH
             body.append(data, size);
             return true;
           });
-          if (!ok || too_large) {  // 413 (too large) or 400; the error handler writes the body
-            if (too_large) res.status = 413;
+          if (!ok || too_large) {  // 413, 408 or 400; the error handler writes the body
+            if (too_large) {
+              res.status = 413;
+            } else if (t_connection && t_connection->timed_out) {
+              res.status = 408;  // the body did not arrive within the request's deadline
+            }
             if (res.status < 400) res.status = 400;
-            res.set_header("Connection", "close");  // the rest of the body is never read
+            close_after_answer(res);  // the rest of the body is never read
+            const bool large = body.capacity() >= kTrimAfterBodyBytes;
+            std::string().swap(body);
+            if (large) malloc_trim(0);
             return;
           }
+          const bool large = body.size() >= kTrimAfterBodyBytes;
           serve(req, res, &body);
+          // The request's body and what was parsed from it are freed by now, but glibc keeps freed
+          // memory in the worker thread's arena (one per thread, up to 8 per core), where
+          // hundreds of MiB of large prompts stayed resident; hand it back to the system.
+          if (large) malloc_trim(0);
         });
   } else {
     throw std::invalid_argument("HttpServer::route: unsupported method " + method);

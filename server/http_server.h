@@ -3,8 +3,12 @@
 // Only http_server.cpp includes httplib.h. Routes take and return the plain HttpRequest /
 // HttpResponse below, so the API handlers (server/api_server.cpp) know nothing of httplib.
 //
+// httplib parses requests and routes them; the connection loop around them is this file's
+// (deadlines per request, a cap per client address, pipelined requests answered in order, a
+// connection closed after a refused or malformed request).
+//
 // Thread safety: route() before start(); start() and stop() from one controlling thread.
-// Handlers run on the server's worker threads, one request per thread at a time.
+// Handlers run on the server's worker threads, one connection per thread at a time.
 #pragma once
 
 #include <cstddef>
@@ -64,6 +68,17 @@ struct HttpServerOptions {
   // whatever the transfer encoding (a chunked body has no Content-Length to check first); the
   // connection is then closed.
   size_t max_body_bytes = size_t{8} << 20;
+  // Seconds one request may take to arrive, counted from its first byte: its request line and
+  // headers within head_timeout_s, the whole request (body included) within request_timeout_s.
+  // Past them the request gets 408 and the connection is closed, so a client that trickles bytes
+  // holds a worker thread for no longer.
+  double head_timeout_s = 10;
+  double request_timeout_s = 60;
+  // Connections one client address may hold open at once (0: no cap); more are answered 503 with
+  // Retry-After and closed. Loopback clients are not capped unless cap_loopback_clients (the
+  // host's own processes: an evaluation harness on the same machine may open hundreds).
+  int max_connections_per_client = 64;
+  bool cap_loopback_clients = false;
   // Renders the body of a transport-level error (404 no route, 413 too large, ...) when the
   // handler left it empty: (status) -> JSON text.
   std::function<std::string(int status)> error_body;

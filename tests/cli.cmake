@@ -24,6 +24,13 @@ add_test(NAME server.openai_sdk_multi_turn_session_keeps_its_ids
          COMMAND sh -c "${CMAKE_SOURCE_DIR}/scripts/tokenizer_fixtures.sh ${CRL_TOKENIZER_FIXTURES} && node ${CMAKE_CURRENT_SOURCE_DIR}/server/openai_sdk_session.mjs $<TARGET_FILE:colocated-rl> ${CRL_TOKENIZER_FIXTURES} ${CMAKE_CURRENT_BINARY_DIR}/openai-sdk-session ${CMAKE_CURRENT_SOURCE_DIR}/fixtures/chat_templates")
 set_tests_properties(server.openai_sdk_multi_turn_session_keeps_its_ids PROPERTIES LABELS unit
                      ENVIRONMENT "${CRL_CLI_ENV}" TIMEOUT 300)
+# `serve`'s RSS after large bodies (8 MiB prompts, chunked or not, 413s) stays within 2x
+# --max-body-bytes of idle (issue 49). Run without a MALLOC_ARENA_MAX the server would respect.
+add_test(NAME server.rss_after_large_bodies_within_twice_the_body_limit
+         COMMAND env -u MALLOC_ARENA_MAX python3 ${CMAKE_CURRENT_SOURCE_DIR}/server/server_rss_bounded.py
+                 $<TARGET_FILE:colocated-rl>)
+set_tests_properties(server.rss_after_large_bodies_within_twice_the_body_limit PROPERTIES
+                     LABELS unit ENVIRONMENT "${CRL_CLI_ENV}" TIMEOUT 180)
 file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/bad.jsonl "{\"prompt\": \"ok\"}\n{\"prompt\": 3}\n")
 add_test(NAME cli.generate_rejects_bad_jsonl_naming_the_line
          COMMAND colocated-rl generate --jsonl ${CMAKE_CURRENT_BINARY_DIR}/bad.jsonl)

@@ -1,6 +1,8 @@
 // The HTTP server against hostile clients (issue 49), over raw sockets: a chunked body is counted
 // against --max-body-bytes as it arrives (httplib checks only a Content-Length), a keyed server
-// answers 401 on the headers without reading the body, and the smaller items.
+// answers 401 on the headers without reading the body, requests that trickle in meet a deadline,
+// one address cannot hold every connection, pipelined requests are answered, and the smaller
+// items.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -11,10 +13,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "tests/engine/test_model.h"
 #include "tests/server/server_test_util.h"
@@ -64,6 +70,51 @@ std::string exchange(int port, const std::string& head, size_t body_bytes, const
   }
   ::close(fd);
   return out;
+}
+
+int connect_loopback(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+void send_all(int fd, const std::string& s) { (void)::send(fd, s.data(), s.size(), MSG_NOSIGNAL); }
+
+// Reads until the server closes the connection or `wait_s` passes; `closed` says which.
+std::string read_until_closed(int fd, double wait_s, bool* closed) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_s);
+  timeval rcv{0, 100000};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &rcv, sizeof(rcv));
+  std::string out;
+  char buf[4096];
+  *closed = false;
+  while (std::chrono::steady_clock::now() < until) {
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n > 0) {
+      out.append(buf, static_cast<size_t>(n));
+    } else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+      *closed = true;
+      break;
+    }
+  }
+  return out;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+size_t count_of(const std::string& s, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
+  return n;
 }
 
 TEST(ServerLimitsTest, AChunkedBodyPastTheLimitIs413) {
@@ -178,6 +229,123 @@ TEST(ServerLimitsTest, SmallerHostileInputsAreRefusedOrEscaped) {
   EXPECT_EQ(forged.rfind("HTTP/1.1 200", 0), 0u) << forged.substr(0, 300);
   EXPECT_NE(log.str().find(R"("x\n[error] forged")"), std::string::npos) << log.str();
   EXPECT_EQ(log.str().find("\n[error] forged"), std::string::npos) << log.str();
+}
+
+// A client that sends its headers or its body a byte at a time meets the request's deadline: 408
+// and a closed connection (issue 49: one byte every 2 s held a worker for ever, and four such
+// sockets against four worker threads kept /health waiting). Here four of them against four
+// threads: /health is answered once their 2 s deadline has passed.
+TEST(ServerLimitsTest, RequestsThatTrickleInMeetTheirDeadline) {
+  server::ServerOptions o;
+  o.http_threads = 4;
+  o.request_timeout_s = 2;
+  ServedModel served(test_engine_config("llama"), o);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<int> slow;
+  for (int i = 0; i < 4; ++i) {
+    const int fd = connect_loopback(served.port);
+    ASSERT_GE(fd, 0);
+    // Two trickle their headers, two a body their headers announced.
+    send_all(fd,
+             i < 2 ? std::string("GET /health HTTP/1.1\r\nHost: x\r\n")
+                   : std::string("POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                                 "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"));
+    slow.push_back(fd);
+  }
+  std::atomic<bool> done{false};
+  std::thread trickle([&] {
+    while (!done) {
+      for (int fd : slow) send_all(fd, "x");
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  });
+  auto client = served.client(10000);
+  auto health = client->Get("/health");
+  const double health_s = seconds_since(t0);
+  std::vector<std::string> replies;
+  for (int fd : slow) {
+    bool closed = false;
+    replies.push_back(read_until_closed(fd, 3, &closed));
+    EXPECT_TRUE(closed) << "a trickling client was not disconnected";
+  }
+  done = true;
+  trickle.join();
+  for (int fd : slow) ::close(fd);
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  EXPECT_LT(health_s, 5.0) << "/health waited behind the trickling clients";
+  for (const auto& r : replies) {
+    EXPECT_EQ(r.rfind("HTTP/1.1 408", 0), 0u) << r.substr(0, 300);
+    EXPECT_NE(r.find("timeout"), std::string::npos) << r;
+  }
+}
+
+// One address may hold max_connections_per_client connections; the next is answered 503 at once,
+// and once one closes a new one is served. (Loopback is capped here only because the test asks.)
+TEST(ServerLimitsTest, OneAddressCannotHoldEveryConnection) {
+  server::ServerOptions o;
+  o.max_connections_per_client = 2;
+  o.cap_loopback_clients = true;
+  ServedModel served(test_engine_config("llama"), o);
+  const int a = connect_loopback(served.port), b = connect_loopback(served.port);
+  ASSERT_GE(a, 0);
+  ASSERT_GE(b, 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // both taken by workers
+  const int c = connect_loopback(served.port);
+  ASSERT_GE(c, 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  bool closed = false;
+  const std::string refused = read_until_closed(c, 3, &closed);
+  EXPECT_TRUE(closed);
+  EXPECT_LT(seconds_since(t0), 2.0);
+  EXPECT_EQ(refused.rfind("HTTP/1.1 503", 0), 0u) << refused.substr(0, 300);
+  EXPECT_NE(refused.find("Retry-After: 1"), std::string::npos) << refused;
+  ::close(c);
+  ::close(a);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // its worker notices
+  const int d = connect_loopback(served.port);
+  ASSERT_GE(d, 0);
+  send_all(d, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  const std::string ok = read_until_closed(d, 5, &closed);
+  EXPECT_EQ(ok.rfind("HTTP/1.1 200", 0), 0u) << ok.substr(0, 300);
+  ::close(d);
+  ::close(b);
+}
+
+// Pipelined requests (sent before the first answer) are all answered, in order (issue 49: those
+// after the first got no reply); a malformed request line gets its 400 and the connection closes
+// at once instead of after the 5 s keep-alive wait.
+TEST(ServerLimitsTest, PipelinedRequestsAreAnsweredAndABadRequestLineClosesAtOnce) {
+  ServedModel served(test_engine_config("llama"));
+  const int fd = connect_loopback(served.port);
+  ASSERT_GE(fd, 0);
+  const std::string body = R"({"prompt": "hi", "max_tokens": 2})";
+  send_all(fd,
+           "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+           "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+           "Content-Length: " +
+               std::to_string(body.size()) + "\r\n\r\n" + body +
+               "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  bool closed = false;
+  const std::string replies = read_until_closed(fd, 10, &closed);
+  ::close(fd);
+  EXPECT_TRUE(closed);
+  EXPECT_EQ(count_of(replies, "HTTP/1.1 200 OK"), 3u) << replies;
+  const size_t completion = replies.find("\"text_completion\"");
+  const size_t models = replies.find("\"list\"");
+  EXPECT_NE(completion, std::string::npos) << replies;
+  EXPECT_NE(models, std::string::npos) << replies;
+  EXPECT_LT(completion, models) << "answered out of order";
+
+  const int bad = connect_loopback(served.port);
+  ASSERT_GE(bad, 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  send_all(bad, "NOT A REQUEST\r\n\r\n");
+  const std::string refused = read_until_closed(bad, 4, &closed);
+  ::close(bad);
+  EXPECT_TRUE(closed);
+  EXPECT_LT(seconds_since(t0), 1.5);
+  EXPECT_EQ(refused.rfind("HTTP/1.1 400", 0), 0u) << refused.substr(0, 300);
 }
 
 }  // namespace
