@@ -19,6 +19,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <vector>
 
 #include "common/check.h"
@@ -162,6 +163,73 @@ void kill_all(const std::vector<Child>& children, int sig) {
   }
 }
 
+// The job's failure key (sync::kJobFailedKey) from a launcher's side: set when a rank of this node
+// fails or the launcher is stopped, so ranks on every node waiting on the store fail at once naming
+// it, and polled for another node's failure, so this node's ranks blocked outside the store (in a
+// collective with a dead peer) are stopped too. Node 0's launcher hosts the store; the others
+// connect when first needed, at most every 2 s (until node 0 is up, and after it has gone).
+class FailureChannel {
+ public:
+  FailureChannel(sync::StorePtr hosted, std::string addr, int port, std::string prefix)
+      : addr_(std::move(addr)), port_(port), prefix_(std::move(prefix)) {
+    if (hosted) store_ = with_prefix(hosted);
+  }
+
+  // Sets the key, trying for up to 10 s (a loaded node 0 may be slow to accept a connection).
+  void report(const std::string& what) {
+    const auto deadline = Clock::now() + std::chrono::seconds(10);
+    std::string error = "no connection";
+    while (Clock::now() < deadline) {
+      try {
+        if (auto s = store(/*now=*/true)) return sync::report_job_failure(s, what);
+      } catch (const std::exception& e) {
+        error = e.what();
+        store_.reset();
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    spdlog::warn("launcher: cannot tell the other nodes that the job failed (store {}:{}): {}",
+                 addr_, port_, error);
+  }
+  // Another node's failure, once (empty otherwise); polled every 250 ms at most.
+  std::string poll() {
+    const auto now = Clock::now();
+    if (now < next_poll_) return "";
+    next_poll_ = now + std::chrono::milliseconds(250);
+    try {
+      if (auto s = store()) return sync::job_failure(s);
+    } catch (const std::exception&) {
+      store_.reset();  // node 0's store is gone (the job ending there) or not up yet
+    }
+    return "";
+  }
+
+ private:
+  sync::StorePtr with_prefix(sync::StorePtr s) const {
+    if (prefix_.empty()) return s;
+    return c10::make_intrusive<c10d::PrefixStore>(prefix_, std::move(s));
+  }
+  // The store, connecting when there is none (`now`: whatever the last attempt; else at most
+  // every 2 s). Throws only when `now`.
+  sync::StorePtr store(bool now = false) {
+    if (store_ || (!now && Clock::now() < next_connect_)) return store_;
+    next_connect_ = Clock::now() + std::chrono::seconds(2);
+    try {
+      store_ = with_prefix(sync::connect_store(addr_, port_, std::chrono::milliseconds(2000)));
+    } catch (const std::exception&) {
+      store_.reset();
+      if (now) throw;
+    }
+    return store_;
+  }
+
+  std::string addr_;
+  int port_;
+  std::string prefix_;
+  sync::StorePtr store_;
+  Clock::time_point next_connect_{}, next_poll_{};
+};
+
 // How long the other ranks of a node get after one of them failed: enough to print their own
 // errors (a peer blocked in a collective with the failed rank fails on its own within --timeout,
 // naming the op, when that is shorter), not the whole --timeout.
@@ -175,7 +243,7 @@ constexpr std::chrono::seconds kTermGrace{3};
 // --timeout behind a dead rank). SIGINT/SIGTERM to the launcher stop the ranks the same way.
 // Returns the local index of the first failed rank, or -1.
 int supervise(std::vector<Child>& children, const sync::Topology& topo,
-              std::chrono::milliseconds timeout) {
+              std::chrono::milliseconds timeout, FailureChannel& failures, std::string* elsewhere) {
   int first_failed = -1;
   Clock::time_point term_at = Clock::time_point::max(), kill_at = Clock::time_point::max();
   bool stopping = false;
@@ -191,10 +259,30 @@ int supervise(std::vector<Child>& children, const sync::Topology& topo,
       spdlog::error("launcher: {} {}{}{}; stopping the other ranks in {:g} s",
                     topo.describe(children[l].env.rank), describe_status(children[l].status),
                     err.empty() ? "" : ": ", err, grace_s);
-      term_at = Clock::now() + grace;
+      term_at = std::min(term_at, Clock::now() + grace);
+      if (elsewhere->empty()) {
+        failures.report(fmt::format("{} {}{}{}", topo.describe(children[l].env.rank),
+                                    describe_status(children[l].status), err.empty() ? "" : ": ",
+                                    err));
+      }
+    }
+    if (first_failed < 0 && elsewhere->empty() && !stopping) {
+      *elsewhere = failures.poll();
+      if (!elsewhere->empty()) {
+        const auto grace =
+            std::min<Clock::duration>(timeout + std::chrono::seconds(1), kFailureGrace);
+        spdlog::error(
+            "launcher: the job failed on another node: {}; stopping this node's ranks "
+            "in {:g} s",
+            *elsewhere, std::chrono::duration<double>(grace).count());
+        term_at = Clock::now() + grace;
+      }
     }
     if (g_stop_signal && !stopping) {
       spdlog::warn("launcher: signal {}, stopping the ranks", static_cast<int>(g_stop_signal));
+      failures.report(fmt::format("node {}'s launcher was stopped by signal {}",
+                                  children.empty() ? 0 : children[0].env.node_rank,
+                                  static_cast<int>(g_stop_signal)));
       term_at = Clock::now();
     }
     if (Clock::now() >= term_at && !stopping) {
@@ -217,9 +305,9 @@ int supervise(std::vector<Child>& children, const sync::Topology& topo,
 // Logs every failed rank, the first failure first, and removes the ranks' error files. Returns the
 // node's exit code: 1 when any rank failed.
 int report_exit(const std::vector<Child>& children, int first_failed, const sync::Topology& topo,
-                const std::string& error_dir) {
-  int code = 0;
-  std::string report;
+                const std::string& error_dir, const std::string& elsewhere) {
+  int code = elsewhere.empty() ? 0 : 1;
+  std::string report = elsewhere.empty() ? "" : "\n  on another node: " + elsewhere;
   for (int pass = 0; pass < 2; ++pass) {
     for (size_t l = 0; l < children.size(); ++l) {
       if ((pass == 0) != (static_cast<int>(l) == first_failed)) continue;
@@ -305,8 +393,10 @@ int run_distributed(const LaunchOptions& options, const RankBody& body) {
                d.node_rank, d.nnodes, per_node, options.infer_per_node, options.train_per_node,
                d.master_addr, port);
 
-  const int code =
-      report_exit(children, supervise(children, topo, options.timeout), topo, error_dir);
+  FailureChannel failures(server, d.master_addr, port, d.store_prefix);
+  std::string elsewhere;
+  const int first_failed = supervise(children, topo, options.timeout, failures, &elsewhere);
+  const int code = report_exit(children, first_failed, topo, error_dir, elsewhere);
   if (g_stop_signal) return 128 + g_stop_signal;
   return code;
 }

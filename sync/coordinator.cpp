@@ -58,6 +58,7 @@ int64_t Coordinator::add(const std::string& group, int64_t step, const std::stri
 }
 
 int64_t Coordinator::read(const std::string& group, int64_t step, const std::string& counter) {
+  throw_if_job_failed(store_);  // counters are polled: a peer that died will not move them
   return add(group, step, counter, 0);
 }
 

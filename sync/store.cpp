@@ -61,7 +61,31 @@ void store_set(const StorePtr& store, const std::string& key, const std::string&
 bool store_has(const StorePtr& store, const std::string& key) {
   g_ops++;
   g_bytes += static_cast<int64_t>(key.size());
-  return store->check({key});
+  if (store->check({key})) return true;
+  throw_if_job_failed(store);  // polls come here
+  return false;
+}
+
+void throw_if_job_failed(const StorePtr& store) {
+  thread_local Clock::time_point next_look{};
+  const auto now = Clock::now();
+  if (now < next_look) return;
+  next_look = now + std::chrono::milliseconds(200);
+  const std::string failure = job_failure(store);
+  if (!failure.empty()) throw JobFailed("the job failed elsewhere: " + failure);
+}
+
+std::string job_failure(const StorePtr& store) {
+  g_ops++;
+  g_bytes += static_cast<int64_t>(std::char_traits<char>::length(kJobFailedKey));
+  if (!store->check({kJobFailedKey})) return "";
+  const auto v = store->get(kJobFailedKey);
+  return std::string(v.begin(), v.end());
+}
+
+void report_job_failure(const StorePtr& store, const std::string& what) {
+  if (store->check({kJobFailedKey})) return;
+  store->set(kJobFailedKey, std::vector<uint8_t>(what.begin(), what.end()));
 }
 
 void store_delete(const StorePtr& store, const std::string& key) {

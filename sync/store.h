@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
@@ -22,6 +23,24 @@ int store_port(const StorePtr& store);
 // A client of the store at addr:port; throws std::runtime_error naming the address when it cannot
 // connect within `timeout`.
 StorePtr connect_store(const std::string& addr, int port, std::chrono::milliseconds timeout);
+
+// The job-wide failure key. A launcher sets it (in the job's prefixed store) when one of its
+// ranks fails or it is stopped, its value naming the rank and how it failed. Every store poll
+// (store_has, and through it wait_keys and store_get; Coordinator::read) looks at it at most every
+// 200 ms per thread and throws JobFailed with that value: a rank waiting on a peer that died fails
+// within a fraction of a second, naming the peer, instead of at its deadline (--rollout-timeout: 30
+// min).
+inline constexpr const char* kJobFailedKey = "job/failed";
+struct JobFailed : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+// Sets the failure key unless it is set already (the first failure stays the one named).
+void report_job_failure(const StorePtr& store, const std::string& what);
+// Throws JobFailed when the failure key is set; looks at most every 200 ms per thread (cheap to
+// call from any polling loop; store_has calls it when its key is absent).
+void throw_if_job_failed(const StorePtr& store);
+// The failure key's value, empty while it is not set.
+std::string job_failure(const StorePtr& store);
 
 void store_set(const StorePtr& store, const std::string& key, const std::string& value);
 // Returns the missing keys (empty when all are present by the deadline).

@@ -198,6 +198,17 @@ add_test(NAME rl.two_nodes_two_launchers
                  --eval-rows 8 --timeout 30)
 set_tests_properties(rl.two_nodes_two_launchers PROPERTIES LABELS multiprocess
                      ENVIRONMENT "${CRL_CLI_ENV};NNODES=2" TIMEOUT 150 RESOURCE_LOCK multiprocess_cores)
+# A rank killed on node 1 ends the job on both nodes within seconds, every rank naming it (issue
+# 49): node 1's launcher sets the job's failure key in the store, and ranks polling the store fail
+# with it. Before, node 0's train rank waited at a barrier for --rollout-timeout (30 min).
+add_test(NAME rl.killed_rank_on_another_node_ends_every_node_within_seconds
+         COMMAND ${CRL_RUN_JOB} fail 45 "rank [01] \\(node 0, (infer|train) 0\\) exit code 1: .*the job failed elsewhere: rank 3 \\(node 1, train 0\\) killed by signal 9"
+                 -- ${CRL_LAUNCHERS} $<TARGET_FILE:colocated-rl> --gpus-infer 1 --gpus-train 1
+                 --steps 8 --sft-steps 3 --prompts-per-step 4 --n-samples 4 --eval-every 0
+                 --eval-rows 8 --timeout 60 --inject-fault die-at-step:3:2)
+set_tests_properties(rl.killed_rank_on_another_node_ends_every_node_within_seconds PROPERTIES
+                     LABELS multiprocess ENVIRONMENT "${CRL_CLI_ENV};NNODES=2" TIMEOUT 120
+                     RESOURCE_LOCK multiprocess_cores)
 # Multi-turn RL (issue 28): the built-in calculator environment end to end (the SFT warm-up on its
 # demonstrations, then GRPO on episodes; the progress line shows turns, tool errors and the masked
 # share), and an external environment that lies and dies: those episodes end with named errors,
