@@ -325,6 +325,21 @@ int report_exit(const std::vector<Child>& children, int first_failed, const sync
   return code;
 }
 
+// A one-node job's store serves only this host's ranks: keep it off the network when they reach
+// it through a loopback address (the default; a MASTER_ADDR the user set is left as it is).
+void keep_store_local(const sync::StorePtr& store, const std::string& master_addr) {
+  const bool loopback =
+      master_addr == "localhost" || master_addr == "::1" || master_addr.rfind("127.", 0) == 0;
+  if (!loopback) return;
+  std::string why;
+  if (!sync::bind_store_to_loopback(store, &why)) {
+    spdlog::warn(
+        "launcher: the rendezvous store (no authentication) stays reachable from the "
+        "network: cannot tie it to loopback ({})",
+        why);
+  }
+}
+
 }  // namespace
 
 void set_process_args(int argc, char** argv) { g_args.assign(argv, argv + argc); }
@@ -343,7 +358,10 @@ int run_distributed(const LaunchOptions& options, const RankBody& body) {
   if (!d.spawn) {
     // srun/mpirun started every rank: world rank 0 hosts the store, nobody spawns.
     sync::StorePtr server;
-    if (d.rank == 0 && !d.agent_store) server = sync::host_store(d.master_port, options.timeout);
+    if (d.rank == 0 && !d.agent_store) {
+      server = sync::host_store(d.master_port, options.timeout);
+      if (d.nnodes == 1) keep_store_local(server, d.master_addr);
+    }
     sync::RankEnv env{d.rank,      d.world_size(), d.local_rank,  d.local_world_size,
                       d.node_rank, d.nnodes,       d.master_addr, d.master_port,
                       "",          d.store_prefix};
@@ -355,6 +373,7 @@ int run_distributed(const LaunchOptions& options, const RankBody& body) {
   if (d.node_rank == 0 && !d.agent_store) {
     server = sync::host_store(d.master_port, options.timeout);
     port = sync::store_port(server);
+    if (d.nnodes == 1) keep_store_local(server, d.master_addr);
   }
   char dir_template[] = "/tmp/colocated-rl-XXXXXX";
   if (!mkdtemp(dir_template)) {

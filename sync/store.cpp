@@ -1,8 +1,16 @@
 #include "sync/store.h"
 
+#include <arpa/inet.h>
+#include <dirent.h>
 #include <fmt/format.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 
 #include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <thread>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -28,6 +36,46 @@ StorePtr host_store(int port, std::chrono::milliseconds timeout) {
     throw std::runtime_error(
         fmt::format("cannot host the rendezvous store on port {}: {}", port, e.what()));
   }
+}
+
+bool bind_store_to_loopback(const StorePtr& store, std::string* why) {
+  const int port = store_port(store);
+  DIR* dir = opendir("/proc/self/fd");
+  if (!dir || port <= 0) {
+    if (dir) closedir(dir);
+    *why = port <= 0 ? "not a TCPStore" : "cannot list /proc/self/fd";
+    return false;
+  }
+  int bound = 0;
+  *why = fmt::format("no listening socket on port {}", port);
+  while (dirent* e = readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0') continue;
+    struct stat st;
+    if (fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    int listening = 0;
+    socklen_t len = sizeof(listening);
+    if (getsockopt(static_cast<int>(fd), SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 ||
+        !listening) {
+      continue;
+    }
+    sockaddr_storage a{};
+    len = sizeof(a);
+    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&a), &len) != 0) continue;
+    int p = -1;
+    if (a.ss_family == AF_INET) p = ntohs(reinterpret_cast<sockaddr_in&>(a).sin_port);
+    if (a.ss_family == AF_INET6) p = ntohs(reinterpret_cast<sockaddr_in6&>(a).sin6_port);
+    if (p != port) continue;
+    if (setsockopt(static_cast<int>(fd), SOL_SOCKET, SO_BINDTODEVICE, "lo", 3) != 0) {
+      *why = fmt::format("SO_BINDTODEVICE: {}", std::strerror(errno));
+      closedir(dir);
+      return false;
+    }
+    ++bound;
+  }
+  closedir(dir);
+  return bound > 0;
 }
 
 int store_port(const StorePtr& store) {

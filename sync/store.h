@@ -18,6 +18,13 @@ using Clock = std::chrono::steady_clock;
 
 // A TCPStore server on `port` (0: any free port) on all interfaces; the caller is a client too.
 StorePtr host_store(int port, std::chrono::milliseconds timeout);
+// Ties the listening socket of a store from host_store() to the loopback device
+// (SO_BINDTODEVICE): libtorch 1.13's TCPStore listens on every interface and takes no address, and
+// it has no authentication, so a one-node job's store would be open to the network. The kernel
+// then takes connections to loopback addresses only: not from other hosts, and not to the host's
+// own network address either (so only for ranks that connect through 127.0.0.1). False, with the
+// reason in `why`, when it could not be done.
+bool bind_store_to_loopback(const StorePtr& store, std::string* why);
 // The port a store from host_store() listens on.
 int store_port(const StorePtr& store);
 // A client of the store at addr:port; throws std::runtime_error naming the address when it cannot
