@@ -28,11 +28,7 @@
 namespace crl::test {
 namespace {
 
-// Connects to 127.0.0.1:port, sends `head` then up to `body_bytes` more bytes of `fill` (as far
-// as the server takes them within a second), and returns the server's response (what came before
-// it closed or `wait_s` seconds passed without a byte, if that was less).
-std::string exchange(int port, const std::string& head, size_t body_bytes, const std::string& fill,
-                     double wait_s) {
+int connect_loopback(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -40,8 +36,18 @@ std::string exchange(int port, const std::string& head, size_t body_bytes, const
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     ::close(fd);
-    return "connect failed";
+    return -1;
   }
+  return fd;
+}
+
+// Connects to 127.0.0.1:port, sends `head` then up to `body_bytes` more bytes of `fill` (as far
+// as the server takes them within a second), and returns the server's response (what came before
+// it closed or `wait_s` seconds passed without a byte, if that was less).
+std::string exchange(int port, const std::string& head, size_t body_bytes, const std::string& fill,
+                     double wait_s) {
+  const int fd = connect_loopback(port);
+  if (fd < 0) return "connect failed";
   timeval snd{1, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &snd, sizeof(snd));
   (void)::send(fd, head.data(), head.size(), MSG_NOSIGNAL);
@@ -70,19 +76,6 @@ std::string exchange(int port, const std::string& head, size_t body_bytes, const
   }
   ::close(fd);
   return out;
-}
-
-int connect_loopback(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
 }
 
 void send_all(int fd, const std::string& s) { (void)::send(fd, s.data(), s.size(), MSG_NOSIGNAL); }
