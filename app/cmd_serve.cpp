@@ -79,7 +79,7 @@ Runner register_serve(CLI::App& app) {
     // threads their own arenas, up to 8 per core, and returns an arena's freed top to the system
     // only past a threshold that grows with the largest block freed: every HTTP worker that once
     // parsed a multi-MiB body kept it, and RSS climbed ~15 MiB per large request (issue 49). With
-    // one arena malloc_trim returns it; `bench serve` measured no loss (README, "Limits").
+    // one arena malloc_trim returns it; `bench serve` measured no loss (docs/http-api.md).
     if (!std::getenv("MALLOC_ARENA_MAX")) mallopt(M_ARENA_MAX, 1);
     engine::EngineConfig config = f->engine.resolve();
     server::Server srv(config, f->server);

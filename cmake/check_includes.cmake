@@ -1,4 +1,4 @@
-# The include directions of DESIGN.md section 7, checked over the sources: every `#include "..."`
+# The include directions of docs/design.md ("Dependency direction"), checked over the sources: every `#include "..."`
 # in the project's own .h/.cpp/.cu/.cuh/.inc files (tests/fixtures/ left out) against the rules
 # below. The module libraries share one include root, so the compiler cannot refuse an include
 # against the direction; this script does, and the build runs it before compiling anything.
@@ -100,13 +100,13 @@ foreach(file IN LISTS files)
     string(REPLACE "${CRL_TEXT_PUBLIC}" "text/'s public headers" described "${described}")
     string(REPLACE ";" ", " described "${described}")
     message(NOTICE "${file}:${line}: ${scope} may not include ${header} "
-                   "(DESIGN.md §7: ${scope} may include ${described})")
+                   "(docs/design.md, dependency direction: ${scope} may include ${described})")
     math(EXPR violations "${violations} + 1")
   endforeach()
 endforeach()
 
 if(violations GREATER 0)
-  message(FATAL_ERROR "${violations} include(s) against the dependency direction of DESIGN.md section 7 "
+  message(FATAL_ERROR "${violations} include(s) against the dependency direction of docs/design.md "
                       "(rules: cmake/check_includes.cmake)")
 endif()
 if(STAMP)
