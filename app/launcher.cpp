@@ -175,9 +175,10 @@ class FailureChannel {
     if (hosted) store_ = with_prefix(hosted);
   }
 
-  // Sets the key, trying for up to 10 s (a loaded node 0 may be slow to accept a connection).
+  // Sets the key, trying for up to 5 s (a loaded node 0 may be slow to accept a connection; a
+  // dead one never will, and the ranks' grace should not wait much longer for it).
   void report(const std::string& what) {
-    const auto deadline = Clock::now() + std::chrono::seconds(10);
+    const auto deadline = Clock::now() + std::chrono::seconds(5);
     std::string error = "no connection";
     while (Clock::now() < deadline) {
       try {
@@ -215,7 +216,9 @@ class FailureChannel {
     if (store_ || (!now && Clock::now() < next_connect_)) return store_;
     next_connect_ = Clock::now() + std::chrono::seconds(2);
     try {
-      store_ = with_prefix(sync::connect_store(addr_, port_, std::chrono::milliseconds(2000)));
+      // A report waits up to 2 s for a connection; a poll 1 s (it blocks the supervise loop).
+      store_ = with_prefix(
+          sync::connect_store(addr_, port_, std::chrono::milliseconds(now ? 2000 : 1000)));
     } catch (const std::exception&) {
       store_.reset();
       if (now) throw;

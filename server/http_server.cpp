@@ -20,6 +20,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
 #include <stdexcept>
 #include <thread>
 
@@ -43,12 +44,14 @@ bool socket_alive(int fd) {
   return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
 }
 
-// poll() for `events` on fd, at most until `until`; true when ready.
-bool wait_for(int fd, short events, Clock::time_point until) {
+// poll() for `events` on fd, at most until `until` (or until *stopped, looked at every 100 ms);
+// true when ready.
+bool wait_for(int fd, short events, Clock::time_point until,
+              const std::atomic<bool>* stopped = nullptr) {
   for (;;) {
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
-    if (left <= 0) return false;
+    if (left <= 0 || (stopped && *stopped)) return false;
     pollfd p{fd, events, 0};
     const int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 100)));
     if (r > 0) return true;
@@ -85,8 +88,9 @@ struct Connection {
   // The current request: its head (request line and headers) must arrive by head_deadline, its
   // body by body_deadline; both counted from its first byte.
   Clock::time_point head_deadline, body_deadline;
-  bool head_done = false;    // httplib parsed the head (its setup hook ran)
-  bool timed_out = false;    // a read of this request passed its deadline
+  const std::atomic<bool>* stopped = nullptr;  // the server is stopping: reads give up
+  bool head_done = false;                      // httplib parsed the head (its setup hook ran)
+  bool timed_out = false;                      // a read of this request passed its deadline
   bool close_after = false;  // a handler answered without reading the whole body: close
 };
 thread_local Connection* t_connection = nullptr;
@@ -105,7 +109,7 @@ class ConnectionStream final : public httplib::Stream {
   bool is_readable() const override {
     if (buffered()) return true;
     const Clock::time_point until = c_.head_done ? c_.body_deadline : c_.head_deadline;
-    if (wait_for(c_.fd, POLLIN, until)) return true;
+    if (wait_for(c_.fd, POLLIN, until, c_.stopped)) return true;
     c_.timed_out = true;
     return false;
   }
@@ -153,12 +157,15 @@ class ConnectionStream final : public httplib::Stream {
 
 // Closes after an answer sent while the client may still be sending (a refused body): closing a
 // socket with unread bytes resets the connection, and the client may lose the answer. So stop
-// sending, drain what comes for up to a second (1 MiB at most), then close.
+// sending and drain what comes while it keeps coming (a gap of 100 ms ends it), for a second and
+// 1 MiB at most, then close.
 void close_lingering(int fd) {
   ::shutdown(fd, SHUT_WR);
   const Clock::time_point until = Clock::now() + std::chrono::seconds(1);
   char sink[16 << 10];
-  for (size_t drained = 0; drained < (size_t{1} << 20) && wait_for(fd, POLLIN, until);) {
+  for (size_t drained = 0;
+       drained < (size_t{1} << 20) &&
+       wait_for(fd, POLLIN, std::min(until, Clock::now() + std::chrono::milliseconds(100)));) {
     const ssize_t n = ::recv(fd, sink, sizeof(sink), 0);
     if (n <= 0) break;
     drained += static_cast<size_t>(n);
@@ -173,11 +180,14 @@ void close_lingering(int fd) {
 class Transport final : public httplib::Server {
  public:
   explicit Transport(const HttpServerOptions& o) : o_(o) { keep_alive_max_count_ = 100; }
+  // Before httplib's stop(): connections waiting for a request's bytes give up at once.
+  void begin_stop() { stopping_ = true; }
 
  private:
   bool process_and_close_socket(socket_t sock) override {
     Connection c;
     c.fd = sock;
+    c.stopped = &stopping_;
     sockaddr_storage a{};
     socklen_t len = sizeof(a);
     if (getpeername(sock, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
@@ -222,11 +232,17 @@ class Transport final : public httplib::Server {
       c.head_done = c.timed_out = c.close_after = false;
       bool connection_closed = false;
       const bool last = served + 1 == keep_alive_max_count_;
-      ret = process_request(strm, last, connection_closed,
-                            [&c](httplib::Request&) { c.head_done = true; });
+      ret = process_request(strm, last, connection_closed, [&c](httplib::Request& req) {
+        c.head_done = true;
+        // httplib 0.11 reads a request body with neither length nor chunking until the client
+        // closes; such a request has no body (RFC 9112 6.3), as `curl -X POST URL` sends it.
+        if (!req.has_header("Content-Length") && !req.has_header("Transfer-Encoding")) {
+          req.set_header("Content-Length", "0");
+        }
+      });
       // A head httplib refused (400, 414) or one that never came whole: what follows on the
       // connection cannot be trusted to start a request, so close rather than wait for more.
-      if (!c.head_done) c.close_after = true;
+      if (!c.head_done || c.timed_out) c.close_after = true;
       if (!ret || connection_closed || c.close_after) break;
     }
     t_connection = nullptr;
@@ -271,6 +287,7 @@ class Transport final : public httplib::Server {
   }
 
   const HttpServerOptions& o_;
+  std::atomic<bool> stopping_{false};
   std::mutex mu_;
   std::map<std::string, int> open_;  // connections open per capped client address
 };
@@ -284,6 +301,7 @@ struct HttpServer::Impl {
   std::thread listener;
   std::atomic<bool> running{false};
   std::atomic<int> listen_fd{-1};
+  std::set<std::pair<std::string, std::string>> routes;  // (method, path), fixed after start()
 };
 
 HttpServer::HttpServer(HttpServerOptions options)
@@ -304,13 +322,32 @@ HttpServer::HttpServer(HttpServerOptions options)
                                                                httplib::Response& res) {
     // A head or body that did not arrive within its deadline is a 408, not a malformed request.
     if (res.status == 400 && t_connection && t_connection->timed_out) res.status = 408;
-    if (!res.body.empty() || res.is_chunked_content_provider_ || !error_body) {
-      return httplib::Server::HandlerResponse::Unhandled;
+    if (!res.body.empty() || res.is_chunked_content_provider_) {
+      return httplib::Server::HandlerResponse::Unhandled;  // a handler's own answer
     }
+    // httplib's own refusal of a request's framing: the rest of the connection cannot be trusted.
+    if ((res.status == 400 || res.status == 408 || res.status == 413) && t_connection) {
+      t_connection->close_after = true;
+    }
+    if (!error_body) return httplib::Server::HandlerResponse::Unhandled;
     res.set_content(error_body(res.status), "application/json");
     return httplib::Server::HandlerResponse::Handled;
   };
   svr.set_error_handler(on_error);
+  // A request no route takes is refused before httplib reads its body (it would read a chunked
+  // one whole, with no limit): 404, and the connection closed when a body was coming.
+  svr.set_pre_routing_handler(
+      [impl = impl_.get()](const httplib::Request& req, httplib::Response& res) {
+        const std::string method = req.method == "HEAD" ? "GET" : req.method;
+        if (impl->routes.count({method, req.path}))
+          return httplib::Server::HandlerResponse::Unhandled;
+        res.status = 404;
+        const bool body =
+            (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0") ||
+            req.has_header("Transfer-Encoding");
+        if (body && t_connection) t_connection->close_after = true;
+        return httplib::Server::HandlerResponse::Handled;
+      });
   // Backstop only: the API handlers catch everything themselves.
   svr.set_exception_handler(
       [error_body](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
@@ -353,6 +390,7 @@ HttpRequest head_of(const httplib::Request& req) {
 
 void HttpServer::route(const std::string& method, const std::string& path, HttpHandler handler,
                        HttpGate gate) {
+  impl_->routes.emplace(method, path);
   // `body` is null for GET: then req.body is used.
   auto serve = [handler = std::move(handler)](const httplib::Request& req, httplib::Response& res,
                                               std::string* body) {
@@ -471,7 +509,10 @@ int HttpServer::start(const std::string& host, int port) {
 
 void HttpServer::stop() {
   if (!impl_) return;
-  if (impl_->running.exchange(false)) impl_->svr.stop();
+  if (impl_->running.exchange(false)) {
+    impl_->svr.begin_stop();
+    impl_->svr.stop();
+  }
   if (impl_->listener.joinable()) impl_->listener.join();
 }
 

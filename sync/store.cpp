@@ -132,8 +132,9 @@ std::string job_failure(const StorePtr& store) {
 }
 
 void report_job_failure(const StorePtr& store, const std::string& what) {
-  if (store->check({kJobFailedKey})) return;
-  store->set(kJobFailedKey, std::vector<uint8_t>(what.begin(), what.end()));
+  // Set only when absent, atomically in the store: two launchers failing at once cannot replace
+  // the first failure with the second.
+  (void)store->compareSet(kJobFailedKey, {}, std::vector<uint8_t>(what.begin(), what.end()));
 }
 
 void store_delete(const StorePtr& store, const std::string& key) {

@@ -125,7 +125,8 @@ TEST(StoreTest, AOneNodeStoreIsTiedToLoopbackAndRefusesTheNetwork) {
     }
     freeifaddrs(ifs);
   }
-  if (!own.empty()) {
+  if (own.empty()) GTEST_SKIP() << "no non-loopback IPv4 address to try the refusal through";
+  {
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
     timeval tv{1, 0};
     ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
