@@ -203,6 +203,9 @@ void add_output_flags(CLI::App* cmd, TrainFlags* f) {
   cmd->add_option("--eval-every", o.eval_every, "held-out evaluation every N steps")
       ->capture_default_str();
   cmd->add_option("--metrics", o.metrics_path, "JSONL metrics file, one line per step");
+  cmd->add_option("--tensorboard", o.tensorboard_dir,
+                  "write TensorBoard event files into this directory (every per-step metric and "
+                  "eval; `tensorboard --logdir DIR`, or `wandb sync DIR`)");
   cmd->add_option("--save-dir", o.save_dir, "checkpoints go to DIR/step-N (HF layout + optimizer)");
   cmd->add_option("--save-every", o.save_every,
                   "checkpoint every N steps; with --save-dir there is always one at the end");

@@ -64,6 +64,8 @@ apt_install() {
   if [ $CUDA_PATH = 0 ]; then
     command -v node >/dev/null 2>&1 || missing+=(nodejs)
     command -v npm >/dev/null 2>&1 || missing+=(npm)
+    # Tests only: the venv the TensorBoard reader (PyPI's tensorboard) is installed into.
+    python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
   fi
   [ ${#missing[@]} -gt 0 ] || return 0
   echo "bootstrap: installing ${missing[*]}"

@@ -198,6 +198,16 @@ add_test(NAME rl.two_nodes_two_launchers
                  --eval-rows 8 --timeout 30)
 set_tests_properties(rl.two_nodes_two_launchers PROPERTIES LABELS multiprocess
                      ENVIRONMENT "${CRL_CLI_ENV};NNODES=2" TIMEOUT 150 RESOURCE_LOCK multiprocess_cores)
+# --tensorboard DIR read back with TensorBoard's own reader (PyPI's tensorboard, pinned, in a venv
+# made once under test-cache): every number of every --metrics row of the same run is a scalar at
+# its step with its value, and the evaluations are there (issue 51).
+set(CRL_TB_VENV ${CMAKE_CURRENT_BINARY_DIR}/test-cache/tensorboard-venv)
+set(CRL_TB_RUN ${CMAKE_CURRENT_BINARY_DIR}/rl-tensorboard)
+add_test(NAME rl.tensorboard_events_read_back_with_tensorboard
+         COMMAND sh -c "rm -rf ${CRL_TB_RUN} && mkdir -p ${CRL_TB_RUN} && { ${CRL_TB_VENV}/bin/python -c 'import tensorboard' 2>/dev/null || { rm -rf ${CRL_TB_VENV} && python3 -m venv ${CRL_TB_VENV} && ${CRL_TB_VENV}/bin/pip install -q --disable-pip-version-check tensorboard==2.21.0; }; } && ${CRL_RUN_JOB} pass 120 'summary:' -- $<TARGET_FILE:colocated-rl> --gpus-infer 1 --gpus-train 1 --steps 4 --sft-steps 3 --prompts-per-step 4 --n-samples 4 --eval-every 2 --eval-rows 8 --timeout 60 --metrics ${CRL_TB_RUN}/metrics.jsonl --tensorboard ${CRL_TB_RUN}/tb && ${CRL_TB_VENV}/bin/python ${CMAKE_CURRENT_SOURCE_DIR}/app/tensorboard_readback.py ${CRL_TB_RUN}/tb ${CRL_TB_RUN}/metrics.jsonl")
+set_tests_properties(rl.tensorboard_events_read_back_with_tensorboard PROPERTIES
+                     LABELS multiprocess ENVIRONMENT "${CRL_CLI_ENV}" TIMEOUT 600
+                     RESOURCE_LOCK multiprocess_cores)
 # A rank killed on node 1 ends the job on both nodes within seconds, every rank naming it (issue
 # 49): node 1's launcher sets the job's failure key in the store, and ranks polling the store fail
 # with it. Before, node 0's train rank waited at a barrier for --rollout-timeout (30 min).

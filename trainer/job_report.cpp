@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 
+#include "common/tfevents.h"
 #include "common/units.h"
 #include "trainer/metrics.h"
 #include "trainer/step_reports.h"
@@ -52,6 +54,7 @@ class JobReport {
 
   bool run() {
     open_metrics();
+    open_tensorboard();
     if (!j_.versions.resumed()) print_data();
     wait_first_evals();
     std::map<int, double> prev_elapsed;  // per rank: when its previous step's metrics were written
@@ -77,6 +80,22 @@ class JobReport {
     if (!metrics_) throw std::runtime_error("cannot open the metrics file " + o_.metrics_path);
   }
 
+  void open_tensorboard() {
+    if (o_.tensorboard_dir.empty()) return;
+    tb_ = std::make_unique<TfEventsWriter>(o_.tensorboard_dir);
+  }
+
+  // Every number of a metrics row as a scalar `prefix/<field>` (nested objects: prefix/a/b).
+  void tb_row(const std::string& prefix, const nlohmann::json& j, int64_t step) {
+    for (const auto& [k, v] : j.items()) {
+      if (v.is_object()) {
+        tb_row(prefix + "/" + k, v, step);
+      } else if (v.is_number()) {
+        tb_->scalar(prefix + "/" + k, step, v.get<double>());
+      }
+    }
+  }
+
   void print_data() const {
     fmt::print("data: {} {} ({}): {} held out for evaluation{}, {} for training\n",
                j_.data.split().eval.size() + j_.data.split().train.size(),
@@ -94,12 +113,14 @@ class JobReport {
   void wait_first_evals() {
     const EvalReport start = wait_eval(coord_, EvalPoint::start(), j_.rollout_deadline());
     evals_ = {{"start", start.accuracy}};
+    if (tb_) tb_->scalar("eval/held_out_accuracy_start", 0, start.accuracy);
     grpo_start_ = start.elapsed_s;
     fmt::print("eval start: held-out accuracy {:.3f} ({} rows)\n", evals_[0].second,
                j_.data.split().eval.size());
     if (j_.versions.runs_sft()) {
       const EvalReport e = wait_eval(coord_, EvalPoint::sft(), j_.rollout_deadline());
       evals_.push_back({fmt::format("sft {} steps", o_.sft_steps), e.accuracy});
+      if (tb_) tb_->scalar("eval/held_out_accuracy_after_sft", 0, e.accuracy);
       grpo_start_ = e.elapsed_s;
       fmt::print(
           "eval after the SFT warm-up ({} steps of {} rows): held-out accuracy {:.3f} "
@@ -131,9 +152,15 @@ class JobReport {
       m.eval_accuracy = e.accuracy;
       m.elapsed_s = std::max(m.elapsed_s, e.elapsed_s);
     }
+    const nlohmann::json row_json = row;
     if (metrics_.is_open()) {
-      metrics_ << nlohmann::json(row).dump() << "\n";
+      metrics_ << row_json.dump() << "\n";
       metrics_.flush();
+    }
+    if (tb_) {
+      tb_row("grpo", row_json, m.step);
+      if (m.eval_accuracy) tb_->scalar("eval/held_out_accuracy", m.step, *m.eval_accuracy);
+      tb_->flush();
     }
     fmt::print(
         "{} | stale {:.2f}/{:.0f} drop {:.0f} isw {:.3f}/{:.3f} | time gen {:.2f} s wait {:.2f} s "
@@ -197,6 +224,7 @@ class JobReport {
   const RlOptions& o_;
   sync::Coordinator& coord_;
   std::ofstream metrics_;
+  std::unique_ptr<TfEventsWriter> tb_;
   std::vector<std::pair<std::string, double>> evals_;
   double grpo_start_ = 0;
   JobTotals totals_;

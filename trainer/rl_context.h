@@ -71,6 +71,9 @@ struct RlOptions {
   int64_t eval_every = 10;
 
   std::string metrics_path;
+  // TensorBoard event files go here (empty: none): every numeric field of each GRPO step's
+  // metrics row as grpo/<field>, and the held-out evaluations as eval/*.
+  std::string tensorboard_dir;
   std::string save_dir;
   int64_t save_every = 0;
   std::string resume_dir;
