@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""The main job's learning over seeds, staleness, CPU kernel paths and thread counts (issue 24).
+"""The main job's learning over seeds, staleness, CPU kernel paths and thread counts (issues 24, 50).
 
 Runs `colocated-rl --gpus-infer 1 --gpus-train 1` (the README's main job) once per cell of
 seeds x --max-staleness K x kernel path x threads per rank, one run at a time, and prints per
 (K, path, threads) the min / median / max held-out accuracy after the SFT warm-up and at the end,
-and the job's wall seconds. Every run is also a JSONL row (--out), so two sweeps (say before and
+the points GRPO added, the lowest held-out eval during GRPO, the largest fall of a 10-step window's
+mean sampled reward below the window before, and the job's wall seconds. Every run is also a JSONL row (--out), so two sweeps (say before and
 after a recipe change, each with its own binary) can be tabled side by side later:
 
   scripts/learning_sweep.py build/app/colocated-rl --seeds 1-8 --out after.jsonl
@@ -57,10 +58,18 @@ def run_one(binary, seed, k, path, threads, flags):
     sft = re.findall(r"eval after the SFT warm-up .*held-out accuracy ([0-9.]+)", out)
     final = re.findall(r"held-out accuracy ([0-9.]+) -> ([0-9.]+)", out)
     gnorm = re.findall(r"sft step \d+/\d+ \| grad norm ([0-9.e+-]+)", out)
+    # Each GRPO step's sampled (training) reward, and the held-out evals during GRPO.
+    rewards = [float(x) for x in re.findall(r"^step \d+ grpo \| reward ([0-9.]+)", out, re.M)]
+    evals = [float(x) for x in re.findall(r"^step \d+ grpo \|.* eval ([0-9.]+)", out, re.M)]
+    windows = [statistics.mean(rewards[i:i + 10]) for i in range(0, len(rewards), 10)]
     row = {"seed": seed, "k": k, "path": path, "threads": threads, "rc": proc.returncode,
            "seconds": round(seconds, 2), "sft_accuracy": float(sft[-1]) if sft else None,
            "sft_last_grad_norm": float(gnorm[-1]) if gnorm else None,
            "final_accuracy": float(final[-1][1]) if final else None,
+           "grpo_eval_min": min(evals) if evals else None,
+           "reward_windows": [round(w, 4) for w in windows],
+           # The largest fall of one 10-step window's mean sampled reward below the one before.
+           "reward_window_drop": max([0.0] + [a - b for a, b in zip(windows, windows[1:])]),
            "flags": flags, "cpu": cpu_model()}
     if proc.returncode != 0 or row["final_accuracy"] is None:
         row["tail"] = out.splitlines()[-5:]
@@ -77,16 +86,26 @@ def stats(values):
 def table(rows, title):
     print(f"\n{title}")
     print("| K | path | threads | runs | failed | SFT acc min / med / max | final acc min / med / max "
+          "| GRPO added (points) min / med / max | lowest eval during GRPO | largest reward-window drop "
           "| seconds min / med / max |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     cells = sorted({(r["k"], r["path"], r["threads"]) for r in rows})
     for cell in cells + [(k, "all", "all") for k in sorted({r["k"] for r in rows})]:
         rs = [r for r in rows if (r["k"], r["path"], r["threads"]) == cell
               or (cell[1] == "all" and r["k"] == cell[0])]
         failed = sum(1 for r in rs if r["rc"] != 0 or r["final_accuracy"] is None)
         secs = [r["seconds"] for r in rs]
+        added = [100 * (r["final_accuracy"] - r["sft_accuracy"]) for r in rs
+                 if r.get("final_accuracy") is not None and r.get("sft_accuracy") is not None]
+        lows = [r["grpo_eval_min"] for r in rs if r.get("grpo_eval_min") is not None]
+        drops = [r["reward_window_drop"] for r in rs if "reward_window_drop" in r]
+        added_s = (f"{min(added):.1f} / {statistics.median(added):.1f} / {max(added):.1f}"
+                   if added else "-")
+        low_s = f"{min(lows):.3f}" if lows else "-"
+        drop_s = f"{max(drops):.3f}" if drops else "-"
         print(f"| {cell[0]} | {cell[1]} | {cell[2]} | {len(rs)} | {failed} | "
               f"{stats(r['sft_accuracy'] for r in rs)} | {stats(r['final_accuracy'] for r in rs)} | "
+              f"{added_s} | {low_s} | {drop_s} | "
               f"{min(secs):.1f} / {statistics.median(secs):.1f} / {max(secs):.1f} |")
 
 

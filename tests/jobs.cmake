@@ -89,7 +89,7 @@ set_tests_properties(rl.ranks_see_the_users_crl_environment PROPERTIES
 # A 100-row --data file runs without --eval-rows: the held-out split defaults to what it allows.
 set(CRL_SMALL_DATA ${CMAKE_CURRENT_BINARY_DIR}/small-data.jsonl)
 add_test(NAME rl.small_data_file_defaults_the_eval_split
-         COMMAND sh -c "for i in $(seq 100); do echo '{\"prompt\": \"Copy: red big. Answer:\", \"answer\": \"red big\"}'; done > ${CRL_SMALL_DATA} && ${CRL_RUN_JOB} pass 90 'data: 100 rows .*small-data.jsonl.: 20 held out for evaluation .default: a fifth.*, 80 for training ;; summary:' -- $<TARGET_FILE:colocated-rl> --gpus-infer 1 --gpus-train 1 --data ${CRL_SMALL_DATA} --steps 1 --sft-steps 0 --prompts-per-step 4 --n-samples 2 --eval-every 0 --timeout 30")
+         COMMAND sh -c "for i in $(seq 100); do echo '{\"prompt\": \"Copy: red big '$i'. Answer:\", \"answer\": \"red big\"}'; done > ${CRL_SMALL_DATA} && ${CRL_RUN_JOB} pass 90 'data: 100 rows .*small-data.jsonl.: 20 held out for evaluation .default: a fifth.*, 80 for training ;; summary:' -- $<TARGET_FILE:colocated-rl> --gpus-infer 1 --gpus-train 1 --data ${CRL_SMALL_DATA} --steps 1 --sft-steps 0 --prompts-per-step 4 --n-samples 2 --eval-every 0 --timeout 30")
 set_tests_properties(rl.small_data_file_defaults_the_eval_split PROPERTIES LABELS multiprocess
                      TIMEOUT 120 RESOURCE_LOCK multiprocess_cores ENVIRONMENT "${CRL_CLI_ENV}")
 # A single bench sync cell prints its table (it used to only append to the JSONL).
@@ -281,26 +281,28 @@ add_test(NAME rl.messages_rows_go_through_the_models_template_which_may_reject_t
 set_tests_properties(rl.messages_rows_go_through_the_models_template_which_may_reject_them PROPERTIES
                      LABELS unit ENVIRONMENT "${CRL_CLI_ENV}"
                      PASS_REGULAR_EXPRESSION "chat.jsonl:1: \"messages\": .*this template takes no system message")
-# The README's main job learns (issue 24): the job as a user runs it, defaults and all, on seeds
-# that the old recipe failed (seed 1: SFT 0.570 / final 0.742; seed 8: SFT 0.391), at K = 1 (the
-# default) and K = 0. Each run must end the SFT warm-up and the job at held-out accuracy >= 0.95,
-# and no held-out evaluation in between may fall below 0.95 (K = 1 with --tis-cap 2 dipped to 0.836
-# on seed 1 while ending at 0.961: the end alone did not notice). The recipe gave 0.984-1.000 at
-# every eval point over 16 runs of 8 seeds x kernel path at K = 1 (README).
+# The README's main job learns, and GRPO is what teaches it the task (issues 24, 50): the job as a
+# user runs it, defaults and all, at K = 1 (the default) and K = 0. The warm-up shows the format
+# only (the words in a random order), so held-out accuracy after it must be <= 0.5; at the end
+# >= 0.95, with GRPO adding >= 45 points; and no held-out evaluation during GRPO may fall below
+# 0.4 (a collapse, as --lr 5e-4 without warmup gave: 0.000 from step 10 on). The recipe's spread
+# over 8 seeds x K x kernel path x threads: docs/rl-job.md.
 foreach(k 0 1)
-  foreach(seed 1 8)
-    add_test(NAME rl.main_job_learns_k${k}_seed${seed}
+  foreach(seed 1 5)
+    add_test(NAME rl.main_job_grpo_learns_the_task_k${k}_seed${seed}
              COMMAND ${CRL_RUN_JOB} pass 240
-                     "after the SFT warm-up .*held-out accuracy (0\\.9[5-9][0-9]|1\\.000) ;; held-out accuracy 0\\.000 -> (0\\.9[5-9][0-9]|1\\.000) ;; !^step [0-9]+ grpo .* eval 0\\.([0-8][0-9]|9[0-4])[0-9]"
+                     "after the SFT warm-up .*held-out accuracy (0\\.[0-4][0-9][0-9]|0\\.500) ;; held-out accuracy 0\\.000 -> (0\\.9[5-9][0-9]|1\\.000) \\(.*GRPO \\+(4[5-9]|[5-9][0-9]|100)\\.[0-9]\\) ;; !^step [0-9]+ grpo .* eval 0\\.[0-3][0-9][0-9]"
                      -- $<TARGET_FILE:colocated-rl> --gpus-infer 1 --gpus-train 1 --seed ${seed}
                      --max-staleness ${k})
-    set_tests_properties(rl.main_job_learns_k${k}_seed${seed} PROPERTIES LABELS multiprocess
-                         ENVIRONMENT "${CRL_CLI_ENV}" TIMEOUT 300 RESOURCE_LOCK multiprocess_cores)
+    set_tests_properties(rl.main_job_grpo_learns_the_task_k${k}_seed${seed} PROPERTIES
+                         LABELS multiprocess ENVIRONMENT "${CRL_CLI_ENV}" TIMEOUT 300
+                         RESOURCE_LOCK multiprocess_cores)
   endforeach()
 endforeach()
 # LoRA RL (issue 29): the main job training rank-8 adapters only, with --lora-rank's own recipe
-# (400 warm-up steps at 2e-3, rollouts at temperature 0.3, GRPO at 1e-4), learns as full
-# fine-tuning does (README "LoRA RL": 1.000 at the end on seeds 1-4, every eval point >= 0.953).
+# (400 warm-up steps at 2e-3 on the answers, not the shuffled demonstrations; rollouts at
+# temperature 0.3, GRPO at 1e-4) learns (docs/lora.md: 1.000 at the end on seeds 1-4, every eval
+# point >= 0.953); here the warm-up does the learning (docs/lora.md says why).
 add_test(NAME rl.lora_rank8_main_job_learns_seed1
          COMMAND ${CRL_RUN_JOB} pass 240
                  "weight sync: 1 bucket\\(s\\) of 304\\.00 KiB ;; after the SFT warm-up .*held-out accuracy (0\\.9[5-9][0-9]|1\\.000) ;; held-out accuracy 0\\.000 -> (0\\.9[5-9][0-9]|1\\.000) ;; !^step [0-9]+ grpo .* eval 0\\.([0-8][0-9]|9[0-4])[0-9]"
@@ -327,10 +329,10 @@ endforeach()
 # Asynchronous RL learns as fast as the synchronous loop: K = 1 reaches held-out accuracy 0.95 in
 # at most K = 0's number of GRPO steps + 20% (medians of 3 runs each; ~16 minutes, so
 # CRL_LONG_TESTS=1). The warm-up stops short of the copy task's SFT transition (~0.5) so that
-# GRPO does the rest.
+# GRPO does the rest (on the answers: --sft-target answer, the recipe this test was made for).
 add_test(NAME rl.k1_reaches_0.95_held_out_within_k0s_steps_plus_20pct
          COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/rl_accuracy_vs_staleness.py $<TARGET_FILE:colocated-rl>
-                 -- --gpus-infer 1 --gpus-train 1 --steps 200 --sft-steps 95 --temperature 0.7
+                 -- --gpus-infer 1 --gpus-train 1 --steps 200 --sft-steps 95 --sft-target answer --temperature 0.7
                  --lr 1e-4 --min-lr 1e-4 --sft-warmup-steps 0 --sft-min-lr 1e-3 --timeout 120)
 set_tests_properties(rl.k1_reaches_0.95_held_out_within_k0s_steps_plus_20pct PROPERTIES
                      LABELS "multiprocess;long" ENVIRONMENT "${CRL_CLI_ENV}" TIMEOUT 2400

@@ -98,7 +98,8 @@ class JobReport {
 
   void print_data() const {
     fmt::print("data: {} {} ({}): {} held out for evaluation{}, {} for training\n",
-               j_.data.split().eval.size() + j_.data.split().train.size(),
+               j_.data.split().eval.size() + j_.data.split().train.size() +
+                   j_.data.split().dropped_train_rows,
                o_.env.empty() ? "rows" : "tasks",
                !o_.env.empty()        ? "episodes of --env " + o_.env
                : o_.data_path.empty() ? std::string("built-in copy task")
@@ -106,6 +107,14 @@ class JobReport {
                j_.data.split().eval.size(),
                o_.eval_rows < 0 ? " (default: a fifth, at most 128; --eval-rows sets it)" : "",
                j_.data.split().train.size());
+    if (o_.env.empty() && j_.data.split().dropped_train_rows > 0) {
+      fmt::print("data: {} other rows not trained on either: their prompt is a held-out row's\n",
+                 j_.data.split().dropped_train_rows);
+    }
+    fmt::print(
+        "held-out eval: greedy (temperature 0), each row right or wrong by the {} reward; "
+        "the training reward is that judge on rollouts sampled at temperature {:g}\n",
+        o_.env.empty() ? reward_kind_name(o_.reward.kind) : "the environment's", o_.temperature);
     std::fflush(stdout);
   }
 
@@ -178,6 +187,7 @@ class JobReport {
     }
     std::fflush(stdout);
     if (m.eval_accuracy) evals_.push_back({fmt::format("step {}", m.step), *m.eval_accuracy});
+    rewards_.push_back(m.reward_mean);
     totals_.add(t, m.elapsed_s);
   }
 
@@ -214,10 +224,37 @@ class JobReport {
           "generated {} tokens; log-prob gap at the first step {:.2e}; peak train-rank RSS {}\n",
           s.total_gen_tokens, s.max_gap0, format_bytes(static_cast<double>(s.peak_train_rss)));
     }
-    double first = evals_.front().second, last = evals_.back().second;
-    fmt::print("held-out accuracy {:.3f} -> {:.3f} ({:+.1f} points)\n", first, last,
-               (last - first) * 100);
+    print_gains();
     std::fflush(stdout);
+  }
+
+  // Who added what: held-out accuracy at the start, after the warm-up and after GRPO, and the
+  // sampled reward of the first and last GRPO steps (10-step means: one step's 128 samples are
+  // noisy). The last line keeps the form scripts read: "held-out accuracy A -> B (+N points...".
+  void print_gains() const {
+    const double first = evals_.front().second, last = evals_.back().second;
+    const bool sft = j_.versions.runs_sft();
+    const double after_sft = sft ? evals_[1].second : first;
+    if (rewards_.size() >= 2) {
+      const size_t w = std::min<size_t>(10, rewards_.size() / 2);
+      auto mean = [&](size_t from) {
+        double sum = 0;
+        for (size_t i = from; i < from + w; ++i) sum += rewards_[i];
+        return sum / static_cast<double>(w);
+      };
+      fmt::print(
+          "sampled reward (training rollouts, mean of {} steps): first {:.3f} -> last {:.3f}\n", w,
+          mean(0), mean(rewards_.size() - w));
+    }
+    std::string split;
+    if (sft && totals_.steps_done > 0) {
+      split = fmt::format(": SFT warm-up {:+.1f}, GRPO {:+.1f}", (after_sft - first) * 100,
+                          (last - after_sft) * 100);
+    } else if (totals_.steps_done > 0) {
+      split = fmt::format(": GRPO {:+.1f}", (last - first) * 100);
+    }
+    fmt::print("held-out accuracy {:.3f} -> {:.3f} ({:+.1f} points{})\n", first, last,
+               (last - first) * 100, split);
   }
 
   const RlContext& j_;
@@ -226,6 +263,7 @@ class JobReport {
   std::ofstream metrics_;
   std::unique_ptr<TfEventsWriter> tb_;
   std::vector<std::pair<std::string, double>> evals_;
+  std::vector<double> rewards_;  // each GRPO step's sampled reward mean
   double grpo_start_ = 0;
   JobTotals totals_;
 };

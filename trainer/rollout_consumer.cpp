@@ -285,8 +285,10 @@ std::unique_ptr<Trainer> RolloutConsumer::sft(std::unique_ptr<Trainer> tr,
         continue;
       }
       const auto& row = c_.data.split().train[picked[i]];
+      const std::string& target =
+          o_.sft_on_answers || row.demonstration.empty() ? row.answer : row.demonstration;
       groups.push_back(sft_group(prompts.encode(row),
-                                 tok.encode(row.answer, PromptEncoder::answer_options(row)),
+                                 tok.encode(target, PromptEncoder::answer_options(row)),
                                  static_cast<int32_t>(cfg.eos_token_ids.at(0))));
     }
     auto batches = pack_micro_batches(groups, so.micro_batch_tokens);

@@ -10,6 +10,7 @@
 #include <regex>
 #include <sstream>
 #include <stdexcept>
+#include <unordered_set>
 
 #include "common/check.h"
 #include "common/json_depth.h"
@@ -177,8 +178,14 @@ std::vector<TaskRow> load_task_jsonl(const std::string& path, const RewardOption
       bad(line, std::string("\"answer\" must be a string or a number, got ") + a.type_name());
       continue;
     }
+    if (j.contains("demonstration") && !j["demonstration"].is_string()) {
+      bad(line,
+          std::string("\"demonstration\" must be a string, got ") + j["demonstration"].type_name());
+      continue;
+    }
     TaskRow row;
     row.answer = a.is_string() ? a.get<std::string>() : a.dump();
+    if (j.contains("demonstration")) row.demonstration = j["demonstration"].get<std::string>();
     row.line = line;
     row.split_special_tokens = split_special_tokens;
     if (has_messages) {
@@ -255,7 +262,15 @@ TaskSplit split_task(std::vector<TaskRow> rows, int64_t eval_rows, uint64_t seed
   }
   TaskSplit s;
   s.eval.assign(rows.begin(), rows.begin() + eval_rows);
-  s.train.assign(rows.begin() + eval_rows, rows.end());
+  std::unordered_set<std::string> held_out;
+  for (const auto& r : s.eval) held_out.insert(r.prompt);
+  for (auto it = rows.begin() + eval_rows; it != rows.end(); ++it) {
+    if (held_out.count(it->prompt)) {
+      ++s.dropped_train_rows;
+    } else {
+      s.train.push_back(std::move(*it));
+    }
+  }
   return s;
 }
 
@@ -267,17 +282,26 @@ std::vector<TaskRow> default_task_rows(int64_t count, uint64_t seed) {
                                        "tree", "river", "book",  "Leo"};
   constexpr int64_t kNumWords = sizeof(kWords) / sizeof(kWords[0]);
   std::mt19937_64 rng(seed);
+  // The demonstrations' orders come from their own stream: the rows are those of any seed before.
+  std::mt19937_64 order_rng(seed ^ 0x5eedf00dcafeULL);
+  auto join = [](const std::vector<const char*>& words) {
+    std::string s;
+    for (size_t w = 0; w < words.size(); ++w) s += (w ? " " : "") + std::string(words[w]);
+    return s;
+  };
   std::vector<TaskRow> rows;
   rows.reserve(count);
   for (int64_t i = 0; i < count; ++i) {
-    const int64_t len = 2 + static_cast<int64_t>(rng() % 3);
-    std::string words;
-    for (int64_t w = 0; w < len; ++w) {
-      words += (w ? " " : "") + std::string(kWords[rng() % kNumWords]);
-    }
+    const int64_t len = 2 + static_cast<int64_t>(rng() % 2);
+    std::vector<const char*> words;
+    for (int64_t w = 0; w < len; ++w) words.push_back(kWords[rng() % kNumWords]);
     TaskRow row;
-    row.prompt = "Copy: " + words + ". Answer:";
-    row.answer = words;
+    row.answer = join(words);
+    row.prompt = "Copy: " + row.answer + ". Answer:";
+    for (int64_t w = len - 1; w > 0; --w) {  // Fisher-Yates: every order equally likely
+      std::swap(words[w], words[order_rng() % static_cast<uint64_t>(w + 1)]);
+    }
+    row.demonstration = join(words);
     rows.push_back(std::move(row));
   }
   return rows;

@@ -4,10 +4,12 @@
 // Data file: one JSON object per line, {"prompt": string, "answer": string or number}, or
 // {"messages": [{"role": ..., "content": ...}, ...], "answer": ...}: a chat, rendered by the
 // model's chat template with add_generation_prompt (the prompt then ends where the assistant's
-// reply begins). Other keys are ignored and blank lines skipped. Every bad row (invalid JSON,
-// missing field, wrong type, empty prompt, both or neither of prompt and messages, a chat the
-// template rejects, and for the chosen reward an answer it cannot use: a bad regex, a non-number)
-// is reported as FILE:LINE: reason, and loading fails: a run never starts on garbage.
+// reply begins). An optional "demonstration" string is what the SFT warm-up trains on instead of
+// the answer (say a worked solution; the rewards judge the answer). Other keys are ignored and
+// blank lines skipped. Every bad row (invalid JSON, missing field, wrong type, empty prompt, both
+// or neither of prompt and messages, a chat the template rejects, and for the chosen reward an
+// answer it cannot use: a bad regex, a non-number) is reported as FILE:LINE: reason, and loading
+// fails: a run never starts on garbage.
 //
 // Rewards score the *answer part* of a completion: its text up to the first newline, trimmed.
 //   exact    1 if it equals the answer (both trimmed);
@@ -37,6 +39,9 @@ enum class PromptKind {
 struct TaskRow {
   std::string prompt;  // the prompt text; for a "messages" row, its chat-template render
   std::string answer;
+  // What the SFT warm-up trains the model to write for this prompt; empty: the answer. The
+  // built-in task's demonstrations show the format only (see default_task_rows).
+  std::string demonstration;
   int64_t line = 0;  // 1-based line in the data file (0 for generated rows)
   PromptKind kind = PromptKind::kText;
   // Untrusted data (--split-special-tokens): special-token literals in the prompt text and the
@@ -87,7 +92,8 @@ std::vector<TaskRow> load_task_jsonl(const std::string& path, const RewardOption
 
 struct TaskSplit {
   std::vector<TaskRow> train;
-  std::vector<TaskRow> eval;  // held out: never trained on
+  std::vector<TaskRow> eval;       // held out: never trained on, nor any row with the same prompt
+  int64_t dropped_train_rows = 0;  // rows left out of training: their prompt is a held-out one
 };
 
 // The held-out count used when none is given: a fifth of the rows, at least one (from two rows
@@ -95,7 +101,8 @@ struct TaskSplit {
 int64_t default_eval_rows(int64_t num_rows);
 
 // Shuffles (seeded) and holds out `eval_rows` rows (at most half the rows; negative = the
-// default above).
+// default above). A remaining row whose prompt is also a held-out row's is not trained on either
+// (TaskSplit::dropped_train_rows): a held-out score measures prompts the model never saw.
 TaskSplit split_task(std::vector<TaskRow> rows, int64_t eval_rows, uint64_t seed);
 
 // The built-in default task for the embedded default model: copy a short list of words.
@@ -104,6 +111,10 @@ TaskSplit split_task(std::vector<TaskRow> rows, int64_t eval_rows, uint64_t seed
 // engine/model/model_writer.cpp) keeps as single pieces, so an answer of k words is k tokens and
 // the completion is k tokens + EOS. Its digits, by contrast, are split ("12" -> "▁", "1", "2").
 // Held-out rows are unseen word combinations: the model has to learn to copy, not memorise.
+// Each row's demonstration (the SFT warm-up's target) is its words in a random order: the
+// warm-up teaches the format (the prompt's words, as many, then EOS) but not the order, so a
+// model after it answers right only when the order it picks happens to be the prompt's (1 in k!
+// for k distinct words), and GRPO has to learn the order from the exact-match reward alone.
 // Deterministic in `seed`. Exact-match reward.
 std::vector<TaskRow> default_task_rows(int64_t count, uint64_t seed);
 

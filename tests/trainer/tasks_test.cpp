@@ -2,10 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 
 #include "engine/model/model_cache.h"
 #include "tests/engine/test_model.h"
@@ -122,6 +124,22 @@ TEST(TaskTest, BadRowsAreAllReportedWithFileAndLineAndNothingLoads) {
                      "missing.jsonl");
 }
 
+TEST(TaskTest, ADemonstrationIsWhatTheWarmUpTrainsOn) {
+  test::TempDir dir;
+  const std::string path = dir.file("data.jsonl");
+  write(path,
+        "{\"prompt\": \"2+3=\", \"answer\": \"5\", \"demonstration\": \"2+3 is 5\"}\n"
+        "{\"prompt\": \"1+1=\", \"answer\": \"2\"}\n");
+  auto rows = load_task_jsonl(path);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0].demonstration, "2+3 is 5");
+  EXPECT_EQ(rows[0].answer, "5");
+  EXPECT_EQ(rows[1].demonstration, "");  // the warm-up trains on the answer
+  write(path, "{\"prompt\": \"2+3=\", \"answer\": \"5\", \"demonstration\": 5}\n");
+  ASSERT_THROWS_WITH(load_task_jsonl(path), std::invalid_argument,
+                     ":1: \"demonstration\" must be a string, got number");
+}
+
 TEST(TaskTest, MessagesRowsRenderWithTheModelsTemplateLikePythonJinja2) {
   test::TempDir dir;
   for (const char* name :
@@ -214,7 +232,12 @@ TEST(TaskTest, EvalSplitIsHeldOutAndSeeded) {
   auto a = split_task(rows, 20, 9);
   auto b = split_task(rows, 20, 9);
   ASSERT_EQ(a.eval.size(), 20u);
-  ASSERT_EQ(a.train.size(), 80u);
+  // The default task repeats word lists: rows with a held-out prompt are not trained on.
+  EXPECT_GT(a.dropped_train_rows, 0);
+  ASSERT_EQ(a.train.size() + a.dropped_train_rows, 80u);
+  for (const auto& t : a.train) {
+    for (const auto& e : a.eval) EXPECT_NE(t.prompt, e.prompt);
+  }
   for (size_t i = 0; i < a.eval.size(); ++i) EXPECT_EQ(a.eval[i].prompt, b.eval[i].prompt);
   ASSERT_THROWS_WITH(
       split_task(rows, 60, 1), std::invalid_argument,
@@ -242,8 +265,46 @@ TEST(TaskTest, DefaultTaskWordsAreSinglePiecesOfTheDefaultTokenizer) {
     EXPECT_EQ(static_cast<int64_t>(tok.encode(r.answer).size()), words) << r.answer;
     EXPECT_EQ(r.prompt.rfind("Copy: " + r.answer + ". Answer:", 0), 0u) << r.prompt;
     EXPECT_EQ(tok.decode(tok.encode(r.answer)), r.answer);
+    EXPECT_TRUE(words == 2 || words == 3) << r.answer;
   }
   EXPECT_GT(distinct.size(), 150u);
+}
+
+// The warm-up's demonstrations are the answer's words in a random order: the format (which words,
+// how many) without the order, which GRPO learns from the reward. Every order turns up.
+TEST(TaskTest, DefaultTaskDemonstrationsShuffleTheAnswersWords) {
+  auto rows = default_task_rows(2000, 5);
+  auto words_of = [](const std::string& s) {
+    std::vector<std::string> w;
+    std::istringstream in(s);
+    for (std::string x; in >> x;) w.push_back(x);
+    return w;
+  };
+  int64_t in_order = 0, three_distinct = 0;
+  std::set<std::vector<std::string>> orders_of_abc;
+  for (const auto& r : rows) {
+    auto a = words_of(r.answer), d = words_of(r.demonstration);
+    ASSERT_EQ(a.size(), d.size()) << r.answer << " / " << r.demonstration;
+    std::vector<std::string> sa = a, sd = d;
+    std::sort(sa.begin(), sa.end());
+    std::sort(sd.begin(), sd.end());
+    EXPECT_EQ(sa, sd) << r.answer << " / " << r.demonstration;
+    if (a.size() == 3 && std::set<std::string>(a.begin(), a.end()).size() == 3) {
+      ++three_distinct;
+      in_order += a == d;
+      std::vector<std::string> order;  // d in terms of a's positions
+      for (const auto& w : d)
+        order.push_back(std::to_string(std::find(a.begin(), a.end(), w) - a.begin()));
+      orders_of_abc.insert(order);
+    }
+  }
+  EXPECT_EQ(orders_of_abc.size(), 6u);  // all 3! orders
+  // About 1 in 6 three-word demonstrations happens to be in order (binomial sd ~ 0.012 here).
+  const double share = static_cast<double>(in_order) / static_cast<double>(three_distinct);
+  EXPECT_GT(share, 0.10);
+  EXPECT_LT(share, 0.24);
+  // Same seed, same rows and demonstrations.
+  EXPECT_EQ(default_task_rows(50, 5)[7].demonstration, rows[7].demonstration);
 }
 
 }  // namespace
