@@ -5,8 +5,9 @@ Runs `colocated-rl --gpus-infer 1 --gpus-train 1` (the README's main job) once p
 seeds x --max-staleness K x kernel path x threads per rank, one run at a time, and prints per
 (K, path, threads) the min / median / max held-out accuracy after the SFT warm-up and at the end,
 the points GRPO added, the lowest held-out eval during GRPO, the largest fall of a 10-step window's
-mean sampled reward below the window before, and the job's wall seconds. Every run is also a JSONL row (--out), so two sweeps (say before and
-after a recipe change, each with its own binary) can be tabled side by side later:
+mean sampled reward below the window before, and the job's wall seconds. Every run is also a JSONL
+row (--out), so two sweeps (say before and after a recipe change, each with its own binary) can be
+tabled side by side later:
 
   scripts/learning_sweep.py build/app/colocated-rl --seeds 1-8 --out after.jsonl
   scripts/learning_sweep.py --report before.jsonl after.jsonl   # and a side-by-side table
