@@ -52,7 +52,8 @@ struct TrainFlags {
   std::string device_map;
   // Given on the command line (else --lora-rank picks its own defaults).
   CLI::Option *sft_lr_opt = nullptr, *sft_steps_opt = nullptr, *temperature_opt = nullptr;
-  CLI::Option *lr_opt = nullptr, *sft_target_opt = nullptr;
+  CLI::Option *lr_opt = nullptr, *sft_target_opt = nullptr, *steps_opt = nullptr,
+              *warmup_opt = nullptr;
   std::string sft_target = "demonstration";
 };
 
@@ -122,7 +123,8 @@ void add_schedule_flags(CLI::App* cmd, TrainFlags* f) {
   cmd->add_option("--sft-min-lr", f->sft_min_lr,
                   "SFT cosine floor: after warmup the lr decays from --sft-lr to this over "
                   "--sft-steps (default: --sft-lr / 10; equal to --sft-lr: constant)");
-  cmd->add_option("--steps", o.steps, "GRPO steps")->capture_default_str();
+  f->steps_opt = cmd->add_option("--steps", o.steps, "GRPO steps (60 with --lora-rank)")
+                     ->capture_default_str();
   cmd->add_option("--prompts-per-step", o.prompts_per_step, "prompts per GRPO step (all engines)")
       ->capture_default_str();
   cmd->add_option("--n-samples", o.samples_per_prompt, "samples per prompt (a GRPO group)")
@@ -134,8 +136,9 @@ void add_schedule_flags(CLI::App* cmd, TrainFlags* f) {
       ->capture_default_str();
   f->lr_opt = cmd->add_option("--lr", f->lr, "GRPO peak learning rate (1e-4 with --lora-rank)")
                   ->capture_default_str();
-  cmd->add_option("--warmup-steps", o.trainer.schedule.warmup_steps, "GRPO linear warmup steps")
-      ->capture_default_str();
+  f->warmup_opt = cmd->add_option("--warmup-steps", o.trainer.schedule.warmup_steps,
+                                  "GRPO linear warmup steps (0 with --lora-rank)")
+                      ->capture_default_str();
   cmd->add_option("--min-lr", f->min_lr,
                   "GRPO cosine floor: after warmup the lr decays from --lr to this over --steps "
                   "(default: --lr / 10; equal to --lr: constant)");
@@ -295,6 +298,12 @@ RlJobOptions resolve_train_flags(const TrainFlags& flags) {
     if (f->temperature_opt->count() == 0) o.temperature = 0.3;
     if (f->lr_opt->count() == 0) grpo_lr = 1e-4;
     if (f->sft_target_opt->count() == 0) o.sft_on_answers = true;
+    // GRPO keeps LoRA's own 60 steps without warmup: with full fine-tuning's 90 and a 10-step
+    // warmup its held-out accuracy fell from 1.000 to 0.969 (0.945 at step 40, seed 1); with these
+    // it held 1.000 at every eval. Its rollouts at temperature 0.3 are sampled off the policy the
+    // loss's log-probs describe (T = 1), so more GRPO steps drift rather than help.
+    if (f->steps_opt->count() == 0) o.steps = 60;
+    if (f->warmup_opt->count() == 0) o.trainer.schedule.warmup_steps = 0;
   }
   if (f->sft_target_opt->count() > 0) o.sft_on_answers = f->sft_target == "answer";
   o.trainer.schedule.lr = grpo_lr;

@@ -301,7 +301,7 @@ foreach(k 0 1)
 endforeach()
 # LoRA RL (issue 29): the main job training rank-8 adapters only, with --lora-rank's own recipe
 # (400 warm-up steps at 2e-3 on the answers, not the shuffled demonstrations; rollouts at
-# temperature 0.3, GRPO at 1e-4) learns (docs/lora.md: 1.000 at the end on seeds 1-4, every eval
+# temperature 0.3, 60 GRPO steps at 1e-4 without warmup) learns (docs/lora.md: 1.000 at the end on seeds 1-4, every eval
 # point >= 0.953); here the warm-up does the learning (docs/lora.md says why).
 add_test(NAME rl.lora_rank8_main_job_learns_seed1
          COMMAND ${CRL_RUN_JOB} pass 240
