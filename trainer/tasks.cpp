@@ -282,7 +282,7 @@ std::vector<TaskRow> default_task_rows(int64_t count, uint64_t seed) {
                                        "tree", "river", "book",  "Leo"};
   constexpr int64_t kNumWords = sizeof(kWords) / sizeof(kWords[0]);
   std::mt19937_64 rng(seed);
-  // The demonstrations' orders come from their own stream: the rows are those of any seed before.
+  // The demonstrations' orders come from their own stream, so they do not shift the rows.
   std::mt19937_64 order_rng(seed ^ 0x5eedf00dcafeULL);
   auto join = [](const std::vector<const char*>& words) {
     std::string s;

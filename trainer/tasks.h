@@ -107,7 +107,7 @@ TaskSplit split_task(std::vector<TaskRow> rows, int64_t eval_rows, uint64_t seed
 
 // The built-in default task for the embedded default model: copy a short list of words.
 //   prompt: "Copy: red tree big. Answer:"   answer: "red tree big"
-// 2 to 4 words out of 16 that the default tokenizer (trained on the project's corpus, see
+// 2 or 3 words out of 16 that the default tokenizer (trained on the project's corpus, see
 // engine/model/model_writer.cpp) keeps as single pieces, so an answer of k words is k tokens and
 // the completion is k tokens + EOS. Its digits, by contrast, are split ("12" -> "▁", "1", "2").
 // Held-out rows are unseen word combinations: the model has to learn to copy, not memorise.
