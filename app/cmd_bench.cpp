@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -249,6 +250,8 @@ Runner register_bench(CLI::App& app) {
   bench::add_host_step_bench_flags(*hs, *hs_opts);
   return [opts, rollout, sync, sf, serve_opts, serve, e2e, tok_opts, tok, train_opts, train,
           linear_opts, linear, mt_opts, mt, hs_opts, hs]() {
+    // Line-buffered even into a pipe or a file: a bench's progress shows while it runs.
+    std::setvbuf(stdout, nullptr, _IOLBF, 0);
     if (hs->parsed()) return bench::run_host_step_bench(*hs_opts);
     if (mt->parsed()) return bench::run_multi_turn_bench(*mt_opts);
     if (linear->parsed()) return bench::run_linear_bench(*linear_opts);

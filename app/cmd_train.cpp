@@ -216,7 +216,18 @@ void add_output_flags(CLI::App* cmd, TrainFlags* f) {
   RlJobOptions& o = f->o;
   cmd->add_option("--eval-every", o.eval_every, "held-out evaluation every N steps")
       ->capture_default_str();
-  cmd->add_option("--metrics", o.metrics_path, "JSONL metrics file, one line per step");
+  cmd->add_option("--metrics", o.metrics_path,
+                  "JSONL metrics file in verl's file-logger form ({\"step\": N, \"data\": {...}}, "
+                  "verl's metric names): the run's settings, the evals, each SFT and GRPO step");
+  cmd->add_option("--traces", o.traces.path,
+                  "append one JSON line per rollout sample (step, prompt and completion text and "
+                  "ids, reward, advantage, each token's log-prob and weight version) to this file");
+  cmd->add_option("--trace-rate", o.traces.rate,
+                  "share of GRPO groups --traces writes, the same groups in every run of a seed")
+      ->capture_default_str();
+  cmd->add_flag("--verbose", o.verbose,
+                "each GRPO step's full line (throughput, timings, staleness, importance weights, "
+                "idle shares) instead of the short one");
   cmd->add_option("--tensorboard", o.tensorboard_dir,
                   "write TensorBoard event files into this directory (every per-step metric and "
                   "eval; `tensorboard --logdir DIR`, or `wandb sync DIR`)");
@@ -317,6 +328,7 @@ RlJobOptions resolve_train_flags(const TrainFlags& flags) {
   o.env_options.timeout = std::chrono::milliseconds(static_cast<int64_t>(f->env_timeout_s * 1000));
   o.env_options.seed = o.seed;
   o.trainer.lora.seed = o.seed;
+  o.traces.seed = o.seed;
   o.bucket_bytes = f->dist.bucket_bytes();
   o.sync = f->dist.sync_options();
   o.device_map = sync::parse_device_map(f->device_map);

@@ -73,6 +73,7 @@ void add_host_step_bench_flags(CLI::App& cmd, HostStepBenchOptions& o) {
       ->capture_default_str();
   cmd.add_option("--seed", o.seed, "workload seed")->capture_default_str();
   cmd.add_option("--json-out", o.json_out, "also append the JSON line to this file");
+  cmd.add_flag("--json", o.json, "print the JSON result line after the table");
 }
 
 int run_host_step_bench(const HostStepBenchOptions& o) {
@@ -195,7 +196,7 @@ int run_host_step_bench(const HostStepBenchOptions& o) {
   }
   std::cout << fmt::format("host work a decode step: {:.3f} ms (target 0.3 ms at 256 sequences)\n",
                            median(t_total) / 1000);
-  std::cout << result.dump() << "\n";
+  if (o.json) std::cout << result.dump() << "\n";
   if (!o.json_out.empty()) std::ofstream(o.json_out, std::ios::app) << result.dump() << "\n";
   return 0;
 }

@@ -29,6 +29,7 @@ struct HostStepBenchOptions {
   int64_t max_model_len = 32768;  // Qwen2-0.5B's: the decode graphs' block-table width
   uint64_t seed = 7;
   std::string json_out;
+  bool json = false;  // --json: the JSON line on stdout too
 };
 
 void add_host_step_bench_flags(CLI::App& cmd, HostStepBenchOptions& opts);

@@ -118,8 +118,11 @@ int run_rl_bench(const RlBenchOptions& f) {
         std::string line;
         std::vector<trainer::RlMetricsRow> rows;
         while (std::getline(in, line)) {
-          if (!line.empty())
-            rows.push_back(nlohmann::json::parse(line).get<trainer::RlMetricsRow>());
+          if (line.empty()) continue;
+          const auto row = nlohmann::json::parse(line);
+          // GRPO steps only (the config, eval and SFT rows carry their kind).
+          if (!row.contains("config") && !row.contains("eval") && !row.contains("phase"))
+            rows.push_back(trainer::parse_metrics_file_row(row));
         }
         std::vector<double> gen, wait, train, sync, eidle, tidle;
         double gen_tokens = 0, stale = 0, dropped = 0;

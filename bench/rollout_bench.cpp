@@ -288,6 +288,7 @@ void add_rollout_flags(CLI::App& cmd, RolloutBenchOptions& o) {
       ->capture_default_str();
   cmd.add_option("--seed", o.seed, "workload seed")->capture_default_str();
   cmd.add_option("--json-out", o.json_out, "append the JSON result line to this file");
+  cmd.add_flag("--json", o.json, "print the JSON result line after the table");
   cmd.add_option("--device", o.device, "cpu or cuda (the probes run on the CPU only)")
       ->capture_default_str();
   cmd.add_option(
@@ -329,9 +330,6 @@ int run_rollout_bench(const RolloutBenchOptions& o) {
     result["attention_kernel"] = kv::cuda_attention_kernel_name(kv::cuda_attention_kernel());
     std::cout << "attention kernel: " << result["attention_kernel"].get<std::string>() << "\n";
   }
-  std::cout << fmt::format("{:<13} {:>9} {:>11} {:>11} {:>10} {:>9} {:>9} {:>8}\n", "mode",
-                           "time_s", "gen_tok/s", "total_tok/s", "samples/s", "prefill", "kv_util",
-                           "preempt");
   // One engine per mode, all alive, and the repeats interleaved (mode A, mode B, ..., then again)
   // so that every mode sees the same machine state; ratios are medians of per-repeat ratios.
   struct ModeRun {
@@ -388,6 +386,7 @@ int run_rollout_bench(const RolloutBenchOptions& o) {
           {"n", o.n}}.dump();
     }
     run_batch(*m.eng, requests_for(m, 1, true, 8));  // warmup
+    std::cout << fmt::format("{}: engine built and warmed up\n", mode);
     mode_runs.push_back(std::move(m));
   }
   for (int32_t r = 0; r < o.repeats; ++r) {
@@ -402,6 +401,8 @@ int run_rollout_bench(const RolloutBenchOptions& o) {
         profiler->arm();
       }
       m.runs.push_back(run_batch(*m.eng, requests_for(m, o.n, m.mode != "no-share", 1)));
+      std::cout << fmt::format("repeat {}/{} {:<13} {:.2f} s, {:.1f} generated tok/s\n", r + 1,
+                               o.repeats, m.mode, m.runs.back().seconds, m.runs.back().gen_tok_s);
       if (profiler) {
         profiler->disarm();
         m.eng->set_step_observer({});
@@ -409,6 +410,9 @@ int run_rollout_bench(const RolloutBenchOptions& o) {
     }
   }
   nlohmann::json modes = nlohmann::json::object();
+  std::cout << fmt::format("{:<13} {:>9} {:>11} {:>11} {:>10} {:>9} {:>9} {:>8}\n", "mode",
+                           "time_s", "gen_tok/s", "total_tok/s", "samples/s", "prefill", "kv_util",
+                           "preempt");
   for (const ModeRun& mr : mode_runs) {
     auto med = [&](auto field) {
       std::vector<double> v;
@@ -557,7 +561,7 @@ int run_rollout_bench(const RolloutBenchOptions& o) {
     std::cout << fmt::format("prefill: {:.0f} tok/s (8 x 512-token prompts)\n", prefill_tok_s);
   }
   result["peak_rss_bytes"] = peak_rss_bytes();
-  std::cout << result.dump() << "\n";
+  if (o.json) std::cout << result.dump() << "\n";
   if (!o.json_out.empty()) {
     std::ofstream(o.json_out, std::ios::app) << result.dump() << "\n";
   }

@@ -50,6 +50,7 @@ struct RolloutBenchOptions {
   int32_t decode_batch = 64;
   uint64_t seed = 7;
   std::string json_out;        // also append the JSON line to this file
+  bool json = false;           // --json: the JSON line on stdout too
   std::string device = "cpu";  // cpu or cuda (the probes are CPU-only)
   std::string workload_out;    // write the workload (prompt ids, output lengths) as JSON
   std::string workload_in;     // read the workload from such a JSON instead of drawing it

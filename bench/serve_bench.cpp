@@ -353,7 +353,7 @@ int run_multi_turn(const std::string& url, const ServeBenchOptions& o) {
   json line = {{"bench", "serve_multi_turn"}, {"turns", o.multi_turn},
                {"episodes", o.episodes},      {"user_words", o.prompt_len},
                {"max_tokens", o.max_tokens},  {"levels", levels}};
-  std::cout << line.dump() << "\n";
+  if (o.json) std::cout << line.dump() << "\n";
   if (!o.json_out.empty()) std::ofstream(o.json_out, std::ios::app) << line.dump() << "\n";
   return failures ? 1 : 0;
 }
@@ -374,6 +374,7 @@ void add_serve_bench_flags(CLI::App& cmd, ServeBenchOptions& o) {
   cmd.add_option("--max-tokens", o.max_tokens, "output tokens per request")->capture_default_str();
   cmd.add_option("--seed", o.seed, "workload seed")->capture_default_str();
   cmd.add_option("--json-out", o.json_out, "also append the JSON line to this file");
+  cmd.add_flag("--json", o.json, "print the JSON result line after the table");
   cmd.add_option("--api-key", o.api_key,
                  "the server's API key, sent with every request (a child server requires it); "
                  "from $CRL_API_KEY when not given")
@@ -451,7 +452,7 @@ int run_serve_bench(const ServeBenchOptions& o) {
                {"seconds_per_level", o.seconds},
                {"server_threads", o.threads},
                {"levels", levels}};
-  std::cout << line.dump() << "\n";
+  if (o.json) std::cout << line.dump() << "\n";
   if (!o.json_out.empty()) std::ofstream(o.json_out, std::ios::app) << line.dump() << "\n";
   return 0;
 }

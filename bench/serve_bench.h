@@ -36,6 +36,7 @@ struct ServeBenchOptions {
   int32_t max_tokens = 64;
   uint64_t seed = 7;
   std::string json_out;    // also append the JSON line to this file
+  bool json = false;       // --json: the JSON line on stdout too
   std::string api_key;     // sent as a bearer token; the child server requires it
   int32_t multi_turn = 0;  // > 0: chat episodes of this many turns (see above)
   int32_t episodes = 4;    // per client, --multi-turn

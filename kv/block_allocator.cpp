@@ -7,19 +7,11 @@
 #include <vector>
 
 #include "common/check.h"
+#include "common/hash.h"
 
 namespace crl::kv {
 
 namespace {
-
-// splitmix64 finalizer: a bijective 64-bit mixer, so distinct inputs chained through it stay
-// distinct.
-uint64_t mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 // Order-sensitive chaining step: h_{i+1} = mix(h_i ^ v_i).
 uint64_t combine(uint64_t h, uint64_t v) { return mix64(h ^ v); }

@@ -232,7 +232,7 @@ if want rl; then
     --timeout 120 --metrics "$OUT/rl_steps.jsonl" > "$OUT/rl.log" 2>&1
   rc=$?
   note rl "{\"rc\": $rc}"
-  grep -E "placement|cuda|transport|^step (1|2|10|20) |held-out accuracy|GRPO:|rror" "$OUT/rl.log" | cut -c1-300 | head -30
+  grep -E "placement|cuda|transport|^step (1|2|10|20)/|held-out accuracy|GRPO:|rror" "$OUT/rl.log" | cut -c1-300 | head -30
   sed -n '/phase (mean per step)/,/weight sync/p' "$OUT/rl.log"
   # World rank 0's placement table: both on cuda:0, the one-rank train group on NCCL, the
   # sync_root group on Gloo (its weights over CUDA IPC).

@@ -58,10 +58,11 @@ def run_one(binary, seed, k, path, threads, flags):
     out = proc.stdout
     sft = re.findall(r"eval after the SFT warm-up .*held-out accuracy ([0-9.]+)", out)
     final = re.findall(r"held-out accuracy ([0-9.]+) -> ([0-9.]+)", out)
-    gnorm = re.findall(r"sft step \d+/\d+ \| grad norm ([0-9.e+-]+)", out)
+    gnorm = re.findall(r"sft step \d+/\d+ \| loss [0-9.]+ \| gnorm ([0-9.e+-]+)", out)
     # Each GRPO step's sampled (training) reward, and the held-out evals during GRPO.
-    rewards = [float(x) for x in re.findall(r"^step \d+ grpo \| reward ([0-9.]+)", out, re.M)]
-    evals = [float(x) for x in re.findall(r"^step \d+ grpo \|.* eval ([0-9.]+)", out, re.M)]
+    rewards = [float(x) for x in re.findall(r"^step \d+/\d+ \| reward ([0-9.]+)", out, re.M)]
+    evals = [float(x) for x in
+             re.findall(r"^eval after step \d+/\d+: held-out accuracy ([0-9.]+)", out, re.M)]
     windows = [statistics.mean(rewards[i:i + 10]) for i in range(0, len(rewards), 10)]
     row = {"seed": seed, "k": k, "path": path, "threads": threads, "rc": proc.returncode,
            "seconds": round(seconds, 2), "sft_accuracy": float(sft[-1]) if sft else None,

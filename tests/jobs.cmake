@@ -35,13 +35,13 @@ set_tests_properties(sync.check_two_nodes_two_launchers PROPERTIES LABELS multip
 
 # The RL job (issue 4) through the real launcher: end to end, log-prob gap, kill + resume, bad
 # data, and flat train-rank memory under streaming.
-set(CRL_FIRST_GAP_SMALL "step 1 grpo .* gap ([0-9]\\.[0-9]e-(0[5-9]|[1-9][0-9])|0\\.0e\\+00)/")
+set(CRL_FIRST_GAP_SMALL "step 1/[0-9]+ .* gap ([0-9]\\.[0-9]e-(0[5-9]|[1-9][0-9])|0\\.0e\\+00) \\|")
 crl_job_test(rl.one_infer_one_train_end_to_end_fp32_gap_below_1e-4 pass 120 "${CRL_FIRST_GAP_SMALL}"
              --gpus-infer 1 --gpus-train 1 --steps 4 --sft-steps 5 --prompts-per-step 8
              --n-samples 4 --eval-every 2 --timeout 60)
 # --max-staleness 0 is the synchronous loop: every step on-policy, the gap exactly 0 at each.
 crl_job_test(rl.two_infer_two_train_deterministic_gap_exactly_0 pass 120
-             "step 1 grpo .* gap 0\\.0e\\+00/0\\.0e\\+00 ;; step 3 grpo .* gap 0\\.0e\\+00/0\\.0e\\+00 ;; summary: 1 node\\(s\\) x \\(2 infer \\+ 2 train ranks\\), 3 GRPO steps"
+             "step 1/[0-9]+ .* gap 0\\.0e\\+00 \\| ;; step 3/[0-9]+ .* gap 0\\.0e\\+00 \\| ;; summary: 1 node\\(s\\) x \\(2 infer \\+ 2 train ranks\\), 3 GRPO steps"
              --gpus-infer 2 --gpus-train 2 --deterministic --steps 3 --sft-steps 4
              --prompts-per-step 8 --n-samples 4 --eval-every 0 --timeout 60 --max-staleness 0)
 # Asynchronous RL (issue 13): with K = 1 no trained token is older than one version (the train
@@ -57,7 +57,7 @@ endforeach()
 # gap of exactly 0 at every step means each engine serves the trainers' adapter bit for bit, and
 # --sync-verify's per-bucket checksums agree after every sync.
 crl_job_test(rl.lora_two_infer_two_train_sync_only_the_adapter_gap_exactly_0 pass 120
-             "weight sync: 1 bucket\\(s\\) of 304\\.00 KiB per version ;; step 1 grpo .* gap 0\\.0e\\+00/0\\.0e\\+00 ;; step 3 grpo .* gap 0\\.0e\\+00/0\\.0e\\+00"
+             "weight sync: 1 bucket\\(s\\) of 304\\.00 KiB per version ;; step 1/[0-9]+ .* gap 0\\.0e\\+00 \\| ;; step 3/[0-9]+ .* gap 0\\.0e\\+00 \\|"
              --gpus-infer 2 --gpus-train 2 --deterministic --lora-rank 8 --steps 3 --sft-steps 4
              --prompts-per-step 8 --n-samples 4 --eval-every 0 --timeout 60 --max-staleness 0 --sync-verify)
 # A LoRA run's checkpoint is a PEFT adapter (no model weights; --save-merged adds merged/, a model
@@ -66,13 +66,13 @@ crl_job_test(rl.lora_two_infer_two_train_sync_only_the_adapter_gap_exactly_0 pas
 # refused naming the flag.
 set(CRL_RL_LORA_SAVE ${CMAKE_CURRENT_BINARY_DIR}/rl-lora-resume)
 add_test(NAME rl.lora_checkpoint_is_a_peft_adapter_and_resumes
-         COMMAND sh -c "rm -rf ${CRL_RL_LORA_SAVE} && ${CRL_RUN_JOB} pass 90 'summary:' -- $<TARGET_FILE:colocated-rl> --gpus-infer 1 --gpus-train 1 --lora-rank 4 --steps 2 --sft-steps 4 --sft-lr 1e-2 --prompts-per-step 4 --n-samples 4 --eval-every 0 --timeout 30 --save-dir ${CRL_RL_LORA_SAVE} --save-merged && test -f ${CRL_RL_LORA_SAVE}/step-2/merged/model.safetensors && test -f ${CRL_RL_LORA_SAVE}/step-2/adapter_config.json && test -f ${CRL_RL_LORA_SAVE}/step-2/adapter_model.safetensors && test ! -e ${CRL_RL_LORA_SAVE}/step-2/model.safetensors && ${CRL_RUN_JOB} pass 90 'resumed from .*step-2 at step 2 ;; step 3 grpo .* gap ([0-9]\\.[0-9]e-(0[5-9]|[1-9][0-9])|0\\.0e\\+00)/' -- $<TARGET_FILE:colocated-rl> --gpus-infer 1 --gpus-train 1 --lora-rank 4 --steps 3 --prompts-per-step 4 --n-samples 4 --eval-every 0 --timeout 30 --resume ${CRL_RL_LORA_SAVE}/step-2 && ${CRL_RUN_JOB} fail 60 'adapter has rank 4, alpha 32, targets all-linear; the run asks for --lora-rank 8' -- $<TARGET_FILE:colocated-rl> --gpus-infer 1 --gpus-train 1 --lora-rank 8 --steps 3 --prompts-per-step 4 --n-samples 4 --eval-every 0 --timeout 30 --resume ${CRL_RL_LORA_SAVE}/step-2 && ${CRL_RUN_JOB} fail 30 'the run asks for --lora-rank 4 --lora-alpha 32 --lora-targets q,v' -- $<TARGET_FILE:colocated-rl> --gpus-infer 1 --gpus-train 1 --lora-rank 4 --lora-targets q,v --steps 3 --timeout 30 --resume ${CRL_RL_LORA_SAVE}/step-2 && ${CRL_RUN_JOB} fail 30 'the checkpoint is a LoRA adapter of rank 4 trained on .*resume it with --lora-rank 4' -- $<TARGET_FILE:colocated-rl> --gpus-infer 1 --gpus-train 1 --steps 3 --timeout 30 --resume ${CRL_RL_LORA_SAVE}/step-2")
+         COMMAND sh -c "rm -rf ${CRL_RL_LORA_SAVE} && ${CRL_RUN_JOB} pass 90 'summary:' -- $<TARGET_FILE:colocated-rl> --gpus-infer 1 --gpus-train 1 --lora-rank 4 --steps 2 --sft-steps 4 --sft-lr 1e-2 --prompts-per-step 4 --n-samples 4 --eval-every 0 --timeout 30 --save-dir ${CRL_RL_LORA_SAVE} --save-merged && test -f ${CRL_RL_LORA_SAVE}/step-2/merged/model.safetensors && test -f ${CRL_RL_LORA_SAVE}/step-2/adapter_config.json && test -f ${CRL_RL_LORA_SAVE}/step-2/adapter_model.safetensors && test ! -e ${CRL_RL_LORA_SAVE}/step-2/model.safetensors && ${CRL_RUN_JOB} pass 90 'resumed from .*step-2 at step 2 ;; step 3/[0-9]+ .* gap ([0-9]\\.[0-9]e-(0[5-9]|[1-9][0-9])|0\\.0e\\+00) \\|' -- $<TARGET_FILE:colocated-rl> --gpus-infer 1 --gpus-train 1 --lora-rank 4 --steps 3 --prompts-per-step 4 --n-samples 4 --eval-every 0 --timeout 30 --resume ${CRL_RL_LORA_SAVE}/step-2 && ${CRL_RUN_JOB} fail 60 'adapter has rank 4, alpha 32, targets all-linear; the run asks for --lora-rank 8' -- $<TARGET_FILE:colocated-rl> --gpus-infer 1 --gpus-train 1 --lora-rank 8 --steps 3 --prompts-per-step 4 --n-samples 4 --eval-every 0 --timeout 30 --resume ${CRL_RL_LORA_SAVE}/step-2 && ${CRL_RUN_JOB} fail 30 'the run asks for --lora-rank 4 --lora-alpha 32 --lora-targets q,v' -- $<TARGET_FILE:colocated-rl> --gpus-infer 1 --gpus-train 1 --lora-rank 4 --lora-targets q,v --steps 3 --timeout 30 --resume ${CRL_RL_LORA_SAVE}/step-2 && ${CRL_RUN_JOB} fail 30 'the checkpoint is a LoRA adapter of rank 4 trained on .*resume it with --lora-rank 4' -- $<TARGET_FILE:colocated-rl> --gpus-infer 1 --gpus-train 1 --steps 3 --timeout 30 --resume ${CRL_RL_LORA_SAVE}/step-2")
 set_tests_properties(rl.lora_checkpoint_is_a_peft_adapter_and_resumes PROPERTIES
                      LABELS multiprocess ENVIRONMENT "${CRL_CLI_ENV}" TIMEOUT 300 RESOURCE_LOCK multiprocess_cores)
 # The same across processes with the AVX2 kernels forced and OpenBLAS on its Haswell kernels.
 add_test(NAME rl.two_infer_two_train_deterministic_gap_exactly_0_forced_avx2
          COMMAND ${CRL_RUN_JOB} pass 120
-                 "step 1 grpo .* gap 0\\.0e\\+00/0\\.0e\\+00 ;; summary: 1 node\\(s\\) x \\(2 infer \\+ 2 train ranks\\), 3 GRPO steps"
+                 "step 1/[0-9]+ .* gap 0\\.0e\\+00 \\| ;; summary: 1 node\\(s\\) x \\(2 infer \\+ 2 train ranks\\), 3 GRPO steps"
                  -- $<TARGET_FILE:colocated-rl> --gpus-infer 2 --gpus-train 2 --deterministic --steps 3
                  --sft-steps 4 --prompts-per-step 8 --n-samples 4 --eval-every 0 --timeout 60)
 set_tests_properties(rl.two_infer_two_train_deterministic_gap_exactly_0_forced_avx2 PROPERTIES
@@ -89,7 +89,7 @@ set_tests_properties(rl.ranks_see_the_users_crl_environment PROPERTIES
 # A 100-row --data file runs without --eval-rows: the held-out split defaults to what it allows.
 set(CRL_SMALL_DATA ${CMAKE_CURRENT_BINARY_DIR}/small-data.jsonl)
 add_test(NAME rl.small_data_file_defaults_the_eval_split
-         COMMAND sh -c "for i in $(seq 100); do echo '{\"prompt\": \"Copy: red big '$i'. Answer:\", \"answer\": \"red big\"}'; done > ${CRL_SMALL_DATA} && ${CRL_RUN_JOB} pass 90 'data: 100 rows .*small-data.jsonl.: 20 held out for evaluation .default: a fifth.*, 80 for training ;; summary:' -- $<TARGET_FILE:colocated-rl> --gpus-infer 1 --gpus-train 1 --data ${CRL_SMALL_DATA} --steps 1 --sft-steps 0 --prompts-per-step 4 --n-samples 2 --eval-every 0 --timeout 30")
+         COMMAND sh -c "for i in $(seq 100); do echo '{\"prompt\": \"Copy: red big '$i'. Answer:\", \"answer\": \"red big\"}'; done > ${CRL_SMALL_DATA} && ${CRL_RUN_JOB} pass 90 'data: 100 rows .*small-data.jsonl.: 80 for training, 20 held out for evaluation .default: a fifth ;; summary:' -- $<TARGET_FILE:colocated-rl> --gpus-infer 1 --gpus-train 1 --data ${CRL_SMALL_DATA} --steps 1 --sft-steps 0 --prompts-per-step 4 --n-samples 2 --eval-every 0 --timeout 30")
 set_tests_properties(rl.small_data_file_defaults_the_eval_split PROPERTIES LABELS multiprocess
                      TIMEOUT 120 RESOURCE_LOCK multiprocess_cores ENVIRONMENT "${CRL_CLI_ENV}")
 # A single bench sync cell prints its table (it used to only append to the JSONL).
@@ -115,7 +115,7 @@ crl_job_test(bench.train_zero_cells_print_memory_and_tokens_per_s pass 120
              --bucket-mb 1 --results ${CMAKE_CURRENT_BINARY_DIR}/train-cells.jsonl)
 set(CRL_RL_SAVE ${CMAKE_CURRENT_BINARY_DIR}/rl-kill-resume)
 add_test(NAME rl.killed_rank_fails_the_job_then_resume_continues_at_the_saved_step
-         COMMAND sh -c "rm -rf ${CRL_RL_SAVE} && ${CRL_RUN_JOB} fail 90 'rank 1 \\(node 0, train 0\\) killed by signal 9' -- $<TARGET_FILE:colocated-rl> --gpus-infer 1 --gpus-train 1 --steps 4 --sft-steps 3 --prompts-per-step 4 --n-samples 4 --eval-every 0 --timeout 10 --save-dir ${CRL_RL_SAVE} --save-every 1 --inject-fault die-at-step:1:3 && test -f ${CRL_RL_SAVE}/step-2/optimizer.safetensors && ${CRL_RUN_JOB} pass 90 'resumed from .*step-2 at step 2 ;; step 4 grpo' -- $<TARGET_FILE:colocated-rl> --gpus-infer 1 --gpus-train 1 --steps 4 --prompts-per-step 4 --n-samples 4 --eval-every 0 --timeout 10 --resume ${CRL_RL_SAVE}/step-2")
+         COMMAND sh -c "rm -rf ${CRL_RL_SAVE} && ${CRL_RUN_JOB} fail 90 'rank 1 \\(node 0, train 0\\) killed by signal 9' -- $<TARGET_FILE:colocated-rl> --gpus-infer 1 --gpus-train 1 --steps 4 --sft-steps 3 --prompts-per-step 4 --n-samples 4 --eval-every 0 --timeout 10 --save-dir ${CRL_RL_SAVE} --save-every 1 --inject-fault die-at-step:1:3 && test -f ${CRL_RL_SAVE}/step-2/optimizer.safetensors && ${CRL_RUN_JOB} pass 90 'resumed from .*step-2 at step 2 ;; step 4/[0-9]+ ' -- $<TARGET_FILE:colocated-rl> --gpus-infer 1 --gpus-train 1 --steps 4 --prompts-per-step 4 --n-samples 4 --eval-every 0 --timeout 10 --resume ${CRL_RL_SAVE}/step-2")
 set_tests_properties(rl.killed_rank_fails_the_job_then_resume_continues_at_the_saved_step PROPERTIES
                      LABELS multiprocess ENVIRONMENT "${CRL_CLI_ENV}" TIMEOUT 200
                      RESOURCE_LOCK multiprocess_cores)
@@ -123,7 +123,7 @@ set_tests_properties(rl.killed_rank_fails_the_job_then_resume_continues_at_the_s
 # once, naming the field (issue 49).
 set(CRL_RL_FORGED ${CMAKE_CURRENT_BINARY_DIR}/rl-forged-state)
 add_test(NAME rl.resume_refuses_a_forged_rows_drawn
-         COMMAND sh -c "rm -rf ${CRL_RL_FORGED} && ${CRL_RUN_JOB} pass 90 'step 1 grpo' -- $<TARGET_FILE:colocated-rl> --gpus-infer 1 --gpus-train 1 --steps 1 --sft-steps 0 --prompts-per-step 4 --n-samples 2 --eval-every 0 --timeout 30 --save-dir ${CRL_RL_FORGED} --save-every 1 && python3 -c \"import json, sys; p = sys.argv[1] + '/step-1/trainer_state.json'; j = json.load(open(p)); j['extra']['rows_drawn'] = 10**11; json.dump(j, open(p, 'w'))\" ${CRL_RL_FORGED} && ${CRL_RUN_JOB} fail 30 'extra.rows_drawn 100000000000 is not an integer in \\[0, 100000000\\]' -- $<TARGET_FILE:colocated-rl> --gpus-infer 1 --gpus-train 1 --steps 2 --prompts-per-step 4 --n-samples 2 --eval-every 0 --timeout 30 --resume ${CRL_RL_FORGED}/step-1")
+         COMMAND sh -c "rm -rf ${CRL_RL_FORGED} && ${CRL_RUN_JOB} pass 90 'step 1/1 ' -- $<TARGET_FILE:colocated-rl> --gpus-infer 1 --gpus-train 1 --steps 1 --sft-steps 0 --prompts-per-step 4 --n-samples 2 --eval-every 0 --timeout 30 --save-dir ${CRL_RL_FORGED} --save-every 1 && python3 -c \"import json, sys; p = sys.argv[1] + '/step-1/trainer_state.json'; j = json.load(open(p)); j['extra']['rows_drawn'] = 10**11; json.dump(j, open(p, 'w'))\" ${CRL_RL_FORGED} && ${CRL_RUN_JOB} fail 30 'extra.rows_drawn 100000000000 is not an integer in \\[0, 100000000\\]' -- $<TARGET_FILE:colocated-rl> --gpus-infer 1 --gpus-train 1 --steps 2 --prompts-per-step 4 --n-samples 2 --eval-every 0 --timeout 30 --resume ${CRL_RL_FORGED}/step-1")
 set_tests_properties(rl.resume_refuses_a_forged_rows_drawn PROPERTIES LABELS multiprocess
                      ENVIRONMENT "${CRL_CLI_ENV}" TIMEOUT 150 RESOURCE_LOCK multiprocess_cores)
 # A dead rank ends the job within seconds, not at --timeout (300 s by default, kept here): the
@@ -150,7 +150,7 @@ crl_job_test(rl.killed_infer_rank_ends_the_job_within_seconds fail 40
 # it starts GRPO at step 0 with the engine on the saved weights (a gap at float32 rounding).
 set(CRL_RL_SFT_SAVE ${CMAKE_CURRENT_BINARY_DIR}/rl-sft-only)
 add_test(NAME rl.sft_only_run_leaves_a_checkpoint_that_resumes_into_grpo
-         COMMAND sh -c "rm -rf ${CRL_RL_SFT_SAVE} && ${CRL_RUN_JOB} pass 90 'checkpoint after the SFT warm-up: .*step-0' -- $<TARGET_FILE:colocated-rl> --gpus-infer 1 --gpus-train 1 --steps 0 --sft-steps 3 --prompts-per-step 4 --n-samples 4 --eval-every 0 --timeout 10 --save-dir ${CRL_RL_SFT_SAVE} && test -f ${CRL_RL_SFT_SAVE}/step-0/model.safetensors && grep -q '\"phase\": \"sft\"' ${CRL_RL_SFT_SAVE}/step-0/trainer_state.json && ${CRL_RUN_JOB} pass 90 'resumed from .*step-0 at step 0 ;; step 1 grpo .* gap ([0-9]\\.[0-9]e-(0[5-9]|[1-9][0-9])|0\\.0e\\+00)/' -- $<TARGET_FILE:colocated-rl> --gpus-infer 1 --gpus-train 1 --steps 1 --prompts-per-step 4 --n-samples 4 --eval-every 0 --timeout 10 --resume ${CRL_RL_SFT_SAVE}/step-0")
+         COMMAND sh -c "rm -rf ${CRL_RL_SFT_SAVE} && ${CRL_RUN_JOB} pass 90 'checkpoint after the SFT warm-up: .*step-0' -- $<TARGET_FILE:colocated-rl> --gpus-infer 1 --gpus-train 1 --steps 0 --sft-steps 3 --prompts-per-step 4 --n-samples 4 --eval-every 0 --timeout 10 --save-dir ${CRL_RL_SFT_SAVE} && test -f ${CRL_RL_SFT_SAVE}/step-0/model.safetensors && grep -q '\"phase\": \"sft\"' ${CRL_RL_SFT_SAVE}/step-0/trainer_state.json && ${CRL_RUN_JOB} pass 90 'resumed from .*step-0 at step 0 ;; step 1/[0-9]+ .* gap ([0-9]\\.[0-9]e-(0[5-9]|[1-9][0-9])|0\\.0e\\+00) \\|' -- $<TARGET_FILE:colocated-rl> --gpus-infer 1 --gpus-train 1 --steps 1 --prompts-per-step 4 --n-samples 4 --eval-every 0 --timeout 10 --resume ${CRL_RL_SFT_SAVE}/step-0")
 set_tests_properties(rl.sft_only_run_leaves_a_checkpoint_that_resumes_into_grpo PROPERTIES
                      LABELS multiprocess ENVIRONMENT "${CRL_CLI_ENV}" TIMEOUT 200
                      RESOURCE_LOCK multiprocess_cores)
@@ -200,13 +200,22 @@ set_tests_properties(rl.two_nodes_two_launchers PROPERTIES LABELS multiprocess
                      ENVIRONMENT "${CRL_CLI_ENV};NNODES=2" TIMEOUT 150 RESOURCE_LOCK multiprocess_cores)
 # --tensorboard DIR read back with TensorBoard's own reader (PyPI's tensorboard, pinned, in a venv
 # made once under test-cache): every number of every --metrics row of the same run is a scalar at
-# its step with its value, and the evaluations are there (issue 51).
+# its step with its value, the evaluations are there, and so is each SFT warm-up step (issue 51).
 set(CRL_TB_VENV ${CMAKE_CURRENT_BINARY_DIR}/test-cache/tensorboard-venv)
 set(CRL_TB_RUN ${CMAKE_CURRENT_BINARY_DIR}/rl-tensorboard)
 add_test(NAME rl.tensorboard_events_read_back_with_tensorboard
-         COMMAND sh -c "rm -rf ${CRL_TB_RUN} && mkdir -p ${CRL_TB_RUN} && { ${CRL_TB_VENV}/bin/python -c 'import tensorboard' 2>/dev/null || { rm -rf ${CRL_TB_VENV} && python3 -m venv ${CRL_TB_VENV} && ${CRL_TB_VENV}/bin/pip install -q --disable-pip-version-check tensorboard==2.21.0; }; } && ${CRL_RUN_JOB} pass 120 'summary:' -- $<TARGET_FILE:colocated-rl> --gpus-infer 1 --gpus-train 1 --steps 4 --sft-steps 3 --prompts-per-step 4 --n-samples 4 --eval-every 2 --eval-rows 8 --timeout 60 --metrics ${CRL_TB_RUN}/metrics.jsonl --tensorboard ${CRL_TB_RUN}/tb && ${CRL_TB_VENV}/bin/python ${CMAKE_CURRENT_SOURCE_DIR}/app/tensorboard_readback.py ${CRL_TB_RUN}/tb ${CRL_TB_RUN}/metrics.jsonl")
+         COMMAND sh -c "rm -rf ${CRL_TB_RUN} && mkdir -p ${CRL_TB_RUN} && { ${CRL_TB_VENV}/bin/python -c 'import tensorboard' 2>/dev/null || { rm -rf ${CRL_TB_VENV} && python3 -m venv ${CRL_TB_VENV} && ${CRL_TB_VENV}/bin/pip install -q --disable-pip-version-check tensorboard==2.21.0; }; } && ${CRL_RUN_JOB} pass 120 'summary:' -- $<TARGET_FILE:colocated-rl> --gpus-infer 1 --gpus-train 1 --steps 4 --sft-steps 3 --prompts-per-step 4 --n-samples 4 --eval-every 2 --eval-rows 8 --timeout 60 --metrics ${CRL_TB_RUN}/metrics.jsonl --tensorboard ${CRL_TB_RUN}/tb && ${CRL_TB_VENV}/bin/python ${CMAKE_CURRENT_SOURCE_DIR}/app/tensorboard_readback.py ${CRL_TB_RUN}/tb ${CRL_TB_RUN}/metrics.jsonl 3")
 set_tests_properties(rl.tensorboard_events_read_back_with_tensorboard PROPERTIES
                      LABELS multiprocess ENVIRONMENT "${CRL_CLI_ENV}" TIMEOUT 600
+                     RESOURCE_LOCK multiprocess_cores)
+# --traces (issue 51): one line per rollout sample, from both infer ranks into one file; each
+# step's lines average to the --metrics row's reward and response length, each group's advantages
+# to 0, and no token is newer than the step's weights.
+set(CRL_TRACES_RUN ${CMAKE_CURRENT_BINARY_DIR}/rl-traces)
+add_test(NAME rl.traces_hold_every_sample_and_agree_with_the_metrics
+         COMMAND sh -c "rm -rf ${CRL_TRACES_RUN} && mkdir -p ${CRL_TRACES_RUN} && ${CRL_RUN_JOB} pass 120 'summary:' -- $<TARGET_FILE:colocated-rl> --gpus-infer 2 --gpus-train 1 --steps 3 --sft-steps 100 --prompts-per-step 8 --n-samples 4 --eval-every 0 --timeout 60 --metrics ${CRL_TRACES_RUN}/metrics.jsonl --traces ${CRL_TRACES_RUN}/traces.jsonl && python3 ${CMAKE_CURRENT_SOURCE_DIR}/app/traces_check.py ${CRL_TRACES_RUN}/traces.jsonl ${CRL_TRACES_RUN}/metrics.jsonl 32 4")
+set_tests_properties(rl.traces_hold_every_sample_and_agree_with_the_metrics PROPERTIES
+                     LABELS multiprocess ENVIRONMENT "${CRL_CLI_ENV}" TIMEOUT 180
                      RESOURCE_LOCK multiprocess_cores)
 # A rank killed on node 1 ends the job on both nodes within seconds, every rank naming it (issue
 # 49): node 1's launcher sets the job's failure key in the store, and ranks polling the store fail
@@ -269,7 +278,7 @@ set_tests_properties(cli.train_rejects_a_row_with_prompt_and_messages_naming_the
 set(CRL_CHAT_MODEL ${CMAKE_CURRENT_BINARY_DIR}/rl-chat-model)
 set(CRL_CHAT_FIXTURE ${CMAKE_CURRENT_SOURCE_DIR}/fixtures/rl_chat)
 add_test(NAME rl.messages_rows_train_with_the_models_chat_template
-         COMMAND sh -c "rm -rf ${CRL_CHAT_MODEL} && $<TARGET_FILE:colocated-rl> make-model --out ${CRL_CHAT_MODEL} >/dev/null && cp ${CRL_CHAT_FIXTURE}/tokenizer_config.json ${CRL_CHAT_MODEL}/ && ${CRL_RUN_JOB} pass 90 'data: 5 rows .*chat.jsonl.: 1 held out for evaluation, 4 for training ;; summary: 1 node\\(s\\) x \\(1 infer \\+ 1 train ranks\\), 1 GRPO steps' -- $<TARGET_FILE:colocated-rl> --gpus-infer 1 --gpus-train 1 --model ${CRL_CHAT_MODEL} --data ${CRL_CHAT_FIXTURE}/chat.jsonl --eval-rows 1 --steps 1 --sft-steps 1 --sft-rows 2 --prompts-per-step 2 --n-samples 2 --max-tokens 4 --eval-every 0 --timeout 30")
+         COMMAND sh -c "rm -rf ${CRL_CHAT_MODEL} && $<TARGET_FILE:colocated-rl> make-model --out ${CRL_CHAT_MODEL} >/dev/null && cp ${CRL_CHAT_FIXTURE}/tokenizer_config.json ${CRL_CHAT_MODEL}/ && ${CRL_RUN_JOB} pass 90 'data: 5 rows .*chat.jsonl.: 4 for training, 1 held out for evaluation ;; summary: 1 node\\(s\\) x \\(1 infer \\+ 1 train ranks\\), 1 GRPO steps' -- $<TARGET_FILE:colocated-rl> --gpus-infer 1 --gpus-train 1 --model ${CRL_CHAT_MODEL} --data ${CRL_CHAT_FIXTURE}/chat.jsonl --eval-rows 1 --steps 1 --sft-steps 1 --sft-rows 2 --prompts-per-step 2 --n-samples 2 --max-tokens 4 --eval-every 0 --timeout 30")
 set_tests_properties(rl.messages_rows_train_with_the_models_chat_template PROPERTIES
                      LABELS multiprocess ENVIRONMENT "${CRL_CLI_ENV}" TIMEOUT 120
                      RESOURCE_LOCK multiprocess_cores)
@@ -291,7 +300,7 @@ foreach(k 0 1)
   foreach(seed 1 5)
     add_test(NAME rl.main_job_grpo_learns_the_task_k${k}_seed${seed}
              COMMAND ${CRL_RUN_JOB} pass 240
-                     "after the SFT warm-up .*held-out accuracy (0\\.[0-4][0-9][0-9]|0\\.500) ;; held-out accuracy 0\\.000 -> (0\\.9[5-9][0-9]|1\\.000) \\(.*GRPO \\+(4[5-9]|[5-9][0-9]|100)\\.[0-9]\\) ;; !^step [0-9]+ grpo .* eval 0\\.[0-3][0-9][0-9]"
+                     "after the SFT warm-up .*held-out accuracy (0\\.[0-4][0-9][0-9]|0\\.500) ;; held-out accuracy 0\\.000 -> (0\\.9[5-9][0-9]|1\\.000) \\(.*GRPO \\+(4[5-9]|[5-9][0-9]|100)\\.[0-9]\\) ;; !^eval after step [0-9]+/[0-9]+: held-out accuracy 0\\.[0-3][0-9][0-9]"
                      -- $<TARGET_FILE:colocated-rl> --gpus-infer 1 --gpus-train 1 --seed ${seed}
                      --max-staleness ${k})
     set_tests_properties(rl.main_job_grpo_learns_the_task_k${k}_seed${seed} PROPERTIES
@@ -305,7 +314,7 @@ endforeach()
 # point >= 0.953); here the warm-up does the learning (docs/lora.md says why).
 add_test(NAME rl.lora_rank8_main_job_learns_seed1
          COMMAND ${CRL_RUN_JOB} pass 240
-                 "weight sync: 1 bucket\\(s\\) of 304\\.00 KiB ;; after the SFT warm-up .*held-out accuracy (0\\.9[5-9][0-9]|1\\.000) ;; held-out accuracy 0\\.000 -> (0\\.9[5-9][0-9]|1\\.000) ;; !^step [0-9]+ grpo .* eval 0\\.([0-8][0-9]|9[0-4])[0-9]"
+                 "weight sync: 1 bucket\\(s\\) of 304\\.00 KiB ;; after the SFT warm-up .*held-out accuracy (0\\.9[5-9][0-9]|1\\.000) ;; held-out accuracy 0\\.000 -> (0\\.9[5-9][0-9]|1\\.000) ;; !^eval after step [0-9]+/[0-9]+: held-out accuracy 0\\.([0-8][0-9]|9[0-4])[0-9]"
                  -- $<TARGET_FILE:colocated-rl> --gpus-infer 1 --gpus-train 1 --seed 1 --lora-rank 8)
 set_tests_properties(rl.lora_rank8_main_job_learns_seed1 PROPERTIES LABELS multiprocess
                      ENVIRONMENT "${CRL_CLI_ENV}" TIMEOUT 300 RESOURCE_LOCK multiprocess_cores)

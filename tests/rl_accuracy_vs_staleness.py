@@ -40,8 +40,9 @@ def steps_to_target(binary, k, run, flags, target, workdir):
     with open(metrics) as f:
         for line in f:
             row = json.loads(line)
-            if row.get("eval_accuracy") is not None:
-                curve.append((row["step"], row["eval_accuracy"]))
+            acc = row.get("data", {}).get("val-core/held_out/acc/mean@1")
+            if acc is not None and "eval" not in row:  # a GRPO step's held-out eval
+                curve.append((row["step"], acc))
     print(f"K={k} run {run} held-out accuracy by step: " + " ".join(f"{s}:{a:.3f}" for s, a in curve), flush=True)
     reached = [s for s, a in curve if a >= target]
     return reached[0] if reached else None

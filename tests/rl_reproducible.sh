@@ -15,7 +15,7 @@ for run in 1 2; do
     exit 1
   fi
   grep -E '^summary:|held-out accuracy [0-9.]+ ->' "$dir/run$run.log"
-  grep -E 'held-out accuracy' "$dir/run$run.log" | sed 's/ ([0-9.]* s)$//' >"$dir/evals$run.txt"
+  grep -E 'held-out accuracy' "$dir/run$run.log" | sed -E 's/ \([0-9.]* s\)$//; s/, [0-9.]* s\)$/)/' >"$dir/evals$run.txt"
 done
 if ! diff "$dir/evals1.txt" "$dir/evals2.txt"; then
   echo "FAILED: the held-out evaluations differ between two runs of the same flags"
@@ -23,14 +23,22 @@ if ! diff "$dir/evals1.txt" "$dir/evals2.txt"; then
 fi
 python3 - "$dir/run1.jsonl" "$dir/run2.jsonl" <<'PY'
 import json, sys
-keys = ["step", "loss", "kl", "clip_fraction", "grad_norm", "lr", "reward_mean", "reward_std",
-        "accuracy", "eval_accuracy", "logprob_gap_max", "logprob_gap_mean", "generated_tokens",
-        "train_tokens", "is_weight_mean", "is_weight_max", "staleness_mean", "staleness_max",
-        "groups_dropped", "weight_version", "engine_version"]
-runs = [[json.loads(l) for l in open(p)] for p in sys.argv[1:]]
+# The learning figures (verl's names and the project's), not the timing ones.
+keys = ["training/global_step", "actor/pg_loss", "actor/kl_loss", "actor/pg_clipfrac",
+        "actor/grad_norm", "actor/lr", "critic/score/mean", "crl/reward_std", "crl/accuracy",
+        "val-core/held_out/acc/mean@1", "crl/logprob_gap_max", "crl/logprob_gap_mean",
+        "rollout_corr/kl", "rollout_corr/k3_kl", "response_length/mean", "crl/generated_tokens",
+        "perf/total_num_tokens", "crl/is_weight_mean", "crl/is_weight_max", "crl/staleness_mean",
+        "crl/staleness_max", "crl/groups_dropped", "crl/weight_version", "crl/engine_version"]
+runs = [[r["data"] for r in map(json.loads, open(p)) if not ({"config", "eval", "phase"} & r.keys())]
+        for p in sys.argv[1:]]
 if len(runs[0]) != len(runs[1]) or not runs[0]:
     sys.exit(f"FAILED: {len(runs[0])} and {len(runs[1])} metric rows")
-diffs = [(a["step"], k, a.get(k), b.get(k)) for a, b in zip(*runs) for k in keys if a.get(k) != b.get(k)]
+absent = [k for k in keys if k != "val-core/held_out/acc/mean@1" and any(k not in d for d in runs[0])]
+if absent:
+    sys.exit(f"FAILED: metrics rows without {absent}")
+diffs = [(a["training/global_step"], k, a.get(k), b.get(k))
+         for a, b in zip(*runs) for k in keys if a.get(k) != b.get(k)]
 for d in diffs[:10]:
     print("step %s %s: %r vs %r" % d)
 if diffs:

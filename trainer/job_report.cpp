@@ -15,6 +15,8 @@
 
 namespace crl::trainer {
 
+using nlohmann::json;
+
 namespace {
 
 // What the summary adds up over the GRPO steps.
@@ -78,6 +80,56 @@ class JobReport {
     if (o_.metrics_path.empty()) return;
     metrics_.open(o_.metrics_path, j_.versions.resumed() ? std::ios::app : std::ios::trunc);
     if (!metrics_) throw std::runtime_error("cannot open the metrics file " + o_.metrics_path);
+    write_row({{"step", j_.versions.start_step()}, {"config", config()}, {"data", json::object()}});
+  }
+
+  // The run's settings, resolved (defaults and the --lora-rank recipe's included): the first
+  // --metrics row.
+  json config() const {
+    const auto& t = o_.trainer;
+    return {{"model", o_.model_dir},
+            {"data", o_.data_path.empty() ? "built-in copy task" : o_.data_path},
+            {"env", o_.env},
+            {"nodes", j_.ranks.g.topo.nnodes},
+            {"infer_per_node", j_.ranks.g.topo.infer_per_node},
+            {"train_per_node", j_.ranks.g.topo.train_per_node},
+            {"device", o_.device},
+            {"seed", o_.seed},
+            {"reward", reward_kind_name(o_.reward.kind)},
+            {"eval_rows", j_.data.split().eval.size()},
+            {"sft_steps", o_.sft_steps},
+            {"sft_rows_per_step", o_.sft_rows_per_step},
+            {"sft_lr", o_.sft_schedule.lr},
+            {"sft_on_answers", o_.sft_on_answers},
+            {"steps", o_.steps},
+            {"start_step", j_.versions.start_step()},
+            {"prompts_per_step", o_.prompts_per_step},
+            {"n_samples", o_.samples_per_prompt},
+            {"temperature", o_.temperature},
+            {"max_tokens", o_.max_tokens},
+            {"lr", t.schedule.lr},
+            {"warmup_steps", t.schedule.warmup_steps},
+            {"min_lr", t.schedule.min_lr},
+            {"max_grad_norm", t.max_grad_norm},
+            {"clip_low", t.grpo.clip_low},
+            {"clip_high", t.grpo.clip_high},
+            {"kl_coef", t.grpo.kl_coef},
+            {"tis_cap", t.grpo.tis_cap},
+            {"dtype", t.dtype},
+            {"zero_stage", t.zero_stage >= 0 ? t.zero_stage
+                           : j_.ranks.g.topo.nnodes * j_.ranks.g.topo.train_per_node > 1 ? 2
+                                                                                         : 0},
+            {"lora_rank", t.lora.rank},
+            {"max_staleness", o_.max_staleness},
+            {"inflight_update", engine::inflight_policy_name(o_.inflight)},
+            {"reproducible", o_.reproducible},
+            {"deterministic", o_.deterministic}};
+  }
+
+  void write_row(const json& row) {
+    if (!metrics_.is_open()) return;
+    metrics_ << row.dump() << "\n";
+    metrics_.flush();
   }
 
   void open_tensorboard() {
@@ -85,35 +137,23 @@ class JobReport {
     tb_ = std::make_unique<TfEventsWriter>(o_.tensorboard_dir);
   }
 
-  // Every number of a metrics row as a scalar `prefix/<field>` (nested objects: prefix/a/b).
-  void tb_row(const std::string& prefix, const nlohmann::json& j, int64_t step) {
-    for (const auto& [k, v] : j.items()) {
-      if (v.is_object()) {
-        tb_row(prefix + "/" + k, v, step);
-      } else if (v.is_number()) {
-        tb_->scalar(prefix + "/" + k, step, v.get<double>());
-      }
-    }
-  }
-
   void print_data() const {
-    fmt::print("data: {} {} ({}): {} held out for evaluation{}, {} for training\n",
+    fmt::print("data: {} {} ({}): {} for training, {} held out for evaluation{}\n",
                j_.data.split().eval.size() + j_.data.split().train.size() +
                    j_.data.split().dropped_train_rows,
                o_.env.empty() ? "rows" : "tasks",
                !o_.env.empty()        ? "episodes of --env " + o_.env
                : o_.data_path.empty() ? std::string("built-in copy task")
                                       : o_.data_path,
-               j_.data.split().eval.size(),
-               o_.eval_rows < 0 ? " (default: a fifth, at most 128; --eval-rows sets it)" : "",
-               j_.data.split().train.size());
+               j_.data.split().train.size(), j_.data.split().eval.size(),
+               o_.eval_rows < 0 ? " (default: a fifth, at most 128)" : "");
     if (o_.env.empty() && j_.data.split().dropped_train_rows > 0) {
       fmt::print("data: {} other rows not trained on either: their prompt is a held-out row's\n",
                  j_.data.split().dropped_train_rows);
     }
     fmt::print(
-        "held-out eval: greedy (temperature 0), each row right or wrong by the {} reward; "
-        "the training reward is that judge on rollouts sampled at temperature {:g}\n",
+        "held-out eval: greedy (temperature 0), each row right or wrong by the {} reward;\n"
+        "  the training reward: the same judge on rollouts sampled at temperature {:g}\n",
         o_.env.empty() ? reward_kind_name(o_.reward.kind) : "the environment's", o_.temperature);
     std::fflush(stdout);
   }
@@ -123,13 +163,23 @@ class JobReport {
     const EvalReport start = wait_eval(coord_, EvalPoint::start(), j_.rollout_deadline());
     evals_ = {{"start", start.accuracy}};
     if (tb_) tb_->scalar("eval/held_out_accuracy_start", 0, start.accuracy);
+    write_row({{"step", j_.versions.start_step()},
+               {"eval", "start"},
+               {"data", {{kHeldOutAccuracyName, start.accuracy}}}});
     grpo_start_ = start.elapsed_s;
-    fmt::print("eval start: held-out accuracy {:.3f} ({} rows)\n", evals_[0].second,
-               j_.data.split().eval.size());
+    fmt::print("eval start: held-out accuracy {:.3f} ({} rows, {:.1f} s)\n", evals_[0].second,
+               j_.data.split().eval.size(), start.elapsed_s);
+    std::fflush(stdout);  // before the warm-up's own lines, not with the next eval
     if (j_.versions.runs_sft()) {
       const EvalReport e = wait_eval(coord_, EvalPoint::sft(), j_.rollout_deadline());
       evals_.push_back({fmt::format("sft {} steps", o_.sft_steps), e.accuracy});
       if (tb_) tb_->scalar("eval/held_out_accuracy_after_sft", 0, e.accuracy);
+      if (metrics_.is_open()) {
+        for (const SftStepReport& s : wait_sft_steps(coord_, j_.rollout_deadline()))
+          write_row(sft_metrics_file_row(s));
+      }
+      write_row(
+          {{"step", 0}, {"eval", "after_sft"}, {"data", {{kHeldOutAccuracyName, e.accuracy}}}});
       grpo_start_ = e.elapsed_s;
       fmt::print(
           "eval after the SFT warm-up ({} steps of {} rows): held-out accuracy {:.3f} "
@@ -152,6 +202,8 @@ class JobReport {
     }
     const StepTotals t = combine(reports, spans);
     RlMetricsRow row = make_metrics_row(t);
+    row.step_s = *std::max_element(spans.begin(), spans.end());
+    row.throughput = row.step_s > 0 ? row.train_tokens / row.step_s / j_.ranks.env.world_size : 0;
     StepMetrics& m = row.m;
     m.step = step + 1;
     m.phase = "grpo";
@@ -161,23 +213,37 @@ class JobReport {
       m.eval_accuracy = e.accuracy;
       m.elapsed_s = std::max(m.elapsed_s, e.elapsed_s);
     }
-    const nlohmann::json row_json = row;
-    if (metrics_.is_open()) {
-      metrics_ << row_json.dump() << "\n";
-      metrics_.flush();
-    }
-    if (tb_) {
-      tb_row("grpo", row_json, m.step);
-      if (m.eval_accuracy) tb_->scalar("eval/held_out_accuracy", m.step, *m.eval_accuracy);
+    const json file_row = metrics_file_row(row);
+    write_row(file_row);
+    if (tb_) {  // every number of the row under its own name
+      for (const auto& [name, v] : file_row.at("data").items())
+        tb_->scalar(name, m.step, v.get<double>());
       tb_->flush();
     }
-    fmt::print(
-        "{} | stale {:.2f}/{:.0f} drop {:.0f} isw {:.3f}/{:.3f} | time gen {:.2f} s wait {:.2f} s "
-        "train {:.2f} s sync {:.1f} ms | idle engine {:.0f}% trainer {:.0f}%\n",
-        format_progress(m), row.staleness_mean, row.staleness_max, row.groups_dropped,
-        row.is_weight_mean, row.is_weight_max, row.time_generate_s, row.time_wait_rollouts_s,
-        row.time_train_s, row.time_sync_s * 1e3, row.engine_idle_share * 100,
-        row.trainer_idle_share * 100);
+    if (legend_) {
+      fmt::print("{}", step_line_legend());
+      legend_ = false;
+    }
+    if (o_.verbose) {
+      fmt::print(
+          "{} | stale {:.2f}/{:.0f} drop {:.0f} isw {:.3f}/{:.3f} | time gen {:.2f} s wait {:.2f} "
+          "s train {:.2f} s sync {:.1f} ms | idle engine {:.0f}% trainer {:.0f}%\n",
+          format_progress(m), row.staleness_mean, row.staleness_max, row.groups_dropped,
+          row.is_weight_mean, row.is_weight_max, row.time_generate_s, row.time_wait_rollouts_s,
+          row.time_train_s, row.time_sync_s * 1e3, row.engine_idle_share * 100,
+          row.trainer_idle_share * 100);
+    } else {
+      StepLineContext c;
+      c.total_steps = o_.steps;
+      const double done = static_cast<double>(m.step - j_.versions.start_step());
+      c.seconds_per_step = done > 0 ? (m.elapsed_s - grpo_start_) / done : 0;
+      c.kl = o_.trainer.grpo.kl_coef > 0;
+      fmt::print("{}\n", format_step_line(m, c));
+    }
+    if (m.eval_accuracy) {
+      fmt::print("eval after step {}/{}: held-out accuracy {:.3f}\n", m.step, o_.steps,
+                 *m.eval_accuracy);
+    }
     if (t.episodes > 0) {  // multi-turn (--env)
       fmt::print(
           "  episodes {:.0f} | turns/episode {:.2f} | tool errors {:.0f} | env errors {:.0f} | "
@@ -266,6 +332,7 @@ class JobReport {
   std::vector<double> rewards_;  // each GRPO step's sampled reward mean
   double grpo_start_ = 0;
   JobTotals totals_;
+  bool legend_ = true;  // the step lines' legend is still to print
 };
 
 }  // namespace

@@ -30,22 +30,27 @@ void check_tokens(const at::Tensor& x, const char* name, int64_t n) {
 
 void fill_gap(LossMetrics& m, const at::Tensor& logprobs, const at::Tensor& old_logprobs) {
   if (!old_logprobs.defined() || logprobs.size(0) == 0) return;
-  auto gap = (old_logprobs.to(at::kDouble) - logprobs.detach().to(at::kDouble)).abs();
+  auto diff = old_logprobs.to(at::kDouble) - logprobs.detach().to(at::kDouble);
+  auto gap = diff.abs();
   m.logprob_gap_max = gap.max().item<double>();
   m.logprob_gap_mean = gap.mean().item<double>();
+  m.mismatch_kl = diff.mean().item<double>();
+  m.mismatch_k3_kl = (at::exp(-diff) + diff - 1.0).mean().item<double>();
 }
 
 }  // namespace
 
 LossMetrics combine_loss_metrics(const std::vector<LossMetrics>& parts) {
   LossMetrics m;
-  double clip = 0, gap = 0, isw = 0;
+  double clip = 0, gap = 0, isw = 0, mkl = 0, mk3 = 0;
   for (const auto& p : parts) {
     m.loss += p.loss;
     m.kl += p.kl;
     clip += p.clip_fraction * p.num_tokens;
     gap += p.logprob_gap_mean * p.num_tokens;
     isw += p.is_weight_mean * p.num_tokens;
+    mkl += p.mismatch_kl * p.num_tokens;
+    mk3 += p.mismatch_k3_kl * p.num_tokens;
     m.logprob_gap_max = std::max(m.logprob_gap_max, p.logprob_gap_max);
     m.is_weight_max = std::max(m.is_weight_max, p.is_weight_max);
     m.num_tokens += p.num_tokens;
@@ -59,6 +64,8 @@ LossMetrics combine_loss_metrics(const std::vector<LossMetrics>& parts) {
     m.clip_fraction = clip / n;
     m.logprob_gap_mean = gap / n;
     m.is_weight_mean = isw / n;
+    m.mismatch_kl = mkl / n;
+    m.mismatch_k3_kl = mk3 / n;
   }
   return m;
 }

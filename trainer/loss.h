@@ -45,14 +45,20 @@ struct LossMetrics {
   double clip_fraction = 0;     // fraction of tokens with |r - 1| beyond the clip range
   double logprob_gap_max = 0;   // max |engine raw logprob - trainer logprob|
   double logprob_gap_mean = 0;  // mean of the same
-  double is_weight_mean = 0;    // with tis_cap: mean of exp(trainer - engine) before truncation
-  double is_weight_max = 0;     // with tis_cap: max of the same
-  int64_t num_tokens = 0;       // N
+  // KL(engine || trainer) over the sampled tokens (the engine's log-probs are the behaviour
+  // policy's): mismatch_kl = mean(engine - trainer), mismatch_k3_kl = mean(e^d - d - 1) with
+  // d = trainer - engine (verl's rollout_corr/kl and rollout_corr/k3_kl).
+  double mismatch_kl = 0;
+  double mismatch_k3_kl = 0;
+  double is_weight_mean = 0;  // with tis_cap: mean of exp(trainer - engine) before truncation
+  double is_weight_max = 0;   // with tis_cap: max of the same
+  int64_t num_tokens = 0;     // N
 };
 
 // The metrics of one step from its micro-batches' (the one aggregator of the trainer, the RL
-// consumer and the report): loss and KL are means over micro-batches; clip fraction, gap mean and
-// IS-weight mean are token-weighted; the maxima are maxima; num_tokens is the sum.
+// consumer and the report): loss and KL are means over micro-batches; clip fraction, gap mean,
+// the mismatch KLs and IS-weight mean are token-weighted; the maxima are maxima; num_tokens is the
+// sum.
 LossMetrics combine_loss_metrics(const std::vector<LossMetrics>& parts);
 
 struct LossOutput {

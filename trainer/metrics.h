@@ -1,10 +1,8 @@
-// Per-step training metrics: one struct, its JSON form (one JSONL line per step) and the
-// human-readable progress line. Pure functions except MetricsWriter, which owns a file.
+// Per-step training metrics: one struct and its console lines (the --metrics file's form is
+// step_reports.h's metrics_file_row). Pure functions.
 #pragma once
 
 #include <cstdint>
-#include <fstream>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 
@@ -28,28 +26,30 @@ struct StepMetrics {
   int64_t weight_version = 0;  // engine weights after this step's sync
   double logprob_gap_max = 0;  // max |engine raw logprob - trainer logprob| this step
   double logprob_gap_mean = 0;
-  double elapsed_s = 0;  // since the run started
+  double mismatch_kl = 0;  // KL(engine || trainer) on the sampled tokens (LossMetrics)
+  double mismatch_k3_kl = 0;
+  double response_length_mean = 0;  // generated tokens per sampled completion (or episode)
+  double response_clip_ratio = 0;   // share of them cut by --max-tokens (episodes: token cap)
+  double elapsed_s = 0;             // since the run started
 };
 
-nlohmann::json to_json(const StepMetrics& m);
-// The inverse of to_json (a --metrics line back; a null eval_accuracy is none).
-void from_json(const nlohmann::json& j, StepMetrics& m);
-
-// One line, e.g.
-// "step 12 grpo | reward 0.62±0.31 acc 0.58 eval 0.55 | loss -0.013 kl 0.0021 clip 0.004 gnorm 0.84
+// The full line (--verbose), e.g.
+// "step 12 grpo | reward 0.62±0.31 acc 0.58 len 4.9 | loss -0.013 kl 0.0021 clip 0.004 gnorm 0.84
 //  lr 3.0e-04 | gen 950 tok/s train 4100 tok/s sync 1.2 ms | v12 gap 2.4e-07/8.1e-09 | 42.0 s"
 std::string format_progress(const StepMetrics& m);
 
-// Appends one JSON object per line to a file, flushed per line.
-class MetricsWriter {
- public:
-  // Truncates `path`. Throws std::runtime_error when it cannot be opened.
-  explicit MetricsWriter(const std::string& path);
-  void write(const StepMetrics& m);
-
- private:
-  std::string path_;
-  std::ofstream out_;
+// The console's default step line, at most 120 columns for runs of up to 9999 steps (a test
+// holds it to that), e.g.
+// "step 12/90 | reward 0.625 | loss -0.013 gnorm 0.84 | len 4.9 gap 2.4e-07 | 0.23 s/step ETA 0:18"
+// KL shows only when the loss has a KL term. step_line_legend() says what the fields are.
+struct StepLineContext {
+  int64_t total_steps = 0;
+  double seconds_per_step = 0;  // mean over the GRPO steps so far
+  bool kl = false;              // --kl-coef > 0
 };
+std::string format_step_line(const StepMetrics& m, const StepLineContext& c);
+std::string step_line_legend();
+// "0:18", "12:05", "1:02:03" (negative: "0:00").
+std::string format_duration(double seconds);
 
 }  // namespace crl::trainer

@@ -34,6 +34,10 @@ void RlOptions::validate() {
         "--deterministic needs --device cpu: its batch-invariant kernels are CPU code (the engine "
         "refuses it on CUDA too)");
   }
+  if (!(traces.rate > 0 && traces.rate <= 1)) {
+    throw std::invalid_argument(fmt::format(
+        "--trace-rate must be in (0, 1] (the share of groups traced), got {}", traces.rate));
+  }
   const double lr = trainer.schedule.lr;
   if (!(lr >= 0) || !(sft_schedule.lr >= 0)) {
     throw std::invalid_argument(

@@ -25,6 +25,7 @@
 #include "trainer/environment.h"
 #include "trainer/multi_turn.h"
 #include "trainer/tasks.h"
+#include "trainer/traces.h"
 #include "trainer/trainer.h"
 
 namespace crl::trainer {
@@ -75,8 +76,16 @@ struct RlOptions {
   int64_t eval_every = 10;
 
   std::string metrics_path;
-  // TensorBoard event files go here (empty: none): every numeric field of each GRPO step's
-  // metrics row as grpo/<field>, and the held-out evaluations as eval/*.
+  // --traces FILE, --trace-rate R: the rollout samples of (a share of) the groups, one JSON line
+  // each (trainer/traces.h); traces.seed is --seed.
+  TraceOptions traces;
+  // --verbose: each GRPO step's full line (throughput, timings, staleness, importance weights,
+  // idle shares) instead of the short one (format_step_line).
+  bool verbose = false;
+  // TensorBoard event files go here (empty: none): every number of each GRPO step's --metrics row
+  // under its name there (metrics_file_row), the start and after-warm-up evaluations as eval/*,
+  // and (the first train rank's own event file) each SFT warm-up step as sft/loss, sft/grad_norm,
+  // sft/lr.
   std::string tensorboard_dir;
   std::string save_dir;
   int64_t save_every = 0;

@@ -24,6 +24,7 @@ bool RolloutBatcher::too_old(const SampleGroup& group) const {
 bool RolloutBatcher::add(SampleGroup group, Advantages advantages) {
   if (too_old(group)) {
     ++dropped_;
+    if (observe_) observe_(group, true);
     return false;
   }
   if (group.samples.empty()) return true;
@@ -32,6 +33,7 @@ bool RolloutBatcher::add(SampleGroup group, Advantages advantages) {
     pending_tokens_ += static_cast<int64_t>(prompt + s.completion_ids.size());
   }
   if (advantages == Advantages::kGroup) compute_group_advantages(group);
+  if (observe_) observe_(group, false);
   pending_.push_back(std::move(group));
   if (pending_tokens_ >= micro_batch_tokens_) {
     sent_bytes_ += send_(pending_);

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "trainer/micro_batch.h"
@@ -37,6 +38,11 @@ class RolloutBatcher {
 
   int64_t groups_dropped() const { return dropped_; }
 
+  // Sees every finished group once: after its advantages, or (dropped = true) when dropped as
+  // too old (its advantages then unset). --traces writes them.
+  using Observe = std::function<void(const SampleGroup&, bool dropped)>;
+  void set_observer(Observe observe) { observe_ = std::move(observe); }
+
  private:
   bool too_old(const SampleGroup& group) const;
 
@@ -44,6 +50,7 @@ class RolloutBatcher {
   const int64_t micro_batch_tokens_;
   Send send_;
   EndStep end_step_;
+  Observe observe_;
   std::vector<SampleGroup> pending_;
   int64_t pending_tokens_ = 0;
   int64_t sent_bytes_ = 0;

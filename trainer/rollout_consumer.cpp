@@ -6,10 +6,12 @@
 
 #include <algorithm>
 #include <csignal>
+#include <cstdio>
 #include <limits>
 #include <thread>
 
 #include "common/check.h"
+#include "common/tfevents.h"
 #include "common/units.h"
 #include "engine/model/config.h"
 #include "sync/rollout_transport.h"
@@ -159,6 +161,22 @@ GradScale RolloutConsumer::grad_scale() {
   };
 }
 
+double RolloutConsumer::group_token_mean(const std::vector<LossMetrics>& parts) const {
+  double sums[2] = {0, 0};  // loss x tokens, tokens
+  for (const LossMetrics& p : parts) {
+    sums[0] += p.loss * static_cast<double>(p.num_tokens);
+    sums[1] += static_cast<double>(p.num_tokens);
+  }
+  if (c_.ranks.train_total > 1) {
+    at::Tensor t = at::tensor({sums[0], sums[1]}, at::kDouble).to(train_group_options().device());
+    c_.ranks.g.train->all_reduce(t);
+    t = t.cpu();
+    sums[0] = t[0].item<double>();
+    sums[1] = t[1].item<double>();
+  }
+  return sums[1] > 0 ? sums[0] / sums[1] : 0;
+}
+
 std::vector<LossMetrics> RolloutConsumer::accumulate_all(Trainer& tr,
                                                          const std::vector<MicroBatch>& batches,
                                                          LossKind kind) {
@@ -264,6 +282,12 @@ std::unique_ptr<Trainer> RolloutConsumer::sft(std::unique_ptr<Trainer> tr,
     if (!chat->is_jinja()) chat_prefix = tok.special_prefix();
     format = text::detect_tool_call_format(*chat);
   }
+  // The warm-up's scalars go to the first train rank's own event file in --tensorboard's folder.
+  std::unique_ptr<TfEventsWriter> tb;
+  if (c_.ranks.role_global == 0 && !o_.tensorboard_dir.empty()) {
+    tb = std::make_unique<TfEventsWriter>(o_.tensorboard_dir);
+  }
+  std::vector<SftStepReport> reports;  // the first train rank's, for the --metrics file
   for (int64_t s = 0; s < o_.sft_steps; ++s) {
     std::vector<int64_t> picked = c_.data.draw(o_.sft_rows_per_step);
     std::vector<SampleGroup> groups;
@@ -294,13 +318,24 @@ std::unique_ptr<Trainer> RolloutConsumer::sft(std::unique_ptr<Trainer> tr,
     auto batches = pack_micro_batches(groups, so.micro_batch_tokens);
     sft->zero_grad();
     local_loss_tokens_ = 0;
-    accumulate_all(*sft, batches, LossKind::kSft);
+    const std::vector<LossMetrics> parts = accumulate_all(*sft, batches, LossKind::kSft);
     auto st = sft->finish_step();
-    if (c_.ranks.role_global == 0 && ((s + 1) % 20 == 0 || s + 1 == o_.sft_steps)) {
-      spdlog::info("sft step {}/{} | grad norm {:.3g} lr {:.1e} | {:.1f} s", s + 1, o_.sft_steps,
-                   st.grad_norm, st.lr, seconds_since(c_.t0));
+    const double loss = group_token_mean(parts);
+    if (c_.ranks.role_global != 0) continue;
+    reports.push_back({s + 1, loss, st.grad_norm, st.lr});
+    if (tb) {
+      tb->scalar("sft/loss", s + 1, loss);
+      tb->scalar("sft/grad_norm", s + 1, st.grad_norm);
+      tb->scalar("sft/lr", s + 1, st.lr);
+    }
+    if ((s + 1) % 20 == 0 || s + 1 == o_.sft_steps) {
+      if (tb) tb->flush();
+      fmt::print("sft step {}/{} | loss {:.4f} | gnorm {:.3g} | lr {:.1e} | {:.1f} s\n", s + 1,
+                 o_.sft_steps, loss, st.grad_norm, st.lr, seconds_since(c_.t0));
+      std::fflush(stdout);
     }
   }
+  if (c_.ranks.role_global == 0) publish_sft_steps(*c_.coord, reports);
   engine::NamedTensors w = sft->master_weights();  // gathered on every train rank
   auto config = sft->config();
   if (topts.lora.enabled()) {  // the same frozen base, the warmed-up adapter
@@ -432,6 +467,8 @@ TrainReport RolloutConsumer::train_step(Trainer& tr, int64_t step) {
   r.clip_fraction = lm.clip_fraction;
   r.gap_max = lm.logprob_gap_max;
   r.gap_mean = lm.logprob_gap_mean;
+  r.mismatch_kl = lm.mismatch_kl;
+  r.mismatch_k3_kl = lm.mismatch_k3_kl;
   r.is_weight_mean = lm.is_weight_mean;
   r.is_weight_max = lm.is_weight_max;
   r.staleness_sum = stale_sum;

@@ -69,6 +69,9 @@ class RolloutConsumer {
   at::TensorOptions train_group_options() const;
   // Runs `batches` through accumulate(); with ZeRO stage 2 in rounds padded to the group's largest
   // count (each round is a collective). Returns their loss metrics.
+  // The token mean of `parts`' losses over every train rank (a collective of the train group
+  // when it has more than one rank).
+  double group_token_mean(const std::vector<LossMetrics>& parts) const;
   std::vector<LossMetrics> accumulate_all(Trainer& tr, const std::vector<MicroBatch>& batches,
                                           LossKind kind);
   // Stage-2 rounds of the step in progress (see round_runnable).

@@ -77,6 +77,7 @@ InferReport RolloutProducer::rollout_episodes(int64_t step) {
         r.env_tokens += ep.env_tokens();
         r.model_tokens += ep.model_tokens();
         r.gen_tokens += ep.model_tokens();
+        r.truncated += ep.end == "token_cap";
         r.correct += ep.correct;
         r.reward_sum += ep.reward;
         r.reward_sq += ep.reward * ep.reward;

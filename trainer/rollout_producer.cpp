@@ -74,6 +74,8 @@ RolloutProducer::RolloutProducer(RlContext& ctx) : c_(ctx), o_(ctx.o) {
   CRL_CHECK(eng->tokenizer(),
             "the RL job needs a model with a tokenizer (tokenizer.json or tokenizer.model)");
   prompts_ = std::make_unique<PromptEncoder>(*eng->tokenizer(), eng->prompt_prefix());
+  if (!o_.traces.path.empty())
+    traces_ = std::make_unique<TraceWriter>(o_.traces, *eng->tokenizer());
   if (o_.trainer.lora.enabled()) {
     // LoRA RL: the engine's updates are the policy adapter's versions (adapter bytes only); it
     // starts as the trainer does (B = 0: the base's outputs), or from the checkpoint's adapter.
@@ -327,10 +329,16 @@ uint64_t RolloutProducer::request_seed(int64_t step, size_t i) const {
 }
 
 RolloutBatcher RolloutProducer::batcher(int64_t step) {
-  return RolloutBatcher(
+  RolloutBatcher b(
       c_.versions.oldest_allowed(step), o_.trainer.micro_batch_tokens,
       [this, step](std::vector<SampleGroup>& groups) { return send(groups, step); },
       [this, step] { sender_->end_step(step); });
+  if (traces_) {
+    b.set_observer([this, step](const SampleGroup& g, bool dropped) {
+      traces_->write(step + 1, c_.ranks.role_global, g, dropped);
+    });
+  }
+  return b;
 }
 
 InferReport RolloutProducer::rollout(int64_t step) {
@@ -378,6 +386,7 @@ InferReport RolloutProducer::rollout(int64_t step) {
           smp.reward = rr.reward;
           for (int64_t v : c.token_versions) r.stale_tokens += v < c_.versions.version_at(step);
           r.gen_tokens += static_cast<int64_t>(c.token_ids.size());
+          r.truncated += c.finish_reason == engine::FinishReason::kLength;
           r.correct += rr.correct;
           r.reward_sum += rr.reward;
           r.reward_sq += rr.reward * rr.reward;

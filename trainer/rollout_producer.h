@@ -53,6 +53,7 @@ class WeightSync;
 namespace crl::trainer {
 
 class PromptEncoder;
+class TraceWriter;
 class RolloutBatcher;
 class Environment;
 class EpisodeRunner;
@@ -113,6 +114,7 @@ class RolloutProducer {
   const RlOptions& o_;
   std::shared_ptr<engine::EngineLoop> loop_;
   std::unique_ptr<PromptEncoder> prompts_;
+  std::unique_ptr<TraceWriter> traces_;  // --traces (the engine's tokenizer outlives it)
   std::unique_ptr<sync::WeightLayout> layout_;
   std::shared_ptr<sync::WeightSync> ws_;  // the engine loop's weight source; request() only here
   std::unique_ptr<sync::RolloutSender> sender_;

@@ -17,6 +17,7 @@ void to_json(json& j, const InferReport& r) {
        {"reward_sq", r.reward_sq},
        {"correct", r.correct},
        {"gen_tokens", r.gen_tokens},
+       {"truncated", r.truncated},
        {"gen_s", r.gen_s},
        {"rollout_bytes", r.rollout_bytes},
        {"reward_mean", r.reward_mean},
@@ -51,6 +52,7 @@ void from_json(const json& j, InferReport& r) {
   j.at("reward_sq").get_to(r.reward_sq);
   j.at("correct").get_to(r.correct);
   j.at("gen_tokens").get_to(r.gen_tokens);
+  j.at("truncated").get_to(r.truncated);
   j.at("gen_s").get_to(r.gen_s);
   j.at("rollout_bytes").get_to(r.rollout_bytes);
   j.at("reward_mean").get_to(r.reward_mean);
@@ -73,6 +75,8 @@ void to_json(json& j, const TrainReport& r) {
        {"clip_fraction", r.clip_fraction},
        {"gap_max", r.gap_max},
        {"gap_mean", r.gap_mean},
+       {"mismatch_kl", r.mismatch_kl},
+       {"mismatch_k3_kl", r.mismatch_k3_kl},
        {"is_weight_mean", r.is_weight_mean},
        {"is_weight_max", r.is_weight_max},
        {"staleness_sum", r.staleness_sum},
@@ -106,6 +110,8 @@ void from_json(const json& j, TrainReport& r) {
   j.at("clip_fraction").get_to(r.clip_fraction);
   j.at("gap_max").get_to(r.gap_max);
   j.at("gap_mean").get_to(r.gap_mean);
+  j.at("mismatch_kl").get_to(r.mismatch_kl);
+  j.at("mismatch_k3_kl").get_to(r.mismatch_k3_kl);
   j.at("is_weight_mean").get_to(r.is_weight_mean);
   j.at("is_weight_max").get_to(r.is_weight_max);
   j.at("staleness_sum").get_to(r.staleness_sum);
@@ -159,6 +165,7 @@ StepTotals combine(const std::vector<RankReport>& reports, const std::vector<dou
       t.rsq += x->reward_sq;
       t.correct += static_cast<double>(x->correct);
       t.gen_tokens += static_cast<double>(x->gen_tokens);
+      t.truncated += static_cast<double>(x->truncated);
       t.dropped += static_cast<double>(x->groups_dropped);
       t.episodes += static_cast<double>(x->episodes);
       t.turns += static_cast<double>(x->turns);
@@ -190,6 +197,8 @@ StepTotals combine(const std::vector<RankReport>& reports, const std::vector<dou
     t.clip += x.clip_fraction * lt;
     t.gap_max = std::max(t.gap_max, x.gap_max);
     t.gap_mean_w += x.gap_mean * lt;
+    t.mismatch_kl_w += x.mismatch_kl * lt;
+    t.mismatch_k3_kl_w += x.mismatch_k3_kl * lt;
     t.isw_mean_w += x.is_weight_mean * lt;
     t.isw_max = std::max(t.isw_max, x.is_weight_max);
     t.stale_sum += static_cast<double>(x.staleness_sum);
@@ -214,56 +223,139 @@ void from_json(const json& j, EvalReport& r) {
   j.at("elapsed_s").get_to(r.elapsed_s);
 }
 
-void to_json(json& j, const RlMetricsRow& r) {
-  j = to_json(r.m);
-  j["time_generate_s"] = r.time_generate_s;
-  j["time_wait_rollouts_s"] = r.time_wait_rollouts_s;
-  j["time_train_s"] = r.time_train_s;
-  j["time_sync_s"] = r.time_sync_s;
-  j["generated_tokens"] = r.generated_tokens;
-  j["train_tokens"] = r.train_tokens;
-  j["staleness_mean"] = r.staleness_mean;
-  j["staleness_max"] = r.staleness_max;
-  j["groups_dropped"] = r.groups_dropped;
-  j["is_weight_mean"] = r.is_weight_mean;
-  j["is_weight_max"] = r.is_weight_max;
-  j["engine_idle_share"] = r.engine_idle_share;
-  j["trainer_idle_share"] = r.trainer_idle_share;
-  j["engine_version"] = r.engine_version;
-  j["store_ops"] = r.store_ops;
-  j["store_bytes"] = r.store_bytes;
-  j["zero_rounds_while_receiving_share"] = r.zero_rounds_while_receiving_share;
-  j["turns_per_episode"] = r.turns_per_episode;
-  j["tool_errors"] = r.tool_errors;
-  j["env_errors"] = r.env_errors;
-  j["masked_token_share"] = r.masked_token_share;
-  j["lora_slot_reuses"] = r.lora_slot_reuses;
+namespace {
+
+// One number of a GRPO row: its name in the --metrics file and where it lives in RlMetricsRow.
+struct MetricField {
+  const char* name;
+  bool integer;  // a count: written as an integer
+  double (*get)(const RlMetricsRow&);
+  void (*set)(RlMetricsRow&, double);
+};
+
+#define CRL_METRIC(NAME, INTEGER, MEMBER)                                                \
+  MetricField {                                                                          \
+    NAME, INTEGER, [](const RlMetricsRow& r) { return static_cast<double>(r.MEMBER); },  \
+        [](RlMetricsRow& r, double v) { r.MEMBER = static_cast<decltype(r.MEMBER)>(v); } \
+  }
+
+// verl's names first (the quantity is the same), then the project's own.
+const MetricField kMetricFields[] = {
+    CRL_METRIC("training/global_step", true, m.step),
+    CRL_METRIC("critic/score/mean", false, m.reward_mean),
+    CRL_METRIC("actor/pg_loss", false, m.loss),
+    CRL_METRIC("actor/kl_loss", false, m.kl),
+    CRL_METRIC("actor/pg_clipfrac", false, m.clip_fraction),
+    CRL_METRIC("actor/grad_norm", false, m.grad_norm),
+    CRL_METRIC("actor/lr", false, m.lr),
+    CRL_METRIC("response_length/mean", false, m.response_length_mean),
+    CRL_METRIC("response_length/clip_ratio", false, m.response_clip_ratio),
+    CRL_METRIC("rollout_corr/kl", false, m.mismatch_kl),
+    CRL_METRIC("rollout_corr/k3_kl", false, m.mismatch_k3_kl),
+    CRL_METRIC("timing_s/gen", false, time_generate_s),
+    CRL_METRIC("timing_s/update_actor", false, time_train_s),
+    CRL_METRIC("timing_s/update_weights", false, time_sync_s),
+    CRL_METRIC("timing_s/step", false, step_s),
+    CRL_METRIC("perf/total_num_tokens", true, train_tokens),
+    CRL_METRIC("perf/throughput", false, throughput),
+    CRL_METRIC("crl/reward_std", false, m.reward_std),
+    CRL_METRIC("crl/accuracy", false, m.accuracy),
+    CRL_METRIC("crl/logprob_gap_max", false, m.logprob_gap_max),
+    CRL_METRIC("crl/logprob_gap_mean", false, m.logprob_gap_mean),
+    CRL_METRIC("crl/gen_tok_s", false, m.gen_tok_s),
+    CRL_METRIC("crl/train_tok_s", false, m.train_tok_s),
+    CRL_METRIC("crl/weight_version", true, m.weight_version),
+    CRL_METRIC("crl/elapsed_s", false, m.elapsed_s),
+    CRL_METRIC("crl/time_wait_rollouts_s", false, time_wait_rollouts_s),
+    CRL_METRIC("crl/generated_tokens", true, generated_tokens),
+    CRL_METRIC("crl/staleness_mean", false, staleness_mean),
+    CRL_METRIC("crl/staleness_max", true, staleness_max),
+    CRL_METRIC("crl/groups_dropped", true, groups_dropped),
+    CRL_METRIC("crl/is_weight_mean", false, is_weight_mean),
+    CRL_METRIC("crl/is_weight_max", false, is_weight_max),
+    CRL_METRIC("crl/engine_idle_share", false, engine_idle_share),
+    CRL_METRIC("crl/trainer_idle_share", false, trainer_idle_share),
+    CRL_METRIC("crl/engine_version", true, engine_version),
+    CRL_METRIC("crl/store_ops", true, store_ops),
+    CRL_METRIC("crl/store_bytes", true, store_bytes),
+    CRL_METRIC("crl/zero_rounds_while_receiving_share", false, zero_rounds_while_receiving_share),
+    CRL_METRIC("crl/turns_per_episode", false, turns_per_episode),
+    CRL_METRIC("crl/tool_errors", true, tool_errors),
+    CRL_METRIC("crl/env_errors", true, env_errors),
+    CRL_METRIC("crl/masked_token_share", false, masked_token_share),
+    CRL_METRIC("crl/lora_slot_reuses", true, lora_slot_reuses),
+};
+
+#undef CRL_METRIC
+
+}  // namespace
+
+json metrics_file_row(const RlMetricsRow& r) {
+  json data = json::object();
+  for (const MetricField& f : kMetricFields) {
+    const double v = f.get(r);
+    if (f.integer) {
+      data[f.name] = static_cast<int64_t>(std::llround(v));
+    } else {
+      data[f.name] = v;
+    }
+  }
+  if (r.m.eval_accuracy) data[kHeldOutAccuracyName] = *r.m.eval_accuracy;
+  return {{"step", r.m.step}, {"data", std::move(data)}};
 }
 
-void from_json(const json& j, RlMetricsRow& r) {
-  j.get_to(r.m);
-  j.at("time_generate_s").get_to(r.time_generate_s);
-  j.at("time_wait_rollouts_s").get_to(r.time_wait_rollouts_s);
-  j.at("time_train_s").get_to(r.time_train_s);
-  j.at("time_sync_s").get_to(r.time_sync_s);
-  j.at("generated_tokens").get_to(r.generated_tokens);
-  j.at("train_tokens").get_to(r.train_tokens);
-  j.at("staleness_mean").get_to(r.staleness_mean);
-  j.at("staleness_max").get_to(r.staleness_max);
-  j.at("groups_dropped").get_to(r.groups_dropped);
-  j.at("is_weight_mean").get_to(r.is_weight_mean);
-  j.at("is_weight_max").get_to(r.is_weight_max);
-  j.at("engine_idle_share").get_to(r.engine_idle_share);
-  j.at("trainer_idle_share").get_to(r.trainer_idle_share);
-  j.at("engine_version").get_to(r.engine_version);
-  j.at("store_ops").get_to(r.store_ops);
-  j.at("store_bytes").get_to(r.store_bytes);
-  j.at("zero_rounds_while_receiving_share").get_to(r.zero_rounds_while_receiving_share);
-  j.at("turns_per_episode").get_to(r.turns_per_episode);
-  j.at("tool_errors").get_to(r.tool_errors);
-  j.at("env_errors").get_to(r.env_errors);
-  j.at("masked_token_share").get_to(r.masked_token_share);
-  j.at("lora_slot_reuses").get_to(r.lora_slot_reuses);
+RlMetricsRow parse_metrics_file_row(const json& j) {
+  RlMetricsRow r;
+  const json& data = j.at("data");
+  for (const MetricField& f : kMetricFields) {
+    auto it = data.find(f.name);
+    if (it == data.end() || !it->is_number()) {
+      throw std::invalid_argument(fmt::format("metrics row of step {}: no number '{}'",
+                                              j.value("step", int64_t{-1}), f.name));
+    }
+    f.set(r, it->get<double>());
+  }
+  if (auto it = data.find(kHeldOutAccuracyName); it != data.end()) {
+    r.m.eval_accuracy = it->get<double>();
+  }
+  r.m.phase = "grpo";
+  r.m.sync_ms = r.time_sync_s * 1e3;
+  return r;
+}
+
+std::vector<std::string> metric_names() {
+  std::vector<std::string> names;
+  for (const MetricField& f : kMetricFields) names.emplace_back(f.name);
+  return names;
+}
+
+namespace {
+
+const char* const kSftTopic = "sft";
+
+}  // namespace
+
+void publish_sft_steps(sync::Coordinator& coord, const std::vector<SftStepReport>& steps) {
+  json rows = json::array();
+  for (const SftStepReport& s : steps) rows.push_back({s.step, s.loss, s.grad_norm, s.lr});
+  coord.publish_result(kSftTopic, "steps", rows.dump());
+}
+
+std::vector<SftStepReport> wait_sft_steps(sync::Coordinator& coord,
+                                          sync::Clock::time_point deadline) {
+  std::vector<SftStepReport> out;
+  for (const json& row : json::parse(
+           coord.wait_result(kSftTopic, "steps", deadline, "the SFT warm-up's step reports"))) {
+    out.push_back({row.at(0).get<int64_t>(), row.at(1).get<double>(), row.at(2).get<double>(),
+                   row.at(3).get<double>()});
+  }
+  return out;
+}
+
+json sft_metrics_file_row(const SftStepReport& s) {
+  return {{"step", s.step},
+          {"phase", "sft"},
+          {"data", {{"sft/loss", s.loss}, {"sft/grad_norm", s.grad_norm}, {"sft/lr", s.lr}}}};
 }
 
 RlMetricsRow make_metrics_row(const StepTotals& t) {
@@ -283,6 +375,10 @@ RlMetricsRow make_metrics_row(const StepTotals& t) {
   m.sync_ms = t.sync_s * 1e3;
   m.logprob_gap_max = t.gap_max;
   m.logprob_gap_mean = t.loss_tokens > 0 ? t.gap_mean_w / t.loss_tokens : 0;
+  m.mismatch_kl = t.loss_tokens > 0 ? t.mismatch_kl_w / t.loss_tokens : 0;
+  m.mismatch_k3_kl = t.loss_tokens > 0 ? t.mismatch_k3_kl_w / t.loss_tokens : 0;
+  m.response_length_mean = t.gen_tokens / n;
+  m.response_clip_ratio = t.truncated / n;
   m.elapsed_s = t.elapsed;
   row.time_generate_s = t.gen_s;
   row.time_wait_rollouts_s = t.wait_s;

@@ -26,6 +26,7 @@ struct InferReport {
   double reward_sq = 0;        // of their squares
   int64_t correct = 0;         // completions judged correct
   int64_t gen_tokens = 0;      // tokens generated
+  int64_t truncated = 0;       // completions cut by --max-tokens (episodes: by the token cap)
   double gen_s = 0;            // wall time of the step's generation
   int64_t rollout_bytes = 0;   // packed micro-batches sent
   double reward_mean = 0;      // reward_sum / samples
@@ -61,6 +62,8 @@ struct TrainReport {
   double clip_fraction = 0;
   double gap_max = 0;  // engine vs trainer log-prob gap
   double gap_mean = 0;
+  double mismatch_kl = 0;  // LossMetrics's (token-weighted over the rank's micro-batches)
+  double mismatch_k3_kl = 0;
   double is_weight_mean = 0;
   double is_weight_max = 0;
   int64_t staleness_sum = 0;  // versions behind the trained weights, over loss tokens
@@ -94,7 +97,9 @@ using RankReport = std::variant<InferReport, TrainReport>;
 // micro-batches, for the loss figures).
 struct StepTotals {
   double samples = 0, rsum = 0, rsq = 0, correct = 0, gen_tokens = 0, gen_s = 0, sync_s = 0;
+  double truncated = 0;
   double loss = 0, kl = 0, clip = 0, gap_max = 0, gap_mean_w = 0, loss_tokens = 0, tokens = 0;
+  double mismatch_kl_w = 0, mismatch_k3_kl_w = 0;
   double isw_mean_w = 0, isw_max = 0, stale_sum = 0, stale_max = 0, dropped = 0;
   double train_s = 0, wait_s = 0, gnorm = 0, lr = 0, elapsed = 0;
   double store_ops = 0, store_bytes = 0;
@@ -130,9 +135,11 @@ struct EvalPoint {
   static EvalPoint after_step(int64_t s) { return {Kind::kStep, s}; }
 };
 
-// One line of the --metrics file: StepMetrics's fields and the RL job's own.
+// A GRPO step's metrics: StepMetrics's fields and the RL job's own.
 struct RlMetricsRow {
   StepMetrics m;
+  double step_s = 0;      // the step's wall time (the slowest rank's, since its previous report)
+  double throughput = 0;  // tokens forwarded by the trainers per second of step and per rank
   double time_generate_s = 0;       // slowest infer rank's generation
   double time_wait_rollouts_s = 0;  // slowest train rank's wait for rollouts
   double time_train_s = 0;          // slowest train rank's compute
@@ -162,8 +169,33 @@ struct RlMetricsRow {
   // LoRA RL: policy updates loaded into a slot a running request still used (every infer rank).
   double lora_slot_reuses = 0;
 };
-void to_json(nlohmann::json& j, const RlMetricsRow& r);
-void from_json(const nlohmann::json& j, RlMetricsRow& r);
+// The --metrics file (JSONL) in the form of verl's file logger, {"step": N, "data": {...}},
+// with verl's metric names wherever the quantity is the same (critic/score/mean, actor/pg_loss,
+// response_length/mean, rollout_corr/kl, timing_s/gen, perf/throughput, ...) and crl/<name> for
+// the project's own; counts are integers. The name table: metric_names(), docs/rl-job.md. Rows:
+//   {"step": 0, "config": {...}, "data": {}}             first: the run's settings
+//   {"step": 0, "eval": "start" | "after_sft", "data": {"val-core/held_out/acc/mean@1": A}}
+//   {"step": S, "phase": "sft", "data": {"sft/loss": L, "sft/grad_norm": G, "sft/lr": R}}
+//   {"step": N, "data": {...}}                            a GRPO step (+ its held-out eval)
+nlohmann::json metrics_file_row(const RlMetricsRow& r);
+// The inverse of metrics_file_row (a GRPO row back; m.phase "grpo"). Throws naming a missing name.
+RlMetricsRow parse_metrics_file_row(const nlohmann::json& j);
+// Every name of a GRPO row's "data" but the held-out eval's, in the order written.
+std::vector<std::string> metric_names();
+// The held-out accuracy's name (a GRPO row's, when the step evaluated; the eval rows').
+inline constexpr const char* kHeldOutAccuracyName = "val-core/held_out/acc/mean@1";
+
+// One step of the SFT warm-up, as the first train rank saw it (the loss a token mean over every
+// train rank). The first train rank publishes them all at the end of the warm-up; the report
+// writes them to the --metrics file.
+struct SftStepReport {
+  int64_t step = 0;  // 1-based
+  double loss = 0, grad_norm = 0, lr = 0;
+};
+void publish_sft_steps(sync::Coordinator& coord, const std::vector<SftStepReport>& steps);
+std::vector<SftStepReport> wait_sft_steps(sync::Coordinator& coord,
+                                          sync::Clock::time_point deadline);
+nlohmann::json sft_metrics_file_row(const SftStepReport& s);
 // The step's row from its totals; m's step-independent fields (step, phase, weight_version,
 // eval_accuracy, elapsed_s) are the caller's.
 RlMetricsRow make_metrics_row(const StepTotals& t);

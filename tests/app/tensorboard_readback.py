@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """`--tensorboard DIR` read back with TensorBoard's own reader (PyPI's tensorboard, in a venv the
-test makes once): every numeric field of every row of the same run's --metrics JSONL is a scalar
-grpo/<field> at the row's step with the same value (as float32), and the evaluations are there.
+test makes once) against the same run's --metrics JSONL (verl's file-logger form, {"step": N,
+"data": {...}}): the first row holds the run's configuration; every number of every GRPO row is a
+scalar of the same name at the row's step with the same value (as float32); each SFT warm-up row
+is there as sft/loss, sft/grad_norm and sft/lr (the first train rank's own event file in the same
+folder), SFT_STEPS of them; and the start and after-warm-up evaluations are there.
 
-usage: tensorboard_readback.py TB_DIR METRICS_JSONL
+usage: tensorboard_readback.py TB_DIR METRICS_JSONL SFT_STEPS
 """
 import json
 import math
@@ -11,48 +14,56 @@ import sys
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+HELD_OUT = "val-core/held_out/acc/mean@1"
+
 
 def main():
-    tb_dir, metrics = sys.argv[1], sys.argv[2]
+    tb_dir, metrics, sft_steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
     acc = EventAccumulator(tb_dir, size_guidance={"scalars": 0})
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
     rows = [json.loads(l) for l in open(metrics) if l.strip()]
-    if not rows:
-        sys.exit("no metrics rows")
-    checked = 0
     errors = []
+    if not rows or "config" not in rows[0] or rows[0]["config"].get("steps") is None:
+        sys.exit(f"the first metrics row is not the run's configuration: {rows[:1]}")
+    checked = 0
 
-    def walk(prefix, obj, step):
+    def check(tag, step, value):
         nonlocal checked
-        for k, v in obj.items():
-            if isinstance(v, dict):
-                walk(prefix + "/" + k, v, step)
-            elif isinstance(v, (int, float)) and not isinstance(v, bool):
-                tag = prefix + "/" + k
-                if tag not in tags:
-                    errors.append(f"missing tag {tag}")
-                    continue
-                got = {e.step: e.value for e in acc.Scalars(tag)}
-                if step not in got:
-                    errors.append(f"{tag}: no value at step {step}")
-                elif not math.isclose(got[step], float(v), rel_tol=1e-6, abs_tol=1e-30) and not (
-                        abs(got[step] - float(v)) <= 1e-6 * max(1.0, abs(float(v)))):
-                    errors.append(f"{tag} at step {step}: {got[step]} != {v}")
-                checked += 1
-
-    for r in rows:
-        walk("grpo", r, int(r["step"]))
-    for tag in ("eval/held_out_accuracy_start", "eval/held_out_accuracy"):
         if tag not in tags:
             errors.append(f"missing tag {tag}")
-    evals = {r["step"]: r["eval_accuracy"] for r in rows if r.get("eval_accuracy") is not None}
-    if "eval/held_out_accuracy" in tags:
-        got = {e.step: e.value for e in acc.Scalars("eval/held_out_accuracy")}
-        for step, v in evals.items():
-            if step not in got or abs(got[step] - v) > 1e-6:
-                errors.append(f"eval/held_out_accuracy at step {step}: {got.get(step)} != {v}")
-    print(f"{len(tags)} tags, {checked} scalar values compared with {len(rows)} metrics rows")
+            return
+        got = {e.step: e.value for e in acc.Scalars(tag)}
+        if step not in got:
+            errors.append(f"{tag}: no value at step {step}")
+        elif abs(got[step] - float(value)) > 1e-6 * max(1.0, abs(float(value))):
+            errors.append(f"{tag} at step {step}: {got[step]} != {value}")
+        checked += 1
+
+    grpo = [r for r in rows if "data" in r and not ({"config", "eval", "phase"} & r.keys())]
+    sft = [r for r in rows if r.get("phase") == "sft"]
+    evals = {r["eval"]: r["data"][HELD_OUT] for r in rows if "eval" in r}
+    if not grpo:
+        errors.append("no GRPO rows")
+    for r in grpo:
+        for name, v in r["data"].items():
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+                errors.append(f"step {r['step']}: {name} = {v!r} is not a finite number")
+                continue
+            check(name, int(r["step"]), v)
+    if [r["step"] for r in sft] != list(range(1, sft_steps + 1)):
+        errors.append(f"SFT rows at steps {[r['step'] for r in sft]}, not 1..{sft_steps}")
+    for r in sft:
+        for name, v in r["data"].items():
+            check(name, int(r["step"]), v)
+    for name, tag in (("start", "eval/held_out_accuracy_start"),
+                      ("after_sft", "eval/held_out_accuracy_after_sft")):
+        if name not in evals:
+            errors.append(f"no {name} eval row")
+        else:
+            check(tag, 0, evals[name])
+    print(f"{len(tags)} tags, {checked} scalar values compared with {len(rows)} metrics rows "
+          f"({len(grpo)} GRPO, {len(sft)} SFT)")
     if errors:
         sys.exit("\n".join(errors[:20]))
 

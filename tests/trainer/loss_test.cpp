@@ -22,6 +22,8 @@ TEST(GrpoLossTest, OnPolicyLossIsMinusMeanAdvantageAndItsGradientIsAOverN) {
   EXPECT_NEAR(out.metrics.loss, -(1.0 - 2.0 + 0.5) / 3, 1e-7);
   EXPECT_EQ(out.metrics.clip_fraction, 0.0);
   EXPECT_EQ(out.metrics.logprob_gap_max, 0.0);
+  EXPECT_EQ(out.metrics.mismatch_kl, 0.0);  // the same policy
+  EXPECT_EQ(out.metrics.mismatch_k3_kl, 0.0);
   out.loss.backward();
   test::expect_tensor_near(lp.grad(), -adv / 3, 1e-7);
 }
@@ -43,6 +45,20 @@ TEST(GrpoLossTest, RatiosOutsideTheClipRangeStopTheGradientAndCount) {
   EXPECT_NEAR(g[2].item<float>(), 1.5f / 4, 1e-6);  // -(r * A) / N, d/dlp = -r*A/N
   EXPECT_NEAR(g[3].item<float>(), -0.5f / 4, 1e-6);
   EXPECT_NEAR(out.metrics.logprob_gap_max, std::log(2.0), 1e-6);
+  // KL(engine || trainer) on the sampled tokens: d = trainer - engine = log r.
+  double kl = 0, k3 = 0;
+  for (double r : {1.5, 0.5, 1.5, 0.5}) {
+    kl += -std::log(r) / 4;
+    k3 += (r - std::log(r) - 1) / 4;
+  }
+  EXPECT_NEAR(out.metrics.mismatch_kl, kl, 1e-6);
+  EXPECT_NEAR(out.metrics.mismatch_k3_kl, k3, 1e-6);
+  EXPECT_GT(out.metrics.mismatch_k3_kl, 0);
+  // Micro-batches combine token-weighted.
+  LossMetrics a = out.metrics, b;
+  b.num_tokens = 4;
+  const LossMetrics both = combine_loss_metrics({a, b});
+  EXPECT_DOUBLE_EQ(both.mismatch_k3_kl, out.metrics.mismatch_k3_kl / 2);
 }
 
 TEST(GrpoLossTest, K3KlIsZeroAtTheReferenceAndPositiveAway) {

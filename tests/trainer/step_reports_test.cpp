@@ -91,50 +91,60 @@ TEST(RlReportsTest, CombineSumsTakesMaximaAndAveragesOnlyRanksThatTrained) {
   EXPECT_DOUBLE_EQ(elapsed_of(reports[1]), 6.0);
 }
 
-TEST(RlReportsTest, MetricsRowKeepsTheMetricsFileFieldsAndReadsBack) {
+TEST(RlReportsTest, MetricsFileRowUsesVerlNamesCountsAsIntegersAndReadsBack) {
   std::vector<RankReport> reports = {infer_report(8, 1.0, 5.0), train_report(2, 30, 0.1)};
   RlMetricsRow row = make_metrics_row(combine(reports, {5.0, 5.0}));
   row.m.step = 3;
   row.m.weight_version = 4;
-  json j = row;
-  for (const char* k : {"step",
-                        "phase",
-                        "eval_accuracy",
-                        "elapsed_s",
-                        "time_generate_s",
-                        "time_wait_rollouts_s",
-                        "time_train_s",
-                        "time_sync_s",
-                        "generated_tokens",
-                        "train_tokens",
-                        "staleness_mean",
-                        "staleness_max",
-                        "groups_dropped",
-                        "is_weight_mean",
-                        "is_weight_max",
-                        "engine_idle_share",
-                        "trainer_idle_share",
-                        "engine_version",
-                        "store_ops",
-                        "store_bytes",
-                        "zero_rounds_while_receiving_share",
-                        "turns_per_episode",
-                        "tool_errors",
-                        "env_errors",
-                        "masked_token_share",
-                        "lora_slot_reuses"}) {
-    EXPECT_TRUE(j.contains(k)) << k;
+  row.step_s = 5;
+  const json j = metrics_file_row(row);
+  EXPECT_EQ(j["step"], 3);
+  const json& d = j.at("data");
+  // verl's names where the quantity is the same (its file logger's {"step", "data"} form).
+  EXPECT_DOUBLE_EQ(d.at("critic/score/mean").get<double>(), 0.5);
+  EXPECT_DOUBLE_EQ(d.at("actor/pg_loss").get<double>(), 1.0);
+  EXPECT_DOUBLE_EQ(d.at("actor/pg_clipfrac").get<double>(), 0.5);
+  EXPECT_DOUBLE_EQ(d.at("response_length/mean").get<double>(), 10.0);  // 80 tokens, 8 samples
+  EXPECT_DOUBLE_EQ(d.at("crl/engine_idle_share").get<double>(), 0.8);
+  EXPECT_DOUBLE_EQ(d.at("crl/zero_rounds_while_receiving_share").get<double>(), 0.5);
+  EXPECT_DOUBLE_EQ(d.at("timing_s/step").get<double>(), 5.0);
+  for (const char* count : {"training/global_step", "perf/total_num_tokens", "crl/generated_tokens",
+                            "crl/weight_version", "crl/staleness_max", "crl/groups_dropped",
+                            "crl/store_ops", "crl/lora_slot_reuses"}) {
+    EXPECT_TRUE(d.at(count).is_number_integer()) << count;
   }
-  EXPECT_TRUE(j["eval_accuracy"].is_null());
-  EXPECT_TRUE(j["engine_version"].is_number_integer());
-  EXPECT_TRUE(j["generated_tokens"].is_number_float());
-  EXPECT_DOUBLE_EQ(j["engine_idle_share"].get<double>(), 0.8);
-  EXPECT_DOUBLE_EQ(j["zero_rounds_while_receiving_share"].get<double>(), 0.5);
-  auto back = json::parse(j.dump()).get<RlMetricsRow>();
+  EXPECT_TRUE(d.at("critic/score/mean").is_number_float());
+  EXPECT_FALSE(d.contains(kHeldOutAccuracyName));  // only when the step evaluated
+  EXPECT_EQ(d.size(), metric_names().size());
+  for (const std::string& name : metric_names()) EXPECT_TRUE(d.contains(name)) << name;
+
+  row.m.eval_accuracy = 0.75;
+  const json e = json::parse(metrics_file_row(row).dump());
+  EXPECT_DOUBLE_EQ(e["data"][kHeldOutAccuracyName].get<double>(), 0.75);
+  const RlMetricsRow back = parse_metrics_file_row(e);
   EXPECT_EQ(back.m.step, 3);
-  EXPECT_FALSE(back.m.eval_accuracy);
+  EXPECT_EQ(back.m.weight_version, 4);
+  EXPECT_EQ(back.m.eval_accuracy, 0.75);
   EXPECT_DOUBLE_EQ(back.time_generate_s, row.time_generate_s);
-  EXPECT_EQ(json(back).dump(), j.dump());
+  EXPECT_EQ(metrics_file_row(back).dump(), e.dump());
+  json missing = e;
+  missing["data"].erase("actor/grad_norm");
+  ASSERT_THROWS_WITH(parse_metrics_file_row(missing), std::invalid_argument,
+                     "step 3: no number 'actor/grad_norm'");
+}
+
+TEST(RlReportsTest, SftStepsTravelThroughTheCoordinatorToTheirRows) {
+  sync::Coordinator coord(sync::host_store(0, std::chrono::milliseconds(5000)), "rl/");
+  publish_sft_steps(coord, {{1, 3.5, 2.0, 1e-4}, {2, 3.25, 1.5, 2e-4}});
+  auto soon = sync::Clock::now() + std::chrono::milliseconds(50);
+  const auto got = wait_sft_steps(coord, soon);
+  ASSERT_EQ(got.size(), 2u);
+  const json row = sft_metrics_file_row(got[1]);
+  EXPECT_EQ(row["step"], 2);
+  EXPECT_EQ(row["phase"], "sft");
+  EXPECT_DOUBLE_EQ(row["data"]["sft/loss"].get<double>(), 3.25);
+  EXPECT_DOUBLE_EQ(row["data"]["sft/grad_norm"].get<double>(), 1.5);
+  EXPECT_DOUBLE_EQ(row["data"]["sft/lr"].get<double>(), 2e-4);
 }
 
 TEST(RlReportsTest, ReportsAndEvaluationsTravelThroughTheCoordinator) {
