@@ -1,5 +1,5 @@
-// The launcher (DESIGN.md §1): the parent colocated-rl process spawns the node's I + T local ranks,
-// hosts the rendezvous store on node 0, watches the ranks and exits non-zero with the first
+// The launcher (docs/design.md §1): the parent colocated-rl process spawns the node's I + T local
+// ranks, hosts the rendezvous store on node 0, watches the ranks and exits non-zero with the first
 // failing rank's error.
 //
 // Each rank re-executes this binary (/proc/self/exe, same arguments) with CRL_* variables set

@@ -1,4 +1,4 @@
-// The RL job (DESIGN.md §5): `colocated-rl --gpus-infer I --gpus-train T`, one rank's side.
+// The RL job (docs/design.md §5): `colocated-rl --gpus-infer I --gpus-train T`, one rank's side.
 // The RL step lives in trainer/ (rl_context.h, rollout_producer.h, rollout_consumer.h,
 // job_report.h); this is the wiring: a rank runs its role, and world rank 0 also reports.
 #pragma once

@@ -9,7 +9,7 @@
 // Work between steps: post(fn) runs fn(engine) on the engine thread before the next step (the
 // future says when it is done), and set_between_steps(fn) installs a hook called before every step.
 //
-// Weight updates (DESIGN.md §3): the loop owns them. set_weight_source() hands it a
+// Weight updates (docs/design.md §3): the loop owns them. set_weight_source() hands it a
 // sync::WeightSource; between two steps the engine thread polls it, receives the next version into
 // the engine's own weight buckets, sets the version and applies the in-flight policy, in one place.
 // weight_version() is the one reading of the engine's version off the engine thread.

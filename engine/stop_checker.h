@@ -1,5 +1,5 @@
-// StopChecker: when a sample ends (DESIGN.md §4: stop tokens, EOS, stop strings, max_tokens, the
-// context length), for Scheduler::postprocess, and the detokenizer the engine's outputs share.
+// StopChecker: when a sample ends (docs/design.md §4: stop tokens, EOS, stop strings, max_tokens,
+// the context length), for Scheduler::postprocess, and the detokenizer the engine's outputs share.
 //
 // Thread safety: const methods read immutable state; check() writes only the sequence it is given.
 #pragma once

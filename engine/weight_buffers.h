@@ -1,6 +1,6 @@
 // WeightBuffers: the engine's weights moved into sync buckets, so a weight update is received in
-// place (DESIGN.md §3): one collective per bucket writes straight into the live weights, with no
-// staging copy and no per-tensor load call.
+// place (docs/design.md §3): one collective per bucket writes straight into the live weights, with
+// no staging copy and no per-tensor load call.
 //
 // Construction plans a sync::WeightLayout over the model's parameters (HF names and order, the
 // engine's compute dtype), allocates the buckets on the model's device, copies the current weights

@@ -1,4 +1,4 @@
-// Server: the OpenAI-compatible HTTP API over one EngineLoop (DESIGN.md §6).
+// Server: the OpenAI-compatible HTTP API over one EngineLoop (docs/design.md §6).
 //
 // Endpoints:
 //   POST /v1/completions, /v1/chat/completions   (stream: SSE chunks, then "data: [DONE]")

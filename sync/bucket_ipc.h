@@ -1,7 +1,7 @@
 // IpcMemory: hands bucket memory from a sender to receivers that share its memory space
-// (SyncTransport::kIpc, DESIGN.md §3). The sender names a region of its memory (export_region);
-// every receiver copies that region into its own bucket (copy_async), one copy per region. The
-// protocol around it (store keys, acknowledgements, deadlines) is WeightSync's
+// (SyncTransport::kIpc, docs/design.md §3). The sender names a region of its memory
+// (export_region); every receiver copies that region into its own bucket (copy_async), one copy per
+// region. The protocol around it (store keys, acknowledgements, deadlines) is WeightSync's
 // (sync/weight_sync_ipc.cpp); this interface is only the memory side, so the protocol runs on CPU
 // in tests over the host implementation below.
 //

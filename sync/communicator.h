@@ -1,4 +1,5 @@
-// Communicator: collectives over a group of ranks, one interface for Gloo and NCCL (DESIGN.md §2).
+// Communicator: collectives over a group of ranks, one interface for Gloo and NCCL (docs/design.md
+// §2).
 //
 // Every operation has a deadline (the communicator's timeout). When an operation fails or its
 // deadline passes, the communicator throws CollectiveError, whose message names the op, the group,

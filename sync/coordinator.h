@@ -1,7 +1,7 @@
-// Coordinator: the control plane of a job's ranks over the rendezvous store (DESIGN.md §5, "The
-// control plane is typed"): barriers, shared counters, and publish/collect of per-step reports and
-// of named results. It is the one place that spells the store keys of these; callers name
-// barriers, counters and results, never keys.
+// Coordinator: the control plane of a job's ranks over the rendezvous store (docs/design.md §5):
+// barriers, shared counters, and publish/collect of per-step reports and of named results. It is
+// the one place that spells the store keys of these; callers name barriers, counters and results,
+// never keys.
 //
 // Keys: every key is `scope` + a name this class builds, inside the store it was given (which
 // carries the job's store prefix: World::store, or connect() below):

@@ -1,4 +1,4 @@
-// DistEnv: where this process sits in the job, from the environment (DESIGN.md §1).
+// DistEnv: where this process sits in the job, from the environment (docs/design.md §1).
 //
 // Two ways to start a job:
 //   node mode   one colocated-rl per node (by hand, torchrun-style NNODES/NODE_RANK, or Slurm/MPI

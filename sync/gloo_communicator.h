@@ -1,7 +1,7 @@
-// Gloo backend of Communicator: libtorch's c10d ProcessGroupGloo on CPU tensors (DESIGN.md §2), and
-// on CUDA tensors where a CUDA libtorch stages them through host memory (a group whose members
-// share one GPU, where NCCL cannot run; see sync/placement.h): a completed op's result is then
-// ordered before the caller's current CUDA stream.
+// Gloo backend of Communicator: libtorch's c10d ProcessGroupGloo on CPU tensors (docs/design.md
+// §2), and on CUDA tensors where a CUDA libtorch stages them through host memory (a group whose
+// members share one GPU, where NCCL cannot run; see sync/placement.h): a completed op's result is
+// then ordered before the caller's current CUDA stream.
 //
 // Gloo has no bfloat16 and no abort: callers send raw bytes (uint8 views) and, after a
 // CollectiveError, the rank exits. The deadline is both Gloo's own context timeout and a poll in

@@ -1,5 +1,5 @@
-// Rendezvous and the job's groups: world, train, infer and the node-local sync groups (DESIGN.md
-// §2).
+// Rendezvous and the job's groups: world, train, infer and the node-local sync groups
+// (docs/design.md §2).
 //
 // Rank layout: world rank = node * (I + T) + local rank; local ranks [0, I) are infer ranks and
 // [I, I + T) train ranks, so training and generation share every node.

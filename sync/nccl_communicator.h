@@ -1,4 +1,4 @@
-// NCCL backend of Communicator: the raw NCCL API on CUDA tensors (DESIGN.md §2).
+// NCCL backend of Communicator: the raw NCCL API on CUDA tensors (docs/design.md §2).
 //
 // Built wherever nccl.h and cuda_runtime.h are found; libnccl and libcudart are loaded at run
 // time (dlopen), so one binary runs on machines with and without them. The unique id travels

@@ -1,5 +1,5 @@
 // Placement: which device each rank of the job runs on and which backend each of its groups uses
-// (DESIGN.md §2). A pure function of the request and the topology, the same on every rank, so
+// (docs/design.md §2). A pure function of the request and the topology, the same on every rank, so
 // every rank agrees on every group's backend without talking; unit-tested without a GPU.
 //
 // Devices. On CPU every rank is "cpu". On CUDA local rank l (infer ranks [0, I), then train ranks

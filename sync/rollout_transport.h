@@ -1,5 +1,5 @@
-// Rollout transport (DESIGN.md §5 step 3): packed micro-batches from a node's infer ranks to the
-// same node's train ranks, over the node's sync group, with no central controller.
+// Rollout transport (docs/design.md §5 step 3): packed micro-batches from a node's infer ranks to
+// the same node's train ranks, over the node's sync group, with no central controller.
 //
 // A message is one contiguous uint8 tensor. The sender announces its size under a store key
 // (per step, infer rank, train rank and sequence number), then posts one send; the receiver sees

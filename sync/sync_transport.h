@@ -1,5 +1,5 @@
-// SyncTransport: how the weight buckets of one sync_root group move (DESIGN.md §3), chosen once at
-// WeightSync setup from where every member's buckets live.
+// SyncTransport: how the weight buckets of one sync_root group move (docs/design.md §3), chosen
+// once at WeightSync setup from where every member's buckets live.
 //
 //   communicator  one broadcast per bucket over the group: NCCL between distinct GPUs, Gloo on CPU.
 //   ipc           the members share one memory space: an engine and a trainer on the same GPU (the

@@ -1,5 +1,5 @@
-// WeightLayout: the agreed byte layout of a model's weights for bucketed weight sync (DESIGN.md
-// §3).
+// WeightLayout: the agreed byte layout of a model's weights for bucketed weight sync
+// (docs/design.md §3).
 //
 // A layout is a pure function of (ordered specs, bucket_bytes, alignment): every rank, trainer and
 // engine alike, calls plan() on the same specs and gets the same buckets, offsets and hash(). The

@@ -1,7 +1,7 @@
-// WeightSource: where an engine's weight updates come from (DESIGN.md §3). The narrow interface
-// between the engine and sync/: the engine loop polls it between two steps and receives a version
-// into its own weight buckets; WeightSync (the train ranks' broadcasts) implements it. LoRA adapter
-// versions are meant to be a second kind of source.
+// WeightSource: where an engine's weight updates come from (docs/design.md §3). The narrow
+// interface between the engine and sync/: the engine loop polls it between two steps and receives a
+// version into its own weight buckets; WeightSync (the train ranks' broadcasts) implements it. LoRA
+// adapter versions are meant to be a second kind of source.
 #pragma once
 
 #include <ATen/ATen.h>

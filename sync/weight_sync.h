@@ -1,4 +1,4 @@
-// WeightSync: whole-model weight updates from the train ranks into the engines (DESIGN.md §3).
+// WeightSync: whole-model weight updates from the train ranks into the engines (docs/design.md §3).
 //
 // Setup (constructor, collective over the node's sync group through the store): every member
 // publishes its WeightLayout; a hash mismatch fails on every member with an error naming the first

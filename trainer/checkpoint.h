@@ -1,5 +1,5 @@
 // Training checkpoints: a Hugging Face model directory the engine loads as is, plus the optimizer
-// state and step needed to resume (DESIGN.md §5).
+// state and step needed to resume (docs/design.md §5).
 //
 // Layout of a checkpoint directory:
 //   config.json, generation_config.json, model.safetensors   the fp32 master weights (engine/

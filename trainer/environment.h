@@ -1,4 +1,4 @@
-// Environments for multi-turn RL (issue 28; DESIGN.md §4 "Environments act between turns").
+// Environments for multi-turn RL (issue 28; docs/design.md §4).
 //
 // An Environment plays the other side of an episode: reset() opens it on a task (the opening
 // messages and the tool schemas), step() answers each assistant message (tool results, or the

@@ -3,7 +3,7 @@
 // Every per-token argument is [N] float32 over the N loss (completion) tokens of one micro-batch,
 // in token order; losses are token-level means over those N tokens.
 //
-// GRPO / PPO-clip (DESIGN.md §5 step 4), per token with ratio r = exp(logp - old):
+// GRPO / PPO-clip (docs/design.md §5 step 4), per token with ratio r = exp(logp - old):
 //   pg  = -min(r * A, clip(r, 1 - clip_low, 1 + clip_high) * A)
 //   old = the engine's raw log-prob of the token (the behaviour policy).
 // Truncated importance sampling (tis_cap > 0, off by default), for the engine/trainer mismatch: the

@@ -1,4 +1,4 @@
-// Rollout samples and the packed micro-batch the trainer consumes (DESIGN.md §5 step 3).
+// Rollout samples and the packed micro-batch the trainer consumes (docs/design.md §5 step 3).
 //
 // A finished rollout is a SampleGroup: one prompt, its n completions, their rewards and the
 // engine's raw log-probs. The packer concatenates prompt + completion of every sample, then packs

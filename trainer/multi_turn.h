@@ -1,4 +1,4 @@
-// Multi-turn episodes on the engine (issue 28; DESIGN.md §4 Sessions, §5 Multi-turn).
+// Multi-turn episodes on the engine (issue 28; docs/design.md §4, §5).
 //
 // EpisodeRunner plays episodes between the model (an EngineLoop) and an Environment:
 //   reset -> the opening messages, rendered by the model's chat template into a

@@ -1,4 +1,4 @@
-// The RL job's shared state (DESIGN.md §5), one object per part: the options (RlOptions), this
+// The RL job's shared state (docs/design.md §5), one object per part: the options (RlOptions), this
 // rank's place (RlRanks), the version arithmetic every rank agrees on (VersionPlan), the task and
 // its data cursor (TaskData) and the control plane (sync::Coordinator). Each rank runs one role:
 // RolloutProducer (infer ranks), RolloutConsumer (train ranks); world rank 0 also runs

@@ -1,4 +1,4 @@
-// RolloutConsumer: the train rank's side of the RL step (DESIGN.md §5 steps 3-5).
+// RolloutConsumer: the train rank's side of the RL step (docs/design.md §5 steps 3-5).
 //
 // Owns a Trainer (fp32 masters, AdamW) and, after an optional SFT warm-up (data parallel, the
 // same all-reduce), per GRPO step s:

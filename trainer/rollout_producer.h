@@ -1,4 +1,4 @@
-// RolloutProducer: the infer rank's side of the RL step (DESIGN.md §5 steps 1-2 and 5).
+// RolloutProducer: the infer rank's side of the RL step (docs/design.md §5 steps 1-2 and 5).
 //
 // Owns an LlmEngine (weights in sync buckets) stepped by an EngineLoop, which also serves the
 // OpenAI API with --serve-port, in the same continuous batch. Per GRPO step s:

@@ -1,4 +1,4 @@
-// The RL job's typed control plane (DESIGN.md §5): what each rank reports per GRPO step, the
+// The RL job's typed control plane (docs/design.md §5): what each rank reports per GRPO step, the
 // evaluation results, how a step's reports add up over the ranks, and the --metrics file's row.
 // Each struct has one JSON form (to_json/from_json below); this header and its .cpp are the one
 // place a metric is named. The reports travel through a sync::Coordinator.

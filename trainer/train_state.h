@@ -1,4 +1,5 @@
-// TrainState: one train rank's weights, gradients and AdamW state in flat buckets (DESIGN.md §5b).
+// TrainState: one train rank's weights, gradients and AdamW state in flat buckets (docs/design.md
+// §5b).
 //
 // Layout: the parameters are planned into buckets by sync::WeightLayout in the compute dtype, so
 // with the engine's dtype and bucket size the first nbytes of each parameter buffer *is* that

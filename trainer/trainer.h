@@ -1,5 +1,5 @@
-// Trainer: one train rank's optimizer loop over the engine's own Transformer (DESIGN.md §5 step 4,
-// §5b).
+// Trainer: one train rank's optimizer loop over the engine's own Transformer (docs/design.md §5
+// step 4, §5b).
 //
 // Owns: the training state in flat buckets (TrainState: compute-dtype parameters, fp32 gradients,
 // fp32 masters and AdamW moments, sharded over the train group with --zero 1|2), the LR schedule,

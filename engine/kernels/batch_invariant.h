@@ -1,5 +1,5 @@
 // Batch-invariant CPU kernels: the project's own linear, RMSNorm and SiLU-gate, used by
-// deterministic mode (DESIGN.md §8) in the engine and in the trainer's forward.
+// deterministic mode (docs/design.md §8) in the engine and in the trainer's forward.
 //
 // Contract: every output element is computed by a fixed sequence of float32 operations that
 // depends only on its own row (or element) and the weights: not on the number of rows, the row's
