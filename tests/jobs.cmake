@@ -259,6 +259,14 @@ crl_job_test(rl.multi_turn_external_env_gives_the_warm_ups_demonstrations pass 1
              --env "python3 ${CMAKE_CURRENT_SOURCE_DIR}/fixtures/envs/test_env.py" --env-procs 2
              --sft-steps 5 --steps 1 --prompts-per-step 4 --n-samples 2 --max-tokens 8 --max-turns 2
              --eval-rows 4 --eval-every 0 --timeout 60)
+# The example environment users copy (examples/envs/lookup_env.py) speaks the protocol: its
+# demonstrations feed the warm-up and its episodes end without an environment error.
+crl_job_test(rl.example_lookup_env_runs_the_warm_up_and_episodes pass 150
+             "sft step 5/5 ;; episodes 8 .* env errors 0 ;; summary: 1 node\\(s\\) x \\(1 infer \\+ 1 train ranks\\), 2 GRPO steps"
+             --gpus-infer 1 --gpus-train 1
+             --env "python3 ${CMAKE_SOURCE_DIR}/examples/envs/lookup_env.py"
+             --sft-steps 5 --steps 2 --prompts-per-step 4 --n-samples 2 --max-tokens 16 --max-turns 2
+             --eval-rows 4 --eval-every 0 --timeout 60)
 crl_job_test(rl.multi_turn_external_env_without_demonstrations_fails_the_warm_up fail 90
              "gives no demonstration for task [0-9]+ \\(the SFT warm-up needs them; pass --sft-steps 0\\)"
              --gpus-infer 1 --gpus-train 1
