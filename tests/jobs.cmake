@@ -208,12 +208,12 @@ add_test(NAME rl.tensorboard_events_read_back_with_tensorboard
 set_tests_properties(rl.tensorboard_events_read_back_with_tensorboard PROPERTIES
                      LABELS multiprocess ENVIRONMENT "${CRL_CLI_ENV}" TIMEOUT 600
                      RESOURCE_LOCK multiprocess_cores)
-# --traces (issue 51): one line per rollout sample, from both infer ranks into one file; each
-# step's lines average to the --metrics row's reward and response length, each group's advantages
-# to 0, and no token is newer than the step's weights.
+# --traces (issue 51): one line per rollout sample, from both infer ranks into one file (emptied by
+# a fresh run first); each step's lines average to the --metrics row's reward and response length,
+# each group's advantages to 0, and no token is as new as the weights the step sends.
 set(CRL_TRACES_RUN ${CMAKE_CURRENT_BINARY_DIR}/rl-traces)
 add_test(NAME rl.traces_hold_every_sample_and_agree_with_the_metrics
-         COMMAND sh -c "rm -rf ${CRL_TRACES_RUN} && mkdir -p ${CRL_TRACES_RUN} && ${CRL_RUN_JOB} pass 120 'summary:' -- $<TARGET_FILE:colocated-rl> --gpus-infer 2 --gpus-train 1 --steps 3 --sft-steps 100 --prompts-per-step 8 --n-samples 4 --eval-every 0 --timeout 60 --metrics ${CRL_TRACES_RUN}/metrics.jsonl --traces ${CRL_TRACES_RUN}/traces.jsonl && python3 ${CMAKE_CURRENT_SOURCE_DIR}/app/traces_check.py ${CRL_TRACES_RUN}/traces.jsonl ${CRL_TRACES_RUN}/metrics.jsonl 32 4")
+         COMMAND sh -c "rm -rf ${CRL_TRACES_RUN} && mkdir -p ${CRL_TRACES_RUN} && echo 'a previous run' > ${CRL_TRACES_RUN}/traces.jsonl && ${CRL_RUN_JOB} pass 120 'summary:' -- $<TARGET_FILE:colocated-rl> --gpus-infer 2 --gpus-train 1 --steps 3 --sft-steps 100 --prompts-per-step 8 --n-samples 4 --eval-every 0 --timeout 60 --metrics ${CRL_TRACES_RUN}/metrics.jsonl --traces ${CRL_TRACES_RUN}/traces.jsonl && python3 ${CMAKE_CURRENT_SOURCE_DIR}/app/traces_check.py ${CRL_TRACES_RUN}/traces.jsonl ${CRL_TRACES_RUN}/metrics.jsonl 3 32 4")
 set_tests_properties(rl.traces_hold_every_sample_and_agree_with_the_metrics PROPERTIES
                      LABELS multiprocess ENVIRONMENT "${CRL_CLI_ENV}" TIMEOUT 180
                      RESOURCE_LOCK multiprocess_cores)

@@ -39,9 +39,15 @@ if absent:
     sys.exit(f"FAILED: metrics rows without {absent}")
 diffs = [(a["training/global_step"], k, a.get(k), b.get(k))
          for a, b in zip(*runs) for k in keys if a.get(k) != b.get(k)]
+# The SFT warm-up's rows too (loss, grad norm, lr per step).
+sft = [[r for r in map(json.loads, open(p)) if r.get("phase") == "sft"] for p in sys.argv[1:]]
+if len(sft[0]) != len(sft[1]):
+    sys.exit(f"FAILED: {len(sft[0])} and {len(sft[1])} SFT rows")
+diffs += [(a["step"], "sft " + k, a["data"][k], b["data"][k])
+          for a, b in zip(*sft) for k in a["data"] if a["data"][k] != b["data"].get(k)]
 for d in diffs[:10]:
     print("step %s %s: %r vs %r" % d)
 if diffs:
     sys.exit(f"FAILED: {len(diffs)} figures differ between two runs of the same flags")
-print(f"ok: {len(runs[0])} steps x {len(keys)} figures equal in both runs")
+print(f"ok: {len(runs[0])} steps x {len(keys)} figures and {len(sft[0])} SFT steps equal in both runs")
 PY

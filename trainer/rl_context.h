@@ -84,8 +84,8 @@ struct RlOptions {
   bool verbose = false;
   // TensorBoard event files go here (empty: none): every number of each GRPO step's --metrics row
   // under its name there (metrics_file_row), the start and after-warm-up evaluations as eval/*,
-  // and (the first train rank's own event file) each SFT warm-up step as sft/loss, sft/grad_norm,
-  // sft/lr.
+  // and (the first train rank's own event file, in DIR/sft) each SFT warm-up step as sft/loss,
+  // sft/grad_norm, sft/lr.
   std::string tensorboard_dir;
   std::string save_dir;
   int64_t save_every = 0;

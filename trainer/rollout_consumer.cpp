@@ -282,10 +282,12 @@ std::unique_ptr<Trainer> RolloutConsumer::sft(std::unique_ptr<Trainer> tr,
     if (!chat->is_jinja()) chat_prefix = tok.special_prefix();
     format = text::detect_tool_call_format(*chat);
   }
-  // The warm-up's scalars go to the first train rank's own event file in --tensorboard's folder.
+  // The warm-up's scalars go to the first train rank's own event file, in --tensorboard's sft/
+  // folder: a run of its own to TensorBoard, whose reader follows only the newest file of a folder
+  // (the report's file in the top folder keeps growing after the warm-up).
   std::unique_ptr<TfEventsWriter> tb;
   if (c_.ranks.role_global == 0 && !o_.tensorboard_dir.empty()) {
-    tb = std::make_unique<TfEventsWriter>(o_.tensorboard_dir);
+    tb = std::make_unique<TfEventsWriter>(o_.tensorboard_dir + "/sft");
   }
   std::vector<SftStepReport> reports;  // the first train rank's, for the --metrics file
   for (int64_t s = 0; s < o_.sft_steps; ++s) {

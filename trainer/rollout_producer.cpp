@@ -74,8 +74,13 @@ RolloutProducer::RolloutProducer(RlContext& ctx) : c_(ctx), o_(ctx.o) {
   CRL_CHECK(eng->tokenizer(),
             "the RL job needs a model with a tokenizer (tokenizer.json or tokenizer.model)");
   prompts_ = std::make_unique<PromptEncoder>(*eng->tokenizer(), eng->prompt_prefix());
-  if (!o_.traces.path.empty())
-    traces_ = std::make_unique<TraceWriter>(o_.traces, *eng->tokenizer());
+  if (!o_.traces.path.empty()) {
+    // A fresh run's traces start empty: the node's first rank (an infer rank) empties the file
+    // here, before the start eval's collective that every infer rank passes before it writes.
+    TraceOptions to = o_.traces;
+    to.truncate = !c_.versions.resumed() && c_.ranks.env.local_rank == 0;
+    traces_ = std::make_unique<TraceWriter>(to, *eng->tokenizer());
+  }
   if (o_.trainer.lora.enabled()) {
     // LoRA RL: the engine's updates are the policy adapter's versions (adapter bytes only); it
     // starts as the trainer does (B = 0: the base's outputs), or from the checkpoint's adapter.

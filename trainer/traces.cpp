@@ -17,7 +17,8 @@ TraceWriter::TraceWriter(const TraceOptions& o, const text::Tokenizer& tokenizer
   if (!(o_.rate > 0 && o_.rate <= 1)) {
     throw std::invalid_argument("--trace-rate must be in (0, 1], got " + std::to_string(o_.rate));
   }
-  fd_ = ::open(o_.path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  fd_ = ::open(o_.path.c_str(),
+               O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (o_.truncate ? O_TRUNC : 0), 0644);
   if (fd_ < 0) {
     throw std::runtime_error("cannot open the traces file " + o_.path + ": " +
                              std::strerror(errno));
@@ -36,6 +37,7 @@ bool TraceWriter::traced(int64_t step, int64_t prompt_index) const {
 }
 
 void TraceWriter::write(int64_t step, int infer_rank, const SampleGroup& group, bool dropped) {
+  const int64_t group_id = groups_++;
   if (!traced(step, group.prompt_index)) return;
   std::string lines;
   for (size_t i = 0; i < group.samples.size(); ++i) {
@@ -43,6 +45,7 @@ void TraceWriter::write(int64_t step, int infer_rank, const SampleGroup& group, 
     const std::vector<int32_t>& prompt = s.prompt_ids.empty() ? group.prompt_ids : s.prompt_ids;
     nlohmann::ordered_json j = {{"step", step},
                                 {"infer_rank", infer_rank},
+                                {"group", group_id},
                                 {"prompt_index", group.prompt_index},
                                 {"sample", i},
                                 {"dropped", dropped},
@@ -59,7 +62,8 @@ void TraceWriter::write(int64_t step, int infer_rank, const SampleGroup& group, 
     lines += j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
     lines += '\n';
   }
-  // One write for the group: O_APPEND places it whole, after any other rank's.
+  // One write for the group: O_APPEND places it whole, after any other rank's (a short write's
+  // rest follows in another).
   const char* p = lines.data();
   size_t left = lines.size();
   while (left > 0) {

@@ -29,9 +29,9 @@ def code(word):
 
 
 def word_of(split, index):
-    # Even words for training, odd words held out for evaluation.
-    offset = 0 if split == "train" else 1
-    return WORDS[(2 * index + offset) % len(WORDS)]
+    # Every other word for training, the rest held out: the eval asks about words never trained on.
+    pool = WORDS[0::2] if split == "train" else WORDS[1::2]
+    return pool[index % len(pool)]
 
 
 def question(word):

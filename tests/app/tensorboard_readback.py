@@ -3,8 +3,8 @@
 test makes once) against the same run's --metrics JSONL (verl's file-logger form, {"step": N,
 "data": {...}}): the first row holds the run's configuration; every number of every GRPO row is a
 scalar of the same name at the row's step with the same value (as float32); each SFT warm-up row
-is there as sft/loss, sft/grad_norm and sft/lr (the first train rank's own event file in the same
-folder), SFT_STEPS of them; and the start and after-warm-up evaluations are there.
+is there as sft/loss, sft/grad_norm and sft/lr (the first train rank's own event file, in
+TB_DIR/sft), SFT_STEPS of them; and the start and after-warm-up evaluations are there.
 
 usage: tensorboard_readback.py TB_DIR METRICS_JSONL SFT_STEPS
 """
@@ -19,9 +19,11 @@ HELD_OUT = "val-core/held_out/acc/mean@1"
 
 def main():
     tb_dir, metrics, sft_steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    acc = EventAccumulator(tb_dir, size_guidance={"scalars": 0})
-    acc.Reload()
-    tags = set(acc.Tags()["scalars"])
+    accs = {}
+    for sub in ("", "/sft"):
+        accs[sub] = EventAccumulator(tb_dir + sub, size_guidance={"scalars": 0})
+        accs[sub].Reload()
+    tags = {t: a for a in accs.values() for t in a.Tags()["scalars"]}
     rows = [json.loads(l) for l in open(metrics) if l.strip()]
     errors = []
     if not rows or "config" not in rows[0] or rows[0]["config"].get("steps") is None:
@@ -33,7 +35,7 @@ def main():
         if tag not in tags:
             errors.append(f"missing tag {tag}")
             return
-        got = {e.step: e.value for e in acc.Scalars(tag)}
+        got = {e.step: e.value for e in tags[tag].Scalars(tag)}
         if step not in got:
             errors.append(f"{tag}: no value at step {step}")
         elif abs(got[step] - float(value)) > 1e-6 * max(1.0, abs(float(value))):
@@ -56,6 +58,8 @@ def main():
     for r in sft:
         for name, v in r["data"].items():
             check(name, int(r["step"]), v)
+    if any(t.startswith("sft/") for t in accs[""].Tags()["scalars"]):
+        errors.append("SFT scalars in the top folder: they belong in TB_DIR/sft")
     for name, tag in (("start", "eval/held_out_accuracy_start"),
                       ("after_sft", "eval/held_out_accuracy_after_sft")):
         if name not in evals:

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -20,6 +21,11 @@ std::vector<nlohmann::json> read_lines(const std::string& path) {
   std::ifstream in(path);
   for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
   return out;
+}
+
+std::string text_of(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
 SampleGroup group_of(int64_t prompt_index, const text::Tokenizer& tok) {
@@ -65,6 +71,8 @@ TEST(TracesTest, TheBatchersGroupsBecomeOneLinePerSampleWithTheirAdvantages) {
   EXPECT_EQ(a["step"], 7);
   EXPECT_EQ(a["infer_rank"], 1);
   EXPECT_EQ(a["prompt_index"], 11);
+  EXPECT_EQ(a["group"], 0);
+  EXPECT_EQ(lines[3]["group"], 1);
   EXPECT_EQ(a["sample"], 0);
   EXPECT_EQ(a["dropped"], false);
   EXPECT_EQ(a["prompt"], tok.decode(tok.encode("Copy: red tree. Answer:"), false));
@@ -101,6 +109,18 @@ TEST(TracesTest, RateChoosesAStableShareOfTheGroups) {
                      "--trace-rate must be in (0, 1]");
   ASSERT_THROWS_WITH(TraceWriter({dir.file("no/such/dir/t.jsonl"), 1.0, 1}, tok),
                      std::runtime_error, "cannot open the traces file");
+  // A fresh run's first writer empties the file; the others (and a resumed run) append.
+  {
+    std::ofstream(dir.file("e.jsonl")) << "a previous run\n";
+    TraceWriter keep({dir.file("e.jsonl"), 1.0, 1}, tok);
+  }
+  EXPECT_EQ(text_of(dir.file("e.jsonl")), "a previous run\n");
+  {
+    TraceOptions o{dir.file("e.jsonl"), 1.0, 1};
+    o.truncate = true;
+    TraceWriter fresh(o, tok);
+  }
+  EXPECT_EQ(text_of(dir.file("e.jsonl")), "");
 }
 
 }  // namespace
