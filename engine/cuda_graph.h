@@ -33,4 +33,13 @@ std::unique_ptr<CudaGraph> capture_cuda_graph(const std::function<at::Tensor()>&
                                               const at::Device& device,
                                               const CudaGraph* share_pool = nullptr);
 
+// Copies `rows` rows of `row_bytes` each from the pinned host tensor `src` (from byte `src_offset`,
+// rows `src_pitch` bytes apart) into the device tensor `dst` (from byte `dst_offset`, rows
+// `dst_pitch` apart), asynchronously on the current stream; `src`'s pinned block is kept until the
+// copy has run. A decode graph's static block table is `dst_pitch` wide (the longest context) while
+// a step uses a few columns: only those travel. Throws std::runtime_error in builds without CUDA.
+void copy_rows_to_device(at::Tensor& dst, int64_t dst_offset, int64_t dst_pitch,
+                         const at::Tensor& src, int64_t src_offset, int64_t src_pitch,
+                         int64_t row_bytes, int64_t rows);
+
 }  // namespace crl::engine

@@ -113,31 +113,21 @@ __global__ void rope_kernel(T* __restrict__ q, T* __restrict__ k,
 }
 
 // --- The plain-row sampler (cuda_sample_plain_rows) ---
+//
+// A block per row. Pass 1 reads the row for its maximum, first argmax and NaNs; pass 2 gives each
+// warp a contiguous segment of ids and sums there exp(x - max) (float: the raw log-sum-exp) and,
+// for a sampled row, q = exp((x - max) * scale) (double: the draw's mass). The draw then finds the
+// segment whose running sum passes uniform * mass, splits it among the warps again for the
+// sub-segment, and one warp walks that sub-segment's ids in order to the first running sum above
+// the target: the tensor sampler's inverse CDF in id order, in a few warp steps. The passes load
+// 16 bytes a thread at a time, several in flight, where the rows are 16-byte aligned (vocab a
+// multiple of 4): the row reads, not the arithmetic, set this kernel's time.
 
 constexpr int kSampleThreads = 1024;
 constexpr int kSampleWarps = kSampleThreads / 32;
 
 // Field rows of the tensor sampler's params [8, R] (engine/tensor_sampler.cpp, enum Field).
 enum SampleField { kFRow = 0, kFScale = 1, kFInvT = 2, kFUniform = 6, kFGreedy = 7 };
-
-struct MaxSum {
-  float m;  // running max (-inf: nothing yet)
-  float s;  // sum of exp(x - m)
-  int idx;  // first index of the max
-};
-
-__device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
-  MaxSum r;
-  r.m = fmaxf(a.m, b.m);
-  if (r.m == -INFINITY) {
-    r.s = 0.0f;
-  } else {
-    r.s = (a.m == -INFINITY ? 0.0f : a.s * expf(a.m - r.m)) +
-          (b.m == -INFINITY ? 0.0f : b.s * expf(b.m - r.m));
-  }
-  r.idx = a.m > b.m ? a.idx : b.m > a.m ? b.idx : min(a.idx, b.idx);
-  return r;
-}
 
 __device__ __forceinline__ double warp_sum_d(double v) {
   for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
@@ -149,6 +139,36 @@ __device__ __forceinline__ float plain_q(float x, float zmax, float scale) {
   return expf(__fmul_rn(__fsub_rn(x, zmax), scale));
 }
 
+// Calls f(value, id) for ids lane, lane + stride, ... in [begin, end) (kVec: begin and stride
+// multiples of 4, ids taken 4 at a time as one 16-byte load; end - begin a multiple of 4).
+template <bool kVec, typename F>
+__device__ __forceinline__ void visit(const float* __restrict__ x, int64_t begin, int64_t end,
+                                      int lane, int stride, F&& f) {
+  if constexpr (kVec) {
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+#pragma unroll 2
+    for (int64_t j = begin / 4 + lane; j < end / 4; j += stride) {
+      const float4 v = __ldg(x4 + j);
+      f(v.x, 4 * j);
+      f(v.y, 4 * j + 1);
+      f(v.z, 4 * j + 2);
+      f(v.w, 4 * j + 3);
+    }
+  } else {
+#pragma unroll 4
+    for (int64_t i = begin + lane; i < end; i += stride) f(__ldg(x + i), i);
+  }
+}
+
+// (max, first index of the max): the larger value, the lower index on a tie.
+__device__ __forceinline__ void max_merge(float& m, int& idx, float om, int oidx) {
+  if (om > m || (om == m && oidx < idx)) {
+    m = om;
+    idx = oidx;
+  }
+}
+
+template <bool kVec>
 __global__ void __launch_bounds__(kSampleThreads)
     sample_plain_kernel(int32_t* __restrict__ out, const float* __restrict__ logits,
                         const double* __restrict__ params, int64_t num_rows, int64_t vocab) {
@@ -156,66 +176,80 @@ __global__ void __launch_bounds__(kSampleThreads)
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int64_t logit_row = static_cast<int64_t>(params[kFRow * num_rows + r]);
   const float* x = logits + logit_row * vocab;
-  __shared__ MaxSum warp_ms[kSampleWarps];
+  __shared__ float warp_m[kSampleWarps];
+  __shared__ int warp_idx[kSampleWarps];
   __shared__ int warp_nan[kSampleWarps];
+  __shared__ float seg_raw[kSampleWarps];
   __shared__ double seg_sum[kSampleWarps];
-  __shared__ MaxSum row_ms;
-  __shared__ int row_nan;
-  __shared__ int drawn;
+  __shared__ double sub_sum[kSampleWarps];
+  __shared__ float row_m;
+  __shared__ int row_idx, row_nan, drawn;
 
-  // Pass 1: max, sum of exp(x - max), first argmax, NaN (coalesced, any order).
-  MaxSum ms{-INFINITY, 0.0f, 0x7fffffff};
-  int nan = 0;
-  for (int64_t i = tid; i < vocab; i += kSampleThreads) {
-    const float v = x[i];
+  // Pass 1: max, first argmax, NaN (coalesced, any order).
+  float m = -INFINITY;
+  int idx = 0x7fffffff, nan = 0;
+  visit<kVec>(x, 0, vocab, tid, kSampleThreads, [&](float v, int64_t i) {
     if (isnan(v)) {
       nan = 1;
-      continue;
+    } else {
+      max_merge(m, idx, v, static_cast<int>(i));
     }
-    ms = combine(ms, MaxSum{v, 1.0f, static_cast<int>(i)});
-  }
+  });
   for (int off = 16; off > 0; off /= 2) {
-    MaxSum o;
-    o.m = __shfl_xor_sync(0xffffffffu, ms.m, off);
-    o.s = __shfl_xor_sync(0xffffffffu, ms.s, off);
-    o.idx = __shfl_xor_sync(0xffffffffu, ms.idx, off);
-    ms = combine(ms, o);
+    max_merge(m, idx, __shfl_xor_sync(0xffffffffu, m, off), __shfl_xor_sync(0xffffffffu, idx, off));
     nan |= __shfl_xor_sync(0xffffffffu, nan, off);
   }
   if (lane == 0) {
-    warp_ms[warp] = ms;
+    warp_m[warp] = m;
+    warp_idx[warp] = idx;
     warp_nan[warp] = nan;
   }
   __syncthreads();
   if (tid == 0) {
-    MaxSum all = warp_ms[0];
-    int any_nan = warp_nan[0];
+    float bm = warp_m[0];
+    int bidx = warp_idx[0], any_nan = warp_nan[0];
     for (int w = 1; w < kSampleWarps; ++w) {
-      all = combine(all, warp_ms[w]);
+      max_merge(bm, bidx, warp_m[w], warp_idx[w]);
       any_nan |= warp_nan[w];
     }
-    row_ms = all;
+    row_m = bm;
+    row_idx = bidx;
     row_nan = any_nan;
   }
   __syncthreads();
-  const float zmax = row_ms.m;
-  const float lse = zmax + logf(row_ms.s);
+  const float zmax = row_m;
   const bool bad = row_nan != 0 || isinf(zmax);
   const bool greedy = params[kFGreedy * num_rows + r] > 0.5;
+  const bool sampled = !greedy && !bad;
+  const float scale = static_cast<float>(params[kFScale * num_rows + r]);
 
-  int token = row_ms.idx;
+  // Pass 2: each warp's contiguous segment (a multiple of 128 ids: whole 16-byte loads).
+  const int64_t seg = ((vocab + kSampleWarps - 1) / kSampleWarps + 127) / 128 * 128;
+  const int64_t begin = min(vocab, warp * seg), end = min(vocab, begin + seg);
+  float raw_part = 0.0f;
+  double part = 0.0;
+  if (!isinf(zmax)) {
+    visit<kVec>(x, begin, end, lane, 32, [&](float v, int64_t) {
+      if (isnan(v)) return;
+      const float e = expf(__fsub_rn(v, zmax));
+      raw_part += e;
+      if (sampled) part += static_cast<double>(scale == 1.0f ? e : plain_q(v, zmax, scale));
+    });
+  }
+  raw_part = warp_sum(raw_part);
+  part = warp_sum_d(part);
+  if (lane == 0) {
+    seg_raw[warp] = raw_part;
+    seg_sum[warp] = part;
+  }
+  __syncthreads();
+  float s = 0.0f;
+  for (int w = 0; w < kSampleWarps; ++w) s += seg_raw[w];
+  const float lse = zmax + logf(s);
+
+  int token = row_idx;
   float processed = 0.0f;
-  if (!greedy && !bad) {
-    const float scale = static_cast<float>(params[kFScale * num_rows + r]);
-    // Pass 2: each warp's contiguous segment of ids sums its q in double.
-    const int64_t seg = ((vocab + kSampleWarps - 1) / kSampleWarps + 31) / 32 * 32;
-    const int64_t begin = warp * seg, end = min(vocab, begin + seg);
-    double part = 0.0;
-    for (int64_t i = begin + lane; i < end; i += 32)
-      part += static_cast<double>(plain_q(x[i], zmax, scale));
-    part = warp_sum_d(part);
-    if (lane == 0) seg_sum[warp] = part;
-    __syncthreads();
+  if (sampled) {
     // Every thread forms the prefix sums (32 values) and the target itself.
     double mass = 0.0;
     for (int w = 0; w < kSampleWarps; ++w) mass += seg_sum[w];
@@ -230,24 +264,45 @@ __global__ void __launch_bounds__(kSampleThreads)
       prefix += seg_sum[w];
     }
     if (tid == 0) drawn = static_cast<int>(vocab - 1);  // target at or past the total: the last id
-    __syncthreads();
-    // Pass 3: that warp walks ids in order from its segment (on past it if rounding says so) to the
-    // first running sum above the target.
-    if (warp == first_w) {
-      double running = prefix;
-      for (int64_t base = begin; base < vocab; base += 32) {
-        const int64_t i = base + lane;
-        double v = i < vocab ? static_cast<double>(plain_q(x[i], zmax, scale)) : 0.0;
-        for (int off = 1; off < 32; off *= 2) {  // inclusive scan
-          const double o = __shfl_up_sync(0xffffffffu, v, off);
-          if (lane >= off) v += o;
-        }
-        const unsigned hit = __ballot_sync(0xffffffffu, i < vocab && running + v > target);
-        if (hit != 0) {
-          if (lane == 0) drawn = static_cast<int>(base + __ffs(hit) - 1);
+    if (first_w < kSampleWarps) {
+      // That segment split among the warps: each sums its sub-segment's q.
+      const int64_t sb = first_w * seg, se = min(vocab, sb + seg);
+      const int64_t sub = (seg / kSampleWarps + 3) / 4 * 4;
+      const int64_t b2 = min(se, sb + warp * sub), e2 = min(se, b2 + sub);
+      double p2 = 0.0;
+      for (int64_t i = b2 + lane; i < e2; i += 32)
+        p2 += static_cast<double>(plain_q(x[i], zmax, scale));
+      p2 = warp_sum_d(p2);
+      if (lane == 0) sub_sum[warp] = p2;
+      __syncthreads();
+      int first_s =
+          kSampleWarps - 1;  // rounding past every sub-sum: the walk goes on from the last
+      double prefix2 = prefix;
+      for (int w = 0; w < kSampleWarps - 1; ++w) {
+        if (prefix2 + sub_sum[w] > target) {
+          first_s = w;
           break;
         }
-        running += __shfl_sync(0xffffffffu, v, 31);
+        prefix2 += sub_sum[w];
+      }
+      // One warp walks ids in order from that sub-segment (on past it if rounding says so) to the
+      // first running sum above the target.
+      if (warp == 0) {
+        double running = prefix2;
+        for (int64_t base = min(se, sb + first_s * sub); base < vocab; base += 32) {
+          const int64_t i = base + lane;
+          double v = i < vocab ? static_cast<double>(plain_q(x[i], zmax, scale)) : 0.0;
+          for (int off = 1; off < 32; off *= 2) {  // inclusive scan
+            const double o = __shfl_up_sync(0xffffffffu, v, off);
+            if (lane >= off) v += o;
+          }
+          const unsigned hit = __ballot_sync(0xffffffffu, i < vocab && running + v > target);
+          if (hit != 0) {
+            if (lane == 0) drawn = static_cast<int>(base + __ffs(hit) - 1);
+            break;
+          }
+          running += __shfl_sync(0xffffffffu, v, 31);
+        }
       }
     }
     __syncthreads();
@@ -391,10 +446,16 @@ at::Tensor cuda_sample_plain_rows(const at::Tensor& logits, const at::Tensor& pa
   at::Tensor out = at::empty({4, rows}, logits.options().dtype(at::kInt));
   if (rows == 0) return out;
   const c10::cuda::CUDAGuard guard(logits.device());
-  sample_plain_kernel<<<static_cast<unsigned>(rows), kSampleThreads, 0,
-                        at::cuda::getCurrentCUDAStream()>>>(
-      out.data_ptr<int32_t>(), logits.data_ptr<float>(), params.data_ptr<double>(), rows,
-      logits.size(1));
+  const int64_t vocab = logits.size(1);
+  const bool vec = vocab % 4 == 0 && reinterpret_cast<uintptr_t>(logits.data_ptr()) % 16 == 0;
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  if (vec) {
+    sample_plain_kernel<true><<<static_cast<unsigned>(rows), kSampleThreads, 0, stream>>>(
+        out.data_ptr<int32_t>(), logits.data_ptr<float>(), params.data_ptr<double>(), rows, vocab);
+  } else {
+    sample_plain_kernel<false><<<static_cast<unsigned>(rows), kSampleThreads, 0, stream>>>(
+        out.data_ptr<int32_t>(), logits.data_ptr<float>(), params.data_ptr<double>(), rows, vocab);
+  }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }
