@@ -328,7 +328,9 @@ int run_rollout_bench(const RolloutBenchOptions& o) {
   result["cpu"] = engine::kernels::describe_cpu();
   if (o.device != "cpu") {
     result["attention_kernel"] = kv::cuda_attention_kernel_name(kv::cuda_attention_kernel());
-    std::cout << "attention kernel: " << result["attention_kernel"].get<std::string>() << "\n";
+    result["flashinfer_split_waves"] = kv::flashinfer_split_waves();
+    std::cout << "attention kernel: " << result["attention_kernel"].get<std::string>()
+              << " (FlashInfer split-KV waves " << kv::flashinfer_split_waves() << ")\n";
   }
   // One engine per mode, all alive, and the repeats interleaved (mode A, mode B, ..., then again)
   // so that every mode sees the same machine state; ratios are medians of per-repeat ratios.

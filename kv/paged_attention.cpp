@@ -278,7 +278,36 @@ std::atomic<CudaAttentionKernel>& selected_kernel() {
   return k;
 }
 
+int64_t waves_from_env() {
+  const char* e = std::getenv("CRL_FLASHINFER_WAVES");
+  if (e == nullptr || *e == '\0') return kDefaultFlashInferWaves;
+  char* end = nullptr;
+  const long n = std::strtol(e, &end, 10);
+  if (*end != '\0' || n < 0 || n > kMaxFlashInferWaves) {
+    throw std::invalid_argument(std::string("CRL_FLASHINFER_WAVES=") + e +
+                                ": expected an integer from 0 (no split-KV) to " +
+                                std::to_string(kMaxFlashInferWaves));
+  }
+  return n;
+}
+
+std::atomic<int64_t>& selected_waves() {
+  static std::atomic<int64_t> w{waves_from_env()};
+  return w;
+}
+
 }  // namespace
+
+void set_flashinfer_split_waves(int64_t waves) {
+  if (waves < 0 || waves > kMaxFlashInferWaves) {
+    throw std::invalid_argument("FlashInfer split waves must be in 0.." +
+                                std::to_string(kMaxFlashInferWaves) + ", not " +
+                                std::to_string(waves));
+  }
+  selected_waves().store(waves);
+}
+
+int64_t flashinfer_split_waves() { return selected_waves().load(); }
 
 void set_cuda_attention_kernel(CudaAttentionKernel kernel) { selected_kernel().store(kernel); }
 

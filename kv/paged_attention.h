@@ -15,6 +15,8 @@
 
 #include <ATen/ATen.h>
 
+#include <memory>
+
 namespace crl::kv {
 
 struct PagedAttentionMetadata {
@@ -24,6 +26,10 @@ struct PagedAttentionMetadata {
   at::Tensor block_tables;  // [S, max_blocks_per_seq] int32 (unused entries arbitrary)
   int64_t max_query_len = 0;
   int64_t max_context_len = 0;
+  // A CUDA kernel's per-step work split (FlashInfer's decode: page arrays, split-KV chunks),
+  // built by the first layer's attention call and reused by the others. A metadata object
+  // describes one step: a new step builds a new one (the copies a forward holds share this).
+  mutable std::shared_ptr<void> step_plan;
 };
 
 // Writes k, v [T, num_kv_heads, head_dim] into the caches at slot_mapping [T].
@@ -42,18 +48,27 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
 // Qwen3-0.6B's shape on an H200), else v4 (the lane-per-position kernel, measured 2.2x faster than
 // v2 end to end on an H100) where head_dim is 32, 64 or 128 and the caches are 16-byte aligned,
 // else v2; v4 asked for where it does not fit runs v2. The first value comes from
-// CRL_PAGED_ATTENTION (v2 | v4 | flashinfer | auto). Both are deterministic and batch-invariant;
-// they differ in summation order. (v1 and v3 lost to them on every GPU measured and were retired.)
+// CRL_PAGED_ATTENTION (v2 | v4 | flashinfer | auto). v2 and v4 are deterministic and
+// batch-invariant; FlashInfer's decode is deterministic, and batch-invariant without split-KV
+// (below). They differ in summation order. (v1 and v3 lost on every GPU measured: retired.)
 enum class CudaAttentionKernel {
   kAuto,
   kUnrolled,    // v2: a block per (row, query head), four positions in flight per warp
   kFlash,       // v4: a block of 8 warps per (row, KV head), a lane per position, K and V read once
                 //     for up to 8 query heads (head_dim 32, 64 or 128; else v2)
-  kFlashInfer,  // "flashinfer": FlashInfer's batch decode (a block per (sequence, KV head)) for
-                // decode batches in bfloat16 with head_dim 64 or 128 and a GQA group of 1, 2, 3,
-                // 4, 6, 8 or 16; v4 for every other call. Only in builds with FlashInfer's headers
-                // (the GPU build path): cuda_attention_kernel_built says.
+  kFlashInfer,  // "flashinfer": FlashInfer's batch decode with split-KV for decode batches in
+                // bfloat16 with head_dim 64 or 128 and a GQA group of at most 8 (5, 6 and 7 run as
+                // 8 with zero heads padded in); v4 for every other call. Only in builds with
+                // FlashInfer's headers (the GPU build path): cuda_attention_kernel_built says.
 };
+// FlashInfer's decode splits each sequence's context into chunks so that its work items fill at
+// most `waves` resident grids of the GPU (0: no split, a block per sequence and KV head: then
+// batch-invariant). The first value comes from CRL_FLASHINFER_WAVES; set_ throws
+// std::invalid_argument outside 0..kMaxFlashInferWaves.
+inline constexpr int64_t kDefaultFlashInferWaves = 4;
+inline constexpr int64_t kMaxFlashInferWaves = 64;
+void set_flashinfer_split_waves(int64_t waves);
+int64_t flashinfer_split_waves();
 // Whether this build has `kernel` (kFlashInfer needs FlashInfer's headers at build time).
 bool cuda_attention_kernel_built(CudaAttentionKernel kernel);
 void set_cuda_attention_kernel(CudaAttentionKernel kernel);

@@ -485,7 +485,7 @@ void launch_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
 #ifdef CRL_WITH_FLASHINFER
   // auto takes FlashInfer's decode where it fits: on an H200 it made the rollout benchmark on
   // Qwen3-0.6B's shape (GQA group 2, head_dim 128) 1.29x faster end to end than v4 (14,019 against
-  // 10,828 output tok/s). Qwen2-0.5B's group of 7 is outside its dispatch and stays on v4.
+  // 10,828 output tok/s) before split-KV. Qwen2-0.5B's group of 7 runs as 8 with a zero head.
   if (kernel == CudaAttentionKernel::kFlashInfer || kernel == CudaAttentionKernel::kAuto) {
     if (flashinfer_decode_fits(q, k_cache, meta)) {
       flashinfer_decode(out, q, k_cache, v_cache, meta, scale, stream);

@@ -1,26 +1,41 @@
 // FlashInfer's batch decode attention (flashinfer-python's headers, compiled by the GPU build
-// path) over the project's paged KV cache: one thread block per (sequence, KV head), each
-// sequence's whole context in that block (no split-KV, so no plan on the host and nothing that
-// depends on the batch's other rows: batch-invariant, and the launch is CUDA-graph safe). The cache
-// is FlashInfer's NHD layout as it is ([num_blocks, block_size, num_kv_heads, head_dim], a page
-// per block); what FlashInfer needs beside it (page indptr, compacted page indices, last-page
-// lengths) is built on the device from the block tables and context lengths by one small kernel,
-// so nothing is read back and a graph replays it with the step's new metadata.
+// path) over the project's paged KV cache, in its NHD layout as it is ([num_blocks, block_size,
+// num_kv_heads, head_dim], a page per block).
+//
+// Work split (split-KV). A block per (sequence, KV head) leaves most of an H200 idle at Qwen2's two
+// KV heads (512 blocks at 256 sequences) and ends a step on its longest context. So each
+// sequence's context is cut into chunks of one size (whole pages, at least 128 positions), chosen
+// per step as the smallest that keeps the work items within `waves` times what the GPU holds at
+// once (FlashInfer's own planner's rule, its binary search); each item attends over its chunk, and
+// FlashInfer's merge kernel combines a sequence's chunks by their log-sum-exp. The grid is padded
+// to that bound (items past the step's are masked off), so a CUDA graph captured once replays any
+// step. The plan (page arrays, items, chunk size) is computed on the device by one small kernel
+// from the block tables and context lengths, once a step (the first layer's call; the others reuse
+// it through PagedAttentionMetadata::step_plan): nothing is read back. `waves` is
+// kv::flashinfer_split_waves() (CRL_FLASHINFER_WAVES; 0: no split, a block per sequence and KV
+// head, batch-invariant as v4 is).
 //
 // Covers decode batches (one query row a sequence) in bfloat16 with head_dim 64 or 128 and a GQA
-// group size FlashInfer's decode dispatch has (1, 2, 3, 4, 6, 8, 16); flashinfer_decode_fits says
-// so, and the caller runs the project's own kernel otherwise (prefill, float32, Qwen2-0.5B's group
-// of 7).
+// group of at most 8. FlashInfer's decode dispatch has groups 1, 2, 3, 4 and 8; the others (5, 6,
+// Qwen2-0.5B's 7) run as 8 with zero query heads padded in (one copy in, one out: the KV is read
+// once either way). flashinfer_decode_fits says what is covered; the caller runs the project's
+// own kernel otherwise (prefill, float32, groups above 8).
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_bf16.h>
 
+#include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
+#include <flashinfer/attention/cascade.cuh>
 #include <flashinfer/attention/decode.cuh>
 #include <flashinfer/attention/default_decode_params.cuh>
+#include <flashinfer/attention/scheduler.cuh>
 #include <flashinfer/attention/variants.cuh>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 
 #include "kv/paged_attention_flashinfer.h"
 
@@ -28,48 +43,137 @@ namespace crl::kv::detail {
 
 namespace {
 
-constexpr int kIndexThreads = 1024;
+using T = __nv_bfloat16;
+using Params = flashinfer::BatchDecodeParams<T, T, T, int32_t>;
+using Variant = flashinfer::DefaultAttention</*custom_mask=*/false, /*sliding_window=*/false,
+                                             /*logits_soft_cap=*/false, /*alibi=*/false>;
 
-// The page arrays of FlashInfer's paged_kv_t from the block tables: indptr[s + 1] - indptr[s]
-// pages of sequence s, listed from indices[indptr[s]], the last one holding last_page_len[s]
-// tokens; plus the trivial work split of a decode without split-KV (block s takes sequence s
-// whole). One block: a block-wide scan in chunks of kIndexThreads sequences, then a warp a
-// sequence copying its block-table row.
-__global__ void __launch_bounds__(kIndexThreads)
-    build_page_arrays(const int32_t* __restrict__ block_tables,
-                      const int32_t* __restrict__ context_lens, int seqs, int max_blocks,
-                      int block_size, int32_t* __restrict__ indptr, int32_t* __restrict__ indices,
-                      int32_t* __restrict__ last_page_len, int32_t* __restrict__ request_indices,
-                      int32_t* __restrict__ kv_tile_indices, int32_t* __restrict__ kv_chunk_size) {
-  using Scan = cub::BlockScan<int32_t, kIndexThreads>;
-  __shared__ typename Scan::TempStorage scan_storage;
-  __shared__ int32_t carry;
+constexpr int kPlanThreads = 1024;
+constexpr int kMinChunkPositions = 128;  // FlashInfer's planner's floor for a chunk
+
+// The group FlashInfer's decode kernel runs for a model's group (0: none).
+int padded_group(int64_t g) {
+  if (g == 1 || g == 2 || g == 3 || g == 4) return static_cast<int>(g);
+  return g >= 5 && g <= 8 ? 8 : 0;
+}
+
+// The work split a step's decode calls share. `work` holds, in int32:
+// [indptr S+1 | last_page_len S | o_indptr S+1 | chunk 1 | request_indices P | kv_tile_indices P |
+//  valid P (bytes, rounded up to int32) | indices S*B]
+struct DecodePlan {
+  int64_t seqs = 0, padded = 0, block_size = 0, num_kv_heads = 0, group = 0, head_dim = 0;
+  bool split = false;
+  at::Tensor work;
+  at::Tensor tmp_v;  // split: [P, num_kv_heads * group, head_dim] partial outputs
+  at::Tensor tmp_s;  // split: [P, num_kv_heads * group] their log-sum-exps
+  int32_t *indptr, *last_page_len, *o_indptr, *chunk, *request_indices, *kv_tile_indices, *indices;
+  bool* valid;
+};
+
+// The per-step plan, one block: the page arrays of FlashInfer's paged_kv_t from the block tables
+// (indptr[s + 1] - indptr[s] pages of sequence s, listed from indices[indptr[s]], the last holding
+// last_page_len[s] positions); then, with `split`, the smallest chunk of whole pages (at least
+// min_chunk_pages) that cuts the sequences into at most `padded` items, and the items in sequence
+// order (request_indices, kv_tile_indices; o_indptr[s]: sequence s's first item); items past the
+// last are masked off (valid). Without `split`, item s is sequence s whole.
+__global__ void __launch_bounds__(kPlanThreads)
+    plan_decode(const int32_t* __restrict__ block_tables, const int32_t* __restrict__ context_lens,
+                int seqs, int max_blocks, int block_size, int padded, int min_chunk_pages,
+                bool split, int32_t* __restrict__ indptr, int32_t* __restrict__ last_page_len,
+                int32_t* __restrict__ o_indptr, int32_t* __restrict__ chunk,
+                int32_t* __restrict__ request_indices, int32_t* __restrict__ kv_tile_indices,
+                bool* __restrict__ valid, int32_t* __restrict__ indices) {
+  using Scan = cub::BlockScan<int32_t, kPlanThreads>;
+  using Reduce = cub::BlockReduce<int32_t, kPlanThreads>;
+  __shared__ union {
+    typename Scan::TempStorage scan;
+    typename Reduce::TempStorage reduce;
+  } storage;
+  __shared__ int32_t carry, shared_value, chunk_pages;
   const int tid = static_cast<int>(threadIdx.x);
-  if (tid == 0) {
-    carry = 0;
-    indptr[0] = 0;
-    *kv_chunk_size = 0;  // read by the kernel, used only with split-KV
-  }
-  __syncthreads();
-  for (int base = 0; base < seqs; base += kIndexThreads) {
+  auto pages_of = [&](int s) {
+    return s < seqs ? max(1, (context_lens[s] + block_size - 1) / block_size) : 0;
+  };
+
+  // Page arrays and the longest sequence's pages.
+  if (tid == 0) carry = 0, indptr[0] = 0;
+  int32_t longest = 0;
+  for (int base = 0; base < seqs; base += kPlanThreads) {
     const int s = base + tid;
-    int32_t pages = 0;
-    if (s < seqs) {
-      const int32_t len = context_lens[s];
-      pages = (len + block_size - 1) / block_size;
-      last_page_len[s] = len - (pages - 1) * block_size;
-      request_indices[s] = s;
-      kv_tile_indices[s] = 0;
-    }
+    const int32_t pages = pages_of(s);
+    if (s < seqs) last_page_len[s] = context_lens[s] - (pages - 1) * block_size;
+    longest = max(longest, pages);
     int32_t inclusive = 0, total = 0;
-    Scan(scan_storage).InclusiveSum(pages, inclusive, total);
+    __syncthreads();
+    Scan(storage.scan).InclusiveSum(pages, inclusive, total);
     if (s < seqs) indptr[s + 1] = carry + inclusive;
     __syncthreads();
     if (tid == 0) carry += total;
-    __syncthreads();
   }
+  for (int offset = 16; offset > 0; offset /= 2) {
+    longest = max(longest, __shfl_xor_sync(0xffffffffu, longest, offset));
+  }
+  if (tid == 0) shared_value = 0;
+  __syncthreads();
+  if (tid % 32 == 0) atomicMax(&shared_value, longest);
+  __syncthreads();
+
+  // The chunk: the smallest c in [min_chunk_pages, longest] with sum ceil(pages / c) <= padded
+  // (c = longest gives one item a sequence, and padded >= seqs).
+  if (split) {
+    int32_t lo = min(min_chunk_pages, shared_value), hi = shared_value;
+    while (lo < hi) {  // uniform across the block: every thread holds the same lo, hi
+      const int32_t mid = (lo + hi) / 2;
+      int32_t items = 0;
+      for (int s = tid; s < seqs; s += kPlanThreads) items += (pages_of(s) + mid - 1) / mid;
+      __syncthreads();
+      const int32_t sum = Reduce(storage.reduce).Sum(items);
+      if (tid == 0) shared_value = sum;
+      __syncthreads();
+      if (shared_value > padded) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+      __syncthreads();
+    }
+    if (tid == 0) chunk_pages = lo;
+  } else if (tid == 0) {
+    chunk_pages = max(shared_value, 1);
+  }
+  __syncthreads();
+  const int32_t c = chunk_pages;
+  if (tid == 0) *chunk = c * block_size, carry = 0, o_indptr[0] = 0;
+
+  // The items, sequence by sequence.
+  for (int base = 0; base < seqs; base += kPlanThreads) {
+    const int s = base + tid;
+    const int32_t n = s < seqs ? (pages_of(s) + c - 1) / c : 0;
+    int32_t inclusive = 0, total = 0;
+    __syncthreads();
+    Scan(storage.scan).InclusiveSum(n, inclusive, total);
+    if (s < seqs) {
+      const int32_t first = carry + inclusive - n;
+      o_indptr[s + 1] = first + n;
+      for (int32_t j = 0; j < n; ++j) {
+        request_indices[first + j] = s;
+        kv_tile_indices[first + j] = j;
+        valid[first + j] = true;
+      }
+    }
+    __syncthreads();
+    if (tid == 0) carry += total;
+  }
+  __syncthreads();
+  for (int i = carry + tid; i < padded; i += kPlanThreads) {
+    request_indices[i] = 0;  // read before the mask
+    kv_tile_indices[i] = 0;
+    valid[i] = false;
+  }
+
+  // The page indices: a warp a sequence copies its block-table row.
   const int warp = tid / 32, lane = tid % 32;
-  for (int s = warp; s < seqs; s += kIndexThreads / 32) {
+  for (int s = warp; s < seqs; s += kPlanThreads / 32) {
     const int32_t start = indptr[s], n = indptr[s + 1] - start;
     for (int j = lane; j < n; j += 32) {
       indices[start + j] = block_tables[static_cast<int64_t>(s) * max_blocks + j];
@@ -77,43 +181,170 @@ __global__ void __launch_bounds__(kIndexThreads)
   }
 }
 
-bool group_size_supported(int64_t g) {
-  return g == 1 || g == 2 || g == 3 || g == 4 || g == 6 || g == 8 || g == 16;
+// Copies heads between [S, kv_heads * from_group, D] rows (src; row stride src_row, in elements)
+// and [S, kv_heads * to_group, D] (dst, contiguous): each KV head's first min(groups) heads, 16
+// bytes a thread; dst heads past the source group are zeroed.
+__global__ void regroup_heads(const T* __restrict__ src, int64_t src_row, int64_t src_head,
+                              T* __restrict__ dst, int seqs, int kv_heads, int from_group,
+                              int to_group, int head_dim) {
+  const int vecs = head_dim / 8;
+  const int64_t total = static_cast<int64_t>(seqs) * kv_heads * to_group * vecs;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int v = static_cast<int>(i % vecs);
+    int64_t r = i / vecs;
+    const int g = static_cast<int>(r % to_group);
+    r /= to_group;
+    const int kv = static_cast<int>(r % kv_heads);
+    const int64_t s = r / kv_heads;
+    uint4 value = make_uint4(0, 0, 0, 0);
+    if (g < from_group) {
+      value = *reinterpret_cast<const uint4*>(src + s * src_row + (kv * from_group + g) * src_head +
+                                              v * 8);
+    }
+    *reinterpret_cast<uint4*>(dst + i * 8) = value;
+  }
+}
+
+void launch_regroup(const T* src, int64_t src_row, int64_t src_head, T* dst, int64_t seqs,
+                    int64_t kv_heads, int64_t from_group, int64_t to_group, int64_t head_dim,
+                    cudaStream_t stream) {
+  const int64_t total = seqs * kv_heads * to_group * (head_dim / 8);
+  const int threads = 256;
+  const auto blocks =
+      static_cast<unsigned>(std::min<int64_t>((total + threads - 1) / threads, 4096));
+  regroup_heads<<<blocks, threads, 0, stream>>>(
+      src, src_row, src_head, dst, static_cast<int>(seqs), static_cast<int>(kv_heads),
+      static_cast<int>(from_group), static_cast<int>(to_group), static_cast<int>(head_dim));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// Thread blocks of FlashInfer's decode kernel the device holds at once (its occupancy times the
+// SMs), from FlashInfer's own work estimation; cached per device, group and head_dim.
+template <uint32_t kHeadDim, uint32_t kGroup>
+uint32_t resident_blocks(uint32_t num_kv_heads, uint32_t block_size) {
+  bool split = false;
+  uint32_t max_grid = 0, max_pages = 0, new_batch = 0, gdy = 0;
+  int32_t indptr_h[2] = {0, 1};
+  const cudaError_t err = flashinfer::BatchDecodeWithPagedKVCacheWorkEstimationDispatched<
+      kGroup, kHeadDim, flashinfer::PosEncodingMode::kNone, Variant, Params>(
+      split, max_grid, max_pages, new_batch, gdy, /*batch_size=*/1, indptr_h, num_kv_heads * kGroup,
+      block_size, /*enable_cuda_graph=*/true, nullptr);
+  if (err != cudaSuccess || max_grid == 0) {
+    throw std::runtime_error(std::string("paged_attention: FlashInfer work estimation failed: ") +
+                             cudaGetErrorString(err));
+  }
+  return max_grid;
 }
 
 template <uint32_t kHeadDim>
-void launch_decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
-                   const at::Tensor& v_cache, int32_t* indptr, int32_t* indices,
-                   int32_t* last_page_len, int32_t* request_indices, int32_t* kv_tile_indices,
-                   int32_t* kv_chunk_size, float scale, cudaStream_t stream) {
-  using T = __nv_bfloat16;
-  using Params = flashinfer::BatchDecodeParams<T, T, T, int32_t>;
-  using Variant = flashinfer::DefaultAttention</*custom_mask=*/false, /*sliding_window=*/false,
-                                               /*logits_soft_cap=*/false, /*alibi=*/false>;
-  const auto seqs = static_cast<uint32_t>(q.size(0));
-  const auto num_heads = static_cast<uint32_t>(q.size(1));
-  const auto num_kv_heads = static_cast<uint32_t>(k_cache.size(2));
-  const auto block_size = static_cast<uint32_t>(k_cache.size(1));
+uint32_t resident_blocks_for(int group, uint32_t num_kv_heads, uint32_t block_size) {
+  switch (group) {
+    case 1:
+      return resident_blocks<kHeadDim, 1>(num_kv_heads, block_size);
+    case 2:
+      return resident_blocks<kHeadDim, 2>(num_kv_heads, block_size);
+    case 3:
+      return resident_blocks<kHeadDim, 3>(num_kv_heads, block_size);
+    case 4:
+      return resident_blocks<kHeadDim, 4>(num_kv_heads, block_size);
+    default:
+      return resident_blocks<kHeadDim, 8>(num_kv_heads, block_size);
+  }
+}
+
+int64_t cached_resident_blocks(int device, int group, int64_t head_dim, int64_t num_kv_heads,
+                               int64_t block_size) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, int, int64_t>, int64_t> cache;
+  const std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(device, group, head_dim);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  const uint32_t kvh = static_cast<uint32_t>(num_kv_heads), bs = static_cast<uint32_t>(block_size);
+  const int64_t blocks = head_dim == 64 ? resident_blocks_for<64>(group, kvh, bs)
+                                        : resident_blocks_for<128>(group, kvh, bs);
+  cache.emplace(key, blocks);
+  return blocks;
+}
+
+// The step's plan: the one `meta` holds when it was built for this call's shape, else a new one
+// (kept in meta.step_plan for the next layers).
+DecodePlan& plan_for(const at::Tensor& q, const at::Tensor& k_cache,
+                     const PagedAttentionMetadata& meta, int group, cudaStream_t stream) {
+  const int64_t seqs = q.size(0), head_dim = q.size(2);
+  const int64_t num_kv_heads = k_cache.size(2), block_size = k_cache.size(1);
+  if (auto* p = static_cast<DecodePlan*>(meta.step_plan.get());
+      p != nullptr && p->seqs == seqs && p->block_size == block_size &&
+      p->num_kv_heads == num_kv_heads && p->group == group && p->head_dim == head_dim) {
+    return *p;
+  }
+  auto plan = std::make_shared<DecodePlan>();
+  DecodePlan& p = *plan;
+  p.seqs = seqs, p.block_size = block_size, p.num_kv_heads = num_kv_heads, p.group = group,
+  p.head_dim = head_dim;
+  const int64_t waves = flashinfer_split_waves();
+  p.split = waves > 0;
+  p.padded = seqs;
+  if (p.split) {
+    const int64_t resident =
+        cached_resident_blocks(q.get_device(), group, head_dim, num_kv_heads, block_size);
+    p.padded = std::max<int64_t>(seqs, waves * resident / num_kv_heads);
+  }
+  const int64_t max_blocks = meta.block_tables.size(1);
+  const int64_t valid_words = (p.padded + 3) / 4;
+  p.work = at::empty({3 * seqs + 3 + 2 * p.padded + valid_words + seqs * max_blocks},
+                     at::TensorOptions().dtype(at::kInt).device(q.device()));
+  p.indptr = p.work.data_ptr<int32_t>();
+  p.last_page_len = p.indptr + seqs + 1;
+  p.o_indptr = p.last_page_len + seqs;
+  p.chunk = p.o_indptr + seqs + 1;
+  p.request_indices = p.chunk + 1;
+  p.kv_tile_indices = p.request_indices + p.padded;
+  p.valid = reinterpret_cast<bool*>(p.kv_tile_indices + p.padded);
+  p.indices = p.kv_tile_indices + p.padded + valid_words;
+  if (p.split) {
+    p.tmp_v = at::empty({p.padded, num_kv_heads * group, head_dim}, q.options());
+    p.tmp_s = at::empty({p.padded, num_kv_heads * group},
+                        at::TensorOptions().dtype(at::kFloat).device(q.device()));
+  }
+  const int min_chunk_pages =
+      static_cast<int>(std::max<int64_t>(1, (kMinChunkPositions + block_size - 1) / block_size));
+  plan_decode<<<1, kPlanThreads, 0, stream>>>(
+      meta.block_tables.data_ptr<int32_t>(), meta.context_lens.data_ptr<int32_t>(),
+      static_cast<int>(seqs), static_cast<int>(max_blocks), static_cast<int>(block_size),
+      static_cast<int>(p.padded), min_chunk_pages, p.split, p.indptr, p.last_page_len, p.o_indptr,
+      p.chunk, p.request_indices, p.kv_tile_indices, p.valid, p.indices);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  meta.step_plan = plan;
+  return p;
+}
+
+template <uint32_t kHeadDim>
+void launch_decode(T* out, const T* q, int64_t q_stride_n, int64_t q_stride_h,
+                   const at::Tensor& k_cache, const at::Tensor& v_cache, DecodePlan& p, float scale,
+                   cudaStream_t stream) {
+  const auto seqs = static_cast<uint32_t>(p.seqs);
+  const auto num_kv_heads = static_cast<uint32_t>(p.num_kv_heads);
+  const auto num_heads = static_cast<uint32_t>(p.num_kv_heads * p.group);
   flashinfer::paged_kv_t<T, int32_t> paged_kv(
-      num_kv_heads, block_size, kHeadDim, seqs, flashinfer::QKVLayout::kNHD,
-      reinterpret_cast<T*>(k_cache.data_ptr<at::BFloat16>()),
-      reinterpret_cast<T*>(v_cache.data_ptr<at::BFloat16>()), indices, indptr, last_page_len);
-  Params params(reinterpret_cast<T*>(const_cast<at::BFloat16*>(q.data_ptr<at::BFloat16>())),
-                /*q_rope_offset=*/nullptr, paged_kv,
-                reinterpret_cast<T*>(out.data_ptr<at::BFloat16>()),
-                /*lse=*/nullptr, /*maybe_alibi_slopes=*/nullptr, num_heads,
-                static_cast<int32_t>(q.stride(0)), static_cast<int32_t>(q.stride(1)),
-                /*window_left=*/-1, /*logits_soft_cap=*/0.f, scale, /*rope_scale=*/1.f,
-                /*rope_theta=*/1e4f);
-  params.request_indices = request_indices;
-  params.kv_tile_indices = kv_tile_indices;
-  params.o_indptr = nullptr;  // split-KV only
-  params.kv_chunk_size_ptr = kv_chunk_size;
-  params.block_valid_mask = nullptr;
-  params.padded_batch_size = seqs;
+      num_kv_heads, static_cast<uint32_t>(p.block_size), kHeadDim, seqs,
+      flashinfer::QKVLayout::kNHD, reinterpret_cast<T*>(k_cache.data_ptr<at::BFloat16>()),
+      reinterpret_cast<T*>(v_cache.data_ptr<at::BFloat16>()), p.indices, p.indptr, p.last_page_len);
+  Params params(const_cast<T*>(q), /*q_rope_offset=*/nullptr, paged_kv, out, /*lse=*/nullptr,
+                /*maybe_alibi_slopes=*/nullptr, num_heads, static_cast<int32_t>(q_stride_n),
+                static_cast<int32_t>(q_stride_h), /*window_left=*/-1, /*logits_soft_cap=*/0.f,
+                scale, /*rope_scale=*/1.f, /*rope_theta=*/1e4f);
+  params.request_indices = p.request_indices;
+  params.kv_tile_indices = p.kv_tile_indices;
+  params.o_indptr = p.o_indptr;
+  params.kv_chunk_size_ptr = p.chunk;
+  params.block_valid_mask = p.split ? p.valid : nullptr;
+  params.padded_batch_size = static_cast<uint32_t>(p.padded);
+  T* tmp_v = p.split ? reinterpret_cast<T*>(p.tmp_v.data_ptr<at::BFloat16>()) : nullptr;
+  float* tmp_s = p.split ? p.tmp_s.data_ptr<float>() : nullptr;
   const cudaError_t err = flashinfer::BatchDecodeWithPagedKVCacheDispatched<
-      kHeadDim, flashinfer::PosEncodingMode::kNone, Variant>(params, /*tmp_v=*/nullptr,
-                                                             /*tmp_s=*/nullptr,
+      kHeadDim, flashinfer::PosEncodingMode::kNone, Variant>(params, tmp_v, tmp_s,
                                                              /*enable_pdl=*/false, stream);
   if (err != cudaSuccess) {
     throw std::runtime_error(std::string("paged_attention: FlashInfer batch decode failed: ") +
@@ -126,40 +357,47 @@ void launch_decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cac
 bool flashinfer_decode_fits(const at::Tensor& q, const at::Tensor& k_cache,
                             const PagedAttentionMetadata& meta) {
   const int64_t head_dim = q.size(2);
+  const bool aligned = reinterpret_cast<uintptr_t>(q.data_ptr()) % 16 == 0 &&
+                       q.stride(0) % 8 == 0 && q.stride(1) % 8 == 0;
   return q.scalar_type() == at::kBFloat16 && meta.max_query_len == 1 &&
          q.size(0) == meta.context_lens.size(0) && (head_dim == 64 || head_dim == 128) &&
-         q.size(1) % k_cache.size(2) == 0 && group_size_supported(q.size(1) / k_cache.size(2)) &&
-         q.stride(2) == 1 && k_cache.is_contiguous();
+         q.size(1) % k_cache.size(2) == 0 && padded_group(q.size(1) / k_cache.size(2)) > 0 &&
+         q.stride(2) == 1 && aligned && k_cache.is_contiguous();
 }
 
 void flashinfer_decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
                        const at::Tensor& v_cache, const PagedAttentionMetadata& meta, float scale,
                        cudaStream_t stream) {
   TORCH_CHECK(out.is_contiguous(), "paged_attention: FlashInfer writes a contiguous output");
-  const int64_t seqs = q.size(0);
-  const int64_t max_blocks = meta.block_tables.size(1);
-  // [indptr S+1 | last_page_len S | request_indices S | kv_tile_indices S | chunk 1 | indices S*B]
-  at::Tensor work = at::empty({4 * seqs + 2 + seqs * max_blocks},
-                              at::TensorOptions().dtype(at::kInt).device(q.device()));
-  int32_t* indptr = work.data_ptr<int32_t>();
-  int32_t* last_page_len = indptr + seqs + 1;
-  int32_t* request_indices = last_page_len + seqs;
-  int32_t* kv_tile_indices = request_indices + seqs;
-  int32_t* kv_chunk_size = kv_tile_indices + seqs;
-  int32_t* indices = kv_chunk_size + 1;
-  build_page_arrays<<<1, kIndexThreads, 0, stream>>>(
-      meta.block_tables.data_ptr<int32_t>(), meta.context_lens.data_ptr<int32_t>(),
-      static_cast<int>(seqs), static_cast<int>(max_blocks), static_cast<int>(k_cache.size(1)),
-      indptr, indices, last_page_len, request_indices, kv_tile_indices, kv_chunk_size);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  if (q.size(2) == 64) {
-    launch_decode<64>(out, q, k_cache, v_cache, indptr, indices, last_page_len, request_indices,
-                      kv_tile_indices, kv_chunk_size, scale, stream);
+  const int64_t seqs = q.size(0), head_dim = q.size(2), kv_heads = k_cache.size(2);
+  const int64_t group = q.size(1) / kv_heads;
+  const int run_group = padded_group(group);
+  DecodePlan& p = plan_for(q, k_cache, meta, run_group, stream);
+  const T* qp = reinterpret_cast<const T*>(q.data_ptr<at::BFloat16>());
+  T* op = reinterpret_cast<T*>(out.data_ptr<at::BFloat16>());
+  int64_t q_stride_n = q.stride(0), q_stride_h = q.stride(1);
+  at::Tensor q_run, out_run;
+  if (run_group != group) {  // zero heads padded in, taken out again after
+    q_run = at::empty({seqs, kv_heads * run_group, head_dim}, q.options());
+    out_run = at::empty_like(q_run);
+    launch_regroup(qp, q.stride(0), q.stride(1),
+                   reinterpret_cast<T*>(q_run.data_ptr<at::BFloat16>()), seqs, kv_heads, group,
+                   run_group, head_dim, stream);
+    qp = reinterpret_cast<const T*>(q_run.data_ptr<at::BFloat16>());
+    op = reinterpret_cast<T*>(out_run.data_ptr<at::BFloat16>());
+    q_stride_n = kv_heads * run_group * head_dim, q_stride_h = head_dim;
+  }
+  if (head_dim == 64) {
+    launch_decode<64>(op, qp, q_stride_n, q_stride_h, k_cache, v_cache, p, scale, stream);
   } else {
-    launch_decode<128>(out, q, k_cache, v_cache, indptr, indices, last_page_len, request_indices,
-                       kv_tile_indices, kv_chunk_size, scale, stream);
+    launch_decode<128>(op, qp, q_stride_n, q_stride_h, k_cache, v_cache, p, scale, stream);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (run_group != group) {
+    launch_regroup(op, kv_heads * run_group * head_dim, head_dim,
+                   reinterpret_cast<T*>(out.data_ptr<at::BFloat16>()), seqs, kv_heads, run_group,
+                   group, head_dim, stream);
+  }
 }
 
 }  // namespace crl::kv::detail

@@ -173,13 +173,14 @@ fi
 
 if want bench; then
   # nano-vllm's protocol: 256 sequences, prompt and output lengths uniform in 100..1024, EOS ignored.
-  # CRL_GPU_BENCH_RUNS: shape:attention-kernel pairs (kv::CudaAttentionKernel), one process each;
-  # the first also runs CRL_GPU_BENCH_MODES (and the profile, with CRL_GPU_PROFILE=1), the others
-  # `continuous` alone. Qwen2-0.5B's GQA group of 7 is outside FlashInfer's decode dispatch (it would
-  # run v4), so FlashInfer is measured on Qwen3-0.6B's shape (group 2, head_dim 128, KV-bound).
+  # CRL_GPU_BENCH_RUNS: shape:attention-kernel[:waves] (kv::CudaAttentionKernel; waves: FlashInfer's
+  # split-KV bound, CRL_FLASHINFER_WAVES, 0 = no split), one process each; the first also runs
+  # CRL_GPU_BENCH_MODES (and the profile, with CRL_GPU_PROFILE=1), the others `continuous` alone.
   first=1
-  for run in ${CRL_GPU_BENCH_RUNS:-qwen2-0.5b:auto qwen3-0.6b:v4 qwen3-0.6b:flashinfer}; do
-    shape=${run%%:*} kern=${run#*:}
+  for run in ${CRL_GPU_BENCH_RUNS:-qwen2-0.5b:v4 qwen2-0.5b:auto qwen3-0.6b:v4 qwen3-0.6b:flashinfer}; do
+    shape=${run%%:*} kern=${run#*:} waves=""
+    [[ $kern == *:* ]] && waves=${kern#*:} kern=${kern%%:*}
+    tag=$kern${waves:+-w$waves}
     model=$CRL_CACHE_DIR/bench-$shape-bf16
     [ -f "$model/config.json" ] || "$BIN" make-model --shape "$shape" --dtype bfloat16 --out "$model" > /dev/null
     modes=continuous profile=""
@@ -187,14 +188,14 @@ if want bench; then
       modes=${CRL_GPU_BENCH_MODES:-continuous,eager}
       [ -n "${CRL_GPU_PROFILE:-}" ] && profile=1
     fi
-    CRL_PAGED_ATTENTION=$kern timeout 300 "$BIN" bench rollout --model "$model" --dtype bfloat16 \
+    CRL_PAGED_ATTENTION=$kern CRL_FLASHINFER_WAVES=$waves timeout 300 "$BIN" bench rollout --model "$model" --dtype bfloat16 \
       --device cuda --workload-in "$OUT/workload.json" --n 1 --repeats 1 \
       --modes "$modes" --max-seqs 256 --max-batched-tokens 8192 \
       --kv-memory 64GiB --threads 8 --json-out "$OUT/rollout.jsonl" \
       ${profile:+--step-trace "$OUT/steps_$shape.jsonl" --profile "$OUT/prof_$shape" --profile-steps "${CRL_GPU_PROFILE_STEPS:-3:2,60:3,700:3}"} \
-      > "$OUT/bench_rollout_${shape}_$kern.log" 2>&1
-    note "bench_rc_${shape}_$kern" "$?"
-    grep -E '^(continuous|eager|host-sampler|libtorch) |roofline|time of|attention kernel' "$OUT/bench_rollout_${shape}_$kern.log" | sed "s/^/$shape $kern: /" | cut -c1-300
+      > "$OUT/bench_rollout_${shape}_$tag.log" 2>&1
+    note "bench_rc_${shape}_$tag" "$?"
+    grep -E '^(continuous|eager|host-sampler|libtorch) |roofline|time of|attention kernel|rror' "$OUT/bench_rollout_${shape}_$tag.log" | sed "s/^/$shape $tag: /" | cut -c1-300
     if [ -n "$profile" ]; then
       python3 scripts/profile_summary.py --top "${CRL_GPU_PROFILE_TOP:-22}" --steps "$OUT/steps_$shape.jsonl" "$OUT"/prof_"$shape".*.json \
         > "$OUT/profile_$shape.txt" 2>&1
@@ -218,7 +219,8 @@ for r in runs:
         if hf and "qwen2" in r["model"]:
             vs = f"; HF generate {hf['output_tok_s']:.0f}: {m['gen_tok_s'] / hf['output_tok_s']:.1f}x"
         roof = r.get("roofline", {})
-        print(f"engine {r['model'].rsplit('/', 1)[-1]} {r.get('attention_kernel')} {mode}: "
+        print(f"engine {r['model'].rsplit('/', 1)[-1]} {r.get('attention_kernel')} "
+              f"w{r.get('flashinfer_split_waves')} {mode}: "
               f"{m['gen_tok_s']:.0f} output tok/s ({m['seconds']:.2f} s, {m['steps']:.0f} steps), "
               f"{100 * roof.get('share_of_roofline', 0):.1f}% of roofline, "
               f"{m['d2h_bytes_per_step']:.0f} B/step device->host; host phases (s) {m.get('host_phase_s')}{vs}")

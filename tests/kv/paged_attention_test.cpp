@@ -79,7 +79,9 @@ Problem make_problem(const std::vector<SeqSpec>& seqs, int64_t block_size, int64
   p.meta.context_lens = at::tensor(context_lens, at::kInt);
   p.meta.block_tables = tables;
   p.meta.slot_mapping = at::zeros({rows}, at::kLong);  // unused by attention
-  p.meta.max_query_len = rows;
+  int64_t max_q = 0;
+  for (const auto& s : seqs) max_q = std::max(max_q, s.q_len);
+  p.meta.max_query_len = max_q;  // 1 for decode batches: what FlashInfer's decode dispatches on
   p.meta.max_context_len =
       context_lens.empty() ? 0 : *std::max_element(context_lens.begin(), context_lens.end());
   return p;
@@ -224,10 +226,24 @@ TEST(CudaPagedAttentionTest, EveryKernelMatchesTheReferenceOnLongContextsAndWide
   }
 }
 
+// Restores FlashInfer's split setting when it goes out of scope.
+class SplitWavesGuard {
+ public:
+  explicit SplitWavesGuard(int64_t waves) : saved_(flashinfer_split_waves()) {
+    set_flashinfer_split_waves(waves);
+  }
+  ~SplitWavesGuard() { set_flashinfer_split_waves(saved_); }
+
+ private:
+  int64_t saved_;
+};
+
 // FlashInfer's decode kernel where it runs (decode rows only, bfloat16): the group sizes of
-// Qwen3-0.6B (2), Llama-3 (4) and 8, head_dim 64 and 128, contexts from one position to past 2k,
-// on pages of 16 and 4, and a batch of 256 rows (the benchmark's); rows it does not take (group 7,
-// float32) fall back to v4 and match too.
+// Qwen3-0.6B (2), Llama-3 (4) and 8, and 5, 6 and Qwen2-0.5B's 7 (run as 8 with zero heads padded
+// in), head_dim 64 and 128, contexts from one position to past 2k, on pages of 16 and 4; with no
+// split-KV (waves 0), FlashInfer's bound (1), the default and 64 (chunks at their 128-position
+// floor, up to 17 a sequence, merged); and a batch of 256 rows (the benchmark's). Float32 falls
+// back to v4 and matches too.
 TEST(CudaPagedAttentionTest, FlashInferDecodeMatchesTheReference) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
   if (!kv::cuda_attention_kernel_built(CudaAttentionKernel::kFlashInfer)) {
@@ -235,25 +251,76 @@ TEST(CudaPagedAttentionTest, FlashInferDecodeMatchesTheReference) {
   }
   const CudaAttentionKernel before = cuda_attention_kernel();
   set_cuda_attention_kernel(CudaAttentionKernel::kFlashInfer);
-  for (int64_t block_size : {16, 4}) {
-    for (int64_t group : {1, 2, 4, 8, 7}) {
-      for (int64_t head_dim : {64, 128}) {
-        SCOPED_TRACE("block " + std::to_string(block_size) + " group " + std::to_string(group) +
-                     " head_dim " + std::to_string(head_dim));
-        const Problem p =
-            make_problem({{1, 1}, {15, 1}, {16, 1}, {17, 1}, {300, 1}, {777, 1}, {2100, 1}},
-                         block_size, 2, group, head_dim, at::kBFloat16, 41 + group);
-        expect_matches_reference(p, run_on(p, at::kCUDA));
+  for (int64_t waves : {int64_t{0}, int64_t{1}, kDefaultFlashInferWaves, int64_t{64}}) {
+    const SplitWavesGuard split(waves);
+    for (int64_t block_size : {16, 4}) {
+      for (int64_t group : {1, 2, 4, 8, 7, 5, 6}) {
+        for (int64_t head_dim : {64, 128}) {
+          SCOPED_TRACE("waves " + std::to_string(waves) + " block " + std::to_string(block_size) +
+                       " group " + std::to_string(group) + " head_dim " + std::to_string(head_dim));
+          const Problem p =
+              make_problem({{1, 1}, {15, 1}, {16, 1}, {17, 1}, {300, 1}, {777, 1}, {2100, 1}},
+                           block_size, 2, group, head_dim, at::kBFloat16, 41 + group);
+          expect_matches_reference(p, run_on(p, at::kCUDA));
+        }
       }
     }
+    std::vector<SeqSpec> many;
+    for (int64_t i = 0; i < 256; ++i) many.push_back({1 + (i * 37) % 700, 1});
+    for (int64_t group : {2, 7}) {
+      SCOPED_TRACE("waves " + std::to_string(waves) + " 256 rows, group " + std::to_string(group));
+      const Problem wide =
+          make_problem(many, 16, 2, group, group == 2 ? 128 : 64, at::kBFloat16, 77);
+      expect_matches_reference(wide, run_on(wide, at::kCUDA));
+    }
   }
-  std::vector<SeqSpec> many;
-  for (int64_t i = 0; i < 256; ++i) many.push_back({1 + (i * 37) % 700, 1});
-  const Problem wide = make_problem(many, 16, 2, 2, 128, at::kBFloat16, 77);
-  expect_matches_reference(wide, run_on(wide, at::kCUDA));
   const Problem f32 = make_problem({{9, 1}, {300, 1}}, 16, 2, 2, 128, at::kFloat, 78);
   expect_matches_reference(f32, run_on(f32, at::kCUDA));
   set_cuda_attention_kernel(before);
+}
+
+// A step's FlashInfer plan is built by its first attention call and reused by the next layers'
+// (PagedAttentionMetadata::step_plan): a second call on the same metadata gives the same bits,
+// and a query of another shape (a different group) on it plans again rather than reading a plan
+// of the wrong size.
+TEST(CudaPagedAttentionTest, FlashInferReusesTheStepPlanAcrossLayers) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  if (!kv::cuda_attention_kernel_built(CudaAttentionKernel::kFlashInfer)) {
+    GTEST_SKIP() << "this build has no FlashInfer";
+  }
+  const CudaAttentionKernel before = cuda_attention_kernel();
+  set_cuda_attention_kernel(CudaAttentionKernel::kFlashInfer);
+  const Problem p = make_problem({{5, 1}, {400, 1}, {1500, 1}}, 16, 2, 2, 128, at::kBFloat16, 91);
+  const PagedAttentionMetadata meta = meta_to(p.meta, at::kCUDA);
+  const at::Tensor q = p.q.cuda(), k = p.k_cache.cuda(), v = p.v_cache.cuda();
+  EXPECT_EQ(meta.step_plan, nullptr);
+  const at::Tensor first = paged_attention(q, k, v, meta, p.scale).cpu();
+  ASSERT_NE(meta.step_plan, nullptr);
+  const void* plan = meta.step_plan.get();
+  const at::Tensor second = paged_attention(q, k, v, meta, p.scale).cpu();
+  EXPECT_EQ(meta.step_plan.get(), plan);
+  test::expect_tensor_equal(second, first);
+  expect_matches_reference(p, first);
+  const Problem wider =
+      make_problem({{5, 1}, {400, 1}, {1500, 1}}, 16, 2, 7, 64, at::kBFloat16, 92);
+  PagedAttentionMetadata wider_meta = meta_to(wider.meta, at::kCUDA);
+  wider_meta.step_plan = meta.step_plan;  // planned for group 2 and head_dim 128
+  const at::Tensor other = paged_attention(wider.q.cuda(), wider.k_cache.cuda(),
+                                           wider.v_cache.cuda(), wider_meta, wider.scale)
+                               .cpu();
+  EXPECT_NE(wider_meta.step_plan.get(), plan);
+  expect_matches_reference(wider, other);
+  set_cuda_attention_kernel(before);
+}
+
+TEST(PagedAttentionCpuTest, FlashInferSplitWavesAreChecked) {
+  const int64_t before = flashinfer_split_waves();
+  EXPECT_THROW(set_flashinfer_split_waves(-1), std::invalid_argument);
+  EXPECT_THROW(set_flashinfer_split_waves(kMaxFlashInferWaves + 1), std::invalid_argument);
+  EXPECT_EQ(flashinfer_split_waves(), before);
+  set_flashinfer_split_waves(0);
+  EXPECT_EQ(flashinfer_split_waves(), 0);
+  set_flashinfer_split_waves(before);
 }
 
 TEST(PagedAttentionCpuTest, SharpScoresStayAccurate) {
