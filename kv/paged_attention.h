@@ -65,7 +65,7 @@ enum class CudaAttentionKernel {
 // most `waves` resident grids of the GPU (0: no split, a block per sequence and KV head: then
 // batch-invariant). The first value comes from CRL_FLASHINFER_WAVES; set_ throws
 // std::invalid_argument outside 0..kMaxFlashInferWaves.
-inline constexpr int64_t kDefaultFlashInferWaves = 4;
+inline constexpr int64_t kDefaultFlashInferWaves = 8;
 inline constexpr int64_t kMaxFlashInferWaves = 64;
 void set_flashinfer_split_waves(int64_t waves);
 int64_t flashinfer_split_waves();

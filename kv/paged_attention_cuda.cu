@@ -491,6 +491,7 @@ void launch_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
       flashinfer_decode(out, q, k_cache, v_cache, meta, scale, stream);
       return;
     }
+    if (flashinfer_prefill(out, q, k_cache, v_cache, meta, scale, stream)) return;
     if (kernel == CudaAttentionKernel::kFlashInfer) kernel = CudaAttentionKernel::kFlash;
     // prefill, float32, other group sizes: v4 where it fits (below)
   }

@@ -22,8 +22,10 @@
 // own kernel otherwise (prefill, float32, groups above 8).
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <cuda_bf16.h>
 
+#include <cstdlib>
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 #include <flashinfer/attention/cascade.cuh>
@@ -36,8 +38,10 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "kv/paged_attention_flashinfer.h"
+#include "kv/paged_attention_flashinfer_prefill.cuh"
 
 namespace crl::kv::detail {
 
@@ -60,9 +64,13 @@ int padded_group(int64_t g) {
 // The work split a step's decode calls share. `work` holds, in int32:
 // [indptr S+1 | last_page_len S | o_indptr S+1 | chunk 1 | request_indices P | kv_tile_indices P |
 //  valid P (bytes, rounded up to int32) | indices S*B]
-struct DecodePlan {
+struct StepPlan {
   int64_t seqs = 0, padded = 0, block_size = 0, num_kv_heads = 0, group = 0, head_dim = 0;
   bool split = false;
+  bool prefill = false;  // a prefill plan (below) rather than a decode split
+  bool prefill_ok = false;
+  FlashInferPrefillLaunch launch;  // prefill: the plan's part of the launch
+  at::Tensor int_ws, float_ws;     // prefill: FlashInfer's workspaces
   at::Tensor work;
   at::Tensor tmp_v;  // split: [P, num_kv_heads * group, head_dim] partial outputs
   at::Tensor tmp_s;  // split: [P, num_kv_heads * group] their log-sum-exps
@@ -268,22 +276,85 @@ int64_t cached_resident_blocks(int device, int group, int64_t head_dim, int64_t 
   return blocks;
 }
 
+// FlashInfer's prefill plan on the host (PrefillPlan: query tiles, KV chunks and their merge,
+// copied into the int workspace on `stream`), from the step's query offsets and context lengths
+// read back from the device: one synchronization a prefill step (those are not graph-captured).
+// Leaves p.prefill_ok false where the step has a sequence with no query rows (the project's own
+// kernel takes it).
+void plan_prefill(const at::Tensor& q, const PagedAttentionMetadata& meta, StepPlan& p,
+                  cudaStream_t stream) {
+  const at::Tensor qs = meta.query_start.to(at::kCPU), cl = meta.context_lens.to(at::kCPU);
+  const int32_t* qs_h = qs.data_ptr<int32_t>();
+  const int32_t* cl_h = cl.data_ptr<int32_t>();
+  const int64_t seqs = p.seqs;
+  std::vector<int32_t> kv_indptr(static_cast<size_t>(seqs) + 1, 0);
+  for (int64_t s = 0; s < seqs; ++s) {
+    if (qs_h[s + 1] <= qs_h[s] || cl_h[s] < qs_h[s + 1] - qs_h[s]) return;
+    const int32_t pages =
+        std::max<int32_t>(1, static_cast<int32_t>((cl_h[s] + p.block_size - 1) / p.block_size));
+    kv_indptr[static_cast<size_t>(s) + 1] = kv_indptr[static_cast<size_t>(s)] + pages;
+  }
+  std::vector<int32_t> qo_indptr(qs_h, qs_h + seqs + 1);
+  const int64_t rows = qs_h[seqs];
+  const int64_t num_qo_heads = q.size(1), group = num_qo_heads / p.num_kv_heads;
+  const int num_sm = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  // Bounds of what PrefillPlan allocates: three index arrays over the work items (at most a tile
+  // of 16 packed rows each, plus one a sequence), o_indptr, the merge indptr; and, split, the
+  // partial outputs of at most 2 x SMs / KV heads items of 128 rows.
+  const int64_t items = rows * group / 16 + 2 * seqs + 2 * num_sm + 64;
+  const int64_t int_bytes = 4 * (4 * items + 2 * seqs + rows + 16) + 1024;
+  const int64_t split_items = std::max<int64_t>(1, 2 * num_sm / p.num_kv_heads);
+  const int64_t float_bytes = num_qo_heads * split_items * 128 * (p.head_dim + 1) * 4 + 1024;
+  p.int_ws = at::empty({int_bytes}, at::TensorOptions().dtype(at::kByte).device(q.device()));
+  p.float_ws = at::empty({float_bytes}, at::TensorOptions().dtype(at::kByte).device(q.device()));
+  std::vector<uint8_t> host(static_cast<size_t>(int_bytes));  // pageable: the copy is staged
+  flashinfer::PrefillPlanInfo info;
+  const cudaError_t err = flashinfer::PrefillPlan<int32_t>(
+      p.float_ws.data_ptr(), static_cast<size_t>(float_bytes), p.int_ws.data_ptr(), host.data(),
+      static_cast<size_t>(int_bytes), info, qo_indptr.data(), kv_indptr.data(),
+      static_cast<uint32_t>(rows), static_cast<uint32_t>(seqs), static_cast<uint32_t>(num_qo_heads),
+      static_cast<uint32_t>(p.num_kv_heads), static_cast<uint32_t>(p.head_dim),
+      static_cast<uint32_t>(p.head_dim), static_cast<uint32_t>(p.block_size),
+      /*enable_cuda_graph=*/false, /*sizeof_dtype_o=*/2,
+      /*window_left=*/-1, /*fixed_split_size=*/-1, /*disable_split_kv=*/false,
+      /*num_colocated_ctas=*/0, stream);
+  if (err != cudaSuccess) {
+    throw std::runtime_error(std::string("paged_attention: FlashInfer prefill plan failed: ") +
+                             cudaGetErrorString(err));
+  }
+  FlashInferPrefillLaunch& l = p.launch;
+  l.int_workspace = p.int_ws.data_ptr();
+  l.float_workspace = p.float_ws.data_ptr();
+  l.cta_tile_q = info.cta_tile_q, l.padded_batch_size = info.padded_batch_size;
+  l.total_num_rows = info.total_num_rows;
+  l.request_indices_offset = info.request_indices_offset;
+  l.qo_tile_indices_offset = info.qo_tile_indices_offset;
+  l.kv_tile_indices_offset = info.kv_tile_indices_offset;
+  l.o_indptr_offset = info.o_indptr_offset;
+  l.kv_chunk_size_ptr_offset = info.kv_chunk_size_ptr_offset;
+  l.merge_indptr_offset = info.merge_indptr_offset;
+  l.v_offset = info.v_offset, l.s_offset = info.s_offset;
+  l.split_kv = info.split_kv;
+  p.prefill_ok = true;
+}
+
 // The step's plan: the one `meta` holds when it was built for this call's shape, else a new one
 // (kept in meta.step_plan for the next layers).
-DecodePlan& plan_for(const at::Tensor& q, const at::Tensor& k_cache,
-                     const PagedAttentionMetadata& meta, int group, cudaStream_t stream) {
-  const int64_t seqs = q.size(0), head_dim = q.size(2);
+StepPlan& plan_for(const at::Tensor& q, const at::Tensor& k_cache,
+                   const PagedAttentionMetadata& meta, int group, bool prefill,
+                   cudaStream_t stream) {
+  const int64_t seqs = prefill ? meta.context_lens.size(0) : q.size(0), head_dim = q.size(2);
   const int64_t num_kv_heads = k_cache.size(2), block_size = k_cache.size(1);
-  if (auto* p = static_cast<DecodePlan*>(meta.step_plan.get());
-      p != nullptr && p->seqs == seqs && p->block_size == block_size &&
+  if (auto* p = static_cast<StepPlan*>(meta.step_plan.get());
+      p != nullptr && p->prefill == prefill && p->seqs == seqs && p->block_size == block_size &&
       p->num_kv_heads == num_kv_heads && p->group == group && p->head_dim == head_dim) {
     return *p;
   }
-  auto plan = std::make_shared<DecodePlan>();
-  DecodePlan& p = *plan;
+  auto plan = std::make_shared<StepPlan>();
+  StepPlan& p = *plan;
   p.seqs = seqs, p.block_size = block_size, p.num_kv_heads = num_kv_heads, p.group = group,
-  p.head_dim = head_dim;
-  const int64_t waves = flashinfer_split_waves();
+  p.head_dim = head_dim, p.prefill = prefill;
+  const int64_t waves = prefill ? 0 : flashinfer_split_waves();
   p.split = waves > 0;
   p.padded = seqs;
   if (p.split) {
@@ -316,13 +387,14 @@ DecodePlan& plan_for(const at::Tensor& q, const at::Tensor& k_cache,
       static_cast<int>(p.padded), min_chunk_pages, p.split, p.indptr, p.last_page_len, p.o_indptr,
       p.chunk, p.request_indices, p.kv_tile_indices, p.valid, p.indices);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (prefill) plan_prefill(q, meta, p, stream);
   meta.step_plan = plan;
   return p;
 }
 
 template <uint32_t kHeadDim>
 void launch_decode(T* out, const T* q, int64_t q_stride_n, int64_t q_stride_h,
-                   const at::Tensor& k_cache, const at::Tensor& v_cache, DecodePlan& p, float scale,
+                   const at::Tensor& k_cache, const at::Tensor& v_cache, StepPlan& p, float scale,
                    cudaStream_t stream) {
   const auto seqs = static_cast<uint32_t>(p.seqs);
   const auto num_kv_heads = static_cast<uint32_t>(p.num_kv_heads);
@@ -372,7 +444,7 @@ void flashinfer_decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k
   const int64_t seqs = q.size(0), head_dim = q.size(2), kv_heads = k_cache.size(2);
   const int64_t group = q.size(1) / kv_heads;
   const int run_group = padded_group(group);
-  DecodePlan& p = plan_for(q, k_cache, meta, run_group, stream);
+  StepPlan& p = plan_for(q, k_cache, meta, run_group, /*prefill=*/false, stream);
   const T* qp = reinterpret_cast<const T*>(q.data_ptr<at::BFloat16>());
   T* op = reinterpret_cast<T*>(out.data_ptr<at::BFloat16>());
   int64_t q_stride_n = q.stride(0), q_stride_h = q.stride(1);
@@ -398,6 +470,53 @@ void flashinfer_decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k
                    reinterpret_cast<T*>(out.data_ptr<at::BFloat16>()), seqs, kv_heads, run_group,
                    group, head_dim, stream);
   }
+}
+
+bool flashinfer_prefill(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
+                        const at::Tensor& v_cache, const PagedAttentionMetadata& meta, float scale,
+                        cudaStream_t stream) {
+  const int64_t head_dim = q.size(2);
+  const bool aligned = reinterpret_cast<uintptr_t>(q.data_ptr()) % 16 == 0 &&
+                       q.stride(0) % 8 == 0 && q.stride(1) % 8 == 0;
+  if (q.scalar_type() != at::kBFloat16 || (head_dim != 64 && head_dim != 128) ||
+      q.size(1) % k_cache.size(2) != 0 || q.stride(2) != 1 || !aligned ||
+      !k_cache.is_contiguous() || !out.is_contiguous() || meta.context_lens.size(0) == 0) {
+    return false;
+  }
+  static const bool enabled = [] {  // CRL_FLASHINFER_PREFILL=0: v4 instead (benchmarks compare)
+    const char* e = std::getenv("CRL_FLASHINFER_PREFILL");
+    return e == nullptr || std::string(e) != "0";
+  }();
+  if (!enabled) return false;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capturing) != cudaSuccess ||
+      capturing != cudaStreamCaptureStatusNone) {
+    return false;  // its plan reads the step's lengths back
+  }
+  const int group = static_cast<int>(q.size(1) / k_cache.size(2));
+  StepPlan& p = plan_for(q, k_cache, meta, group, /*prefill=*/true, stream);
+  if (!p.prefill_ok) return false;
+  FlashInferPrefillLaunch l = p.launch;
+  l.q = reinterpret_cast<const T*>(q.data_ptr<at::BFloat16>());
+  l.q_stride_n = q.stride(0), l.q_stride_h = q.stride(1);
+  l.k_cache = reinterpret_cast<T*>(k_cache.data_ptr<at::BFloat16>());
+  l.v_cache = reinterpret_cast<T*>(v_cache.data_ptr<at::BFloat16>());
+  l.out = reinterpret_cast<T*>(out.data_ptr<at::BFloat16>());
+  l.seqs = static_cast<uint32_t>(p.seqs);
+  l.num_qo_heads = static_cast<uint32_t>(q.size(1));
+  l.num_kv_heads = static_cast<uint32_t>(p.num_kv_heads);
+  l.block_size = static_cast<uint32_t>(p.block_size);
+  l.q_indptr = meta.query_start.data_ptr<int32_t>();
+  l.kv_indptr = p.indptr, l.kv_indices = p.indices, l.kv_last_page_len = p.last_page_len;
+  l.scale = scale;
+  l.stream = stream;
+  const cudaError_t err = head_dim == 64 ? flashinfer_prefill_hd64(l) : flashinfer_prefill_hd128(l);
+  if (err != cudaSuccess) {
+    throw std::runtime_error(std::string("paged_attention: FlashInfer batch prefill failed: ") +
+                             cudaGetErrorString(err));
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return true;
 }
 
 }  // namespace crl::kv::detail

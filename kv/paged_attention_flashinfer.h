@@ -21,4 +21,13 @@ void flashinfer_decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k
                        const at::Tensor& v_cache, const PagedAttentionMetadata& meta, float scale,
                        cudaStream_t stream);
 
+// FlashInfer's batch prefill (causal, tensor cores) for any other call in bfloat16 with head_dim
+// 64 or 128 and every sequence holding query rows: prefill and mixed steps, and decode batches
+// whose group decode does not take. Plans on the host from the lengths read back (one sync a
+// step, reused by the step's other layers), so never while a CUDA graph is captured. Returns
+// false, having done nothing, where it does not fit (the caller runs v4).
+bool flashinfer_prefill(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
+                        const at::Tensor& v_cache, const PagedAttentionMetadata& meta, float scale,
+                        cudaStream_t stream);
+
 }  // namespace crl::kv::detail

@@ -173,14 +173,15 @@ fi
 
 if want bench; then
   # nano-vllm's protocol: 256 sequences, prompt and output lengths uniform in 100..1024, EOS ignored.
-  # CRL_GPU_BENCH_RUNS: shape:attention-kernel[:waves] (kv::CudaAttentionKernel; waves: FlashInfer's
-  # split-KV bound, CRL_FLASHINFER_WAVES, 0 = no split), one process each; the first also runs
-  # CRL_GPU_BENCH_MODES (and the profile, with CRL_GPU_PROFILE=1), the others `continuous` alone.
+  # CRL_GPU_BENCH_RUNS: shape:attention-kernel[:waves][:VAR=VALUE] (kv::CudaAttentionKernel; waves:
+  # FlashInfer's split-KV bound, CRL_FLASHINFER_WAVES, 0 = no split; VAR=VALUE another variable,
+  # e.g. CRL_FLASHINFER_PREFILL=0), one process each; the first also runs CRL_GPU_BENCH_MODES (and
+  # the profile, with CRL_GPU_PROFILE=1), the others `continuous` alone.
   first=1
   for run in ${CRL_GPU_BENCH_RUNS:-qwen2-0.5b:v4 qwen2-0.5b:auto qwen3-0.6b:v4 qwen3-0.6b:flashinfer}; do
-    shape=${run%%:*} kern=${run#*:} waves=""
-    [[ $kern == *:* ]] && waves=${kern#*:} kern=${kern%%:*}
-    tag=$kern${waves:+-w$waves}
+    IFS=: read -r shape kern waves extra <<< "$run"
+    if [[ $waves == *=* ]]; then extra=$waves waves=""; fi
+    tag=$kern${waves:+-w$waves}${extra:+-${extra//[^A-Za-z0-9]/-}}
     model=$CRL_CACHE_DIR/bench-$shape-bf16
     [ -f "$model/config.json" ] || "$BIN" make-model --shape "$shape" --dtype bfloat16 --out "$model" > /dev/null
     modes=continuous profile=""
@@ -188,7 +189,7 @@ if want bench; then
       modes=${CRL_GPU_BENCH_MODES:-continuous,eager}
       [ -n "${CRL_GPU_PROFILE:-}" ] && profile=1
     fi
-    CRL_PAGED_ATTENTION=$kern CRL_FLASHINFER_WAVES=$waves timeout 300 "$BIN" bench rollout --model "$model" --dtype bfloat16 \
+    env ${extra:+"$extra"} CRL_PAGED_ATTENTION=$kern CRL_FLASHINFER_WAVES=$waves timeout 300 "$BIN" bench rollout --model "$model" --dtype bfloat16 \
       --device cuda --workload-in "$OUT/workload.json" --n 1 --repeats 1 \
       --modes "$modes" --max-seqs 256 --max-batched-tokens 8192 \
       --kv-memory 64GiB --threads 8 --json-out "$OUT/rollout.jsonl" \

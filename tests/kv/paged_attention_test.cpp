@@ -279,6 +279,38 @@ TEST(CudaPagedAttentionTest, FlashInferDecodeMatchesTheReference) {
   set_cuda_attention_kernel(before);
 }
 
+// FlashInfer's batch prefill (every call decode does not take, in bfloat16, when every sequence
+// has query rows): fresh prompts, chunks continuing a cached prefix, decode rows among them,
+// contexts past 2k, the groups of Qwen3 (2), Llama-3 (4), Qwen2 (7), 1 and 12 (past decode's 8),
+// head_dim 64 and 128, pages of 16 and 4. A step with a sequence of no rows runs v4 and matches.
+TEST(CudaPagedAttentionTest, FlashInferPrefillMatchesTheReference) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  if (!kv::cuda_attention_kernel_built(CudaAttentionKernel::kFlashInfer)) {
+    GTEST_SKIP() << "this build has no FlashInfer";
+  }
+  const CudaAttentionKernel before = cuda_attention_kernel();
+  set_cuda_attention_kernel(CudaAttentionKernel::kFlashInfer);
+  for (int64_t block_size : {16, 4}) {
+    for (int64_t group : {1, 2, 4, 7, 12}) {
+      for (int64_t head_dim : {64, 128}) {
+        SCOPED_TRACE("block " + std::to_string(block_size) + " group " + std::to_string(group) +
+                     " head_dim " + std::to_string(head_dim));
+        const Problem p =
+            make_problem({{23, 7}, {40, 40}, {9, 1}, {70, 33}, {600, 128}, {2100, 300}, {1, 1}},
+                         block_size, 2, group, head_dim, at::kBFloat16, 51 + group);
+        expect_matches_reference(p, run_on(p, at::kCUDA));
+      }
+    }
+  }
+  const Problem decode_wide =
+      make_problem({{300, 1}, {1200, 1}}, 16, 2, 12, 128, at::kBFloat16, 57);
+  expect_matches_reference(decode_wide, run_on(decode_wide, at::kCUDA));
+  const Problem empty_row =
+      make_problem({{23, 7}, {12, 0}, {70, 33}}, 16, 2, 2, 64, at::kBFloat16, 58);
+  expect_matches_reference(empty_row, run_on(empty_row, at::kCUDA));
+  set_cuda_attention_kernel(before);
+}
+
 // A step's FlashInfer plan is built by its first attention call and reused by the next layers'
 // (PagedAttentionMetadata::step_plan): a second call on the same metadata gives the same bits,
 // and a query of another shape (a different group) on it plans again rather than reading a plan
