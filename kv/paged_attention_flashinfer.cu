@@ -424,13 +424,18 @@ void launch_decode(T* out, const T* q, int64_t q_stride_n, int64_t q_stride_h,
   }
 }
 
+// Whether q's head rows start 16-byte aligned (FlashInfer and regroup_heads load 16 bytes).
+bool rows_aligned(const at::Tensor& q) {
+  return reinterpret_cast<uintptr_t>(q.data_ptr()) % 16 == 0 && q.stride(0) % 8 == 0 &&
+         q.stride(1) % 8 == 0;
+}
+
 }  // namespace
 
 bool flashinfer_decode_fits(const at::Tensor& q, const at::Tensor& k_cache,
                             const PagedAttentionMetadata& meta) {
   const int64_t head_dim = q.size(2);
-  const bool aligned = reinterpret_cast<uintptr_t>(q.data_ptr()) % 16 == 0 &&
-                       q.stride(0) % 8 == 0 && q.stride(1) % 8 == 0;
+  const bool aligned = rows_aligned(q);
   return q.scalar_type() == at::kBFloat16 && meta.max_query_len == 1 &&
          q.size(0) == meta.context_lens.size(0) && (head_dim == 64 || head_dim == 128) &&
          q.size(1) % k_cache.size(2) == 0 && padded_group(q.size(1) / k_cache.size(2)) > 0 &&
@@ -476,8 +481,7 @@ bool flashinfer_prefill(at::Tensor& out, const at::Tensor& q, const at::Tensor& 
                         const at::Tensor& v_cache, const PagedAttentionMetadata& meta, float scale,
                         cudaStream_t stream) {
   const int64_t head_dim = q.size(2);
-  const bool aligned = reinterpret_cast<uintptr_t>(q.data_ptr()) % 16 == 0 &&
-                       q.stride(0) % 8 == 0 && q.stride(1) % 8 == 0;
+  const bool aligned = rows_aligned(q);
   if (q.scalar_type() != at::kBFloat16 || (head_dim != 64 && head_dim != 128) ||
       q.size(1) % k_cache.size(2) != 0 || q.stride(2) != 1 || !aligned ||
       !k_cache.is_contiguous() || !out.is_contiguous() || meta.context_lens.size(0) == 0) {
