@@ -28,6 +28,7 @@ keys = ["training/global_step", "actor/pg_loss", "actor/kl_loss", "actor/pg_clip
         "actor/grad_norm", "actor/lr", "critic/score/mean", "crl/reward_std", "crl/accuracy",
         "val-core/held_out/acc/mean@1", "crl/logprob_gap_max", "crl/logprob_gap_mean",
         "rollout_corr/kl", "rollout_corr/k3_kl", "response_length/mean", "crl/generated_tokens",
+        "actor/entropy", "response_length/max", "response_length/min",
         "perf/total_num_tokens", "crl/is_weight_mean", "crl/is_weight_max", "crl/staleness_mean",
         "crl/staleness_max", "crl/groups_dropped", "crl/weight_version", "crl/engine_version"]
 runs = [[r["data"] for r in map(json.loads, open(p)) if not ({"config", "eval", "phase"} & r.keys())]

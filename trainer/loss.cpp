@@ -42,7 +42,7 @@ void fill_gap(LossMetrics& m, const at::Tensor& logprobs, const at::Tensor& old_
 
 LossMetrics combine_loss_metrics(const std::vector<LossMetrics>& parts) {
   LossMetrics m;
-  double clip = 0, gap = 0, isw = 0, mkl = 0, mk3 = 0;
+  double clip = 0, gap = 0, isw = 0, mkl = 0, mk3 = 0, ent = 0;
   for (const auto& p : parts) {
     m.loss += p.loss;
     m.kl += p.kl;
@@ -51,6 +51,7 @@ LossMetrics combine_loss_metrics(const std::vector<LossMetrics>& parts) {
     isw += p.is_weight_mean * p.num_tokens;
     mkl += p.mismatch_kl * p.num_tokens;
     mk3 += p.mismatch_k3_kl * p.num_tokens;
+    ent += p.entropy * p.num_tokens;
     m.logprob_gap_max = std::max(m.logprob_gap_max, p.logprob_gap_max);
     m.is_weight_max = std::max(m.is_weight_max, p.is_weight_max);
     m.num_tokens += p.num_tokens;
@@ -66,6 +67,7 @@ LossMetrics combine_loss_metrics(const std::vector<LossMetrics>& parts) {
     m.is_weight_mean = isw / n;
     m.mismatch_kl = mkl / n;
     m.mismatch_k3_kl = mk3 / n;
+    m.entropy = ent / n;
   }
   return m;
 }
@@ -137,10 +139,17 @@ at::Tensor loss_token_rows(const at::Tensor& loss_mask) {
   return (loss_mask != 0).nonzero().squeeze(1);
 }
 
-at::Tensor target_logprobs(const at::Tensor& logits, const at::Tensor& targets, bool match_engine) {
+at::Tensor target_logprobs(const at::Tensor& logits, const at::Tensor& targets, bool match_engine,
+                           double* entropy_sum) {
   CRL_CHECK(logits.dim() == 2 && targets.dim() == 1 && logits.size(0) == targets.size(0),
             "target_logprobs: logits ", logits.sizes(), " targets ", targets.sizes());
-  auto ls = at::log_softmax(logits, -1).gather(1, targets.unsqueeze(1)).squeeze(1);
+  const at::Tensor lsm = at::log_softmax(logits, -1);
+  auto ls = lsm.gather(1, targets.unsqueeze(1)).squeeze(1);
+  if (entropy_sum != nullptr && logits.size(0) > 0) {
+    at::NoGradGuard no_grad;
+    const at::Tensor l = lsm.detach();
+    *entropy_sum -= (l.exp() * l).sum().item<double>();
+  }
   if (!match_engine || !logits.is_cpu() || logits.size(0) == 0) return ls;
   at::Tensor exact;
   {

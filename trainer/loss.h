@@ -53,6 +53,9 @@ struct LossMetrics {
   double is_weight_mean = 0;  // with tis_cap: mean of exp(trainer - engine) before truncation
   double is_weight_max = 0;   // with tis_cap: max of the same
   int64_t num_tokens = 0;     // N
+  // Token-mean entropy (nats) of the trainer's next-token distributions at the loss tokens, at
+  // temperature 1 (verl's actor/entropy); 0 where the caller did not ask (target_logprobs).
+  double entropy = 0;
 };
 
 // The metrics of one step from its micro-batches' (the one aggregator of the trainer, the RL
@@ -85,7 +88,9 @@ at::Tensor loss_token_rows(const at::Tensor& loss_mask);
 // Log-probs [N] of `targets` [N] under `logits` [N, V] float32, differentiable through log_softmax.
 // When match_engine is set (CPU logits), the *values* are the engine sampler's raw log-probs
 // (engine::token_logprobs: same max, exp polynomial and summation order), bit for bit, while the
-// gradient is log_softmax's: value = engine + (ls - ls.detach()).
-at::Tensor target_logprobs(const at::Tensor& logits, const at::Tensor& targets, bool match_engine);
+// gradient is log_softmax's: value = engine + (ls - ls.detach()). With entropy_sum, adds the
+// summed entropy (nats, no gradient) of the N rows' distributions to *entropy_sum.
+at::Tensor target_logprobs(const at::Tensor& logits, const at::Tensor& targets, bool match_engine,
+                           double* entropy_sum = nullptr);
 
 }  // namespace crl::trainer

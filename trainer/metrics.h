@@ -28,9 +28,12 @@ struct StepMetrics {
   double logprob_gap_mean = 0;
   double mismatch_kl = 0;  // KL(engine || trainer) on the sampled tokens (LossMetrics)
   double mismatch_k3_kl = 0;
+  double entropy = 0;  // the trainer's token-mean entropy at the loss tokens (LossMetrics)
   double response_length_mean = 0;  // generated tokens per sampled completion (or episode)
-  double response_clip_ratio = 0;   // share of them cut by --max-tokens (episodes: token cap)
-  double elapsed_s = 0;             // since the run started
+  int64_t response_length_max = 0;  // the longest of them, and the shortest
+  int64_t response_length_min = 0;
+  double response_clip_ratio = 0;  // share of them cut by --max-tokens (episodes: token cap)
+  double elapsed_s = 0;            // since the run started
 };
 
 // The full line (--verbose), e.g.

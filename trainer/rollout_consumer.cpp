@@ -471,6 +471,7 @@ TrainReport RolloutConsumer::train_step(Trainer& tr, int64_t step) {
   r.gap_mean = lm.logprob_gap_mean;
   r.mismatch_kl = lm.mismatch_kl;
   r.mismatch_k3_kl = lm.mismatch_k3_kl;
+  r.entropy = lm.entropy;
   r.is_weight_mean = lm.is_weight_mean;
   r.is_weight_max = lm.is_weight_max;
   r.staleness_sum = stale_sum;

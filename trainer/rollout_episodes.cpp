@@ -76,7 +76,10 @@ InferReport RolloutProducer::rollout_episodes(int64_t step) {
         }
         r.env_tokens += ep.env_tokens();
         r.model_tokens += ep.model_tokens();
-        r.gen_tokens += ep.model_tokens();
+        const int64_t len = ep.model_tokens();
+        r.gen_len_max = std::max(r.gen_len_max, len);
+        r.gen_len_min = r.samples == 0 ? len : std::min(r.gen_len_min, len);
+        r.gen_tokens += len;
         r.truncated += ep.end == "token_cap";
         r.correct += ep.correct;
         r.reward_sum += ep.reward;

@@ -390,7 +390,10 @@ InferReport RolloutProducer::rollout(int64_t step) {
           smp.versions = c.token_versions;
           smp.reward = rr.reward;
           for (int64_t v : c.token_versions) r.stale_tokens += v < c_.versions.version_at(step);
-          r.gen_tokens += static_cast<int64_t>(c.token_ids.size());
+          const auto len = static_cast<int64_t>(c.token_ids.size());
+          r.gen_len_max = std::max(r.gen_len_max, len);
+          r.gen_len_min = r.samples == 0 ? len : std::min(r.gen_len_min, len);
+          r.gen_tokens += len;
           r.truncated += c.finish_reason == engine::FinishReason::kLength;
           r.correct += rr.correct;
           r.reward_sum += rr.reward;

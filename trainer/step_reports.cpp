@@ -18,6 +18,8 @@ void to_json(json& j, const InferReport& r) {
        {"correct", r.correct},
        {"gen_tokens", r.gen_tokens},
        {"truncated", r.truncated},
+       {"gen_len_max", r.gen_len_max},
+       {"gen_len_min", r.gen_len_min},
        {"gen_s", r.gen_s},
        {"rollout_bytes", r.rollout_bytes},
        {"reward_mean", r.reward_mean},
@@ -53,6 +55,8 @@ void from_json(const json& j, InferReport& r) {
   j.at("correct").get_to(r.correct);
   j.at("gen_tokens").get_to(r.gen_tokens);
   j.at("truncated").get_to(r.truncated);
+  j.at("gen_len_max").get_to(r.gen_len_max);
+  j.at("gen_len_min").get_to(r.gen_len_min);
   j.at("gen_s").get_to(r.gen_s);
   j.at("rollout_bytes").get_to(r.rollout_bytes);
   j.at("reward_mean").get_to(r.reward_mean);
@@ -77,6 +81,7 @@ void to_json(json& j, const TrainReport& r) {
        {"gap_mean", r.gap_mean},
        {"mismatch_kl", r.mismatch_kl},
        {"mismatch_k3_kl", r.mismatch_k3_kl},
+       {"entropy", r.entropy},
        {"is_weight_mean", r.is_weight_mean},
        {"is_weight_max", r.is_weight_max},
        {"staleness_sum", r.staleness_sum},
@@ -112,6 +117,7 @@ void from_json(const json& j, TrainReport& r) {
   j.at("gap_mean").get_to(r.gap_mean);
   j.at("mismatch_kl").get_to(r.mismatch_kl);
   j.at("mismatch_k3_kl").get_to(r.mismatch_k3_kl);
+  j.at("entropy").get_to(r.entropy);
   j.at("is_weight_mean").get_to(r.is_weight_mean);
   j.at("is_weight_max").get_to(r.is_weight_max);
   j.at("staleness_sum").get_to(r.staleness_sum);
@@ -166,6 +172,11 @@ StepTotals combine(const std::vector<RankReport>& reports, const std::vector<dou
       t.correct += static_cast<double>(x->correct);
       t.gen_tokens += static_cast<double>(x->gen_tokens);
       t.truncated += static_cast<double>(x->truncated);
+      if (x->samples > 0) {
+        t.len_max = std::max(t.len_max, static_cast<double>(x->gen_len_max));
+        t.len_min = t.len_min < 0 ? static_cast<double>(x->gen_len_min)
+                                  : std::min(t.len_min, static_cast<double>(x->gen_len_min));
+      }
       t.dropped += static_cast<double>(x->groups_dropped);
       t.episodes += static_cast<double>(x->episodes);
       t.turns += static_cast<double>(x->turns);
@@ -199,6 +210,7 @@ StepTotals combine(const std::vector<RankReport>& reports, const std::vector<dou
     t.gap_mean_w += x.gap_mean * lt;
     t.mismatch_kl_w += x.mismatch_kl * lt;
     t.mismatch_k3_kl_w += x.mismatch_k3_kl * lt;
+    t.entropy_w += x.entropy * lt;
     t.isw_mean_w += x.is_weight_mean * lt;
     t.isw_max = std::max(t.isw_max, x.is_weight_max);
     t.stale_sum += static_cast<double>(x.staleness_sum);
@@ -246,9 +258,12 @@ const MetricField kMetricFields[] = {
     CRL_METRIC("actor/pg_loss", false, m.loss),
     CRL_METRIC("actor/kl_loss", false, m.kl),
     CRL_METRIC("actor/pg_clipfrac", false, m.clip_fraction),
+    CRL_METRIC("actor/entropy", false, m.entropy),
     CRL_METRIC("actor/grad_norm", false, m.grad_norm),
     CRL_METRIC("actor/lr", false, m.lr),
     CRL_METRIC("response_length/mean", false, m.response_length_mean),
+    CRL_METRIC("response_length/max", true, m.response_length_max),
+    CRL_METRIC("response_length/min", true, m.response_length_min),
     CRL_METRIC("response_length/clip_ratio", false, m.response_clip_ratio),
     CRL_METRIC("rollout_corr/kl", false, m.mismatch_kl),
     CRL_METRIC("rollout_corr/k3_kl", false, m.mismatch_k3_kl),
@@ -377,7 +392,10 @@ RlMetricsRow make_metrics_row(const StepTotals& t) {
   m.logprob_gap_mean = t.loss_tokens > 0 ? t.gap_mean_w / t.loss_tokens : 0;
   m.mismatch_kl = t.loss_tokens > 0 ? t.mismatch_kl_w / t.loss_tokens : 0;
   m.mismatch_k3_kl = t.loss_tokens > 0 ? t.mismatch_k3_kl_w / t.loss_tokens : 0;
+  m.entropy = t.loss_tokens > 0 ? t.entropy_w / t.loss_tokens : 0;
   m.response_length_mean = t.gen_tokens / n;
+  m.response_length_max = static_cast<int64_t>(t.len_max);
+  m.response_length_min = static_cast<int64_t>(std::max(0.0, t.len_min));
   m.response_clip_ratio = t.truncated / n;
   m.elapsed_s = t.elapsed;
   row.time_generate_s = t.gen_s;

@@ -27,6 +27,8 @@ struct InferReport {
   int64_t correct = 0;         // completions judged correct
   int64_t gen_tokens = 0;      // tokens generated
   int64_t truncated = 0;       // completions cut by --max-tokens (episodes: by the token cap)
+  int64_t gen_len_max = 0;     // the longest completion's tokens (episodes: model tokens)
+  int64_t gen_len_min = 0;     // the shortest's (0 without samples)
   double gen_s = 0;            // wall time of the step's generation
   int64_t rollout_bytes = 0;   // packed micro-batches sent
   double reward_mean = 0;      // reward_sum / samples
@@ -64,6 +66,7 @@ struct TrainReport {
   double gap_mean = 0;
   double mismatch_kl = 0;  // LossMetrics's (token-weighted over the rank's micro-batches)
   double mismatch_k3_kl = 0;
+  double entropy = 0;  // LossMetrics's (token-weighted)
   double is_weight_mean = 0;
   double is_weight_max = 0;
   int64_t staleness_sum = 0;  // versions behind the trained weights, over loss tokens
@@ -97,9 +100,9 @@ using RankReport = std::variant<InferReport, TrainReport>;
 // micro-batches, for the loss figures).
 struct StepTotals {
   double samples = 0, rsum = 0, rsq = 0, correct = 0, gen_tokens = 0, gen_s = 0, sync_s = 0;
-  double truncated = 0;
+  double truncated = 0, len_max = 0, len_min = -1;  // len_min -1: no samples yet
   double loss = 0, kl = 0, clip = 0, gap_max = 0, gap_mean_w = 0, loss_tokens = 0, tokens = 0;
-  double mismatch_kl_w = 0, mismatch_k3_kl_w = 0;
+  double mismatch_kl_w = 0, mismatch_k3_kl_w = 0, entropy_w = 0;
   double isw_mean_w = 0, isw_max = 0, stale_sum = 0, stale_max = 0, dropped = 0;
   double train_s = 0, wait_s = 0, gnorm = 0, lr = 0, elapsed = 0;
   double store_ops = 0, store_bytes = 0;

@@ -307,7 +307,8 @@ const engine::NamedTensors& Trainer::model_weights() const {
 
 void Trainer::zero_grad() { impl_->state->zero_grad(); }
 
-at::Tensor Trainer::forward_logprobs(const engine::Transformer& model, const MicroBatch& b) const {
+at::Tensor Trainer::forward_logprobs(const engine::Transformer& model, const MicroBatch& b,
+                                     double* entropy_sum) const {
   const at::Device dev = impl_->device;
   std::vector<at::Tensor> pos;
   pos.reserve(b.seq_lens.size());
@@ -328,7 +329,7 @@ at::Tensor Trainer::forward_logprobs(const engine::Transformer& model, const Mic
   at::Tensor rows = loss_rows(b).to(dev);
   // Row j - 1 predicts token j (the first token of a sequence is never a loss token).
   at::Tensor logits = model.compute_logits(hidden.index_select(0, rows - 1));
-  return target_logprobs(logits, tokens.index_select(0, rows), /*match_engine=*/true);
+  return target_logprobs(logits, tokens.index_select(0, rows), /*match_engine=*/true, entropy_sum);
 }
 
 LossMetrics Trainer::accumulate(const MicroBatch& b, LossKind kind, double scale, bool last) {
@@ -349,7 +350,8 @@ LossMetrics Trainer::accumulate(const MicroBatch& b, LossKind kind, double scale
         s.live_attention.reset();
       }
     } unbind{s};
-    at::Tensor lp = forward_logprobs(*s.model, b);
+    double entropy_sum = 0;
+    at::Tensor lp = forward_logprobs(*s.model, b, &entropy_sum);
     if (kind == LossKind::kSft) {
       out = sft_loss(lp, at::Tensor());
     } else {
@@ -361,6 +363,9 @@ LossMetrics Trainer::accumulate(const MicroBatch& b, LossKind kind, double scale
         ref = forward_logprobs(*s.reference, b);
       }
       out = grpo_loss(lp, old, adv, ref, options_.grpo);
+    }
+    if (out.metrics.num_tokens > 0) {
+      out.metrics.entropy = entropy_sum / static_cast<double>(out.metrics.num_tokens);
     }
     s.state->begin_micro_batch(last);
     (out.loss * scale).backward();

@@ -207,7 +207,9 @@ class Trainer {
   void init(engine::ModelConfig config, engine::NamedTensors weights,
             bool reference_is_base = false);
   // Rows' hidden states -> logits -> log-probs of the loss tokens, through `model`.
-  at::Tensor forward_logprobs(const engine::Transformer& model, const MicroBatch& batch) const;
+  // With entropy_sum: adds the loss rows' summed entropies (target_logprobs).
+  at::Tensor forward_logprobs(const engine::Transformer& model, const MicroBatch& batch,
+                              double* entropy_sum = nullptr) const;
 
   TrainerOptions options_;
   std::unique_ptr<Impl> impl_;

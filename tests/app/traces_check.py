@@ -51,6 +51,10 @@ def main():
         if abs(length - data.get("response_length/mean", -1)) > 1e-9:
             errors.append(f"step {step}: traced length {length} != response_length/mean "
                           f"{data.get('response_length/mean')}")
+        lengths = [len(t["completion_ids"]) for t in ts]
+        for name, want in (("response_length/max", max(lengths)), ("response_length/min", min(lengths))):
+            if data.get(name) != want:
+                errors.append(f"step {step}: traced {name} {want} != {data.get(name)}")
         # crl/weight_version is the version the step sends; its tokens are older.
         newest = max(v for t in ts for v in t["versions"])
         if newest >= data.get("crl/weight_version", -1):

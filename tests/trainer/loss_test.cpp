@@ -99,6 +99,18 @@ TEST(GrpoLossTest, SftLossIsMeanNegativeLogLikelihood) {
   EXPECT_EQ(out.metrics.logprob_gap_max, 0.0);
 }
 
+TEST(GrpoLossTest, TargetLogprobsAddTheRowsEntropiesAndCombineTokenWeighted) {
+  // Row 0 uniform over 4 ids: ln 4; row 1 nearly one-hot: ~0.
+  const at::Tensor logits = at::tensor(std::vector<float>{0, 0, 0, 0, 40, 0, 0, 0}).view({2, 4});
+  double sum = 0.5;  // added to, not overwritten
+  target_logprobs(logits, at::tensor(std::vector<int64_t>{1, 0}, at::kLong), true, &sum);
+  EXPECT_NEAR(sum, 0.5 + std::log(4.0), 1e-6);
+  LossMetrics a, b;
+  a.entropy = 1.0, a.num_tokens = 3;
+  b.entropy = 2.0, b.num_tokens = 1;
+  EXPECT_DOUBLE_EQ(combine_loss_metrics({a, b}).entropy, 1.25);
+}
+
 TEST(GrpoLossTest, TargetLogprobsMatchTheEngineSamplerBitForBitWithLogSoftmaxGradient) {
   at::manual_seed(3);
   auto logits = (at::randn({5, 300}) * 4).requires_grad_(true);

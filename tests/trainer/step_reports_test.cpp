@@ -19,6 +19,8 @@ InferReport infer_report(int64_t samples, double busy_s, double elapsed_s) {
   r.reward_sq = 0.25 * static_cast<double>(samples);
   r.correct = samples / 2;
   r.gen_tokens = 10 * samples;
+  r.gen_len_max = 10 + samples;
+  r.gen_len_min = 10 - samples;
   r.gen_s = static_cast<double>(samples) / 10;
   r.groups_dropped = 1;
   r.busy_s = busy_s;
@@ -36,6 +38,7 @@ TrainReport train_report(int64_t micro_batches, int64_t loss_tokens, double gap_
   r.clip_fraction = 0.5;
   r.gap_max = gap_max;
   r.gap_mean = 0.25;
+  r.entropy = 0.75;
   r.staleness_sum = loss_tokens;
   r.staleness_max = 1;
   r.loss_tokens = loss_tokens;
@@ -84,7 +87,10 @@ TEST(RlReportsTest, CombineSumsTakesMaximaAndAveragesOnlyRanksThatTrained) {
   EXPECT_EQ(t.trains, 1);  // the rank without micro-batches averages nothing
   EXPECT_DOUBLE_EQ(t.gap_max, 0.1);
   EXPECT_DOUBLE_EQ(t.clip, 0.5 * 30);  // token-weighted
-  EXPECT_EQ(t.zero_rounds, 8);         // ... but its rounds count
+  EXPECT_DOUBLE_EQ(t.entropy_w, 0.75 * 30);
+  EXPECT_EQ(t.len_max, 18);  // the longest completion of any engine, and the shortest
+  EXPECT_EQ(t.len_min, 2);
+  EXPECT_EQ(t.zero_rounds, 8);  // ... but its rounds count
   EXPECT_EQ(t.store_ops, 7 + 7 + 3 + 3);
   EXPECT_EQ(t.lora_slot_reuses, 2);  // every engine's
   EXPECT_DOUBLE_EQ(t.elapsed, 9.0);
@@ -105,12 +111,16 @@ TEST(RlReportsTest, MetricsFileRowUsesVerlNamesCountsAsIntegersAndReadsBack) {
   EXPECT_DOUBLE_EQ(d.at("actor/pg_loss").get<double>(), 1.0);
   EXPECT_DOUBLE_EQ(d.at("actor/pg_clipfrac").get<double>(), 0.5);
   EXPECT_DOUBLE_EQ(d.at("response_length/mean").get<double>(), 10.0);  // 80 tokens, 8 samples
+  EXPECT_EQ(d.at("response_length/max").get<int64_t>(), 18);
+  EXPECT_EQ(d.at("response_length/min").get<int64_t>(), 2);
+  EXPECT_DOUBLE_EQ(d.at("actor/entropy").get<double>(), 0.75);
   EXPECT_DOUBLE_EQ(d.at("crl/engine_idle_share").get<double>(), 0.8);
   EXPECT_DOUBLE_EQ(d.at("crl/zero_rounds_while_receiving_share").get<double>(), 0.5);
   EXPECT_DOUBLE_EQ(d.at("timing_s/step").get<double>(), 5.0);
-  for (const char* count : {"training/global_step", "perf/total_num_tokens", "crl/generated_tokens",
-                            "crl/weight_version", "crl/staleness_max", "crl/groups_dropped",
-                            "crl/store_ops", "crl/lora_slot_reuses"}) {
+  for (const char* count :
+       {"training/global_step", "perf/total_num_tokens", "crl/generated_tokens",
+        "crl/weight_version", "crl/staleness_max", "crl/groups_dropped", "crl/store_ops",
+        "crl/lora_slot_reuses", "response_length/max", "response_length/min"}) {
     EXPECT_TRUE(d.at(count).is_number_integer()) << count;
   }
   EXPECT_TRUE(d.at("critic/score/mean").is_number_float());
