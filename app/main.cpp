@@ -1,4 +1,5 @@
 // colocated-rl: parse flags, dispatch to a subcommand. Thin by design (STYLE.md §1).
+#include <dlfcn.h>
 #include <malloc.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -15,16 +16,41 @@
 
 #include "app/commands.h"
 #include "app/launcher.h"
+#include "engine/kernels/cpu_isa.h"
 
-// libgomp reads its spin settings once, when it is loaded. Its default (spin ~300k iterations
-// before sleeping) makes idle OpenMP threads compete with OpenBLAS's own threads for the cores:
-// decode was 6x slower on 2 cores. Fully passive threads cost a futex wake-up per parallel region
-// (batch-1 decode 1.7x slower). A short spin (GOMP_SPINCOUNT=5000) measured best for both, so the
-// process re-executes itself once with it unless the user set either variable.
-void tune_openmp_spin(char** argv) {
-  if (std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT")) return;
-  setenv("GOMP_SPINCOUNT", "5000", 1);
-  execv("/proc/self/exe", argv);  // returns only on failure: carry on with the defaults
+// Settings libgomp and OpenBLAS read once, when they are loaded: the process re-executes itself
+// once with them (the launcher's ranks inherit them), unless the user set them.
+// - libgomp's default spin (~300k iterations before sleeping) makes idle OpenMP threads compete
+//   with OpenBLAS's own threads for the cores: decode was 6x slower on 2 cores. Fully passive
+//   threads cost a futex wake-up per parallel region (batch-1 decode 1.7x slower). A short spin
+//   (GOMP_SPINCOUNT=5000) measured best for both (unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set).
+// - OpenBLAS's kernels where it chose ones below the CPU's path (kernels::openblas_core_for: SSE3
+//   on Intel Xeons Debian's OpenBLAS does not know), unless OPENBLAS_CORETYPE is set; the RL job
+//   and the benchmarks say so (kernels::openblas_raise_note, from CRL_OPENBLAS_RAISED), a pipe's
+//   output stays clean.
+void tune_loaded_libraries(char** argv) {
+  bool changed = false;
+  if (!std::getenv("OMP_WAIT_POLICY") && !std::getenv("GOMP_SPINCOUNT")) {
+    setenv("GOMP_SPINCOUNT", "5000", 1);
+    changed = true;
+  }
+  using CoreName = char* (*)();
+  const auto corename = reinterpret_cast<CoreName>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
+  if (!std::getenv("OPENBLAS_CORETYPE") && corename != nullptr && corename() != nullptr) {
+    crl::engine::kernels::CpuIsa isa = crl::engine::kernels::CpuIsa::kScalar;
+    try {
+      isa = crl::engine::kernels::active_cpu_isa();
+    } catch (const std::exception&) {  // a bad CRL_CPU_ISA: said where the kernels first run
+    }
+    const std::string chosen = corename();
+    const std::string core = crl::engine::kernels::openblas_core_for(chosen, isa);
+    if (!core.empty()) {
+      setenv("OPENBLAS_CORETYPE", core.c_str(), 1);
+      setenv("CRL_OPENBLAS_RAISED", (chosen + ":" + core).c_str(), 1);
+      changed = true;
+    }
+  }
+  if (changed) execv("/proc/self/exe", argv);  // returns only on failure: carry on as we are
 }
 
 // glibc serves a request over its mmap threshold with a fresh mmap and hands freed heap memory
@@ -42,7 +68,7 @@ void tune_malloc() {
 }
 
 int main(int argc, char** argv) {
-  tune_openmp_spin(argv);
+  tune_loaded_libraries(argv);
   tune_malloc();
   // `colocated-rl --gpus-infer I --gpus-train T ...` (flags, no subcommand) is the RL job.
   std::vector<char*> args(argv, argv + argc);

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "common/check.h"
+#include "engine/kernels/cpu_isa.h"
 #include "sync/nccl_communicator.h"
 #include "trainer/checkpoint.h"
 
@@ -192,6 +193,9 @@ RlContext::RlContext(sync::World world, const RlOptions& options, const Start& s
       data(options, start.rows_drawn) {
   if (ranks.env.rank == 0) {
     fmt::print("{}", ranks.placement.table());
+    if (const std::string note = engine::kernels::openblas_raise_note(); !note.empty()) {
+      fmt::print("{}\n", note);
+    }
     std::fflush(stdout);
   }
   if (start.resumed && ranks.env.rank == 0) {

@@ -1,6 +1,7 @@
 #include "engine/kernels/cpu_isa.h"
 
 #include <atomic>
+#include <cctype>
 #include <cstdlib>
 #include <fstream>
 #include <mutex>
@@ -132,6 +133,27 @@ CpuIsa parse_cpu_isa(const std::string& name) {
                               "' (expected auto, avx512, avx2 or scalar)");
 }
 
+std::string openblas_core_for(const std::string& chosen, CpuIsa isa) {
+  if (isa == CpuIsa::kScalar) return "";
+  std::string core;
+  for (char c : chosen) core += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  // OpenBLAS's cores with AVX2 (or AVX-512) kernels.
+  for (const char* good : {"haswell", "zen", "skylakex", "cooperlake", "sapphirerapids"}) {
+    if (core == good) return "";
+  }
+  return isa == CpuIsa::kAvx512 ? "SkylakeX" : "Haswell";
+}
+
+std::string openblas_raise_note() {
+  const char* v = std::getenv("CRL_OPENBLAS_RAISED");
+  const std::string raised = v == nullptr ? "" : v;
+  const size_t colon = raised.find(':');
+  if (colon == std::string::npos) return "";
+  const std::string running = raised.substr(colon + 1);
+  return "OpenBLAS chose its " + raised.substr(0, colon) + " kernels on this CPU; running its " +
+         running + " kernels (OPENBLAS_CORETYPE=" + running + "; set it to choose)";
+}
+
 std::string describe_cpu() {
   std::string flags;
 #if defined(__x86_64__)
@@ -150,8 +172,10 @@ std::string describe_cpu() {
   }
 #endif
   const int isa = g_isa.load();
+  const std::string note = openblas_raise_note();
   return cpu_model_name() + " (" + (flags.empty() ? "no AVX2" : flags) +
-         "), kernels: " + (isa < 0 ? "not chosen yet" : cpu_isa_name(static_cast<CpuIsa>(isa)));
+         "), kernels: " + (isa < 0 ? "not chosen yet" : cpu_isa_name(static_cast<CpuIsa>(isa))) +
+         (note.empty() ? "" : "; " + note);
 }
 
 ScopedCpuIsa::ScopedCpuIsa(CpuIsa isa) : previous_(active_cpu_isa()) {

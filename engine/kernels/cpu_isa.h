@@ -38,6 +38,19 @@ std::string describe_cpu();
 // The CPU model name from /proc/cpuinfo ("unknown CPU" when there is none).
 std::string cpu_model_name();
 
+// The OpenBLAS kernels (an OPENBLAS_CORETYPE value) to ask for where OpenBLAS chose `chosen`
+// (openblas_get_corename) below the project's path `isa`, else "" (keep its choice). Debian's
+// OpenBLAS 0.3.21 takes an Intel Xeon it does not know (Sapphire/Emerald Rapids) for a Prescott
+// and runs SSE3 kernels: sgemm 33 GFLOP/s at 2048^3 against 195 with SkylakeX's. Only a choice
+// without AVX2 kernels is raised (SkylakeX for the AVX-512 path, Haswell for AVX2): a CPU it
+// maps to Haswell or Zen keeps them (on an AMD EPYC Zen 4 SkylakeX's ran the main job 1.23x
+// faster, but changed its arithmetic, so that waits for the learning sweep).
+std::string openblas_core_for(const std::string& chosen, CpuIsa isa);
+// "OpenBLAS chose its Prescott kernels on this CPU; running its SkylakeX kernels (...)" where the
+// process raised them (colocated-rl's main sets CRL_OPENBLAS_RAISED=chosen:running), else "".
+// describe_cpu() ends with it.
+std::string openblas_raise_note();
+
 // Runs the kernels on `isa` until destroyed (tests only). Throws std::runtime_error when the CPU
 // cannot run it.
 class ScopedCpuIsa {

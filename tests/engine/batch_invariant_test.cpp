@@ -389,5 +389,20 @@ TEST(Bf16DotLinearErrors, WrongDtypeOrPathIsAClearError) {
   }
 }
 
+// OpenBLAS's choice is raised only from kernels without AVX2, to the project's path (SkylakeX for
+// AVX-512, Haswell for AVX2); a choice with AVX2 kernels (Haswell, Zen, SkylakeX, ...) stays, in
+// any letter case; the scalar path asks for nothing.
+TEST(CpuIsaTest, OpenBlasKernelsAreRaisedOnlyFromBelowAvx2) {
+  EXPECT_EQ(openblas_core_for("Prescott", CpuIsa::kAvx512), "SkylakeX");
+  EXPECT_EQ(openblas_core_for("Prescott", CpuIsa::kAvx2), "Haswell");
+  EXPECT_EQ(openblas_core_for("Nehalem", CpuIsa::kAvx512), "SkylakeX");
+  EXPECT_EQ(openblas_core_for("Sandybridge", CpuIsa::kAvx2), "Haswell");
+  for (const char* kept : {"Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids", "zen"}) {
+    EXPECT_EQ(openblas_core_for(kept, CpuIsa::kAvx512), "") << kept;
+    EXPECT_EQ(openblas_core_for(kept, CpuIsa::kAvx2), "") << kept;
+  }
+  EXPECT_EQ(openblas_core_for("Prescott", CpuIsa::kScalar), "");
+}
+
 }  // namespace
 }  // namespace crl::engine::kernels
