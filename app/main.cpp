@@ -30,8 +30,8 @@
 //   output stays clean.
 void tune_loaded_libraries(char** argv) {
   bool changed = false;
-  if (!std::getenv("OMP_WAIT_POLICY") && !std::getenv("GOMP_SPINCOUNT")) {
-    setenv("GOMP_SPINCOUNT", "5000", 1);
+  if (!std::getenv("OMP_WAIT_POLICY") && !std::getenv("GOMP_SPINCOUNT") &&
+      setenv("GOMP_SPINCOUNT", "5000", 1) == 0) {  // set, or the next process would exec again
     changed = true;
   }
   using CoreName = char* (*)();
@@ -44,13 +44,14 @@ void tune_loaded_libraries(char** argv) {
     }
     const std::string chosen = corename();
     const std::string core = crl::engine::kernels::openblas_core_for(chosen, isa);
-    if (!core.empty()) {
-      setenv("OPENBLAS_CORETYPE", core.c_str(), 1);
-      setenv("CRL_OPENBLAS_RAISED", (chosen + ":" + core).c_str(), 1);
+    if (!core.empty() && setenv("OPENBLAS_CORETYPE", core.c_str(), 1) == 0 &&
+        setenv("CRL_OPENBLAS_RAISED", (chosen + ":" + core).c_str(), 1) == 0) {
       changed = true;
     }
   }
-  if (changed) execv("/proc/self/exe", argv);  // returns only on failure: carry on as we are
+  if (!changed) return;
+  execv("/proc/self/exe", argv);  // returns only on failure: carry on as we are, saying nothing
+  unsetenv("CRL_OPENBLAS_RAISED");
 }
 
 // glibc serves a request over its mmap threshold with a fresh mmap and hands freed heap memory

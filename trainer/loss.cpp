@@ -146,9 +146,15 @@ at::Tensor target_logprobs(const at::Tensor& logits, const at::Tensor& targets, 
   const at::Tensor lsm = at::log_softmax(logits, -1);
   auto ls = lsm.gather(1, targets.unsqueeze(1)).squeeze(1);
   if (entropy_sum != nullptr && logits.size(0) > 0) {
+    // In row chunks: the temporaries stay ~64 MiB at a 150k vocabulary, not 2 x [N, V].
     at::NoGradGuard no_grad;
     const at::Tensor l = lsm.detach();
-    *entropy_sum -= (l.exp() * l).sum().item<double>();
+    const int64_t rows =
+        std::max<int64_t>(1, (int64_t{16} << 20) / std::max<int64_t>(1, l.size(1)));
+    for (int64_t r = 0; r < l.size(0); r += rows) {
+      const at::Tensor c = l.narrow(0, r, std::min(rows, l.size(0) - r));
+      *entropy_sum -= (c.exp() * c).sum().item<double>();
+    }
   }
   if (!match_engine || !logits.is_cpu() || logits.size(0) == 0) return ls;
   at::Tensor exact;

@@ -55,8 +55,8 @@ void from_json(const json& j, InferReport& r) {
   j.at("correct").get_to(r.correct);
   j.at("gen_tokens").get_to(r.gen_tokens);
   j.at("truncated").get_to(r.truncated);
-  j.at("gen_len_max").get_to(r.gen_len_max);
-  j.at("gen_len_min").get_to(r.gen_len_min);
+  r.gen_len_max = j.value("gen_len_max", int64_t{0});  // absent from builds before them
+  r.gen_len_min = j.value("gen_len_min", int64_t{0});
   j.at("gen_s").get_to(r.gen_s);
   j.at("rollout_bytes").get_to(r.rollout_bytes);
   j.at("reward_mean").get_to(r.reward_mean);
@@ -117,7 +117,7 @@ void from_json(const json& j, TrainReport& r) {
   j.at("gap_mean").get_to(r.gap_mean);
   j.at("mismatch_kl").get_to(r.mismatch_kl);
   j.at("mismatch_k3_kl").get_to(r.mismatch_k3_kl);
-  j.at("entropy").get_to(r.entropy);
+  r.entropy = j.value("entropy", 0.0);  // absent from reports of builds before it
   j.at("is_weight_mean").get_to(r.is_weight_mean);
   j.at("is_weight_max").get_to(r.is_weight_max);
   j.at("staleness_sum").get_to(r.staleness_sum);

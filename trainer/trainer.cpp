@@ -350,8 +350,8 @@ LossMetrics Trainer::accumulate(const MicroBatch& b, LossKind kind, double scale
         s.live_attention.reset();
       }
     } unbind{s};
-    double entropy_sum = 0;
-    at::Tensor lp = forward_logprobs(*s.model, b, &entropy_sum);
+    double entropy_sum = 0;  // GRPO's metrics only
+    at::Tensor lp = forward_logprobs(*s.model, b, kind == LossKind::kSft ? nullptr : &entropy_sum);
     if (kind == LossKind::kSft) {
       out = sft_loss(lp, at::Tensor());
     } else {

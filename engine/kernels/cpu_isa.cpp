@@ -137,11 +137,15 @@ std::string openblas_core_for(const std::string& chosen, CpuIsa isa) {
   if (isa == CpuIsa::kScalar) return "";
   std::string core;
   for (char c : chosen) core += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  // OpenBLAS's cores with AVX2 (or AVX-512) kernels.
-  for (const char* good : {"haswell", "zen", "skylakex", "cooperlake", "sapphirerapids"}) {
-    if (core == good) return "";
+  // OpenBLAS's x86 cores whose kernels stop below AVX2; a name not listed (Haswell, Zen,
+  // SkylakeX, a core newer than this list, another library's answer) is kept.
+  for (const char* below : {"katmai",      "coppermine", "northwood",  "prescott",     "banias",
+                            "atom",        "core2",      "penryn",     "dunnington",   "nehalem",
+                            "sandybridge", "athlon",     "opteron",    "opteron_sse3", "barcelona",
+                            "bobcat",      "bulldozer",  "piledriver", "steamroller",  "nano"}) {
+    if (core == below) return isa == CpuIsa::kAvx512 ? "SkylakeX" : "Haswell";
   }
-  return isa == CpuIsa::kAvx512 ? "SkylakeX" : "Haswell";
+  return "";
 }
 
 std::string openblas_raise_note() {
@@ -150,6 +154,8 @@ std::string openblas_raise_note() {
   const size_t colon = raised.find(':');
   if (colon == std::string::npos) return "";
   const std::string running = raised.substr(colon + 1);
+  const char* coretype = std::getenv("OPENBLAS_CORETYPE");
+  if (coretype == nullptr || running != coretype) return "";  // since set otherwise
   return "OpenBLAS chose its " + raised.substr(0, colon) + " kernels on this CPU; running its " +
          running + " kernels (OPENBLAS_CORETYPE=" + running + "; set it to choose)";
 }

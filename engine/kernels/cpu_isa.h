@@ -39,7 +39,8 @@ std::string describe_cpu();
 std::string cpu_model_name();
 
 // The OpenBLAS kernels (an OPENBLAS_CORETYPE value) to ask for where OpenBLAS chose `chosen`
-// (openblas_get_corename) below the project's path `isa`, else "" (keep its choice). Debian's
+// (openblas_get_corename, one of its x86 cores without AVX2 kernels) below the project's path
+// `isa`, else "" (keep its choice: an unknown name too). Debian's
 // OpenBLAS 0.3.21 takes an Intel Xeon it does not know (Sapphire/Emerald Rapids) for a Prescott
 // and runs SSE3 kernels: sgemm 33 GFLOP/s at 2048^3 against 195 with SkylakeX's. Only a choice
 // without AVX2 kernels is raised (SkylakeX for the AVX-512 path, Haswell for AVX2): a CPU it

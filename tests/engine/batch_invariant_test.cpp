@@ -389,9 +389,9 @@ TEST(Bf16DotLinearErrors, WrongDtypeOrPathIsAClearError) {
   }
 }
 
-// OpenBLAS's choice is raised only from kernels without AVX2, to the project's path (SkylakeX for
-// AVX-512, Haswell for AVX2); a choice with AVX2 kernels (Haswell, Zen, SkylakeX, ...) stays, in
-// any letter case; the scalar path asks for nothing.
+// OpenBLAS's choice is raised only from its cores without AVX2 kernels, to the project's path
+// (SkylakeX for AVX-512, Haswell for AVX2); a choice with AVX2 kernels (Haswell, Zen, SkylakeX,
+// ...) or an unknown name stays, in any letter case; the scalar path asks for nothing.
 TEST(CpuIsaTest, OpenBlasKernelsAreRaisedOnlyFromBelowAvx2) {
   EXPECT_EQ(openblas_core_for("Prescott", CpuIsa::kAvx512), "SkylakeX");
   EXPECT_EQ(openblas_core_for("Prescott", CpuIsa::kAvx2), "Haswell");
@@ -402,6 +402,8 @@ TEST(CpuIsaTest, OpenBlasKernelsAreRaisedOnlyFromBelowAvx2) {
     EXPECT_EQ(openblas_core_for(kept, CpuIsa::kAvx2), "") << kept;
   }
   EXPECT_EQ(openblas_core_for("Prescott", CpuIsa::kScalar), "");
+  EXPECT_EQ(openblas_core_for("GraniteRapids", CpuIsa::kAvx512), "");  // newer than the list
+  EXPECT_EQ(openblas_core_for("", CpuIsa::kAvx512), "");
 }
 
 }  // namespace
