@@ -1,9 +1,13 @@
 // colocated-rl [train] --gpus-infer I --gpus-train T ...: the RL job (the project's main job).
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <torch/cuda.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdlib>
 
 #include "app/commands.h"
 #include "app/launcher.h"
@@ -42,6 +46,9 @@ struct TrainFlags {
   DistFlags dist;
   std::string kv_memory = "64MiB";
   std::string reward = "exact";
+  std::string answer_extract = "first-line";
+  double reward_timeout_s = 30;
+  CLI::Option* extract_opt = nullptr;
   std::string train_dtype;
   double lr = 3e-4;
   double rollout_timeout_s = 1800;
@@ -88,7 +95,23 @@ void add_model_and_task_flags(CLI::App* cmd, TrainFlags* f) {
                 "--data is untrusted (e.g. scraped from the web): special-token literals in its "
                 "prompts, messages and answers are text, not control tokens (the chat template's "
                 "own stay tokens)");
-  cmd->add_option("--reward", f->reward, "exact, numeric, regex or format")->capture_default_str();
+  cmd->add_option("--reward", f->reward,
+                  "exact, numeric, regex or format (built in, on the answer part: "
+                  "--answer-extract), or a command line that scores the completions: a program "
+                  "speaking JSON lines, one per infer rank (verl's compute_score; see "
+                  "docs/rewards.md and examples/rewards/gsm8k.py)")
+      ->capture_default_str();
+  f->extract_opt =
+      cmd->add_option("--answer-extract", f->answer_extract,
+                      "the answer part the built-in rewards judge: first-line, last-line, "
+                      "after:STR (e.g. after:#### for GSM8K), boxed (the last \\boxed{...}) or "
+                      "full")
+          ->capture_default_str();
+  cmd->add_option("--reward-timeout", f->reward_timeout_s,
+                  "--reward COMMAND: seconds it has for one reply (then the request's completions "
+                  "score 0, counted as crl/reward_errors)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.001, 86400.0));
   cmd->add_option("--format-weight", o.reward.format_weight,
                   "bonus for a well-formed answer (added to the correctness reward)");
   cmd->add_option("--eval-rows", o.eval_rows,
@@ -103,7 +126,8 @@ void add_schedule_flags(CLI::App* cmd, TrainFlags* f) {
   RlJobOptions& o = f->o;
   f->sft_steps_opt =
       cmd->add_option("--sft-steps", o.sft_steps,
-                      "SFT warm-up steps before GRPO (0 = none; 400 with --lora-rank)")
+                      "SFT warm-up steps before GRPO (0 = none; 400 with --lora-rank, 0 with a "
+                      "--reward COMMAND)")
           ->capture_default_str();
   cmd->add_option("--sft-rows", o.sft_rows_per_step, "rows per SFT step")->capture_default_str();
   f->sft_target_opt =
@@ -284,6 +308,71 @@ void add_env_flags(CLI::App* cmd, TrainFlags* f) {
       ->check(CLI::Range(2, 8));
 }
 
+// Whether sh can run `word` as a command's first word: a file that can run (with a '/'), a program
+// on PATH, a shell builtin, or a variable assignment.
+bool program_found(const std::string& word) {
+  static const char* const kShell[] = {"cd",     "exec",  "eval",    ".",    "export", "set",
+                                       "ulimit", "umask", "command", "nice", "(",      "{"};
+  if (word.find('=') != std::string::npos) return true;
+  if (std::find(std::begin(kShell), std::end(kShell), word) != std::end(kShell)) return true;
+  auto runnable = [](const std::string& path) {
+    struct stat st {};
+    return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+           ::access(path.c_str(), X_OK) == 0;
+  };
+  if (word.find('/') != std::string::npos) return runnable(word);
+  const char* path = std::getenv("PATH");
+  std::string dirs = path ? path : "/usr/bin:/bin";
+  for (size_t b = 0; b <= dirs.size();) {
+    size_t e = dirs.find(':', b);
+    if (e == std::string::npos) e = dirs.size();
+    const std::string dir = e > b ? dirs.substr(b, e - b) : ".";
+    if (runnable(dir + "/" + word)) return true;
+    b = e + 1;
+  }
+  return false;
+}
+
+// --reward: a built-in kind, else a command line whose program must be found (a typo of a kind
+// fails here, not as a reward_died on every request); --answer-extract.
+void resolve_reward(const TrainFlags& f, RlJobOptions* o) {
+  static const char* const kKinds[] = {"exact", "numeric", "regex", "format"};
+  const bool builtin =
+      std::find(std::begin(kKinds), std::end(kKinds), f.reward) != std::end(kKinds);
+  o->reward.extract = trainer::parse_answer_extract(f.answer_extract);
+  if (builtin) {
+    o->reward.kind = trainer::parse_reward_kind(f.reward);
+    return;
+  }
+  const size_t b = f.reward.find_first_not_of(" \t");
+  const std::string program =
+      b == std::string::npos ? "" : f.reward.substr(b, f.reward.find_first_of(" \t", b) - b);
+  if (program.empty() || !program_found(program)) {
+    throw std::invalid_argument(fmt::format(
+        "--reward '{}': not a built-in reward (exact, numeric, regex, format) and '{}' is no "
+        "program on PATH or file that can run; a reward program is a command line, e.g. --reward "
+        "'python3 examples/rewards/gsm8k.py'",
+        f.reward, program));
+  }
+  if (!o->env.empty()) {
+    throw std::invalid_argument(
+        "--reward COMMAND scores single-turn completions; an --env's episodes are scored by the "
+        "environment (its \"done\" reply carries the reward)");
+  }
+  if (f.extract_opt->count() > 0) {
+    throw std::invalid_argument(
+        "--answer-extract chooses what the built-in rewards judge; a reward program (--reward "
+        "COMMAND) gets the whole completion");
+  }
+  o->reward.program = f.reward;
+  // The warm-up trains on each row's demonstration, else its answer: a program's ground truth is
+  // not what the model should write (GSM8K's "72" against "... #### 72"), so it runs only when
+  // asked for.
+  if (f.sft_steps_opt->count() == 0) o->sft_steps = 0;
+  o->reward.program_timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(f.reward_timeout_s * 1000));
+}
+
 // The job's options from the flags; what fails here fails in the launcher, before any rank starts.
 RlJobOptions resolve_train_flags(const TrainFlags& flags) {
   const TrainFlags* f = &flags;
@@ -292,7 +381,7 @@ RlJobOptions resolve_train_flags(const TrainFlags& flags) {
   o.train_per_node = f->dist.train;
   if (o.model_dir.empty()) o.model_dir = engine::ensure_preset_model("default");
   o.kv_memory_bytes = parse_bytes(f->kv_memory);
-  o.reward.kind = trainer::parse_reward_kind(f->reward);
+  resolve_reward(*f, &o);
   o.trainer.dtype = f->train_dtype.empty() ? o.engine_dtype : f->train_dtype;
   double grpo_lr = f->lr;
   if (o.trainer.lora.enabled()) {

@@ -71,3 +71,21 @@ add_test(NAME cli.make_model_left_the_non_model_directory_intact
          COMMAND test -f ${CMAKE_CURRENT_BINARY_DIR}/not-a-model/precious.txt)
 set_tests_properties(cli.make_model_left_the_non_model_directory_intact PROPERTIES LABELS unit
                      FIXTURES_REQUIRED refused_make_model)
+# --reward (issue 52): a word that is neither a built-in reward nor a program is refused before
+# launch (not a reward_died on every request); a program does not combine with --env or
+# --answer-extract; a bad --answer-extract lists the forms.
+add_test(NAME cli.train_refuses_a_reward_that_is_no_kind_and_no_program
+         COMMAND colocated-rl --reward exat --steps 1)
+set_tests_properties(cli.train_refuses_a_reward_that_is_no_kind_and_no_program PROPERTIES
+                     LABELS unit ENVIRONMENT "${CRL_CLI_ENV}"
+                     PASS_REGULAR_EXPRESSION "--reward 'exat': not a built-in reward \\(exact, numeric, regex, format\\) and 'exat' is no program")
+add_test(NAME cli.train_refuses_a_reward_program_with_env
+         COMMAND colocated-rl --reward "python3 x.py" --env calculator --steps 1)
+set_tests_properties(cli.train_refuses_a_reward_program_with_env PROPERTIES
+                     LABELS unit ENVIRONMENT "${CRL_CLI_ENV}"
+                     PASS_REGULAR_EXPRESSION "--reward COMMAND scores single-turn completions; an --env's episodes are scored by the environment")
+add_test(NAME cli.train_refuses_an_unknown_answer_extraction
+         COMMAND colocated-rl --answer-extract last --steps 1)
+set_tests_properties(cli.train_refuses_an_unknown_answer_extraction PROPERTIES
+                     LABELS unit ENVIRONMENT "${CRL_CLI_ENV}"
+                     PASS_REGULAR_EXPRESSION "unknown answer extraction 'last' \\(known: first-line, last-line, after:STR such as after:####, boxed, full\\)")

@@ -356,3 +356,53 @@ add_test(NAME rl.k1_reaches_0.95_held_out_within_k0s_steps_plus_20pct
 set_tests_properties(rl.k1_reaches_0.95_held_out_within_k0s_steps_plus_20pct PROPERTIES
                      LABELS "multiprocess;long" ENVIRONMENT "${CRL_CLI_ENV}" TIMEOUT 2400
                      SKIP_RETURN_CODE 77 RESOURCE_LOCK multiprocess_cores)
+# Rewards beyond the first line (issue 52). A task the embedded model learns in its warm-up: copy a
+# number, the demonstration a line of "reasoning" and then the answer as "#### 47" or
+# "\boxed{47}" (tests/app/reward_job.py). The GSM8K example program scores every sample as verl's
+# rule does (recomputed from the traces), its extra metric reaches the metrics, and after the
+# warm-up most held-out answers score 1 through it; the built-in exact reward on the last \boxed{}
+# does the same (on the first line, "so 47", the same completions score 0: tasks' unit tests).
+set(CRL_REWARD_RUN ${CMAKE_CURRENT_BINARY_DIR}/rl-reward)
+set(CRL_REWARD_JOB ${CMAKE_CURRENT_SOURCE_DIR}/app/reward_job.py)
+add_test(NAME rl.reward_program_gsm8k_scores_every_sample_through_the_job
+         COMMAND sh -c "rm -rf ${CRL_REWARD_RUN} && mkdir -p ${CRL_REWARD_RUN} && python3 ${CRL_REWARD_JOB} data ${CRL_REWARD_RUN}/gsm8k.jsonl gsm8k && ${CRL_RUN_JOB} pass 120 'reward \\(program .python3 .*gsm8k.py.\\) ;; after the SFT warm-up .*held-out accuracy (0\\.[5-9]|1\\.0) ;; summary:' -- $<TARGET_FILE:colocated-rl> --gpus-infer 1 --gpus-train 1 --data ${CRL_REWARD_RUN}/gsm8k.jsonl --reward 'python3 ${CMAKE_SOURCE_DIR}/examples/rewards/gsm8k.py' --max-tokens 16 --steps 2 --sft-steps 150 --eval-every 0 --timeout 60 --metrics ${CRL_REWARD_RUN}/metrics.jsonl --traces ${CRL_REWARD_RUN}/traces.jsonl && python3 ${CRL_REWARD_JOB} check ${CRL_REWARD_RUN}/traces.jsonl ${CRL_REWARD_RUN}/metrics.jsonl")
+set_tests_properties(rl.reward_program_gsm8k_scores_every_sample_through_the_job PROPERTIES
+                     LABELS multiprocess ENVIRONMENT "${CRL_CLI_ENV}" TIMEOUT 150
+                     RESOURCE_LOCK multiprocess_cores)
+add_test(NAME rl.boxed_answers_score_through_the_job
+         COMMAND sh -c "mkdir -p ${CRL_REWARD_RUN} && python3 ${CRL_REWARD_JOB} data ${CRL_REWARD_RUN}/boxed.jsonl boxed && ${CRL_RUN_JOB} pass 120 'reward \\(exact on the last .boxed ;; after the SFT warm-up .*held-out accuracy (0\\.[5-9]|1\\.0) ;; summary:' -- $<TARGET_FILE:colocated-rl> --gpus-infer 1 --gpus-train 1 --data ${CRL_REWARD_RUN}/boxed.jsonl --answer-extract boxed --max-tokens 16 --steps 1 --sft-steps 150 --eval-every 0 --timeout 60")
+set_tests_properties(rl.boxed_answers_score_through_the_job PROPERTIES
+                     LABELS multiprocess ENVIRONMENT "${CRL_CLI_ENV}" TIMEOUT 150
+                     RESOURCE_LOCK multiprocess_cores)
+# A reward program that dies every few requests: those completions score 0, counted and named,
+# it is started again, and the job finishes; one that never answers fails the job at the end,
+# saying nothing was learned.
+set(CRL_TEST_REWARD "python3 ${CMAKE_CURRENT_SOURCE_DIR}/fixtures/rewards/test_reward.py")
+crl_job_test(rl.a_dying_reward_program_scores_zero_and_the_job_goes_on pass 90
+             "reward_died: the reward program process .* closed its stdout ;; reward program errors [1-9] ;; summary: 1 node\\(s\\) x \\(1 infer \\+ 1 train ranks\\), 2 GRPO steps"
+             --gpus-infer 1 --gpus-train 1 --reward "${CRL_TEST_REWARD} --die --after 3"
+             --sft-steps 0 --steps 2 --prompts-per-step 8 --n-samples 2 --eval-rows 4 --eval-every 0
+             --timeout 60)
+crl_job_test(rl.a_reward_program_that_always_fails_fails_the_job fail 90
+             "reward_malformed: .* is not a JSON object ;; every request to the reward program failed \\([0-9]+ errors"
+             --gpus-infer 1 --gpus-train 1 --reward "${CRL_TEST_REWARD} --garbage"
+             --sft-steps 0 --steps 1 --prompts-per-step 4 --n-samples 2 --eval-rows 4 --eval-every 0
+             --timeout 60)
+# verl's data: a Parquet file as verl's GSM8K preprocessing writes one (pyarrow, pinned, in a venv
+# made once under test-cache) is refused by --data with the command that converts it; converted,
+# its rows (chat "prompt", reward_model.ground_truth, data_source, extra_info) train with the
+# GSM8K program.
+set(CRL_ARROW_VENV ${CMAKE_CURRENT_BINARY_DIR}/test-cache/pyarrow-venv)
+add_test(NAME rl.verl_parquet_is_refused_with_a_hint_then_converts_and_trains
+         COMMAND sh -c "mkdir -p ${CRL_REWARD_RUN} && { ${CRL_ARROW_VENV}/bin/python -c 'import pyarrow' 2>/dev/null || { rm -rf ${CRL_ARROW_VENV} && python3 -m venv ${CRL_ARROW_VENV} && ${CRL_ARROW_VENV}/bin/pip install -q --disable-pip-version-check pyarrow==26.0.1; }; } && ${CRL_ARROW_VENV}/bin/python ${CRL_REWARD_JOB} parquet ${CRL_REWARD_RUN}/train.parquet && ${CRL_RUN_JOB} fail 30 'train.parquet is a Parquet file .*convert it with .python3 scripts/verl_to_jsonl.py' -- $<TARGET_FILE:colocated-rl> --data ${CRL_REWARD_RUN}/train.parquet && ${CRL_ARROW_VENV}/bin/python ${CMAKE_SOURCE_DIR}/scripts/verl_to_jsonl.py ${CRL_REWARD_RUN}/train.parquet ${CRL_REWARD_RUN}/train.jsonl && ${CRL_RUN_JOB} pass 90 'data: 40 rows ;; reward \\(program ;; summary: 1 node\\(s\\) x \\(1 infer \\+ 1 train ranks\\), 1 GRPO steps' -- $<TARGET_FILE:colocated-rl> --gpus-infer 1 --gpus-train 1 --data ${CRL_REWARD_RUN}/train.jsonl --reward 'python3 ${CMAKE_SOURCE_DIR}/examples/rewards/gsm8k.py' --sft-steps 0 --steps 1 --prompts-per-step 4 --n-samples 2 --eval-every 0 --timeout 60")
+set_tests_properties(rl.verl_parquet_is_refused_with_a_hint_then_converts_and_trains PROPERTIES
+                     LABELS multiprocess ENVIRONMENT "${CRL_CLI_ENV}" TIMEOUT 600
+                     RESOURCE_LOCK multiprocess_cores)
+# --data rows as episodes of an external --env: each reset (and each warm-up demonstration) gets
+# its row as "task"; the fixture environment takes its operands from the row's extra_info.
+crl_job_test(rl.data_rows_are_episodes_of_an_external_env pass 150
+             "data: 20 rows .*add_rows.jsonl, episodes of --env .*test_env.py.: 16 for training, 4 held out ;; sft step 5/5 ;; env errors 0 ;; summary: 1 node\\(s\\) x \\(1 infer \\+ 1 train ranks\\), 1 GRPO steps"
+             --gpus-infer 1 --gpus-train 1 --data ${CMAKE_CURRENT_SOURCE_DIR}/fixtures/envs/add_rows.jsonl
+             --env "python3 ${CMAKE_CURRENT_SOURCE_DIR}/fixtures/envs/test_env.py"
+             --sft-steps 5 --steps 1 --prompts-per-step 4 --n-samples 2 --max-tokens 8 --max-turns 2
+             --eval-every 0 --timeout 60)

@@ -107,7 +107,8 @@ ojson CalculatorEnv::tools() {
     "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}])");
 }
 
-EnvReply CalculatorEnv::reset(const std::string& episode_id, EnvSplit split, int64_t index) {
+EnvReply CalculatorEnv::reset(const std::string& episode_id, EnvSplit split, int64_t index,
+                              const ojson& /*task*/) {
   const std::vector<int64_t> v = operands(split, index);
   int64_t sum = 0;
   for (int64_t x : v) sum += x;
@@ -175,7 +176,7 @@ void CalculatorEnv::close(const std::string& episode_id) {
   episodes_.erase(episode_id);
 }
 
-ojson CalculatorEnv::demonstration(EnvSplit split, int64_t index) {
+ojson CalculatorEnv::demonstration(EnvSplit split, int64_t index, const ojson& /*task*/) {
   const std::vector<int64_t> v = operands(split, index);
   ojson messages = ojson::array({{{"role", "user"}, {"content", question(v)}}});
   int64_t sum = v[0];

@@ -27,10 +27,13 @@ class CalculatorEnv : public Environment {
   explicit CalculatorEnv(const EnvOptions& options);
 
   std::string name() const override { return "calculator"; }
-  EnvReply reset(const std::string& episode_id, EnvSplit split, int64_t index) override;
+  // `task` is ignored: the calculator makes its own (the job refuses --data with it).
+  EnvReply reset(const std::string& episode_id, EnvSplit split, int64_t index,
+                 const nlohmann::ordered_json& task = nullptr) override;
   EnvReply step(const std::string& episode_id, const nlohmann::ordered_json& assistant) override;
   void close(const std::string& episode_id) override;
-  nlohmann::ordered_json demonstration(EnvSplit split, int64_t index) override;
+  nlohmann::ordered_json demonstration(EnvSplit split, int64_t index,
+                                       const nlohmann::ordered_json& task = nullptr) override;
 
   // The operands of task `index` of `split`.
   std::vector<int64_t> operands(EnvSplit split, int64_t index) const;

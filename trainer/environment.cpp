@@ -7,6 +7,17 @@
 
 namespace crl::trainer {
 
+nlohmann::ordered_json env_task(const TaskRow& row) {
+  using ojson = nlohmann::ordered_json;
+  auto parsed = [](const std::string& text, const ojson& fallback) {
+    return text.empty() ? fallback : ojson::parse(text, nullptr, /*allow_exceptions=*/false);
+  };
+  return {
+      {"prompt", row.prompt},           {"messages", parsed(row.messages_json, nullptr)},
+      {"answer", row.answer},           {"ground_truth", parsed(row.ground_truth_json, row.answer)},
+      {"data_source", row.data_source}, {"extra_info", parsed(row.extra_info_json, nullptr)}};
+}
+
 const char* env_split_name(EnvSplit split) { return split == EnvSplit::kTrain ? "train" : "eval"; }
 
 std::string env_error_kind(const std::string& error) { return error.substr(0, error.find(':')); }
@@ -32,12 +43,13 @@ std::string DelayedEnv::name() const {
          " ms a step, " + (log_uniform_ ? "log-uniform" : "uniform") + ")";
 }
 
-EnvReply DelayedEnv::reset(const std::string& episode_id, EnvSplit split, int64_t index) {
+EnvReply DelayedEnv::reset(const std::string& episode_id, EnvSplit split, int64_t index,
+                           const nlohmann::ordered_json& task) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     steps_[episode_id] = {split, index, 0};
   }
-  return inner_->reset(episode_id, split, index);
+  return inner_->reset(episode_id, split, index, task);
 }
 
 int32_t DelayedEnv::step_latency_ms(EnvSplit split, int64_t index, int64_t step) const {
@@ -80,8 +92,9 @@ void DelayedEnv::forget(const std::string& episode_id) {
   steps_.erase(episode_id);
 }
 
-nlohmann::ordered_json DelayedEnv::demonstration(EnvSplit split, int64_t index) {
-  return inner_->demonstration(split, index);
+nlohmann::ordered_json DelayedEnv::demonstration(EnvSplit split, int64_t index,
+                                                 const nlohmann::ordered_json& task) {
+  return inner_->demonstration(split, index, task);
 }
 
 }  // namespace crl::trainer

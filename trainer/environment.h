@@ -27,6 +27,8 @@
 #include <string>
 #include <utility>
 
+#include "trainer/tasks.h"
+
 namespace crl::trainer {
 
 enum class EnvSplit { kTrain, kEval };
@@ -49,6 +51,11 @@ struct EnvReply {
   nlohmann::ordered_json demonstration = nullptr;
 };
 
+// A --data row as an environment's reset and demonstration get it ("task"): {"prompt": the text
+// the model would see (a chat as its template rendered it), "messages": the chat as the file gives
+// it (or null), "answer", "ground_truth" (as the file gives it), "data_source", "extra_info"}.
+nlohmann::ordered_json env_task(const TaskRow& row);
+
 // The kind of an EnvReply::error: its text before the first ':'.
 std::string env_error_kind(const std::string& error);
 
@@ -56,8 +63,10 @@ class Environment {
  public:
   virtual ~Environment() = default;
   virtual std::string name() const = 0;
-  // Opens episode `episode_id` on task `index` of `split`.
-  virtual EnvReply reset(const std::string& episode_id, EnvSplit split, int64_t index) = 0;
+  // Opens episode `episode_id` on task `index` of `split`; `task` is that row of the job's --data
+  // (env_task) when it has one, else null.
+  virtual EnvReply reset(const std::string& episode_id, EnvSplit split, int64_t index,
+                         const nlohmann::ordered_json& task = nullptr) = 0;
   // Answers the assistant's message (OpenAI form: role, content, tool_calls with arguments as
   // objects) in an episode reset before.
   virtual EnvReply step(const std::string& episode_id, const nlohmann::ordered_json& assistant) = 0;
@@ -66,9 +75,11 @@ class Environment {
   // A worked episode for task `index`, for a supervised warm-up: {"messages": [user, assistant
   // tool calls, tool results, the final answer], "tools": the reset's tools}; null when the
   // environment has none. Throws std::runtime_error when the environment fails to answer.
-  virtual nlohmann::ordered_json demonstration(EnvSplit split, int64_t index) {
+  virtual nlohmann::ordered_json demonstration(EnvSplit split, int64_t index,
+                                               const nlohmann::ordered_json& task = nullptr) {
     (void)split;
     (void)index;
+    (void)task;
     return nullptr;
   }
 };
@@ -103,10 +114,12 @@ class DelayedEnv : public Environment {
  public:
   DelayedEnv(std::unique_ptr<Environment> inner, const EnvOptions& options);
   std::string name() const override;
-  EnvReply reset(const std::string& episode_id, EnvSplit split, int64_t index) override;
+  EnvReply reset(const std::string& episode_id, EnvSplit split, int64_t index,
+                 const nlohmann::ordered_json& task = nullptr) override;
   EnvReply step(const std::string& episode_id, const nlohmann::ordered_json& assistant) override;
   void close(const std::string& episode_id) override;
-  nlohmann::ordered_json demonstration(EnvSplit split, int64_t index) override;
+  nlohmann::ordered_json demonstration(EnvSplit split, int64_t index,
+                                       const nlohmann::ordered_json& task = nullptr) override;
 
   // The wait of step `step` (0 first) of task `index` of `split`: the same in every run, whatever
   // the episode's id or the model's words.

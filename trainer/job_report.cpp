@@ -25,11 +25,14 @@ struct JobTotals {
   double infer_busy = 0, infer_span = 0, train_idle = 0, train_span = 0, stale_max = 0;
   double store_ops = 0, store_bytes = 0, last_elapsed = 0;
   int64_t total_gen_tokens = 0, peak_train_rss = 0, steps_done = 0;
-  double episodes = 0, env_errors = 0;  // multi-turn (--env) only
+  double episodes = 0, env_errors = 0;            // multi-turn (--env) only
+  double reward_requests = 0, reward_errors = 0;  // --reward COMMAND only
 
   void add(const StepTotals& t, double elapsed_s) {
     episodes += t.episodes;
     env_errors += t.env_errors;
+    reward_requests += t.reward_requests;
+    reward_errors += t.reward_errors;
     if (max_gap0 < 0) max_gap0 = t.gap_max;
     sum_gen += t.gen_s;
     sum_wait += t.wait_s;
@@ -72,6 +75,14 @@ class JobReport {
       std::fflush(stdout);
       return false;
     }
+    if (s.reward_requests > 0 && s.reward_errors >= s.reward_requests) {
+      fmt::print(
+          "every request to the reward program failed ({:.0f} errors; the log names them): every "
+          "completion scored 0 and nothing was learned; exit status 1\n",
+          s.reward_errors);
+      std::fflush(stdout);
+      return false;
+    }
     return true;
   }
 
@@ -95,7 +106,9 @@ class JobReport {
             {"train_per_node", j_.ranks.g.topo.train_per_node},
             {"device", o_.device},
             {"seed", o_.seed},
-            {"reward", reward_kind_name(o_.reward.kind)},
+            {"reward",
+             o_.reward.program.empty() ? reward_kind_name(o_.reward.kind) : o_.reward.program},
+            {"answer_extract", answer_extract_name(o_.reward.extract)},
             {"eval_rows", j_.data.split().eval.size()},
             {"sft_steps", o_.sft_steps},
             {"sft_rows_per_step", o_.sft_rows_per_step},
@@ -138,23 +151,25 @@ class JobReport {
   }
 
   void print_data() const {
+    std::string source = o_.data_path.empty() ? "built-in copy task" : o_.data_path;
+    if (!o_.env.empty()) {
+      source = o_.data_path.empty() ? "episodes of --env " + o_.env
+                                    : o_.data_path + ", episodes of --env " + o_.env;
+    }
     fmt::print("data: {} {} ({}): {} for training, {} held out for evaluation{}\n",
                j_.data.split().eval.size() + j_.data.split().train.size() +
                    j_.data.split().dropped_train_rows,
-               o_.env.empty() ? "rows" : "tasks",
-               !o_.env.empty()        ? "episodes of --env " + o_.env
-               : o_.data_path.empty() ? std::string("built-in copy task")
-                                      : o_.data_path,
+               o_.env.empty() || !o_.data_path.empty() ? "rows" : "tasks", source,
                j_.data.split().train.size(), j_.data.split().eval.size(),
                o_.eval_rows < 0 ? " (default: a fifth, at most 128)" : "");
-    if (o_.env.empty() && j_.data.split().dropped_train_rows > 0) {
+    if ((o_.env.empty() || !o_.data_path.empty()) && j_.data.split().dropped_train_rows > 0) {
       fmt::print("data: {} other rows not trained on either: their prompt is a held-out row's\n",
                  j_.data.split().dropped_train_rows);
     }
     fmt::print(
-        "held-out eval: greedy (temperature 0), each row right or wrong by the {} reward;\n"
+        "held-out eval: greedy (temperature 0), each row right or wrong by the reward ({});\n"
         "  the training reward: the same judge on rollouts sampled at temperature {:g}\n",
-        o_.env.empty() ? reward_kind_name(o_.reward.kind) : "the environment's", o_.temperature);
+        o_.env.empty() ? describe_reward(o_.reward) : "the environment's", o_.temperature);
     std::fflush(stdout);
   }
 
@@ -250,6 +265,11 @@ class JobReport {
           "masked tokens {:.1f}%\n",
           t.episodes, row.turns_per_episode, row.tool_errors, row.env_errors,
           row.masked_token_share * 100);
+    }
+    if (t.reward_errors > 0) {
+      fmt::print(
+          "  reward program errors {:.0f} (their completions scored 0; the log names them)\n",
+          t.reward_errors);
     }
     std::fflush(stdout);
     if (m.eval_accuracy) evals_.push_back({fmt::format("step {}", m.step), *m.eval_accuracy});

@@ -127,7 +127,8 @@ void EpisodeRunner::Play::start(size_t i) {
   l.phase = Live::Phase::kEnv;
   Environment* env = &r_.env_;
   const EpisodeSpec s = specs_[i];
-  l.env = std::async(std::launch::async, [env, s] { return env->reset(s.id, s.split, s.index); });
+  l.env = std::async(std::launch::async,
+                     [env, s] { return env->reset(s.id, s.split, s.index, s.task); });
   ++started_;
 }
 

@@ -71,6 +71,7 @@ struct EpisodeSpec {
   int64_t index = 0;
   double temperature = 1.0;
   uint64_t seed = 0;
+  nlohmann::ordered_json task = nullptr;  // the --data row (env_task), for the environment's reset
 };
 
 struct Episode {

@@ -2,7 +2,8 @@
 // started by the job (`/bin/sh -c COMMAND`, stderr shared with the job's), one per infer rank.
 //
 // One request line in, one reply line out, in order:
-//   {"op": "reset", "episode_id": "s3-p1-e2", "split": "train", "index": 17}
+//   {"op": "reset", "episode_id": "s3-p1-e2", "split": "train", "index": 17,
+//    "task": {"prompt": ..., "answer": ..., ...}}       (task: with --data, the row; env_task)
 //     -> {"episode_id": "s3-p1-e2", "messages": [{"role": "user", "content": "..."}],
 //         "tools": [...]}                                  (tools optional)
 //   {"op": "step", "episode_id": "s3-p1-e2", "message": {"role": "assistant", "content": "...",
@@ -11,31 +12,23 @@
 //     or {"episode_id": "s3-p1-e2", "done": true, "reward": 1.0, "correct": true}
 //                                                          (correct optional: reward > 0)
 //   {"op": "close", "episode_id": "s3-p1-e2"}             (no reply: the job ended the episode)
-//   {"op": "demonstration", "episode_id": "demo-train-17", "split": "train", "index": 17}
+//   {"op": "demonstration", "episode_id": "demo-train-17", "split": "train", "index": 17,
+//    "task": {...}}                                       (task: as reset's)
 //     -> {"episode_id": "demo-train-17", "demonstration": {"messages": [user, assistant with
 //         tool_calls, tool, ..., the final assistant answer], "tools": [...]}}
 //     or {"episode_id": "demo-train-17", "demonstration": null}   (none: no SFT warm-up)
 //                                 (asked by the train ranks for the SFT warm-up: --sft-steps > 0)
 // Failures end the episode with a named error and reward 0, and the job goes on:
-//   env_died       the process exited or closed its stdout (it is started again for the next
-//                  reset; the other episodes it held end with env_died at their next step),
-//   env_timeout    no reply line within the timeout (the process is killed and started again, so a
-//                  late reply cannot answer a later request),
-//   env_malformed  a line that is not a JSON object, names another episode, or has fields of the
-//                  wrong type.
-// The process starts with a clean environment: PATH, HOME, USER, LOGNAME, SHELL, LANG, LANGUAGE,
-// LC_*, TZ, TMPDIR, TERM, PYTHONPATH, PYTHONHOME, VIRTUAL_ENV, CONDA_PREFIX, LD_LIBRARY_PATH and
-// the names in EnvOptions::pass_env (`--env-pass`), nothing else: no CRL_* (the API key, the
-// rendezvous store's address), no other secrets. Environments are where model-written tool calls
-// run. The process runs in a process group of its own, killed whole when the ProcessEnv is
-// destroyed or a reply times out. If the rank dies, the shell gets SIGKILL (PR_SET_PDEATHSIG) and a
-// command it forked reads EOF on its stdin.
+//   env_died, env_timeout, env_malformed: as JsonLinesProcess (json_lines_process.h), and for
+//                  env_died also a step of an episode whose process has died since its reset (the
+//                  process is started again for the next reset); env_malformed also a reply that
+//                  names another episode or has fields of the wrong type.
+// The process and its environment variables: JsonLinesProcess (a clean environment: no CRL_*, no
+// secrets; EnvOptions::pass_env adds names). Environments are where model-written tool calls run.
 //
 // Thread safety: reset/step/close may be called from any thread; requests are sent one at a time,
 // by one worker thread the ProcessEnv owns (which also starts the process).
 #pragma once
-
-#include <sys/types.h>
 
 #include <condition_variable>
 #include <deque>
@@ -48,6 +41,7 @@
 #include <vector>
 
 #include "trainer/environment.h"
+#include "trainer/json_lines_process.h"
 
 namespace crl::trainer {
 
@@ -59,11 +53,13 @@ class ProcessEnv : public Environment {
   ProcessEnv& operator=(const ProcessEnv&) = delete;
 
   std::string name() const override { return command_; }
-  EnvReply reset(const std::string& episode_id, EnvSplit split, int64_t index) override;
+  EnvReply reset(const std::string& episode_id, EnvSplit split, int64_t index,
+                 const nlohmann::ordered_json& task = nullptr) override;
   EnvReply step(const std::string& episode_id, const nlohmann::ordered_json& assistant) override;
   void close(const std::string& episode_id) override;
   // Throws std::runtime_error naming the error when the process fails to answer.
-  nlohmann::ordered_json demonstration(EnvSplit split, int64_t index) override;
+  nlohmann::ordered_json demonstration(EnvSplit split, int64_t index,
+                                       const nlohmann::ordered_json& task = nullptr) override;
 
   // Processes started so far (the first one included).
   int64_t starts() const;
@@ -72,50 +68,23 @@ class ProcessEnv : public Environment {
   // Sends `request` and reads one reply line (on the worker thread); expect_reply false: send only.
   EnvReply exchange(const nlohmann::ordered_json& request, bool expect_reply, bool is_reset);
   EnvReply exchange_now(const nlohmann::ordered_json& request, bool expect_reply, bool is_reset);
-  // The parts of exchange_now; each returns the failure that ends the exchange, if any.
   // A step or close of an episode whose process is gone (env_died; a close of one is nothing).
   std::optional<EnvReply> check_episode(const std::string& op, const std::string& episode_id,
                                         bool expect_reply);
-  std::optional<EnvReply> send_line(const std::string& line,
-                                    std::chrono::steady_clock::time_point deadline,
-                                    const std::string& what, const std::string& episode_id);
-  // The next line the process wrote (without its newline) into *line.
-  std::optional<EnvReply> read_line(std::chrono::steady_clock::time_point deadline,
-                                    const std::string& what, const std::string& episode_id,
-                                    std::string* line);
-  // The next line that is meant as a reply, a JSON object, into *line and *j.
-  std::optional<EnvReply> read_reply_object(std::chrono::steady_clock::time_point deadline,
-                                            const std::string& what, const std::string& episode_id,
-                                            std::string* line, nlohmann::ordered_json* j);
   EnvReply read_demonstration(const nlohmann::ordered_json& j, const std::string& what,
                               const std::string& episode_id, const std::string& line);
-  // The process ended while `doing` something: env_died saying how, after reaping it.
-  EnvReply died(const std::string& doing, const std::string& what, const std::string& episode_id);
-  void start_process();
-  // Kills the process (if any) and reaps it; returns how it ended ("exit status 3", ...).
-  std::string stop_process();
   void worker();
 
   const std::string command_;
-  const std::chrono::milliseconds timeout_;
-  const std::vector<std::string> env_;  // the process's environment, "NAME=value"
-  // The worker's state: only the worker thread touches these.
-  pid_t pid_ = -1;
-  int fd_ = -1;              // our end of the socket pair (the child's stdin and stdout)
-  std::string buffer_;       // bytes read past the last line
-  void drop_stray_output();  // before a request: what the process wrote unasked
-  // Lines dropped as no reply over the process's life: the first kLoggedDroppedLines are logged.
-  int64_t dropped_lines_ = 0;
-  static constexpr int64_t kLoggedDroppedLines = 5;
-  // The process each open episode was reset on (starts_ at its reset): a step of an episode whose
-  // process is gone fails (env_died) without reaching the new one, which never saw it.
-  std::map<std::string, int64_t> born_;
+  JsonLinesProcess io_;  // only the worker thread talks through it (starts() from any)
+  // The process each open episode was reset on (io_.starts() at its reset): a step of an episode
+  // whose process is gone fails (env_died) without reaching the new one, which never saw it.
+  std::map<std::string, int64_t> born_;  // the worker's
   // The request queue.
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> jobs_;  // guarded by mu_
   bool stopping_ = false;                   // guarded by mu_
-  int64_t starts_ = 0;                      // guarded by mu_
   std::thread thread_;
 };
 
@@ -130,10 +99,12 @@ class ProcessEnvPool : public Environment {
   ProcessEnvPool(const std::string& command, const EnvOptions& options);
 
   std::string name() const override { return envs_.front()->name(); }
-  EnvReply reset(const std::string& episode_id, EnvSplit split, int64_t index) override;
+  EnvReply reset(const std::string& episode_id, EnvSplit split, int64_t index,
+                 const nlohmann::ordered_json& task = nullptr) override;
   EnvReply step(const std::string& episode_id, const nlohmann::ordered_json& assistant) override;
   void close(const std::string& episode_id) override;
-  nlohmann::ordered_json demonstration(EnvSplit split, int64_t index) override;
+  nlohmann::ordered_json demonstration(EnvSplit split, int64_t index,
+                                       const nlohmann::ordered_json& task = nullptr) override;
 
   size_t size() const { return envs_.size(); }
   // Processes started so far, over the pool.

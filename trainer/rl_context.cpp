@@ -96,9 +96,10 @@ void RlOptions::validate() {
                       "splits across micro-batches",
                       trainer.micro_batch_tokens, multi_turn.max_episode_tokens));
     }
-    if (!data_path.empty()) {
+    if (!data_path.empty() && env == "calculator") {
       throw std::invalid_argument(
-          "--env and --data exclude each other: the environment sets the tasks");
+          "--env calculator makes its own tasks: --data goes with an external environment (a "
+          "command), whose reset gets each row as \"task\"");
     }
     if (reproducible) {
       throw std::invalid_argument(

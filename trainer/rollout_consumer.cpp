@@ -296,7 +296,10 @@ std::unique_ptr<Trainer> RolloutConsumer::sft(std::unique_ptr<Trainer> tr,
     for (size_t i = 0; i < picked.size(); ++i) {
       if (static_cast<int>(i % c_.ranks.train_total) != c_.ranks.role_global) continue;
       if (env) {
-        const nlohmann::ordered_json demo = env->demonstration(EnvSplit::kTrain, picked[i]);
+        const nlohmann::ordered_json demo =
+            env->demonstration(EnvSplit::kTrain, picked[i],
+                               o_.data_path.empty() ? nlohmann::ordered_json(nullptr)
+                                                    : env_task(c_.data.split().train[picked[i]]));
         if (demo.is_null()) {
           throw std::invalid_argument("--env " + o_.env + " gives no demonstration for task " +
                                       std::to_string(picked[i]) +

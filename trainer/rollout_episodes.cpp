@@ -25,6 +25,7 @@ double RolloutProducer::evaluate_episodes() {
     e.id = fmt::format("eval{}-{}", evals_, k);
     e.split = EnvSplit::kEval;
     e.index = static_cast<int64_t>(eval_rows_[k]);
+    if (!o_.data_path.empty()) e.task = env_task(c_.data.split().eval[eval_rows_[k]]);
     e.temperature = 0;
     specs.push_back(std::move(e));
   }
@@ -53,6 +54,7 @@ InferReport RolloutProducer::rollout_episodes(int64_t step) {
       e.id = fmt::format("s{}p{}e{}", step, i, k);
       e.split = EnvSplit::kTrain;
       e.index = picked[i];
+      if (!o_.data_path.empty()) e.task = env_task(c_.data.split().train[picked[i]]);
       e.temperature = o_.temperature;
       e.seed = request_seed(step, i) * 131 + static_cast<uint64_t>(k);
       specs.push_back(std::move(e));

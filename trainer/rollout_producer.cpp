@@ -20,6 +20,7 @@
 #include "trainer/make_environment.h"
 #include "trainer/multi_turn.h"
 #include "trainer/prompt_encoder.h"
+#include "trainer/reward_program.h"
 #include "trainer/rollout_batcher.h"
 #include "trainer/step_reports.h"
 
@@ -74,6 +75,7 @@ RolloutProducer::RolloutProducer(RlContext& ctx) : c_(ctx), o_(ctx.o) {
   CRL_CHECK(eng->tokenizer(),
             "the RL job needs a model with a tokenizer (tokenizer.json or tokenizer.model)");
   prompts_ = std::make_unique<PromptEncoder>(*eng->tokenizer(), eng->prompt_prefix());
+  rewarder_ = std::make_unique<Rewarder>(o_.reward, o_.env_options.pass_env);
   if (!o_.traces.path.empty()) {
     // A fresh run's traces start empty: the node's first rank (an infer rank) empties the file
     // here, before the start eval's collective that every infer rank passes before it writes.
@@ -187,11 +189,15 @@ double RolloutProducer::evaluate() {
   ++evals_;
   double correct = 0;
   // Evaluation takes no weight update: it measures one version.
+  const int64_t eval = evals_ - 1;
   busy_s_ += run_requests(std::move(reqs), /*follow=*/false, /*in_order=*/false,
                           [&](size_t k, const engine::RequestOutput& out) {
-                            correct += score_completion(o_.reward, out.outputs.at(0).text,
-                                                        c_.data.split().eval[eval_rows_[k]].answer)
-                                           .correct;
+                            const ScoredGroup g = rewarder_->score(
+                                fmt::format("eval{}-{}", eval, k),
+                                c_.data.split().eval[eval_rows_[k]], {out.outputs.at(0).text});
+                            correct += g.results.at(0).correct;
+                            eval_reward_requests_ += rewarder_->is_program();
+                            eval_reward_errors_ += !g.error.empty();
                           });
   at::Tensor t = at::tensor({correct, static_cast<double>(eval_rows_.size())}, at::kDouble);
   c_.ranks.g.infer->all_reduce(t);
@@ -382,8 +388,18 @@ InferReport RolloutProducer::rollout(int64_t step) {
         SampleGroup grp;
         grp.prompt_ids.assign(done.prompt_token_ids.begin(), done.prompt_token_ids.end());
         grp.prompt_index = row_of[index];
-        for (const auto& c : done.outputs) {
-          auto rr = score_completion(o_.reward, c.text, row.answer);
+        std::vector<std::string> texts;
+        for (const auto& c : done.outputs) texts.push_back(c.text);
+        ScoredGroup scored = rewarder_->score(done.request_id, row, texts);
+        r.reward_requests += rewarder_->is_program();
+        r.reward_errors += !scored.error.empty();
+        for (const auto& [key, sc] : scored.extra) {
+          r.reward_extra[key].first += sc.first;
+          r.reward_extra[key].second += sc.second;
+        }
+        for (size_t k = 0; k < done.outputs.size(); ++k) {
+          const auto& c = done.outputs[k];
+          const RewardResult& rr = scored.results[k];
           Sample smp;
           smp.completion_ids = c.token_ids;
           smp.logprobs = c.raw_logprobs;
@@ -404,6 +420,9 @@ InferReport RolloutProducer::rollout(int64_t step) {
         out.add(std::move(grp), RolloutBatcher::Advantages::kGroup);
       });
   r.gen_s = seconds_since(t_start);
+  r.reward_requests += eval_reward_requests_;  // the evaluations' since the last report
+  r.reward_errors += eval_reward_errors_;
+  eval_reward_requests_ = eval_reward_errors_ = 0;
   r.rollout_bytes = out.finish();
   r.reward_mean = r.reward_sum / std::max<double>(1, static_cast<double>(r.samples));
   r.groups_dropped = out.groups_dropped();

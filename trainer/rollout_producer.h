@@ -57,6 +57,7 @@ class TraceWriter;
 class RolloutBatcher;
 class Environment;
 class EpisodeRunner;
+class Rewarder;
 struct InferReport;
 
 // The engine of infer rank `self`: the options' model (the checkpoint's when `resumed`), dtype,
@@ -114,6 +115,7 @@ class RolloutProducer {
   const RlOptions& o_;
   std::shared_ptr<engine::EngineLoop> loop_;
   std::unique_ptr<PromptEncoder> prompts_;
+  std::unique_ptr<Rewarder> rewarder_;   // the built-in reward or --reward COMMAND
   std::unique_ptr<TraceWriter> traces_;  // --traces (the engine's tokenizer outlives it)
   std::unique_ptr<sync::WeightLayout> layout_;
   std::shared_ptr<sync::WeightSync> ws_;  // the engine loop's weight source; request() only here
@@ -128,6 +130,8 @@ class RolloutProducer {
   int64_t followed_ = 0;
   int64_t requested_ = 0;  // the newest version asked for
   int64_t evals_ = 0;
+  // A reward program's requests and failures in evaluations, for the next step's report.
+  int64_t eval_reward_requests_ = 0, eval_reward_errors_ = 0;
   double sync_mark_s_ = 0;   // loop_->weight_update_seconds() at the last step's metrics
   int64_t reuses_mark_ = 0;  // loop_->gauges().lora_slot_reuses at the last step's metrics
   double busy_s_ = 0;        // rollout/eval requests in flight since the last step's metrics

@@ -38,7 +38,12 @@ void to_json(json& j, const InferReport& r) {
        {"env_errors", r.env_errors},
        {"env_tokens", r.env_tokens},
        {"model_tokens", r.model_tokens},
-       {"lora_slot_reuses", r.lora_slot_reuses}};
+       {"lora_slot_reuses", r.lora_slot_reuses},
+       {"reward_requests", r.reward_requests},
+       {"reward_errors", r.reward_errors}};
+  json extra = json::object();
+  for (const auto& [key, sc] : r.reward_extra) extra[key] = {sc.first, sc.second};
+  j["reward_extra"] = std::move(extra);
 }
 
 void from_json(const json& j, InferReport& r) {
@@ -49,6 +54,13 @@ void from_json(const json& j, InferReport& r) {
   j.at("env_tokens").get_to(r.env_tokens);
   j.at("model_tokens").get_to(r.model_tokens);
   j.at("lora_slot_reuses").get_to(r.lora_slot_reuses);
+  r.reward_requests = j.value("reward_requests", int64_t{0});  // absent from builds before them
+  r.reward_errors = j.value("reward_errors", int64_t{0});
+  if (auto it = j.find("reward_extra"); it != j.end() && it->is_object()) {
+    for (const auto& [key, sc] : it->items()) {
+      r.reward_extra[key] = {sc.at(0).get<double>(), sc.at(1).get<int64_t>()};
+    }
+  }
   j.at("samples").get_to(r.samples);
   j.at("reward_sum").get_to(r.reward_sum);
   j.at("reward_sq").get_to(r.reward_sq);
@@ -185,6 +197,12 @@ StepTotals combine(const std::vector<RankReport>& reports, const std::vector<dou
       t.env_tokens += static_cast<double>(x->env_tokens);
       t.model_tokens += static_cast<double>(x->model_tokens);
       t.lora_slot_reuses += static_cast<double>(x->lora_slot_reuses);
+      t.reward_requests += static_cast<double>(x->reward_requests);
+      t.reward_errors += static_cast<double>(x->reward_errors);
+      for (const auto& [key, sc] : x->reward_extra) {
+        t.reward_extra[key].first += sc.first;
+        t.reward_extra[key].second += sc.second;
+      }
       t.gen_s = std::max(t.gen_s, x->gen_s);
       t.sync_s = std::max(t.sync_s, x->sync_s);
       t.engine_version = std::max(t.engine_version, x->engine_version);
@@ -299,7 +317,12 @@ const MetricField kMetricFields[] = {
     CRL_METRIC("crl/env_errors", true, env_errors),
     CRL_METRIC("crl/masked_token_share", false, masked_token_share),
     CRL_METRIC("crl/lora_slot_reuses", true, lora_slot_reuses),
+    CRL_METRIC("crl/reward_errors", true, reward_errors),
 };
+
+// A reward program's extra metric `key` (RlMetricsRow::reward_extra) in a row's "data".
+const char* const kRewardExtraPrefix = "reward_extra/";
+const char* const kRewardExtraSuffix = "/mean";
 
 #undef CRL_METRIC
 
@@ -315,6 +338,9 @@ json metrics_file_row(const RlMetricsRow& r) {
       data[f.name] = v;
     }
   }
+  for (const auto& [key, mean] : r.reward_extra) {
+    data[kRewardExtraPrefix + key + kRewardExtraSuffix] = mean;
+  }
   if (r.m.eval_accuracy) data[kHeldOutAccuracyName] = *r.m.eval_accuracy;
   return {{"step", r.m.step}, {"data", std::move(data)}};
 }
@@ -324,6 +350,8 @@ RlMetricsRow parse_metrics_file_row(const json& j) {
   const json& data = j.at("data");
   for (const MetricField& f : kMetricFields) {
     auto it = data.find(f.name);
+    // Names added after the format was first written: a file from before them reads as 0.
+    if (it == data.end() && std::string(f.name) == "crl/reward_errors") continue;
     if (it == data.end() || !it->is_number()) {
       throw std::invalid_argument(fmt::format("metrics row of step {}: no number '{}'",
                                               j.value("step", int64_t{-1}), f.name));
@@ -332,6 +360,14 @@ RlMetricsRow parse_metrics_file_row(const json& j) {
   }
   if (auto it = data.find(kHeldOutAccuracyName); it != data.end()) {
     r.m.eval_accuracy = it->get<double>();
+  }
+  const std::string prefix = kRewardExtraPrefix, suffix = kRewardExtraSuffix;
+  for (const auto& [name, v] : data.items()) {
+    if (name.size() > prefix.size() + suffix.size() && name.rfind(prefix, 0) == 0 &&
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0 && v.is_number()) {
+      r.reward_extra[name.substr(prefix.size(), name.size() - prefix.size() - suffix.size())] =
+          v.get<double>();
+    }
   }
   r.m.phase = "grpo";
   r.m.sync_ms = r.time_sync_s * 1e3;
@@ -420,6 +456,10 @@ RlMetricsRow make_metrics_row(const StepTotals& t) {
   row.lora_slot_reuses = t.lora_slot_reuses;
   row.tool_errors = t.tool_errors;
   row.env_errors = t.env_errors;
+  row.reward_errors = t.reward_errors;
+  for (const auto& [key, sc] : t.reward_extra) {
+    if (sc.second > 0) row.reward_extra[key] = sc.first / static_cast<double>(sc.second);
+  }
   const double traj = t.env_tokens + t.model_tokens;
   row.masked_token_share = traj > 0 ? t.env_tokens / traj : 0;
   return row;

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <variant>
@@ -52,6 +53,12 @@ struct InferReport {
   int64_t model_tokens = 0;
   // LoRA RL: updates since the last report that loaded into a slot a running request still used.
   int64_t lora_slot_reuses = 0;
+  // A reward program (--reward COMMAND): its requests and failed requests (rollouts, and the
+  // evaluations since the last report), and its extra metrics (per key: the sum over the
+  // completions that gave it, and their count).
+  int64_t reward_requests = 0;
+  int64_t reward_errors = 0;
+  std::map<std::string, std::pair<double, int64_t>> reward_extra;
 };
 void to_json(nlohmann::json& j, const InferReport& r);
 void from_json(const nlohmann::json& j, InferReport& r);
@@ -108,6 +115,8 @@ struct StepTotals {
   double store_ops = 0, store_bytes = 0;
   double episodes = 0, turns = 0, tool_errors = 0, env_errors = 0, env_tokens = 0, model_tokens = 0;
   double lora_slot_reuses = 0;
+  double reward_requests = 0, reward_errors = 0;
+  std::map<std::string, std::pair<double, int64_t>> reward_extra;  // summed over infer ranks
   double infer_busy = 0, infer_span = 0, train_idle = 0, train_span = 0;
   double zero_rounds = 0,
          zero_rounds_while_receiving = 0;  // ZeRO-2 rounds, summed over train ranks
@@ -171,6 +180,10 @@ struct RlMetricsRow {
   double masked_token_share = 0;
   // LoRA RL: policy updates loaded into a slot a running request still used (every infer rank).
   double lora_slot_reuses = 0;
+  // A reward program's failed requests, and its extra metrics: per key, the mean over the
+  // completions that gave it (written as reward_extra/<key>/mean).
+  double reward_errors = 0;
+  std::map<std::string, double> reward_extra;
 };
 // The --metrics file (JSONL) in the form of verl's file logger, {"step": N, "data": {...}},
 // with verl's metric names wherever the quantity is the same (critic/score/mean, actor/pg_loss,
@@ -179,7 +192,8 @@ struct RlMetricsRow {
 //   {"step": 0, "config": {...}, "data": {}}             first: the run's settings
 //   {"step": 0, "eval": "start" | "after_sft", "data": {"val-core/held_out/acc/mean@1": A}}
 //   {"step": S, "phase": "sft", "data": {"sft/loss": L, "sft/grad_norm": G, "sft/lr": R}}
-//   {"step": N, "data": {...}}                            a GRPO step (+ its held-out eval)
+//   {"step": N, "data": {...}}                            a GRPO step (+ its held-out eval,
+//                                                         + a reward program's extra metrics)
 nlohmann::json metrics_file_row(const RlMetricsRow& r);
 // The inverse of metrics_file_row (a GRPO row back; m.phase "grpo"). Throws naming a missing name.
 RlMetricsRow parse_metrics_file_row(const nlohmann::json& j);

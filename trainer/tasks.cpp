@@ -1,6 +1,7 @@
 #include "trainer/tasks.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -97,14 +98,151 @@ std::regex compile(const std::string& pattern, const char* what) {
 
 }  // namespace
 
-std::string extract_answer(const std::string& completion) {
-  return trim(completion.substr(0, completion.find('\n')));
+AnswerExtract parse_answer_extract(const std::string& spec) {
+  AnswerExtract e;
+  if (spec == "first-line") {
+    e.from = AnswerFrom::kFirstLine;
+  } else if (spec == "last-line") {
+    e.from = AnswerFrom::kLastLine;
+  } else if (spec == "boxed") {
+    e.from = AnswerFrom::kBoxed;
+  } else if (spec == "full") {
+    e.from = AnswerFrom::kFull;
+  } else if (spec.rfind("after:", 0) == 0 && spec.size() > 6) {
+    e.from = AnswerFrom::kAfter;
+    e.marker = spec.substr(6);
+  } else {
+    CRL_INVALID("unknown answer extraction '", spec,
+                "' (known: first-line, last-line, after:STR such as after:####, boxed, full)");
+  }
+  return e;
+}
+
+std::string answer_extract_name(const AnswerExtract& e) {
+  switch (e.from) {
+    case AnswerFrom::kFirstLine:
+      return "first-line";
+    case AnswerFrom::kLastLine:
+      return "last-line";
+    case AnswerFrom::kAfter:
+      return "after:" + e.marker;
+    case AnswerFrom::kBoxed:
+      return "boxed";
+    case AnswerFrom::kFull:
+      return "full";
+  }
+  return "?";
+}
+
+std::string describe_reward(const RewardOptions& o) {
+  if (!o.program.empty()) return "program '" + o.program + "'";
+  std::string where;
+  switch (o.extract.from) {
+    case AnswerFrom::kFirstLine:
+      where = "the first line";
+      break;
+    case AnswerFrom::kLastLine:
+      where = "the last line";
+      break;
+    case AnswerFrom::kAfter:
+      where = "what follows the last '" + o.extract.marker + "'";
+      break;
+    case AnswerFrom::kBoxed:
+      where = "the last \\boxed{...}";
+      break;
+    case AnswerFrom::kFull:
+      where = "the whole completion";
+      break;
+  }
+  return reward_kind_name(o.kind) + " on " + where;
+}
+
+namespace {
+
+// The contents of the last \boxed{...} (or \fbox{...}) in s, braces balanced; "\boxed 42" (no
+// braces) gives the rest of its line up to a '$'.
+std::optional<std::string> last_boxed(const std::string& s) {
+  size_t at = std::string::npos;
+  size_t skip = 0;
+  for (const char* name : {"\\boxed", "\\fbox"}) {
+    const size_t p = s.rfind(name);
+    if (p != std::string::npos && (at == std::string::npos || p > at)) {
+      at = p;
+      skip = std::char_traits<char>::length(name);
+    }
+  }
+  if (at == std::string::npos) return std::nullopt;
+  size_t i = at + skip;
+  while (i < s.size() && (s[i] == ' ' || s[i] == '\t')) ++i;
+  if (i < s.size() && s[i] != '{') {          // "\boxed 42$": to a '$' or the end of the line
+    if (i == at + skip) return std::nullopt;  // "\boxedx": another command
+    const size_t end = s.find_first_of("$\n", i);
+    return s.substr(i, end == std::string::npos ? std::string::npos : end - i);
+  }
+  if (i >= s.size()) return std::nullopt;
+  int depth = 0;
+  for (size_t k = i; k < s.size(); ++k) {
+    if (s[k] == '{') ++depth;
+    if (s[k] == '}' && --depth == 0) return s.substr(i + 1, k - i - 1);
+  }
+  return std::nullopt;  // unbalanced: the completion was cut off inside it
+}
+
+// "1,234,567" -> "1234567" and "$5" -> "5": the numbers GSM8K answers write.
+std::string plain_numbers(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const bool digit_before = !out.empty() && std::isdigit(static_cast<unsigned char>(out.back()));
+    if (s[i] == ',' && digit_before && i + 3 < s.size() &&
+        std::isdigit(static_cast<unsigned char>(s[i + 1])) &&
+        std::isdigit(static_cast<unsigned char>(s[i + 2])) &&
+        std::isdigit(static_cast<unsigned char>(s[i + 3])) &&
+        (i + 4 >= s.size() || !std::isdigit(static_cast<unsigned char>(s[i + 4])))) {
+      continue;
+    }
+    if (s[i] == '$') continue;
+    out += s[i];
+  }
+  return out;
+}
+
+}  // namespace
+
+std::optional<std::string> extract_answer(const std::string& completion, const AnswerExtract& e) {
+  switch (e.from) {
+    case AnswerFrom::kFirstLine:
+      return trim(completion.substr(0, completion.find('\n')));
+    case AnswerFrom::kLastLine: {
+      std::string last;
+      std::istringstream in(completion);
+      for (std::string line; std::getline(in, line);) {
+        if (!trim(line).empty()) last = trim(line);
+      }
+      return last;
+    }
+    case AnswerFrom::kAfter: {
+      const size_t p = completion.rfind(e.marker);
+      if (p == std::string::npos) return std::nullopt;
+      const std::string rest = completion.substr(p + e.marker.size());
+      return trim(rest.substr(0, rest.find('\n')));
+    }
+    case AnswerFrom::kBoxed: {
+      auto b = last_boxed(completion);
+      if (!b) return std::nullopt;
+      return trim(*b);
+    }
+    case AnswerFrom::kFull:
+      return trim(completion);
+  }
+  return std::nullopt;
 }
 
 RewardResult score_completion(const RewardOptions& o, const std::string& completion,
                               const std::string& answer) {
-  const std::string got = extract_answer(completion);
   RewardResult r;
+  const std::optional<std::string> part = extract_answer(completion, o.extract);
+  if (!part) return r;  // no answer part: 0, not well formed
+  const std::string& got = *part;
   r.well_formed = std::regex_match(got, compile(o.format_regex, "format"));
   switch (o.kind) {
     case RewardKind::kExact:
@@ -112,7 +250,7 @@ RewardResult score_completion(const RewardOptions& o, const std::string& complet
       break;
     case RewardKind::kNumeric: {
       double a = 0, b = 0;
-      r.correct = first_number(got, &a) && whole_number(answer, &b) &&
+      r.correct = first_number(plain_numbers(got), &a) && whole_number(plain_numbers(answer), &b) &&
                   std::abs(a - b) <= 1e-6 * std::max(1.0, std::abs(b));
       break;
     }
@@ -133,7 +271,7 @@ std::vector<TaskRow> load_task_jsonl(const std::string& path, const RewardOption
   compile(reward.format_regex, "format");
   std::optional<text::ChatTemplate> chat;            // loaded at the first "messages" row
   std::optional<std::vector<std::string>> literals;  // with split_special_tokens, at the first chat
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   if (!in) CRL_INVALID("cannot read task data ", path);
   std::vector<TaskRow> rows;
   std::vector<std::string> errors;
@@ -143,6 +281,11 @@ std::vector<TaskRow> load_task_jsonl(const std::string& path, const RewardOption
   };
   std::string text;
   for (int64_t line = 1; std::getline(in, text); ++line) {
+    if (line == 1 && text.compare(0, 4, "PAR1") == 0) {
+      CRL_INVALID(
+          path, " is a Parquet file (verl's data format); --data reads JSON lines: convert ",
+          "it with `python3 scripts/verl_to_jsonl.py ", path, " OUT.jsonl` (needs pyarrow)");
+    }
     if (trim(text).empty()) continue;
     // Ordered: a template sees a message's keys in the order the file gives them.
     bool too_deep = false;
@@ -156,8 +299,15 @@ std::vector<TaskRow> load_task_jsonl(const std::string& path, const RewardOption
       bad(line, "expected a JSON object with \"prompt\" (or \"messages\") and \"answer\"");
       continue;
     }
-    const bool has_messages = j.contains("messages");
-    if (j.contains("prompt") && has_messages) {
+    // verl's rows: "prompt" as chat messages, "reward_model": {"ground_truth": ...} as the answer.
+    const bool verl_chat = j.contains("prompt") && j["prompt"].is_array();
+    if (verl_chat && j.contains("messages")) {
+      bad(line, "has both \"prompt\" (a chat) and \"messages\"");
+      continue;
+    }
+    const bool has_messages = j.contains("messages") || verl_chat;
+    const char* messages_key = verl_chat ? "prompt" : "messages";
+    if (j.contains("prompt") && j.contains("messages")) {
       bad(line, "has both \"prompt\" and \"messages\" (give the prompt as text or as a chat)");
       continue;
     }
@@ -166,16 +316,27 @@ std::vector<TaskRow> load_task_jsonl(const std::string& path, const RewardOption
       continue;
     }
     if (!has_messages && !j["prompt"].is_string()) {
-      bad(line, std::string("\"prompt\" must be a string, got ") + j["prompt"].type_name());
+      bad(line, std::string("\"prompt\" must be a string or a list of chat messages, got ") +
+                    j["prompt"].type_name());
       continue;
     }
-    if (!j.contains("answer")) {
-      bad(line, "missing field \"answer\"");
+    const ojson* a = nullptr;
+    const char* answer_key = "\"answer\"";
+    if (j.contains("answer")) {
+      a = &j["answer"];
+    } else if (j.contains("reward_model") && j["reward_model"].is_object() &&
+               j["reward_model"].contains("ground_truth")) {
+      a = &j["reward_model"]["ground_truth"];
+      answer_key = "\"reward_model.ground_truth\"";
+    }
+    if (a == nullptr) {
+      bad(line, "missing field \"answer\" (or verl's \"reward_model\": {\"ground_truth\": ...})");
       continue;
     }
-    const ojson& a = j["answer"];
-    if (!a.is_string() && !a.is_number()) {
-      bad(line, std::string("\"answer\" must be a string or a number, got ") + a.type_name());
+    // A reward program takes any JSON as the ground truth; the built-in rewards a text or number.
+    if (!a->is_string() && !a->is_number() && reward.program.empty()) {
+      bad(line, std::string(answer_key) + " must be a string or a number, got " + a->type_name() +
+                    " (a reward program, --reward COMMAND, takes any JSON)");
       continue;
     }
     if (j.contains("demonstration") && !j["demonstration"].is_string()) {
@@ -183,8 +344,16 @@ std::vector<TaskRow> load_task_jsonl(const std::string& path, const RewardOption
           std::string("\"demonstration\" must be a string, got ") + j["demonstration"].type_name());
       continue;
     }
+    if (j.contains("data_source") && !j["data_source"].is_string()) {
+      bad(line,
+          std::string("\"data_source\" must be a string, got ") + j["data_source"].type_name());
+      continue;
+    }
     TaskRow row;
-    row.answer = a.is_string() ? a.get<std::string>() : a.dump();
+    row.answer = a->is_string() ? a->get<std::string>() : a->dump();
+    row.ground_truth_json = a->dump();
+    if (j.contains("data_source")) row.data_source = j["data_source"].get<std::string>();
+    if (j.contains("extra_info")) row.extra_info_json = j["extra_info"].dump();
     if (j.contains("demonstration")) row.demonstration = j["demonstration"].get<std::string>();
     row.line = line;
     row.split_special_tokens = split_special_tokens;
@@ -198,26 +367,30 @@ std::vector<TaskRow> load_task_jsonl(const std::string& path, const RewardOption
         options.add_generation_prompt = true;
         if (literals) {
           text::SpecialLiteralMask mask(*literals);
-          row.prompt = chat->render(mask.mask(j["messages"]), options);
+          row.prompt = chat->render(mask.mask(j[messages_key]), options);
           row.literal_spans = mask.unmask(row.prompt);
         } else {
-          row.prompt = chat->render(j["messages"], options);
+          row.prompt = chat->render(j[messages_key], options);
         }
       } catch (const std::exception& e) {  // bad messages, or the template's raise_exception
-        bad(line, std::string("\"messages\": ") + e.what());
+        bad(line, "\"" + std::string(messages_key) + "\": " + e.what());
         continue;
       }
       row.kind = chat->is_jinja() ? PromptKind::kChat : PromptKind::kBuiltinChat;
+      row.messages_json = j[messages_key].dump();
     } else {
       row.prompt = j["prompt"].get<std::string>();
     }
     if (trim(row.prompt).empty()) {
-      bad(line, has_messages ? "\"messages\" render to an empty prompt" : "\"prompt\" is empty");
+      bad(line, has_messages ? "\"" + std::string(messages_key) + "\" render to an empty prompt"
+                             : std::string("\"prompt\" is empty"));
       continue;
     }
-    if (reward.kind == RewardKind::kNumeric) {
+    if (!reward.program.empty()) {
+      // the program judges: nothing to check here
+    } else if (reward.kind == RewardKind::kNumeric) {
       double v = 0;
-      if (!whole_number(row.answer, &v)) {
+      if (!whole_number(plain_numbers(row.answer), &v)) {
         bad(line, "\"answer\" " + json(row.answer).dump() + " is not a number (reward numeric)");
         continue;
       }

@@ -4,22 +4,31 @@
 // Data file: one JSON object per line, {"prompt": string, "answer": string or number}, or
 // {"messages": [{"role": ..., "content": ...}, ...], "answer": ...}: a chat, rendered by the
 // model's chat template with add_generation_prompt (the prompt then ends where the assistant's
-// reply begins). An optional "demonstration" string is what the SFT warm-up trains on instead of
-// the answer (say a worked solution; the rewards judge the answer). Other keys are ignored and
-// blank lines skipped. Every bad row (invalid JSON, missing field, wrong type, empty prompt, both
-// or neither of prompt and messages, a chat the template rejects, and for the chosen reward an
-// answer it cannot use: a bad regex, a non-number) is reported as FILE:LINE: reason, and loading
-// fails: a run never starts on garbage.
+// reply begins). verl's row fields are read too: "prompt" as a list of chat messages is a chat,
+// "reward_model": {"ground_truth": ...} is the answer when "answer" is absent, and "data_source"
+// (a string) and "extra_info" (any JSON) are kept for a reward program (reward_program.h). An
+// optional "demonstration" string is what the SFT warm-up trains on instead of the answer (say a
+// worked solution; the rewards judge the answer). Other keys are ignored and blank lines skipped.
+// Every bad row (invalid JSON, missing field, wrong type, empty prompt, both or neither of prompt
+// and messages, a chat the template rejects, and for the chosen reward an answer it cannot use: a
+// bad regex, a non-number) is reported as FILE:LINE: reason, and loading fails: a run never starts
+// on garbage. A Parquet file (verl's format) is refused with the command that converts it.
 //
-// Rewards score the *answer part* of a completion: its text up to the first newline, trimmed.
+// The built-in rewards score the *answer part* of a completion, which RewardOptions::extract
+// takes out of it (AnswerExtract: by default the text up to the first newline), trimmed:
 //   exact    1 if it equals the answer (both trimmed);
 //   numeric  1 if its first number equals the answer's number (|a - b| <= 1e-6 * max(1, |b|));
+//            thousands separators ("1,234") and a leading '$' are read as GSM8K writes them;
 //   regex    1 if the whole answer part matches the row's answer as an ECMAScript regex;
 //   format   1 if it matches RewardOptions::format_regex (no correctness check).
 // format_weight > 0 adds that much for a well-formed answer to the exact/numeric/regex reward.
+// A completion without an answer part (no marker for after:STR, no \boxed{...}) scores 0 and is
+// not well formed. A reward program (--reward COMMAND) judges the whole completion instead.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <string>
 #include <utility>
@@ -49,6 +58,12 @@ struct TaskRow {
   // (the template's own special tokens stay tokens).
   bool split_special_tokens = false;
   std::vector<std::pair<size_t, size_t>> literal_spans;
+  // For a reward program: verl's "data_source", and the JSON text of "extra_info" and of the
+  // ground truth as the file gives it (empty: none; the ground truth is then `answer`).
+  std::string data_source;
+  std::string extra_info_json;
+  std::string ground_truth_json;
+  std::string messages_json;  // a chat row's messages as the file gives them (for an --env)
 };
 
 enum class RewardKind { kExact, kNumeric, kRegex, kFormat };
@@ -57,13 +72,34 @@ enum class RewardKind { kExact, kNumeric, kRegex, kFormat };
 RewardKind parse_reward_kind(const std::string& name);
 std::string reward_kind_name(RewardKind kind);
 
+// Which part of a completion the built-in rewards judge (--answer-extract).
+enum class AnswerFrom {
+  kFirstLine,  // "first-line": up to the first newline
+  kLastLine,   // "last-line": the last line with anything but whitespace on it
+  kAfter,      // "after:STR": after the last STR, to the end of its line (GSM8K: "after:####")
+  kBoxed,      // "boxed": the contents of the last \boxed{...} or \fbox{...} (braces balanced)
+  kFull,       // "full": the whole completion
+};
+struct AnswerExtract {
+  AnswerFrom from = AnswerFrom::kFirstLine;
+  std::string marker;  // kAfter's STR (not empty)
+};
+// Throws std::invalid_argument listing the forms.
+AnswerExtract parse_answer_extract(const std::string& spec);
+std::string answer_extract_name(const AnswerExtract& extract);
+
 struct RewardOptions {
   // How correctness is judged.
   RewardKind kind = RewardKind::kExact;
+  AnswerExtract extract;
   // A well-formed answer part matches this whole (ECMAScript).
   std::string format_regex = R"(\S(.*\S)?)";
   // Bonus for a well-formed answer part, added to exact/numeric/regex rewards (0 = off).
   double format_weight = 0.0;
+  // A reward program's command line (--reward COMMAND; reward_program.h): it scores instead of
+  // `kind`, and rows' answers may be any JSON. Empty: the built-in `kind`.
+  std::string program;
+  std::chrono::milliseconds program_timeout{30000};  // its longest wait for one reply
 };
 
 struct RewardResult {
@@ -72,8 +108,14 @@ struct RewardResult {
   bool well_formed = false;
 };
 
-// The completion's text up to the first '\n', with surrounding whitespace removed.
-std::string extract_answer(const std::string& completion);
+// How the reward judges, for people: "exact on the first line", "numeric on what follows the last
+// '####'", "program 'python3 gsm8k.py'".
+std::string describe_reward(const RewardOptions& options);
+
+// The completion's answer part (see AnswerExtract), with surrounding whitespace removed; nullopt
+// when it has none.
+std::optional<std::string> extract_answer(const std::string& completion,
+                                          const AnswerExtract& extract = {});
 
 // Scores one completion against a row's answer. Throws std::invalid_argument on a bad regex.
 RewardResult score_completion(const RewardOptions& options, const std::string& completion,

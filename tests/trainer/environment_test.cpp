@@ -179,6 +179,31 @@ TEST(ProcessEnvTest, PlaysEpisodesOverJsonLines) {
 
 // Op "demonstration": a worked episode for the SFT warm-up (or null: none); a process that
 // answers it badly is a named error, thrown (the warm-up cannot go on without it).
+// With --data, a reset and a demonstration carry the row (env_task): the program reads its task
+// from it.
+TEST(ProcessEnvTest, AResetGetsTheDataRowAsItsTask) {
+  TaskRow row;
+  row.prompt = "What is 12 plus 30?";
+  row.answer = "42";
+  row.ground_truth_json = "42";
+  row.data_source = "mine";
+  row.extra_info_json = R"({"a": 12, "b": 30})";
+  const ojson task = env_task(row);
+  EXPECT_EQ(task["ground_truth"], 42);
+  EXPECT_TRUE(task["messages"].is_null());
+  EXPECT_EQ(task["data_source"], "mine");
+  ProcessEnv env(test_env(), EnvOptions{});
+  EnvReply r = env.reset("e1", EnvSplit::kTrain, 3, task);
+  ASSERT_EQ(r.error, "");
+  EXPECT_EQ(r.messages[0]["content"], "What is 12 plus 30?");
+  r = env.step("e1", assistant("42"));
+  EXPECT_TRUE(r.done);
+  EXPECT_TRUE(r.correct);  // the row's operands, not task 3's
+  const ojson demo = env.demonstration(EnvSplit::kTrain, 3, task);
+  EXPECT_EQ(demo["messages"][0]["content"], "What is 12 plus 30?");
+  EXPECT_EQ(demo["messages"].back()["content"], "42");
+}
+
 TEST(ProcessEnvTest, GivesDemonstrationsForTheWarmUpOverJsonLines) {
   auto env = make_environment(test_env(), EnvOptions{});
   ojson demo = env->demonstration(EnvSplit::kTrain, 3);

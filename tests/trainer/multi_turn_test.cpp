@@ -141,13 +141,14 @@ class CountingEnv : public Environment {
  public:
   explicit CountingEnv(std::unique_ptr<Environment> inner) : inner_(std::move(inner)) {}
   std::string name() const override { return inner_->name(); }
-  EnvReply reset(const std::string& id, EnvSplit split, int64_t index) override {
+  EnvReply reset(const std::string& id, EnvSplit split, int64_t index,
+                 const ojson& task = nullptr) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
       max_open = std::max(max_open, ++open);
       log.push_back("reset " + id);
     }
-    return inner_->reset(id, split, index);
+    return inner_->reset(id, split, index, task);
   }
   EnvReply step(const std::string& id, const ojson& assistant) override {
     EnvReply r = inner_->step(id, assistant);
@@ -218,7 +219,9 @@ TEST(MultiTurnTest, TheInFlightCapBoundsOpenEpisodesAndWavesAreLockstep) {
 class RejectedReplyEnv : public Environment {
  public:
   std::string name() const override { return "rejected-reply"; }
-  EnvReply reset(const std::string&, EnvSplit, int64_t) override { return reply("hi"); }
+  EnvReply reset(const std::string&, EnvSplit, int64_t, const ojson& = nullptr) override {
+    return reply("hi");
+  }
   EnvReply step(const std::string&, const ojson&) override { return reply("boom"); }
 
  private:

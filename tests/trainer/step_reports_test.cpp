@@ -141,6 +141,43 @@ TEST(RlReportsTest, MetricsFileRowUsesVerlNamesCountsAsIntegersAndReadsBack) {
   missing["data"].erase("actor/grad_norm");
   ASSERT_THROWS_WITH(parse_metrics_file_row(missing), std::invalid_argument,
                      "step 3: no number 'actor/grad_norm'");
+  json older = e;  // a file from before reward programs
+  older["data"].erase("crl/reward_errors");
+  EXPECT_EQ(parse_metrics_file_row(older).reward_errors, 0);
+}
+
+// A reward program's counts and extra metrics (--reward COMMAND) go through the reports, add up
+// over the infer ranks as means over the completions that gave them, and read back from the row.
+TEST(RlReportsTest, RewardProgramErrorsAndExtraMetricsTravelToTheRow) {
+  InferReport a = infer_report(8, 1.0, 5.0);
+  a.reward_requests = 4;
+  a.reward_errors = 1;
+  a.reward_extra["has_answer"] = {3.0, 6};
+  const InferReport back = json(a).get<InferReport>();
+  EXPECT_EQ(back.reward_requests, 4);
+  EXPECT_EQ(back.reward_errors, 1);
+  EXPECT_EQ(back.reward_extra.at("has_answer"), std::make_pair(3.0, int64_t{6}));
+  json old = json(a);  // a report from a build before them
+  old.erase("reward_requests");
+  old.erase("reward_errors");
+  old.erase("reward_extra");
+  EXPECT_EQ(old.get<InferReport>().reward_errors, 0);
+  InferReport b = a;
+  b.reward_extra["has_answer"] = {1.0, 2};
+  b.reward_extra["length"] = {10.0, 2};
+  const StepTotals t = combine({a, b}, {1.0, 1.0});
+  EXPECT_EQ(t.reward_requests, 8);
+  EXPECT_EQ(t.reward_errors, 2);
+  RlMetricsRow row = make_metrics_row(t);
+  EXPECT_DOUBLE_EQ(row.reward_extra.at("has_answer"), 4.0 / 8);
+  EXPECT_DOUBLE_EQ(row.reward_extra.at("length"), 5.0);
+  const json j = json::parse(metrics_file_row(row).dump());
+  EXPECT_TRUE(j["data"]["crl/reward_errors"].is_number_integer());
+  EXPECT_EQ(j["data"]["crl/reward_errors"], 2);
+  EXPECT_DOUBLE_EQ(j["data"]["reward_extra/has_answer/mean"].get<double>(), 0.5);
+  const RlMetricsRow r = parse_metrics_file_row(j);
+  EXPECT_EQ(r.reward_extra, row.reward_extra);
+  EXPECT_EQ(r.reward_errors, 2);
 }
 
 TEST(RlReportsTest, SftStepsTravelThroughTheCoordinatorToTheirRows) {

@@ -100,7 +100,9 @@ TEST(TaskTest, BadRowsAreAllReportedWithFileAndLineAndNothingLoads) {
     EXPECT_NE(msg.find("6 bad rows"), std::string::npos) << msg;
     EXPECT_NE(msg.find(path + ":4: invalid JSON"), std::string::npos) << msg;
     EXPECT_NE(msg.find(path + ":5: missing field \"prompt\""), std::string::npos) << msg;
-    EXPECT_NE(msg.find(path + ":6: \"prompt\" must be a string, got number"), std::string::npos)
+    EXPECT_NE(
+        msg.find(path + ":6: \"prompt\" must be a string or a list of chat messages, got number"),
+        std::string::npos)
         << msg;
     EXPECT_NE(msg.find(path + ":7: \"answer\" must be a string or a number, got array"),
               std::string::npos)
