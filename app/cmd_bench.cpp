@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "app/cli_style.h"
 #include "app/commands.h"
 #include "app/launcher.h"
 #include "bench/host_step_bench.h"
@@ -211,7 +212,7 @@ Runner register_bench(CLI::App& app) {
   sync->add_option("--lora-rank", sf->lora_rank,
                    "also sync an all-linear LoRA adapter of this rank alone (LoRA RL's update) in "
                    "the same run, next to the whole model (0 = no LoRA row)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(at_least(0));
   sync->add_option("--device", sf->device,
                    "cpu (Gloo) or cuda (a GPU per rank: NCCL; ranks sharing a GPU: CUDA IPC, "
                    "measured against the device's own copy)")

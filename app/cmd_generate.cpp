@@ -7,6 +7,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "app/cli_style.h"
 #include "app/commands.h"
 #include "app/request_json.h"
 #include "engine/llm_engine.h"
@@ -25,6 +26,7 @@ Runner register_generate(CLI::App& app) {
   f->params.max_tokens = 64;
   auto* cmd = app.add_subcommand("generate", "generate completions with the engine");
   add_engine_flags(*cmd, f->engine);
+  cmd->option_defaults()->group("Requests and sampling");
   cmd->add_option("--prompt", f->prompts, "prompt text (repeatable)");
   cmd->add_option("--jsonl", f->jsonl,
                   "file of requests, one JSON object per line: {\"prompt\": ...} or "

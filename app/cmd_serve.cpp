@@ -9,6 +9,7 @@
 #include <iostream>
 #include <thread>
 
+#include "app/cli_style.h"
 #include "app/commands.h"
 #include "server/api_server.h"
 
@@ -29,6 +30,7 @@ Runner register_serve(CLI::App& app) {
   auto f = std::make_shared<Flags>();
   auto* cmd = app.add_subcommand("serve", "serve the engine over an OpenAI-compatible HTTP API");
   add_engine_flags(*cmd, f->engine);
+  cmd->option_defaults()->group("HTTP server");
   auto& s = f->server;
   cmd->add_option("--host", s.host, "address to bind (0.0.0.0: every interface)")
       ->capture_default_str();
@@ -55,24 +57,24 @@ Runner register_serve(CLI::App& app) {
   cmd->add_option("--http-request-timeout", s.request_timeout_s,
                   "seconds a request may take to arrive, head and body (its head: 10 s at most); "
                   "408 and the connection closed after")
-      ->check(CLI::PositiveNumber)
+      ->check(positive())
       ->capture_default_str();
   cmd->add_option("--max-connections-per-client", s.max_connections_per_client,
                   "connections one remote address may hold open; more get 503 (0: no cap; "
                   "loopback clients are not capped)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(at_least(0))
       ->capture_default_str();
   cmd->add_option("--session-idle-timeout", s.sessions.idle_timeout_s,
                   "chat sessions end after this many seconds without a request")
-      ->check(CLI::PositiveNumber)
+      ->check(positive())
       ->capture_default_str();
   cmd->add_option("--max-sessions", s.sessions.max_sessions,
                   "chat sessions held at most (the least recently used idle one ends first)")
-      ->check(CLI::PositiveNumber)
+      ->check(positive())
       ->capture_default_str();
   cmd->add_option("--max-session-tokens", s.sessions.max_tokens,
                   "token ids one chat session may hold")
-      ->check(CLI::PositiveNumber)
+      ->check(positive())
       ->capture_default_str();
   return [f]() {
     // One malloc arena for the whole server (unless the user set MALLOC_ARENA_MAX). glibc gives

@@ -50,8 +50,13 @@ int for_each_line(const std::string& path, Fn fn) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
     try {
-      const json row = json::parse(line);
-      if (!row.is_object()) throw std::invalid_argument("expected a JSON object");
+      const json row = json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (row.is_discarded() || !row.is_object()) {
+        throw std::invalid_argument(
+            std::string(row.is_discarded() ? "not JSON" : "not a JSON object") +
+            ": each line is an object such as {\"text\": \"...\"} ({\"ids\": [...]} for "
+            "detokenize); plain text lines become those with jq -R '{text: .}'");
+      }
       std::cout << fn(row).dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
     } catch (const std::exception& e) {
       std::cout.flush();

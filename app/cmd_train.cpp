@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "app/cli_style.h"
 #include "app/commands.h"
 #include "app/launcher.h"
 #include "app/rl_job.h"
@@ -67,6 +68,7 @@ struct TrainFlags {
 // The model, where it runs, and the task.
 void add_model_and_task_flags(CLI::App* cmd, TrainFlags* f) {
   RlJobOptions& o = f->o;
+  cmd->option_defaults()->group(kGroupModel);
   cmd->add_option("--model", o.model_dir,
                   "Hugging Face model directory (default: the embedded one)");
   cmd->add_option("--device", o.device,
@@ -88,6 +90,7 @@ void add_model_and_task_flags(CLI::App* cmd, TrainFlags* f) {
                   "libtorch's, steps of 2+ tokens) or libtorch (at::linear everywhere)")
       ->check(CLI::IsMember({"auto", "libtorch"}))
       ->capture_default_str();
+  cmd->option_defaults()->group(kGroupData);
   cmd->add_option("--data", o.data_path,
                   "JSONL rows {\"prompt\", \"answer\"} or {\"messages\": [chat], \"answer\"} "
                   "(a chat, rendered with the model's template; default: the built-in copy task)");
@@ -111,12 +114,12 @@ void add_model_and_task_flags(CLI::App* cmd, TrainFlags* f) {
                   "--reward COMMAND: seconds it has for one reply (then the request's completions "
                   "score 0, counted as crl/reward_errors)")
       ->capture_default_str()
-      ->check(CLI::Range(0.001, 86400.0));
+      ->check(in_range(0.001, 86400.0));
   cmd->add_option("--format-weight", o.reward.format_weight,
                   "bonus for a well-formed answer (added to the correctness reward)");
   cmd->add_option("--eval-rows", o.eval_rows,
                   "held-out rows, never trained on (default: a fifth of the rows, at most 128)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(at_least(0));
   cmd->add_option("--seed", o.seed, "seed of the split, prompt order and sampling")
       ->capture_default_str();
 }
@@ -124,12 +127,16 @@ void add_model_and_task_flags(CLI::App* cmd, TrainFlags* f) {
 // The SFT warm-up, GRPO's schedule and the optimizer's state.
 void add_schedule_flags(CLI::App* cmd, TrainFlags* f) {
   RlJobOptions& o = f->o;
+  cmd->option_defaults()->group(kGroupRl);
   f->sft_steps_opt =
       cmd->add_option("--sft-steps", o.sft_steps,
                       "SFT warm-up steps before GRPO (0 = none; 400 with --lora-rank, 0 with a "
                       "--reward COMMAND)")
+          ->check(at_least(0))
           ->capture_default_str();
-  cmd->add_option("--sft-rows", o.sft_rows_per_step, "rows per SFT step")->capture_default_str();
+  cmd->add_option("--sft-rows", o.sft_rows_per_step, "rows per SFT step")
+      ->capture_default_str()
+      ->check(at_least(1));
   f->sft_target_opt =
       cmd->add_option("--sft-target", f->sft_target,
                       "what the SFT warm-up trains on: each row's demonstration (the built-in "
@@ -148,16 +155,20 @@ void add_schedule_flags(CLI::App* cmd, TrainFlags* f) {
                   "SFT cosine floor: after warmup the lr decays from --sft-lr to this over "
                   "--sft-steps (default: --sft-lr / 10; equal to --sft-lr: constant)");
   f->steps_opt = cmd->add_option("--steps", o.steps, "GRPO steps (60 with --lora-rank)")
-                     ->capture_default_str();
+                     ->capture_default_str()
+                     ->check(at_least(0));
   cmd->add_option("--prompts-per-step", o.prompts_per_step, "prompts per GRPO step (all engines)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(at_least(1));
   cmd->add_option("--n-samples", o.samples_per_prompt, "samples per prompt (a GRPO group)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(at_least(1));
   f->temperature_opt = cmd->add_option("--temperature", o.temperature,
                                        "rollout sampling temperature (0.3 with --lora-rank)")
                            ->capture_default_str();
   cmd->add_option("--max-tokens", o.max_tokens, "generated tokens per sample at most")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(at_least(1));
   f->lr_opt = cmd->add_option("--lr", f->lr, "GRPO peak learning rate (1e-4 with --lora-rank)")
                   ->capture_default_str();
   f->warmup_opt = cmd->add_option("--warmup-steps", o.trainer.schedule.warmup_steps,
@@ -173,7 +184,7 @@ void add_schedule_flags(CLI::App* cmd, TrainFlags* f) {
   cmd->add_option("--zero", o.trainer.zero_stage,
                   "ZeRO stage over the train ranks: 0 replicated, 1 sharded optimizer state, 2 "
                   "also sharded gradients (default: 2 with more than one train rank, else 0)")
-      ->check(CLI::Range(0, 2));
+      ->check(in_range(0, 2));
   cmd->add_flag("--activation-checkpointing", o.trainer.activation_checkpointing,
                 "recompute each decoder layer's activations in backward");
   cmd->add_flag("--offload-optimizer", o.trainer.offload_optimizer,
@@ -183,11 +194,12 @@ void add_schedule_flags(CLI::App* cmd, TrainFlags* f) {
 // LoRA: train and sync an adapter alone.
 void add_lora_flags(CLI::App* cmd, TrainFlags* f) {
   RlJobOptions& o = f->o;
+  cmd->option_defaults()->group(kGroupLora);
   cmd->add_option("--lora-rank", o.trainer.lora.rank,
                   "train a LoRA adapter of this rank on the frozen base and sync only the adapter "
                   "(0 = full fine-tuning)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(at_least(0));
   cmd->add_option("--lora-alpha", o.trainer.lora.alpha,
                   "LoRA alpha (the update is scaled by alpha / rank)")
       ->capture_default_str();
@@ -202,6 +214,7 @@ void add_lora_flags(CLI::App* cmd, TrainFlags* f) {
 // GRPO's loss, asynchrony and the rollout queue.
 void add_rl_flags(CLI::App* cmd, TrainFlags* f) {
   RlJobOptions& o = f->o;
+  cmd->option_defaults()->group(kGroupRl);
   cmd->add_option("--micro-batch-tokens", o.trainer.micro_batch_tokens,
                   "tokens per packed micro-batch")
       ->capture_default_str();
@@ -217,7 +230,7 @@ void add_rl_flags(CLI::App* cmd, TrainFlags* f) {
                   "asynchronous RL: engines generate step s under weights at most K versions older "
                   "than the ones step s trains (0 = synchronous)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(at_least(0));
   cmd->add_option(
          "--inflight-update", f->inflight,
          "a weight update reaching running sequences: keep (their KV), recompute (their KV "
@@ -231,15 +244,17 @@ void add_rl_flags(CLI::App* cmd, TrainFlags* f) {
   cmd->add_option("--rollout-queue", o.rollout_queue,
                   "packed micro-batches an infer rank queues before it stops admitting prompts")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   cmd->add_option("--clip", o.trainer.grpo.clip_low, "PPO ratio clip range")->capture_default_str();
 }
 
 // Evaluation, metrics, checkpoints and the API served during training.
 void add_output_flags(CLI::App* cmd, TrainFlags* f) {
   RlJobOptions& o = f->o;
-  cmd->add_option("--eval-every", o.eval_every, "held-out evaluation every N steps")
-      ->capture_default_str();
+  cmd->option_defaults()->group(kGroupOutput);
+  cmd->add_option("--eval-every", o.eval_every, "held-out evaluation every N steps (0: never)")
+      ->capture_default_str()
+      ->check(at_least(0));
   cmd->add_option("--metrics", o.metrics_path,
                   "JSONL metrics file in verl's file-logger form ({\"step\": N, \"data\": {...}}, "
                   "verl's metric names): the run's settings, the evals, each SFT and GRPO step");
@@ -275,6 +290,7 @@ void add_output_flags(CLI::App* cmd, TrainFlags* f) {
 // Multi-turn RL against an environment.
 void add_env_flags(CLI::App* cmd, TrainFlags* f) {
   RlJobOptions& o = f->o;
+  cmd->option_defaults()->group(kGroupEnv);
   cmd->add_option("--env", o.env,
                   "multi-turn RL against an environment: 'calculator' (built in: 4-digit additions "
                   "with an add tool) or a command speaking JSON lines on stdin/stdout (started per "
@@ -298,14 +314,14 @@ void add_env_flags(CLI::App* cmd, TrainFlags* f) {
                   "--env COMMAND: processes per infer rank (each answers one request at a time: "
                   "this many episodes' tool calls run at once)")
       ->capture_default_str()
-      ->check(CLI::Range(1, 256));
+      ->check(in_range(1, 256));
   cmd->add_option("--env-digits", o.env_options.calculator_digits,
                   "--env calculator: digits of each operand")
       ->capture_default_str();
   cmd->add_option("--env-operands", o.env_options.calculator_operands,
                   "--env calculator: operands of each task (N: N - 1 add calls, N turns)")
       ->capture_default_str()
-      ->check(CLI::Range(2, 8));
+      ->check(in_range(2, 8));
 }
 
 // Whether sh can run `word` as a command's first word: a file that can run (with a '/'), a program
@@ -379,7 +395,11 @@ RlJobOptions resolve_train_flags(const TrainFlags& flags) {
   RlJobOptions o = f->o;
   o.infer_per_node = f->dist.infer;
   o.train_per_node = f->dist.train;
-  if (o.model_dir.empty()) o.model_dir = engine::ensure_preset_model("default");
+  if (o.model_dir.empty()) {
+    o.model_dir = engine::ensure_preset_model("default");
+  } else {
+    check_model_dir("--model", o.model_dir);  // once, here, not in every rank
+  }
   o.kv_memory_bytes = parse_bytes(f->kv_memory);
   resolve_reward(*f, &o);
   o.trainer.dtype = f->train_dtype.empty() ? o.engine_dtype : f->train_dtype;
@@ -459,13 +479,15 @@ Runner register_train(CLI::App& app) {
   auto* cmd = app.add_subcommand("train",
                                  "GRPO post-training with colocated engines (the default command: "
                                  "`colocated-rl --gpus-infer I --gpus-train T` runs it)");
-  add_dist_flags(*cmd, f->dist, /*with_sync=*/true);
+  // Help shows the groups in this order.
   add_model_and_task_flags(cmd, f.get());
   add_schedule_flags(cmd, f.get());
-  add_lora_flags(cmd, f.get());
   add_rl_flags(cmd, f.get());
-  add_output_flags(cmd, f.get());
+  add_lora_flags(cmd, f.get());
   add_env_flags(cmd, f.get());
+  add_output_flags(cmd, f.get());
+  add_dist_flags(*cmd, f->dist, /*with_sync=*/true);
+  cmd->option_defaults()->group(kGroupDist);
   cmd->add_option("--rollout-timeout", f->rollout_timeout_s,
                   "seconds a train rank waits for one step's rollouts")
       ->capture_default_str();

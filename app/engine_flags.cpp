@@ -1,5 +1,6 @@
 #include <CLI/CLI.hpp>
 
+#include "app/cli_style.h"
 #include "app/commands.h"
 #include "common/units.h"
 #include "engine/model/model_cache.h"
@@ -8,11 +9,14 @@ namespace crl::app {
 
 void add_engine_flags(CLI::App& cmd, EngineFlags& f) {
   auto& c = f.config;
+  const std::string previous = cmd.option_defaults()->get_group();
+  cmd.option_defaults()->group(kGroupModel);
   cmd.add_option("--model", c.model_dir,
                  "Hugging Face model directory (default: the embedded default model)");
   cmd.add_option("--dtype", c.dtype, "compute dtype: float32 or bfloat16")->capture_default_str();
   cmd.add_option("--device", c.device, "cpu, or cuda (a distributed job gives each rank its own)")
       ->capture_default_str();
+  cmd.option_defaults()->group(kGroupEngine);
   cmd.add_option("--kv-memory", f.kv_memory, "KV cache pool size, e.g. 512MiB")
       ->capture_default_str();
   cmd.add_option("--kv-blocks", c.num_kv_blocks, "KV pool size in blocks (overrides --kv-memory)");
@@ -47,6 +51,7 @@ void add_engine_flags(CLI::App& cmd, EngineFlags& f) {
                  "on, off")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
+  cmd.option_defaults()->group(kGroupLora);
   cmd.add_option("--max-loras", c.max_loras, "LoRA adapter slots (at least one per --lora)")
       ->capture_default_str();
   cmd.add_option("--max-lora-rank", c.max_lora_rank, "the largest LoRA rank a slot holds")
@@ -58,13 +63,20 @@ void add_engine_flags(CLI::App& cmd, EngineFlags& f) {
       "--lora", f.loras,
       "NAME=DIR: serve the PEFT LoRA adapter in DIR as model NAME (repeatable; a request "
       "picks it by its \"model\" field)");
+  cmd.option_defaults()->group(kGroupEngine);
   cmd.add_option("--threads", c.num_threads, "intra-op CPU threads (0 = libtorch default)");
   cmd.add_option("--engine-seed", c.seed, "seed for requests that bring none");
+  cmd.option_defaults()->group(previous);
 }
 
 engine::EngineConfig EngineFlags::resolve() {
   engine::EngineConfig c = config;
-  if (c.model_dir.empty()) c.model_dir = engine::ensure_preset_model("default");
+  check_device_available(c.device);
+  if (c.model_dir.empty()) {
+    c.model_dir = engine::ensure_preset_model("default");
+  } else {
+    check_model_dir("--model", c.model_dir);
+  }
   c.kv_memory_bytes = parse_bytes(kv_memory);
   for (const std::string& spec : loras) {
     const size_t eq = spec.find('=');

@@ -1,5 +1,6 @@
 // colocated-rl: parse flags, dispatch to a subcommand. Thin by design (STYLE.md §1).
 #include <dlfcn.h>
+#include <fmt/format.h>
 #include <malloc.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include <map>
 #include <vector>
 
+#include "app/cli_style.h"
 #include "app/commands.h"
 #include "app/launcher.h"
 #include "engine/kernels/cpu_isa.h"
@@ -74,7 +76,8 @@ int main(int argc, char** argv) {
   // `colocated-rl --gpus-infer I --gpus-train T ...` (flags, no subcommand) is the RL job.
   std::vector<char*> args(argv, argv + argc);
   static char train[] = "train";
-  if (argc > 1 && std::strncmp(argv[1], "--", 2) == 0 && std::strcmp(argv[1], "--help") != 0) {
+  if (argc > 1 && std::strncmp(argv[1], "--", 2) == 0 && std::strcmp(argv[1], "--help") != 0 &&
+      std::strcmp(argv[1], "--version") != 0) {
     args.insert(args.begin() + 1, train);
   }
   // `bench rollout --multi-turn ...` is `bench multi-turn ...` (its own flags).
@@ -88,6 +91,16 @@ int main(int argc, char** argv) {
       args[2] = multi_turn;
     }
   }
+  // --config FILE: its flags, after the command.
+  std::vector<std::string> expanded;
+  try {
+    expanded = crl::app::expand_config_file(std::vector<std::string>(args.begin(), args.end()));
+  } catch (const std::exception& e) {
+    spdlog::error("{}", e.what());
+    return 2;
+  }
+  args.clear();
+  for (std::string& a : expanded) args.push_back(a.data());
   argc = static_cast<int>(args.size());
   args.push_back(nullptr);
   argv = args.data();
@@ -95,7 +108,20 @@ int main(int argc, char** argv) {
   // A peer that died closes its sockets: report that as the failed collective, not as SIGPIPE.
   signal(SIGPIPE, SIG_IGN);
   CLI::App app{"colocated-rl: RL post-training of LLMs with colocated generation engines"};
-  app.require_subcommand(1);
+  app.name("colocated-rl");
+  crl::app::install_help_formatter(app);  // before the subcommands: they copy it
+  app.failure_message([&app](const CLI::App*, const CLI::Error& e) {
+    std::string command = "colocated-rl";
+    for (const CLI::App* sub : app.get_subcommands({})) {
+      if (sub->parsed()) command += " " + sub->get_name();
+    }
+    return fmt::format("{} (`{} --help` lists the flags)\n", e.what(), command);
+  });
+  app.set_version_flag("--version", crl::app::version_string());
+  app.require_subcommand(0, 1);
+  app.footer(
+      "`colocated-rl --gpus-infer I --gpus-train T [FLAGS]` (flags, no command) runs train: the "
+      "RL job.\n`colocated-rl COMMAND --help` lists a command's flags.");
   std::map<CLI::App*, crl::app::Runner> runners;
   auto add = [&](crl::app::Runner (*reg)(CLI::App&)) {
     size_t before = app.get_subcommands({}).size();
@@ -112,10 +138,38 @@ int main(int argc, char** argv) {
   add(crl::app::register_train);
   add(crl::app::register_tokenize);
   add(crl::app::register_detokenize);
+  // Arguments no option takes are errors said here, in the order typed, with the nearest flag.
+  app.allow_extras();
+  std::string config_file;  // listed in help; read before parsing (expand_config_file)
+  for (CLI::App* cmd : app.get_subcommands({})) {
+    cmd->allow_extras();
+    cmd->add_option("--config", config_file, crl::app::kConfigHelp);
+  }
+  if (argc == 1) {  // bare: what there is to do
+    std::cout << app.help();
+    return 0;
+  }
+  const std::vector<CLI::App*> commands = app.get_subcommands({});
+  if (argv[1][0] != '-' && std::none_of(commands.begin(), commands.end(),
+                                        [&](CLI::App* s) { return s->get_name() == argv[1]; })) {
+    spdlog::error("{}", crl::app::unknown_command_error(app, argv[1]));
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  }
+  for (CLI::App* cmd : app.get_subcommands({})) {
+    if (!cmd->parsed()) continue;
+    if (const std::string err = crl::app::unexpected_arguments_error(*cmd); !err.empty()) {
+      spdlog::error("{}", err);
+      return 2;
+    }
+  }
+  if (const std::string err = crl::app::unexpected_arguments_error(app); !err.empty()) {
+    spdlog::error("{}", err);
+    return 2;
   }
   try {
     for (auto& [cmd, run] : runners) {

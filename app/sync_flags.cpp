@@ -2,9 +2,13 @@
 
 #include <CLI/CLI.hpp>
 
+#include "app/cli_style.h"
 #include "common/check.h"
 
 namespace crl::app {
+namespace {
+void add_dist_flags_in_group(CLI::App& cmd, DistFlags& f, bool with_sync);
+}  // namespace
 
 std::chrono::milliseconds DistFlags::timeout() const {
   if (!(timeout_s > 0)) CRL_INVALID("--timeout must be > 0 seconds, got ", timeout_s);
@@ -30,15 +34,25 @@ sync::WeightSyncOptions DistFlags::sync_options() const {
 }
 
 void add_dist_flags(CLI::App& cmd, DistFlags& f, bool with_sync) {
+  const std::string previous = cmd.option_defaults()->get_group();
+  cmd.option_defaults()->group(kGroupDist);
+  add_dist_flags_in_group(cmd, f, with_sync);
+  cmd.option_defaults()->group(previous);  // what the caller adds next keeps its own group
+}
+
+namespace {
+
+void add_dist_flags_in_group(CLI::App& cmd, DistFlags& f, bool with_sync) {
   cmd.add_option("--gpus-infer", f.infer, "infer ranks (engines) per node")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   cmd.add_option("--gpus-train", f.train, "train ranks per node")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   cmd.add_option("--timeout", f.timeout_s,
                  "seconds any collective or rendezvous may take before the job fails naming it")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(positive());
   cmd.add_option("--comm-backend", f.backend,
                  "auto (NCCL for a group whose ranks hold CUDA tensors on distinct GPUs, Gloo "
                  "otherwise: see the placement table the RL job prints), gloo or nccl")
@@ -61,5 +75,7 @@ void add_dist_flags(CLI::App& cmd, DistFlags& f, bool with_sync) {
                  "into the engines' buckets) or pull (into send buffers the engines copy from)")
       ->capture_default_str();
 }
+
+}  // namespace
 
 }  // namespace crl::app

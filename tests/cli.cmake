@@ -54,7 +54,7 @@ set_tests_properties(cli.tokenize_rejects_bad_jsonl_naming_the_line PROPERTIES L
 # make-model --help names every shape it makes (they come from the one preset list).
 add_test(NAME cli.make_model_help_lists_every_shape COMMAND colocated-rl make-model --help)
 set_tests_properties(cli.make_model_help_lists_every_shape PROPERTIES LABELS unit
-                     PASS_REGULAR_EXPRESSION "default, smollm2-135m, qwen2-0.5b, qwen2-1.5b, qwen3-0.6b")
+                     PASS_REGULAR_EXPRESSION "default, smollm2-135m, qwen2-0.5b, qwen2-1.5b,[ \n]+qwen3-0.6b")
 add_test(NAME cli.make_model_tokenizer_from_must_hold_a_tokenizer
          COMMAND colocated-rl make-model --out ${CMAKE_CURRENT_BINARY_DIR}/tok-from-nothing
                  --tokenizer-from ${CMAKE_CURRENT_BINARY_DIR}/no-such-tokenizer)
@@ -89,3 +89,11 @@ add_test(NAME cli.train_refuses_an_unknown_answer_extraction
 set_tests_properties(cli.train_refuses_an_unknown_answer_extraction PROPERTIES
                      LABELS unit ENVIRONMENT "${CRL_CLI_ENV}"
                      PASS_REGULAR_EXPRESSION "unknown answer extraction 'last' \\(known: first-line, last-line, after:STR such as after:####, boxed, full\\)")
+# Command-line mistakes (issue 52): one line naming the flag, file or command with the nearest
+# known one, a non-zero exit, no stack trace; --version, bare help, option groups within 100
+# columns, --config FILE.
+add_test(NAME cli.mistakes_get_one_line_naming_the_flag_and_a_suggestion
+         COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/app/cli_errors.sh $<TARGET_FILE:colocated-rl>
+                 ${CMAKE_CURRENT_BINARY_DIR}/cli-errors)
+set_tests_properties(cli.mistakes_get_one_line_naming_the_flag_and_a_suggestion PROPERTIES
+                     LABELS unit ENVIRONMENT "${CRL_CLI_ENV}" TIMEOUT 120)
