@@ -91,9 +91,11 @@ std::string plain(double x) {
   return fmt::format("{:g}", x);
 }
 
-CLI::Validator range_validator(double min, double max, const std::string& words) {
+// A validator that reads the value as a number and refuses it, saying `words`, unless ok(x).
+template <typename Ok>
+CLI::Validator number_validator(Ok ok, const std::string& words, const char* name) {
   return CLI::Validator(
-      [min, max, words](std::string& value) -> std::string {
+      [ok, words](std::string& value) -> std::string {
         double x = 0;
         size_t used = 0;
         try {
@@ -102,10 +104,14 @@ CLI::Validator range_validator(double min, double max, const std::string& words)
           used = 0;
         }
         if (used != value.size() || value.empty()) return "'" + value + "' is not a number";
-        if (x < min || x > max) return value + " is out of range: give " + words;
+        if (!ok(x)) return value + " is out of range: give " + words;
         return "";
       },
-      "", "range");
+      "", name);
+}
+
+CLI::Validator range_validator(double min, double max, const std::string& words) {
+  return number_validator([min, max](double x) { return x >= min && x <= max; }, words, "range");
 }
 
 // The long names of every option of `app` ("--steps").
@@ -129,20 +135,7 @@ CLI::Validator at_least(double min) {
 }
 
 CLI::Validator positive() {
-  return CLI::Validator(
-      [](std::string& value) -> std::string {
-        double x = 0;
-        size_t used = 0;
-        try {
-          x = std::stod(value, &used);
-        } catch (const std::exception&) {
-          used = 0;
-        }
-        if (used != value.size() || value.empty()) return "'" + value + "' is not a number";
-        if (!(x > 0)) return value + " is out of range: give a number > 0";
-        return "";
-      },
-      "", "positive");
+  return number_validator([](double x) { return x > 0; }, "a number > 0", "positive");
 }
 
 CLI::Validator in_range(double min, double max) {
