@@ -84,15 +84,20 @@ Runner register_serve(CLI::App& app) {
     // one arena malloc_trim returns it; `bench serve` measured no loss (docs/http-api.md).
     if (!std::getenv("MALLOC_ARENA_MAX")) mallopt(M_ARENA_MAX, 1);
     engine::EngineConfig config = f->engine.resolve();
+    f->server.version = version_string();
     server::Server srv(config, f->server);
     std::signal(SIGINT, on_stop_signal);
     std::signal(SIGTERM, on_stop_signal);
-    const int port = srv.start();
-    // One line on stdout with the bound port, for scripts and `bench serve` (port 0).
-    std::cout << "listening on http://" << f->server.host << ":" << port << std::endl;
+    // The model first, then the port: a model that does not load fails before anything listens,
+    // and "listening" means requests are served.
+    spdlog::info("loading {}", config.model_dir);
+    srv.engine_loop().start();
     srv.engine_loop().wait_ready();
     spdlog::info("model loaded: {} (KV pool {} blocks x {} tokens)", srv.model_name(),
                  srv.engine_loop().engine().runner().num_blocks(), config.block_size);
+    const int port = srv.start();
+    // One line on stdout with the bound port, for scripts and `bench serve` (port 0).
+    std::cout << "listening on http://" << f->server.host << ":" << port << std::endl;
     while (!g_stop_signal) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     spdlog::info("signal {}: stopping", static_cast<int>(g_stop_signal));
     srv.stop();

@@ -1,3 +1,5 @@
+#include <spdlog/spdlog.h>
+
 #include <CLI/CLI.hpp>
 
 #include "app/cli_style.h"
@@ -74,6 +76,9 @@ engine::EngineConfig EngineFlags::resolve() {
   check_device_available(c.device);
   if (c.model_dir.empty()) {
     c.model_dir = engine::ensure_preset_model("default");
+    spdlog::warn(
+        "no --model: the embedded default model, whose weights are random (its text is noise: it "
+        "is there for tests and the RL job's built-in task); pass --model DIR for a real model");
   } else {
     check_model_dir("--model", c.model_dir);
   }

@@ -5,6 +5,7 @@
 #include <memory>
 #include <thread>
 
+#include "app/cli_style.h"
 #include "engine/engine_loop.h"
 #include "server/api_server.h"
 #include "trainer/job_report.h"
@@ -29,6 +30,7 @@ int run_rl_rank(const sync::RankEnv& env, const RlJobOptions& o) {
     server::ServerOptions so;
     so.host = o.serve_host;
     so.api_key = o.serve_api_key;
+    so.version = version_string();
     so.port = o.serve_port == 0 ? 0 : o.serve_port + ctx->ranks.role_global;
     server = std::make_unique<server::Server>(producer.engine_loop(), so);
     int port = server->start();

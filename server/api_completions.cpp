@@ -177,6 +177,7 @@ void Server::prepare_completion(const HttpRequest& req, Endpoint endpoint, Compl
     require_chat_template();
     ordered = nlohmann::ordered_json::parse(req.body);  // key order kept for the template
   }
+  refuse_unimplemented_fields(body, endpoint);
   const std::vector<std::string> unknown = unknown_fields(body, endpoint);
   if (!unknown.empty()) {
     // As JSON strings (a name is the client's text: a newline in it must not forge a log line),
@@ -201,8 +202,8 @@ void Server::prepare_completion(const HttpRequest& req, Endpoint endpoint, Compl
     if (std::find(adapters.begin(), adapters.end(), job.model) == adapters.end()) {
       std::string served = "'" + model_name_ + "'";
       for (const auto& a : adapters) served += ", '" + a + "'";
-      throw ApiError(
-          400, "the model '" + job.model + "' does not exist (this server serves " + served + ")",
+      throw ApiError(  // 404 as vLLM answers it
+          404, "the model '" + job.model + "' does not exist (this server serves " + served + ")",
           "model", "model_not_found");
     }
     call.lora = job.model;

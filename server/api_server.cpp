@@ -113,6 +113,7 @@ Server::Server(std::shared_ptr<engine::EngineLoop> loop, ServerOptions options)
   });
   route("GET", "/v1/models", guarded(&Server::handle_models));
   route("GET", "/health", guarded(&Server::handle_health), Access::kOpenUnlessClosed);
+  route("GET", "/version", guarded(&Server::handle_version), Access::kOpenUnlessClosed);
   route("GET", "/metrics", guarded(&Server::handle_metrics), Access::kOpenUnlessClosed);
   route("POST", "/tokenize", guarded(&Server::handle_tokenize));
   route("POST", "/detokenize", guarded(&Server::handle_detokenize));
@@ -246,6 +247,10 @@ std::vector<int32_t> Server::encode_chat(
 
 // ---------------------------------------------------------------------------------------------
 // Other endpoints
+
+HttpResponse Server::handle_version(const HttpRequest&) {
+  return json_response(200, {{"version", options_.version}});
+}
 
 HttpResponse Server::handle_models(const HttpRequest&) {
   json model = {{"id", model_name_},

@@ -70,6 +70,8 @@ struct ServerOptions {
   ApiLimits limits;
   // Chat sessions (server/sessions.h): idle timeout, how many, tokens each.
   SessionLimits sessions;
+  // What GET /version answers ({"version": ...}); the executable's version string.
+  std::string version = "unknown";
 };
 
 class Server {
@@ -98,6 +100,7 @@ class Server {
  private:
   HttpResponse handle_models(const HttpRequest& req);
   HttpResponse handle_health(const HttpRequest& req);
+  HttpResponse handle_version(const HttpRequest& req);
   HttpResponse handle_metrics(const HttpRequest& req);
   HttpResponse handle_tokenize(const HttpRequest& req);
   HttpResponse handle_detokenize(const HttpRequest& req);

@@ -472,34 +472,69 @@ bool split_special_tokens_field(const json& body, bool fallback) {
   return opt_bool(body, "split_special_tokens").value_or(fallback);
 }
 
+void refuse_unimplemented_fields(const json& body, Endpoint endpoint) {
+  if (!body.is_object()) return;
+  auto refuse = [](const std::string& key, const std::string& why) {
+    throw ApiError(400, "'" + key + "' " + why + " is not supported by this server", key,
+                   "unsupported_parameter");
+  };
+  auto number_is = [&](const char* key, double noop) {
+    if (!has(body, key)) return;
+    const json& v = body.at(key);
+    if (!v.is_number()) bad_type(key, "a number", v);
+    if (v.get<double>() != noop) refuse(key, "other than " + json(noop).dump());
+  };
+  number_is("frequency_penalty", 0);
+  number_is("presence_penalty", 0);
+  number_is("repetition_penalty", 1);
+  if (has(body, "logit_bias") &&
+      !(body.at("logit_bias").is_object() && body.at("logit_bias").empty()))
+    refuse("logit_bias", "other than {}");
+  if (has(body, "best_of")) {
+    const json& v = body.at("best_of");
+    const json n = body.value("n", json(1));
+    if (!v.is_number_integer()) bad_type("best_of", "an integer", v);
+    if (v != n) refuse("best_of", "other than n");
+  }
+  if (has(body, "response_format")) {
+    const json& f = body.at("response_format");
+    if (!(f.is_object() && f.value("type", "") == "text")) {
+      refuse("response_format", "other than {\"type\": \"text\"} (no constrained decoding)");
+    }
+  }
+  if (has(body, "suffix") && body.at("suffix") != json("")) refuse("suffix", "other than \"\"");
+  if (has(body, "use_beam_search") && body.at("use_beam_search") != json(false))
+    refuse("use_beam_search", "(beam search)");
+  for (const char* guided : {"guided_json", "guided_regex", "guided_choice", "guided_grammar"}) {
+    if (has(body, guided)) refuse(guided, "(constrained decoding)");
+  }
+  if (endpoint == Endpoint::kChat) {
+    if (has(body, "tool_choice") && body.at("tool_choice") != json("auto"))
+      refuse("tool_choice",
+             "other than \"auto\" (tool calls are parsed from the text, not forced)");
+    if (has(body, "parallel_tool_calls") && body.at("parallel_tool_calls") != json(true))
+      refuse("parallel_tool_calls", "false");
+  }
+}
+
 std::vector<std::string> unknown_fields(const json& body, Endpoint endpoint) {
-  static const std::set<std::string> kCommon = {"model",
-                                                "n",
-                                                "max_tokens",
-                                                "min_tokens",
-                                                "temperature",
-                                                "top_p",
-                                                "top_k",
-                                                "min_p",
-                                                "seed",
-                                                "stop",
-                                                "stop_token_ids",
-                                                "ignore_eos",
-                                                "skip_special_tokens",
-                                                "split_special_tokens",
-                                                "logprobs",
-                                                "return_token_ids",
-                                                "stream",
-                                                "stream_options",
-                                                "session_id"};
-  static const std::set<std::string> kCompletions = {"prompt", "echo"};
+  static const std::set<std::string> kCommon = {
+      "model", "n", "max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
+      "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens", "split_special_tokens",
+      "logprobs", "return_token_ids", "stream", "stream_options", "session_id", "user",
+      // refuse_unimplemented_fields: their no-op values
+      "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias", "best_of",
+      "response_format", "use_beam_search"};
+  static const std::set<std::string> kCompletions = {"prompt", "echo", "suffix"};
   static const std::set<std::string> kChat = {"messages",
                                               "max_completion_tokens",
                                               "top_logprobs",
                                               "tools",
                                               "add_generation_prompt",
                                               "continue_final_message",
-                                              "chat_template_kwargs"};
+                                              "chat_template_kwargs",
+                                              "tool_choice",
+                                              "parallel_tool_calls"};
   const std::set<std::string>& own = endpoint == Endpoint::kChat ? kChat : kCompletions;
   std::vector<std::string> out;
   if (!body.is_object()) return out;

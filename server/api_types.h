@@ -100,6 +100,15 @@ bool split_special_tokens_field(const nlohmann::json& body, bool fallback);
 // ignored, as vLLM does (the server logs a warning naming them).
 std::vector<std::string> unknown_fields(const nlohmann::json& body, Endpoint endpoint);
 
+// OpenAI and vLLM fields this server knows but does not implement, refused with ApiError(400)
+// naming the field (code "unsupported_parameter") when set to anything but their no-op value,
+// so a client never gets a silently different output: frequency_penalty and presence_penalty
+// (0), repetition_penalty (1), logit_bias ({}), best_of (n), response_format ({"type": "text"}),
+// suffix (""), use_beam_search (false), guided_json/guided_regex/guided_choice/guided_grammar,
+// tool_choice other than "auto" and parallel_tool_calls false (chat: tool calls are parsed from
+// the text, not forced). "user" is accepted and ignored (it only names the caller).
+void refuse_unimplemented_fields(const nlohmann::json& body, Endpoint endpoint);
+
 // The body as a JSON object; throws ApiError(400) for malformed JSON or another type.
 nlohmann::json parse_json_object(const std::string& body);
 

@@ -341,7 +341,13 @@ HttpServer::HttpServer(HttpServerOptions options)
         const std::string method = req.method == "HEAD" ? "GET" : req.method;
         if (impl->routes.count({method, req.path}))
           return httplib::Server::HandlerResponse::Unhandled;
-        res.status = 404;
+        // A route of another method: 405 naming the ones it takes (as vLLM answers), else 404.
+        std::string allowed;
+        for (const auto& [m, p] : impl->routes) {
+          if (p == req.path) allowed += (allowed.empty() ? "" : ", ") + m;
+        }
+        res.status = allowed.empty() ? 404 : 405;
+        if (!allowed.empty()) res.set_header("Allow", allowed);
         const bool body =
             (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0") ||
             req.has_header("Transfer-Encoding");

@@ -301,7 +301,7 @@ TEST_F(ServerApiTest, BadRequestsGetOpenAIErrorsAndTheServerKeepsServing) {
       {"/v1/completions", R"({"prompt": [1, 2, 99999]})", 400, ""},
       {"/v1/completions", R"({"prompt": [1, 2, 99999999999]})", 400, "prompt"},
       {"/v1/completions", R"({"prompt": "hi", "stop_token_ids": [-1]})", 400, "stop_token_ids"},
-      {"/v1/completions", R"({"prompt": "hi", "model": "gpt-4"})", 400, "model"},
+      {"/v1/completions", R"({"prompt": "hi", "model": "gpt-4"})", 404, "model"},
       {"/v1/completions", R"({"prompt": "hi", "model": 7})", 400, "model"},
       {"/v1/completions", R"({"prompt": "hi", "stream_options": 1})", 400, "stream_options"},
       {"/v1/completions", "{\"prompt\": \"" + long_prompt + "\"}", 400, ""},
@@ -774,7 +774,7 @@ TEST(ServerLoraTest, RequestsPickAnAdapterByTheirModelField) {
   }
   EXPECT_NE(got[0], got[1]);  // the adapter changed the greedy continuation
   auto [status, text] = served.post("/v1/completions", {{"model", "nosuch"}, {"prompt", prompt}});
-  EXPECT_EQ(status, 400) << text;
+  EXPECT_EQ(status, 404) << text;
   EXPECT_NE(text.find("'tiny', 'sql'"), std::string::npos) << text;
   // An adapter named like the served model could never be picked: refused at start.
   engine::EngineConfig clash = cfg;
