@@ -40,6 +40,13 @@ Runner register_generate(CLI::App& app) {
   cmd->add_option("--top-p", p.top_p, "nucleus sampling mass");
   cmd->add_option("--top-k", p.top_k, "keep the k most likely tokens (0 = off)");
   cmd->add_option("--min-p", p.min_p, "drop tokens below min_p x the most likely");
+  cmd->add_option("--frequency-penalty", p.frequency_penalty,
+                  "subtract F x (times generated so far) from a token's logit ([-2, 2])");
+  cmd->add_option("--presence-penalty", p.presence_penalty,
+                  "subtract P from the logit of a token generated so far ([-2, 2])");
+  cmd->add_option("--repetition-penalty", p.repetition_penalty,
+                  "divide a positive logit (multiply a negative one) of a token in the prompt or "
+                  "output by R (1 = off)");
   cmd->add_option("--seed", p.seed, "request seed");
   cmd->add_option("--stop", p.stop, "stop string (repeatable)");
   cmd->add_option("--stop-token-ids", p.stop_token_ids, "stop token ids");

@@ -18,6 +18,9 @@ void apply_params(const nlohmann::json& j, engine::SamplingParams& p) {
   get("top_p", p.top_p);
   get("top_k", p.top_k);
   get("min_p", p.min_p);
+  get("frequency_penalty", p.frequency_penalty);
+  get("presence_penalty", p.presence_penalty);
+  get("repetition_penalty", p.repetition_penalty);
   get("ignore_eos", p.ignore_eos);
   get("logprobs", p.logprobs);
   get("stop_token_ids", p.stop_token_ids);

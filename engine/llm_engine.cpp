@@ -352,11 +352,14 @@ std::vector<SeqSamples> LlmEngine::sample(const BatchLogits& in) {
   // One sampling row per sample; an unforked parent of an n > 1 request draws all n.
   std::vector<SampleRow> rows;
   std::vector<SeqSamples> out(in.seqs.size());
+  // Each sequence's penalty entries (only for requests with penalties), alive until sampled.
+  std::vector<std::vector<PenaltyEntry>> penalties(in.seqs.size());
   for (size_t i = 0; i < in.seqs.size(); ++i) {
     Sequence* seq = in.seqs[i];
     Request* req = seq->request;
     const bool fork = !req->forked && req->params.n > 1;
     const int32_t count = fork ? req->params.n : 1;
+    penalties[i] = penalty_entries(req->params, seq->tokens, seq->prompt_len());
     for (int32_t k = 0; k < count; ++k) {
       SampleRow r;
       r.logits_row = static_cast<int64_t>(i);
@@ -366,6 +369,7 @@ std::vector<SeqSamples> LlmEngine::sample(const BatchLogits& in) {
       r.position = static_cast<int64_t>(seq->tokens.size());
       r.banned =
           seq->num_generated() < req->params.min_tokens ? &req->banned_until_min_tokens : nullptr;
+      r.penalties = &penalties[i];
       rows.push_back(r);
     }
     if (observer_) {

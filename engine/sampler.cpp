@@ -79,6 +79,7 @@ struct Scratch {
   std::vector<float> masked, probs, block_max, block_max_masked, block_max_probs, sel;
   std::vector<double> block_sum;
   std::vector<int32_t> ids;
+  std::vector<std::pair<int32_t, float>> banned_saved;  // banned ids' values before the ban
   KeyList keys, tmp;
 };
 
@@ -344,14 +345,29 @@ SampleResult sample_row(const float* x, int64_t v, const SampleRow& row) {
   const MaxScan raw = scan_max(x, v, s.block_max.data());
   check_row(raw, row.logits_row);
 
-  // z: the row with banned ids at -inf, unless that would leave nothing.
+  // z: the row after its penalties, with banned ids at -inf unless that would leave nothing.
   const float* z = x;
   const float* z_block_max = s.block_max.data();
   float z_max = raw.max;
-  if (row.banned != nullptr && !row.banned->empty()) {
+  const bool penalized_row = row.penalties != nullptr && !row.penalties->empty();
+  if (penalized_row) {
     s.masked.assign(x, x + v);
+    for (const PenaltyEntry& e : *row.penalties) {
+      CRL_CHECK(e.id >= 0 && e.id < v, "penalized id ", e.id, " outside vocabulary of ", v);
+      s.masked[e.id] = penalized(x[e.id], e);
+    }
+    s.block_max_masked.resize(nb);
+    const MaxScan pen = scan_max(s.masked.data(), v, s.block_max_masked.data());
+    z = s.masked.data();
+    z_block_max = s.block_max_masked.data();
+    z_max = pen.max;
+  }
+  if (row.banned != nullptr && !row.banned->empty()) {
+    if (!penalized_row) s.masked.assign(x, x + v);
+    s.banned_saved.clear();
     for (int32_t id : *row.banned) {
       CRL_CHECK(id >= 0 && id < v, "banned id ", id, " outside vocabulary of ", v);
+      s.banned_saved.emplace_back(id, s.masked[id]);
       s.masked[id] = kNegInf;
     }
     s.block_max_masked.resize(nb);
@@ -360,6 +376,11 @@ SampleResult sample_row(const float* x, int64_t v, const SampleRow& row) {
       z = s.masked.data();
       z_block_max = s.block_max_masked.data();
       z_max = masked.max;
+    } else if (penalized_row) {  // everything banned: the penalized row, unbanned
+      for (auto it = s.banned_saved.rbegin(); it != s.banned_saved.rend(); ++it) {
+        s.masked[it->first] = it->second;
+      }
+      z_max = scan_max(s.masked.data(), v, s.block_max_masked.data()).max;
     }
   }
 
@@ -414,6 +435,31 @@ inline uint64_t mix64(uint64_t z) {  // splitmix64 finaliser
 }
 
 }  // namespace
+
+std::vector<PenaltyEntry> penalty_entries(const SamplingParams& p,
+                                          const std::vector<int32_t>& tokens, int64_t prompt_len) {
+  std::vector<PenaltyEntry> out;
+  if (!p.has_penalties()) return out;
+  // (id, generated count), sorted by id: prompt ids with count 0 and every generated id.
+  std::vector<std::pair<int32_t, int32_t>> seen;
+  seen.reserve(tokens.size());
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  for (int64_t i = 0; i < n; ++i) seen.emplace_back(tokens[i], i >= prompt_len ? 1 : 0);
+  std::sort(seen.begin(), seen.end());
+  for (size_t i = 0; i < seen.size();) {
+    const int32_t id = seen[i].first;
+    int32_t count = 0;
+    for (; i < seen.size() && seen[i].first == id; ++i) count += seen[i].second;
+    PenaltyEntry e;
+    e.id = id;
+    e.rep = static_cast<float>(p.repetition_penalty);
+    if (count > 0) {
+      e.add = static_cast<float>(-(p.frequency_penalty * count + p.presence_penalty));
+    }
+    if (e.rep != 1.0f || e.add != 0.0f) out.push_back(e);
+  }
+  return out;
+}
 
 double sample_uniform(uint64_t seed, int32_t sample_index, int64_t position) {
   const uint64_t index = static_cast<uint32_t>(sample_index);

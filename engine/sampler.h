@@ -5,10 +5,12 @@
 //   a
 //                       trainer computes for the same token);
 //   processed log-prob: log p(token) under the distribution actually sampled from, i.e. after
-//                       banned ids (min_tokens), temperature, top_k, top_p and min_p, renormalised
-//                       (0 for greedy);
+//                       the penalties, banned ids (min_tokens), temperature, top_k, top_p and
+//                       min_p, renormalised (0 for greedy);
 //   top log-probs:      the `logprobs` most likely tokens by raw log-prob, when asked.
-// Filter order: banned ids -> temperature -> top_k -> top_p -> min_p.
+// Filter order: penalties -> banned ids -> temperature -> top_k -> top_p -> min_p. The penalties
+// (SamplingParams) change the logits the processed distribution and greedy see, never the raw
+// log-probs.
 // Randomness: one uniform per row from a counter-based hash of (seed, sample_index, position),
 // then an inverse-CDF draw over token ids in ascending order: no global RNG state, so results do
 // not depend on batch composition or order.
@@ -26,6 +28,23 @@
 
 namespace crl::engine {
 
+// One token id's penalty in a row: its logit v becomes (v > 0 ? v / rep : v * rep) + add.
+struct PenaltyEntry {
+  int32_t id = 0;
+  float rep = 1.0f;  // repetition_penalty when the id is in the prompt or output, else 1
+  float add = 0.0f;  // -(frequency_penalty * count + presence_penalty) for an id generated so far
+};
+
+// The penalty entries of a sequence (sorted by id) from its prompt ids and the ids it generated:
+// empty when `params` has no penalties.
+std::vector<PenaltyEntry> penalty_entries(const SamplingParams& params,
+                                          const std::vector<int32_t>& tokens, int64_t prompt_len);
+
+// A logit after its penalty.
+inline float penalized(float v, const PenaltyEntry& e) {
+  return (v > 0 ? v / e.rep : v * e.rep) + e.add;
+}
+
 struct SampleRow {
   int64_t logits_row = 0;                  // row of the logits tensor to sample from
   const SamplingParams* params = nullptr;  // not owned
@@ -34,6 +53,7 @@ struct SampleRow {
   int64_t position = 0;                    // position of the token being sampled
   const std::vector<int32_t>* banned =
       nullptr;  // ids masked for this row (min_tokens), may be null
+  const std::vector<PenaltyEntry>* penalties = nullptr;  // may be null or empty
 };
 
 struct SampleResult {

@@ -48,6 +48,15 @@ void SamplingParams::validate(int64_t vocab_size) const {
     fail("top_k", int64_t{top_k}, "must be -1 or 0 (off) or in [1, " + vocab + "]");
   }
   if (!(min_p >= 0.0 && min_p <= 1.0)) fail("min_p", min_p, "must be in [0, 1]");
+  if (!(repetition_penalty > 0.0 && std::isfinite(repetition_penalty))) {
+    fail("repetition_penalty", repetition_penalty, "must be finite and > 0 (1 = off)");
+  }
+  if (!(frequency_penalty >= -2.0 && frequency_penalty <= 2.0)) {
+    fail("frequency_penalty", frequency_penalty, "must be in [-2, 2]");
+  }
+  if (!(presence_penalty >= -2.0 && presence_penalty <= 2.0)) {
+    fail("presence_penalty", presence_penalty, "must be in [-2, 2]");
+  }
   if (max_tokens < 1) fail("max_tokens", int64_t{max_tokens}, "must be >= 1");
   if (min_tokens < 0 || min_tokens > max_tokens) {
     fail("min_tokens", int64_t{min_tokens},

@@ -20,6 +20,13 @@ struct SamplingParams {
   int32_t top_k = 0;
   // Drop tokens whose probability is below min_p times the most likely token's (0 = off).
   double min_p = 0.0;
+  // Penalties on the logits before temperature and the filters, as vLLM and OpenAI define them:
+  // a token id that occurs in the prompt or the output so far has its logit divided by
+  // repetition_penalty when positive, multiplied when not (1 = off); a token id generated c > 0
+  // times so far loses frequency_penalty * c + presence_penalty (0 = off; [-2, 2]).
+  double repetition_penalty = 1.0;
+  double frequency_penalty = 0.0;
+  double presence_penalty = 0.0;
   // Seed of this request's random stream; unset = drawn by the engine. Streams are keyed by
   // (seed, sample index, position), so outputs do not depend on batch composition.
   std::optional<uint64_t> seed;
@@ -44,6 +51,9 @@ struct SamplingParams {
   void validate(int64_t vocab_size) const;
 
   bool is_greedy() const { return temperature <= 0.0; }
+  bool has_penalties() const {
+    return repetition_penalty != 1.0 || frequency_penalty != 0.0 || presence_penalty != 0.0;
+  }
 };
 
 }  // namespace crl::engine

@@ -37,6 +37,10 @@ struct Plan {
   at::Tensor params;      // [kNumFields, R] float64
   at::Tensor ban_rows;    // [B] int64, undefined when no row bans an id
   at::Tensor ban_ids;     // [B] int64
+  at::Tensor pen_rows;    // [P] int64, undefined when no row has penalties
+  at::Tensor pen_ids;     // [P] int64
+  at::Tensor pen_rep;     // [P] float32: PenaltyEntry::rep
+  at::Tensor pen_add;     // [P] float32: PenaltyEntry::add
   at::Tensor sort_rows;   // [F] int64: rows with top_k or top_p, undefined when none
   bool sort_all = false;  // every row sorts (sort_rows is then the identity)
   bool any_top_p = false;
@@ -54,6 +58,7 @@ Plan make_plan(const std::vector<SampleRow>& rows, int64_t num_logit_rows, int64
   auto at_field = [&](Field f, int64_t r) -> double& { return host[f * r_count + r]; };
   std::vector<int64_t> sort_rows;
   std::vector<std::pair<int64_t, int64_t>> bans;
+  std::vector<std::pair<int64_t, PenaltyEntry>> pens;
   for (int64_t r = 0; r < r_count; ++r) {
     const SampleRow& row = rows[r];
     CRL_CHECK(row.params != nullptr, "SampleRow without params");
@@ -78,6 +83,13 @@ Plan make_plan(const std::vector<SampleRow>& rows, int64_t num_logit_rows, int64
     plan.any_top_p |= top_p;
     plan.max_logprobs = std::max<int64_t>(plan.max_logprobs, p.logprobs);
     if (top_k || top_p) sort_rows.push_back(r);
+    if (row.penalties != nullptr) {
+      for (const PenaltyEntry& e : *row.penalties) {
+        CRL_CHECK(e.id >= 0 && e.id < vocab, "penalized id ", e.id, " outside vocabulary of ",
+                  vocab);
+        pens.emplace_back(r, e);
+      }
+    }
     if (row.banned != nullptr) {
       for (int32_t id : *row.banned) {
         CRL_CHECK(id >= 0 && id < vocab, "banned id ", id, " outside vocabulary of ", vocab);
@@ -92,6 +104,11 @@ Plan make_plan(const std::vector<SampleRow>& rows, int64_t num_logit_rows, int64
   for (const auto& [r, id] : bans) host.push_back(static_cast<double>(r));
   for (const auto& [r, id] : bans) host.push_back(static_cast<double>(id));
   for (int64_t i = 0; i < num_sort; ++i) host.push_back(static_cast<double>(sort_rows[i]));
+  const int64_t num_pens = static_cast<int64_t>(pens.size());
+  for (const auto& [r, e] : pens) host.push_back(static_cast<double>(r));
+  for (const auto& [r, e] : pens) host.push_back(static_cast<double>(e.id));
+  for (const auto& [r, e] : pens) host.push_back(static_cast<double>(e.rep));  // exact: floats
+  for (const auto& [r, e] : pens) host.push_back(static_cast<double>(e.add));
 
   // One upload: pinned host memory for a device, so the copy is asynchronous (the caching host
   // allocator keeps the block until the copy is done).
@@ -111,6 +128,13 @@ Plan make_plan(const std::vector<SampleRow>& rows, int64_t num_logit_rows, int64
     off += 2 * num_bans;
   }
   if (num_sort > 0) plan.sort_rows = up.narrow(0, off, num_sort).to(at::kLong);
+  off += num_sort;
+  if (num_pens > 0) {
+    plan.pen_rows = up.narrow(0, off, num_pens).to(at::kLong);
+    plan.pen_ids = up.narrow(0, off + num_pens, num_pens).to(at::kLong);
+    plan.pen_rep = up.narrow(0, off + 2 * num_pens, num_pens).to(at::kFloat);
+    plan.pen_add = up.narrow(0, off + 3 * num_pens, num_pens).to(at::kFloat);
+  }
   return plan;
 }
 
@@ -119,7 +143,8 @@ struct Processed {
   at::Tensor x;      // [R, V] float32: each row's raw logits
   at::Tensor bad;    // [R] bool: NaN in the row, or no finite maximum
   at::Tensor lse;    // [R] float32: log-sum-exp of x
-  at::Tensor z;      // [R, V]: x with the banned ids at -inf (x where that leaves nothing)
+  at::Tensor z;      // [R, V]: x after the penalties, with the banned ids at -inf (without them
+                     // where that leaves nothing)
   at::Tensor z_max;  // [R]
   at::Tensor q;      // [R, V] float32: exp((z - z_max) * scale) after the filters (undefined when
                      // every row is greedy)
@@ -168,11 +193,18 @@ Processed process(const at::Tensor& logits, const Plan& plan) {
   p.bad = p.x.isnan().any(1).logical_or(raw_max.isinf());
   p.lse = at::logsumexp(p.x, {1});
   p.z = p.x;
-  if (plan.ban_rows.defined()) {
+  if (plan.pen_rows.defined()) {  // PenaltyEntry: (v > 0 ? v / rep : v * rep) + add, in float
     at::Tensor z = p.x.clone();
+    const at::Tensor v = p.x.index({plan.pen_rows, plan.pen_ids});
+    z.index_put_({plan.pen_rows, plan.pen_ids},
+                 at::where(v > 0, v / plan.pen_rep, v * plan.pen_rep) + plan.pen_add);
+    p.z = z;
+  }
+  if (plan.ban_rows.defined()) {
+    at::Tensor z = p.z.clone();
     z.index_put_({plan.ban_rows, plan.ban_ids}, -std::numeric_limits<float>::infinity());
     const at::Tensor none_left = std::get<0>(z.max(1)).isneginf();
-    p.z = at::where(column(none_left), p.x, z);
+    p.z = at::where(column(none_left), p.z, z);
   }
   p.z_max = std::get<0>(p.z.max(1));
   if (!plan.any_sampled) return p;
@@ -198,8 +230,8 @@ at::Tensor sample_on_device(const at::Tensor& logits, const Plan& plan, bool fus
   const int64_t vocab = logits.size(1);
   if (fused && logits.is_cuda() && kernels::cuda_ops_built() &&
       logits.scalar_type() == at::kFloat && logits.is_contiguous() && !plan.sort_all &&
-      !plan.sort_rows.defined() && !plan.ban_rows.defined() && !plan.any_min_p &&
-      plan.max_logprobs == 0) {
+      !plan.sort_rows.defined() && !plan.ban_rows.defined() && !plan.pen_rows.defined() &&
+      !plan.any_min_p && plan.max_logprobs == 0) {
     return kernels::cuda_sample_plain_rows(logits, plan.params).flatten();
   }
   const Processed p = process(logits, plan);

@@ -431,6 +431,9 @@ CompletionJob parse_completion_request(const json& body, Endpoint endpoint, cons
   p.top_k = static_cast<int32_t>(opt_int(body, "top_k", -1, std::numeric_limits<int32_t>::max())
                                      .value_or(limits.default_top_k));
   p.min_p = opt_number(body, "min_p").value_or(0.0);
+  p.frequency_penalty = opt_number(body, "frequency_penalty").value_or(0.0);
+  p.presence_penalty = opt_number(body, "presence_penalty").value_or(0.0);
+  p.repetition_penalty = opt_number(body, "repetition_penalty").value_or(1.0);
   if (has(body, "seed")) {
     const json& s = body["seed"];
     if (!s.is_number_integer()) bad_type("seed", "an integer", s);
@@ -484,9 +487,6 @@ void refuse_unimplemented_fields(const json& body, Endpoint endpoint) {
     if (!v.is_number()) bad_type(key, "a number", v);
     if (v.get<double>() != noop) refuse(key, "other than " + json(noop).dump());
   };
-  number_is("frequency_penalty", 0);
-  number_is("presence_penalty", 0);
-  number_is("repetition_penalty", 1);
   if (has(body, "logit_bias") &&
       !(body.at("logit_bias").is_object() && body.at("logit_bias").empty()))
     refuse("logit_bias", "other than {}");

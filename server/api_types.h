@@ -102,11 +102,11 @@ std::vector<std::string> unknown_fields(const nlohmann::json& body, Endpoint end
 
 // OpenAI and vLLM fields this server knows but does not implement, refused with ApiError(400)
 // naming the field (code "unsupported_parameter") when set to anything but their no-op value,
-// so a client never gets a silently different output: frequency_penalty and presence_penalty
-// (0), repetition_penalty (1), logit_bias ({}), best_of (n), response_format ({"type": "text"}),
-// suffix (""), use_beam_search (false), guided_json/guided_regex/guided_choice/guided_grammar,
-// tool_choice other than "auto" and parallel_tool_calls false (chat: tool calls are parsed from
-// the text, not forced). "user" is accepted and ignored (it only names the caller).
+// so a client never gets a silently different output: logit_bias ({}), best_of (n), response_format
+// ({"type": "text"}), suffix (""), use_beam_search (false),
+// guided_json/guided_regex/guided_choice/guided_grammar, tool_choice other than "auto" and
+// parallel_tool_calls false (chat: tool calls are parsed from the text, not forced). "user" is
+// accepted and ignored (it only names the caller).
 void refuse_unimplemented_fields(const nlohmann::json& body, Endpoint endpoint);
 
 // The body as a JSON object; throws ApiError(400) for malformed JSON or another type.

@@ -1,7 +1,7 @@
 // Where the server meets a vLLM user's expectations (issue 52): a field it knows but does not
 // implement is a 400 naming it (never a silent 200 with different outputs), its no-op value is
-// accepted; an unknown model is 404, a route asked with the wrong method 405 with Allow, and
-// /version answers.
+// accepted, the penalties are taken; an unknown model is 404, a route asked with the wrong method
+// 405 with Allow, and /version answers.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -26,9 +26,6 @@ TEST(ServerOpenAiCompatTest, UnimplementedFieldsAre400NamingThemAndTheirNoOpValu
     std::string param;  // "" : accepted (200)
   };
   const std::vector<Case> cases = {
-      {"/v1/completions", {{"frequency_penalty", 0.5}}, "frequency_penalty"},
-      {"/v1/completions", {{"presence_penalty", -1}}, "presence_penalty"},
-      {"/v1/completions", {{"repetition_penalty", 1.2}}, "repetition_penalty"},
       {"/v1/completions", {{"best_of", 3}}, "best_of"},
       {"/v1/completions", {{"logit_bias", {{"5", 10}}}}, "logit_bias"},
       {"/v1/completions", {{"response_format", {{"type", "json_object"}}}}, "response_format"},
@@ -49,6 +46,10 @@ TEST(ServerOpenAiCompatTest, UnimplementedFieldsAre400NamingThemAndTheirNoOpValu
         {"response_format", {{"type", "text"}}}},
        ""},
       {"/v1/chat/completions", {{"tool_choice", "auto"}, {"parallel_tool_calls", true}}, ""},
+      // The penalties are implemented (tests/engine/sampler_penalty_test.cpp).
+      {"/v1/completions",
+       {{"frequency_penalty", 0.5}, {"presence_penalty", -1}, {"repetition_penalty", 1.2}},
+       ""},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.path + " " + c.extra.dump());
@@ -69,6 +70,13 @@ TEST(ServerOpenAiCompatTest, UnimplementedFieldsAre400NamingThemAndTheirNoOpValu
     EXPECT_EQ(e["param"], c.param) << text;
     EXPECT_EQ(e["code"], "unsupported_parameter") << text;
     EXPECT_NE(e["message"].get<std::string>().find("'" + c.param + "'"), std::string::npos);
+  }
+  // Penalties out of their range are a 400 naming them.
+  for (const auto& [key, value] : std::vector<std::pair<std::string, double>>{
+           {"frequency_penalty", 2.5}, {"presence_penalty", -3}, {"repetition_penalty", 0}}) {
+    const auto [status, text] = served.post("/v1/completions", {{"prompt", "hi"}, {key, value}});
+    EXPECT_EQ(status, 400) << text;
+    EXPECT_EQ(json::parse(text)["error"]["param"], key) << text;
   }
 }
 
