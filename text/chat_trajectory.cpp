@@ -61,6 +61,12 @@ ojson head(const ojson& messages, size_t count) {
   return out;
 }
 
+ojson tail(const ojson& messages, size_t from) {
+  ojson out = ojson::array();
+  for (size_t i = from; i < messages.size(); ++i) out.push_back(messages[i]);
+  return out;
+}
+
 // The text the template writes after an assistant reply: the render of a reply whose content is a
 // marker, after the marker. nullopt when the template does not show the content as given.
 std::optional<std::string> reply_closer(const ChatTemplate& chat, const ChatRenderOptions& o) {
@@ -76,6 +82,28 @@ std::optional<std::string> reply_closer(const ChatTemplate& chat, const ChatRend
   size_t at = text.rfind(marker);
   if (at == std::string::npos) return std::nullopt;
   return text.substr(at + marker.size());
+}
+
+// The text the template writes for `added` (no assistant among them) after a conversation, with
+// the generation prompt open, rendered against a fixed base conversation that ends with a user
+// message: render(base + added, open) after render(base, closed). nullopt when the template
+// refuses that or rewrites the base (then the caller starts a new segment).
+std::optional<std::string> rendered_against_base(const ChatTemplate& chat, const ojson& added,
+                                                 const ChatRenderOptions& o) {
+  for (const ojson& m : added) {
+    if (!m.is_object() || m.value("role", "") == "assistant") return std::nullopt;
+  }
+  const ojson base = ojson::array({{{"role", "user"}, {"content", "crlBaseTurn"}}});
+  ojson with = base;
+  for (const ojson& m : added) with.push_back(m);
+  try {
+    const std::string before = chat.render(base, closed(o));
+    const std::string after = chat.render(with, open(o));
+    if (after.compare(0, before.size(), before) != 0) return std::nullopt;
+    return after.substr(before.size());
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
 }
 
 }  // namespace
@@ -129,8 +157,18 @@ ChatTrajectory::Turn ChatTrajectory::extend(const ojson& messages) {
   std::string history;
   if (base_messages > 0 && closer_)
     history = chat_.render(head(messages, base_messages), closed(options_));
+  std::optional<std::string> rebased;
+  if (base_messages > 0 && closer_ && all.compare(0, history.size(), history) != 0 &&
+      is_assistant(messages, base_messages - 1)) {
+    rebased = rendered_against_base(chat_, tail(messages, base_messages), options_);
+  }
   if (base_messages > 0 && closer_ && all.compare(0, history.size(), history) == 0) {
     turn.appended = encoder_.encode(rest + all.substr(history.size()));
+  } else if (rebased) {
+    // The template rewrites earlier turns (Qwen3 drops their reasoning): the session keeps them
+    // as sampled and appends what the template writes for the new messages alone.
+    turn.appended = encoder_.encode(rest + *rebased);
+    turn.rebased = true;
   } else {
     turn.new_segment = base_messages > 0;
     turn.appended = prefix_;

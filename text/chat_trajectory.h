@@ -18,9 +18,17 @@
 //
 // A template that rewrites earlier turns when the conversation grows (Qwen3 drops the <think>
 // part of earlier replies) is not prefix-preserving: A does not start with H. The trajectory then
-// starts a new segment: the turn's prompt is the fresh render of the whole conversation, and the
-// ids so far stay as an earlier segment (one training sample each; prime-rl does the same).
-// probe_prefix_preserving() says up front whether a template does this.
+// keeps the earlier turns as they are (the replies as sampled, reasoning included: what the model
+// wrote is what it reads, and what it is trained on) and appends what the template writes for
+// the new messages alone, rendered against a fixed base conversation (SkyRL's approach):
+//
+//   appended = encode(rest of the closer + render(base + new, open)[|render(base)|..])
+//
+// with base one user message, so the session stays one trajectory (Turn::rebased). Only where
+// that fails too (new messages with an assistant among them, a template that refuses the base)
+// does it start a new segment: the turn's prompt is then the fresh render of the whole
+// conversation, and the ids so far stay as an earlier segment (one training sample each).
+// probe_prefix_preserving() says up front whether a template rewrites earlier turns.
 //
 // Not thread-safe; one trajectory per session. REQUIRES: `chat` and `tokenizer` outlive it.
 #pragma once
@@ -60,7 +68,9 @@ class ChatTrajectory {
 
   struct Turn {
     std::vector<int32_t> appended;  // the ids this turn added (what the engine prefills)
-    bool new_segment = false;       // the template rewrote earlier turns: a fresh render
+    bool new_segment = false;       // a fresh render of the whole conversation (see above)
+    bool rebased = false;           // the template rewrites earlier turns: the new messages
+                                    // rendered against the fixed base
     bool rewound = false;           // a retry: the last turn was taken back first
   };
   // Appends the new messages of `messages` (the whole conversation so far; it must extend the
