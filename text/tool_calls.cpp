@@ -1,8 +1,10 @@
 #include "text/tool_calls.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "common/json_depth.h"
+#include "text/tokenizer.h"
 
 namespace crl::text {
 namespace {
@@ -198,6 +200,36 @@ ParsedReply parse_tool_calls(ToolCallFormat format, const std::string& text) {
 std::vector<std::string> tool_call_stop_strings(ToolCallFormat format) {
   if (format == ToolCallFormat::kHermes) return {kClose};
   return {};
+}
+
+ToolCallMarkers special_tool_call_markers(const Tokenizer& tokenizer, ToolCallFormat format) {
+  ToolCallMarkers m;
+  if (format != ToolCallFormat::kHermes) return m;
+  for (const char* marker : {kOpen, kClose}) {
+    const std::vector<int32_t> ids = tokenizer.encode(marker);
+    if (ids.size() != 1 || !tokenizer.is_special(ids[0])) continue;
+    if (tokenizer.decode({ids[0]}, /*skip_special_tokens=*/false) != marker) continue;
+    m.ids.push_back(ids[0]);
+    if (std::string(marker) == kClose) m.close_id = ids[0];
+  }
+  return m;
+}
+
+std::string decode_reply(const Tokenizer& tokenizer, const ToolCallMarkers& markers,
+                         const std::vector<int32_t>& ids) {
+  if (markers.ids.empty()) return tokenizer.decode_generated(ids);
+  // Special tokens dropped but the markers, decoded with the rest.
+  std::vector<int32_t> kept;
+  kept.reserve(ids.size());
+  for (int32_t id : ids) {
+    if (id < 0 || id >= tokenizer.vocab_size()) continue;
+    if (tokenizer.is_special(id) &&
+        std::find(markers.ids.begin(), markers.ids.end(), id) == markers.ids.end()) {
+      continue;
+    }
+    kept.push_back(id);
+  }
+  return tokenizer.decode(kept, /*skip_special_tokens=*/false);
 }
 
 std::string format_tool_call(ToolCallFormat format, const ToolCall& call) {

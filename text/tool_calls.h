@@ -22,13 +22,17 @@
 // Thread safety: free functions over immutable inputs.
 #pragma once
 
+#include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "text/chat_template.h"
 
 namespace crl::text {
+
+class Tokenizer;
 
 enum class ToolCallFormat { kHermes, kLlama3Json };
 
@@ -59,6 +63,20 @@ ParsedReply parse_tool_calls(ToolCallFormat format, const std::string& text);
 
 // Stop strings that end a tool-calling turn ("</tool_call>" for kHermes; none for kLlama3Json).
 std::vector<std::string> tool_call_stop_strings(ToolCallFormat format);
+
+// The ids of `tokenizer` that are the tool-call markers of `format` as single special tokens
+// (kHermes: "<tool_call>" and "</tool_call>" where the tokenizer marks them special; none
+// otherwise). Text decoded with special tokens skipped never shows them and a stop string never
+// matches them: a turn stops on close_id (a stop token id) and is decoded with decode_reply.
+struct ToolCallMarkers {
+  std::vector<int32_t> ids;  // every marker that is a special token
+  std::optional<int32_t> close_id;
+};
+ToolCallMarkers special_tool_call_markers(const Tokenizer& tokenizer, ToolCallFormat format);
+
+// A reply's text for parse_tool_calls: special tokens skipped but the markers kept.
+std::string decode_reply(const Tokenizer& tokenizer, const ToolCallMarkers& markers,
+                         const std::vector<int32_t>& ids);
 
 // The text a model writes for `call` in `format` (demonstrations, tests): parse_tool_calls reads
 // it back as `call`.

@@ -1,6 +1,7 @@
 #include "trainer/multi_turn.h"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <future>
@@ -58,6 +59,7 @@ EpisodeRunner::EpisodeRunner(engine::EngineLoop& loop, Environment& env,
       tokenizer_(tokenizer),
       prefix_(std::move(prefix)),
       format_(format),
+      markers_(text::special_tool_call_markers(tokenizer, format)),
       o_(options) {
   if (o_.max_turns < 1 || o_.max_tokens_per_turn < 1 || o_.max_episode_tokens < 1) {
     throw std::invalid_argument("--max-turns, --max-tokens and --max-episode-tokens must be >= 1");
@@ -90,6 +92,11 @@ class EpisodeRunner::Play {
   // Turn-synchronous: once nobody generates or waits for a tool, every ready episode's turn is
   // submitted.
   void barrier();
+  // After a failure (the run throws): every live episode's engine request aborted, the
+  // environment told to close it, and the environment calls in flight awaited together, within
+  // `wait` (each is bounded by the environment's own timeout too). Returns how many were still
+  // running at the deadline (their futures then block the Play's destruction).
+  size_t abandon(std::chrono::milliseconds wait);
 
  private:
   void start(size_t i);
@@ -113,13 +120,41 @@ void EpisodeRunner::run(const std::vector<EpisodeSpec>& specs,
                         const std::function<void(size_t, Episode&)>& on_finished,
                         const std::function<void()>& between) {
   Play play(*this, specs, on_finished);
-  play.start_more();
-  while (!play.done()) {
-    const bool progress = play.poll();
-    if (o_.turn_synchronous) play.barrier();
-    if (between) between();
-    if (!progress) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  try {
+    play.start_more();
+    while (!play.done()) {
+      const bool progress = play.poll();
+      if (o_.turn_synchronous) play.barrier();
+      if (between) between();
+      if (!progress) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  } catch (...) {
+    const size_t pending = play.abandon(std::chrono::milliseconds(30000));
+    if (pending > 0) {
+      spdlog::warn("episodes abandoned after a failure: {} environment call(s) still running",
+                   pending);
+    }
+    throw;
   }
+}
+
+size_t EpisodeRunner::Play::abandon(std::chrono::milliseconds wait) {
+  std::vector<std::string> requests;
+  for (size_t i = 0; i < live_.size(); ++i) {
+    Live& l = live_[i];
+    if (l.phase == Live::Phase::kPending || l.phase == Live::Phase::kDone) continue;
+    if (l.phase == Live::Phase::kEngine) {
+      requests.push_back(fmt::format("{}-t{}", specs_[i].id, l.ep.turns));
+    }
+    r_.env_.close(specs_[i].id);  // queued behind a step in flight; a pool forgets it
+  }
+  if (!requests.empty()) r_.loop_.abort(requests);
+  const auto deadline = Clock::now() + wait;
+  size_t pending = 0;
+  for (Live& l : live_) {  // they run concurrently: the wait is the longest, not the sum
+    if (l.env.valid() && l.env.wait_until(deadline) != std::future_status::ready) ++pending;
+  }
+  return pending;
 }
 
 void EpisodeRunner::Play::start(size_t i) {
@@ -174,6 +209,8 @@ void EpisodeRunner::Play::submit(size_t i) {
       static_cast<int32_t>(std::min<int64_t>(r_.o_.max_tokens_per_turn, r_.episode_cap_ - used));
   q.params.seed = specs_[i].seed + static_cast<uint64_t>(l.ep.turns) * 1000003ULL;
   q.params.stop = text::tool_call_stop_strings(r_.format_);
+  // A "</tool_call>" that is a special token never shows in the stop check's text: its id stops.
+  if (r_.markers_.close_id) q.params.stop_token_ids.push_back(*r_.markers_.close_id);
   std::vector<engine::GenerateRequest> one;
   one.push_back(std::move(q));
   l.channel = r_.loop_.submit(std::move(one));
@@ -245,8 +282,8 @@ void EpisodeRunner::Play::on_turn(size_t i, const engine::RequestOutput& out) {
     l.ep.later_held_tokens += std::min(l.held, prompt);
   }
   l.held = prompt + static_cast<int64_t>(c.token_ids.size());
-  const text::ParsedReply parsed =
-      text::parse_tool_calls(r_.format_, r_.tokenizer_.decode_generated(c.token_ids));
+  const text::ParsedReply parsed = text::parse_tool_calls(
+      r_.format_, text::decode_reply(r_.tokenizer_, r_.markers_, c.token_ids));
   const ojson message = parsed.message();
   l.traj->append_completion(c.token_ids, message);
   l.messages.push_back(message);

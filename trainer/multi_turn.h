@@ -123,6 +123,7 @@ class EpisodeRunner {
   const text::Tokenizer& tokenizer_;
   std::vector<int32_t> prefix_;
   text::ToolCallFormat format_;
+  text::ToolCallMarkers markers_;  // the format's markers that are special tokens, if any
   MultiTurnOptions o_;
   int64_t episode_cap_;  // min(max_episode_tokens, the engine's context)
 };

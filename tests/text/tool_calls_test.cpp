@@ -6,6 +6,9 @@
 
 #include <fstream>
 
+#include "tests/test_utils.h"
+#include "text/tokenizer.h"
+
 namespace crl::text {
 namespace {
 
@@ -142,6 +145,58 @@ TEST(ToolCallsTest, FormatIsChosenFromTheModelsTemplate) {
   // No tool-call syntax in the template (or no template): Hermes.
   EXPECT_EQ(detect_tool_call_format(fixture_template("SmolLM2-Instruct")), ToolCallFormat::kHermes);
   EXPECT_EQ(detect_tool_call_format(ChatTemplate()), ToolCallFormat::kHermes);
+}
+
+}  // namespace
+}  // namespace crl::text
+
+namespace crl::text {
+namespace {
+
+// Hermes markers that a tokenizer marks special (issue 52): Qwen's tokenizer with <tool_call> and
+// </tool_call> flagged special, as some Hermes-family tokenizers ship them. Text decoded with
+// special tokens skipped drops them, so the runner stops on the closing marker's id and decodes
+// the reply keeping the markers (and dropping the other special tokens).
+TEST(ToolCallsSpecialMarkersTest, SpecialMarkersStopByIdAndSurviveTheDecode) {
+  if (!test::tokenizer_fixtures_error().empty()) GTEST_SKIP() << test::tokenizer_fixtures_error();
+  const std::string source = test::tokenizer_fixtures_dir() + "/qwen3/tokenizer.json";
+  std::ifstream in(source);
+  ojson config = ojson::parse(in);
+  for (auto& t : config["added_tokens"]) {
+    if (t["content"] == "<tool_call>" || t["content"] == "</tool_call>") t["special"] = true;
+  }
+  test::TempDir dir;
+  const std::string path = dir.file("tokenizer.json");
+  std::ofstream(path) << config.dump();
+  const Tokenizer special(path);
+  const Tokenizer plain(source);
+
+  const ToolCallMarkers m = special_tool_call_markers(special, ToolCallFormat::kHermes);
+  ASSERT_EQ(m.ids.size(), 2u);
+  ASSERT_TRUE(m.close_id.has_value());
+  EXPECT_EQ(special.decode({*m.close_id}, false), "</tool_call>");
+  // Not special, or not Hermes: nothing to do (the stop string and the plain decode see them).
+  EXPECT_TRUE(special_tool_call_markers(plain, ToolCallFormat::kHermes).ids.empty());
+  EXPECT_TRUE(special_tool_call_markers(special, ToolCallFormat::kLlama3Json).ids.empty());
+
+  // A reply as the engine returns it: text, a call, the closing marker as the stop token.
+  const std::string text =
+      "Let me add.\n<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}\n"
+      "</tool_call>";
+  const std::vector<int32_t> ids = special.encode(text);
+  ASSERT_EQ(ids.back(), *m.close_id);
+  // Skipping special tokens loses the call ...
+  EXPECT_TRUE(
+      parse_tool_calls(ToolCallFormat::kHermes, special.decode_generated(ids)).calls.empty());
+  // ... decode_reply keeps it, and drops another special token (an <|im_end|> after it).
+  std::vector<int32_t> with_end = ids;
+  with_end.push_back(special.encode("<|im_end|>").at(0));
+  const std::string reply = decode_reply(special, m, with_end);
+  EXPECT_EQ(reply, text);
+  const ParsedReply parsed = parse_tool_calls(ToolCallFormat::kHermes, reply);
+  ASSERT_EQ(parsed.calls.size(), 1u);
+  EXPECT_EQ(parsed.calls[0].name, "add");
+  EXPECT_EQ(parsed.content, "Let me add.");
 }
 
 }  // namespace

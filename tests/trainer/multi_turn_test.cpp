@@ -256,6 +256,38 @@ TEST(MultiTurnTest, AnEpisodeTheRunnerEndsIsClosedOnTheEnvironment) {
   EXPECT_EQ(env.open, 0);
 }
 
+// A run that fails while episodes wait on slow tool steps (here the caller's hook throws after
+// 300 ms; a failed engine request or a turn past the timeout does the same) closes every live
+// episode on the environment and waits for the calls in flight together, within a bound, before
+// the error goes on (issue 52): 6 steps of 1 s in 6 processes end in about 1 s.
+TEST(MultiTurnTest, AFailedRunClosesItsLiveEpisodesAndAwaitsTheirCallsTogether) {
+  Engine e;
+  EnvOptions eo;
+  eo.processes = 6;
+  CountingEnv env(make_environment(test_env("--never-done --step-sleep-ms 1000"), eo));
+  EpisodeRunner runner(*e.loop, env, e.chat, *e.tok, e.prefix, text::ToolCallFormat::kHermes,
+                       caps(4, 4, 400));
+  const auto t0 = std::chrono::steady_clock::now();
+  auto hook = [&] {
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::milliseconds(300))
+      throw std::runtime_error("the caller failed");
+  };
+  try {
+    runner.run(
+        specs(6), [&](size_t, Episode&) {}, hook);
+    FAIL() << "expected the hook's error";
+  } catch (const std::runtime_error& err) {
+    EXPECT_STREQ(err.what(), "the caller failed");  // the error itself goes on
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(4));
+  EXPECT_EQ(env.open, 0) << "every live episode closed";
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_NE(std::find(env.log.begin(), env.log.end(), "end ep" + std::to_string(i)),
+              env.log.end())
+        << "ep" << i;
+  }
+}
+
 TEST(MultiTurnTest, TheTokenCapEndsAnEpisode) {
   Engine e;
   ProcessEnv env(test_env("--never-done"), EnvOptions{});
