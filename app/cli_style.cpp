@@ -103,7 +103,9 @@ CLI::Validator number_validator(Ok ok, const std::string& words, const char* nam
         } catch (const std::exception&) {
           used = 0;
         }
-        if (used != value.size() || value.empty()) return "'" + value + "' is not a number";
+        if (used != value.size() || value.empty() || !std::isfinite(x)) {
+          return "'" + value + "' is not a number";
+        }
         if (!ok(x)) return value + " is out of range: give " + words;
         return "";
       },
@@ -195,15 +197,22 @@ std::string unknown_command_error(const CLI::App& app, const std::string& word) 
 std::vector<std::string> expand_config_file(const std::vector<std::string>& args) {
   std::vector<std::string> out;
   std::string path;
+  bool rest = false;  // after "--": nothing is a flag
   for (size_t i = 0; i < args.size(); ++i) {
+    const bool config = !rest && (args[i] == "--config" || args[i].rfind("--config=", 0) == 0);
+    if (!rest && args[i] == "--") rest = true;
+    if (!config) {
+      out.push_back(args[i]);
+      continue;
+    }
+    if (!path.empty()) throw std::invalid_argument("--config is given twice: give one file");
     if (args[i] == "--config") {
       if (i + 1 >= args.size()) throw std::invalid_argument("--config needs a FILE");
       path = args[++i];
-    } else if (args[i].rfind("--config=", 0) == 0) {
-      path = args[i].substr(9);
     } else {
-      out.push_back(args[i]);
+      path = args[i].substr(9);
     }
+    if (path.empty()) throw std::invalid_argument("--config needs a FILE");
   }
   if (path.empty()) return out;
   std::vector<CLI::ConfigItem> items;
@@ -212,7 +221,12 @@ std::vector<std::string> expand_config_file(const std::vector<std::string>& args
   } catch (const std::exception& e) {
     throw std::invalid_argument(fmt::format("--config {}: {}", path, e.what()));
   }
-  const std::string command = out.size() > 1 ? out[1] : "";
+  // The command's words ("bench rollout"): the file's flags go after them, and a section applies
+  // when it names them ([train], [bench.rollout]).
+  size_t words = 1;
+  while (words < out.size() && !out[words].empty() && out[words][0] != '-') ++words;
+  const std::vector<std::string> command(out.begin() + std::min<size_t>(1, out.size()),
+                                         out.begin() + static_cast<std::ptrdiff_t>(words));
   auto given = [&](const std::string& flag) {
     return std::any_of(out.begin(), out.end(), [&](const std::string& a) {
       return a == flag || a.rfind(flag + "=", 0) == 0;
@@ -221,19 +235,13 @@ std::vector<std::string> expand_config_file(const std::vector<std::string>& args
   std::vector<std::string> added;
   for (const CLI::ConfigItem& item : items) {
     if (item.name == "++" || item.name == "--") continue;  // section markers
-    if (!item.parents.empty() && (item.parents.size() > 1 || item.parents[0] != command)) continue;
+    if (!item.parents.empty() && item.parents != command) continue;
     const std::string flag = "--" + item.name;
     if (given(flag)) continue;
-    if (item.inputs.size() == 1 && (item.inputs[0] == "true" || item.inputs[0] == "false")) {
-      if (item.inputs[0] == "true") added.push_back(flag);
-      continue;
-    }
-    for (const std::string& v : item.inputs) {
-      added.push_back(flag);
-      added.push_back(v);
-    }
+    // --name=value: a value may start with '-', and a flag's false turns it off.
+    for (const std::string& v : item.inputs) added.push_back(flag + "=" + v);
   }
-  out.insert(out.begin() + std::min<size_t>(2, out.size()), added.begin(), added.end());
+  out.insert(out.begin() + static_cast<std::ptrdiff_t>(words), added.begin(), added.end());
   return out;
 }
 
@@ -281,10 +289,17 @@ void check_model_dir(const std::string& flag, const std::string& dir) {
 
 void check_device_available(const std::string& device) {
   if (device.rfind("cuda", 0) != 0 || at::hasCUDA()) return;
+#ifdef CRL_WITH_CUDA
+  throw std::invalid_argument(fmt::format(
+      "--device {}: no CUDA device is usable here (no GPU, or CUDA_VISIBLE_DEVICES hides them); "
+      "use --device cpu",
+      device));
+#else
   throw std::invalid_argument(fmt::format(
       "--device {}: this build has no CUDA (the CPU path, or a libtorch without CUDA); build the "
       "GPU path (docs/building.md) or use --device cpu",
       device));
+#endif
 }
 
 }  // namespace crl::app

@@ -49,11 +49,13 @@ std::string unexpected_arguments_error(const CLI::App& app);
 // "colocated-rl trian": the error for an unknown command, with the nearest one.
 std::string unknown_command_error(const CLI::App& app, const std::string& word);
 
-// `--config FILE` (or --config=FILE) anywhere in `args` (argv, the command at [1]): the flags of
-// the TOML or INI file, one `name = value` a line without the dashes (`steps = 60`, `data =
-// "task.jsonl"`, `deterministic = true`, `env-pass = ["A", "B"]`; a [COMMAND] section applies to
-// that command only), put after the command; a flag also given on the command line keeps the
-// command line's value. Throws std::invalid_argument naming the file when it cannot be read.
+// `--config FILE` (or --config=FILE) anywhere in `args` before a "--" (argv, the command words
+// from [1]): the flags of the TOML or INI file, one `name = value` a line without the dashes
+// (`steps = 60`, `data = "task.jsonl"`, `deterministic = true`, `env-pass = ["A", "B"]`; a
+// [COMMAND] section, [bench.rollout] for a nested one, applies to that command only), put after
+// the command words as --name=value; a flag also given on the command line keeps the command
+// line's value. Throws std::invalid_argument naming the file when it cannot be read, or when
+// --config is given twice.
 std::vector<std::string> expand_config_file(const std::vector<std::string>& args);
 inline constexpr const char* kConfigHelp =
     "FILE: flags from a TOML or INI file, one a line without the dashes (steps = 60, data = "

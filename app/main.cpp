@@ -117,7 +117,7 @@ int main(int argc, char** argv) {
     }
     return fmt::format("{} (`{} --help` lists the flags)\n", e.what(), command);
   });
-  app.set_version_flag("--version", crl::app::version_string());
+  app.set_version_flag("--version", [] { return crl::app::version_string(); });
   app.require_subcommand(0, 1);
   app.footer(
       "`colocated-rl --gpus-infer I --gpus-train T [FLAGS]` (flags, no command) runs train: the "

@@ -48,8 +48,8 @@ void SamplingParams::validate(int64_t vocab_size) const {
     fail("top_k", int64_t{top_k}, "must be -1 or 0 (off) or in [1, " + vocab + "]");
   }
   if (!(min_p >= 0.0 && min_p <= 1.0)) fail("min_p", min_p, "must be in [0, 1]");
-  if (!(repetition_penalty > 0.0 && std::isfinite(repetition_penalty))) {
-    fail("repetition_penalty", repetition_penalty, "must be finite and > 0 (1 = off)");
+  if (!(repetition_penalty >= 0.01 && repetition_penalty <= 100.0)) {
+    fail("repetition_penalty", repetition_penalty, "must be in [0.01, 100] (1 = off)");
   }
   if (!(frequency_penalty >= -2.0 && frequency_penalty <= 2.0)) {
     fail("frequency_penalty", frequency_penalty, "must be in [-2, 2]");

@@ -22,7 +22,8 @@ struct SamplingParams {
   double min_p = 0.0;
   // Penalties on the logits before temperature and the filters, as vLLM and OpenAI define them:
   // a token id that occurs in the prompt or the output so far has its logit divided by
-  // repetition_penalty when positive, multiplied when not (1 = off); a token id generated c > 0
+  // repetition_penalty when positive, multiplied when not (1 = off; [0.01, 100]); a token id
+  // generated c > 0
   // times so far loses frequency_penalty * c + presence_penalty (0 = off; [-2, 2]).
   double repetition_penalty = 1.0;
   double frequency_penalty = 0.0;

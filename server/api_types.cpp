@@ -481,24 +481,18 @@ void refuse_unimplemented_fields(const json& body, Endpoint endpoint) {
     throw ApiError(400, "'" + key + "' " + why + " is not supported by this server", key,
                    "unsupported_parameter");
   };
-  auto number_is = [&](const char* key, double noop) {
-    if (!has(body, key)) return;
-    const json& v = body.at(key);
-    if (!v.is_number()) bad_type(key, "a number", v);
-    if (v.get<double>() != noop) refuse(key, "other than " + json(noop).dump());
-  };
   if (has(body, "logit_bias") &&
       !(body.at("logit_bias").is_object() && body.at("logit_bias").empty()))
     refuse("logit_bias", "other than {}");
   if (has(body, "best_of")) {
     const json& v = body.at("best_of");
-    const json n = body.value("n", json(1));
+    const json n = has(body, "n") ? body.at("n") : json(1);
     if (!v.is_number_integer()) bad_type("best_of", "an integer", v);
     if (v != n) refuse("best_of", "other than n");
   }
   if (has(body, "response_format")) {
     const json& f = body.at("response_format");
-    if (!(f.is_object() && f.value("type", "") == "text")) {
+    if (!(f.is_object() && f.contains("type") && f.at("type") == json("text"))) {
       refuse("response_format", "other than {\"type\": \"text\"} (no constrained decoding)");
     }
   }

@@ -344,7 +344,8 @@ HttpServer::HttpServer(HttpServerOptions options)
         // A route of another method: 405 naming the ones it takes (as vLLM answers), else 404.
         std::string allowed;
         for (const auto& [m, p] : impl->routes) {
-          if (p == req.path) allowed += (allowed.empty() ? "" : ", ") + m;
+          if (p == req.path)
+            allowed += (allowed.empty() ? "" : ", ") + m + (m == "GET" ? ", HEAD" : "");
         }
         res.status = allowed.empty() ? 404 : 405;
         if (!allowed.empty()) res.set_header("Allow", allowed);

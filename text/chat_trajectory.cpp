@@ -161,6 +161,13 @@ ChatTrajectory::Turn ChatTrajectory::extend(const ojson& messages) {
   if (base_messages > 0 && closer_ && all.compare(0, history.size(), history) != 0 &&
       is_assistant(messages, base_messages - 1)) {
     rebased = rendered_against_base(chat_, tail(messages, base_messages), options_);
+    // The new messages must read as the fresh render of the whole conversation writes them: a
+    // template whose markup depends on what came before (turn state, role alternation) would
+    // give other text against the base, and then starts a new segment instead.
+    if (rebased && (rebased->size() > all.size() ||
+                    all.compare(all.size() - rebased->size(), rebased->size(), *rebased) != 0)) {
+      rebased.reset();
+    }
   }
   if (base_messages > 0 && closer_ && all.compare(0, history.size(), history) == 0) {
     turn.appended = encoder_.encode(rest + all.substr(history.size()));

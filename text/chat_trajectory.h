@@ -24,11 +24,12 @@
 //
 //   appended = encode(rest of the closer + render(base + new, open)[|render(base)|..])
 //
-// with base one user message, so the session stays one trajectory (Turn::rebased). Only where
-// that fails too (new messages with an assistant among them, a template that refuses the base)
-// does it start a new segment: the turn's prompt is then the fresh render of the whole
-// conversation, and the ids so far stay as an earlier segment (one training sample each).
-// probe_prefix_preserving() says up front whether a template rewrites earlier turns.
+// with base one user message, so the session stays one trajectory (Turn::rebased), when that text
+// is also how the fresh render of the whole conversation ends. Only where that fails too (new
+// messages with an assistant among them, a template that refuses the base or writes the new
+// messages differently after it) does it start a new segment: the turn's prompt is then the fresh
+// render of the whole conversation, and the ids so far stay as an earlier segment (one training
+// sample each). probe_prefix_preserving() says up front whether a template rewrites earlier turns.
 //
 // Not thread-safe; one trajectory per session. REQUIRES: `chat` and `tokenizer` outlive it.
 #pragma once

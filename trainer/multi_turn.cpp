@@ -139,21 +139,39 @@ void EpisodeRunner::run(const std::vector<EpisodeSpec>& specs,
 }
 
 size_t EpisodeRunner::Play::abandon(std::chrono::milliseconds wait) {
+  // Nothing here may throw over the error being handled: each call's failure is logged.
+  auto close = [this](size_t i) {
+    try {
+      r_.env_.close(specs_[i].id);  // queued behind a step in flight; a pool forgets it
+    } catch (const std::exception& e) {
+      spdlog::warn("episode {}: close after a failure: {}", specs_[i].id, e.what());
+    }
+  };
   std::vector<std::string> requests;
+  std::vector<size_t> resetting;  // closed once their reset is back (before, it may not know them)
   for (size_t i = 0; i < live_.size(); ++i) {
     Live& l = live_[i];
     if (l.phase == Live::Phase::kPending || l.phase == Live::Phase::kDone) continue;
     if (l.phase == Live::Phase::kEngine) {
       requests.push_back(fmt::format("{}-t{}", specs_[i].id, l.ep.turns));
     }
-    r_.env_.close(specs_[i].id);  // queued behind a step in flight; a pool forgets it
+    if (l.phase == Live::Phase::kEnv && l.env_is_reset) {
+      resetting.push_back(i);
+    } else {
+      close(i);
+    }
   }
-  if (!requests.empty()) r_.loop_.abort(requests);
+  try {
+    if (!requests.empty()) r_.loop_.abort(requests);
+  } catch (const std::exception& e) {
+    spdlog::warn("aborting the episodes' requests after a failure: {}", e.what());
+  }
   const auto deadline = Clock::now() + wait;
   size_t pending = 0;
   for (Live& l : live_) {  // they run concurrently: the wait is the longest, not the sum
     if (l.env.valid() && l.env.wait_until(deadline) != std::future_status::ready) ++pending;
   }
+  for (size_t i : resetting) close(i);
   return pending;
 }
 

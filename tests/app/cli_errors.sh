@@ -32,6 +32,7 @@ expect_error "--model Qwen/Qwen3-0.6B: no such directory; it looks like a Huggin
 expect_error "--model Qwen/Qwen3-0.6B: no such directory; it looks like a Hugging Face hub id" serve --model Qwen/Qwen3-0.6B
 expect_error "--model $work: no config.json there" --model "$work"
 expect_error "--config $work/none.toml: .*not readable" --config "$work/none.toml"
+expect_error "--config is given twice" --config a.toml --config b.toml
 # --device cuda where there is no CUDA: one line from every command (skipped on a CUDA build).
 if "$bin" --version | grep -q "no CUDA"; then
   expect_error "^.*--device cuda: this build has no CUDA" generate --device cuda --max-tokens 2
@@ -56,5 +57,12 @@ done
 printf 'steps = 2\nsft-steps = 2\neval-every = 0\nprompts-per-step = 2\nn-samples = 2\neval-rows = 2\n[serve]\nport = 1\n' > "$work/run.toml"
 out=$("$bin" --gpus-infer 1 --gpus-train 1 --config "$work/run.toml" --steps 1 --timeout 60 2>&1)
 printf '%s' "$out" | grep -q "sft step 2/2" && printf '%s' "$out" | grep -q "summary: 1 node(s) x (1 infer + 1 train ranks), 1 GRPO steps" || { echo "FAILED: --config: $out" | tail -5; failed=1; }
+# A nested command's flags and section, and a flag turned off by the file.
+printf '[bench.rollout]\nshape = "nonesuch"\n' > "$work/bench.toml"
+out=$("$bin" bench rollout --config "$work/bench.toml" 2>&1)
+printf '%s' "$out" | grep -q "nonesuch" || { echo "FAILED: --config [bench.rollout]: $out" | head -3; failed=1; }
+printf 'deterministic = false\nsteps = 0\nsft-steps = 1\neval-rows = 2\n' > "$work/off.toml"
+out=$("$bin" --gpus-infer 1 --gpus-train 1 --config "$work/off.toml" --timeout 60 2>&1)
+printf '%s' "$out" | grep -q "summary: 1 node(s) x (1 infer + 1 train ranks), 0 GRPO steps" || { echo "FAILED: --config with a false flag: $out" | tail -3; failed=1; }
 [ $failed -eq 0 ] && echo "cli errors: PASS"
 exit $failed

@@ -46,6 +46,8 @@ TEST(ServerOpenAiCompatTest, UnimplementedFieldsAre400NamingThemAndTheirNoOpValu
         {"response_format", {{"type", "text"}}}},
        ""},
       {"/v1/chat/completions", {{"tool_choice", "auto"}, {"parallel_tool_calls", true}}, ""},
+      {"/v1/completions", {{"best_of", 1}, {"n", nullptr}}, ""},  // n null: its default 1
+      {"/v1/completions", {{"response_format", {{"type", 5}}}}, "response_format"},
       // The penalties are implemented (tests/engine/sampler_penalty_test.cpp).
       {"/v1/completions",
        {{"frequency_penalty", 0.5}, {"presence_penalty", -1}, {"repetition_penalty", 1.2}},
