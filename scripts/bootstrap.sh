@@ -13,8 +13,8 @@
 #                    /usr/local/cuda (the GPU machines); otherwise the venv below.
 #   CRL_GPU_VENV     the venv made from PyPI (default .cache/gpu-venv): torch==$CRL_TORCH_VERSION
 #                    and cuda-toolkit==$CRL_CUDA_TOOLKIT_VERSION's nvcc, headers and runtime, and
-#                    (tests only) transformers; pip's own cache keeps the wheels between runs on one
-#                    machine.
+#                    (tests only) transformers: 5.1 GiB, and 7.9 GiB free on its disk while pip
+#                    installs it (pip's cache is not used: it would keep a second copy of the wheels).
 #   CRL_FLASHINFER_INCLUDE  FlashInfer's CUDA headers (the folder holding flashinfer/): default the
 #                    flashinfer-python package beside the python's torch, else .gpu-deps/flashinfer/
 #                    include (carried to machines without it: scripts/gpu-check.sh fetch-debs).
@@ -126,16 +126,24 @@ if [ -z "$PY" ]; then
   if ! { [ -x "$PY" ] && "$PY" -c "import torch, transformers, sys; sys.exit(0 if torch.__version__.split('+')[0] == '$CRL_TORCH_VERSION' else 1)" 2>/dev/null \
          && "$PY" -m pip show -q nvidia-cuda-nvcc >/dev/null 2>&1; }; then
     echo "bootstrap: making $VENV: torch==$CRL_TORCH_VERSION and cuda-toolkit==$CRL_CUDA_TOOLKIT_VERSION (nvcc, headers) from PyPI"
+    # pip needs 7.9 GiB at its peak (the downloaded wheels beside the unpacked venv): say so before
+    # it starts rather than with an OSError half-way through.
+    mkdir -p "$(dirname "$VENV")"
+    free_gib=$(df -Pk "$(dirname "$VENV")" | awk 'NR == 2 { printf "%d", $4 / 1048576 }')
+    if [ "$free_gib" -lt "${CRL_GPU_VENV_NEED_GIB:-9}" ]; then
+      echo "bootstrap: $free_gib GiB free on the disk of $(dirname "$VENV"); the GPU path's venv needs ${CRL_GPU_VENV_NEED_GIB:-9} GiB while pip installs it (5.1 GiB after). Free some space, point CRL_GPU_VENV at another disk, or use a python3 whose torch has CUDA (CRL_GPU_PYTHON)." >&2
+      exit 1
+    fi
     start=$(date +%s)
     python3 -m venv "$VENV"
     # transformers: tests only, the second forward reference (tests/engine/hf_transformers_reference.py).
-    "$PY" -m pip install -q --disable-pip-version-check "torch==$CRL_TORCH_VERSION" \
+    "$PY" -m pip install -q --no-cache-dir --disable-pip-version-check "torch==$CRL_TORCH_VERSION" \
       "cuda-toolkit[nvcc,crt,cccl,nvvm,cudart]==$CRL_CUDA_TOOLKIT_VERSION" \
       "transformers==${CRL_TRANSFORMERS_VERSION:-5.24.0}"
-    "$PY" -m pip install -q --disable-pip-version-check --no-deps "flashinfer-python==$CRL_FLASHINFER_VERSION"
+    "$PY" -m pip install -q --no-cache-dir --disable-pip-version-check --no-deps "flashinfer-python==$CRL_FLASHINFER_VERSION"
     echo "bootstrap: venv ready in $(( $(date +%s) - start )) s, $(du -sh "$VENV" | cut -f1)"
   elif ! "$PY" -m pip show -q flashinfer-python >/dev/null 2>&1; then  # a venv from before it
-    "$PY" -m pip install -q --disable-pip-version-check --no-deps "flashinfer-python==$CRL_FLASHINFER_VERSION"
+    "$PY" -m pip install -q --no-cache-dir --disable-pip-version-check --no-deps "flashinfer-python==$CRL_FLASHINFER_VERSION"
   fi
 fi
 
