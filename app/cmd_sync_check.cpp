@@ -6,6 +6,7 @@
 #include "app/launcher.h"
 #include "app/sync_flags.h"
 #include "bench/sync_job.h"
+#include "sync/placement.h"
 
 namespace crl::app {
 
@@ -24,6 +25,7 @@ Runner register_sync_check(CLI::App& app) {
                          "bit-identical to the trainer's");
   add_engine_flags(*cmd, f->engine);
   add_dist_flags(*cmd, f->dist, /*with_sync=*/true);
+  add_colocate_flag(*cmd, f->dist);
   cmd->add_option("--syncs", f->syncs, "number of syncs")->capture_default_str();
   cmd->add_option("--inject-fault", f->fault,
                   "tests only: never-join:R, die-mid-sync:R or layout-mismatch:R")
@@ -39,6 +41,9 @@ Runner register_sync_check(CLI::App& app) {
     o.syncs = f->syncs;
     o.fault = f->fault;
     o.comm_backend = f->dist.backend;
+    o.colocate = f->dist.colocate;
+    // A bad --colocate fails here, once, before any rank starts.
+    sync::colocate_pairs(o.colocate, sync::Topology{1, o.infer_per_node, o.train_per_node}, {});
     LaunchOptions lo{f->dist.infer, f->dist.train, o.timeout};
     return run_distributed(
         lo, [o](const sync::RankEnv& env) { return bench::run_sync_check_rank(env, o); });

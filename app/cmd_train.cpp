@@ -442,6 +442,7 @@ RlJobOptions resolve_train_flags(const TrainFlags& flags) {
   o.sync = f->dist.sync_options();
   o.device_map = sync::parse_device_map(f->device_map);
   o.comm_backend = f->dist.backend;
+  o.colocate = f->dist.colocate;
   // Counted only when asked for: a CPU job never touches CUDA.
   if (o.device == "cuda") o.cuda_device_count = visible_cuda_devices();
   // Placement errors (no CUDA device, a bad --device-map, GPU sharing NCCL cannot serve) fail
@@ -487,6 +488,7 @@ Runner register_train(CLI::App& app) {
   add_env_flags(cmd, f.get());
   add_output_flags(cmd, f.get());
   add_dist_flags(*cmd, f->dist, /*with_sync=*/true);
+  add_colocate_flag(*cmd, f->dist);
   cmd->option_defaults()->group(kGroupDist);
   cmd->add_option("--rollout-timeout", f->rollout_timeout_s,
                   "seconds a train rank waits for one step's rollouts")

@@ -40,6 +40,17 @@ void add_dist_flags(CLI::App& cmd, DistFlags& f, bool with_sync) {
   cmd.option_defaults()->group(previous);  // what the caller adds next keeps its own group
 }
 
+void add_colocate_flag(CLI::App& cmd, DistFlags& f) {
+  cmd.add_option("--colocate", f.colocate,
+                 "auto (where each GPU holds one engine and one trainer, e.g. --gpus-infer N "
+                 "--gpus-train N on N GPUs, each engine gets its weights from the trainer beside "
+                 "it), on (pair engine i with train rank i wherever they run; needs --gpus-infer "
+                 "== --gpus-train) or off (each trainer feeds every engine of its node)")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->group(kGroupDist)
+      ->capture_default_str();
+}
+
 namespace {
 
 void add_dist_flags_in_group(CLI::App& cmd, DistFlags& f, bool with_sync) {

@@ -25,6 +25,7 @@ struct DistFlags {
   std::string transport = "auto";
   std::string ipc = "push";
   std::string backend = "auto";
+  std::string colocate = "auto";
 
   std::chrono::milliseconds timeout() const;
   int64_t bucket_bytes() const;
@@ -34,5 +35,7 @@ struct DistFlags {
 // --gpus-infer, --gpus-train, --timeout; with_sync adds --sync-bucket-mb, --sync-mode,
 // --sync-inflight, --sync-verify, --sync-transport, --sync-ipc.
 void add_dist_flags(CLI::App& cmd, DistFlags& flags, bool with_sync);
+// --colocate (the commands whose placement pairs engines with trainers: train, sync-check).
+void add_colocate_flag(CLI::App& cmd, DistFlags& flags);
 
 }  // namespace crl::app

@@ -21,6 +21,7 @@
 #include "sync/cuda_ipc.h"
 #include "sync/groups.h"
 #include "sync/nccl_communicator.h"
+#include "sync/placement.h"
 #include "sync/weight_sync.h"
 
 namespace crl::bench {
@@ -135,6 +136,11 @@ int run_sync_check_rank(const sync::RankEnv& env, const SyncJobOptions& o) {
   const at::Device device(engine_config.device);
   sync::World world = sync::join_world(env, o.timeout, backend);
   sync::Topology topo{env.nnodes, o.infer_per_node, o.train_per_node};
+  std::vector<int> gpu_of_local;  // local rank mod the device count, as select_cuda_device
+  for (int l = 0; cuda && l < topo.ranks_per_node(); ++l) {
+    gpu_of_local.push_back(l % sync::cuda_device_count());
+  }
+  topo.paired = sync::colocate_pairs(o.colocate, topo, gpu_of_local);
   sync::Groups groups = sync::make_groups(std::move(world.comm), topo);
   const bool train = groups.role == sync::Role::kTrain;
   const at::ScalarType edtype = engine::parse_dtype(o.engine.dtype);
@@ -260,17 +266,18 @@ int run_sync_check_rank(const sync::RankEnv& env, const SyncJobOptions& o) {
   int64_t max_extra_rss = 0;
   const bool ipc = ws.transport(0) == sync::SyncTransport::kIpc;
   fmt::print(
-      "sync-check: {} node(s) x ({} infer + {} train), mode {}, transport {} ({}), {} "
+      "sync-check: {} node(s) x ({} infer + {} train), {}, mode {}, transport {} ({}), {} "
       "buckets of <= {}, {} tensors, {}, device {}\n",
-      topo.nnodes, topo.infer_per_node, topo.train_per_node, sync::sync_mode_name(o.sync.mode),
-      sync::sync_transport_name(ws.transport(0)),
+      topo.nnodes, topo.infer_per_node, topo.train_per_node, topo.layout_name(),
+      sync::sync_mode_name(o.sync.mode), sync::sync_transport_name(ws.transport(0)),
       ipc ? "one device copy per bucket" : groups.world->backend(), buckets,
       format_bytes(o.bucket_bytes), layout->specs().size(), format_bytes(layout->total_bytes()),
       engine_config.device);
   fmt::print("{:>4} {:>6} {:>5} {:>10} {:>6} {:>11} {:>8} {:>10} {:>10} {:>12}\n", "rank", "role",
              "sync", "bytes", "colls", "transfer ms", "GB/s", "pause ms", "extra RSS", "identical");
   for (int v = 1; v <= o.syncs; ++v) {
-    std::vector<int64_t> train_colls(topo.nnodes, 0);  // per node: they share the buckets
+    // Per node: fan-out, its train ranks share the buckets; paired, each sends them all.
+    std::vector<int64_t> train_colls(topo.nnodes, 0);
     for (const auto& r : all) {
       const json& s = r["syncs"][v - 1];
       bool infer = r["role"] == "infer";
@@ -297,7 +304,9 @@ int run_sync_check_rank(const sync::RankEnv& env, const SyncJobOptions& o) {
       }
     }
     for (int64_t c : train_colls) {
-      if (o.sync.mode == sync::SyncMode::kBucket) colls_ok &= c == buckets;
+      if (o.sync.mode == sync::SyncMode::kBucket) {
+        colls_ok &= c == (topo.paired ? topo.train_per_node : 1) * buckets;
+      }
     }
   }
   bool greedy = true;

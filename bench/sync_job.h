@@ -28,6 +28,7 @@ struct SyncJobOptions {
   sync::WeightSyncOptions sync;
   std::chrono::milliseconds timeout{60000};
   std::string comm_backend = "auto";
+  std::string colocate = "auto";  // sync/placement.h: paired or fan-out weight sync
   int syncs = 3;
   // Test-only fault injection: "never-join:R", "die-mid-sync:R", "layout-mismatch:R" (world rank
   // R).

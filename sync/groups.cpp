@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "common/check.h"
@@ -16,6 +17,35 @@ const char* role_name(Role r) { return r == Role::kInfer ? "infer" : "train"; }
 std::string Topology::describe(int world_rank) const {
   return fmt::format("rank {} (node {}, {} {})", world_rank, node_of(world_rank),
                      role_name(role_of(world_rank)), role_index(world_rank));
+}
+
+std::vector<int> Topology::receivers_of(int t) const {
+  if (paired) return {t};
+  std::vector<int> out;
+  for (int i = 0; i < infer_per_node; ++i) out.push_back(i);
+  return out;
+}
+
+std::vector<int> Topology::senders_of(int i) const {
+  if (paired) return {i};
+  std::vector<int> out;
+  for (int t = 0; t < train_per_node; ++t) out.push_back(t);
+  return out;
+}
+
+bool Topology::sends(int t, int64_t bucket) const { return paired || bucket % train_per_node == t; }
+
+int Topology::sender_of(int64_t bucket, int i) const {
+  return paired ? i : static_cast<int>(bucket % train_per_node);
+}
+
+void Topology::check_layout() const {
+  if (paired && infer_per_node != train_per_node) {
+    CRL_INVALID(
+        "the paired weight-sync layout (--colocate) pairs each engine with one trainer: it "
+        "needs --gpus-infer == --gpus-train, got ",
+        infer_per_node, " + ", train_per_node);
+  }
 }
 
 World join_world(const RankEnv& env, std::chrono::milliseconds timeout,
@@ -82,7 +112,7 @@ GroupInfo sync_root_group_info(const Topology& topo, int node, int t, int world_
   info.timeout = timeout;
   const int base = node * topo.ranks_per_node();
   info.world_ranks.push_back(base + topo.infer_per_node + t);
-  for (int l = 0; l < topo.infer_per_node; ++l) info.world_ranks.push_back(base + l);
+  for (int i : topo.receivers_of(t)) info.world_ranks.push_back(base + i);
   for (int i = 0; i < info.size(); ++i) {
     if (info.world_ranks[i] == world_rank) info.rank = i;
   }
@@ -92,6 +122,7 @@ GroupInfo sync_root_group_info(const Topology& topo, int node, int t, int world_
 Groups make_groups(std::unique_ptr<Communicator> world, const Topology& topo,
                    const GroupBackends& backends, const StorePtr& store,
                    const CommFactory& make_own) {
+  topo.check_layout();
   if (world->size() != topo.world_size()) {
     CRL_INVALID("world has ", world->size(), " ranks but the topology needs ", topo.world_size(),
                 " (", topo.nnodes, " nodes x (", topo.infer_per_node, " infer + ",
@@ -109,6 +140,12 @@ Groups make_groups(std::unique_ptr<Communicator> world, const Topology& topo,
   int local = topo.local_of(g.world_rank);
   bool train = g.role == Role::kTrain;
   const int t_self = train ? topo.role_index(g.world_rank) : -1;
+  // Whether this rank is in the sync_root group of train rank t.
+  auto is_member = [&](int t) {
+    if (train) return t_self == t;
+    const std::vector<int> fed = topo.receivers_of(t);
+    return std::find(fed.begin(), fed.end(), local) != fed.end();
+  };
   // Every rank takes part in every split, in this order (every rank computes the same backends).
   std::unique_ptr<Communicator> train_group;
   if (!own(backends.train)) train_group = world->split(train ? 0 : -1, g.world_rank, "train");
@@ -119,7 +156,7 @@ Groups make_groups(std::unique_ptr<Communicator> world, const Topology& topo,
   g.sync_roots.resize(topo.train_per_node);
   for (int t = 0; t < topo.train_per_node; ++t) {
     if (own(backends.sync_root(t))) continue;
-    bool member = !train || t_self == t;
+    bool member = is_member(t);
     int key = train ? 0 : 1 + local;
     g.sync_roots[t] =
         g.sync->split(member ? 0 : -1, key, fmt::format("sync.node{}.root{}", g.node, t));
@@ -140,7 +177,7 @@ Groups make_groups(std::unique_ptr<Communicator> world, const Topology& topo,
     train_group = make(backends.train, train_group_info(topo, g.world_rank, timeout));
   }
   for (int t = 0; t < topo.train_per_node; ++t) {
-    if (!own(backends.sync_root(t)) || (train && t_self != t)) continue;
+    if (!own(backends.sync_root(t)) || !is_member(t)) continue;
     g.sync_roots[t] =
         make(backends.sync_root(t), sync_root_group_info(topo, g.node, t, g.world_rank, timeout));
   }

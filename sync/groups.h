@@ -8,12 +8,18 @@
 //   train      every train rank (gradient all-reduce)
 //   infer      every infer rank (engine collectives, prompt sharding)
 //   sync       one per node: the node's T train + I infer ranks (rollout transport)
-//   sync_root  one per node and train rank t: {train t, the node's infer ranks}, the train rank is
-//              group rank 0. Weight bucket b is broadcast over root b mod T, so the node's train
-//              ranks send in parallel and no weight byte crosses nodes.
+//   sync_root  one per node and train rank t: {train t, the infer ranks it feeds}, the train rank
+//              is group rank 0. Two layouts (Topology::paired, chosen by sync/placement.h):
+//                fan-out  train t feeds every infer rank of its node and sends the buckets b with
+//                         b mod T == t, so the node's train ranks send in parallel;
+//                paired   (I == T) train t feeds infer rank t alone and sends it every bucket: an
+//                         engine and a trainer sharing a GPU are one pair, its weights never
+//                         leave that GPU, and no pair waits on another.
+//              Either way no weight byte crosses nodes.
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -32,6 +38,8 @@ struct Topology {
   int nnodes = 1;
   int infer_per_node = 1;
   int train_per_node = 1;
+  // The weight-sync layout above: paired (needs infer_per_node == train_per_node) or fan-out.
+  bool paired = false;
 
   int ranks_per_node() const { return infer_per_node + train_per_node; }
   int world_size() const { return nnodes * ranks_per_node(); }
@@ -47,6 +55,15 @@ struct Topology {
   }
   // "rank 5 (node 1, train 0)".
   std::string describe(int world_rank) const;
+
+  // Weight-sync routing, by index among the node's train (t) and infer (i) ranks.
+  std::vector<int> receivers_of(int t) const;  // the infer ranks train rank t feeds
+  std::vector<int> senders_of(int i) const;    // the train ranks that feed infer rank i
+  bool sends(int t, int64_t bucket) const;     // train rank t sends `bucket` (to its receivers)
+  int sender_of(int64_t bucket, int i) const;  // the train rank infer rank i gets `bucket` from
+  // "fan-out" or "paired"; check_layout() throws std::invalid_argument when paired and I != T.
+  const char* layout_name() const { return paired ? "paired" : "fan-out"; }
+  void check_layout() const;
 };
 
 // The rendezvous: connects to the store, announces this rank and waits until every rank has

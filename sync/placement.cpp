@@ -38,7 +38,10 @@ std::string group_backend(const Placement& p, const std::string& what, const std
     CRL_INVALID(gpu_source(p), ": ", what, " (", name, ") has ", members(),
                 ": some members share a GPU and others do not. NCCL needs every member on its own "
                 "GPU and the one-GPU path (Gloo, weights through CUDA IPC) needs them all on one; "
-                "give the group distinct GPUs or a single one (--device-map)");
+                "give the group distinct GPUs or a single one (--device-map)",
+                p.topo.paired ? ""
+                              : "; an engine and a trainer on each GPU need --colocate auto or on "
+                                "(each engine then gets its weights from the trainer beside it)");
   }
   if (comm_backend == "gloo") return "gloo";
   if (distinct) return "nccl";
@@ -89,6 +92,28 @@ std::vector<int> parse_device_map(const std::string& s) {
   return out;
 }
 
+bool colocate_pairs(const std::string& colocate, const Topology& topo,
+                    const std::vector<int>& gpu_of_local) {
+  if (colocate != "auto" && colocate != "on" && colocate != "off") {
+    CRL_INVALID("--colocate must be auto, on or off, got '", colocate, "'");
+  }
+  const int I = topo.infer_per_node, T = topo.train_per_node;
+  if (colocate == "on" && I != T) {
+    CRL_INVALID(
+        "--colocate on pairs each engine with one trainer: it needs --gpus-infer == "
+        "--gpus-train, got ",
+        I, " + ", T);
+  }
+  if (colocate != "auto") return colocate == "on";
+  if (I != T || gpu_of_local.empty()) return false;
+  std::set<int> pair_gpus;
+  for (int t = 0; t < T; ++t) {
+    if (gpu_of_local.at(t) != gpu_of_local.at(I + t)) return false;
+    pair_gpus.insert(gpu_of_local[t]);
+  }
+  return static_cast<int>(pair_gpus.size()) == T;
+}
+
 Placement plan_placement(const Topology& topo, const PlacementRequest& req) {
   const std::string& cb = req.comm_backend;
   if (cb != "auto" && cb != "gloo" && cb != "nccl") {
@@ -96,6 +121,7 @@ Placement plan_placement(const Topology& topo, const PlacementRequest& req) {
   }
   Placement p;
   p.topo = topo;
+  p.topo.paired = colocate_pairs(req.colocate, topo, {});
   p.kind = req.kind;
   p.device_count = req.device_count;
   p.from_map = !req.device_map.empty();
@@ -133,13 +159,14 @@ Placement plan_placement(const Topology& topo, const PlacementRequest& req) {
   } else {
     for (int l = 0; l < per_node; ++l) p.gpu_of_local.push_back(l % req.device_count);
   }
+  p.topo.paired = colocate_pairs(req.colocate, topo, p.gpu_of_local);
   // The train group: on each node its T train ranks (ranks on other nodes never share a GPU).
   std::vector<int> train_locals;
   for (int t = 0; t < T; ++t) train_locals.push_back(topo.infer_per_node + t);
   p.train_backend = group_backend(p, "the train group", "train", train_locals, cb);
   for (int t = 0; t < T; ++t) {
     std::vector<int> locals{topo.infer_per_node + t};
-    for (int l = 0; l < topo.infer_per_node; ++l) locals.push_back(l);
+    for (int i : p.topo.receivers_of(t)) locals.push_back(i);
     p.sync_root_backends.push_back(
         group_backend(p, fmt::format("the sync_root group of train rank {}", t),
                       fmt::format("sync.node0.root{}", t), locals, cb));
@@ -167,7 +194,9 @@ RankPlacement Placement::rank(int world_rank) const {
     r.train_backend = train_backend;
     r.sync_root_backends[t] = sync_root_backends.at(t);
   } else {
-    r.sync_root_backends = sync_root_backends;
+    for (int t : topo.senders_of(topo.role_index(world_rank))) {
+      r.sync_root_backends[t] = sync_root_backends.at(t);
+    }
   }
   return r;
 }
@@ -197,8 +226,9 @@ std::string Placement::table() const {
     std::vector<std::string> roots;
     for (int t = 0; t < topo.train_per_node; ++t) {
       if (rp.sync_root_backends[t].empty()) continue;
-      bool shared = kind == DeviceKind::kCuda && rp.sync_root_backends[t] != "nccl" &&
-                    gpu_of_local[topo.infer_per_node + t] == gpu_of_local[0];
+      bool shared =
+          kind == DeviceKind::kCuda && rp.sync_root_backends[t] != "nccl" &&
+          gpu_of_local[topo.infer_per_node + t] == gpu_of_local[topo.receivers_of(t).front()];
       roots.push_back(fmt::format("root{} {}", t, backend_label(rp.sync_root_backends[t], shared)));
     }
     out += fmt::format("| {} | {} {} | {} | {} | {} |\n", r, role_name(rp.role), topo.role_index(r),
@@ -208,6 +238,9 @@ std::string Placement::table() const {
   if (topo.nnodes > 1) {
     out += fmt::format("nodes 1..{}: the same devices by local rank\n", topo.nnodes - 1);
   }
+  out += topo.paired ? "weight sync: paired (engine i gets every bucket from train rank i)\n"
+                     : "weight sync: fan-out (train rank t sends buckets b with b mod T == t to "
+                       "every engine of its node)\n";
   out += "world, infer and sync groups (control, prompts, rollouts): gloo\n";
   return out;
 }

@@ -16,8 +16,16 @@
 //     the train group's collectives through c10d's Gloo, which stages CUDA tensors through host
 //     memory.
 // Anything in between (some members share a GPU, others do not) is an error naming the group, its
-// ranks and their GPUs. Ranks on different nodes never share a GPU. --comm-backend gloo makes
-// every group Gloo; --comm-backend nccl makes a group NCCL-or-error.
+// ranks and their GPUs.
+//
+// Colocation (--colocate auto|on|off) picks the weight-sync layout (sync/groups.h): paired, each
+// engine fed by the trainer beside it, or fan-out, each trainer feeding every engine of its node.
+// auto pairs them where each GPU holds one engine and one trainer (I == T, infer rank t and train
+// rank t on one GPU, the pairs on distinct GPUs: `--gpus-infer N --gpus-train N` on N GPUs), and
+// fans out everywhere else, the CPU included; on pairs them (I == T) wherever they run; off fans
+// out (and so refuses N + N on N GPUs: every fan-out group would mix shared and distinct GPUs).
+// Ranks on different nodes never share a GPU. --comm-backend gloo makes every group Gloo;
+// --comm-backend nccl makes a group NCCL-or-error.
 #pragma once
 
 #include <string>
@@ -46,6 +54,8 @@ struct PlacementRequest {
   int device_count = 0;
   // --comm-backend: auto, gloo or nccl.
   std::string comm_backend = "auto";
+  // --colocate: auto, on or off.
+  std::string colocate = "auto";
 };
 
 // One rank's share of a placement.
@@ -56,7 +66,7 @@ struct RankPlacement {
   std::string device;         // "cpu" or "cuda:N": the engine's (infer) or the trainer's (train)
   std::string train_backend;  // "gloo" or "nccl" on train ranks; "" on infer ranks
   // Index t: the backend of the node's sync_root group of train rank t when this rank is a member
-  // (infer ranks: every t; train rank t: its own), "" otherwise.
+  // (infer rank i: every t fan-out, t == i paired; train rank t: its own), "" otherwise.
   std::vector<std::string> sync_root_backends;
 };
 
@@ -81,7 +91,13 @@ struct Placement {
   std::string table() const;
 };
 
-// Throws std::invalid_argument naming the flag (--device, --device-map, --comm-backend) and, for a
+// Whether --colocate (auto, on or off) pairs the engines with the trainers, given the GPU of each
+// local rank (empty on the CPU). Throws std::invalid_argument for another value, or on with I != T.
+bool colocate_pairs(const std::string& colocate, const Topology& topo,
+                    const std::vector<int>& gpu_of_local);
+
+// Throws std::invalid_argument naming the flag (--device, --device-map, --comm-backend, --colocate)
+// and, for a
 // group that can be neither NCCL nor Gloo-on-one-GPU, its ranks and their GPUs.
 Placement plan_placement(const Topology& topo, const PlacementRequest& request);
 

@@ -146,7 +146,6 @@ WeightSync::~WeightSync() = default;
 void WeightSync::choose_transports(Clock::time_point deadline) {
   Communicator& sync = *groups_.sync;
   const int T = groups_.topo.train_per_node;
-  const int I = groups_.topo.infer_per_node;
   // Every member publishes where its buckets live; every member reads them all.
   const DeviceIdentity mine = identify_device(options_.device);
   store_set(store_, key(fmt::format("device/{}", sync.rank())), mine.to_json());
@@ -173,13 +172,17 @@ void WeightSync::choose_transports(Clock::time_point deadline) {
   }
   // Sync rank t is train rank t; infer rank i is sync rank T + i (groups.h).
   bool need_ipc = false;
+  const Topology& topo = groups_.topo;
+  const int self = topo.role_index(groups_.world_rank);
   for (int t = 0; t < T; ++t) {
     std::vector<SyncMember> group = {members.at(t)};
-    for (int i = 0; i < I; ++i) group.push_back(members.at(T + i));
+    const std::vector<int> fed = topo.receivers_of(t);
+    for (int i : fed) group.push_back(members.at(T + i));
     transports_.push_back(
         select_transport(requested, fmt::format("sync.node{}.root{}", groups_.node, t), group));
-    const bool member =
-        groups_.role == Role::kInfer || groups_.topo.role_index(groups_.world_rank) == t;
+    const bool member = groups_.role == Role::kInfer
+                            ? std::find(fed.begin(), fed.end(), self) != fed.end()
+                            : self == t;
     need_ipc |= member && transports_.back() == SyncTransport::kIpc;
   }
   if (need_ipc) ipc_ = mine.is_cuda() ? make_cuda_ipc_memory(mine.index) : make_host_ipc_memory();
@@ -190,8 +193,16 @@ std::string WeightSync::key(const std::string& what) const {
   return fmt::format("wsync/node{}/{}/{}", groups_.node, options_.scope, what);
 }
 
-int WeightSync::root_of_bucket(int64_t bucket) const {
-  return static_cast<int>(bucket % groups_.topo.train_per_node);
+int WeightSync::sender_of(int64_t bucket) const {
+  return groups_.topo.sender_of(bucket, groups_.topo.role_index(groups_.world_rank));
+}
+
+bool WeightSync::sends(int64_t bucket) const {
+  return groups_.topo.sends(groups_.topo.role_index(groups_.world_rank), bucket);
+}
+
+int WeightSync::baseline_sender() const {
+  return groups_.topo.paired ? groups_.topo.role_index(groups_.world_rank) : 0;
 }
 
 Communicator& WeightSync::root_group(int t) const {
@@ -207,9 +218,8 @@ void WeightSync::announce(int64_t version, const char* how) {
   // checksums, which a receiver may still be reading).
   store_->deleteKey(key(fmt::format("v{}/ready/{}", version - 1, t)));
   for (const auto& b : layout_.buckets()) {
-    if (root_of_bucket(b.index) == t) {
-      store_->deleteKey(key(fmt::format("v{}/sum/{}", version - 2, b.index)));
-    }
+    if (sends(b.index))
+      store_->deleteKey(key(fmt::format("v{}/sum/{}/{}", version - 2, t, b.index)));
   }
   store_set(store_, key(fmt::format("v{}/ready/{}", version, t)), how);
 }
@@ -223,7 +233,7 @@ void WeightSync::request(int64_t version) {
 
 void WeightSync::wait_requested(int64_t version, Clock::time_point deadline) const {
   std::vector<std::string> want;
-  for (int i = 0; i < groups_.topo.infer_per_node; ++i) {
+  for (int i : groups_.topo.receivers_of(groups_.topo.role_index(groups_.world_rank))) {
     want.push_back(key(fmt::format("v{}/want/{}", version, i)));
   }
   auto missing = wait_keys(store_, want, deadline);
@@ -236,15 +246,20 @@ void WeightSync::wait_requested(int64_t version, Clock::time_point deadline) con
 }
 
 bool WeightSync::ready(int64_t version) const {
-  int senders = options_.mode == SyncMode::kBucket ? groups_.topo.train_per_node : 1;
-  for (int t = 0; t < senders; ++t) {
+  const std::vector<int> senders =
+      options_.mode == SyncMode::kBucket
+          ? groups_.topo.senders_of(groups_.topo.role_index(groups_.world_rank))
+          : std::vector<int>{baseline_sender()};
+  for (int t : senders) {
     if (!store_has(store_, key(fmt::format("v{}/ready/{}", version, t)))) return false;
   }
   return true;
 }
 
 void WeightSync::publish_checksum(int64_t version, int64_t bucket, const at::Tensor& bytes) {
-  store_set(store_, key(fmt::format("v{}/sum/{}", version, bucket)),
+  store_set(store_,
+            key(fmt::format("v{}/sum/{}/{}", version, groups_.topo.role_index(groups_.world_rank),
+                            bucket)),
             std::to_string(checksum_bytes(bytes)));
 }
 
@@ -252,8 +267,9 @@ void WeightSync::verify_buckets(int64_t version, const std::vector<at::Tensor>& 
                                 SyncStats& stats) {
   auto deadline = Clock::now() + groups_.sync->timeout();
   for (const auto& b : layout_.buckets()) {
-    std::string want = store_get(store_, key(fmt::format("v{}/sum/{}", version, b.index)), deadline,
-                                 fmt::format("--sync-verify of version {}", version));
+    std::string want =
+        store_get(store_, key(fmt::format("v{}/sum/{}/{}", version, sender_of(b.index), b.index)),
+                  deadline, fmt::format("--sync-verify of version {}", version));
     auto got = checksum_bytes(buckets[b.index].narrow(0, 0, b.nbytes));
     if (std::to_string(got) != want) {
       const auto& first = layout_.specs()[b.entries.front().tensor];
@@ -262,8 +278,7 @@ void WeightSync::verify_buckets(int64_t version, const std::vector<at::Tensor>& 
           "--sync-verify: version {} bucket {} ({} bytes, tensors {} .. {}) received on {} "
           "differs from what train rank {} of node {} sent (checksum {:x} vs {})",
           version, b.index, b.nbytes, first.name, last.name,
-          groups_.topo.describe(groups_.world_rank), root_of_bucket(b.index), groups_.node, got,
-          want));
+          groups_.topo.describe(groups_.world_rank), sender_of(b.index), groups_.node, got, want));
     }
   }
   stats.verified = true;
@@ -281,7 +296,8 @@ SyncStats WeightSync::send(const std::vector<at::Tensor>& tensors, int64_t versi
   int64_t ops0 = total_ops(groups_);
 
   if (options_.mode == SyncMode::kPerTensor) {
-    if (t != 0) return st;  // the baseline sends everything from the node's first train rank
+    // The baseline sends everything from the node's first train rank (paired: each from its own).
+    if (t != baseline_sender()) return st;
     announce(version);
     auto t0 = Clock::now();
     for (size_t i = 0; i < tensors.size(); ++i) {
@@ -289,7 +305,7 @@ SyncStats WeightSync::send(const std::vector<at::Tensor>& tensors, int64_t versi
       auto p0 = Clock::now();
       at::Tensor buf = tensors[i].to(spec.dtype).contiguous();
       st.pack_s += seconds_since(p0);
-      root_group(0).broadcast(buf, 0);
+      root_group(t).broadcast(buf, 0);
       st.bytes += spec.nbytes();
       st.extra_bytes = std::max<int64_t>(st.extra_bytes, spec.nbytes());
     }
@@ -307,7 +323,7 @@ SyncStats WeightSync::send(const std::vector<at::Tensor>& tensors, int64_t versi
   int k = 0;
   auto t0 = Clock::now();
   for (const auto& b : layout_.buckets()) {
-    if (root_of_bucket(b.index) != t) continue;
+    if (!sends(b.index)) continue;
     if (static_cast<int>(inflight.size()) == n) {
       inflight.front()->wait();
       inflight.pop_front();
@@ -356,7 +372,7 @@ SyncStats WeightSync::send_buckets(const std::vector<at::Tensor>& buckets, int64
   std::vector<std::unique_ptr<Work>> works;
   auto t0 = Clock::now();
   for (const auto& b : layout_.buckets()) {
-    if (root_of_bucket(b.index) != t) continue;
+    if (!sends(b.index)) continue;
     at::Tensor src = buckets[b.index].narrow(0, 0, b.nbytes);
     if (options_.verify) publish_checksum(version, b.index, src);
     works.push_back(root_group(t).broadcast_async(src, 0));
@@ -387,7 +403,7 @@ SyncStats WeightSync::receive(std::vector<at::Tensor>& buckets, int64_t version,
       const auto& spec = layout_.specs()[i];
       at::Tensor tmp =
           at::empty(spec.shape, at::TensorOptions().dtype(spec.dtype).device(buckets[0].device()));
-      root_group(0).broadcast(tmp, 0);
+      root_group(baseline_sender()).broadcast(tmp, 0);
       auto l0 = Clock::now();
       if (load) {
         load(static_cast<int64_t>(i), tmp);
@@ -408,12 +424,12 @@ SyncStats WeightSync::receive(std::vector<at::Tensor>& buckets, int64_t version,
         CRL_INVALID("weight sync: receive bucket ", b.index, " must be contiguous uint8 of ",
                     b.nbytes, " bytes");
       }
-      if (transport(root_of_bucket(b.index)) == SyncTransport::kIpc) {
+      if (transport(sender_of(b.index)) == SyncTransport::kIpc) {
         ipc = true;  // received below
         continue;
       }
       works.push_back(
-          root_group(root_of_bucket(b.index)).broadcast_async(dst.narrow(0, 0, b.nbytes), 0));
+          root_group(sender_of(b.index)).broadcast_async(dst.narrow(0, 0, b.nbytes), 0));
       st.bytes += b.nbytes;
     }
     if (ipc) {
@@ -433,17 +449,18 @@ SyncStats WeightSync::receive(std::vector<at::Tensor>& buckets, int64_t version,
 }
 
 SyncStats WeightSync::raw_broadcast(at::Tensor flat, int64_t version) {
-  if (transport(0) == SyncTransport::kIpc) {
+  const int root = baseline_sender();
+  if (transport(root) == SyncTransport::kIpc) {
     CRL_INVALID("the raw baseline is a communicator broadcast; this WeightSync uses CUDA IPC");
   }
   SyncStats st;
   st.version = version;
   bool sender = groups_.role == Role::kTrain;
-  if (sender && groups_.topo.role_index(groups_.world_rank) != 0) return st;
+  if (sender && groups_.topo.role_index(groups_.world_rank) != root) return st;
   int64_t ops0 = total_ops(groups_);
   if (sender) announce(version);
   auto t0 = Clock::now();
-  root_group(0).broadcast(flat, 0);
+  root_group(root).broadcast(flat, 0);
   st.transfer_s = seconds_since(t0);
   st.bytes = flat.numel() * static_cast<int64_t>(flat.element_size());
   st.collectives = total_ops(groups_) - ops0;

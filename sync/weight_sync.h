@@ -3,7 +3,8 @@
 // Setup (constructor, collective over the node's sync group through the store): every member
 // publishes its WeightLayout; a hash mismatch fails on every member with an error naming the first
 // differing tensor. After that one sync of version v is, per bucket b, one broadcast rooted at the
-// node's train rank b mod T (group sync_roots[b mod T]) straight into the engine's bucket buffers.
+// node's train rank b mod T (group sync_roots[b mod T]) straight into the engine's bucket buffers;
+// in the paired layout (sync/groups.h) train rank t sends every bucket to infer rank t alone.
 //
 //   sender (train rank t)  fills a send buffer per bucket (casting from the trainer's tensors)
 //                          with `inflight` buffers so packing bucket k+1 overlaps sending bucket k;
@@ -114,8 +115,10 @@ class WeightSync : public WeightSource {
 
   const WeightLayout& layout() const { return layout_; }
   const WeightSyncOptions& options() const { return options_; }
-  // Train rank t of the node sends bucket b iff b % T == t.
-  int root_of_bucket(int64_t bucket) const;
+  // Routing (Topology: fan-out or paired). On an infer rank: the train rank it gets `bucket`
+  // from; on a train rank: whether it sends `bucket`.
+  int sender_of(int64_t bucket) const;
+  bool sends(int64_t bucket) const;
   // The transport of the node's sync_root group t (the same on every member).
   SyncTransport transport(int t = 0) const { return transports_.at(t); }
 
@@ -150,6 +153,9 @@ class WeightSync : public WeightSource {
 
  private:
   Communicator& root_group(int t) const;
+  // The one train rank the per-tensor and raw baselines send from: the node's first (fan-out), or
+  // this rank's pair (paired).
+  int baseline_sender() const;
   // how: "1" (the receivers copy), or "push" (the sender writes into the receivers' buckets).
   void announce(int64_t version, const char* how = "1");
   void publish_checksum(int64_t version, int64_t bucket, const at::Tensor& bytes);

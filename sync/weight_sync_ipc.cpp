@@ -127,12 +127,11 @@ WeightSync::IpcBatch WeightSync::publish_ipc_batch(
 void WeightSync::wait_ipc_acks(int64_t version, const IpcBatch& batch) {
   const int t = groups_.topo.role_index(groups_.world_rank);
   Communicator& group = root_group(t);
-  const int infer = groups_.topo.infer_per_node;
+  const std::vector<int> fed = groups_.topo.receivers_of(t);
   auto ack_key = [&](int i) {
     return key(fmt::format("v{}/ack/{}/{}/{}", version, t, batch.seq, i));
   };
-  std::vector<int> missing;
-  for (int i = 0; i < infer; ++i) missing.push_back(i);
+  std::vector<int> missing = fed;
   auto last = Clock::now();
   Backoff backoff;
   while (true) {
@@ -161,7 +160,7 @@ void WeightSync::wait_ipc_acks(int64_t version, const IpcBatch& batch) {
   }
   // Every receiver read the batch before acknowledging it: its keys can go.
   store_delete(store_, ipc_key(version, t, batch.seq));
-  for (int i = 0; i < infer; ++i) store_delete(store_, ack_key(i));
+  for (int i : fed) store_delete(store_, ack_key(i));
 }
 
 SyncStats WeightSync::send_ipc(const std::vector<at::Tensor>* tensors,
@@ -185,7 +184,7 @@ SyncStats WeightSync::send_ipc(const std::vector<at::Tensor>* tensors,
     // Flat storage already in the layout: every bucket of this sender at once, one batch.
     std::vector<std::pair<int64_t, at::Tensor>> items;
     for (const auto& b : layout_.buckets()) {
-      if (root_of_bucket(b.index) != t) continue;
+      if (!sends(b.index)) continue;
       items.emplace_back(b.index, (*buckets)[b.index].narrow(0, 0, b.nbytes));
       if (options_.verify) publish_checksum(version, b.index, items.back().second);
     }
@@ -205,7 +204,7 @@ SyncStats WeightSync::send_ipc(const std::vector<at::Tensor>* tensors,
     std::deque<IpcBatch> unacked;
     int64_t k = 0;
     for (const auto& b : layout_.buckets()) {
-      if (root_of_bucket(b.index) != t) continue;
+      if (!sends(b.index)) continue;
       if (static_cast<int>(unacked.size()) == n) {
         wait_ipc_acks(version, unacked.front());
         unacked.pop_front();
@@ -298,12 +297,12 @@ WeightSync::IpcReceive::IpcReceive(WeightSync& ws, std::vector<at::Tensor>& buck
       version_(version),
       st_(st),
       me_(ws.groups_.topo.role_index(ws.groups_.world_rank)) {
-  for (int t = 0; t < ws_.groups_.topo.train_per_node; ++t) {
+  for (int t : ws_.groups_.topo.senders_of(me_)) {
     if (ws_.transport(t) != SyncTransport::kIpc) continue;
     Sender s;
     s.t = t;
     for (const auto& b : ws_.layout_.buckets()) {
-      if (ws_.root_of_bucket(b.index) == t) s.expected.push_back(b.index);
+      if (ws_.sender_of(b.index) == t) s.expected.push_back(b.index);
     }
     if (!s.expected.empty()) senders_.push_back(std::move(s));
   }
@@ -492,7 +491,7 @@ void WeightSync::open_ipc_buckets(std::vector<at::Tensor>& buckets, int64_t vers
   std::vector<int64_t> mine;
   int64_t bytes = 0;
   for (const auto& b : layout_.buckets()) {
-    if (std::find(pushers.begin(), pushers.end(), root_of_bucket(b.index)) == pushers.end()) {
+    if (std::find(pushers.begin(), pushers.end(), sender_of(b.index)) == pushers.end()) {
       continue;
     }
     mine.push_back(b.index);
@@ -520,11 +519,12 @@ void WeightSync::open_ipc_buckets(std::vector<at::Tensor>& buckets, int64_t vers
 void WeightSync::push_ipc(const std::vector<at::Tensor>& tensors, int64_t version, SyncStats& st) {
   const int t = groups_.topo.role_index(groups_.world_rank);
   Communicator& group = root_group(t);
-  const int infer = groups_.topo.infer_per_node;
+  const std::vector<int> fed = groups_.topo.receivers_of(t);
+  const int infer = static_cast<int>(fed.size());
   std::vector<int64_t> mine;
   int64_t bytes = 0;
   for (const auto& b : layout_.buckets()) {
-    if (root_of_bucket(b.index) != t) continue;
+    if (!sends(b.index)) continue;
     mine.push_back(b.index);
     bytes += b.nbytes;
   }
@@ -537,22 +537,22 @@ void WeightSync::push_ipc(const std::vector<at::Tensor>& tensors, int64_t versio
   // Each engine as it opens its buckets (between two of its steps), so an engine waits only for
   // the casts into its own buckets, not for the slowest engine of the node.
   std::vector<std::string> open_keys;
-  for (int i = 0; i < infer; ++i) open_keys.push_back(key(fmt::format("v{}/open/{}", version, i)));
+  for (int i : fed) open_keys.push_back(key(fmt::format("v{}/open/{}", version, i)));
   std::vector<bool> written(infer, false);
   int left = infer;
   auto last = Clock::now();
   Backoff backoff;
   while (left > 0) {
     bool progress = false;
-    for (int i = 0; i < infer; ++i) {
-      if (written[i] || !store_has(store_, open_keys[i])) continue;
+    for (int k = 0; k < infer; ++k) {
+      if (written[k] || !store_has(store_, open_keys[k])) continue;
+      const int i = fed[k];  // the infer rank
       auto regions = nlohmann::json::parse(
-          store_get(store_, open_keys[i], Clock::now() + group.timeout(), "ipc open"));
+          store_get(store_, open_keys[k], Clock::now() + group.timeout(), "ipc open"));
       std::map<int64_t, at::Tensor> dst;  // engine i's bucket b, writable here
       for (const auto& r : regions) {
         const int64_t b = r.at("b").get<int64_t>();
-        if (b < 0 || b >= static_cast<int64_t>(layout_.buckets().size()) ||
-            root_of_bucket(b) != t) {
+        if (b < 0 || b >= static_cast<int64_t>(layout_.buckets().size()) || !sends(b)) {
           continue;
         }
         const int64_t n = r.at("n").get<int64_t>();
@@ -587,7 +587,7 @@ void WeightSync::push_ipc(const std::vector<at::Tensor>& tensors, int64_t versio
       }
       wait_device_or_fail(*ipc_, group, "writing the engine's buckets", where());
       store_set(store_, key(fmt::format("v{}/done/{}/{}", version, t, i)), "1");
-      written[i] = true;
+      written[k] = true;
       --left;
       progress = true;
     }
@@ -599,8 +599,8 @@ void WeightSync::push_ipc(const std::vector<at::Tensor>& tensors, int64_t versio
     if (Clock::now() - last > group.timeout()) {
       std::vector<std::string> who;
       const int base = groups_.node * groups_.topo.ranks_per_node();
-      for (int i = 0; i < infer; ++i) {
-        if (!written[i]) who.push_back(groups_.topo.describe(base + i));
+      for (int k = 0; k < infer; ++k) {
+        if (!written[k]) who.push_back(groups_.topo.describe(base + fed[k]));
       }
       group.fail(fmt::format("ipc: {} never opened its weight buckets within {} ms (receiver "
                              "dead, stuck, or not receiving this version?)",

@@ -9,6 +9,14 @@ crl_job_test(sync.check_1_train_to_3_infer_bf16 pass 60 "${CRL_PASS}"
              sync-check --gpus-infer 3 --gpus-train 1 --timeout 20 --dtype bfloat16 --sync-bucket-mb 1)
 crl_job_test(sync.check_per_tensor_baseline pass 60 "${CRL_PASS}"
              sync-check --gpus-infer 1 --gpus-train 2 --timeout 20 --sync-mode per-tensor --syncs 2)
+# Colocated pairs (--colocate on; on GPUs auto pairs N + N on N GPUs): each engine gets every bucket
+# from the train rank beside it, bit-identical, one collective per bucket on each rank.
+crl_job_test(sync.check_colocated_4_pairs pass 90
+             "4 infer \\+ 4 train\\), paired ;; ${CRL_PASS}"
+             sync-check --gpus-infer 4 --gpus-train 4 --colocate on --timeout 30 --sync-verify --syncs 2)
+crl_job_test(sync.colocate_on_needs_as_many_engines_as_trainers fail 20
+             "--colocate on pairs each engine with one trainer: it needs --gpus-infer == --gpus-train, got 3 \\+ 2"
+             sync-check --gpus-infer 3 --gpus-train 2 --colocate on --timeout 5)
 crl_job_test(sync.rank_that_never_joins_fails_the_job_naming_it fail 40
              "op=join group=world .*world ranks \\[1\\] that never joined"
              sync-check --gpus-infer 2 --gpus-train 2 --timeout 3 --inject-fault never-join:1)
@@ -44,6 +52,12 @@ crl_job_test(rl.two_infer_two_train_deterministic_gap_exactly_0 pass 120
              "step 1/[0-9]+ .* gap 0\\.0e\\+00 \\| ;; step 3/[0-9]+ .* gap 0\\.0e\\+00 \\| ;; summary: 1 node\\(s\\) x \\(2 infer \\+ 2 train ranks\\), 3 GRPO steps"
              --gpus-infer 2 --gpus-train 2 --deterministic --steps 3 --sft-steps 4
              --prompts-per-step 8 --n-samples 4 --eval-every 0 --timeout 60 --max-staleness 0)
+# The colocated pairs in the RL job: the same gap of exactly 0 (each engine from its own trainer,
+# the trainers bit-identical), the placement table saying so.
+crl_job_test(rl.colocated_pairs_deterministic_gap_exactly_0 pass 120
+             "weight sync: paired ;; step 1/[0-9]+ .* gap 0\\.0e\\+00 \\| ;; step 3/[0-9]+ .* gap 0\\.0e\\+00 \\| ;; summary: 1 node\\(s\\) x \\(2 infer \\+ 2 train ranks\\), 3 GRPO steps"
+             --gpus-infer 2 --gpus-train 2 --colocate on --deterministic --sync-verify --steps 3
+             --sft-steps 4 --prompts-per-step 8 --n-samples 4 --eval-every 0 --timeout 60 --max-staleness 0)
 # Asynchronous RL (issue 13): with K = 1 no trained token is older than one version (the train
 # ranks fail the step otherwise), nothing is dropped, and each in-flight update policy runs.
 foreach(policy keep recompute abort)

@@ -23,6 +23,7 @@ sync::PlacementRequest RlOptions::placement_request() const {
   r.device_map = device_map;
   r.device_count = cuda_device_count;
   r.comm_backend = comm_backend;
+  r.colocate = colocate;
   return r;
 }
 
@@ -142,8 +143,8 @@ RlRanks make_rl_ranks(sync::World& world, const RlOptions& o, const sync::CommFa
       return sync::make_nccl_communicator(store, prefix, std::move(info));
     };
   }
-  r.g = sync::make_groups(std::move(world.comm), topo, r.placement.group_backends(), world.store,
-                          own);
+  r.g = sync::make_groups(std::move(world.comm), r.placement.topo, r.placement.group_backends(),
+                          world.store, own);
   r.infer_total = topo.nnodes * topo.infer_per_node;
   r.train_total = topo.nnodes * topo.train_per_node;
   r.role_global =

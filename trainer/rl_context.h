@@ -49,6 +49,8 @@ struct RlOptions {
   int cuda_device_count = 0;
   // --comm-backend: auto (NCCL where a group's members sit on distinct GPUs), gloo or nccl.
   std::string comm_backend = "auto";
+  // --colocate: auto, on or off (sync/placement.h): each engine fed by the trainer beside it.
+  std::string colocate = "auto";
 
   std::string engine_dtype = "float32";
   bool deterministic = false;

@@ -3,6 +3,7 @@
 // from the topology with the members split() would give them (Gloo standing in for NCCL on CPU).
 #include "sync/placement.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <map>
@@ -19,12 +20,14 @@ namespace {
 
 using std::chrono::milliseconds;
 
-PlacementRequest cuda(int count, const std::string& map = "", const std::string& backend = "auto") {
+PlacementRequest cuda(int count, const std::string& map = "", const std::string& backend = "auto",
+                      const std::string& colocate = "auto") {
   PlacementRequest r;
   r.kind = DeviceKind::kCuda;
   r.device_count = count;
   r.device_map = parse_device_map(map);
   r.comm_backend = backend;
+  r.colocate = colocate;
   return r;
 }
 
@@ -83,13 +86,17 @@ TEST(PlacementTest, FourPlusFourOnEightGpusGivesEachRankItsGpuAndNcclGroups) {
   EXPECT_EQ(b.sync_root(4), "");  // no such group: split
 }
 
-// 4 + 4 on 4 GPUs wraps: train rank t lands on infer rank t's GPU, so each sync_root group
-// {train t, infer 0..3} has two members on one GPU and the others apart: neither NCCL nor one GPU.
+// 4 + 4 on 4 GPUs wraps: train rank t lands on infer rank t's GPU. Fanned out (--colocate off),
+// each sync_root group {train t, infer 0..3} has two members on one GPU and the others apart:
+// neither NCCL nor one GPU. (--colocate auto pairs them: ColocatedPairs... below.)
 TEST(PlacementTest, DefaultWrapsLocalRanksOverTheDevicesAndRefusesMixedSharing) {
-  ASSERT_THROWS_WITH(plan_placement(Topology{1, 4, 4}, cuda(4)), std::invalid_argument,
+  ASSERT_THROWS_WITH(plan_placement(Topology{1, 4, 4}, cuda(4, "", "auto", "off")),
+                     std::invalid_argument,
                      "--device cuda (GPU = local rank mod 4): the sync_root group of train rank 0 "
                      "(sync.node0.root0) has rank 4 (node 0, train 0) on cuda:0, rank 0 (node 0, "
                      "infer 0) on cuda:0, rank 1 (node 0, infer 1) on cuda:1");
+  ASSERT_THROWS_WITH(plan_placement(Topology{1, 4, 4}, cuda(4, "", "auto", "off")),
+                     std::invalid_argument, "need --colocate auto or on");
   Placement p = plan_placement(Topology{1, 1, 2}, cuda(2, "", "auto"));  // 0, 1, 0
   EXPECT_EQ(devices_of(p), (std::vector<std::string>{"cuda:0", "cuda:1", "cuda:0"}));
   EXPECT_EQ(p.train_backend, "nccl");
@@ -130,7 +137,8 @@ TEST(PlacementTest, OneEngineTwoTrainersSplitsBackendsPerGroup) {
                      "the train group (train) has rank 1 (node 0, train 0) on cuda:1, rank 2 "
                      "(node 0, train 1) on cuda:1, rank 3 (node 0, train 2) on cuda:2");
   // Without a map the error names the rule that placed them.
-  ASSERT_THROWS_WITH(plan_placement(Topology{1, 2, 2}, cuda(2)), std::invalid_argument,
+  ASSERT_THROWS_WITH(plan_placement(Topology{1, 2, 2}, cuda(2, "", "auto", "off")),
+                     std::invalid_argument,
                      "--device cuda (GPU = local rank mod 2): the sync_root group of train rank 0");
 }
 
@@ -185,6 +193,69 @@ TEST(PlacementTest, CudaWithoutADeviceAndImpossibleBackendsAreErrors) {
   EXPECT_EQ(gloo.train_backend, "gloo");
   EXPECT_EQ(gloo.sync_root_backends, std::vector<std::string>(4, "gloo"));
   EXPECT_EQ(gloo.rank(6).device, "cuda:6");
+}
+
+// --gpus-infer N --gpus-train N on N GPUs (N = 1..8): one engine and one trainer on each GPU,
+// paired by --colocate auto; the train group spans the GPUs (NCCL from N = 2), each pair shares its
+// GPU (Gloo, weights through CUDA IPC), and no engine is in another pair's group.
+TEST(PlacementTest, ColocatedPairsOnOneToEightGpus) {
+  for (int n = 1; n <= 8; ++n) {
+    SCOPED_TRACE(n);
+    Placement p = plan_placement(Topology{1, n, n}, cuda(n));
+    EXPECT_TRUE(p.topo.paired);
+    EXPECT_EQ(p.train_backend, "nccl");
+    EXPECT_EQ(p.sync_root_backends, std::vector<std::string>(n, "gloo"));
+    for (int t = 0; t < n; ++t) {
+      EXPECT_EQ(p.rank(t).device, "cuda:" + std::to_string(t));      // engine t
+      EXPECT_EQ(p.rank(n + t).device, "cuda:" + std::to_string(t));  // trainer t
+      std::vector<std::string> roots(n, "");
+      roots[t] = "gloo";
+      EXPECT_EQ(p.rank(t).sync_root_backends, roots);
+      EXPECT_EQ(p.rank(n + t).sync_root_backends, roots);
+      EXPECT_EQ(p.topo.receivers_of(t), std::vector<int>{t});
+      EXPECT_EQ(p.topo.senders_of(t), std::vector<int>{t});
+    }
+    EXPECT_NE(p.table().find("weight sync: paired"), std::string::npos) << p.table();
+    EXPECT_NE(
+        p.table().find(fmt::format("| {} | train {} | cuda:{} | nccl | root{} gloo (one GPU) |",
+                                   2 * n - 1, n - 1, n - 1, n - 1)),
+        std::string::npos)
+        << p.table();
+  }
+  // Two nodes of 4 + 4 on 4 GPUs each: the same pairs on every node.
+  Placement two = plan_placement(Topology{2, 4, 4}, cuda(4));
+  EXPECT_TRUE(two.topo.paired);
+  EXPECT_EQ(two.rank(8 + 5).device, "cuda:1");
+}
+
+TEST(PlacementTest, ColocateOnOffAndWhereAutoDoesNotPair) {
+  // on: pairs on distinct GPUs (4 + 4 on 8) go over NCCL, each engine still fed by one trainer.
+  Placement eight = plan_placement(Topology{1, 4, 4}, cuda(8, "", "auto", "on"));
+  EXPECT_TRUE(eight.topo.paired);
+  EXPECT_EQ(eight.sync_root_backends, std::vector<std::string>(4, "nccl"));
+  EXPECT_EQ(eight.rank(1).sync_root_backends, (std::vector<std::string>{"", "nccl", "", ""}));
+  // auto: 4 + 4 on 8 GPUs fans out as before; so do pairs all on one GPU, and the CPU.
+  EXPECT_FALSE(plan_placement(Topology{1, 4, 4}, cuda(8)).topo.paired);
+  Placement one = plan_placement(Topology{1, 2, 2}, cuda(4, "1,1,1,1"));
+  EXPECT_FALSE(one.topo.paired);
+  EXPECT_EQ(one.sync_root_backends, (std::vector<std::string>{"gloo", "gloo"}));
+  EXPECT_FALSE(plan_placement(Topology{1, 2, 2}, PlacementRequest{}).topo.paired);
+  // A map that pairs them: engine 0 and trainer 0 on GPU 3, engine 1 and trainer 1 on GPU 2.
+  EXPECT_TRUE(plan_placement(Topology{1, 2, 2}, cuda(4, "3,2,3,2")).topo.paired);
+  // on: the CPU too (the tests stand in for GPUs).
+  PlacementRequest cpu_on;
+  cpu_on.colocate = "on";
+  Placement cpu = plan_placement(Topology{1, 3, 3}, cpu_on);
+  EXPECT_TRUE(cpu.topo.paired);
+  EXPECT_EQ(cpu.rank(2).sync_root_backends, (std::vector<std::string>{"", "", "gloo"}));
+  ASSERT_THROWS_WITH(plan_placement(Topology{1, 3, 2}, cpu_on), std::invalid_argument,
+                     "--colocate on pairs each engine with one trainer: it needs --gpus-infer == "
+                     "--gpus-train, got 3 + 2");
+  ASSERT_THROWS_WITH(plan_placement(Topology{1, 1, 1}, cuda(1, "", "auto", "yes")),
+                     std::invalid_argument, "--colocate must be auto, on or off, got 'yes'");
+  // Two engines on GPU 0 with their trainers on GPUs 0 and 1: not pairs, and fanned out mixed.
+  ASSERT_THROWS_WITH(plan_placement(Topology{1, 2, 2}, cuda(2, "0,0,0,1")), std::invalid_argument,
+                     "some members share a GPU and others do not");
 }
 
 // The groups make_groups creates on their own (NCCL in the job) have exactly the members, order and
@@ -249,6 +320,31 @@ TEST(PlacementGroupsTest, GroupsOfTheirOwnMatchTheSplitOnesAndRun) {
   EXPECT_EQ(made[1], made[0]);
   EXPECT_EQ(made[2], (std::vector<std::string>{"train", "sync.node0.root0"}));
   EXPECT_EQ(made[3], (std::vector<std::string>{"train", "sync.node0.root1"}));
+
+  // Paired, with groups of their own: root t is {train t, infer t}, made by those two only.
+  Topology paired = topo;
+  paired.paired = true;
+  std::vector<std::vector<std::string>> made_paired(4);
+  std::vector<Seen> own_paired(4);
+  auto errors3 =
+      test::run_ranks(4, milliseconds(20000), [&](int r, auto& comm, const StorePtr& store) {
+        CommFactory gloo = [&, r](const std::string&, const std::string& prefix, GroupInfo info) {
+          {
+            std::lock_guard<std::mutex> lock(mu);
+            made_paired[r].push_back(info.name);
+          }
+          return make_gloo_communicator(store, prefix, std::move(info), "127.0.0.1");
+        };
+        Groups g = make_groups(std::move(comm), paired, GroupBackends{"nccl", {"nccl", "nccl"}},
+                               store, gloo);
+        for (const auto& c : g.sync_roots) record(c.get(), own_paired[r]);
+      });
+  for (const auto& e : errors3) ASSERT_EQ(e, "");
+  EXPECT_EQ(made_paired[0], (std::vector<std::string>{"sync.node0.root0"}));
+  EXPECT_EQ(made_paired[1], (std::vector<std::string>{"sync.node0.root1"}));
+  EXPECT_EQ(made_paired[3], (std::vector<std::string>{"train", "sync.node0.root1"}));
+  EXPECT_EQ(own_paired[1].members.at("sync.node0.root1"), (std::vector<int>{3, 1}));
+  EXPECT_EQ(own_paired[1].rank.at("sync.node0.root1"), 1);
 }
 
 }  // namespace

@@ -71,7 +71,7 @@ void cast_buckets_arrive_bit_identical(bool push) {
         auto st = ws.send(masters_of(v), v);
         int t = topo.role_index(g.world_rank);
         int64_t mine = 0;
-        for (const auto& b : layout.buckets()) mine += ws.root_of_bucket(b.index) == t ? 1 : 0;
+        for (const auto& b : layout.buckets()) mine += ws.sends(b.index) ? 1 : 0;
         EXPECT_EQ(st.collectives, mine);
         if (push) {
           EXPECT_EQ(st.extra_bytes, 0);
@@ -296,6 +296,104 @@ TEST(WeightSyncIpcTest, ChecksumDoesNotDependOnTheChunkSize) {
     for (int64_t chunk : {32, 64, 96, 1024}) EXPECT_EQ(checksum_bytes(t, chunk), whole) << n;
   }
   EXPECT_THROW(checksum_bytes(at::zeros({4}), 48), std::invalid_argument);
+}
+
+// The paired layout (--colocate): N engines and N trainers, engine i fed by train rank i alone with
+// every bucket. Here each trainer's weights differ (in a job they are equal), so a bucket from
+// another pair's trainer shows. Casts (send()) or flat storage (send_buckets()), 2 versions.
+void paired_sync(int n, const WeightSyncOptions& opts, bool flat) {
+  SCOPED_TRACE(fmt::format("N = {}, transport {}, {}", n, sync_transport_name(opts.transport),
+                           flat ? "flat" : (opts.ipc_push ? "cast, push" : "cast, pull")));
+  auto specs = make_specs(5, flat ? at::kFloat : at::kBFloat16);
+  auto layout = WeightLayout::plan(specs, 2048);
+  ASSERT_GE(layout.buckets().size(), 3u);
+  Topology topo{1, n, n};
+  topo.paired = true;
+  const int64_t nb = static_cast<int64_t>(layout.buckets().size());
+  auto value = [](int64_t v, int pair, size_t i) {
+    return static_cast<float>(v * 64 + pair * 6 + static_cast<int64_t>(i));  // exact in bf16
+  };
+  auto errors =
+      run_ranks(2 * n, milliseconds(20000), [&](int r, auto& comm, const StorePtr& store) {
+        Groups g = make_groups(std::move(comm), topo);
+        const int pair = topo.role_index(g.world_rank);
+        // Each rank is in its pair's group alone.
+        for (int t = 0; t < n; ++t) {
+          EXPECT_EQ(g.sync_roots[t] != nullptr, t == pair) << "rank " << r << " root " << t;
+        }
+        EXPECT_EQ(g.sync_roots[pair]->info().world_ranks, (std::vector<int>{n + pair, pair}));
+        WeightSync ws(g, store, layout, opts);
+        if (g.role == Role::kTrain) {
+          auto flat_storage = layout.allocate_buckets(at::TensorOptions());
+          auto views = layout.views(flat_storage);
+          for (int64_t v = 1; v <= 2; ++v) {
+            ws.wait_requested(v, Clock::now() + milliseconds(20000));
+            std::vector<at::Tensor> masters;
+            for (size_t i = 0; i < specs.size(); ++i) {
+              masters.push_back(at::full(specs[i].shape, value(v, pair, i)));
+              views[i].fill_(value(v, pair, i));
+            }
+            auto st = flat ? ws.send_buckets(flat_storage, v) : ws.send(masters, v);
+            EXPECT_EQ(st.collectives, nb);  // every bucket, to its one engine
+          }
+        } else {
+          auto buckets = layout.allocate_buckets(at::TensorOptions());
+          for (int64_t v = 1; v <= 2; ++v) {
+            ws.request(v);
+            auto deadline = Clock::now() + milliseconds(20000);
+            while (!ws.ready(v)) ASSERT_LT(Clock::now(), deadline) << "version " << v;
+            auto st = ws.receive(buckets, v);
+            EXPECT_TRUE(st.verified);
+            EXPECT_EQ(st.collectives, nb);
+            auto views = layout.views(buckets);
+            for (size_t i = 0; i < views.size(); ++i) {
+              EXPECT_TRUE(views[i].to(at::kFloat).eq(value(v, pair, i)).all().item<bool>())
+                  << "engine " << pair << " " << specs[i].name << " v" << v;
+            }
+          }
+        }
+      });
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+}
+
+TEST(WeightSyncPairedTest, EachEngineGetsEveryBucketFromItsOwnTrainerForOneToEightPairs) {
+  WeightSyncOptions o;
+  o.verify = true;
+  for (int n = 1; n <= 8; ++n) paired_sync(n, o, /*flat=*/n % 2 == 0);
+}
+
+TEST(WeightSyncPairedTest, IpcPairsPushPullAndHandOverFlatStorage) {
+  WeightSyncOptions push = ipc_options(), pull = ipc_options();
+  pull.ipc_push = false;
+  paired_sync(3, push, /*flat=*/false);
+  paired_sync(3, pull, /*flat=*/false);
+  paired_sync(3, push, /*flat=*/true);
+}
+
+// The per-tensor and raw baselines: each pair's trainer sends to its engine.
+TEST(WeightSyncPairedTest, BaselinesSendFromEachPairsTrainer) {
+  auto specs = make_specs(3, at::kFloat);
+  auto layout = WeightLayout::plan(specs, 1 << 20);
+  Topology topo{1, 2, 2};
+  topo.paired = true;
+  WeightSyncOptions pt;
+  pt.mode = SyncMode::kPerTensor;
+  auto errors = run_ranks(4, milliseconds(10000), [&](int r, auto& comm, const StorePtr& store) {
+    Groups g = make_groups(std::move(comm), topo);
+    const int pair = topo.role_index(g.world_rank);
+    WeightSync ws(g, store, layout, pt);
+    if (g.role == Role::kTrain) {
+      std::vector<at::Tensor> masters;
+      for (const auto& s : specs) masters.push_back(at::full(s.shape, 7.0f + pair));
+      EXPECT_EQ(ws.send(masters, 1).collectives, static_cast<int64_t>(specs.size()));
+    } else {
+      auto buckets = layout.allocate_buckets(at::TensorOptions());
+      while (!ws.ready(1)) std::this_thread::yield();
+      ws.receive(buckets, 1);
+      for (const auto& v : layout.views(buckets)) EXPECT_TRUE(v.eq(7.0f + pair).all().item<bool>());
+    }
+  });
+  for (const auto& e : errors) EXPECT_EQ(e, "");
 }
 
 // One process on a GPU (label `gpu` through the Cuda* filter): a region names its allocation's
