@@ -15,9 +15,11 @@
 #include "app/rl_job.h"
 #include "app/sync_flags.h"
 #include "common/units.h"
+#include "engine/model/config.h"
 #include "engine/model/model_cache.h"
 #include "sync/nccl_communicator.h"
 #include "sync/placement.h"
+#include "trainer/memory_plan.h"
 
 namespace crl::app {
 namespace {
@@ -61,7 +63,7 @@ struct TrainFlags {
   // Given on the command line (else --lora-rank picks its own defaults).
   CLI::Option *sft_lr_opt = nullptr, *sft_steps_opt = nullptr, *temperature_opt = nullptr;
   CLI::Option *lr_opt = nullptr, *sft_target_opt = nullptr, *steps_opt = nullptr,
-              *warmup_opt = nullptr;
+              *warmup_opt = nullptr, *staleness_opt = nullptr;
   std::string sft_target = "demonstration";
 };
 
@@ -226,11 +228,13 @@ void add_rl_flags(CLI::App* cmd, TrainFlags* f) {
                   "moves to the proximal policy; 0 = off: the clip binds against the behaviour "
                   "log-probs (see the README for why off is the default at any --max-staleness)")
       ->capture_default_str();
-  cmd->add_option("--max-staleness", o.max_staleness,
-                  "asynchronous RL: engines generate step s under weights at most K versions older "
-                  "than the ones step s trains (0 = synchronous)")
-      ->capture_default_str()
-      ->check(at_least(0));
+  f->staleness_opt =
+      cmd->add_option("--max-staleness", o.max_staleness,
+                      "asynchronous RL: engines generate step s under weights at most K versions "
+                      "older than the ones step s trains (0 = synchronous; the default where "
+                      "engines and trainers are colocated pairs, --colocate)")
+          ->capture_default_str()
+          ->check(at_least(0));
   cmd->add_option(
          "--inflight-update", f->inflight,
          "a weight update reaching running sequences: keep (their KV), recompute (their KV "
@@ -445,10 +449,31 @@ RlJobOptions resolve_train_flags(const TrainFlags& flags) {
   o.colocate = f->dist.colocate;
   // Counted only when asked for: a CPU job never touches CUDA.
   if (o.device == "cuda") o.cuda_device_count = visible_cuda_devices();
+  // Colocated pairs (--colocate; docs/design.md §5) take turns on their GPU: synchronous steps
+  // unless --max-staleness says otherwise, and then each engine hands its KV pool's memory to its
+  // trainer while that trains (not while an API server shares the engines).
+  // That is, pairs sharing a GPU (one pair a GPU), or --colocate on on the CPU (how the tests stand
+  // in for GPUs); pairs on GPUs of their own (--colocate on, 4 + 4 on 8 GPUs) have nothing to
+  // share and keep the asynchronous default.
+  const sync::Placement where = sync::plan_placement(
+      sync::Topology{1, o.infer_per_node, o.train_per_node}, o.placement_request());
+  const bool share =
+      where.topo.paired && (where.kind == sync::DeviceKind::kCpu ||
+                            sync::colocate_pairs("auto", where.topo, where.gpu_of_local));
+  if (share && f->staleness_opt->count() == 0) o.max_staleness = 0;
+  o.kv_handover = share && o.max_staleness == 0 && o.serve_port < 0;
   // Placement errors (no CUDA device, a bad --device-map, GPU sharing NCCL cannot serve) fail
   // here, in the launcher, before any rank starts.
   o.validate();
   check_nccl_usable(o);
+  // A GPU that cannot hold what the placement puts on it: refused here, before any rank loads
+  // anything (the ZeRO shards counted over this node's train ranks: an upper bound for several
+  // nodes). On the CPU the plan is only printed (world rank 0, with the placement).
+  if (o.device == "cuda") {
+    const trainer::MemoryPlan plan =
+        trainer::plan_memory(engine::load_model_config(o.model_dir), o, where);
+    plan.check_fits(trainer::device_capacities(plan));
+  }
   // Bad data, and a held-out split the data cannot give, fail here, in the launcher, once,
   // before any rank starts.
   {

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdint>
@@ -53,6 +54,27 @@ at::Tensor zeros_in_huge_pages(at::IntArrayRef sizes, const at::TensorOptions& o
   }
   return at::from_blob(
       p, sizes, [len](void* q) { ::munmap(q, len); }, options);
+}
+
+void drop_host_pages(const at::Tensor& t) {
+  if (!t.defined() || !t.device().is_cpu() || !t.is_contiguous()) {
+    throw std::invalid_argument("drop_host_pages: a contiguous CPU tensor");
+  }
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  auto* begin = static_cast<unsigned char*>(t.data_ptr());
+  unsigned char* end = begin + t.numel() * t.element_size();
+  auto* first = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(begin) + page - 1) /
+                                                 page * page);
+  auto* last = reinterpret_cast<unsigned char*>(reinterpret_cast<uintptr_t>(end) / page * page);
+  if (first >= last) {  // no whole page inside
+    std::memset(begin, 0, static_cast<size_t>(end - begin));
+    return;
+  }
+  std::memset(begin, 0, static_cast<size_t>(first - begin));
+  std::memset(last, 0, static_cast<size_t>(end - last));
+  if (::madvise(first, static_cast<size_t>(last - first), MADV_DONTNEED) != 0) {
+    std::memset(first, 0, static_cast<size_t>(last - first));  // kept, but zeros all the same
+  }
 }
 
 }  // namespace crl

@@ -20,4 +20,10 @@ namespace crl {
 at::Tensor zeros_in_huge_pages(at::IntArrayRef sizes, const at::TensorOptions& options,
                                const std::string& what);
 
+// Gives the physical memory of a contiguous CPU tensor back to the system and leaves it reading
+// zeros: the whole pages inside it are dropped (madvise MADV_DONTNEED on private anonymous memory:
+// they come back zero-filled, one fault each, only where they are touched again), the partial
+// pages at its ends are zeroed. The address stays the tensor's.
+void drop_host_pages(const at::Tensor& t);
+
 }  // namespace crl

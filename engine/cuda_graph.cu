@@ -2,6 +2,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <ATen/cuda/CachingHostAllocator.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 
@@ -20,6 +21,14 @@ class LibtorchGraph : public CudaGraph {
 };
 
 }  // namespace
+
+void release_cached_device_memory(const at::Device& device) {
+  if (!device.is_cuda()) return;
+  const c10::cuda::CUDAGuard device_guard(device);
+  // The memory's last users are queued on the streams: let them finish before the blocks go.
+  C10_CUDA_CHECK(cudaDeviceSynchronize());
+  c10::cuda::CUDACachingAllocator::emptyCache();
+}
 
 std::unique_ptr<CudaGraph> capture_cuda_graph(const std::function<at::Tensor()>& fn,
                                               const at::Device& device,

@@ -33,6 +33,11 @@ std::unique_ptr<CudaGraph> capture_cuda_graph(const std::function<at::Tensor()>&
                                               const at::Device& device,
                                               const CudaGraph* share_pool = nullptr);
 
+// Hands the memory libtorch's caching allocator holds unused on `device` back to the driver, so
+// another process on the GPU (a colocated trainer or engine) can allocate it. Nothing on the CPU
+// (freed host tensors are already returned).
+void release_cached_device_memory(const at::Device& device);
+
 // Copies `rows` rows of `row_bytes` each from the pinned host tensor `src` (from byte `src_offset`,
 // rows `src_pitch` bytes apart) into the device tensor `dst` (from byte `dst_offset`, rows
 // `dst_pitch` apart), asynchronously on the current stream; `src`'s pinned block is kept until the

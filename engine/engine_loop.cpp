@@ -220,6 +220,8 @@ void EngineLoop::publish_gauges() {
   g.prefix_cache_hit_tokens = engine_->stats().prefix_hit_tokens;
   g.steps = engine_->stats().steps;
   g.lora_slot_reuses = engine_->loras().slot_reuses();
+  g.kv_released = engine_->kv_cache_released();
+  g.kv_restore_seconds = engine_->stats().kv_restore_seconds;
   g.loaded = true;
   {
     std::lock_guard<std::mutex> lock(mu_);

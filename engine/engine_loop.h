@@ -61,6 +61,10 @@ struct EngineGauges {
   // LoRA RL: policy updates that had to load into a slot a running request still used
   // (LoraRegistry::slot_reuses; more policy versions, --max-staleness + 1, avoid them).
   int64_t lora_slot_reuses = 0;
+  // The colocated hand-over (LlmEngine::release_kv_cache): the pool is released now; seconds spent
+  // taking it back (LlmEngine::restore_kv_cache, at the first work after a release), summed.
+  bool kv_released = false;
+  double kv_restore_seconds = 0;
   bool paused = false;
   bool loaded = false;
 };

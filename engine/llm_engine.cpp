@@ -2,6 +2,7 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
@@ -295,6 +296,9 @@ std::vector<RequestOutput> LlmEngine::step() {
 
 void LlmEngine::run_batch(const SchedulerOutput& batch, std::unordered_set<Request*>& touched) {
   try {
+    // After a colocated hand-over the pool comes back with the first work (a failure, say no
+    // device memory, fails this batch's requests, and the next step tries again).
+    restore_kv_cache();
     std::vector<SeqSamples> sampled = sample(run(batch));
     PhaseTimer timer(&record_.finish_seconds);
     scheduler_->postprocess(batch, sampled, weight_version_, *stop_, touched);
@@ -583,5 +587,32 @@ void LlmEngine::set_weight_version(int64_t v, InflightPolicy policy) {
 }
 
 void LlmEngine::reset_prefix_cache() { scheduler_->reset_prefix_cache(); }
+
+void LlmEngine::release_kv_cache() {
+  if (runner_->kv_cache_released()) return;
+  if (has_unfinished()) {
+    throw std::logic_error(fmt::format(
+        "cannot release the KV pool: {} request(s) in flight (the hand-over comes between steps "
+        "with nothing running)",
+        requests_.size()));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  scheduler_->reset_prefix_cache();  // the cached blocks' contents go with the pool
+  runner_->release_kv_cache();
+  stats_.kv_release_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ++stats_.kv_releases;
+}
+
+void LlmEngine::restore_kv_cache() {
+  if (!runner_->kv_cache_released()) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  runner_->restore_kv_cache();
+  stats_.kv_restore_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ++stats_.kv_restores;
+}
+
+bool LlmEngine::kv_cache_released() const { return runner_->kv_cache_released(); }
 
 }  // namespace crl::engine

@@ -90,6 +90,9 @@ struct EngineStats {
   int64_t d2h_bytes = 0;
   int64_t h2d_bytes = 0;
   int64_t max_step_d2h_bytes = 0;  // the largest one step copied device->host
+  // The colocated hand-over (release_kv_cache / restore_kv_cache): how often and how long.
+  int64_t kv_releases = 0, kv_restores = 0;
+  double kv_release_seconds = 0, kv_restore_seconds = 0;
 };
 
 // One engine step: its shape and its host time per phase (EngineStats' phases, this step only).
@@ -171,6 +174,14 @@ class LlmEngine {
   void set_weight_version(int64_t v, InflightPolicy policy = InflightPolicy::kKeep);
   // Forgets every prefix-cache entry (blocks in use are untouched). Engine thread only.
   void reset_prefix_cache();
+  // The colocated hand-over (docs/design.md §5): frees the KV pool (and the decode graphs reading
+  // it) and hands its memory back to the device while a trainer on the same GPU trains; the
+  // prefix cache is forgotten with it. The next step with work allocates the pool again (or
+  // restore_kv_cache(), explicitly). Throws std::logic_error while requests are in flight. Both
+  // timed in stats(). Engine thread only.
+  void release_kv_cache();
+  void restore_kv_cache();
+  bool kv_cache_released() const;
   int64_t weight_version() const { return weight_version_; }
 
   const ModelConfig& model_config() const { return model_->config(); }

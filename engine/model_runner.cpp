@@ -43,11 +43,33 @@ int64_t ModelRunner::block_bytes(const ModelConfig& c, at::ScalarType dtype, int
 
 ModelRunner::ModelRunner(const Transformer& model, int32_t block_size, int32_t num_blocks)
     : model_(model), block_size_(block_size), num_blocks_(num_blocks) {
-  const auto& c = model.config();
+  allocate_kv_cache();
+}
+
+void ModelRunner::allocate_kv_cache() {
+  const auto& c = model_.config();
   kv_cache_ = zeros_in_huge_pages(
-      {2, c.num_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim},
-      at::TensorOptions().dtype(model.options().dtype).device(model.options().device),
+      {2, c.num_layers, num_blocks_, block_size_, c.num_kv_heads, c.head_dim},
+      at::TensorOptions().dtype(model_.options().dtype).device(model_.options().device),
       "the KV cache pool");
+}
+
+void ModelRunner::release_kv_cache() {
+  if (kv_released_) return;
+  if (kv_cache_.device().is_cpu()) {
+    drop_host_pages(kv_cache_);
+  } else {
+    reset_cuda_graphs();  // they read the pool's addresses
+    kv_cache_ = at::Tensor();
+    release_cached_device_memory(model_.options().device);
+  }
+  kv_released_ = true;
+}
+
+void ModelRunner::restore_kv_cache() {
+  if (!kv_released_) return;
+  if (!kv_cache_.defined()) allocate_kv_cache();
+  kv_released_ = false;
 }
 
 // One captured decode forward: static inputs in one device buffer (StepLayout of `bucket` rows and
@@ -202,6 +224,9 @@ ForwardOutput ModelRunner::execute_graph(const SchedulerOutput& batch, DecodeGra
 }
 
 ForwardOutput ModelRunner::execute(const SchedulerOutput& batch) {
+  if (kv_cache_released()) {
+    throw std::logic_error("the KV pool is released (colocated hand-over): restore it first");
+  }
   if (DecodeGraph* g = graph_for(batch)) return execute_graph(batch, *g);
   ForwardOutput out;
   const int64_t num_seqs = static_cast<int64_t>(batch.seqs.size());

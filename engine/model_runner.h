@@ -59,7 +59,19 @@ class ModelRunner {
 
   int32_t num_blocks() const { return num_blocks_; }
   int32_t block_size() const { return block_size_; }
-  int64_t kv_cache_bytes() const { return kv_cache_.numel() * kv_cache_.element_size(); }
+  int64_t kv_cache_bytes() const {
+    return kv_released_ ? 0 : kv_cache_.numel() * kv_cache_.element_size();
+  }
+  // The colocated hand-over (docs/design.md §5): gives the KV pool's memory back, and
+  // restore_kv_cache() takes it again, zeroed. On a GPU the pool and the decode graphs reading it
+  // are freed and the device's cached memory returned; the pool is allocated anew and the graphs
+  // captured again at the next decode step. On the CPU the pool's pages are dropped in place
+  // (drop_host_pages): the address stays, the memory comes back a page at a time as blocks are
+  // written, so nothing is re-made. execute() refuses while it is released. REQUIRES for release:
+  // no block holds a live sequence (the caller's contract).
+  void release_kv_cache();
+  void restore_kv_cache();
+  bool kv_cache_released() const { return kv_released_; }
   const at::Tensor& kv_cache() const { return kv_cache_; }
   // The LoRA slots the rows' requests name (Request::lora_slot); nullptr = none. Not owned. A
   // decode step with an adapted row replays a LoRA graph (the masked product for every row,
@@ -70,6 +82,7 @@ class ModelRunner {
  private:
   struct DecodeGraph;
   DecodeGraph* graph_for(const SchedulerOutput& batch);
+  void allocate_kv_cache();
   void capture_cuda_graphs(bool lora);
   ForwardOutput execute_graph(const SchedulerOutput& batch, DecodeGraph& graph);
 
@@ -77,6 +90,7 @@ class ModelRunner {
   int32_t block_size_;
   int32_t num_blocks_;
   at::Tensor kv_cache_;
+  bool kv_released_ = false;
   std::vector<int64_t> graph_buckets_;  // ascending; empty: no graphs
   int64_t graph_max_blocks_ = 0;
   std::vector<std::unique_ptr<DecodeGraph>> graphs_;  // by bucket, ascending; captured lazily

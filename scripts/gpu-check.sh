@@ -3,7 +3,8 @@
 # colocated-rl with the GPU build path's own command (`scripts/bootstrap.sh --cuda`, the one CI
 # compiles on every commit), against that PyTorch's libtorch and NCCL, then runs the `gpu`-labelled
 # tests, the rollout benchmark against Hugging Face generate on the same requests (nano-vllm's
-# protocol), the RL job on the one GPU (1 engine + 1 trainer rank, weights over CUDA IPC) and the
+# protocol), the RL job on the one GPU (1 engine + 1 trainer rank, weights over CUDA IPC, the KV
+# pool handed over while the trainer trains; and without the hand-over, side by side) and the
 # same-GPU weight-sync benchmark. Results: $OUT (default gpu-results/): logs, results.json, and the
 # figures printed as they come.
 #
@@ -235,8 +236,15 @@ if want rl; then
     --timeout 120 --metrics "$OUT/rl_steps.jsonl" > "$OUT/rl.log" 2>&1
   rc=$?
   note rl "{\"rc\": $rc}"
-  grep -E "placement|cuda|transport|^step (1|2|10|20)/|held-out accuracy|GRPO:|rror" "$OUT/rl.log" | cut -c1-300 | head -30
-  sed -n '/phase (mean per step)/,/weight sync/p' "$OUT/rl.log"
+  grep -E "placement|cuda|transport|colocated|^step (1|2|10|20)/|held-out accuracy|GRPO:|rror" "$OUT/rl.log" | cut -c1-300 | head -30
+  # By default the pair takes turns (issue 54): synchronous steps, the engine's KV pool freed while
+  # the trainer trains (its decode graphs captured again after); the hand-over rows time it.
+  sed -n '/phase (mean per step)/,/memory hand-over: trainer/p' "$OUT/rl.log"
+  # The same job as before the hand-over (--colocate off: fan-out, --max-staleness 1), side by side.
+  timeout 300 "$BIN" --gpus-infer 1 --gpus-train 1 --device cuda --colocate off --steps "${CRL_GPU_RL_STEPS:-20}" \
+    --eval-every 10 --timeout 120 > "$OUT/rl_no_handover.log" 2>&1
+  note rl_no_handover "{\"rc\": $?}"
+  grep -E "^summary|held-out accuracy 0|GRPO:" "$OUT/rl_no_handover.log" | cut -c1-300
   # World rank 0's placement table: both on cuda:0, the one-rank train group on NCCL, the
   # sync_root group on Gloo (its weights over CUDA IPC).
   grep -qE '^\| 1 \| train 0 \| cuda:0 \| nccl \| root0 gloo \(one GPU\) \|$' "$OUT/rl.log"
@@ -257,6 +265,10 @@ if want rl; then
   out=$("$BIN" --gpus-infer 1 --gpus-train 1 --device cuda --comm-backend nccl 2>&1)
   grep -q -- '--comm-backend nccl: the sync_root group' <<< "$out"
   note rl_refuses_nccl_on_one_gpu "{\"rc\": $?}"
+  # A KV pool larger than the GPU: refused by the memory plan before any rank starts.
+  out=$("$BIN" --gpus-infer 1 --gpus-train 1 --device cuda --kv-memory 400GiB 2>&1)
+  grep -q -- 'memory plan: cuda:0 (1 engine, 1 trainer) needs about' <<< "$out"
+  note rl_refuses_what_does_not_fit "{\"rc\": $?}"
   }
   stamp "rl rc=$rc"
 fi

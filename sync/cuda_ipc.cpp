@@ -19,6 +19,7 @@ bool cuda_runtime_available(std::string* why_not) {
 }
 int cuda_device_count() { return 0; }
 CudaDeviceInfo cuda_device_info(int) { throw std::runtime_error(kNoCuda); }
+int64_t cuda_device_total_bytes(int) { throw std::runtime_error(kNoCuda); }
 void cuda_synchronize_device(int) { throw std::runtime_error(kNoCuda); }
 std::unique_ptr<IpcMemory> make_cuda_ipc_memory(int) {
   throw std::runtime_error(fmt::format("CUDA IPC is not usable here: {}", kNoCuda));
@@ -72,6 +73,7 @@ struct CudaApi {
   CRL_CUDA_FN(cuDeviceGet);
   CRL_CUDA_FN(cuDeviceGetUuid);
   CRL_CUDA_FN(cuMemGetAddressRange);
+  CRL_CUDA_FN(cuDeviceTotalMem);
   CRL_CUDA_FN(cuGetErrorString);
 #undef CRL_CUDA_FN
   std::string error;  // empty when everything resolved and a device is present
@@ -132,6 +134,7 @@ const CudaApi& api() {
     load(driver, "cuDeviceGet", a.cuDeviceGet);
     load(driver, "cuDeviceGetUuid_v2", a.cuDeviceGetUuid);
     load(driver, "cuMemGetAddressRange_v2", a.cuMemGetAddressRange);
+    load(driver, "cuDeviceTotalMem_v2", a.cuDeviceTotalMem);
     load(driver, "cuGetErrorString", a.cuGetErrorString);
     if (a.error.empty()) {
       int n = 0;
@@ -421,6 +424,17 @@ CudaDeviceInfo cuda_device_info(int index) {
         b[14], b[15]);
   }
   return info;
+}
+
+int64_t cuda_device_total_bytes(int index) {
+  const auto& a = usable_api();
+  CUdevice dev = 0;
+  size_t bytes = 0;
+  if (a.cuDeviceGet(&dev, index) != CUDA_SUCCESS ||
+      a.cuDeviceTotalMem(&bytes, dev) != CUDA_SUCCESS) {
+    throw std::runtime_error(fmt::format("cuDeviceTotalMem failed for CUDA device {}", index));
+  }
+  return static_cast<int64_t>(bytes);
 }
 
 void cuda_synchronize_device(int index) {

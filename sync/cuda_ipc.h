@@ -34,6 +34,9 @@ struct CudaDeviceInfo {
 };
 // Facts of device `index` (-1: the current device).
 CudaDeviceInfo cuda_device_info(int index);
+// Device `index`'s memory in bytes (cuDeviceTotalMem: no context is created, so a launcher can ask
+// without taking GPU memory).
+int64_t cuda_device_total_bytes(int index);
 
 // Blocks until all work on device `index` finished (cudaDeviceSynchronize): for timing.
 void cuda_synchronize_device(int index);

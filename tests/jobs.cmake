@@ -357,6 +357,26 @@ foreach(mode default deterministic)
                        LABELS multiprocess ENVIRONMENT "${CRL_CLI_ENV}" TIMEOUT 200
                        RESOURCE_LOCK multiprocess_cores)
 endforeach()
+# The colocated hand-over (issue 54): paired engines free their KV pool while their trainers train
+# and take it back for the next rollouts; in deterministic mode every learning figure of every
+# step equals the fan-out's at --max-staleness 0, bit for bit, and the summary times the switch.
+add_test(NAME rl.colocated_handover_learns_exactly_as_the_fan_out
+         COMMAND ${CMAKE_COMMAND} -E env "CRL_RUN1_FLAGS=--colocate on"
+                 "CRL_RUN2_FLAGS=--colocate off --max-staleness 0"
+                 ${CMAKE_CURRENT_SOURCE_DIR}/rl_reproducible.sh $<TARGET_FILE:colocated-rl>
+                 --gpus-infer 2 --gpus-train 2 --deterministic --seed 3 --steps 4 --sft-steps 20
+                 --prompts-per-step 8 --n-samples 4 --micro-batch-tokens 64 --eval-every 2
+                 --timeout 60)
+set_tests_properties(rl.colocated_handover_learns_exactly_as_the_fan_out PROPERTIES
+                     LABELS multiprocess ENVIRONMENT "${CRL_CLI_ENV}" TIMEOUT 200
+                     RESOURCE_LOCK multiprocess_cores
+                     PASS_REGULAR_EXPRESSION "colocated: .*--max-staleness 0: the engine frees its KV pool.*memory hand-over: engine.*ok: 4 steps"
+                     FAIL_REGULAR_EXPRESSION "FAILED")
+# An engine that never hands its KV pool over fails its trainer at --rollout-timeout, naming it.
+crl_job_test(rl.colocated_engine_that_keeps_its_kv_pool_fails_the_job_naming_it fail 60
+             "colocated hand-over: rank 0 \\(node 0, infer 0\\) did not free its KV pool for step 1 within 3 s"
+             --gpus-infer 1 --gpus-train 1 --colocate on --steps 2 --sft-steps 0 --prompts-per-step 4
+             --n-samples 2 --eval-every 0 --timeout 30 --rollout-timeout 3 --inject-fault hold-kv:0)
 # Asynchronous RL learns as fast as the synchronous loop: K = 1 reaches held-out accuracy 0.95 in
 # at most K = 0's number of GRPO steps + 20% (medians of 3 runs each; ~16 minutes, so
 # CRL_LONG_TESTS=1). The warm-up stops short of the copy task's SFT transition (~0.5) so that

@@ -3,18 +3,22 @@
 # (loss, gradient norm, rewards, accuracies, log-prob gaps, token counts, versions, staleness) is
 # the same in both --metrics files, bit for bit. Timing figures are not compared.
 #   rl_reproducible.sh BINARY FLAGS...
+# CRL_RUN1_FLAGS / CRL_RUN2_FLAGS (split on spaces) add flags to one run only: two ways of running
+# that must learn the same (the colocated hand-over against the fan-out, say).
 set -euo pipefail
 bin=$1
 shift
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 for run in 1 2; do
-  if ! "$bin" "$@" --metrics "$dir/run$run.jsonl" >"$dir/run$run.log" 2>&1; then
+  extra=CRL_RUN${run}_FLAGS
+  # shellcheck disable=SC2086  # the extra flags are words
+  if ! "$bin" "$@" ${!extra:-} --metrics "$dir/run$run.jsonl" >"$dir/run$run.log" 2>&1; then
     echo "FAILED: run $run exited non-zero"
     cat "$dir/run$run.log"
     exit 1
   fi
-  grep -E '^summary:|held-out accuracy [0-9.]+ ->' "$dir/run$run.log"
+  grep -E '^summary:|^weight sync: (paired|fan-out)|^colocated:|memory hand-over|held-out accuracy [0-9.]+ ->' "$dir/run$run.log"
   grep -E 'held-out accuracy' "$dir/run$run.log" | sed -E 's/ \([0-9.]* s\)$//; s/, [0-9.]* s\)$/)/' >"$dir/evals$run.txt"
 done
 if ! diff "$dir/evals1.txt" "$dir/evals2.txt"; then
@@ -49,6 +53,6 @@ diffs += [(a["step"], "sft " + k, a["data"][k], b["data"][k])
 for d in diffs[:10]:
     print("step %s %s: %r vs %r" % d)
 if diffs:
-    sys.exit(f"FAILED: {len(diffs)} figures differ between two runs of the same flags")
+    sys.exit(f"FAILED: {len(diffs)} figures differ between the two runs")
 print(f"ok: {len(runs[0])} steps x {len(keys)} figures and {len(sft[0])} SFT steps equal in both runs")
 PY

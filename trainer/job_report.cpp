@@ -22,6 +22,7 @@ namespace {
 // What the summary adds up over the GRPO steps.
 struct JobTotals {
   double sum_gen = 0, sum_wait = 0, sum_train = 0, sum_sync = 0, max_gap0 = -1, dropped = 0;
+  double sum_switch_engine = 0, sum_switch_train = 0;  // the colocated hand-over
   double infer_busy = 0, infer_span = 0, train_idle = 0, train_span = 0, stale_max = 0;
   double store_ops = 0, store_bytes = 0, last_elapsed = 0;
   int64_t total_gen_tokens = 0, peak_train_rss = 0, steps_done = 0;
@@ -38,6 +39,8 @@ struct JobTotals {
     sum_wait += t.wait_s;
     sum_train += t.train_s;
     sum_sync += t.sync_s;
+    sum_switch_engine += t.switch_engine_s;
+    sum_switch_train += t.switch_train_s;
     dropped += t.dropped;
     stale_max = std::max(stale_max, t.stale_max);
     infer_busy += t.infer_busy;
@@ -242,11 +245,14 @@ class JobReport {
     if (o_.verbose) {
       fmt::print(
           "{} | stale {:.2f}/{:.0f} drop {:.0f} isw {:.3f}/{:.3f} | time gen {:.2f} s wait {:.2f} "
-          "s train {:.2f} s sync {:.1f} ms | idle engine {:.0f}% trainer {:.0f}%\n",
+          "s train {:.2f} s sync {:.1f} ms{} | idle engine {:.0f}% trainer {:.0f}%\n",
           format_progress(m), row.staleness_mean, row.staleness_max, row.groups_dropped,
           row.is_weight_mean, row.is_weight_max, row.time_generate_s, row.time_wait_rollouts_s,
-          row.time_train_s, row.time_sync_s * 1e3, row.engine_idle_share * 100,
-          row.trainer_idle_share * 100);
+          row.time_train_s, row.time_sync_s * 1e3,
+          o_.kv_handover ? fmt::format(" switch {:.1f}/{:.1f} ms", row.time_switch_engine_s * 1e3,
+                                       row.time_switch_train_s * 1e3)
+                         : "",
+          row.engine_idle_share * 100, row.trainer_idle_share * 100);
     } else {
       StepLineContext c;
       c.total_steps = o_.steps;
@@ -297,6 +303,12 @@ class JobReport {
           "| generate | {:.2f} |\n| wait for rollouts (train) | {:.2f} |\n| train | {:.2f} |\n"
           "| weight sync | {:.3f} |\n",
           s.sum_gen / k, s.sum_wait / k, s.sum_train / k, s.sum_sync / k);
+      if (o_.kv_handover) {
+        fmt::print(
+            "| memory hand-over: engine (KV pool freed + taken back) | {:.4f} |\n"
+            "| memory hand-over: trainer (cached memory returned) | {:.4f} |\n",
+            s.sum_switch_engine / k, s.sum_switch_train / k);
+      }
       fmt::print(
           "GRPO: {:.3f} steps/s, {:.0f} generated tok/s; engines idle {:.0f}%, trainers idle "
           "{:.0f}%; staleness max {:.0f}, {:.0f} groups dropped\n",

@@ -7,8 +7,10 @@
 
 #include "common/check.h"
 #include "engine/kernels/cpu_isa.h"
+#include "engine/model/config.h"
 #include "sync/nccl_communicator.h"
 #include "trainer/checkpoint.h"
+#include "trainer/memory_plan.h"
 
 namespace crl::trainer {
 namespace {
@@ -195,6 +197,19 @@ RlContext::RlContext(sync::World world, const RlOptions& options, const Start& s
       data(options, start.rows_drawn) {
   if (ranks.env.rank == 0) {
     fmt::print("{}", ranks.placement.table());
+    const MemoryPlan plan = plan_memory(engine::load_model_config(o.model_dir), o, ranks.placement);
+    fmt::print("{}", plan.table(device_capacities(plan)));
+    if (o.kv_handover) {
+      fmt::print(
+          "colocated: each engine and the trainer beside it take turns, --max-staleness 0: the "
+          "engine frees its KV pool while its trainer trains and takes it back for the next "
+          "rollouts\n");
+    } else if (ranks.placement.topo.paired) {
+      fmt::print(
+          "colocated pairs, --max-staleness {}: engines and trainers run at once (no memory "
+          "hand-over{})\n",
+          o.max_staleness, o.serve_port >= 0 ? ": --serve-port needs the KV pool" : "");
+    }
     if (const std::string note = engine::kernels::openblas_raise_note(); !note.empty()) {
       fmt::print("{}\n", note);
     }
@@ -216,11 +231,22 @@ sync::WeightSyncOptions rl_sync_options(const RlOptions& o, const sync::RankPlac
   return so;
 }
 
+std::string kv_released_key(int node, const std::string& phase, int i) {
+  return fmt::format("colo/node{}/{}/kv-released/{}", node, phase, i);
+}
+
+std::string handover_phase(int64_t step) { return fmt::format("s{}", step); }
+
 Fault parse_fault(const std::string& s) {
   if (s.empty()) return {};
   Fault f;
-  if (std::sscanf(s.c_str(), "die-at-step:%d:%ld", &f.rank, &f.step) != 2) {
-    CRL_INVALID("unknown fault '", s, "' (die-at-step:RANK:STEP)");
+  char end = 0;
+  if (std::sscanf(s.c_str(), "die-at-step:%d:%ld%c", &f.rank, &f.step, &end) == 2) {
+    f.kind = "die-at-step";
+  } else if (std::sscanf(s.c_str(), "hold-kv:%d%c", &f.rank, &end) == 1) {
+    f.kind = "hold-kv";
+  } else {
+    CRL_INVALID("unknown fault '", s, "' (die-at-step:RANK:STEP or hold-kv:RANK)");
   }
   return f;
 }

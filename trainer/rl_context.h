@@ -51,6 +51,12 @@ struct RlOptions {
   std::string comm_backend = "auto";
   // --colocate: auto, on or off (sync/placement.h): each engine fed by the trainer beside it.
   std::string colocate = "auto";
+  // The colocated hand-over (docs/design.md §5): set by the app where the engines and trainers are
+  // paired, the schedule synchronous (K = 0) and no API server shares the engines. Each engine then
+  // frees its KV pool once its rollouts of a step are in and takes it back with its next work; its
+  // trainer starts the step's forward/backward only after that, and returns its cached device
+  // memory before it sends the new weights.
+  bool kv_handover = false;
 
   std::string engine_dtype = "float32";
   bool deterministic = false;
@@ -248,11 +254,18 @@ struct RlContext {
   RlContext(sync::World world, const RlOptions& options, const Start& start);
 };
 
-// Tests only: --inject-fault die-at-step:RANK:STEP.
+// Tests only: --inject-fault die-at-step:RANK:STEP (the rank kills itself at that step), or
+// hold-kv:RANK (that infer rank never hands its KV pool over in the colocated mode).
 struct Fault {
+  std::string kind;  // "die-at-step", "hold-kv" or "" (none)
   int rank = -1;
   int64_t step = -1;
 };
 Fault parse_fault(const std::string& s);
+
+// The colocated hand-over's control-plane key (RlOptions::kv_handover): set by infer rank `i` of
+// `node` once its KV pool is released before phase `phase` trains ("sft", or "s<step>").
+std::string kv_released_key(int node, const std::string& phase, int i);
+std::string handover_phase(int64_t step);  // "s<step>"; the warm-up's is "sft"
 
 }  // namespace crl::trainer

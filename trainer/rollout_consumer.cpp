@@ -13,8 +13,10 @@
 #include "common/check.h"
 #include "common/tfevents.h"
 #include "common/units.h"
+#include "engine/cuda_graph.h"
 #include "engine/model/config.h"
 #include "sync/rollout_transport.h"
+#include "sync/store.h"
 #include "sync/weight_layout.h"
 #include "sync/weight_sync.h"
 #include "text/chat_template.h"
@@ -93,16 +95,22 @@ void RolloutConsumer::run() {
   layout_ = std::make_unique<sync::WeightLayout>(sync::WeightLayout::plan(specs, o_.bucket_bytes));
   ws_ = std::make_unique<sync::WeightSync>(c_.ranks.g, c_.coord->store(), *layout_,
                                            rl_sync_options(o_, c_.ranks.self));
+  // What loading left cached goes back before the engine beside this trainer generates.
+  if (o_.kv_handover) release_device_memory();
 
   if (c_.versions.runs_sft()) {
+    if (o_.kv_handover) wait_kv_released("sft");
     tr = sft(std::move(tr), topts);
+    if (o_.kv_handover) release_device_memory();
     send(*tr, c_.versions.first_grpo_version());
   }
   tr->set_grad_scale(grad_scale());
   Fault fault = parse_fault(o_.fault);
   auto counters = sync::Coordinator::store_traffic();
   for (int64_t step = c_.versions.start_step(); step < o_.steps; ++step) {
-    if (fault.rank == c_.ranks.env.rank && fault.step == step + 1) std::raise(SIGKILL);
+    if (fault.kind == "die-at-step" && fault.rank == c_.ranks.env.rank && fault.step == step + 1) {
+      std::raise(SIGKILL);
+    }
     c_.data.draw(o_.prompts_per_step);  // keep the data cursor in step with the infer ranks
     TrainReport m = train_step(*tr, step);
     auto s0 = Clock::now();
@@ -117,6 +125,7 @@ void RolloutConsumer::run() {
         m.checkpoint = dir;
         m.checkpoint_s = seconds_since(t0);
       }
+      if (o_.kv_handover) release_device_memory();  // the gathered state's temporaries
     }
     auto now = sync::Coordinator::store_traffic();
     m.store_ops = now.ops - counters.ops;
@@ -388,10 +397,47 @@ void RolloutConsumer::remove_round_counters(const Rounds& rd) {
   co.remove(kRounds, rd.step, kEnded);
 }
 
+double RolloutConsumer::wait_kv_released(const std::string& phase) {
+  auto t0 = Clock::now();
+  const int t = c_.ranks.g.topo.role_index(c_.ranks.env.rank);
+  std::vector<std::string> keys;
+  for (int i : c_.ranks.g.topo.receivers_of(t)) {
+    keys.push_back(kv_released_key(c_.ranks.g.node, phase, i));
+  }
+  const auto missing = sync::wait_keys(c_.coord->store(), keys, c_.rollout_deadline());
+  if (!missing.empty()) {
+    std::vector<std::string> who;
+    const int base = c_.ranks.g.node * c_.ranks.g.topo.ranks_per_node();
+    for (int i : c_.ranks.g.topo.receivers_of(t)) {
+      if (std::find(missing.begin(), missing.end(), kv_released_key(c_.ranks.g.node, phase, i)) !=
+          missing.end()) {
+        who.push_back(c_.ranks.g.topo.describe(base + i));
+      }
+    }
+    throw std::runtime_error(fmt::format(
+        "colocated hand-over: {} did not free its KV pool for {} within {} s (--rollout-timeout); "
+        "{} trains only after that",
+        fmt::join(who, ", "),
+        phase == "sft" ? "the SFT warm-up"
+                       : fmt::format("step {}", std::stoll(phase.substr(1)) + 1),
+        o_.rollout_timeout.count() / 1000, c_.ranks.g.topo.describe(c_.ranks.env.rank)));
+  }
+  for (const auto& k : keys) sync::store_delete(c_.coord->store(), k);
+  return seconds_since(t0);
+}
+
+double RolloutConsumer::release_device_memory() {
+  auto t0 = Clock::now();
+  engine::release_cached_device_memory(at::Device(c_.ranks.self.device));
+  return seconds_since(t0);
+}
+
 TrainReport RolloutConsumer::train_step(Trainer& tr, int64_t step) {
   std::vector<LossMetrics> parts;
   int64_t tokens = 0, stale_sum = 0, stale_max = 0;
   double compute_s = 0;
+  // Colocated: the engine beside this trainer has its rollouts in and its KV pool freed first.
+  double handover_wait_s = o_.kv_handover ? wait_kv_released(handover_phase(step)) : 0;
   tr.zero_grad();
   local_loss_tokens_ = 0;
   // Stages 0 and 1 train each micro-batch as it arrives; ZeRO stage 2 trains in collective
@@ -436,7 +482,7 @@ TrainReport RolloutConsumer::train_step(Trainer& tr, int64_t step) {
         compute_s += seconds_since(c0);
       },
       rounds ? std::function<void()>(on_idle) : nullptr, /*in_turn=*/o_.reproducible);
-  double wait_s = rs.wait_s;
+  double wait_s = rs.wait_s + handover_wait_s;
   if (rounds) {
     // This rank's stream ended: run the rest of the rounds (empty ones where peers have more).
     count_round(rd, /*ended=*/true);
@@ -466,6 +512,7 @@ TrainReport RolloutConsumer::train_step(Trainer& tr, int64_t step) {
   compute_s += seconds_since(c0);
   auto lm = combine_loss_metrics(parts);
   TrainReport r;
+  if (o_.kv_handover) r.switch_s = release_device_memory();
   r.step = st.step;
   r.loss = lm.loss;
   r.kl = lm.kl;

@@ -9,8 +9,12 @@
 //   2. waits until every node's rollouts are in (a store barrier), reduces gradients over the
 //      train group, steps AdamW;
 //   3. sends version_at(s) + 1 to its node's engines (WeightSync: one broadcast per bucket,
-//      striped over the node's train ranks) once they asked for it, and writes a checkpoint when
-//      due (the first train rank; HF layout + optimizer + data cursor).
+//      striped over the node's train ranks; paired, every bucket to the engine beside it) once
+//      they asked for it, and writes a checkpoint when due (the first train rank; HF layout +
+//      optimizer + data cursor).
+// In the colocated hand-over (RlOptions::kv_handover, synchronous steps) step 1 starts only once
+// the engine beside this trainer freed its KV pool, and the trainer returns its cached device
+// memory after the optimizer step, before it sends the weights the engine waits for.
 // Each step's TrainReport (step_reports.h) goes to world rank 0 through the coordinator.
 //
 // Thread safety: one thread.
@@ -95,6 +99,12 @@ class RolloutConsumer {
   std::string checkpoint(Trainer& tr, int64_t step, const char* phase);
   std::unique_ptr<Trainer> sft(std::unique_ptr<Trainer> tr, const TrainerOptions& topts);
   TrainReport train_step(Trainer& tr, int64_t step);
+  // The colocated hand-over (RlOptions::kv_handover): waits until the engine beside this trainer
+  // freed its KV pool before `phase` trains (throws naming it at --rollout-timeout), and returns
+  // the seconds waited; release_device_memory() hands the trainer's cached device memory back
+  // before the engine needs it again, and returns the seconds it took.
+  double wait_kv_released(const std::string& phase);
+  double release_device_memory();
   // Fails the step when a loss token of `mb` was sampled by weights newer than the step trains or
   // older than VersionPlan::oldest_allowed; adds the tokens' staleness to *sum and *max.
   void check_staleness(const MicroBatch& mb, int64_t step, int64_t* sum, int64_t* max) const;

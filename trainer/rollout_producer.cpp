@@ -132,7 +132,10 @@ RolloutProducer::RolloutProducer(RlContext& ctx) : c_(ctx), o_(ctx.o) {
   // the engine inside a step whose end the train ranks wait for (they send the next version only
   // once asked, at that end). The producer is at most K + 1 steps ahead, so the queue holds at
   // most K + 1 steps' rollouts.
-  const size_t queue = o_.reproducible ? std::numeric_limits<size_t>::max() : o_.rollout_queue;
+  // The colocated hand-over likewise: its trainers take nothing before the step's rollouts are all
+  // in and the engine released its KV pool.
+  const size_t queue =
+      o_.reproducible || o_.kv_handover ? std::numeric_limits<size_t>::max() : o_.rollout_queue;
   // The sender's thread talks to the store over a connection of its own.
   sender_ = std::make_unique<sync::RolloutSender>(
       c_.connect_own_coordinator()->store(), *c_.ranks.g.sync, route,
@@ -237,6 +240,24 @@ void RolloutProducer::request_next() {
   }
 }
 
+double RolloutProducer::hand_over_kv(const std::string& phase) {
+  Fault fault = parse_fault(o_.fault);
+  if (fault.kind == "hold-kv" && fault.rank == c_.ranks.env.rank) return 0;  // tests: never
+  // Between two engine steps, with nothing in flight (every rollout of the phase finished).
+  double released_s = 0;
+  loop_
+      ->post([&released_s](engine::LlmEngine& e) {
+        const double before = e.stats().kv_release_seconds;
+        e.release_kv_cache();
+        released_s = e.stats().kv_release_seconds - before;
+      })
+      .get();
+  sync::store_set(
+      c_.coord->store(),
+      kv_released_key(c_.ranks.g.node, phase, c_.ranks.g.topo.role_index(c_.ranks.env.rank)), "1");
+  return released_s;
+}
+
 void RolloutProducer::wait_weights() {
   request_next();
   if (!loop_->wait_weight_version(followed_ + 1, c_.rollout_deadline())) {
@@ -290,16 +311,27 @@ void RolloutProducer::run() {
   EvalReport start{evaluate(), seconds_since(c_.t0)};
   if (c_.ranks.env.rank == 0) publish_eval(*c_.coord, EvalPoint::start(), start);
   if (!o_.reproducible) request_next();
-  if (c_.versions.runs_sft()) wait_weights();  // the warm-up's weights; evaluated on arrival
+  if (c_.versions.runs_sft()) {
+    if (o_.kv_handover) hand_over_kv("sft");
+    wait_weights();  // the warm-up's weights; evaluated on arrival
+  }
   Fault fault = parse_fault(o_.fault);
   auto counters = sync::Coordinator::store_traffic();
   for (int64_t step = c_.versions.start_step(); step < o_.steps; ++step) {
-    if (fault.rank == c_.ranks.env.rank && fault.step == step + 1) std::raise(SIGKILL);
+    if (fault.kind == "die-at-step" && fault.rank == c_.ranks.env.rank && fault.step == step + 1) {
+      std::raise(SIGKILL);
+    }
     auto w0 = Clock::now();
     while (followed_ < c_.versions.oldest_allowed(step)) wait_weights();
     double gate_s = seconds_since(w0);
     InferReport m = rollout(step);
     m.gate_wait_s = gate_s;
+    // The KV pool's hand-over: its release now and its restores since the last report, as the
+    // engine thread timed them.
+    const double released_s = o_.kv_handover ? hand_over_kv(handover_phase(step)) : 0;
+    const double restored_s = loop_->gauges().kv_restore_seconds;
+    m.switch_s = released_s + restored_s - switch_mark_s_;
+    switch_mark_s_ = restored_s;
     const double sync_s = loop_->weight_update_seconds();
     m.sync_s = sync_s - sync_mark_s_;
     m.busy_s = busy_s_;

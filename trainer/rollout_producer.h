@@ -95,6 +95,10 @@ class RolloutProducer {
   void wait_weights();
   // Asks the train ranks for version followed_ + 1 (once).
   void request_next();
+  // The colocated hand-over (RlOptions::kv_handover): frees the engine's KV pool, nothing being in
+  // flight, and tells its trainer that `phase` may train; the next work takes the pool back.
+  // Returns the seconds the release took.
+  double hand_over_kv(const std::string& phase);
   InferReport rollout(int64_t step);
   // Multi-turn (--env): step s's episodes (n per task of this rank's shard), scored by the
   // environment, one sample per trajectory segment; and the held-out success rate (greedy).
@@ -132,9 +136,10 @@ class RolloutProducer {
   int64_t evals_ = 0;
   // A reward program's requests and failures in evaluations, for the next step's report.
   int64_t eval_reward_requests_ = 0, eval_reward_errors_ = 0;
-  double sync_mark_s_ = 0;   // loop_->weight_update_seconds() at the last step's metrics
-  int64_t reuses_mark_ = 0;  // loop_->gauges().lora_slot_reuses at the last step's metrics
-  double busy_s_ = 0;        // rollout/eval requests in flight since the last step's metrics
+  double sync_mark_s_ = 0;    // loop_->weight_update_seconds() at the last step's metrics
+  int64_t reuses_mark_ = 0;   // loop_->gauges().lora_slot_reuses at the last step's metrics
+  double busy_s_ = 0;         // rollout/eval requests in flight since the last step's metrics
+  double switch_mark_s_ = 0;  // loop_->gauges().kv_restore_seconds at the last step's metrics
 };
 
 }  // namespace crl::trainer

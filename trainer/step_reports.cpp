@@ -28,6 +28,7 @@ void to_json(json& j, const InferReport& r) {
        {"gate_wait_s", r.gate_wait_s},
        {"sync_s", r.sync_s},
        {"busy_s", r.busy_s},
+       {"switch_s", r.switch_s},
        {"engine_version", r.engine_version},
        {"elapsed_s", r.elapsed_s},
        {"store_ops", r.store_ops},
@@ -77,6 +78,7 @@ void from_json(const json& j, InferReport& r) {
   j.at("gate_wait_s").get_to(r.gate_wait_s);
   j.at("sync_s").get_to(r.sync_s);
   j.at("busy_s").get_to(r.busy_s);
+  j.at("switch_s").get_to(r.switch_s);
   j.at("engine_version").get_to(r.engine_version);
   j.at("elapsed_s").get_to(r.elapsed_s);
   j.at("store_ops").get_to(r.store_ops);
@@ -112,6 +114,7 @@ void to_json(json& j, const TrainReport& r) {
        {"peak_rss", r.peak_rss},
        {"sync_send_s", r.sync_send_s},
        {"send_wait_s", r.send_wait_s},
+       {"switch_s", r.switch_s},
        {"store_ops", r.store_ops},
        {"store_bytes", r.store_bytes}};
   if (!r.checkpoint.empty()) {
@@ -148,6 +151,7 @@ void from_json(const json& j, TrainReport& r) {
   j.at("peak_rss").get_to(r.peak_rss);
   j.at("sync_send_s").get_to(r.sync_send_s);
   j.at("send_wait_s").get_to(r.send_wait_s);
+  j.at("switch_s").get_to(r.switch_s);
   j.at("store_ops").get_to(r.store_ops);
   j.at("store_bytes").get_to(r.store_bytes);
   r.checkpoint = j.value("checkpoint", std::string());
@@ -205,6 +209,7 @@ StepTotals combine(const std::vector<RankReport>& reports, const std::vector<dou
       }
       t.gen_s = std::max(t.gen_s, x->gen_s);
       t.sync_s = std::max(t.sync_s, x->sync_s);
+      t.switch_engine_s = std::max(t.switch_engine_s, x->switch_s);
       t.engine_version = std::max(t.engine_version, x->engine_version);
       t.infer_busy += std::min(span, x->busy_s);
       t.infer_span += span;
@@ -215,6 +220,7 @@ StepTotals combine(const std::vector<RankReport>& reports, const std::vector<dou
     t.store_ops += static_cast<double>(x.store_ops);
     t.store_bytes += static_cast<double>(x.store_bytes);
     t.train_idle += std::min(span, x.wait_s + x.send_wait_s);
+    t.switch_train_s = std::max(t.switch_train_s, x.switch_s);
     t.train_span += span;
     t.zero_rounds += static_cast<double>(x.zero_rounds);
     t.zero_rounds_while_receiving += static_cast<double>(x.zero_rounds_while_receiving);
@@ -288,6 +294,8 @@ const MetricField kMetricFields[] = {
     CRL_METRIC("timing_s/gen", false, time_generate_s),
     CRL_METRIC("timing_s/update_actor", false, time_train_s),
     CRL_METRIC("timing_s/update_weights", false, time_sync_s),
+    CRL_METRIC("timing_s/switch_engine", false, time_switch_engine_s),
+    CRL_METRIC("timing_s/switch_trainer", false, time_switch_train_s),
     CRL_METRIC("timing_s/step", false, step_s),
     CRL_METRIC("perf/total_num_tokens", true, train_tokens),
     CRL_METRIC("perf/throughput", false, throughput),
@@ -438,6 +446,8 @@ RlMetricsRow make_metrics_row(const StepTotals& t) {
   row.time_wait_rollouts_s = t.wait_s;
   row.time_train_s = t.train_s;
   row.time_sync_s = t.sync_s;
+  row.time_switch_engine_s = t.switch_engine_s;
+  row.time_switch_train_s = t.switch_train_s;
   row.generated_tokens = t.gen_tokens;
   row.train_tokens = t.tokens;
   row.staleness_mean = t.loss_tokens > 0 ? t.stale_sum / t.loss_tokens : 0;

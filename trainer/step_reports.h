@@ -38,6 +38,8 @@ struct InferReport {
   double gate_wait_s = 0;      // waiting for weights no older than the step allows
   double sync_s = 0;           // the engine taking weight versions since the last report
   double busy_s = 0;           // rollout and eval requests in flight since the last report
+  double switch_s = 0;  // colocated hand-over: freeing the KV pool now + taking it back since
+                        // the last report (0 without the hand-over)
   int64_t engine_version = 0;  // the engine's weights at the report
   double elapsed_s = 0;        // since the job started
   int64_t store_ops = 0;       // store requests since the last report (sync/store.h)
@@ -92,9 +94,10 @@ struct TrainReport {
   int64_t peak_rss = 0;                     // bytes
   double sync_send_s = 0;                   // sending the new weights
   double send_wait_s = 0;                   // waiting for the engines to ask for them
-  std::string checkpoint;                   // the checkpoint written this step ("": none)
-  double checkpoint_s = 0;                  // its write time
-  int64_t store_ops = 0;                    // as InferReport's
+  double switch_s = 0;      // colocated hand-over: returning cached device memory (0 without it)
+  std::string checkpoint;   // the checkpoint written this step ("": none)
+  double checkpoint_s = 0;  // its write time
+  int64_t store_ops = 0;    // as InferReport's
   int64_t store_bytes = 0;
 };
 void to_json(nlohmann::json& j, const TrainReport& r);
@@ -112,6 +115,7 @@ struct StepTotals {
   double mismatch_kl_w = 0, mismatch_k3_kl_w = 0, entropy_w = 0;
   double isw_mean_w = 0, isw_max = 0, stale_sum = 0, stale_max = 0, dropped = 0;
   double train_s = 0, wait_s = 0, gnorm = 0, lr = 0, elapsed = 0;
+  double switch_engine_s = 0, switch_train_s = 0;  // the slowest engine's and trainer's hand-over
   double store_ops = 0, store_bytes = 0;
   double episodes = 0, turns = 0, tool_errors = 0, env_errors = 0, env_tokens = 0, model_tokens = 0;
   double lora_slot_reuses = 0;
@@ -156,6 +160,8 @@ struct RlMetricsRow {
   double time_wait_rollouts_s = 0;  // slowest train rank's wait for rollouts
   double time_train_s = 0;          // slowest train rank's compute
   double time_sync_s = 0;           // slowest engine's weight update
+  double time_switch_engine_s = 0;  // colocated hand-over: slowest engine's (free + take back)
+  double time_switch_train_s = 0;   // ... slowest trainer's (cached device memory returned)
   double generated_tokens = 0;
   double train_tokens = 0;
   double staleness_mean = 0;  // per loss token

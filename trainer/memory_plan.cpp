@@ -1,0 +1,189 @@
+#include "trainer/memory_plan.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <map>
+#include <stdexcept>
+
+#include "common/units.h"
+#include "engine/model/lora.h"
+#include "sync/cuda_ipc.h"
+
+namespace crl::trainer {
+namespace {
+
+constexpr int64_t kCudaContextBytes = int64_t{512} << 20;
+
+int64_t dtype_bytes(const std::string& dtype) {
+  return static_cast<int64_t>(c10::elementSize(engine::parse_dtype(dtype)));
+}
+
+// Parameters an adapter of `rank` on `targets` trains (A and B of every targeted layer).
+int64_t lora_params(const engine::ModelConfig& config, const LoraTrainOptions& lora) {
+  int64_t per_layer = 0;
+  for (engine::LoraTarget t : engine::parse_lora_targets(lora.targets)) {
+    const auto [in, out] = engine::lora_target_shape(config, t);
+    per_layer += lora.rank * (in + out);
+  }
+  return per_layer * config.num_layers;
+}
+
+std::string ranks_label(const DeviceMemory& d) {
+  std::string out;
+  if (d.engines > 0) out += fmt::format("{} engine{}", d.engines, d.engines > 1 ? "s" : "");
+  if (d.trainers > 0) {
+    out += fmt::format("{}{} trainer{}", out.empty() ? "" : ", ", d.trainers,
+                       d.trainers > 1 ? "s" : "");
+  }
+  return out;
+}
+
+}  // namespace
+
+int64_t DeviceMemory::peak(bool handover) const {
+  const int64_t rest = engine_weights + trainer_state + contexts;
+  // Turns are taken pair by pair: with more than one pair on a device one trainer may train while
+  // another pair's engine still holds its pool.
+  const bool turns = handover && engines <= 1 && trainers <= 1;
+  return turns ? rest + std::max(kv_pools, activations) : rest + kv_pools + activations;
+}
+
+int64_t trainer_state_bytes(const engine::ModelConfig& config, const TrainerOptions& trainer,
+                            int train_ranks) {
+  const int64_t c = dtype_bytes(trainer.dtype);
+  const int64_t all = config.num_params();
+  const int64_t trainable = trainer.lora.enabled() ? lora_params(config, trainer.lora) : all;
+  const int stage = trainer.zero_stage >= 0 ? trainer.zero_stage : (train_ranks > 1 ? 2 : 0);
+  const int64_t shard = stage >= 1 ? train_ranks : 1;
+  const bool on_device = !trainer.offload_optimizer || trainer.device == "cpu";
+  int64_t bytes = all * c;                             // parameters (LoRA: the frozen base)
+  if (trainer.lora.enabled()) bytes += trainable * c;  // the adapter's compute-dtype copy
+  if (stage == 2) {
+    // The own slice, and the pool of full-bucket buffers gradients are reduce-scattered from.
+    bytes += trainable * 4 / shard + std::min(trainable * 4, 2 * trainer.grad_bucket_bytes * 4 / c);
+  } else {
+    bytes += trainable * 4;
+  }
+  if (on_device) {
+    if (c != 4) bytes += trainable * 4 / shard;  // masters (fp32 compute: the parameters)
+    bytes += 2 * trainable * 4 / shard;          // Adam m and v
+  }
+  if (trainer.grpo.kl_coef > 0) bytes += trainer.lora.enabled() ? trainable * c : all * c;
+  return bytes;
+}
+
+int64_t activation_bytes(const engine::ModelConfig& config, const TrainerOptions& trainer) {
+  const int64_t c = dtype_bytes(trainer.dtype);
+  const int64_t m = trainer.micro_batch_tokens;
+  const int64_t h = config.hidden_size, q = config.num_heads * config.head_dim;
+  const int64_t kv = config.num_kv_heads * config.head_dim, i = config.intermediate_size;
+  // Saved per token by one decoder layer: the norms' inputs and outputs, q, k, v, the attention
+  // output, gate, up, their product and the down projection's input.
+  const int64_t layer = (3 * h + 2 * q + 2 * kv + 4 * i) * c;
+  const int64_t layers = trainer.activation_checkpointing
+                             ? config.num_layers * h * c + layer  // layer inputs + one layer
+                             : config.num_layers * layer;
+  // fp32 logits, their log-softmax and its gradient, unchunked.
+  const int64_t logits = 3 * config.vocab_size * 4;
+  return m * (layers + logits);
+}
+
+MemoryPlan plan_memory(const engine::ModelConfig& config, const RlOptions& o,
+                       const sync::Placement& placement) {
+  MemoryPlan plan;
+  plan.handover = o.kv_handover;
+  const sync::Topology& topo = placement.topo;
+  const bool cuda = placement.kind == sync::DeviceKind::kCuda;
+  const int train_ranks = topo.nnodes * topo.train_per_node;
+  TrainerOptions trainer = o.trainer;
+  trainer.device = cuda ? "cuda" : "cpu";
+  trainer.grad_bucket_bytes = o.bucket_bytes;  // as the RL job's trainers get it
+  int64_t engine_weights = config.num_params() * dtype_bytes(o.engine_dtype);
+  if (o.trainer.lora.enabled()) {  // the adapter's versions in the engine's slots
+    engine_weights +=
+        (o.max_staleness + 1) * lora_params(config, o.trainer.lora) * dtype_bytes(o.engine_dtype);
+  }
+  const int64_t state = trainer_state_bytes(config, trainer, train_ranks);
+  const int64_t act = activation_bytes(config, trainer);
+  std::map<std::string, DeviceMemory> by_device;
+  std::vector<std::string> order;
+  for (int l = 0; l < topo.ranks_per_node(); ++l) {
+    const std::string dev = cuda ? fmt::format("cuda:{}", placement.gpu_of_local.at(l)) : "cpu";
+    if (!by_device.count(dev)) order.push_back(dev);
+    DeviceMemory& d = by_device[dev];
+    d.device = dev;
+    if (topo.role_of(l) == sync::Role::kInfer) {
+      ++d.engines;
+      d.engine_weights += engine_weights;
+      d.kv_pools += o.kv_memory_bytes;
+    } else {
+      ++d.trainers;
+      d.trainer_state += state;
+      d.activations += act;
+    }
+    if (cuda) d.contexts += kCudaContextBytes;
+  }
+  std::sort(order.begin(), order.end(), [](const std::string& a, const std::string& b) {
+    return a.size() != b.size() ? a.size() < b.size() : a < b;  // cuda:2 before cuda:10
+  });
+  for (const auto& dev : order) plan.devices.push_back(by_device[dev]);
+  return plan;
+}
+
+std::vector<int64_t> device_capacities(const MemoryPlan& plan) {
+  std::vector<int64_t> out;
+  for (const DeviceMemory& d : plan.devices) {
+    int64_t bytes = 0;
+    try {
+      if (d.device.rfind("cuda:", 0) == 0) {
+        bytes = sync::cuda_device_total_bytes(std::stoi(d.device.substr(5)));
+      } else {
+        bytes = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+      }
+    } catch (const std::exception&) {
+      bytes = 0;  // unknown: the table says "?" and nothing is refused
+    }
+    out.push_back(std::max<int64_t>(bytes, 0));
+  }
+  return out;
+}
+
+std::string MemoryPlan::table(const std::vector<int64_t>& capacity) const {
+  std::string out = fmt::format(
+      "memory plan per device (estimates from config.json and the flags; peak = {}):\n"
+      "| device | ranks | engine weights | KV pools | trainer state | activations | CUDA contexts "
+      "| peak | capacity |\n|---|---|---|---|---|---|---|---|---|\n",
+      handover ? "all at once, but the KV pools and the activations take turns (hand-over)"
+               : "all at once");
+  for (size_t k = 0; k < devices.size(); ++k) {
+    const DeviceMemory& d = devices[k];
+    const int64_t cap = k < capacity.size() ? capacity[k] : 0;
+    out += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", d.device, ranks_label(d),
+                       format_bytes(d.engine_weights), format_bytes(d.kv_pools),
+                       format_bytes(d.trainer_state), format_bytes(d.activations),
+                       d.contexts > 0 ? format_bytes(d.contexts) : "-",
+                       format_bytes(d.peak(handover)), cap > 0 ? format_bytes(cap) : "?");
+  }
+  return out;
+}
+
+void MemoryPlan::check_fits(const std::vector<int64_t>& capacity) const {
+  for (size_t k = 0; k < devices.size() && k < capacity.size(); ++k) {
+    const DeviceMemory& d = devices[k];
+    if (capacity[k] <= 0 || d.peak(handover) <= capacity[k]) continue;
+    throw std::invalid_argument(fmt::format(
+        "memory plan: {} ({}) needs about {} at its peak but has {}: engine weights {} + KV pools "
+        "{} + trainer state {} + activations {}{}{}. Lower --kv-memory or --micro-batch-tokens, "
+        "shard the trainer's state (--zero 1/2, --offload-optimizer), train an adapter "
+        "(--lora-rank), or spread the ranks over more GPUs (--device-map)",
+        d.device, ranks_label(d), format_bytes(d.peak(handover)), format_bytes(capacity[k]),
+        format_bytes(d.engine_weights), format_bytes(d.kv_pools), format_bytes(d.trainer_state),
+        format_bytes(d.activations),
+        d.contexts > 0 ? fmt::format(" + CUDA contexts {}", format_bytes(d.contexts)) : "",
+        handover ? " (the KV pools and the activations taking turns: the larger counts)" : ""));
+  }
+}
+
+}  // namespace crl::trainer

@@ -1,0 +1,63 @@
+// MemoryPlan: what each device of a node holds in the RL job, from the model's config.json and the
+// flags, before any rank loads anything (docs/design.md §5), so a job that cannot fit is refused
+// at start naming the numbers rather than failing with an out-of-memory error minutes later.
+//
+// Per device (a GPU, or the host on --device cpu), summed over the ranks placed on it:
+//   engine weights  every engine's weights in the engine dtype
+//   KV pools        every engine's --kv-memory (held during rollouts)
+//   trainer state   parameters in the compute dtype, fp32 gradients, fp32 masters (unless they are
+//                   the fp32 parameters themselves) and AdamW's two moments, sharded by the ZeRO
+//                   stage over the train group (stage 1: masters and moments; 2: gradients too),
+//                   optimizer state on the host with --offload-optimizer; a KL reference's copy.
+//                   LoRA: the base in the compute dtype, the state of the adapter alone.
+//   activations     one micro-batch's saved activations (--micro-batch-tokens; one layer's with
+//                   activation checkpointing) and its fp32 logits, log-probs and their gradient
+//                   (held during training): an estimate, not a measurement
+//   CUDA contexts   ~0.5 GiB for each process on a GPU
+// The peak is everything at once, except with the colocated hand-over (RlOptions::kv_handover) on a
+// device holding one engine and one trainer, where the KV pool and the activations take turns:
+// peak = the rest + max(KV pool, activations).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/model/config.h"
+#include "sync/placement.h"
+#include "trainer/rl_context.h"
+
+namespace crl::trainer {
+
+struct DeviceMemory {
+  std::string device;  // "cuda:N" or "cpu"
+  int engines = 0, trainers = 0;
+  int64_t engine_weights = 0, kv_pools = 0, trainer_state = 0, activations = 0, contexts = 0;
+  int64_t peak(bool handover) const;
+};
+
+struct MemoryPlan {
+  std::vector<DeviceMemory> devices;  // node 0's (every node is laid out the same)
+  bool handover = false;
+
+  // The table world rank 0 prints: one row per device, its peak and, where known, its capacity.
+  std::string table(const std::vector<int64_t>& capacity = {}) const;
+  // Throws std::invalid_argument naming the device, its peak, what makes it up and the capacity
+  // when a device's peak exceeds capacity[i] (bytes, by devices' order; <= 0: unknown).
+  void check_fits(const std::vector<int64_t>& capacity) const;
+};
+
+// Bytes one train rank holds of the trainer's state (see above); `train_ranks` is the train
+// group's size (every node's train ranks).
+int64_t trainer_state_bytes(const engine::ModelConfig& config, const TrainerOptions& trainer,
+                            int train_ranks);
+// Bytes of one micro-batch's activations (an estimate; see above).
+int64_t activation_bytes(const engine::ModelConfig& config, const TrainerOptions& trainer);
+
+MemoryPlan plan_memory(const engine::ModelConfig& config, const RlOptions& options,
+                       const sync::Placement& placement);
+// Each device's memory, by plan.devices' order: a GPU's total (no CUDA context is made), the host's
+// physical memory for "cpu"; 0 where it cannot be read.
+std::vector<int64_t> device_capacities(const MemoryPlan& plan);
+
+}  // namespace crl::trainer
