@@ -23,6 +23,7 @@ Runner register_serve(CLI::App& app);
 Runner register_bench(CLI::App& app);
 Runner register_sync_check(CLI::App& app);
 Runner register_train(CLI::App& app);
+Runner register_plan(CLI::App& app);
 Runner register_tokenize(CLI::App& app);
 Runner register_detokenize(CLI::App& app);
 

@@ -136,6 +136,7 @@ int main(int argc, char** argv) {
   add(crl::app::register_bench);
   add(crl::app::register_sync_check);
   add(crl::app::register_train);
+  add(crl::app::register_plan);
   add(crl::app::register_tokenize);
   add(crl::app::register_detokenize);
   // Arguments no option takes are errors said here, in the order typed, with the nearest flag.

@@ -83,6 +83,7 @@ struct Cell {
   bool ac = false, offload = false;
   std::string kernels = "libtorch";
   int64_t lora = 0;  // LoRA rank (0: full fine-tuning)
+  int64_t logits_chunk = 0;
 };
 
 }  // namespace
@@ -114,6 +115,10 @@ void add_train_bench_flags(CLI::App& cmd, TrainBenchOptions& o) {
          "also run every cell training an all-linear LoRA adapter of this rank on the frozen "
          "base (0 = full fine-tuning only)")
       ->check(CLI::NonNegativeNumber);
+  cmd.add_option("--logits-chunk-tokens", o.logits_chunk_tokens,
+                 "the trainer's logits chunk sizes in loss rows, comma-separated (0: automatic); "
+                 "with several, every cell runs at each and is compared with the first")
+      ->capture_default_str();
 }
 
 int run_train_bench(const TrainBenchOptions& o) {
@@ -136,6 +141,18 @@ int run_train_bench(const TrainBenchOptions& o) {
     if (most > 1) cells.push_back({most, 2, true, false});
   }
   if (o.offload_optimizer) cells.push_back({most, most > 1 ? 2 : 0, false, true});
+  {
+    const auto chunks = int_list(o.logits_chunk_tokens, "--logits-chunk-tokens");
+    std::vector<Cell> each;
+    for (const Cell& c : cells) {
+      for (int chunk : chunks) {
+        if (chunk < 0) CRL_INVALID("bench train: --logits-chunk-tokens ", chunk, " is below 0");
+        each.push_back(c);
+        each.back().logits_chunk = chunk;
+      }
+    }
+    cells = std::move(each);
+  }
   {
     std::vector<std::string> kernels;
     std::stringstream ss(o.cpu_kernels);
@@ -178,15 +195,21 @@ int run_train_bench(const TrainBenchOptions& o) {
       o.shape, params / 1e6, o.dtype, o.seq_tokens, o.micro_batches, cores, gemm);
   fmt::print("CPU: {}\n", engine::kernels::describe_cpu());
   fmt::print(
-      "{:>8} {:>4} {:>5} {:>4} {:>3} {:>7} | {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} | {:>9} | {:>8} "
-      "{:>7} {:>6}\n",
-      "kernels", "lora", "ranks", "zero", "ac", "offload", "params", "grads", "optim", "state",
-      "ideal-z2", "ratio", "activ", "tok/s", "vs z0", "mm %");
+      "{:>8} {:>4} {:>5} {:>4} {:>3} {:>7} {:>6} | {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} | {:>9} | "
+      "{:>8} {:>7} {:>6}\n",
+      "kernels", "lora", "ranks", "zero", "ac", "offload", "chunk", "params", "grads", "optim",
+      "state", "ideal-z2", "ratio", "activ", "tok/s", "vs z0", "mm %");
   std::ofstream jsonl;
   if (!o.results.empty()) jsonl.open(o.results, std::ios::app);
   std::map<std::pair<int, std::string>, double> z0_tps;
   std::vector<std::pair<std::string, double>> project_over_libtorch;  // per cell with both paths
   double project_tps = 0;
+  struct ChunkBase {
+    int64_t chunk = 0;
+    double activ = 0, tps = 0;
+  };
+  std::map<std::string, ChunkBase> first_chunk;  // per cell: the first --logits-chunk-tokens value
+  std::vector<std::string> chunk_lines;
   std::vector<std::string> lora_lines;  // per cell: LoRA against the same cell's full fine-tuning
   double full_tps = 0;
   int64_t full_state = 0;
@@ -210,6 +233,7 @@ int run_train_bench(const TrainBenchOptions& o) {
           to.micro_batch_tokens = o.seq_tokens;
           to.schedule.lr = 1e-5;
           to.lora.rank = c.lora;
+          to.logits_chunk_tokens = c.logits_chunk;
           trainer::Trainer tr(dir, to);
           std::mt19937 rng(1234 + r);
           std::uniform_int_distribution<int32_t> tok(3, static_cast<int32_t>(cfg.vocab_size) - 1);
@@ -251,7 +275,8 @@ int run_train_bench(const TrainBenchOptions& o) {
     const double med = step_s[step_s.size() / 2];
     const double tokens = static_cast<double>(c.ranks) * o.micro_batches * o.seq_tokens;
     const double tps = tokens / med;
-    const std::string zkey = c.kernels + (c.lora ? "/lora" : "");
+    const std::string zkey =
+        c.kernels + (c.lora ? "/lora" : "") + "/chunk" + std::to_string(c.logits_chunk);
     if (c.stage == 0 && !c.ac && !c.offload) z0_tps[{c.ranks, zkey}] = tps;
     const double vs0 = z0_tps.count({c.ranks, zkey}) ? tps / z0_tps[{c.ranks, zkey}] : 0;
     if (c.lora == 0) {
@@ -267,6 +292,22 @@ int run_train_bench(const TrainBenchOptions& o) {
           params * static_cast<double>(c10::elementSize(dt)) / 1048576.0, o.dtype, tps, full_tps,
           tps / full_tps));
     }
+    const double activ = static_cast<double>(rss_samples.at(0) - rss_before) / c.ranks;
+    {
+      const std::string key =
+          fmt::format("ranks {} zero {} ac {} offload {} ({}, lora {})", c.ranks, c.stage,
+                      c.ac ? "on" : "off", c.offload ? "on" : "off", c.kernels, c.lora);
+      auto first = first_chunk.find(key);
+      if (first == first_chunk.end()) {
+        first_chunk[key] = {c.logits_chunk, activ, tps};
+      } else {
+        chunk_lines.push_back(fmt::format(
+            "{}: logits chunk {} against {}: activations {:.1f} MiB vs {:.1f} MiB, tokens/s {:.0f} "
+            "vs {:.0f} ({:.3f}x)",
+            key, c.logits_chunk, first->second.chunk, activ / 1048576.0,
+            first->second.activ / 1048576.0, tps, first->second.tps, tps / first->second.tps));
+      }
+    }
     if (c.kernels == "project" && c.lora == 0) project_tps = tps;
     if (c.kernels == "libtorch" && c.lora == 0 && project_tps > 0) {
       project_over_libtorch.emplace_back(
@@ -280,12 +321,13 @@ int run_train_bench(const TrainBenchOptions& o) {
     // Stage-2 ideal: full compute-dtype parameters + fp32 master, m, v and gradient slices of P / T
     // + one fp32 gradient bucket in flight.
     const double ideal = params * esize + 16.0 * params / c.ranks + bucket_bytes;
-    const double activ = static_cast<double>(rss_samples.at(0) - rss_before) / c.ranks;
     auto mib = [](double b) { return fmt::format("{:.1f}M", b / (1 << 20)); };
     fmt::print(
-        "{:>8} {:>4} {:>5} {:>4} {:>3} {:>7} | {:>9} {:>9} {:>9} {:>9} {:>9} {:>6.3f} | {:>9} | "
-        "{:>8.0f} {:>6.2f}x {:>5.1f}%\n",
+        "{:>8} {:>4} {:>5} {:>4} {:>3} {:>7} {:>6} | {:>9} {:>9} {:>9} {:>9} {:>9} {:>6.3f} | "
+        "{:>9} "
+        "| {:>8.0f} {:>6.2f}x {:>5.1f}%\n",
         c.kernels, c.lora, c.ranks, c.stage, c.ac ? "on" : "off", c.offload ? "on" : "off",
+        c.logits_chunk == 0 ? std::string("auto") : std::to_string(c.logits_chunk),
         mib(bytes.parameters), mib(bytes.gradients), mib(bytes.optimizer), mib(bytes.total()),
         mib(ideal), bytes.total() / ideal, mib(activ), tps, vs0, 100 * mm_share);
     if (jsonl) {
@@ -298,6 +340,7 @@ int run_train_bench(const TrainBenchOptions& o) {
                             {"lora_rank", c.lora},
                             {"activation_checkpointing", c.ac},
                             {"offload_optimizer", c.offload},
+                            {"logits_chunk_tokens", c.logits_chunk},
                             {"param_bytes", bytes.parameters},
                             {"grad_bytes", bytes.gradients},
                             {"optimizer_bytes", bytes.optimizer},
@@ -312,6 +355,7 @@ int run_train_bench(const TrainBenchOptions& o) {
     }
   }
   for (const auto& line : lora_lines) fmt::print("{}\n", line);
+  for (const auto& line : chunk_lines) fmt::print("{}\n", line);
   for (const auto& [cell, ratio] : project_over_libtorch) {
     fmt::print("{}: tokens/s project / libtorch = {:.3f}\n", cell, ratio);
   }

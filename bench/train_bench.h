@@ -11,7 +11,8 @@
 // timed in the same run). With --cpu-kernels project,libtorch every cell runs on both linear
 // paths, back to back, and the ratio of their tokens/s follows the table. With --lora-rank R every
 // cell runs again training a rank-R adapter on the frozen base, and its state bytes and tokens/s
-// against full fine-tuning's follow the table.
+// against full fine-tuning's follow the table. With --logits-chunk-tokens A,B every cell runs at
+// each chunk size of the loss's logits.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -35,6 +36,10 @@ struct TrainBenchOptions {
   std::string results;    // JSONL rows
   int64_t lora_rank = 0;  // > 0: every cell again training an all-linear LoRA
                           // adapter of this rank (issue 29), compared after
+  // TrainerOptions::logits_chunk_tokens values, comma-separated: with more than one, every cell
+  // runs at each (issue 55), and the activations and tokens/s of each against the first follow
+  // the table.
+  std::string logits_chunk_tokens = "0";
 };
 
 void add_train_bench_flags(CLI::App& cmd, TrainBenchOptions& o);

@@ -11,6 +11,14 @@ add_test(NAME cli.make_model_qwen2_shape_then_generate
          COMMAND sh -c "$<TARGET_FILE:colocated-rl> make-model --shape qwen2-0.5b --hidden 64 --layers 2 --heads 4 --kv-heads 2 --ffn 128 --vocab 600 --max-pos 256 --dtype bfloat16 --out ${CMAKE_CURRENT_BINARY_DIR}/cli-qwen2 && $<TARGET_FILE:colocated-rl> generate --model ${CMAKE_CURRENT_BINARY_DIR}/cli-qwen2 --dtype bfloat16 --max-tokens 4 --temperature 0")
 set_tests_properties(cli.make_model_qwen2_shape_then_generate PROPERTIES LABELS unit
                      ENVIRONMENT "${CRL_CLI_ENV}")
+# `plan` (issue 55): an 8B full fine-tune on 4 + 4 GPUs of 80 GiB fits at ZeRO-2 (the default
+# with 4 train ranks, exit 0); at ZeRO-0 it does not, and the plan names the trainer's GPU and the
+# flags that would fit (exit 1). A planning shape is never generated.
+add_test(NAME cli.plan_an_8b_full_fine_tune_on_4_plus_4_gpus
+         COMMAND sh -c "$<TARGET_FILE:colocated-rl> plan --shape llama3.1-8b --gpus-infer 4 --gpus-train 4 --dtype bfloat16 --kv-memory 20GiB --micro-batch-tokens 4096 && echo rc=$? && $<TARGET_FILE:colocated-rl> plan --shape llama3.1-8b --gpus-infer 4 --gpus-train 4 --dtype bfloat16 --kv-memory 20GiB --zero 0; echo rc=$? && $<TARGET_FILE:colocated-rl> bench train --shape llama3.1-8b 2>&1; echo rc=$?")
+set_tests_properties(cli.plan_an_8b_full_fine_tune_on_4_plus_4_gpus PROPERTIES LABELS unit
+                     ENVIRONMENT "${CRL_CLI_ENV}"
+                     PASS_REGULAR_EXPRESSION "llama3.1-8b \\(8.03 B parameters\\), 1 node x 8 GPUs.*\\| cuda:4 \\| 1 trainer \\|.*fits: the largest peak is [0-9.]+ GiB \\(cuda:4\\).*rc=0.*does not fit: cuda:4 needs about.*  --zero 2 +largest peak.*  --offload-optimizer +largest peak.*rc=1.*is for planning.*rc=[1-9]")
 # Log-prob tokens and bytes through the official OpenAI SDK (npm, pinned with the tokenizer
 # fixtures) against `serve` over a model with Qwen3's real tokenizer.
 set(CRL_TOKENIZER_FIXTURES ${CMAKE_CURRENT_BINARY_DIR}/test-cache/tokenizer-fixtures)

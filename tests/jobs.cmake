@@ -124,7 +124,7 @@ crl_job_test(bench.host_step_times_the_host_work_of_a_decode_step pass 60
              "^schedule +[0-9.]+ ;; ^inputs +[0-9.]+ ;; host work a decode step: [0-9.]+ ms"
              bench host-step --seqs 64 --steps 32 --max-model-len 4096)
 crl_job_test(bench.train_zero_cells_print_memory_and_tokens_per_s pass 120
-             "bench train \\| default ;;     2    2 off     off \\| .* \\| .*x"
+             "bench train \\| default ;;     2    2 off     off   auto \\| .* \\| .*x"
              bench train --shape default --zero 0,2 --train-ranks 1,2 --steps 1 --seq-tokens 128
              --bucket-mb 1 --results ${CMAKE_CURRENT_BINARY_DIR}/train-cells.jsonl)
 set(CRL_RL_SAVE ${CMAKE_CURRENT_BINARY_DIR}/rl-kill-resume)

@@ -1,12 +1,14 @@
 #include "trainer/loss.h"
 
 #include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
 #include <string>
 #include <vector>
 
 #include "common/check.h"
+#include "engine/model/transformer.h"
 #include "engine/sampler.h"
 
 namespace crl::trainer {
@@ -170,6 +172,103 @@ at::Tensor target_logprobs(const at::Tensor& logits, const at::Tensor& targets, 
   }
   // Exactly `exact` in value (x - x == 0), log_softmax's gradient.
   return exact + (ls - ls.detach());
+}
+
+int64_t logits_chunk_rows(int64_t option, int64_t vocab) {
+  if (option > 0) return option;
+  return std::max<int64_t>(64, (int64_t{1} << 30) / (4 * std::max<int64_t>(1, vocab)));
+}
+
+namespace {
+
+at::Tensor logprobs_by_chunk(const engine::Transformer& model, const at::Tensor& hidden,
+                             const at::Tensor& head, const at::Tensor& targets, int64_t chunk_rows,
+                             bool match_engine, double* entropy_sum) {
+  std::vector<at::Tensor> parts;
+  for (int64_t r = 0; r < hidden.size(0); r += chunk_rows) {
+    const int64_t n = std::min(chunk_rows, hidden.size(0) - r);
+    parts.push_back(target_logprobs(model.compute_logits(hidden.narrow(0, r, n), head),
+                                    targets.narrow(0, r, n), match_engine, entropy_sum));
+  }
+  return at::cat(parts, 0);
+}
+
+// head_target_logprobs with a graph: the inputs are the rows' hidden states and the head's weight
+// (as bound: a gradient sink in the trainer, so the head's whole gradient reaches it once).
+struct ChunkedHeadLogprobs : torch::autograd::Function<ChunkedHeadLogprobs> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden,
+                            const at::Tensor& head, const at::Tensor& targets,
+                            const engine::Transformer* model, int64_t chunk_rows, bool match_engine,
+                            double* entropy_sum) {
+    ctx->save_for_backward({hidden, head, targets});
+    ctx->saved_data["model"] = reinterpret_cast<int64_t>(model);
+    ctx->saved_data["chunk_rows"] = chunk_rows;
+    // Grad mode is off inside a custom forward.
+    return logprobs_by_chunk(*model, hidden, head, targets, chunk_rows, match_engine, entropy_sum);
+  }
+
+  // Per chunk: the logits again (the forward's kernel, no graph), d ls / d logits = g (onehot -
+  // softmax) in place of their softmax, then the head's two products by hand: d hidden = dz W and
+  // d head += dz^T hidden, summed in fp32 (fp32 compute: one addmm into the sum; bf16: a chunk's
+  // [V, H] product in bf16, as the whole head's would be, added to it).
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& hidden = saved[0];
+    const at::Tensor& head = saved[1];
+    const at::Tensor& targets = saved[2];
+    const auto* model =
+        reinterpret_cast<const engine::Transformer*>(ctx->saved_data["model"].toInt());
+    const int64_t chunk_rows = ctx->saved_data["chunk_rows"].toInt();
+    const bool want_hidden = ctx->needs_input_grad(0), want_head = ctx->needs_input_grad(1);
+    const bool fp32 = head.scalar_type() == at::kFloat;
+    at::NoGradGuard no_grad;
+    at::Tensor grad_hidden = want_hidden ? at::empty_like(hidden) : at::Tensor();
+    at::Tensor grad_head =
+        want_head ? at::zeros(head.sizes(), head.options().dtype(at::kFloat)) : at::Tensor();
+    for (int64_t r = 0; r < hidden.size(0); r += chunk_rows) {
+      const int64_t n = std::min(chunk_rows, hidden.size(0) - r);
+      const at::Tensor h = hidden.narrow(0, r, n);
+      const at::Tensor g = grads[0].narrow(0, r, n).to(at::kFloat).unsqueeze(1);
+      at::Tensor dz = model->compute_logits(h, head);  // fp32 [n, V], ours
+      dz.sub_(dz.logsumexp(-1, /*keepdim=*/true)).exp_().mul_(-g);
+      dz.scatter_add_(1, targets.narrow(0, r, n).unsqueeze(1), g);
+      if (!fp32) dz = dz.to(head.scalar_type());
+      if (want_hidden) {
+        at::Tensor rows = grad_hidden.narrow(0, r, n);
+        at::mm_out(rows, dz, head);
+      }
+      if (want_head) {
+        if (fp32) {
+          grad_head.addmm_(dz.t(), h);
+        } else {
+          grad_head.add_(at::mm(dz.t(), h));
+        }
+      }
+    }
+    if (want_head) grad_head = grad_head.to(head.scalar_type());
+    return {grad_hidden,  grad_head,    at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor head_target_logprobs(const engine::Transformer& model, const at::Tensor& hidden,
+                                const at::Tensor& targets, int64_t chunk_rows, bool match_engine,
+                                double* entropy_sum) {
+  CRL_CHECK(hidden.dim() == 2 && targets.dim() == 1 && hidden.size(0) == targets.size(0),
+            "head_target_logprobs: hidden ", hidden.sizes(), " targets ", targets.sizes());
+  CRL_CHECK(chunk_rows > 0, "head_target_logprobs: chunk_rows ", chunk_rows, " must be > 0");
+  if (hidden.size(0) <= chunk_rows) {
+    return target_logprobs(model.compute_logits(hidden), targets, match_engine, entropy_sum);
+  }
+  const at::Tensor& head = model.lm_head();
+  if (at::GradMode::is_enabled() && (hidden.requires_grad() || head.requires_grad())) {
+    return ChunkedHeadLogprobs::apply(hidden, head, targets, &model, chunk_rows, match_engine,
+                                      entropy_sum);
+  }
+  return logprobs_by_chunk(model, hidden, head, targets, chunk_rows, match_engine, entropy_sum);
 }
 
 }  // namespace crl::trainer

@@ -22,6 +22,10 @@
 #include <cstdint>
 #include <vector>
 
+namespace crl::engine {
+class Transformer;
+}
+
 namespace crl::trainer {
 
 struct GrpoOptions {
@@ -92,5 +96,22 @@ at::Tensor loss_token_rows(const at::Tensor& loss_mask);
 // summed entropy (nats, no gradient) of the N rows' distributions to *entropy_sum.
 at::Tensor target_logprobs(const at::Tensor& logits, const at::Tensor& targets, bool match_engine,
                            double* entropy_sum = nullptr);
+
+// Rows of logits head_target_logprobs computes at once: `option` where > 0, else (0) as many as
+// make 1 GiB of fp32 logits at a vocabulary of `vocab` (at least 64 rows).
+int64_t logits_chunk_rows(int64_t option, int64_t vocab);
+
+// target_logprobs(model.compute_logits(hidden), targets, match_engine, entropy_sum), `chunk_rows`
+// rows of hidden [N, H] at a time, so the fp32 logits of all N rows, their log-softmax and its
+// gradient never exist at once. Where the result needs a gradient, the forward keeps only the
+// log-probs (and `hidden`) and backward recomputes each chunk's logits to differentiate them: one
+// more LM-head product per row, the head's gradient summed over the chunks (in fp32) and handed on
+// once. Values are target_logprobs' row for row (bit for bit in deterministic mode; elsewhere the
+// CPU may pick another linear kernel for a chunk's row count); gradients equal up to the order of
+// that sum.
+// N <= chunk_rows is target_logprobs itself (nothing recomputed).
+at::Tensor head_target_logprobs(const engine::Transformer& model, const at::Tensor& hidden,
+                                const at::Tensor& targets, int64_t chunk_rows, bool match_engine,
+                                double* entropy_sum = nullptr);
 
 }  // namespace crl::trainer

@@ -4,12 +4,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <stdexcept>
 
 #include "common/units.h"
 #include "engine/model/lora.h"
 #include "sync/cuda_ipc.h"
+#include "trainer/loss.h"
 
 namespace crl::trainer {
 namespace {
@@ -85,9 +87,15 @@ int64_t activation_bytes(const engine::ModelConfig& config, const TrainerOptions
   const int64_t layers = trainer.activation_checkpointing
                              ? config.num_layers * h * c + layer  // layer inputs + one layer
                              : config.num_layers * layer;
-  // fp32 logits, their log-softmax and its gradient, unchunked.
-  const int64_t logits = 3 * config.vocab_size * 4;
-  return m * (layers + logits);
+  // fp32 logits, their log-softmax and its gradient, for one chunk of loss rows at most; chunked,
+  // backward sums the trained head's gradient in fp32 ([V, H]), and in bf16 also holds a chunk's.
+  const int64_t rows =
+      std::min(m, logits_chunk_rows(trainer.logits_chunk_tokens, config.vocab_size));
+  int64_t head = 0;
+  if (rows < m && !trainer.lora.enabled()) {
+    head = config.vocab_size * config.hidden_size * (4 + (c == 4 ? 0 : c));
+  }
+  return m * layers + rows * 3 * config.vocab_size * 4 + head;
 }
 
 MemoryPlan plan_memory(const engine::ModelConfig& config, const RlOptions& o,
@@ -184,6 +192,111 @@ void MemoryPlan::check_fits(const std::vector<int64_t>& capacity) const {
         d.contexts > 0 ? fmt::format(" + CUDA contexts {}", format_bytes(d.contexts)) : "",
         handover ? " (the KV pools and the activations taking turns: the larger counts)" : ""));
   }
+}
+
+const DeviceMemory& MemoryPlan::largest() const {
+  return *std::max_element(devices.begin(), devices.end(),
+                           [this](const DeviceMemory& a, const DeviceMemory& b) {
+                             return a.peak(handover) < b.peak(handover);
+                           });
+}
+
+std::vector<PlanFix> plan_fixes(const engine::ModelConfig& config, const RlOptions& options,
+                                const sync::Placement& placement, int64_t capacity) {
+  auto peak = [&](const RlOptions& o) {
+    const MemoryPlan p = plan_memory(config, o, placement);
+    return p.largest().peak(p.handover);
+  };
+  std::vector<PlanFix> fixes;
+  auto try_fix = [&](const std::string& flags, const RlOptions& o) {
+    const int64_t p = peak(o);
+    if (p <= capacity) fixes.push_back({flags, p});
+    return p <= capacity;
+  };
+  // The largest --kv-memory in whole GiB (>= 1) with which `o` fits, or 0.
+  auto kv_that_fits = [&](RlOptions o) -> int64_t {
+    if (o.infer_per_node == 0) return 0;
+    int64_t lo = 0, hi = o.kv_memory_bytes >> 30;
+    while (lo < hi) {  // the largest g in [0, hi] with a fit (g = 0: none)
+      const int64_t mid = (lo + hi + 1) / 2;
+      o.kv_memory_bytes = mid << 30;
+      if (peak(o) <= capacity) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    return lo;
+  };
+  const int train_ranks = placement.topo.nnodes * placement.topo.train_per_node;
+  const bool full = !options.trainer.lora.enabled();
+  // The trainer-state flags not already given, each tried alone here and cumulatively below.
+  std::vector<std::pair<std::string, std::function<void(RlOptions&)>>> state;
+  if (full && train_ranks > 1 && options.trainer.zero_stage >= 0 &&
+      options.trainer.zero_stage < 2) {
+    state.emplace_back("--zero 2", [](RlOptions& o) { o.trainer.zero_stage = 2; });
+  }
+  if (!options.trainer.activation_checkpointing) {
+    state.emplace_back("--activation-checkpointing",
+                       [](RlOptions& o) { o.trainer.activation_checkpointing = true; });
+  }
+  if (!options.trainer.offload_optimizer) {
+    state.emplace_back("--offload-optimizer",
+                       [](RlOptions& o) { o.trainer.offload_optimizer = true; });
+  }
+  for (const auto& [flag, apply] : state) {
+    RlOptions o = options;
+    apply(o);
+    try_fix(flag, o);
+  }
+  // A micro-batch holds a whole sequence (--max-tokens) or trajectory (--max-episode-tokens).
+  int64_t shortest = std::max<int64_t>(256, options.max_tokens + 1);
+  if (!options.env.empty()) {
+    shortest = std::max<int64_t>(shortest, options.multi_turn.max_episode_tokens);
+  }
+  // The largest power of 2 below `base`'s micro-batch (>= shortest) with which it fits, alone or
+  // with the largest --kv-memory that then fits; true when one was added.
+  auto try_micro_batch = [&](const RlOptions& base, const std::string& flags) {
+    for (int64_t m = int64_t{1} << 20; m >= shortest; m /= 2) {
+      if (m >= base.trainer.micro_batch_tokens) continue;
+      RlOptions o = base;
+      o.trainer.micro_batch_tokens = m;
+      const std::string with = fmt::format("{}--micro-batch-tokens {}", flags, m);
+      if (try_fix(with, o)) return true;
+      if (const int64_t g = kv_that_fits(o); g > 0) {
+        o.kv_memory_bytes = g << 30;
+        if (try_fix(fmt::format("{} --kv-memory {}GiB", with, g), o)) return true;
+      }
+    }
+    return false;
+  };
+  auto try_kv = [&](const RlOptions& base, const std::string& flags) {
+    const int64_t g = kv_that_fits(base);
+    if (g <= 0 || (g << 30) >= base.kv_memory_bytes) return false;
+    RlOptions o = base;
+    o.kv_memory_bytes = g << 30;
+    return try_fix(fmt::format("{}--kv-memory {}GiB", flags, g), o);
+  };
+  try_micro_batch(options, "");
+  try_kv(options, "");
+  RlOptions lora = options;
+  lora.trainer.lora.rank = 16;
+  if (full) {
+    try_fix("--lora-rank 16", lora);
+    state.emplace_back("--lora-rank 16", [](RlOptions& o) { o.trainer.lora.rank = 16; });
+  }
+  // None alone: these flags one after another, each time also with the --kv-memory or the
+  // --micro-batch-tokens that then fits.
+  RlOptions acc = options;
+  std::string flags;
+  for (size_t k = 0; fixes.empty() && k < state.size(); ++k) {
+    state[k].second(acc);
+    flags += state[k].first + " ";
+    const std::string named = flags.substr(0, flags.size() - 1);
+    if (k > 0 && try_fix(named, acc)) break;
+    if (try_kv(acc, flags) || try_micro_batch(acc, flags)) break;
+  }
+  return fixes;
 }
 
 }  // namespace crl::trainer

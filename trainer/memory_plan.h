@@ -11,8 +11,10 @@
 //                   optimizer state on the host with --offload-optimizer; a KL reference's copy.
 //                   LoRA: the base in the compute dtype, the state of the adapter alone.
 //   activations     one micro-batch's saved activations (--micro-batch-tokens; one layer's with
-//                   activation checkpointing) and its fp32 logits, log-probs and their gradient
-//                   (held during training): an estimate, not a measurement
+//                   activation checkpointing) and the fp32 logits, log-probs and their gradient
+//                   of one chunk of its loss rows (--logits-chunk-tokens; chunked, the trained
+//                   head's gradient sum in fp32 and a chunk's in the compute dtype) (held during
+//                   training): an estimate, not a measurement
 //   CUDA contexts   ~0.5 GiB for each process on a GPU
 // The peak is everything at once, except with the colocated hand-over (RlOptions::kv_handover) on a
 // device holding one engine and one trainer, where the KV pool and the activations take turns:
@@ -45,7 +47,25 @@ struct MemoryPlan {
   // Throws std::invalid_argument naming the device, its peak, what makes it up and the capacity
   // when a device's peak exceeds capacity[i] (bytes, by devices' order; <= 0: unknown).
   void check_fits(const std::vector<int64_t>& capacity) const;
+  // The device with the largest peak (devices must not be empty).
+  const DeviceMemory& largest() const;
 };
+
+// A change of the flags and the plan's largest peak with it.
+struct PlanFix {
+  std::string flags;  // e.g. "--activation-checkpointing" or "--kv-memory 12GiB"
+  int64_t peak = 0;
+};
+
+// Changes of the flags that make every device's peak fit `capacity` (bytes, each device alike),
+// each on top of `options`: --zero 2 (more than one train rank and a lower stage asked),
+// --activation-checkpointing, --offload-optimizer, --micro-batch-tokens (the largest power of 2
+// below today's that fits, at least 256 and above --max-tokens; with the largest --kv-memory that
+// then fits if need be), --kv-memory (the largest whole GiB that fits, at least 1 GiB), --lora-rank
+// 16; where none of these fits, the first four and --lora-rank 16 stacked one after another, each
+// time also with the --kv-memory or --micro-batch-tokens that then fits. Empty: none found.
+std::vector<PlanFix> plan_fixes(const engine::ModelConfig& config, const RlOptions& options,
+                                const sync::Placement& placement, int64_t capacity);
 
 // Bytes one train rank holds of the trainer's state (see above); `train_ranks` is the train
 // group's size (every node's train ranks).

@@ -40,6 +40,8 @@ void TrainerOptions::validate() const {
     bad("grad_bucket_bytes", std::to_string(grad_bucket_bytes), "must be >= 4");
   if (cpu_kernels != "project" && cpu_kernels != "libtorch")
     bad("cpu_kernels", cpu_kernels, "project or libtorch");
+  if (logits_chunk_tokens < 0)
+    bad("logits_chunk_tokens", std::to_string(logits_chunk_tokens), "must be >= 0 (0: automatic)");
   if (lora.rank < 0)
     bad("lora.rank", std::to_string(lora.rank), "must be >= 0 (0: full fine-tuning)");
   if (lora.enabled()) {
@@ -328,8 +330,10 @@ at::Tensor Trainer::forward_logprobs(const engine::Transformer& model, const Mic
   at::Tensor hidden = model.forward_hidden(tokens, positions, *attention, longest - 1);
   at::Tensor rows = loss_rows(b).to(dev);
   // Row j - 1 predicts token j (the first token of a sequence is never a loss token).
-  at::Tensor logits = model.compute_logits(hidden.index_select(0, rows - 1));
-  return target_logprobs(logits, tokens.index_select(0, rows), /*match_engine=*/true, entropy_sum);
+  return head_target_logprobs(
+      model, hidden.index_select(0, rows - 1), tokens.index_select(0, rows),
+      logits_chunk_rows(options_.logits_chunk_tokens, impl_->config.vocab_size),
+      /*match_engine=*/true, entropy_sum);
 }
 
 LossMetrics Trainer::accumulate(const MicroBatch& b, LossKind kind, double scale, bool last) {

@@ -89,6 +89,10 @@ struct TrainerOptions {
   double max_grad_norm = 1.0;
   // Token cap of one packed micro-batch (--micro-batch-tokens).
   int64_t micro_batch_tokens = 4096;
+  // Loss rows whose logits are computed at once (--logits-chunk-tokens): the fp32 logits of a
+  // micro-batch's rows beyond this never exist whole, at the cost of recomputing them in backward
+  // (head_target_logprobs). 0: as many rows as make 1 GiB of fp32 logits.
+  int64_t logits_chunk_tokens = 0;
   // GRPO clip / KL / TIS settings.
   GrpoOptions grpo;
   // Reference model for the KL term; empty = the weights the trainer was created from.

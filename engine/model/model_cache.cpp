@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -43,6 +44,10 @@ std::string cache_dir() {
 
 std::vector<std::string> preset_names() {
   return {"default", "smollm2-135m", "qwen2-0.5b", "qwen2-1.5b", "qwen3-0.6b"};
+}
+
+std::vector<std::string> planning_shape_names() {
+  return {"llama3.1-8b", "qwen2.5-7b", "qwen3-8b", "qwen2.5-32b"};
 }
 
 ModelConfig preset_config(const std::string& name) {
@@ -98,9 +103,51 @@ ModelConfig preset_config(const std::string& name) {
     c.rope_theta = 1000000.0;
     c.rms_norm_eps = 1e-6;
     return c;
+  } else if (name == "llama3.1-8b") {
+    c.model_type = "llama";
+    c.tie_word_embeddings = false;
+    c.vocab_size = 128256;
+    c.hidden_size = 4096;
+    c.intermediate_size = 14336;
+    c.num_layers = 32;
+    c.num_heads = 32;
+    c.num_kv_heads = 8;
+    c.max_position_embeddings = 131072;
+    c.rope_theta = 500000.0;
+    c.rms_norm_eps = 1e-5;
+  } else if (name == "qwen2.5-7b" || name == "qwen2.5-32b") {
+    const bool small = name == "qwen2.5-7b";
+    c.model_type = "qwen2";
+    c.attention_bias = true;
+    c.tie_word_embeddings = false;
+    c.vocab_size = 152064;
+    c.hidden_size = small ? 3584 : 5120;
+    c.intermediate_size = small ? 18944 : 27648;
+    c.num_layers = small ? 28 : 64;
+    c.num_heads = small ? 28 : 40;
+    c.num_kv_heads = small ? 4 : 8;
+    c.max_position_embeddings = 32768;
+    c.rope_theta = 1000000.0;
+    c.rms_norm_eps = small ? 1e-6 : 1e-5;
+  } else if (name == "qwen3-8b") {
+    c.model_type = "qwen3";
+    c.qk_norm = true;
+    c.tie_word_embeddings = false;
+    c.vocab_size = 151936;
+    c.hidden_size = 4096;
+    c.intermediate_size = 12288;
+    c.num_layers = 36;
+    c.num_heads = 32;
+    c.num_kv_heads = 8;
+    c.head_dim = 128;
+    c.max_position_embeddings = 40960;
+    c.rope_theta = 1000000.0;
+    c.rms_norm_eps = 1e-6;
+    return c;
   } else {
     std::string known;
     for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
+    for (const auto& n : planning_shape_names()) known += ", " + n;
     throw std::invalid_argument("unknown model shape '" + name + "' (known: " + known + ")");
   }
   c.head_dim = c.hidden_size / c.num_heads;
@@ -177,6 +224,12 @@ std::string preset_model_dir(const std::string& name, const std::string& dtype) 
 }
 
 std::string ensure_preset_model(const std::string& name, const std::string& dtype) {
+  const auto planning = planning_shape_names();
+  if (std::find(planning.begin(), planning.end(), name) != planning.end()) {
+    throw std::invalid_argument("model shape '" + name +
+                                "' is for planning (colocated-rl plan --shape): its random weights "
+                                "are not generated; make-model --shape with smaller dimensions is");
+  }
   ModelConfig c = preset_config(name);
   const std::string stored = dtype_name(parse_dtype(dtype));
   const std::string dir = preset_model_dir(name, dtype);

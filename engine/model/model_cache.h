@@ -17,9 +17,13 @@ namespace crl::engine {
 // CRL_CACHE_DIR, else $XDG_CACHE_HOME/colocated-rl, else $HOME/.cache/colocated-rl.
 std::string cache_dir();
 
-// The architecture of a preset; throws std::invalid_argument listing the known names.
+// The architecture of a preset or a planning shape; throws std::invalid_argument listing the
+// known names.
 ModelConfig preset_config(const std::string& name);
 std::vector<std::string> preset_names();
+// Real models' shapes too large to generate here (`colocated-rl plan --shape`, `make-model --shape`
+// with smaller dimensions): llama3.1-8b, qwen2.5-7b, qwen3-8b, qwen2.5-32b.
+std::vector<std::string> planning_shape_names();
 
 // The default tokenizer (trained once from default_corpus_text into the cache); returns its path.
 std::string ensure_default_tokenizer();

@@ -412,7 +412,11 @@ at::Tensor Transformer::forward_hidden(const at::Tensor& tokens, const at::Tenso
 }
 
 at::Tensor Transformer::compute_logits(const at::Tensor& hidden) const {
-  return linear(hidden, lm_head_).to(at::kFloat);
+  return compute_logits(hidden, lm_head_);
+}
+
+at::Tensor Transformer::compute_logits(const at::Tensor& hidden, const at::Tensor& lm_head) const {
+  return linear(hidden, lm_head).to(at::kFloat);
 }
 
 at::Tensor Transformer::forward_packed(const at::Tensor& tokens,

@@ -66,6 +66,12 @@ class Transformer {
                             const LoraBatch& lora = {}) const;
   // hidden: [R, hidden] -> logits [R, vocab] float32.
   at::Tensor compute_logits(const at::Tensor& hidden) const;
+  // The same through `lm_head` [vocab, hidden] in place of the bound head (e.g. a leaf that
+  // collects the head's gradient over chunks of rows).
+  at::Tensor compute_logits(const at::Tensor& hidden, const at::Tensor& lm_head) const;
+  // The LM head's weight as bound (the embedding where tied; a gradient sink during a trainer's
+  // micro-batch).
+  const at::Tensor& lm_head() const { return lm_head_; }
 
   // Full forward over packed, independent sequences (positions restart at 0 for each): logits
   // [sum(lens), vocab] float32. The no-cache reference and the trainer's forward.

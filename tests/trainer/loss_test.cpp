@@ -1,10 +1,15 @@
 #include "trainer/loss.h"
 
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/function.h>
 
 #include <cmath>
+#include <memory>
+#include <string>
 
+#include "engine/model/transformer.h"
 #include "engine/sampler.h"
+#include "tests/engine/test_model.h"
 #include "tests/test_utils.h"
 #include "trainer/lr_schedule.h"
 #include "trainer/micro_batch.h"
@@ -195,6 +200,140 @@ TEST(MaskedLossTest, ToolTokenLogitsPerturbedLeaveTheLossAndGradientUnchanged) {
   at::Tensor model_row = logits.clone();
   model_row[3] += 50 * at::randn({v}, gen, at::kFloat);
   EXPECT_FALSE(at::equal(loss_and_grad(model_row).second, grad));
+}
+
+}  // namespace
+}  // namespace crl::trainer
+
+namespace crl::trainer {
+namespace {
+
+// Issue 55 item 2: head_target_logprobs in chunks of rows against the whole head at once.
+struct HeadRun {
+  at::Tensor logprobs, grad_hidden, grad_head;
+  double entropy = 0;
+  std::string node;  // the result's grad_fn
+};
+
+class ChunkedHeadTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    engine::TransformerOptions o;
+    o.deterministic = true;  // row-wise kernels: the same rows give the same bits in any chunk
+    model_ = std::make_unique<engine::Transformer>(
+        engine::Transformer::load(test::test_model_dir(GetParam()), o));
+    for (const auto& [name, t] : model_->named_parameters()) {
+      if (t.data_ptr() == model_->lm_head().data_ptr()) head_name_ = name;
+    }
+    ASSERT_FALSE(head_name_.empty());
+    at::Generator gen = at::detail::createCPUGenerator(55);
+    const int64_t h = model_->config().hidden_size, v = model_->config().vocab_size;
+    hidden_ = at::randn({13, h}, gen, at::kFloat);
+    targets_ = at::randint(v, {13}, gen, at::kLong);
+    weights_ = at::randn({13}, gen, at::kFloat);
+  }
+
+  // The log-probs, their summed entropy and the gradients of sum(weights * log-probs).
+  HeadRun run(int64_t chunk_rows, bool head_grad) {
+    at::Tensor head = model_->lm_head().detach().clone().requires_grad_(head_grad);
+    model_->set_parameter(head_name_, head);
+    at::Tensor h = hidden_.clone().requires_grad_(true);
+    HeadRun out;
+    at::Tensor lp =
+        head_target_logprobs(*model_, h, targets_, chunk_rows, /*match_engine=*/true, &out.entropy);
+    out.node = lp.grad_fn() ? lp.grad_fn()->name() : "";
+    (lp * weights_).sum().backward();
+    out.logprobs = lp.detach();
+    out.grad_hidden = h.grad();
+    out.grad_head = head.grad();
+    model_->set_parameter(head_name_, head.detach());
+    return out;
+  }
+
+  std::unique_ptr<engine::Transformer> model_;
+  std::string head_name_;
+  at::Tensor hidden_, targets_, weights_;
+};
+
+TEST_P(ChunkedHeadTest, ChunksGiveTheWholeHeadsLogprobsEntropyAndGradients) {
+  const HeadRun whole = run(13, true);
+  EXPECT_EQ(whole.node.find("ChunkedHeadLogprobs"), std::string::npos) << whole.node;
+  for (int64_t chunk : {1, 4, 5, 12}) {
+    SCOPED_TRACE("chunk_rows " + std::to_string(chunk));
+    const HeadRun c = run(chunk, true);
+    // The graph keeps no logits: the chunks' node recomputes them in backward.
+    EXPECT_NE(c.node.find("ChunkedHeadLogprobs"), std::string::npos) << c.node;
+    test::expect_tensor_equal(c.logprobs, whole.logprobs);
+    EXPECT_NEAR(c.entropy, whole.entropy, 1e-6 * whole.entropy);  // fp32 sums per chunk
+    test::expect_tensor_near(c.grad_hidden, whole.grad_hidden, 1e-6, 1e-5);
+    test::expect_tensor_near(c.grad_head, whole.grad_head, 1e-6, 1e-5);
+  }
+  // Not vacuous: other weights give other gradients.
+  weights_ = -weights_;
+  EXPECT_FALSE(at::allclose(run(4, true).grad_head, whole.grad_head));
+}
+
+TEST_P(ChunkedHeadTest, AFrozenHeadGetsNoGradientAndTheRowsTheirs) {
+  const HeadRun whole = run(13, false);
+  const HeadRun c = run(3, false);
+  test::expect_tensor_equal(c.logprobs, whole.logprobs);
+  test::expect_tensor_near(c.grad_hidden, whole.grad_hidden, 1e-6, 1e-5);
+  EXPECT_FALSE(c.grad_head.defined());
+}
+
+TEST_P(ChunkedHeadTest, WithoutAGraphTheChunksAreTheWholeHeadsValues) {
+  const HeadRun whole = run(13, true);
+  at::NoGradGuard no_grad;
+  double entropy = 0;
+  at::Tensor lp = head_target_logprobs(*model_, hidden_, targets_, 4, true, &entropy);
+  EXPECT_FALSE(lp.requires_grad());
+  test::expect_tensor_equal(lp, whole.logprobs);
+  EXPECT_NEAR(entropy, whole.entropy, 1e-6 * whole.entropy);
+}
+
+INSTANTIATE_TEST_SUITE_P(TiedAndUntied, ChunkedHeadTest, ::testing::Values("llama", "qwen2"));
+
+// bf16 compute: the chunks' products round per chunk (the head's gradient summed in fp32, handed
+// on in bf16), the whole head's once: both as close to the fp32 gradient of the same bf16 weights
+// and rows (within 2x in norm).
+TEST(ChunkedHeadBf16Test, ChunksAreAsCloseToTheFp32GradientsAsTheWholeHead) {
+  engine::TransformerOptions o;
+  o.dtype = at::kBFloat16;
+  engine::Transformer model = engine::Transformer::load(test::test_model_dir("qwen2"), o);
+  engine::NamedTensors upcast;
+  for (const auto& [name, t] : model.named_parameters())
+    upcast.emplace_back(name, t.to(at::kFloat));
+  engine::Transformer fp32(model.config(), upcast, engine::TransformerOptions{});
+  at::Generator gen = at::detail::createCPUGenerator(7);
+  const at::Tensor hidden = at::randn({11, model.config().hidden_size}, gen).to(at::kBFloat16);
+  const at::Tensor targets = at::randint(model.config().vocab_size, {11}, gen, at::kLong);
+  auto run = [&](engine::Transformer& m, int64_t chunk) {
+    const std::string name = m.named_parameters().back().first;  // the untied head
+    at::Tensor head = m.lm_head().detach().clone().requires_grad_(true);
+    m.set_parameter(name, head);
+    at::Tensor h = hidden.to(head.scalar_type()).clone().requires_grad_(true);
+    at::Tensor lp = head_target_logprobs(m, h, targets, chunk, /*match_engine=*/false);
+    lp.sum().backward();
+    EXPECT_EQ(h.grad().scalar_type(), head.scalar_type());
+    EXPECT_EQ(head.grad().scalar_type(), head.scalar_type());
+    m.set_parameter(name, head.detach());
+    return std::make_pair(h.grad().to(at::kFloat), head.grad().to(at::kFloat));
+  };
+  const auto [rh, rw] = run(fp32, 11);
+  const auto [gh, gw] = run(model, 11);
+  const auto [gh4, gw4] = run(model, 4);
+  const double eh = (gh - rh).norm().item<double>(), ew = (gw - rw).norm().item<double>();
+  EXPECT_GT(ew, 0.0);  // bf16 does round
+  EXPECT_LE((gh4 - rh).norm().item<double>(), 2 * eh + 1e-6);
+  EXPECT_LE((gw4 - rw).norm().item<double>(), 2 * ew);
+  EXPECT_LT(ew, 0.01 * rw.norm().item<double>());
+}
+
+TEST(LogitsChunkRowsTest, TheOptionOrAsManyRowsAsMake1GiBOfLogits) {
+  EXPECT_EQ(logits_chunk_rows(100, 151936), 100);
+  EXPECT_EQ(logits_chunk_rows(0, 151936), (int64_t{1} << 30) / (4 * 151936));  // 1766
+  EXPECT_EQ(logits_chunk_rows(0, 256), int64_t{1} << 20);
+  EXPECT_EQ(logits_chunk_rows(0, int64_t{1} << 26), 64);  // at least 64 rows
 }
 
 }  // namespace

@@ -51,17 +51,29 @@ TEST(MemoryPlanTest, TrainerStateIsBytesPerParameterByStageDtypeAndSharding) {
   EXPECT_EQ(trainer_state_bytes(c, lora, 1), 4 * p + 4 * a + 4 * a + 8 * a);
 }
 
-TEST(MemoryPlanTest, ActivationsShrinkWithCheckpointingAndGrowWithTheMicroBatch) {
+TEST(MemoryPlanTest, ActivationsShrinkWithCheckpointingAndChunkedLogitsAndGrowWithTheMicroBatch) {
   const engine::ModelConfig c = engine::preset_config("qwen2-0.5b");
   TrainerOptions t = trainer_options("bfloat16", 0);
+  // The fp32 logits, their log-softmax and its gradient: 12 bytes a row and vocabulary entry, for
+  // one chunk of rows (here 256 rows; by default 1 GiB of logits: 1766 rows at Qwen2's 151,936);
+  // chunked, backward also holds the head's gradient sum in fp32 and a chunk's in bf16.
+  t.logits_chunk_tokens = 256;
+  const int64_t chunk = 12 * int64_t{256} * c.vocab_size;
+  const int64_t head = c.vocab_size * c.hidden_size * (4 + 2);
   t.micro_batch_tokens = 1024;
-  const int64_t full = activation_bytes(c, t);
+  const int64_t layers = activation_bytes(c, t) - chunk - head;
+  EXPECT_GT(layers, 0);
   t.micro_batch_tokens = 2048;
-  EXPECT_EQ(activation_bytes(c, t), 2 * full);
+  EXPECT_EQ(activation_bytes(c, t), 2 * layers + chunk + head);
+  t.logits_chunk_tokens = 1 << 20;  // never chunked: the whole micro-batch's logits
+  EXPECT_EQ(activation_bytes(c, t), 2 * layers + 2048 * c.vocab_size * 12);
+  t.logits_chunk_tokens = 256;
+  t.lora.rank = 8;  // a frozen head: no gradient of it
+  EXPECT_EQ(activation_bytes(c, t), 2 * layers + chunk);
+  t.lora.rank = 0;
   t.activation_checkpointing = true;
-  EXPECT_LT(activation_bytes(c, t), 2 * full);
-  // The unchunked fp32 logits alone: tokens x vocabulary x 12 bytes.
-  EXPECT_GT(activation_bytes(c, t), 2048 * c.vocab_size * 12);
+  EXPECT_LT(activation_bytes(c, t), 2 * layers + chunk + head);
+  EXPECT_GT(activation_bytes(c, t), chunk + head);
 }
 
 RlOptions job(int n) {
@@ -149,6 +161,108 @@ TEST(MemoryPlanTest, TheCpuIsOneDeviceForEveryRank) {
   const std::vector<int64_t> cap = device_capacities(plan);
   ASSERT_EQ(cap.size(), 1u);
   EXPECT_GT(cap[0], int64_t{1} << 30);  // the host's memory
+}
+
+// `colocated-rl plan`'s fixes (issue 55 item 5): an 8B full fine-tune on 4 + 4 GPUs of 80 GB at
+// ZeRO-0 does not fit; each fix named must fit when applied, and each one left out must not.
+TEST(MemoryPlanTest, FixesNameFlagsThatFitAndOnlySuch) {
+  const engine::ModelConfig c = engine::preset_config("llama3.1-8b");
+  EXPECT_NEAR(c.num_params() / 1e9, 8.03, 0.01);  // Llama-3.1-8B's 8,030,261,248
+  RlOptions o = job(4);
+  o.cuda_device_count = 8;  // engines on GPUs 0-3, trainers on 4-7
+  o.trainer.zero_stage = 0;
+  const sync::Placement where =
+      sync::plan_placement(sync::Topology{1, 4, 4}, o.placement_request());
+  ASSERT_FALSE(where.topo.paired);
+  const int64_t gpu = int64_t{80} << 30;
+  const MemoryPlan plan = plan_memory(c, o, where);
+  ASSERT_GT(plan.largest().peak(plan.handover), gpu);
+  EXPECT_GE(plan.largest().trainers, 1);
+  const auto fixes = plan_fixes(c, o, where, gpu);
+  ASSERT_FALSE(fixes.empty());
+  EXPECT_EQ(fixes[0].flags, "--zero 2");
+  for (const auto& fix : fixes) {
+    EXPECT_LE(fix.peak, gpu) << fix.flags;
+    EXPECT_LT(fix.peak, plan.largest().peak(plan.handover)) << fix.flags;
+  }
+  // ZeRO-2: 16 GB of bf16 parameters, 8 GB of gradient slices, 24 GB of masters and moments, a
+  // bucket pool and the activations: it fits, as the fix says.
+  RlOptions z2 = o;
+  z2.trainer.zero_stage = 2;
+  const MemoryPlan fixed = plan_memory(c, z2, where);
+  EXPECT_EQ(fixed.largest().peak(fixed.handover), fixes[0].peak);
+  // An adapter alone fits too; the engines' GPUs were never the problem, so no --kv-memory.
+  bool lora = false;
+  for (const auto& fix : fixes) {
+    lora |= fix.flags == "--lora-rank 16";
+    EXPECT_EQ(fix.flags.find("--kv-memory"), std::string::npos) << fix.flags;
+  }
+  EXPECT_TRUE(lora);
+  // And only such: activation checkpointing alone leaves ZeRO-0's 16 bytes a parameter.
+  for (const auto& fix : fixes) EXPECT_NE(fix.flags, "--activation-checkpointing");
+  RlOptions ac = o;
+  ac.trainer.activation_checkpointing = true;
+  const MemoryPlan still = plan_memory(c, ac, where);
+  EXPECT_GT(still.largest().peak(still.handover), gpu);
+}
+
+// A 32B model's bf16 weights alone are 65.5 GB: with a LoRA trainer, its 4096-token micro-batch
+// holds 72 GB of activations and its engines' 20 GiB pools do not fit 80 GiB beside the weights:
+// the fix is a shorter micro-batch with the largest pool that fits. Fully fine-tuned, ZeRO-2 over 8
+// trainers holds 65.5 GB of parameters and 16 of gradients a GPU: only stacking checkpointing,
+// offload and shorter micro-batches (and the pool) fits, and each fix must.
+TEST(MemoryPlanTest, FixesStackFlagsAndNameTheKvPoolThatFits) {
+  const engine::ModelConfig c = engine::preset_config("qwen2.5-32b");
+  EXPECT_NEAR(c.num_params() / 1e9, 32.76, 0.01);  // Qwen2.5-32B's 32,763,876,352
+  RlOptions o = job(8);
+  o.cuda_device_count = 16;
+  o.trainer.lora.rank = 16;
+  const sync::Placement fan_out =
+      sync::plan_placement(sync::Topology{1, 8, 8}, o.placement_request());
+  const int64_t gpu = int64_t{80} << 30;
+  const auto fixes = plan_fixes(c, o, fan_out, gpu);
+  ASSERT_EQ(fixes.size(), 1u);
+  const std::string prefix = "--micro-batch-tokens 512 --kv-memory ";
+  ASSERT_EQ(fixes[0].flags.rfind(prefix, 0), 0u) << fixes[0].flags;
+  const int64_t g = std::stoll(fixes[0].flags.substr(prefix.size()));
+  EXPECT_GE(g, 10);
+  EXPECT_LT(g, 20);
+  RlOptions fixed = o;
+  fixed.trainer.micro_batch_tokens = 512;
+  fixed.kv_memory_bytes = g << 30;
+  const MemoryPlan fits = plan_memory(c, fixed, fan_out);
+  EXPECT_EQ(fits.largest().peak(fits.handover), fixes[0].peak);
+  EXPECT_LE(fixes[0].peak, gpu);
+  fixed.kv_memory_bytes = (g + 1) << 30;
+  const MemoryPlan over = plan_memory(c, fixed, fan_out);
+  EXPECT_GT(over.largest().peak(over.handover), gpu);  // the largest whole GiB that fits
+  fixed.trainer.micro_batch_tokens = 1024;
+  fixed.kv_memory_bytes = int64_t{1} << 30;
+  const MemoryPlan longer = plan_memory(c, fixed, fan_out);
+  EXPECT_GT(longer.largest().peak(longer.handover), gpu);  // the largest micro-batch that fits
+
+  o.trainer.lora.rank = 0;
+  const auto stacked = plan_fixes(c, o, fan_out, gpu);
+  ASSERT_EQ(stacked.size(), 1u);
+  EXPECT_EQ(stacked[0].flags.rfind("--activation-checkpointing --offload-optimizer ", 0), 0u)
+      << stacked[0].flags;
+  EXPECT_NE(stacked[0].flags.find("--micro-batch-tokens 512"), std::string::npos)
+      << stacked[0].flags;
+  EXPECT_LE(stacked[0].peak, gpu);
+  // 8 pairs on 8 GPUs: the engine's 61 GiB of weights beside the trainer's: nothing fits.
+  o.cuda_device_count = 8;
+  const sync::Placement pairs =
+      sync::plan_placement(sync::Topology{1, 8, 8}, o.placement_request());
+  ASSERT_TRUE(pairs.topo.paired);
+  o.kv_handover = true;
+  EXPECT_TRUE(plan_fixes(c, o, pairs, gpu).empty());
+  // Never a micro-batch a sequence cannot fit in: with 600-token completions, 512 is not offered.
+  o.kv_handover = false;
+  o.max_tokens = 600;
+  for (const auto& fix : plan_fixes(c, o, fan_out, gpu)) {
+    EXPECT_EQ(fix.flags.find("--micro-batch-tokens 512"), std::string::npos) << fix.flags;
+    EXPECT_EQ(fix.flags.find("--micro-batch-tokens 256"), std::string::npos) << fix.flags;
+  }
 }
 
 }  // namespace

@@ -375,6 +375,40 @@ TEST(ZeroTest, ActivationCheckpointingGivesTheSameGradientsAndWeights) {
   for (size_t i = 0; i < wa.size(); ++i) test::expect_tensor_near(wb[i].second, wa[i].second, 1e-6);
 }
 
+// Issue 55 item 2: logits in chunks of 3 loss rows (recomputed in backward, the head's gradient
+// summed over the chunks) train as the whole micro-batch's logits, with the KL reference (its
+// chunks without a graph) and on the tied and the untied head.
+TEST(ZeroTest, ChunkedLogitsGiveTheSameGradientsAndWeights) {
+  for (const std::string variant : {"llama", "qwen2"}) {
+    SCOPED_TRACE(variant);
+    const std::string dir = test::test_model_dir(variant);
+    auto mbs = six_micro_batches(dir);
+    for (const auto& mb : mbs) {  // every micro-batch has several chunks
+      EXPECT_GT(loss_token_rows(mb.loss_mask).size(0), 2 * 3);
+    }
+    TrainerOptions o = zero_options();
+    o.grpo.kl_coef = 0.05;
+    // Adam's eps >> sqrt(v): the update is lr x the gradient's moment, so the weights differ as the
+    // gradients do (sums in another order), not amplified where an entry is near 0.
+    o.adam_eps = 1.0;
+    o.schedule.lr = 0.05;
+    Trainer whole(dir, o);
+    o.logits_chunk_tokens = 3;
+    Trainer chunked(dir, o);
+    for (int s = 0; s < 3; ++s) {
+      StepStats a = whole.train_step(mbs, LossKind::kGrpo);
+      StepStats b = chunked.train_step(mbs, LossKind::kGrpo);
+      EXPECT_NEAR(b.grad_norm, a.grad_norm, 1e-5 * a.grad_norm);
+      EXPECT_NEAR(b.loss.loss, a.loss.loss, 1e-5 * std::abs(a.loss.loss) + 1e-7);
+      EXPECT_NEAR(b.loss.kl, a.loss.kl, 1e-5 * a.loss.kl + 1e-7);
+      EXPECT_NEAR(b.loss.entropy, a.loss.entropy, 1e-5 * a.loss.entropy);
+    }
+    auto wa = whole.master_weights(), wb = chunked.master_weights();
+    for (size_t i = 0; i < wa.size(); ++i)
+      test::expect_tensor_near(wb[i].second, wa[i].second, 1e-6);
+  }
+}
+
 TEST(ZeroTest, ARankWithoutMicroBatchesStillIssuesTheReductionsBeforeTheScaleCollective) {
   const std::string dir = test::test_engine_config().model_dir;
   auto mbs = six_micro_batches(dir);
