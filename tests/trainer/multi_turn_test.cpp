@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 
 #include "engine/engine_loop.h"
 #include "engine/llm_engine.h"
@@ -145,6 +146,7 @@ class CountingEnv : public Environment {
                  const ojson& task = nullptr) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
+      live_.insert(id);
       max_open = std::max(max_open, ++open);
       log.push_back("reset " + id);
     }
@@ -163,13 +165,17 @@ class CountingEnv : public Environment {
   std::vector<std::string> log;
 
  private:
+  // Once per episode: a step still in flight when the runner closes its episode may come back
+  // with an error after the close (counted twice, `open` went to -1 under load).
   void ended(const std::string& id) {
     std::lock_guard<std::mutex> lock(mu_);
+    if (live_.erase(id) == 0) return;
     --open;
     log.push_back("end " + id);
   }
   std::unique_ptr<Environment> inner_;
   std::mutex mu_;
+  std::set<std::string> live_;
 };
 
 // --concurrency (environment instances): at most that many episodes in flight; async starts one as
