@@ -186,8 +186,9 @@ void add_schedule_flags(CLI::App* cmd, TrainFlags* f) {
       ->capture_default_str();
   cmd->add_option("--zero", o.trainer.zero_stage,
                   "ZeRO stage over the train ranks: 0 replicated, 1 sharded optimizer state, 2 "
-                  "also sharded gradients (default: 2 with more than one train rank, else 0)")
-      ->check(in_range(0, 2));
+                  "also sharded gradients, 3 also sharded parameters (default: 2 with more than "
+                  "one train rank, else 0)")
+      ->check(in_range(0, 3));
   cmd->add_flag("--activation-checkpointing", o.trainer.activation_checkpointing,
                 "recompute each decoder layer's activations in backward");
   cmd->add_flag("--offload-optimizer", o.trainer.offload_optimizer,

@@ -175,6 +175,7 @@ int run_train_bench(const TrainBenchOptions& o) {
     std::vector<Cell> both;
     for (const Cell& c : cells) {
       both.push_back(c);
+      if (c.stage == 3) continue;  // the trainer refuses LoRA at ZeRO-3 (its base stays whole)
       both.push_back(c);
       both.back().lora = o.lora_rank;
     }

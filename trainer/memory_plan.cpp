@@ -62,7 +62,18 @@ int64_t trainer_state_bytes(const engine::ModelConfig& config, const TrainerOpti
   const bool on_device = !trainer.offload_optimizer || trainer.device == "cpu";
   int64_t bytes = all * c;                             // parameters (LoRA: the frozen base)
   if (trainer.lora.enabled()) bytes += trainable * c;  // the adapter's compute-dtype copy
-  if (stage == 2) {
+  if (stage == 3 && !trainer.lora.enabled()) {         // (the trainer refuses LoRA at stage 3)
+    // The own slices, and what is gathered at most: the embedding, final norm and head for the
+    // micro-batch, two decoder layers (one's backward, the next's gather) and a bucket at each
+    // group boundary.
+    const int64_t root =
+        config.vocab_size * config.hidden_size * (config.tie_word_embeddings ? 1 : 2) +
+        config.hidden_size;
+    const int64_t layer = (all - root) / std::max<int64_t>(config.num_layers, 1);
+    bytes =
+        all * c / shard + (root + 2 * layer) * c + std::min(all * c, 2 * trainer.grad_bucket_bytes);
+  }
+  if (stage >= 2) {
     // The own slice, and the pool of full-bucket buffers gradients are reduce-scattered from.
     bytes += trainable * 4 / shard + std::min(trainable * 4, 2 * trainer.grad_bucket_bytes * 4 / c);
   } else {
@@ -236,6 +247,10 @@ std::vector<PlanFix> plan_fixes(const engine::ModelConfig& config, const RlOptio
       options.trainer.zero_stage < 2) {
     state.emplace_back("--zero 2", [](RlOptions& o) { o.trainer.zero_stage = 2; });
   }
+  if (full && train_ranks > 1 && options.trainer.zero_stage != 3 &&
+      options.trainer.grpo.kl_coef == 0) {
+    state.emplace_back("--zero 3", [](RlOptions& o) { o.trainer.zero_stage = 3; });
+  }
   if (!options.trainer.activation_checkpointing) {
     state.emplace_back("--activation-checkpointing",
                        [](RlOptions& o) { o.trainer.activation_checkpointing = true; });
@@ -279,18 +294,38 @@ std::vector<PlanFix> plan_fixes(const engine::ModelConfig& config, const RlOptio
   };
   try_micro_batch(options, "");
   try_kv(options, "");
+  // LoRA keeps its base whole on each rank, so ZeRO-3 does not apply to it (the trainer refuses
+  // it): an adapter asked for at stage 3 goes with stage 2.
   RlOptions lora = options;
   lora.trainer.lora.rank = 16;
+  const bool user_z3 = options.trainer.zero_stage == 3;
+  if (user_z3) lora.trainer.zero_stage = 2;
   if (full) {
-    try_fix("--lora-rank 16", lora);
-    state.emplace_back("--lora-rank 16", [](RlOptions& o) { o.trainer.lora.rank = 16; });
+    const std::string flag = user_z3 ? "--lora-rank 16 --zero 2" : "--lora-rank 16";
+    try_fix(flag, lora);
+    state.emplace_back(flag, [](RlOptions& o) {
+      o.trainer.lora.rank = 16;
+      if (o.trainer.zero_stage == 3) o.trainer.zero_stage = 2;
+    });
   }
   // None alone: these flags one after another, each time also with the --kv-memory or the
   // --micro-batch-tokens that then fits.
   RlOptions acc = options;
   std::string flags;
   for (size_t k = 0; fixes.empty() && k < state.size(); ++k) {
+    // --zero 3 follows --zero 2 in the list: the cumulative flags name only the stage they set.
+    if (state[k].first == "--zero 2" && k + 1 < state.size() && state[k + 1].first == "--zero 3") {
+      continue;
+    }
     state[k].second(acc);
+    if (state[k].first.rfind("--lora-rank 16", 0) == 0) {
+      // A suggested --zero 3 becomes stage 2 under the adapter (named unless the default).
+      const size_t z3 = flags.find("--zero 3 ");
+      if (z3 != std::string::npos) {
+        const bool default_two = options.trainer.zero_stage < 0 || options.trainer.zero_stage == 2;
+        flags.replace(z3, 9, default_two ? "" : "--zero 2 ");
+      }
+    }
     flags += state[k].first + " ";
     const std::string named = flags.substr(0, flags.size() - 1);
     if (k > 0 && try_fix(named, acc)) break;

@@ -7,8 +7,10 @@
 //   KV pools        every engine's --kv-memory (held during rollouts)
 //   trainer state   parameters in the compute dtype, fp32 gradients, fp32 masters (unless they are
 //                   the fp32 parameters themselves) and AdamW's two moments, sharded by the ZeRO
-//                   stage over the train group (stage 1: masters and moments; 2: gradients too),
-//                   optimizer state on the host with --offload-optimizer; a KL reference's copy.
+//                   stage over the train group (stage 1: masters and moments; 2: gradients too;
+//                   3: parameters too, plus the embedding/norm/head and two decoder layers
+//                   gathered), optimizer state on the host with --offload-optimizer; a KL
+//                   reference's copy.
 //                   LoRA: the base in the compute dtype, the state of the adapter alone.
 //   activations     one micro-batch's saved activations (--micro-batch-tokens; one layer's with
 //                   activation checkpointing) and the fp32 logits, log-probs and their gradient

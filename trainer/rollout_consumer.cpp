@@ -190,7 +190,7 @@ std::vector<LossMetrics> RolloutConsumer::accumulate_all(Trainer& tr,
                                                          const std::vector<MicroBatch>& batches,
                                                          LossKind kind) {
   int64_t rounds = static_cast<int64_t>(batches.size());
-  if (tr.options().zero_stage == 2 && c_.ranks.train_total > 1) {
+  if (tr.options().zero_stage >= 2 && c_.ranks.train_total > 1) {
     at::Tensor n = at::full({1}, rounds, train_group_options().dtype(at::kLong));
     c_.ranks.g.train->all_reduce(n, sync::ReduceOp::kMax);
     rounds = n.item<int64_t>();
@@ -257,9 +257,16 @@ void RolloutConsumer::barrier(const std::string& name) {
 
 double RolloutConsumer::send(Trainer& tr, int64_t version) {
   ws_->wait_requested(version, c_.rollout_deadline());
-  if (o_.sync.mode == sync::SyncMode::kBucket && tr.layout().hash() == layout_->hash()) {
-    return ws_->send_buckets(tr.buckets(), version).transfer_s;  // the trainer's own buffers
-  }
+  const bool own_buffers =
+      o_.sync.mode == sync::SyncMode::kBucket && tr.layout().hash() == layout_->hash();
+  // ZeRO-3: the buckets are gathered over the train group, each rank keeping the ones it sends
+  // (the trainer's own buffers; every bucket where the parameters are packed per tensor).
+  tr.gather_buckets([&](int64_t b) { return !own_buffers || ws_->sends(b); });
+  struct Release {
+    Trainer& tr;
+    ~Release() { tr.release_buckets(); }
+  } release{tr};
+  if (own_buffers) return ws_->send_buckets(tr.buckets(), version).transfer_s;
   std::vector<at::Tensor> params;
   for (const auto& [name, t] : tr.parameters()) params.push_back(t);
   return ws_->send(params, version).transfer_s;
@@ -442,7 +449,7 @@ TrainReport RolloutConsumer::train_step(Trainer& tr, int64_t step) {
   local_loss_tokens_ = 0;
   // Stages 0 and 1 train each micro-batch as it arrives; ZeRO stage 2 trains in collective
   // rounds, run as soon as every rank can join them (round_runnable).
-  const bool rounds = tr.options().zero_stage == 2 && c_.ranks.train_total > 1;
+  const bool rounds = tr.options().zero_stage >= 2 && c_.ranks.train_total > 1;
   Rounds rd;
   rd.step = step;
   // Between messages: look again when a held micro-batch waits for its round, backing off from

@@ -1,6 +1,9 @@
 #include "trainer/train_state.h"
 
 #include <ATen/core/grad_mode.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/StorageImpl.h>
 
 #include <algorithm>
 #include <cmath>
@@ -25,6 +28,35 @@ Overlap overlap(int64_t off, int64_t n, int64_t lo, int64_t slice) {
   return {s - lo, s - off, t - s};
 }
 
+// Stage 3: a full buffer's memory moves out (its storage left with zero bytes) and back in. Its
+// views keep their shapes and offsets (autograd's saved weights among them) and see the memory
+// given back.
+at::DataPtr take_storage(const at::Tensor& full) {
+  c10::StorageImpl* impl = full.storage().unsafeGetStorageImpl();
+  at::DataPtr mem = impl->set_data_ptr(at::DataPtr(nullptr, full.device()));
+  impl->set_nbytes(0);
+  return mem;
+}
+void give_storage(const at::Tensor& full, at::DataPtr mem, int64_t nbytes) {
+  c10::StorageImpl* impl = full.storage().unsafeGetStorageImpl();
+  impl->set_data_ptr_noswap(std::move(mem));
+  impl->set_nbytes(static_cast<size_t>(nbytes));
+}
+at::DataPtr allocate_on(at::Device dev, int64_t nbytes) {
+  const c10::DeviceGuard on_device(dev);  // the allocator allocates on the current device
+  return c10::GetAllocator(dev.type())->allocate(static_cast<size_t>(nbytes));
+}
+
+// Freed full buffers kept for the next gathers (no allocation, no page faults, per layer).
+constexpr size_t kSpareBuffers = 2;
+
+// A tensor over `t`'s memory with a version counter of its own: writing the gathered parameters
+// through it between a forward and its backward is not an in-place change autograd's saved views
+// of `t` would refuse.
+at::Tensor unversioned_alias(const at::Tensor& t) {
+  return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options());
+}
+
 }  // namespace
 
 struct TrainState::Pending {
@@ -44,10 +76,12 @@ TrainState::TrainState(const engine::NamedTensors& weights, TrainStateOptions op
         return sync::WeightLayout::plan(std::move(specs), options.bucket_bytes);
       }()) {
   at::NoGradGuard no_grad;
-  CRL_CHECK(o_.zero_stage >= 0 && o_.zero_stage <= 2, "zero stage ", o_.zero_stage,
-            " is not 0, 1 or 2");
+  CRL_CHECK(o_.zero_stage >= 0 && o_.zero_stage <= 3, "zero stage ", o_.zero_stage,
+            " is not 0, 1, 2 or 3");
   const int world = group_ ? group_->size() : 1;
   shards_ = o_.zero_stage == 0 ? 1 : world;
+  // Stage 3 on one rank has nothing to shard: its buffers stay whole, as stage 2's.
+  sharded_ = o_.zero_stage == 3 && shards_ > 1;
   shard_rank_ = o_.zero_stage == 0 || !group_ ? 0 : group_->rank();
   state_device_ = o_.offload_optimizer ? at::Device(at::kCPU) : o_.device;
   const auto dev = at::TensorOptions().device(o_.device);
@@ -60,6 +94,7 @@ TrainState::TrainState(const engine::NamedTensors& weights, TrainStateOptions op
   const auto& buckets = layout_.buckets();
   const int64_t nb = static_cast<int64_t>(buckets.size());
   where_.assign(weights.size(), {0, 0});
+  std::vector<at::Tensor> views(weights.size());
   for (const auto& b : buckets) {
     const int64_t elems = b.nbytes / esize;
     const int64_t slice = round_up((elems + shards_ - 1) / shards_, kSliceAlign);
@@ -78,16 +113,20 @@ TrainState::TrainState(const engine::NamedTensors& weights, TrainStateOptions op
       }
     }
     decay_.push_back(std::move(decay));
+    for (const auto& e : b.entries) {
+      const at::Tensor& w = weights[e.tensor].second;
+      views[e.tensor] = full.narrow(0, e.offset / esize, w.numel()).view(w.sizes());
+      views[e.tensor].copy_(w);
+    }
+    if (sharded_) {
+      // One bucket whole at a time: the slice is kept, the full buffer's memory given back.
+      param_shard_.push_back(slice_of(full, b.index).clone());
+      take_storage(full);
+    }
   }
-  for (size_t i = 0; i < weights.size(); ++i) {
-    const at::Tensor& w = weights[i].second;
-    at::Tensor view =
-        param_full_[where_[i].first].narrow(0, where_[i].second, w.numel()).view(w.sizes());
-    view.copy_(w);
-    params_.emplace_back(weights[i].first, view);
-  }
+  for (size_t i = 0; i < weights.size(); ++i) params_.emplace_back(weights[i].first, views[i]);
   for (int64_t b = 0; b < nb; ++b) {
-    at::Tensor own = slice_of(param_full_[b], b);
+    at::Tensor own = own_params(b);
     if (master_aliased_) {
       master_.push_back(own);
     } else {
@@ -105,7 +144,7 @@ TrainState::TrainState(const engine::NamedTensors& weights, TrainStateOptions op
     }
     exp_avg_.push_back(at::zeros({slice_[b]}, state_opts));
     exp_avg_sq_.push_back(at::zeros({slice_[b]}, state_opts));
-    if (o_.zero_stage == 2) {
+    if (o_.zero_stage >= 2) {
       grad_slice_.push_back(at::zeros({slice_[b]}, f32));
     } else {
       grad_full_.push_back(at::zeros({slice_[b] * shards_}, f32));
@@ -114,6 +153,10 @@ TrainState::TrainState(const engine::NamedTensors& weights, TrainStateOptions op
   scratch_ = at::empty({nb > 0 ? *std::max_element(slice_.begin(), slice_.end()) : 0}, state_opts);
   slot_of_.assign(nb, -1);
   arrived_.assign(nb, 0);
+  holds_.assign(nb, 0);
+  idle_.assign(nb, false);
+  cap_.assign(nb, 0);
+  set_parameter_groups(std::vector<int>(weights.size(), 0));
 }
 
 TrainState::~TrainState() {
@@ -130,12 +173,135 @@ at::Tensor TrainState::slice_of(const at::Tensor& full, int64_t b) const {
   return full.narrow(0, shard_rank_ * slice_[b], slice_[b]);
 }
 
+at::Tensor TrainState::own_params(int64_t b) const {
+  return sharded_ ? param_shard_[b] : slice_of(param_full_[b], b);
+}
+
+void TrainState::set_parameter_groups(const std::vector<int>& group_of_param) {
+  CRL_CHECK(group_of_param.size() == params_.size(),
+            "set_parameter_groups: ", group_of_param.size(), " groups for ", params_.size(),
+            " parameters");
+  int groups = 0;
+  for (int g : group_of_param) {
+    CRL_CHECK(g >= 0, "set_parameter_groups: negative group ", g);
+    groups = std::max(groups, g + 1);
+  }
+  group_of_param_ = group_of_param;
+  group_buckets_.assign(groups, {});
+  group_params_.assign(groups, 0);
+  for (size_t i = 0; i < group_of_param.size(); ++i) {
+    const int g = group_of_param[i];
+    auto& bs = group_buckets_[g];
+    const int64_t b = where_[i].first;
+    if (std::find(bs.begin(), bs.end(), b) == bs.end()) bs.push_back(b);
+    ++group_params_[g];
+  }
+  for (auto& bs : group_buckets_) std::sort(bs.begin(), bs.end());
+  group_arrived_.assign(groups, 0);
+  backward_hold_.assign(groups, false);
+}
+
+void TrainState::hold(int64_t b) {
+  if (holds_[b]++ > 0) return;
+  if (idle_[b]) {  // still gathered since its last release: parameters change only at step()
+    idle_[b] = false;
+    return;
+  }
+  at::NoGradGuard no_grad;
+  const at::Tensor& full = param_full_[b];
+  const int64_t nbytes = full.numel() * static_cast<int64_t>(full.element_size());
+  auto best = spare_.end();  // the smallest spare buffer that fits
+  for (auto it = spare_.begin(); it != spare_.end(); ++it) {
+    if (it->second >= nbytes && (best == spare_.end() || it->second < best->second)) best = it;
+  }
+  if (best != spare_.end()) {
+    cap_[b] = best->second;
+    spare_bytes_ -= best->second;
+    give_storage(full, std::move(best->first), nbytes);
+    spare_.erase(best);
+  } else {
+    cap_[b] = nbytes;
+    give_storage(full, allocate_on(full.device(), nbytes), nbytes);
+  }
+  group_->all_gather(param_shard_[b], unversioned_alias(full));
+  gathered_bytes_ += cap_[b];
+  gathered_peak_ = std::max(gathered_peak_, gathered_bytes_ + spare_bytes_);
+}
+
+void TrainState::unhold(int64_t b) {
+  CRL_CHECK(holds_[b] > 0, "train state: bucket ", b, " released more often than acquired");
+  if (--holds_[b] > 0) return;
+  idle_[b] = true;  // freed by the next acquire that does not need it (a layer's neighbour may)
+}
+
+void TrainState::evict(int64_t b) {
+  idle_[b] = false;
+  at::DataPtr mem = take_storage(param_full_[b]);
+  gathered_bytes_ -= cap_[b];
+  if (spare_.size() < kSpareBuffers) {
+    spare_.emplace_back(std::move(mem), cap_[b]);
+    spare_bytes_ += cap_[b];
+  }
+}
+
+void TrainState::evict_idle(const std::vector<int64_t>& except) {
+  for (int64_t b = 0; b < static_cast<int64_t>(idle_.size()); ++b) {
+    if (idle_[b] && std::find(except.begin(), except.end(), b) == except.end()) evict(b);
+  }
+}
+
+void TrainState::acquire(int g) {
+  if (!sharded_) return;
+  evict_idle(group_buckets_.at(g));  // before gathering: the peak is one group and its neighbour's
+  for (int64_t b : group_buckets_.at(g)) hold(b);
+}
+
+void TrainState::release(int g) {
+  if (!sharded_) return;
+  for (int64_t b : group_buckets_.at(g)) unhold(b);
+}
+
+void TrainState::acquire_for_backward(int g) {
+  if (!sharded_) return;
+  CRL_CHECK(!backward_hold_.at(g), "train state: group ", g, " acquired twice for one backward");
+  acquire(g);
+  backward_hold_[g] = true;
+}
+
+void TrainState::acquire_buckets(const std::function<bool(int64_t)>& keep) {
+  if (!sharded_) return;
+  CRL_CHECK(kept_.empty(), "acquire_buckets: the previous buckets were not released");
+  evict_idle({});
+  for (int64_t b = 0; b < static_cast<int64_t>(param_full_.size()); ++b) {
+    hold(b);
+    if (keep(b)) {
+      kept_.push_back(b);
+    } else {
+      unhold(b);
+      evict(b);
+    }
+  }
+}
+
+void TrainState::release_kept() {
+  for (int64_t b : kept_) unhold(b);
+  kept_.clear();
+  evict_idle({});  // none stays gathered outside a micro-batch (the engine beside may need it)
+  spare_.clear();
+  spare_bytes_ = 0;
+}
+
 StateBytes TrainState::bytes() const {
   StateBytes s;
   auto nbytes = [](const at::Tensor& t) {
     return t.numel() * static_cast<int64_t>(t.element_size());
   };
-  for (const auto& t : param_full_) s.parameters += nbytes(t);
+  if (sharded_) {
+    for (const auto& t : param_shard_) s.parameters += nbytes(t);
+    s.parameters += gathered_peak_;
+  } else {
+    for (const auto& t : param_full_) s.parameters += nbytes(t);
+  }
   for (const auto& t : grad_full_) s.gradients += nbytes(t);
   for (const auto& t : grad_slice_) s.gradients += nbytes(t);
   for (const auto& t : pool_) s.gradients += nbytes(t);
@@ -155,13 +321,14 @@ void TrainState::zero_grad() {
 }
 
 void TrainState::begin_micro_batch(bool launch) {
-  launching_ = launch || o_.zero_stage == 2;
+  launching_ = launch || o_.zero_stage >= 2;
   std::fill(arrived_.begin(), arrived_.end(), 0);
+  std::fill(group_arrived_.begin(), group_arrived_.end(), 0);
   next_launch_ = static_cast<int64_t>(arrived_.size()) - 1;
 }
 
 at::Tensor TrainState::grad_target(int64_t b) {
-  if (o_.zero_stage != 2) return grad_full_[b];
+  if (o_.zero_stage < 2) return grad_full_[b];
   if (slot_of_[b] < 0) {
     // A free pool buffer, else the oldest in-flight one once its reduction is done, else a new one
     // (only when every buffer belongs to a bucket backward has not completed).
@@ -190,6 +357,13 @@ void TrainState::add_grad(int64_t i, const at::Tensor& grad) {
   at::Tensor dst = grad_target(b).narrow(0, off, p.numel()).view(p.sizes());
   dst.add_(grad.to(at::kFloat));
   if (++arrived_[b] == expected_[b] && launching_) launch_ready();
+  // Stage 3: backward is done with the group's gathered parameters once its last gradient is in
+  // (a parameter's sink runs after every node that read the parameter).
+  const int g = group_of_param_[i];
+  if (++group_arrived_[g] == group_params_[g] && backward_hold_[g]) {
+    backward_hold_[g] = false;
+    release(g);
+  }
 }
 
 void TrainState::launch_ready() {
@@ -198,16 +372,27 @@ void TrainState::launch_ready() {
   }
 }
 
+void TrainState::release_backward_holds() {
+  for (size_t g = 0; g < backward_hold_.size(); ++g) {
+    if (backward_hold_[g]) {
+      backward_hold_[g] = false;
+      release(static_cast<int>(g));
+    }
+  }
+}
+
 void TrainState::end_micro_batch() {
+  // A group some of whose parameters had no gradient keeps its backward hold until here.
+  release_backward_holds();
   if (!launching_) return;
   while (next_launch_ >= 0) launch(next_launch_--);
   launching_ = false;
-  reduced_ = o_.zero_stage != 2;
+  reduced_ = o_.zero_stage < 2;
 }
 
 void TrainState::launch(int64_t b) {
   if (!group_ || group_->size() == 1) {
-    if (o_.zero_stage == 2) {  // one rank: the pool buffer is the slice's contribution
+    if (o_.zero_stage >= 2) {  // one rank: the pool buffer is the slice's contribution
       grad_slice_[b].add_(grad_target(b));
       pool_free_.push_back(slot_of_[b]);
       slot_of_[b] = -1;
@@ -244,7 +429,7 @@ void TrainState::wait_pending() {
 }
 
 void TrainState::launch_remaining() {
-  if (o_.zero_stage != 2 && !reduced_) {
+  if (o_.zero_stage < 2 && !reduced_) {
     // No micro-batch of this step said it was the last: reduce every bucket now.
     for (int64_t b = static_cast<int64_t>(master_.size()) - 1; b >= 0; --b) launch(b);
     reduced_ = true;
@@ -253,6 +438,16 @@ void TrainState::launch_remaining() {
 
 double TrainState::step(double scale, double max_norm, const AdamWSettings& a) {
   at::NoGradGuard no_grad;
+  if (sharded_) {
+    // A gathered bucket would keep the old values: the holds must all be released, and the idle
+    // gathered buckets and spare buffers are given back before AdamW's temporaries.
+    for (size_t b = 0; b < holds_.size(); ++b) {
+      CRL_CHECK(holds_[b] == 0, "train state: bucket ", b, " is still gathered at the step");
+    }
+    evict_idle({});
+    spare_.clear();
+    spare_bytes_ = 0;
+  }
   launch_remaining();
   reduced_ = false;
   launching_ = false;
@@ -260,7 +455,7 @@ double TrainState::step(double scale, double max_norm, const AdamWSettings& a) {
   const int64_t nb = static_cast<int64_t>(master_.size());
   std::vector<at::Tensor> g(nb);
   for (int64_t b = 0; b < nb; ++b) {
-    g[b] = o_.zero_stage == 2 ? grad_slice_[b] : slice_of(grad_full_[b], b);
+    g[b] = o_.zero_stage >= 2 ? grad_slice_[b] : slice_of(grad_full_[b], b);
     if (scale != 1.0) g[b].mul_(scale);
   }
   // Per-bucket norms (accumulated in double by the reduction, without a double copy), squared
@@ -295,9 +490,9 @@ double TrainState::step(double scale, double max_norm, const AdamWSettings& a) {
     at::sqrt_out(denom, exp_avg_sq_[b]);
     denom.div_(std::sqrt(bc2)).add_(a.eps);
     p.addcdiv_(exp_avg_[b], denom, -a.lr / bc1);
-    if (!master_aliased_) slice_of(param_full_[b], b).copy_(p);
+    if (!master_aliased_) own_params(b).copy_(p);
   }
-  if (shards_ > 1) {
+  if (shards_ > 1 && !sharded_) {
     std::vector<std::unique_ptr<sync::Work>> works;
     for (int64_t b = 0; b < nb; ++b) {
       works.push_back(group_->all_gather_async(slice_of(param_full_[b], b), param_full_[b]));
@@ -322,8 +517,10 @@ engine::NamedTensors TrainState::gather(int what, bool keep) {
     if (!keep) continue;
     for (const auto& e : bk.entries) {
       const at::Tensor& p = params_[e.tensor].second;
-      out[e.tensor] = {params_[e.tensor].first,
-                       full.narrow(0, e.offset / esize, p.numel()).view(p.sizes()).clone()};
+      at::Tensor t = full.narrow(0, e.offset / esize, p.numel()).view(p.sizes());
+      // Stage 3: on the host, one bucket on the device at a time (a whole fp32 copy on each
+      // device is what it avoids).
+      out[e.tensor] = {params_[e.tensor].first, sharded_ ? t.to(at::kCPU) : t.clone()};
     }
   }
   if (!keep) out.clear();
@@ -340,6 +537,7 @@ void TrainState::scatter(int what, const engine::NamedTensors& full) {
 
 void TrainState::scatter(int what, const RangeReader& read) {
   at::NoGradGuard no_grad;
+  if (what == 0 && sharded_) evict_idle({});  // their values are about to change
   auto& dst = what == 0 ? master_ : what == 1 ? exp_avg_ : exp_avg_sq_;
   const int64_t esize = c10::elementSize(o_.compute_dtype);
   for (const auto& bk : layout_.buckets()) {
@@ -350,9 +548,9 @@ void TrainState::scatter(int what, const RangeReader& read) {
       if (o.count == 0) continue;
       dst[b].narrow(0, o.at, o.count).copy_(read(e.tensor, o.from, o.count));
     }
-    if (what == 0 && !master_aliased_) slice_of(param_full_[b], b).copy_(master_[b]);
+    if (what == 0 && !master_aliased_) own_params(b).copy_(master_[b]);
   }
-  if (what == 0 && shards_ > 1) {
+  if (what == 0 && shards_ > 1 && !sharded_) {
     for (size_t b = 0; b < param_full_.size(); ++b) {
       group_->all_gather(slice_of(param_full_[b], static_cast<int64_t>(b)), param_full_[b]);
     }

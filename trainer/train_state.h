@@ -12,10 +12,24 @@
 //   stage 2  gradients of the own slice only: every micro-batch reduce-scatters each bucket as
 //            backward completes it (from a small pool of full-bucket buffers) and adds the result
 //            to the slice; a micro-batch is then a collective round (see Trainer)
+//   stage 3  as stage 2, and the compute-dtype parameters too: each rank keeps its own slice of
+//            every bucket; a bucket's full buffer exists only while some holder needs it
+//            (acquire(): all-gathered from the slices; release(): its storage freed). The full
+//            parameter tensors (parameters(), buckets()) stay valid views whose storage comes and
+//            goes, so autograd's saved weights see the gathered values again in backward.
 //
-// After AdamW steps the slices, the compute-dtype parameters are all-gathered per bucket. With
-// fp32 compute and no offload the master slice is the parameter buffer's own slice (no copy).
-// With offload the master and moments live on the host (pinned when the parameters are on CUDA).
+// After AdamW steps the slices, the compute-dtype parameters are all-gathered per bucket (stage 3:
+// the own slice is updated and nothing is gathered). With fp32 compute and no offload the master
+// slice is the parameter buffer's own slice (no copy).
+//
+// Stage 3's holders are parameter groups (set_parameter_groups(): the trainer's root group and one
+// per decoder layer). A group's buckets are gathered by acquire(g) unless resident; after the last
+// release a bucket stays gathered (idle) until an acquire of a group that does not need it, so
+// neighbouring layers sharing a bucket gather it once, and the step frees them all;
+// acquire_for_backward(g) takes a hold that add_grad() drops once every parameter of the group has
+// its gradient. Every rank calls them in the same order (their gathers are collectives over the
+// group). With offload the master and moments live on the host (pinned when the parameters are on
+// CUDA).
 //
 // Gradients enter through add_grad(), called by the trainer's autograd sink as backward produces
 // each parameter's gradient. Buckets are launched in descending index order (backward's order),
@@ -54,7 +68,7 @@ struct AdamWSettings {
 
 // Bytes this rank holds, by kind (persistent plus the stage-2 pool's high-water mark).
 struct StateBytes {
-  int64_t parameters = 0;  // compute-dtype full parameters
+  int64_t parameters = 0;  // compute-dtype parameters (stage 3: slices + gathered high-water mark)
   int64_t gradients = 0;   // fp32 gradient buffers (stage 2: slices + in-flight bucket buffers)
   int64_t optimizer = 0;   // fp32 master (when not aliased) + Adam m, v
   int64_t total() const { return parameters + gradients + optimizer; }
@@ -75,6 +89,22 @@ class TrainState {
   int shards() const { return shards_; }
   int shard_rank() const { return shard_rank_; }
   StateBytes bytes() const;
+  // Stage 3: the parameters are sharded (their full buffers exist only while held).
+  // Stage 3 over more than one rank (on one there is nothing to shard: its buffers stay whole).
+  bool sharded_parameters() const { return sharded_; }
+
+  // Stage 3 (no-ops otherwise): group_of_param[i] is parameter i's group, in [0, groups).
+  void set_parameter_groups(const std::vector<int>& group_of_param);
+  void acquire(int group);
+  void release(int group);
+  // A hold released by add_grad() when the group's last gradient of the micro-batch arrives.
+  void acquire_for_backward(int group);
+  // Drops the backward holds still taken (end_micro_batch() does; a backward that threw).
+  void release_backward_holds();
+  // A hold on the buckets keep(b) says, gathering every bucket not resident in order (a
+  // collective per bucket: every rank calls it, whatever its `keep`); release_kept() drops it.
+  void acquire_buckets(const std::function<bool(int64_t)>& keep);
+  void release_kept();
 
   void zero_grad();
   // A micro-batch's backward begins; with `launch` (stage 2 always, else the step's last one)
@@ -94,8 +124,9 @@ class TrainState {
   int64_t adam_step() const { return adam_step_; }
 
   // Full fp32 tensors per parameter, gathered over the group (a collective when shards() > 1:
-  // every rank calls it). `keep` false: takes part without keeping the result (returns empty).
-  // what: 0 = master, 1 = exp_avg, 2 = exp_avg_sq.
+  // every rank calls it; on the host at stage 3, else on the parameters' device). `keep` false:
+  // takes part without keeping the result (returns empty). what: 0 = master, 1 = exp_avg, 2 =
+  // exp_avg_sq.
   engine::NamedTensors gather(int what, bool keep);
   // Loads per-parameter full tensors into the own slices (what: as gather()).
   void scatter(int what, const engine::NamedTensors& full);
@@ -114,10 +145,17 @@ class TrainState {
   void finish(Pending& p);  // waits for one reduction (stage 2: adds it to the slice)
   void wait_pending();
   at::Tensor slice_of(const at::Tensor& full, int64_t bucket) const;
+  // The own slice of a bucket's parameters: stage 3's shard, else a view of the full buffer.
+  at::Tensor own_params(int64_t bucket) const;
+  void hold(int64_t bucket);    // stage 3: gathers the bucket into its full buffer if not resident
+  void unhold(int64_t bucket);  // leaves it idle (gathered) when no holder is left
+  void evict(int64_t bucket);   // frees an idle bucket's buffer (into the spares)
+  void evict_idle(const std::vector<int64_t>& except);
 
   TrainStateOptions o_;
   sync::Communicator* group_;
   int shards_ = 1, shard_rank_ = 0;
+  bool sharded_ = false;  // stage 3 over more than one rank
   sync::WeightLayout layout_;
   at::Device state_device_ = at::kCPU;
   std::vector<int64_t> slice_;                      // elements per slice, per bucket
@@ -125,6 +163,23 @@ class TrainState {
   std::vector<int64_t> expected_;                   // parameters per bucket
   std::vector<std::vector<std::pair<int64_t, int64_t>>> decay_;  // per bucket: slice ranges
   std::vector<at::Tensor> param_full_;                           // compute dtype, [shards * slice]
+  // Stage 3: the own slices, holders per bucket, the groups' buckets and parameter counts, the
+  // micro-batch's gradient arrivals per group and its backward holds, the gathered bytes now and
+  // at most, and the buckets acquire_buckets() kept.
+  std::vector<at::Tensor> param_shard_;
+  std::vector<int> holds_;
+  // Idle: gathered with no holder, until an acquire that does not need it (parameters change only
+  // at the step); a buffer's allocated bytes; freed buffers kept for the next gathers.
+  std::vector<bool> idle_;
+  std::vector<int64_t> cap_;
+  std::vector<std::pair<at::DataPtr, int64_t>> spare_;
+  int64_t spare_bytes_ = 0;
+  std::vector<int> group_of_param_;
+  std::vector<std::vector<int64_t>> group_buckets_;
+  std::vector<int64_t> group_params_, group_arrived_;
+  std::vector<bool> backward_hold_;
+  int64_t gathered_bytes_ = 0, gathered_peak_ = 0;
+  std::vector<int64_t> kept_;
   std::vector<at::Tensor> bucket_bytes_views_;
   engine::NamedTensors params_;
   std::vector<at::Tensor> master_, exp_avg_, exp_avg_sq_;  // fp32 [slice]

@@ -33,8 +33,20 @@ void TrainerOptions::validate() const {
   if (!(max_grad_norm >= 0)) bad("max_grad_norm", std::to_string(max_grad_norm), "must be >= 0");
   if (micro_batch_tokens < 1)
     bad("micro_batch_tokens", std::to_string(micro_batch_tokens), "must be >= 1");
-  if (zero_stage < -1 || zero_stage > 2) {
-    bad("zero_stage", std::to_string(zero_stage), "0, 1 or 2 (-1: automatic)");
+  if (zero_stage < -1 || zero_stage > 3) {
+    bad("zero_stage", std::to_string(zero_stage), "0, 1, 2 or 3 (-1: automatic)");
+  }
+  if (zero_stage == 3 && lora.enabled()) {
+    bad("zero_stage", "3",
+        "LoRA trains an adapter and keeps its base frozen whole on each rank: use 2");
+  }
+  if (zero_stage == 3 && micro_batch_tokens < 2) {
+    // An empty ZeRO-3 round runs a two-token micro-batch.
+    bad("micro_batch_tokens", std::to_string(micro_batch_tokens), "must be >= 2 at zero stage 3");
+  }
+  if (zero_stage == 3 && grpo.kl_coef > 0) {
+    // The reference would be a whole copy of the model on every rank, what stage 3 avoids.
+    bad("zero_stage", "3", "not with a KL reference (kl_coef > 0) yet: use 2");
   }
   if (grad_bucket_bytes < 4)
     bad("grad_bucket_bytes", std::to_string(grad_bucket_bytes), "must be >= 4");
@@ -112,6 +124,50 @@ struct LayerCheckpoint : public torch::autograd::Function<LayerCheckpoint> {
   }
 };
 
+// ZeRO-3: identity on a decoder layer's output in forward; in backward, which reaches it before
+// the layer's own nodes, gathers the layer's parameters again (into the storage autograd's saved
+// views point at). TrainState releases them once the layer's last gradient is in.
+struct GatherForBackward : public torch::autograd::Function<GatherForBackward> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                const at::Tensor& out, TrainState* state,
+                                                int64_t group) {
+    ctx->saved_data["state"] = reinterpret_cast<int64_t>(state);
+    ctx->saved_data["group"] = group;
+    return {out.view(out.sizes())};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* state = reinterpret_cast<TrainState*>(ctx->saved_data["state"].toInt());
+    state->acquire_for_backward(static_cast<int>(ctx->saved_data["group"].toInt()));
+    return {grads[0], at::Tensor(), at::Tensor()};
+  }
+};
+
+// The ZeRO-3 parameter groups: 1 + i for decoder layer i, 0 for the rest (embedding, final norm,
+// head), which a micro-batch holds from its forward to the end of its backward.
+std::vector<int> parameter_groups(const engine::NamedTensors& params) {
+  std::vector<int> groups;
+  const std::string prefix = "model.layers.";
+  for (const auto& [name, t] : params) {
+    int g = 0;
+    if (name.compare(0, prefix.size(), prefix) == 0) {
+      g = 1 + std::stoi(name.substr(prefix.size()));
+    }
+    groups.push_back(g);
+  }
+  return groups;
+}
+
+// Holds a ZeRO-3 group for a scope (no-op at other stages).
+struct GroupHold {
+  TrainState& state;
+  int group;
+  GroupHold(TrainState& s, int g) : state(s), group(g) { state.acquire(group); }
+  ~GroupHold() { state.release(group); }
+  GroupHold(const GroupHold&) = delete;
+  GroupHold& operator=(const GroupHold&) = delete;
+};
+
 // Row indices of the loss tokens (CPU int64).
 at::Tensor loss_rows(const MicroBatch& b) { return loss_token_rows(b.loss_mask); }
 
@@ -142,18 +198,44 @@ struct Trainer::Impl {
       model->set_parameters(values);
     }
   }
-  // Rebinds the model to a fresh sink per parameter (one micro-batch's forward and backward).
-  void bind_sinks() {
-    engine::NamedTensors sinks;
+  // Full fine-tuning: the parameters of decoder layer i are [layer_first[i], layer_first[i + 1]).
+  std::vector<size_t> layer_first;
+  bool sinks_live = false;  // a micro-batch's forward and backward are under way
+
+  at::Tensor sink(size_t i) {
     const auto& params = state->parameters();
+    return GradSink::apply(params[i].second, anchor, state.get(), static_cast<int64_t>(i))[0];
+  }
+  // Rebinds the model to a fresh sink per parameter (one micro-batch's forward and backward). Full
+  // fine-tuning binds each decoder layer's sinks as the layer runs, and the final norm's and
+  // head's after the last layer (bind_sinks_from): the autograd engine runs the ready node made
+  // last first, so a sink made before the forward would wait for the whole backward, its gradient
+  // (and with ZeRO-3 its layer's gathered parameters) held until then, and the buckets after it
+  // could not launch their reductions (they launch in descending order); made just before its
+  // parameter is used, it runs as soon as backward is done with the parameter.
+  void bind_sinks() {
+    sinks_live = true;
+    const auto& params = state->parameters();
+    engine::NamedTensors sinks;
     sinks.reserve(params.size());
     for (size_t i = 0; i < params.size(); ++i) {
-      sinks.emplace_back(params[i].first, GradSink::apply(params[i].second, anchor, state.get(),
-                                                          static_cast<int64_t>(i))[0]);
+      const bool later = !lora && i >= layer_first.front();
+      sinks.emplace_back(params[i].first, later ? params[i].second : sink(i));
     }
     bind(sinks);
   }
-  void bind_plain() { bind(state->parameters()); }
+  // Sinks for parameters [first, end): decoder layer li's (before it runs, end = its last) or,
+  // after the last layer, the final norm's and the head's (end = every parameter's end).
+  void bind_sinks_from(size_t first, size_t end) {
+    if (!sinks_live || lora) return;
+    engine::NamedTensors sinks;
+    for (size_t i = first; i < end; ++i) sinks.emplace_back(state->parameters()[i].first, sink(i));
+    model->set_parameters(first, sinks);
+  }
+  void bind_plain() {
+    sinks_live = false;
+    bind(state->parameters());
+  }
   // The reference's adapter: a frozen copy of the current parameters.
   void snapshot_reference_adapter() {
     engine::NamedTensors copy;
@@ -226,7 +308,10 @@ void Trainer::init(engine::ModelConfig config, engine::NamedTensors weights,
     s.bind_plain();
     s.model->set_adapter(&s.live, lo.dropout);
   } else {
-    for (auto& [name, w] : weights) w = w.detach().to(s.device, at::kFloat);
+    // ZeRO-3 fills its buckets from the host one at a time: the whole model never lands on the
+    // device.
+    const bool sharded = so.zero_stage == 3 && options_.group && options_.group->size() > 1;
+    for (auto& [name, w] : weights) w = w.detach().to(sharded ? at::kCPU : s.device, at::kFloat);
     s.state = std::make_unique<TrainState>(weights, so, options_.group);
     weights.clear();
     // Validates names and shapes against the config.
@@ -234,14 +319,39 @@ void Trainer::init(engine::ModelConfig config, engine::NamedTensors weights,
   }
   s.anchor = at::zeros({}, at::TensorOptions().dtype(s.compute_dtype).device(s.device))
                  .requires_grad_(true);
-  if (options_.activation_checkpointing) {
-    s.model->set_layer_runner(
-        [anchor = s.anchor](int64_t, const at::Tensor& h,
-                            std::shared_ptr<engine::Transformer::LayerFn> layer) {
-          if (!at::GradMode::is_enabled()) return (*layer)(h);
-          return LayerCheckpoint::apply(h, anchor, std::move(layer))[0];
-        });
+  const bool sharded = s.state->sharded_parameters();
+  const std::vector<int> groups = parameter_groups(s.state->parameters());
+  if (sharded) s.state->set_parameter_groups(groups);
+  if (!s.lora) {
+    // Each decoder layer's parameters are contiguous in model_param_specs order.
+    s.layer_first.assign(config.num_layers + 1, 0);
+    size_t i = 0;
+    while (i < groups.size() && groups[i] == 0) ++i;
+    for (int64_t li = 0; li < config.num_layers; ++li) {
+      s.layer_first[li] = i;
+      while (i < groups.size() && groups[i] == li + 1) ++i;
+    }
+    s.layer_first[config.num_layers] = i;
+    for (; i < groups.size(); ++i) {
+      CRL_CHECK(groups[i] == 0, "trainer: parameter '", s.state->parameters()[i].first,
+                "' of a decoder layer is out of the layers' order");
+    }
   }
+  s.model->set_layer_runner([&s, sharded, checkpoint = options_.activation_checkpointing](
+                                int64_t li, const at::Tensor& h,
+                                std::shared_ptr<engine::Transformer::LayerFn> layer) {
+    const bool grad = at::GradMode::is_enabled();
+    const int group = 1 + static_cast<int>(li);
+    GroupHold hold(*s.state, group);  // ZeRO-3: the layer's parameters for its forward
+    if (grad && !s.lora) s.bind_sinks_from(s.layer_first[li], s.layer_first[li + 1]);
+    at::Tensor out =
+        grad && checkpoint ? LayerCheckpoint::apply(h, s.anchor, std::move(layer))[0] : (*layer)(h);
+    if (grad && sharded) out = GatherForBackward::apply(out, s.state.get(), group)[0];
+    if (grad && !s.lora && li + 1 == static_cast<int64_t>(s.layer_first.size()) - 1) {
+      s.bind_sinks_from(s.layer_first.back(), s.state->parameters().size());
+    }
+    return out;
+  });
 
   if (options_.grpo.kl_coef > 0) {
     if (reference_is_base) {
@@ -269,6 +379,11 @@ const engine::NamedTensors& Trainer::parameters() const { return impl_->state->p
 const std::vector<at::Tensor>& Trainer::buckets() const { return impl_->state->buckets(); }
 const sync::WeightLayout& Trainer::layout() const { return impl_->state->layout(); }
 StateBytes Trainer::state_bytes() const { return impl_->state->bytes(); }
+void Trainer::gather_buckets(const std::function<bool(int64_t)>& keep) {
+  impl_->state->acquire_buckets(keep);
+}
+void Trainer::release_buckets() { impl_->state->release_kept(); }
+bool Trainer::parameters_sharded() const { return impl_->state->sharded_parameters(); }
 
 int64_t Trainer::reference_bytes() const {
   const Impl& s = *impl_;
@@ -346,10 +461,12 @@ LossMetrics Trainer::accumulate(const MicroBatch& b, LossKind kind, double scale
   at::Tensor rows = loss_rows(b);
   LossOutput out;
   {
+    GroupHold root(*s.state, 0);  // ZeRO-3: embedding, final norm and head for the micro-batch
     s.bind_sinks();
     struct Unbind {
       Impl& s;
       ~Unbind() {
+        s.state->release_backward_holds();  // a backward that threw leaves its holds
         s.bind_plain();
         s.live_attention.reset();
       }
@@ -379,6 +496,17 @@ LossMetrics Trainer::accumulate(const MicroBatch& b, LossKind kind, double scale
 }
 
 void Trainer::accumulate_empty() {
+  if (impl_->state->sharded_parameters()) {
+    // The peers' micro-batch gathers every layer twice: so does a two-token one adding 0.
+    MicroBatch b;
+    b.tokens = at::zeros({2}, at::kLong);
+    b.seq_lens = {2};
+    b.loss_mask = at::tensor({0.0f, 1.0f});
+    b.old_logprobs = at::zeros({2}, at::kFloat);
+    b.advantages = at::zeros({2}, at::kFloat);
+    accumulate(b, LossKind::kSft, 0.0, true);
+    return;
+  }
   impl_->state->begin_micro_batch(true);
   impl_->state->end_micro_batch();
 }
@@ -426,6 +554,7 @@ StepStats Trainer::train_step(const std::vector<MicroBatch>& batches, LossKind k
 at::Tensor Trainer::compute_logprobs(const MicroBatch& b) const {
   b.validate();
   at::NoGradGuard no_grad;
+  GroupHold root(*impl_->state, 0);
   return forward_logprobs(*impl_->model, b).detach();
 }
 
@@ -435,6 +564,12 @@ void Trainer::copy_weights_to(engine::Transformer& model) const {
   at::NoGradGuard no_grad;
   const engine::NamedTensors& dst = model.named_parameters();
   const engine::NamedTensors& src = impl_->state->parameters();
+  // ZeRO-3: every bucket gathered (a collective) and dropped once copied.
+  impl_->state->acquire_buckets([](int64_t) { return true; });
+  struct Release {
+    TrainState& s;
+    ~Release() { s.release_kept(); }
+  } release{*impl_->state};
   CRL_CHECK(dst.size() == src.size(), "copy_weights_to: the model has ", dst.size(),
             " parameters, the trainer ", src.size());
   for (size_t i = 0; i < src.size(); ++i) {

@@ -2,7 +2,7 @@
 // step 4, §5b).
 //
 // Owns: the training state in flat buckets (TrainState: compute-dtype parameters, fp32 gradients,
-// fp32 masters and AdamW moments, sharded over the train group with --zero 1|2), the LR schedule,
+// fp32 masters and AdamW moments, sharded over the train group with --zero 1|2|3), the LR schedule,
 // an optional frozen reference Transformer (kl_coef > 0), and the Transformer it runs forward and
 // backward through, whose parameters are views into the compute-dtype buffers. Gradients reach the
 // buckets through an autograd sink per parameter, in fp32 whatever the compute dtype.
@@ -10,13 +10,16 @@
 // One optimizer step: zero_grad(), accumulate() per micro-batch (loss scaled by the caller),
 // finish_step(): the buckets' SUM over the train group (all-reduce, or reduce-scatter with ZeRO),
 // times the gradient scale (set_grad_scale; default 1 / group size), global-norm clipping, the
-// step's LR, AdamW on the owned slices, all-gather of the updated parameters. train_step() does
-// all of it. With equal micro-batch counts per rank this equals one rank training on all of them.
+// step's LR, AdamW on the owned slices, all-gather of the updated parameters (stage 3: none; each
+// rank keeps its slice). train_step() does all of it. With equal micro-batch counts per rank this
+// equals one rank training on all of them.
 //
 // Collectives: buckets are reduced during backward of a micro-batch passed with last = true (or at
-// finish_step). With --zero 2 every micro-batch is a collective round: every train rank must call
-// accumulate()/accumulate_empty() equally often per step. master_weights(), optimizer_state() and
-// save_checkpoint() gather over the group when the state is sharded: every train rank calls them.
+// finish_step). With --zero 2 and 3 every micro-batch is a collective round: every train rank must
+// call accumulate()/accumulate_empty() equally often per step. master_weights(), optimizer_state()
+// and save_checkpoint() gather over the group when the state is sharded: every train rank calls
+// them. At stage 3 (over more than one rank) so are compute_logprobs(), copy_weights_to() and
+// gather_buckets(), which gather the parameters.
 //
 // Deterministic mode matches an engine running with EngineConfig::deterministic bit for bit: the
 // same row tiles (TransformerOptions::deterministic), the engine's attention kernel values
@@ -99,7 +102,9 @@ struct TrainerOptions {
   std::string reference_model_dir;
   // The train group (nullptr: one rank). Not owned; outlives the Trainer.
   sync::Communicator* group = nullptr;
-  // ZeRO stage over the group: 0 replicated, 1 sharded optimizer, 2 + sharded gradients;
+  // ZeRO stage over the group: 0 replicated, 1 sharded optimizer, 2 + sharded gradients, 3 +
+  // sharded parameters (each decoder layer's gathered for its forward and again for its
+  // backward; the embedding, final norm and head for the whole micro-batch);
   // -1: 2 with more than one rank in the group, else 0 (resolved by the Trainer).
   int zero_stage = -1;
   // Recompute each decoder layer's activations in backward (peak ~ one layer's per micro-batch).
@@ -153,7 +158,8 @@ class Trainer {
   // Forward + backward of one micro-batch, loss scaled by `scale`; returns its metrics. `last`:
   // the step's last micro-batch, so its backward starts the gradient reductions.
   LossMetrics accumulate(const MicroBatch& batch, LossKind kind, double scale, bool last = false);
-  // A round without a micro-batch (zero stage 2: matches another rank's extra micro-batch).
+  // A round without a micro-batch (zero stages 2 and 3: matches another rank's extra micro-batch;
+  // stage 3 runs a two-token micro-batch whose loss is scaled by 0, so its gathers match too).
   void accumulate_empty();
   // Reduce, scale, clip, LR, AdamW step, all-gather. Returns step, lr and grad_norm.
   StepStats finish_step();
@@ -166,9 +172,16 @@ class Trainer {
   void copy_weights_to(engine::Transformer& model) const;
 
   // Compute-dtype parameters (full on every rank), model_param_specs order; views into buckets().
+  // Stage 3: their memory exists only between gather_buckets() and release_buckets().
   const engine::NamedTensors& parameters() const;
   // The parameters' flat buffers in the weight-sync layout (uint8, layout().buckets() order).
   const std::vector<at::Tensor>& buckets() const;
+  // Stage 3: gathers every bucket over the group (a collective: every train rank calls it) and
+  // keeps those keep(b) says until release_buckets(), one bucket at a time beyond them. No-ops at
+  // stages 0-2, whose buckets are always whole.
+  void gather_buckets(const std::function<bool(int64_t)>& keep);
+  void release_buckets();
+  bool parameters_sharded() const;
   const sync::WeightLayout& layout() const;
   // Persistent training-state bytes of this rank by kind.
   StateBytes state_bytes() const;
@@ -187,7 +200,8 @@ class Trainer {
   // REQUIRES: options().lora.enabled().
   engine::LoraAdapter lora_adapter(bool keep = true);
   // The frozen base weights the model computes with (compute dtype; with full fine-tuning the
-  // trained parameters themselves), model_param_specs order.
+  // trained parameters themselves, whose memory at stage 3 exists only while gathered),
+  // model_param_specs order.
   const engine::NamedTensors& model_weights() const;
   const engine::ModelConfig& config() const;
   const TrainerOptions& options() const { return options_; }

@@ -146,18 +146,27 @@ void Transformer::set_parameters(const NamedTensors& values) {
     throw std::invalid_argument("set_parameters: got " + std::to_string(values.size()) +
                                 " tensors, the model has " + std::to_string(params_.size()));
   }
+  set_parameters(0, values);
+}
+
+void Transformer::set_parameters(size_t first, const NamedTensors& values) {
+  if (first + values.size() > params_.size()) {
+    throw std::invalid_argument("set_parameters: tensors " + std::to_string(first) + ".." +
+                                std::to_string(first + values.size()) + " of a model with " +
+                                std::to_string(params_.size()));
+  }
   for (size_t i = 0; i < values.size(); ++i) {
-    const auto& [name, t] = params_[i];
+    const auto& [name, t] = params_[first + i];
     const auto& [new_name, v] = values[i];
     if (new_name != name || v.sizes() != t.sizes() || v.scalar_type() != t.scalar_type() ||
         v.device() != t.device()) {
-      throw std::invalid_argument("set_parameters: tensor " + std::to_string(i) + " is '" +
+      throw std::invalid_argument("set_parameters: tensor " + std::to_string(first + i) + " is '" +
                                   new_name + "' " + c10::str(v.sizes()) + " " +
                                   c10::str(v.scalar_type()) + ", expected '" + name + "' " +
                                   c10::str(t.sizes()) + " " + c10::str(t.scalar_type()));
     }
   }
-  for (size_t i = 0; i < values.size(); ++i) params_[i].second = values[i].second;
+  for (size_t i = 0; i < values.size(); ++i) params_[first + i].second = values[i].second;
   bind_parameters();
 }
 

@@ -86,6 +86,9 @@ class Transformer {
   // Replaces every parameter at once; `values` in named_parameters() order, same names, shapes,
   // dtypes and device (throws std::invalid_argument naming the first mismatch).
   void set_parameters(const NamedTensors& values);
+  // The same for parameters [first, first + values.size()) alone (a trainer binding one decoder
+  // layer's gradient sinks just before the layer runs).
+  void set_parameters(size_t first, const NamedTensors& values);
   // Enables or disables deterministic (batch-invariant) mode (CPU only: throws on another device).
   void set_deterministic(bool on);
 

@@ -30,6 +30,12 @@ TEST(MemoryPlanTest, TrainerStateIsBytesPerParameterByStageDtypeAndSharding) {
   EXPECT_EQ(trainer_state_bytes(c, trainer_options("bfloat16", 1), 4), 2 * p + 4 * p + 12 * p / 4);
   // ZeRO-2 over 8: the gradients too.
   EXPECT_EQ(trainer_state_bytes(c, trainer_options("bfloat16", 2), 8), 2 * p + 16 * p / 8);
+  // ZeRO-3 over 8: the parameters too, plus what is gathered at once: the embedding (tied head)
+  // and final norm, and two decoder layers.
+  const int64_t root = c.vocab_size * c.hidden_size + c.hidden_size;
+  const int64_t layer = (p - root) / c.num_layers;
+  EXPECT_EQ(trainer_state_bytes(c, trainer_options("bfloat16", 3), 8),
+            2 * p / 8 + 2 * (root + 2 * layer) + 16 * p / 8);
   // The default stage is 2 with more than one rank.
   EXPECT_EQ(trainer_state_bytes(c, trainer_options("bfloat16", -1), 8),
             trainer_state_bytes(c, trainer_options("bfloat16", 2), 8));
@@ -206,6 +212,31 @@ TEST(MemoryPlanTest, FixesNameFlagsThatFitAndOnlySuch) {
   EXPECT_GT(still.largest().peak(still.handover), gpu);
 }
 
+// Asked for at --zero 3, an adapter is named with stage 2: the trainer refuses LoRA at 3.
+TEST(MemoryPlanTest, AnAdapterSuggestedAtZeroThreeComesWithStageTwo) {
+  const engine::ModelConfig c = engine::preset_config("llama3.1-8b");
+  RlOptions o = job(1);
+  o.cuda_device_count = 2;
+  o.trainer.zero_stage = 3;
+  o.trainer.grad_bucket_bytes = int64_t{64} << 20;
+  const sync::Placement where =
+      sync::plan_placement(sync::Topology{1, 1, 1}, o.placement_request());
+  const int64_t gpu = int64_t{80} << 30;
+  bool named = false;
+  for (const auto& fix : plan_fixes(c, o, where, gpu)) {
+    if (fix.flags.find("--lora-rank 16") == std::string::npos) continue;
+    named = true;
+    EXPECT_NE(fix.flags.find("--zero 2"), std::string::npos) << fix.flags;
+    RlOptions fixed = o;
+    fixed.trainer.lora.rank = 16;
+    fixed.trainer.zero_stage = 2;
+    EXPECT_NO_THROW(fixed.trainer.validate());
+  }
+  EXPECT_TRUE(named);
+  o.trainer.lora.rank = 16;
+  EXPECT_THROW(o.trainer.validate(), std::invalid_argument);
+}
+
 // A 32B model's bf16 weights alone are 65.5 GB: with a LoRA trainer, its 4096-token micro-batch
 // holds 72 GB of activations and its engines' 20 GiB pools do not fit 80 GiB beside the weights:
 // the fix is a shorter micro-batch with the largest pool that fits. Fully fine-tuned, ZeRO-2 over 8
@@ -244,18 +275,31 @@ TEST(MemoryPlanTest, FixesStackFlagsAndNameTheKvPoolThatFits) {
   o.trainer.lora.rank = 0;
   const auto stacked = plan_fixes(c, o, fan_out, gpu);
   ASSERT_EQ(stacked.size(), 1u);
-  EXPECT_EQ(stacked[0].flags.rfind("--activation-checkpointing --offload-optimizer ", 0), 0u)
+  // ZeRO-3's 8 GB of parameter slices where ZeRO-2 held all 65.5 GB (issue 55 item 1).
+  EXPECT_EQ(stacked[0].flags.rfind("--zero 3 --activation-checkpointing ", 0), 0u)
       << stacked[0].flags;
-  EXPECT_NE(stacked[0].flags.find("--micro-batch-tokens 512"), std::string::npos)
+  EXPECT_NE(stacked[0].flags.find("--micro-batch-tokens 1024"), std::string::npos)
       << stacked[0].flags;
   EXPECT_LE(stacked[0].peak, gpu);
+  // Never ZeRO-3 with a KL reference (the trainer refuses it; the reference's whole copy then
+  // takes an adapter to fit).
+  o.trainer.grpo.kl_coef = 0.001;
+  const auto with_kl = plan_fixes(c, o, fan_out, gpu);
+  ASSERT_EQ(with_kl.size(), 1u);
+  EXPECT_EQ(
+      with_kl[0].flags.rfind("--activation-checkpointing --offload-optimizer --lora-rank 16", 0),
+      0u)
+      << with_kl[0].flags;
+  EXPECT_LE(with_kl[0].peak, gpu);
+  o.trainer.grpo.kl_coef = 0;
+
   // 8 pairs on 8 GPUs: the engine's 61 GiB of weights beside the trainer's: nothing fits.
   o.cuda_device_count = 8;
   const sync::Placement pairs =
       sync::plan_placement(sync::Topology{1, 8, 8}, o.placement_request());
   ASSERT_TRUE(pairs.topo.paired);
   o.kv_handover = true;
-  EXPECT_TRUE(plan_fixes(c, o, pairs, gpu).empty());
+  for (const auto& f : plan_fixes(c, o, pairs, gpu)) ADD_FAILURE() << f.flags;
   // Never a micro-batch a sequence cannot fit in: with 600-token completions, 512 is not offered.
   o.kv_handover = false;
   o.max_tokens = 600;

@@ -9,6 +9,7 @@
 
 #include "common/check.h"
 #include "engine/llm_engine.h"
+#include "engine/model/model_writer.h"
 #include "sync/communicator.h"
 #include "tests/engine/test_model.h"
 #include "tests/test_utils.h"
@@ -326,17 +327,23 @@ TEST_P(ZeroStageTest, StagesOneAndTwoTrainAsStageZeroAndOneRankOverFiveSteps) {
   ZeroRun z0 = run_zero(dir, mbs, ranks, 0, 5);
   ZeroRun z1 = run_zero(dir, mbs, ranks, 1, 5);
   ZeroRun z2 = run_zero(dir, mbs, ranks, 2, 5);
+  ZeroRun z3 = run_zero(dir, mbs, ranks, 3, 5);
   EXPECT_GT(one.grad_norms[0], 0.5) << "the test should exercise clipping";
   // Summing over ranks reorders fp32 additions; Adam turns the last bits of a near-zero gradient
   // into up to ~lr / 10 of weight over five steps.
   expect_same_training(z0, one, "stage 0 vs one rank", /*same_ranks=*/false, 1e-4);
   expect_same_training(z1, z0, "stage 1 vs stage 0");
   expect_same_training(z2, z0, "stage 2 vs stage 0");
+  expect_same_training(z3, z0, "stage 3 vs stage 0");
   // The optimizer state is sharded 1/T (slices padded to 64 elements per bucket).
   EXPECT_LT(z1.bytes.optimizer, z0.bytes.optimizer / ranks + 64 * 4 * 3 * 16);
   EXPECT_NEAR(z1.bytes.gradients, z0.bytes.gradients, 64 * 4 * ranks * 16);  // padding
   EXPECT_LT(z2.bytes.gradients, z0.bytes.gradients / ranks + z0.bytes.gradients / 2);
   EXPECT_NEAR(z2.bytes.parameters, z0.bytes.parameters, 64 * 4 * ranks * 16);
+  // Stage 3's parameters: the slices plus what was gathered at most (ZeroTest.StageThree* bounds
+  // it on a model with more layers than this one's 3).
+  EXPECT_EQ(z3.bytes.gradients, z2.bytes.gradients);
+  EXPECT_EQ(z3.bytes.optimizer, z2.bytes.optimizer);
 }
 
 INSTANTIATE_TEST_SUITE_P(TrainRanks, ZeroStageTest, ::testing::Values(2, 3));
@@ -349,7 +356,8 @@ TEST(ZeroTest, ACheckpointOfTwoShardedRanksResumesAtOneAndThreeRanks) {
   ZeroRun straight = run_zero(dir, mbs, 2, 2, 4, "", ckpt, 2);
   ZeroRun at1 = run_zero(dir, mbs, 1, 0, 2, ckpt);
   ZeroRun at3 = run_zero(dir, mbs, 3, 2, 2, ckpt);
-  for (const ZeroRun* r : {&at1, &at3}) {
+  ZeroRun at3_z3 = run_zero(dir, mbs, 3, 3, 2, ckpt);  // and re-sharded to ZeRO-3's slices
+  for (const ZeroRun* r : {&at1, &at3, &at3_z3}) {
     ASSERT_EQ(r->weights.size(), straight.weights.size());
     for (size_t i = 0; i < r->weights.size(); ++i) {
       test::expect_tensor_near(r->weights[i].second, straight.weights[i].second, 1e-4);
@@ -407,6 +415,134 @@ TEST(ZeroTest, ChunkedLogitsGiveTheSameGradientsAndWeights) {
     for (size_t i = 0; i < wa.size(); ++i)
       test::expect_tensor_near(wb[i].second, wa[i].second, 1e-6);
   }
+}
+
+// Issue 55 item 1, ZeRO-3 on an 8-layer model: each rank holds 1/T of the parameters plus, at
+// most, the embedding/norm/head group and two decoder layers (a layer's backward and the one
+// before it overlap by a bucket); deterministic mode trains bit for bit as stage 2 (clipping on)
+// and as stage 0 (clipping off: the norm's partial sums differ there), with activation
+// checkpointing too, and a rank without micro-batches joins its peer's gathers.
+struct StageThreeRun {
+  std::vector<double> grad_norms;
+  engine::NamedTensors weights;
+  StateBytes bytes;
+};
+
+StageThreeRun run_eight_layers(const std::vector<MicroBatch>& mbs, int stage, bool checkpointing,
+                               double max_norm, bool rank1_idle = false) {
+  engine::ModelConfig c = engine::load_model_config(test::test_engine_config().model_dir);
+  c.num_layers = 8;
+  const engine::NamedTensors init = engine::random_init_weights(c, 11, at::kFloat);
+  StageThreeRun out;
+  auto errors = test::run_ranks(
+      2, std::chrono::milliseconds(60000), [&](int r, auto& comm, const sync::StorePtr&) {
+        TrainerOptions o = zero_options();
+        o.group = comm.get();
+        o.zero_stage = stage;
+        o.deterministic = true;
+        o.max_grad_norm = max_norm;
+        o.activation_checkpointing = checkpointing;
+        o.grad_bucket_bytes = 64 * 1024;
+        engine::NamedTensors w;
+        for (const auto& [name, t] : init) w.emplace_back(name, t.clone());
+        Trainer t(c, std::move(w), o);
+        for (int s = 0; s < 3; ++s) {
+          t.zero_grad();
+          const size_t mine = rank1_idle ? (r == 0 ? 2 : 0) : 1;
+          for (size_t i = 0; i < 2; ++i) {
+            if (i < mine) {
+              t.accumulate(mbs[rank1_idle ? i : 2 * i + r], LossKind::kGrpo, 0.5, i + 1 == 2);
+            } else {
+              t.accumulate_empty();
+            }
+          }
+          const StepStats st = t.finish_step();
+          if (r == 0) out.grad_norms.push_back(st.grad_norm);
+        }
+        auto weights = t.master_weights(r == 0);
+        if (r == 0) {
+          out.weights = std::move(weights);
+          out.bytes = t.state_bytes();
+        }
+      });
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+  return out;
+}
+
+// Stage 0's norm sums whole buckets, the sharded stages' their slices: the same to fp32 rounding
+// (a bucket's norm is an fp32 reduction).
+void expect_bitwise(const StageThreeRun& a, const StageThreeRun& b, const std::string& what,
+                    bool same_norm_sums = true) {
+  SCOPED_TRACE(what);
+  ASSERT_EQ(a.grad_norms.size(), b.grad_norms.size());
+  for (size_t i = 0; i < a.grad_norms.size(); ++i) {
+    if (same_norm_sums) {
+      EXPECT_EQ(a.grad_norms[i], b.grad_norms[i]);
+    } else {
+      EXPECT_NEAR(a.grad_norms[i], b.grad_norms[i], 1e-5 * b.grad_norms[i]);
+    }
+  }
+  ASSERT_EQ(a.weights.size(), b.weights.size());
+  for (size_t i = 0; i < a.weights.size(); ++i) {
+    EXPECT_TRUE(at::equal(a.weights[i].second, b.weights[i].second)) << a.weights[i].first;
+  }
+}
+
+TEST(ZeroTest, StageThreeGathersALayerAtATimeAndTrainsBitForBitAsStagesTwoAndZero) {
+  auto mbs = six_micro_batches(test::test_engine_config().model_dir);
+  const StageThreeRun z2 = run_eight_layers(mbs, 2, false, 0.5);
+  const StageThreeRun z3 = run_eight_layers(mbs, 3, false, 0.5);
+  const StageThreeRun z3_ckpt = run_eight_layers(mbs, 3, true, 0.5);
+  expect_bitwise(z3, z2, "stage 3 vs stage 2");
+  expect_bitwise(z3_ckpt, z2, "stage 3 with activation checkpointing vs stage 2");
+  EXPECT_GT(z2.grad_norms[0], 0.5) << "the test should exercise clipping";
+  expect_bitwise(run_eight_layers(mbs, 3, false, 0), run_eight_layers(mbs, 0, false, 0),
+                 "stage 3 vs stage 0, no clipping", /*same_norm_sums=*/false);
+
+  engine::ModelConfig c = engine::load_model_config(test::test_engine_config().model_dir);
+  c.num_layers = 8;
+  int64_t root = 0, layer = 0, all = 0;
+  for (const auto& spec : engine::model_param_specs(c)) {
+    int64_t n = 4;  // fp32
+    for (int64_t d : spec.shape) n *= d;
+    all += n;
+    if (spec.name.rfind("model.layers.0.", 0) == 0) layer += n;
+    if (spec.name.rfind("model.layers.", 0) != 0) root += n;
+  }
+  ASSERT_LT(root, 2 * layer) << "the bound below would not tell one layer from all";
+  const int64_t slack = 2 * 64 * 1024 + 64 * 4 * 2 * 40;  // bucket boundaries, slice padding
+  for (const StageThreeRun* r : {&z3, &z3_ckpt}) {
+    EXPECT_LE(r->bytes.parameters, all / 2 + root + 2 * layer + slack);
+    EXPECT_GE(r->bytes.parameters, all / 2 + layer);
+  }
+  EXPECT_GE(z2.bytes.parameters, all);
+}
+
+TEST(ZeroTest, StageThreeRankWithoutMicroBatchesJoinsItsPeersGathers) {
+  auto mbs = six_micro_batches(test::test_engine_config().model_dir);
+  // Rank 0 trains two micro-batches, rank 1 runs two empty rounds: as stage 2 does, bit for bit.
+  expect_bitwise(run_eight_layers(mbs, 3, false, 0.5, true),
+                 run_eight_layers(mbs, 2, false, 0.5, true), "stage 3 vs stage 2, rank 1 idle");
+}
+
+TEST(ZeroTest, StageThreeRefusesLoraAndAKlReference) {
+  auto refusal = [](const TrainerOptions& o) -> std::string {
+    try {
+      o.validate();
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "";
+  };
+  TrainerOptions o;
+  o.zero_stage = 3;
+  o.lora.rank = 8;
+  EXPECT_NE(refusal(o).find("LoRA trains an adapter"), std::string::npos) << refusal(o);
+  o.lora.rank = 0;
+  o.grpo.kl_coef = 0.1;
+  EXPECT_NE(refusal(o).find("not with a KL reference"), std::string::npos) << refusal(o);
+  o.grpo.kl_coef = 0;
+  EXPECT_EQ(refusal(o), "");
 }
 
 TEST(ZeroTest, ARankWithoutMicroBatchesStillIssuesTheReductionsBeforeTheScaleCollective) {
