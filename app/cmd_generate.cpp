@@ -74,10 +74,10 @@ Runner register_generate(CLI::App& app) {
       spdlog::info("no --prompt or --jsonl given: using the built-in example prompt");
     }
     engine::LlmEngine eng(config);
-    spdlog::info("model {} ({} layers, hidden {}, vocab {}), {}, KV pool {} blocks x {} tokens",
+    spdlog::info("model {} ({} layers, hidden {}, vocab {}), {}, KV pool {} blocks x {} tokens{}",
                  config.model_dir, eng.model_config().num_layers, eng.model_config().hidden_size,
                  eng.model_config().vocab_size, config.dtype, eng.runner().num_blocks(),
-                 config.block_size);
+                 config.block_size, tensor_parallel_note(eng));
     auto t0 = std::chrono::steady_clock::now();
     auto outputs = eng.generate(std::move(requests));
     const double secs =

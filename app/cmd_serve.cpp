@@ -93,8 +93,9 @@ Runner register_serve(CLI::App& app) {
     spdlog::info("loading {}", config.model_dir);
     srv.engine_loop().start();
     srv.engine_loop().wait_ready();
-    spdlog::info("model loaded: {} (KV pool {} blocks x {} tokens)", srv.model_name(),
-                 srv.engine_loop().engine().runner().num_blocks(), config.block_size);
+    spdlog::info("model loaded: {} (KV pool {} blocks x {} tokens{})", srv.model_name(),
+                 srv.engine_loop().engine().runner().num_blocks(), config.block_size,
+                 tensor_parallel_note(srv.engine_loop().engine()));
     const int port = srv.start();
     // One line on stdout with the bound port, for scripts and `bench serve` (port 0).
     std::cout << "listening on http://" << f->server.host << ":" << port << std::endl;

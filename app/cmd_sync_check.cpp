@@ -1,6 +1,7 @@
 // colocated-rl sync-check: trainer -> engine weight syncs on the embedded default (or --model),
 // checked for bit-identity, counted and timed.
 #include <CLI/CLI.hpp>
+#include <stdexcept>
 
 #include "app/commands.h"
 #include "app/launcher.h"
@@ -33,6 +34,11 @@ Runner register_sync_check(CLI::App& app) {
   return [f]() {
     bench::SyncJobOptions o;
     o.engine = f->engine.resolve();
+    if (o.engine.tensor_parallel_size > 1) {
+      throw std::invalid_argument(
+          "--tp: sync-check sends whole-model weight updates, which a tensor-parallel engine does "
+          "not take yet (its shard-aware sync is not built)");
+    }
     o.infer_per_node = f->dist.infer;
     o.train_per_node = f->dist.train;
     o.bucket_bytes = f->dist.bucket_bytes();

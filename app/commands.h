@@ -8,6 +8,10 @@
 
 #include "engine/engine_config.h"
 
+namespace crl::engine {
+class LlmEngine;
+}
+
 namespace CLI {
 class App;
 }
@@ -36,5 +40,8 @@ struct EngineFlags {
   engine::EngineConfig resolve();
 };
 void add_engine_flags(CLI::App& cmd, EngineFlags& flags);
+// " on each of N tensor-parallel ranks ..." after a split engine's KV pool size, with the weight
+// bytes a rank holds; "" for one rank.
+std::string tensor_parallel_note(const engine::LlmEngine& engine);
 
 }  // namespace crl::app

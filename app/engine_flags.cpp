@@ -5,6 +5,7 @@
 #include "app/cli_style.h"
 #include "app/commands.h"
 #include "common/units.h"
+#include "engine/llm_engine.h"
 #include "engine/model/model_cache.h"
 
 namespace crl::app {
@@ -66,9 +67,24 @@ void add_engine_flags(CLI::App& cmd, EngineFlags& f) {
       "NAME=DIR: serve the PEFT LoRA adapter in DIR as model NAME (repeatable; a request "
       "picks it by its \"model\" field)");
   cmd.option_defaults()->group(kGroupEngine);
+  cmd.add_option("--tensor-parallel-size,--tp", c.tensor_parallel_size,
+                 "split the model's heads and MLP over N ranks (threads of this process), each on "
+                 "its own device: --device cuda:K uses GPUs K..K+N-1")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
   cmd.add_option("--threads", c.num_threads, "intra-op CPU threads (0 = libtorch default)");
   cmd.add_option("--engine-seed", c.seed, "seed for requests that bring none");
   cmd.option_defaults()->group(previous);
+}
+
+std::string tensor_parallel_note(const engine::LlmEngine& engine) {
+  const int n = engine.config().tensor_parallel_size;
+  if (n <= 1) return "";
+  int64_t bytes = 0;
+  for (const auto& [name, t] : engine.model().named_parameters())
+    bytes += t.numel() * t.element_size();
+  return " on each of " + std::to_string(n) + " tensor-parallel ranks (over its share of the KV " +
+         "heads), and weights of " + format_bytes(static_cast<double>(bytes)) + " a rank";
 }
 
 engine::EngineConfig EngineFlags::resolve() {

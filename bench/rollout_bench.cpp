@@ -278,7 +278,9 @@ void add_rollout_flags(CLI::App& cmd, RolloutBenchOptions& o) {
          "--modes", o.modes,
          "comma-separated: continuous, static, no-share, deterministic, libtorch (continuous "
          "with ATen's ops), host-sampler, eager, lora-1 and lora-4 (continuous with 1 or 4 "
-         "LoRA adapters of --lora-rank, requests taking them in turn)")
+         "LoRA adapters of --lora-rank, requests taking them in turn), tp2 and tp4 (continuous "
+         "with the model split over 2 or 4 tensor-parallel ranks: threads, on GPUs "
+         "--device..+N-1)")
       ->delimiter(',')
       ->capture_default_str();
   cmd.add_option("--lora-rank", o.lora_rank, "rank of the lora-k modes' adapters (all-linear)")
@@ -351,11 +353,11 @@ int run_rollout_bench(const RolloutBenchOptions& o) {
   for (const auto& mode : o.modes) {
     if (mode != "continuous" && mode != "static" && mode != "no-share" && mode != "deterministic" &&
         mode != "libtorch" && mode != "host-sampler" && mode != "eager" && mode != "lora-1" &&
-        mode != "lora-4") {
+        mode != "lora-4" && mode != "tp2" && mode != "tp4") {
       throw std::invalid_argument(
           "unknown bench mode '" + mode +
           "' (expected continuous, static, no-share, deterministic, libtorch, "
-          "host-sampler, eager, lora-1 or lora-4)");
+          "host-sampler, eager, lora-1, lora-4, tp2 or tp4)");
     }
     engine::EngineConfig c = engine_config(o, model_dir);
     if (mode == "libtorch") {  // continuous, with at::linear and ATen's ops everywhere
@@ -364,6 +366,7 @@ int run_rollout_bench(const RolloutBenchOptions& o) {
     }
     if (mode == "host-sampler") c.sampler = "cpu";  // continuous, logits copied to the host
     if (mode == "eager") c.cuda_graphs = "off";     // continuous without CUDA graphs
+    if (mode == "tp2" || mode == "tp4") c.tensor_parallel_size = mode == "tp2" ? 2 : 4;
     c.static_batching = mode == "static";
     c.deterministic = mode == "deterministic";
     c.enable_prefix_caching = mode != "no-share";
@@ -467,7 +470,9 @@ int run_rollout_bench(const RolloutBenchOptions& o) {
       {"host_sampler_vs_continuous", {"host-sampler", "continuous"}},
       {"eager_vs_continuous", {"eager", "continuous"}},
       {"lora_1_vs_continuous", {"lora-1", "continuous"}},
-      {"lora_4_vs_continuous", {"lora-4", "continuous"}}};
+      {"lora_4_vs_continuous", {"lora-4", "continuous"}},
+      {"tp2_vs_continuous", {"tp2", "continuous"}},
+      {"tp4_vs_continuous", {"tp4", "continuous"}}};
   for (const auto& [key, pair] : ratios) {
     if (auto r = paired_ratio(pair.first, pair.second)) {
       result[key] = *r;

@@ -26,8 +26,10 @@ set(allow_sync common/ sync/)
 set(allow_text common/ text/)
 set(allow_engine/kernels common/ engine/kernels/)
 set(allow_engine/model common/ kv/ engine/kernels/ ${CRL_TEXT_PUBLIC} engine/model/)
-# From sync/, the engine sees only the narrow interfaces: the weight layout and the weight source.
-set(allow_engine common/ kv/ ${CRL_TEXT_PUBLIC} engine/ sync/weight_layout.h sync/weight_source.h)
+# From sync/, the engine sees only the narrow interfaces: the weight layout, the weight source and
+# the tensor-parallel group.
+set(allow_engine common/ kv/ ${CRL_TEXT_PUBLIC} engine/ sync/weight_layout.h sync/weight_source.h
+    sync/tp_group.h)
 set(allow_trainer common/ sync/ ${CRL_TEXT_PUBLIC} engine/ trainer/)
 set(allow_server common/ ${CRL_TEXT_PUBLIC} engine/ server/)
 # The benchmarks are a library of the colocated-rl binary: any library module, never app/.

@@ -20,6 +20,8 @@ void EngineConfig::validate() const {
   if (max_batched_tokens < 1)
     bad("max_batched_tokens", std::to_string(max_batched_tokens), "must be >= 1");
   if (max_seqs < 1) bad("max_seqs", std::to_string(max_seqs), "must be >= 1");
+  if (tensor_parallel_size < 1 || tensor_parallel_size > 64)
+    bad("tensor_parallel_size", std::to_string(tensor_parallel_size), "must be in [1, 64]");
   if (cpu_kernels != "auto" && cpu_kernels != "libtorch")
     bad("cpu_kernels", cpu_kernels, "auto or libtorch");
   if (gpu_kernels != "auto" && gpu_kernels != "libtorch")

@@ -72,6 +72,10 @@ struct EngineConfig {
   uint64_t seed = 0;
   // Intra-op threads (0 = leave libtorch's default).
   int32_t num_threads = 0;
+  // Tensor parallelism (docs/design.md §4): the model split over this many ranks, threads of this
+  // process (LlmEngine starts them), each on its own device: the CPU, or GPUs device, device + 1,
+  // ... Each rank holds its share of the weights and a KV pool of kv_memory_bytes over its heads.
+  int32_t tensor_parallel_size = 1;
 
   // Throws std::invalid_argument naming the field and value.
   void validate() const;

@@ -2,16 +2,20 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <c10/core/DeviceGuard.h>
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
 #include <deque>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
+#include <thread>
 #include <unordered_set>
 
 #include "common/check.h"
@@ -46,56 +50,230 @@ struct LlmEngine::Inbox {
   int64_t next_id = 0;                       // guarded by mu
 };
 
-LlmEngine::LlmEngine(const EngineConfig& config)
-    : config_(config), inbox_(std::make_unique<Inbox>()) {
-  config_.validate();
-  if (config_.num_threads > 0) at::set_num_threads(config_.num_threads);
+namespace {
+
+TransformerOptions engine_model_options(const EngineConfig& config) {
   TransformerOptions opts;
-  opts.dtype = parse_dtype(config_.dtype);
-  opts.device = at::Device(config_.device);
-  opts.deterministic = config_.deterministic;
-  opts.project_linear = config_.cpu_kernels == "auto";
-  opts.cuda_fused = config_.gpu_kernels == "auto";
-  model_ = std::make_unique<Transformer>(Transformer::load(config_.model_dir, opts));
-  const ModelConfig& mc = model_->config();
+  opts.dtype = parse_dtype(config.dtype);
+  opts.device = at::Device(config.device);
+  opts.deterministic = config.deterministic;
+  opts.project_linear = config.cpu_kernels == "auto";
+  opts.cuda_fused = config.gpu_kernels == "auto";
+  return opts;
+}
 
-  if (text::Tokenizer::dir_has_tokenizer(config_.model_dir))
-    tokenizer_ = std::make_unique<text::Tokenizer>(config_.model_dir);
-  for (int64_t id : mc.eos_token_ids) eos_ids_.push_back(static_cast<int32_t>(id));
-  if (eos_ids_.empty() && tokenizer_ && tokenizer_->eos_id() >= 0)
-    eos_ids_.push_back(tokenizer_->eos_id());
+bool tensor_parallel(const sync::TpGroup* tp) { return tp != nullptr && tp->size() > 1; }
 
-  max_model_len_ = config_.max_model_len > 0 ? config_.max_model_len : mc.max_position_embeddings;
-  if (max_model_len_ > mc.max_position_embeddings) {
-    throw std::invalid_argument(
-        "invalid engine setting 'max_model_len': " + std::to_string(max_model_len_) +
-        " (the model supports " + std::to_string(mc.max_position_embeddings) + " positions)");
+// What a split engine does not do yet.
+void refuse_for_tensor_parallel(const EngineConfig& config) {
+  if (config.max_loras > 0 || !config.lora_modules.empty()) {
+    CRL_INVALID("a tensor-parallel engine does not serve LoRA adapters yet");
   }
-  int32_t num_blocks = config_.num_kv_blocks;
-  if (num_blocks <= 0) {
-    const int64_t per_block = ModelRunner::block_bytes(mc, opts.dtype, config_.block_size);
-    num_blocks = static_cast<int32_t>(config_.kv_memory_bytes / per_block);
-    if (num_blocks < 1) {
+  if (config.cuda_graphs == "on") {
+    CRL_INVALID("a tensor-parallel engine runs its steps eagerly: --cuda-graphs on is refused");
+  }
+}
+
+// The engine's model: the whole checkpoint, or a tensor-parallel group's shard of it whose
+// row-parallel outputs are summed over the group (engine/model/tensor_parallel.h).
+std::unique_ptr<Transformer> load_engine_model(const EngineConfig& config,
+                                               const TransformerOptions& opts, sync::TpGroup* tp) {
+  if (!tensor_parallel(tp)) {
+    return std::make_unique<Transformer>(Transformer::load(config.model_dir, opts));
+  }
+  auto model = std::make_unique<Transformer>(
+      Transformer::load(config.model_dir, opts, TpShard{tp->rank(), tp->size()}));
+  model->set_row_parallel_reduce([tp](const at::Tensor& partial) {
+    CRL_CHECK(partial.is_contiguous(), "a row-parallel output must be contiguous");
+    if (partial.device() == tp->device()) {
+      tp->all_reduce_sum(partial);
+    } else {
+      const at::Tensor staged = partial.to(tp->device());
+      tp->all_reduce_sum(staged);
+      partial.copy_(staged);
+    }
+  });
+  return model;
+}
+
+// KV blocks of the pool: EngineConfig::num_kv_blocks, else what kv_memory_bytes holds (the same
+// on every rank of a tensor-parallel group: their shards are alike).
+int32_t engine_kv_blocks(const EngineConfig& config, const ModelConfig& mc, at::ScalarType dtype) {
+  if (config.num_kv_blocks > 0) return config.num_kv_blocks;
+  const int64_t per_block = ModelRunner::block_bytes(mc, dtype, config.block_size);
+  const auto num_blocks = static_cast<int32_t>(config.kv_memory_bytes / per_block);
+  if (num_blocks < 1) {
+    throw std::invalid_argument(
+        "invalid engine setting 'kv_memory_bytes': " + std::to_string(config.kv_memory_bytes) +
+        " holds no KV block (one block needs " + std::to_string(per_block) + " bytes)");
+  }
+  return num_blocks;
+}
+
+// After every rank of a tensor-parallel group built its shard and KV pool (or failed to), the group
+// agrees on it before any step: a rank that failed (a bad checkpoint, a model that does not split,
+// memory) ends the others at once instead of at their first collective's deadline, and the pools
+// must match (the leader's block tables index every rank's pool).
+void agree_on_group(sync::TpGroup& tp, const std::exception_ptr& failed, const ModelRunner* runner,
+                    const std::string& model_dir) {
+  const int n = tp.size();
+  const int me = tp.rank();
+  at::Tensor words = at::zeros({3 * n}, at::TensorOptions(at::kLong).device(tp.device()));
+  if (failed || runner == nullptr) {
+    words[3 * me].fill_(1);
+  } else {
+    words[3 * me + 1].fill_(runner->num_blocks());
+    words[3 * me + 2].fill_(runner->block_size());
+  }
+  tp.all_reduce_sum(words);
+  if (failed) std::rethrow_exception(failed);
+  const at::Tensor w = words.cpu();
+  const int64_t* v = w.data_ptr<int64_t>();
+  std::string bad;
+  for (int r = 0; r < n; ++r) {
+    if (v[3 * r] != 0) bad += (bad.empty() ? "" : ", ") + std::to_string(r);
+  }
+  if (!bad.empty()) {
+    throw std::runtime_error("tensor-parallel group " + tp.name() + ": rank(s) " + bad +
+                             " could not build their shard of " + model_dir +
+                             " (their errors are printed above)");
+  }
+  for (int r = 0; r < n; ++r) {
+    if (v[3 * r + 1] != v[1] || v[3 * r + 2] != v[2]) {
       throw std::invalid_argument(
-          "invalid engine setting 'kv_memory_bytes': " + std::to_string(config_.kv_memory_bytes) +
-          " holds no KV block (one block needs " + std::to_string(per_block) + " bytes)");
+          "tensor-parallel group " + tp.name() + ": rank " + std::to_string(r) + " has " +
+          std::to_string(v[3 * r + 1]) + " KV blocks of " + std::to_string(v[3 * r + 2]) +
+          " tokens, rank 0 " + std::to_string(v[1]) + " of " + std::to_string(v[2]) +
+          ": every rank needs the same engine settings");
     }
   }
-  stop_ = std::make_unique<StopChecker>(tokenizer_.get(), eos_ids_, max_model_len_);
-  config_.max_loras =
-      std::max<int32_t>(config_.max_loras, static_cast<int32_t>(config_.lora_modules.size()));
-  SchedulerConfig sc;
-  sc.block_size = config_.block_size;
-  sc.num_blocks = num_blocks;
-  sc.max_batched_tokens = config_.max_batched_tokens;
-  sc.max_seqs = config_.max_seqs;
-  sc.enable_prefix_caching = config_.enable_prefix_caching;
-  sc.static_batching = config_.static_batching;
-  // Rows of one adapter next to each other: the forward runs each slot's rows as one run
-  // (ModelRunner, LoraBatch::runs). Deterministic mode keeps the scheduler's order.
-  sc.group_lora_rows = config_.max_loras > 0 && !config_.deterministic;
-  scheduler_ = std::make_unique<Scheduler>(sc);
-  runner_ = std::make_unique<ModelRunner>(*model_, config_.block_size, num_blocks);
+}
+
+}  // namespace
+
+// The in-process tensor-parallel group: rank 0's TpGroup and the follower threads.
+struct LlmEngine::LocalTp {
+  std::unique_ptr<sync::LocalTpHub> hub;
+  std::unique_ptr<sync::TpGroup> group;  // rank 0
+  std::vector<std::thread> threads;
+  ~LocalTp() {
+    if (hub) hub->close();  // followers still waiting for a command return
+    group.reset();          // rank 0's communicator before the others' threads end
+    for (auto& t : threads) t.join();
+  }
+};
+
+namespace {
+
+// How long a tensor-parallel collective may wait for the group's other ranks.
+constexpr std::chrono::milliseconds kLocalTpTimeout{300000};
+
+at::Device tp_rank_device(const at::Device& base, int r) {
+  if (!base.is_cuda()) return base;
+  return at::Device(at::kCUDA,
+                    static_cast<c10::DeviceIndex>((base.has_index() ? base.index() : 0) + r));
+}
+
+}  // namespace
+
+LlmEngine::LlmEngine(const EngineConfig& config, sync::TpGroup* tp)
+    : config_(config), inbox_(std::make_unique<Inbox>()) {
+  config_.validate();
+  if (config_.tensor_parallel_size > 1) {
+    if (tp != nullptr) CRL_INVALID("tensor_parallel_size > 1 and a tensor-parallel group given");
+    const int n = config_.tensor_parallel_size;
+    // What would be refused after the ranks started, refused before (on GPUs a rank waits for the
+    // others at its group's deadline).
+    refuse_for_tensor_parallel(config_);
+    tp_local_config(load_model_config(config_.model_dir), TpShard{0, n});  // does it split?
+    at::Device base(config_.device);
+    if (base.is_cuda() && !base.has_index()) {  // the ranks' GPUs named, rank 0's too
+      base = at::Device(at::kCUDA, 0);
+      config_.device = base.str();
+    }
+    if (base.is_cuda()) {
+      const int have = at::detail::getCUDAHooks().getNumGPUs();
+      const int last = (base.has_index() ? base.index() : 0) + n - 1;
+      if (last >= have) {
+        CRL_INVALID("tensor parallelism over ", n, " GPUs from ", base, " needs GPU ", last,
+                    "; this machine has ", have);
+      }
+    }
+    local_tp_ = std::make_unique<LocalTp>();
+    local_tp_->hub = std::make_unique<sync::LocalTpHub>(n, kLocalTpTimeout);
+    EngineConfig follower = config_;
+    follower.tensor_parallel_size = 1;  // follow() is given its group
+    for (int r = 1; r < n; ++r) {
+      sync::LocalTpHub* hub = local_tp_->hub.get();
+      local_tp_->threads.emplace_back([hub, r, follower, device = tp_rank_device(base, r)] {
+        try {
+          const std::unique_ptr<sync::TpGroup> group = hub->join(r, device);
+          c10::OptionalDeviceGuard guard;  // the rank's GPU current in its thread
+          if (device.is_cuda()) guard.reset_device(device);
+          EngineConfig c = follower;
+          c.device = device.str();
+          LlmEngine::follow(c, *group);
+        } catch (const std::exception& e) {
+          fmt::print(stderr, "tensor-parallel rank {} of {}: {}\n", r, hub->size(), e.what());
+          hub->close();  // rank 0 fails at its next collective, not at the deadline
+        }
+      });
+    }
+    local_tp_->group = local_tp_->hub->join(0, tp_rank_device(base, 0));
+    tp = local_tp_->group.get();
+  }
+  if (tensor_parallel(tp)) {
+    if (tp->rank() != 0) {
+      throw std::logic_error("a tensor-parallel engine is built on group rank 0; rank " +
+                             std::to_string(tp->rank()) + " runs LlmEngine::follow");
+    }
+  }
+  if (config_.num_threads > 0) at::set_num_threads(config_.num_threads);
+  const TransformerOptions opts = engine_model_options(config_);
+  // Everything a rank of a tensor-parallel group builds before the group agrees it can start.
+  std::exception_ptr failed;
+  try {
+    if (tensor_parallel(tp)) refuse_for_tensor_parallel(config_);
+    model_ = load_engine_model(config_, opts, tp);
+    const ModelConfig& mc = model_->config();
+
+    if (text::Tokenizer::dir_has_tokenizer(config_.model_dir))
+      tokenizer_ = std::make_unique<text::Tokenizer>(config_.model_dir);
+    for (int64_t id : mc.eos_token_ids) eos_ids_.push_back(static_cast<int32_t>(id));
+    if (eos_ids_.empty() && tokenizer_ && tokenizer_->eos_id() >= 0)
+      eos_ids_.push_back(tokenizer_->eos_id());
+
+    max_model_len_ = config_.max_model_len > 0 ? config_.max_model_len : mc.max_position_embeddings;
+    if (max_model_len_ > mc.max_position_embeddings) {
+      throw std::invalid_argument(
+          "invalid engine setting 'max_model_len': " + std::to_string(max_model_len_) +
+          " (the model supports " + std::to_string(mc.max_position_embeddings) + " positions)");
+    }
+    const int32_t num_blocks = engine_kv_blocks(config_, mc, opts.dtype);
+    stop_ = std::make_unique<StopChecker>(tokenizer_.get(), eos_ids_, max_model_len_);
+    config_.max_loras =
+        std::max<int32_t>(config_.max_loras, static_cast<int32_t>(config_.lora_modules.size()));
+    SchedulerConfig sc;
+    sc.block_size = config_.block_size;
+    sc.num_blocks = num_blocks;
+    sc.max_batched_tokens = config_.max_batched_tokens;
+    sc.max_seqs = config_.max_seqs;
+    sc.enable_prefix_caching = config_.enable_prefix_caching;
+    sc.static_batching = config_.static_batching;
+    // Rows of one adapter next to each other: the forward runs each slot's rows as one run
+    // (ModelRunner, LoraBatch::runs). Deterministic mode keeps the scheduler's order.
+    sc.group_lora_rows = config_.max_loras > 0 && !config_.deterministic;
+    scheduler_ = std::make_unique<Scheduler>(sc);
+    runner_ = std::make_unique<ModelRunner>(*model_, config_.block_size, num_blocks);
+  } catch (...) {
+    if (!tensor_parallel(tp)) throw;
+    failed = std::current_exception();
+  }
+  if (tensor_parallel(tp)) {
+    agree_on_group(*tp, failed, runner_.get(), config_.model_dir);
+    runner_->set_tensor_parallel(tp);  // only now: the runner stops its followers when destroyed
+  }
+  const ModelConfig& mc = model_->config();
   std::unique_ptr<LoraSlots> lora_slots;
   std::vector<LoraAdapter> given;
   if (config_.max_loras > 0) {
@@ -115,7 +293,8 @@ LlmEngine::LlmEngine(const EngineConfig& config)
   for (size_t i = 0; i < given.size(); ++i) loras_->add(config_.lora_modules[i].first, given[i]);
   tensor_sampler_ =
       config_.sampler == "tensor" || (config_.sampler == "auto" && !opts.device.is_cpu());
-  if (config_.cuda_graphs == "on" || (config_.cuda_graphs == "auto" && opts.device.is_cuda())) {
+  if (config_.cuda_graphs == "on" ||
+      (config_.cuda_graphs == "auto" && opts.device.is_cuda() && !tensor_parallel(tp))) {
     std::vector<int64_t> buckets;
     for (int64_t b = 1; b < config_.max_seqs; b *= 2) buckets.push_back(b);
     buckets.push_back(config_.max_seqs);
@@ -123,7 +302,40 @@ LlmEngine::LlmEngine(const EngineConfig& config)
   }
 }
 
-LlmEngine::~LlmEngine() = default;
+LlmEngine::~LlmEngine() {
+  // The followers first (runner_ tells them; local_tp_, destroyed after it, joins their threads).
+  if (runner_) {
+    try {
+      runner_->stop_followers();
+    } catch (const std::exception&) {
+      // A broken group: local_tp_ closes the channels.
+    }
+  }
+}
+
+void LlmEngine::follow(const EngineConfig& config, sync::TpGroup& tp) {
+  if (tp.rank() == 0) {
+    throw std::logic_error("LlmEngine::follow runs on the ranks of a tensor-parallel group past 0");
+  }
+  EngineConfig c = config;
+  c.validate();
+  c.tensor_parallel_size = 1;  // this rank's shard comes from `tp`
+  if (c.num_threads > 0) at::set_num_threads(c.num_threads);
+  const TransformerOptions opts = engine_model_options(c);
+  std::unique_ptr<Transformer> model;
+  std::unique_ptr<ModelRunner> runner;
+  std::exception_ptr failed;
+  try {
+    model = load_engine_model(c, opts, &tp);
+    runner = std::make_unique<ModelRunner>(*model, c.block_size,
+                                           engine_kv_blocks(c, model->config(), opts.dtype));
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  agree_on_group(tp, failed, runner.get(), c.model_dir);
+  runner->set_tensor_parallel(&tp);
+  runner->follow();
+}
 
 std::vector<int32_t> LlmEngine::encode_prompt(const std::string& text,
                                               bool split_special_tokens) const {
@@ -518,6 +730,11 @@ std::vector<RequestOutput> LlmEngine::generate(std::vector<GenerateRequest> requ
 }
 
 WeightBuffers& LlmEngine::attach_weight_buffers(int64_t bucket_bytes) {
+  if (runner_->tensor_parallel()) {
+    CRL_INVALID(
+        "weight updates into a tensor-parallel engine need the shard-aware sync, not yet "
+        "built: a tensor-parallel engine serves the weights it loaded");
+  }
   if (!weight_buffers_) {
     weight_buffers_ = std::make_unique<WeightBuffers>(*model_, bucket_bytes);
     runner_->reset_cuda_graphs();  // they read the weights' old storage

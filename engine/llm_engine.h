@@ -113,7 +113,13 @@ using LogitsObserver = std::function<void(const std::string& request_id, int32_t
 
 class LlmEngine {
  public:
-  explicit LlmEngine(const EngineConfig& config);
+  // Tensor parallelism (docs/design.md §4): with config.tensor_parallel_size N > 1 the engine
+  // starts N - 1 follower threads, each loading its shard on its own device and running follow()
+  // over an in-process group, and stops them when destroyed. Or `tp` (not owned; it outlives the
+  // engine): a group of ranks in other processes whose rank 0 this engine is, the others running
+  // follow(). Refused with LoRA adapters, CUDA graphs forced on, and later attach_weight_buffers
+  // (the shard-aware weight sync is not built yet).
+  explicit LlmEngine(const EngineConfig& config, sync::TpGroup* tp = nullptr);
   ~LlmEngine();
   LlmEngine(const LlmEngine&) = delete;
   LlmEngine& operator=(const LlmEngine&) = delete;
@@ -139,6 +145,12 @@ class LlmEngine {
   // Runs one scheduling + forward + sampling step. Returns an output for every request that
   // produced tokens or finished in this step (cumulative token lists).
   std::vector<RequestOutput> step();
+  // A tensor-parallel group's other ranks (group rank > 0): load their shard of `config`'s model
+  // (the group then agrees that every rank built its shard and that the KV pools match) and run
+  // the leader's steps until its engine is destroyed. Throws what building or a collective throws.
+  // Over a Communicator each wait for the leader's next command has the communicator's deadline,
+  // so a leader idle for longer ends its followers (an in-process group waits without one).
+  static void follow(const EngineConfig& config, sync::TpGroup& tp);
   bool has_unfinished() const;
 
   // Adds the requests (all or none), steps until all of them finished, returns their outputs in
@@ -186,6 +198,7 @@ class LlmEngine {
 
   const ModelConfig& model_config() const { return model_->config(); }
   Transformer& model() { return *model_; }
+  const Transformer& model() const { return *model_; }
   const text::Tokenizer* tokenizer() const { return tokenizer_.get(); }
   const Scheduler& scheduler() const { return *scheduler_; }
   const ModelRunner& runner() const { return *runner_; }
@@ -225,6 +238,8 @@ class LlmEngine {
   void abort_now(const std::string& id);
 
   EngineConfig config_;
+  struct LocalTp;
+  std::unique_ptr<LocalTp> local_tp_;  // the follower threads; outlives runner_ (declared first)
   std::unique_ptr<Transformer> model_;
   std::unique_ptr<text::Tokenizer> tokenizer_;
   std::unique_ptr<StopChecker> stop_;

@@ -14,6 +14,11 @@ namespace crl::engine {
 
 namespace {
 
+// What a tensor-parallel leader tells its followers (the first word of its header).
+enum TpCommand : int64_t { kTpStop = 0, kTpStep = 1, kTpRelease = 2, kTpRestore = 3 };
+constexpr size_t kTpStepWords = 8;  // command, rows, seqs, samples, pairs, max_blocks, max_q,
+                                    // max_ctx
+
 // Writes the new tokens' K/V into the paged cache, then attends through the block tables.
 class PagedKvAttention : public AttentionBackend {
  public:
@@ -56,6 +61,7 @@ void ModelRunner::allocate_kv_cache() {
 
 void ModelRunner::release_kv_cache() {
   if (kv_released_) return;
+  tell_followers({kTpRelease});
   if (kv_cache_.device().is_cpu()) {
     drop_host_pages(kv_cache_);
   } else {
@@ -68,6 +74,7 @@ void ModelRunner::release_kv_cache() {
 
 void ModelRunner::restore_kv_cache() {
   if (!kv_released_) return;
+  tell_followers({kTpRestore});
   if (!kv_cache_.defined()) allocate_kv_cache();
   kv_released_ = false;
 }
@@ -85,11 +92,20 @@ struct ModelRunner::DecodeGraph {
   std::unique_ptr<CudaGraph> graph;
 };
 
-ModelRunner::~ModelRunner() = default;
+ModelRunner::~ModelRunner() {
+  try {
+    stop_followers();
+  } catch (const std::exception&) {
+    // A broken group: the followers end at their deadline, naming it.
+  }
+}
 
 void ModelRunner::enable_cuda_graphs(std::vector<int64_t> buckets, int64_t max_model_len) {
   if (!kv_cache_.device().is_cuda()) {
     CRL_INVALID("CUDA graphs need the model on a CUDA device, not ", kv_cache_.device());
+  }
+  if (tp_ != nullptr) {
+    CRL_INVALID("a tensor-parallel engine runs its steps eagerly: CUDA graphs are not supported");
   }
   std::sort(buckets.begin(), buckets.end());
   graph_buckets_ = std::move(buckets);
@@ -223,6 +239,81 @@ ForwardOutput ModelRunner::execute_graph(const SchedulerOutput& batch, DecodeGra
   return out;
 }
 
+void ModelRunner::set_tensor_parallel(sync::TpGroup* group) {
+  if (group != nullptr && group->size() > 1) {
+    if (!graph_buckets_.empty()) {
+      CRL_INVALID("a tensor-parallel engine runs its steps eagerly: CUDA graphs are not supported");
+    }
+    tp_ = group;
+  }
+}
+
+void ModelRunner::tell_followers(const std::vector<int64_t>& words, const at::Tensor& payload) {
+  if (tp_ == nullptr || tp_->rank() != 0 || followers_stopped_) return;
+  tp_->lead(words, payload);
+}
+
+void ModelRunner::stop_followers() {
+  if (tp_ == nullptr || tp_->rank() != 0 || followers_stopped_) return;
+  followers_stopped_ = true;  // first: a stop that fails is not tried again
+  tp_->lead({kTpStop}, at::Tensor());
+}
+
+void ModelRunner::follow() {
+  if (tp_ == nullptr || tp_->rank() == 0) {
+    throw std::logic_error("ModelRunner::follow: not a tensor-parallel follower");
+  }
+  const at::Device device = kv_cache_.device();
+  std::vector<int64_t> h;
+  at::Tensor payload;
+  for (;;) {
+    tp_->next(&h, &payload);
+    if (h.empty() || h[0] == kTpStop) return;  // empty: the leader gave up
+    switch (h[0]) {
+      case kTpRelease:
+        release_kv_cache();
+        break;
+      case kTpRestore:
+        restore_kv_cache();
+        break;
+      case kTpStep: {
+        CRL_CHECK(h.size() == kTpStepWords, "a step command has ", kTpStepWords, " words");
+        const StepLayout layout(h[1], h[2], h[3], h[4], h[5]);
+        CRL_CHECK(payload.defined() && payload.numel() == layout.bytes, "a step's inputs are ",
+                  layout.bytes, " bytes");
+        Filled f;
+        f.max_q = h[6];
+        f.max_ctx = h[7];
+        try {
+          run_packed(layout, f, payload.to(device), LoraBatch{});
+        } catch (...) {
+          tp_->abort();  // the leader and the other ranks fail now, not at their deadline
+          throw;
+        }
+        break;
+      }
+      default:
+        throw std::runtime_error("tensor-parallel group " + tp_->name() + ": unknown command " +
+                                 std::to_string(h[0]) + " from the leader");
+    }
+  }
+}
+
+at::Tensor ModelRunner::run_packed(const StepLayout& layout, const Filled& f, const at::Tensor& buf,
+                                   const LoraBatch& lora) {
+  if (layout.pairs > 0) {
+    // Validated on the host by copy_blocks when the cache lives there.
+    kv::copy_blocks(kv_cache_,
+                    StepLayout::view(buf, layout.pair, 2 * layout.pairs, at::kLong).view({-1, 2}));
+  }
+  if (layout.seqs == 0) return {};
+  const double scale = 1.0 / std::sqrt(static_cast<double>(model_.config().head_dim));
+  PagedKvAttention attention(kv_cache_, layout.metadata(buf, f.max_q, f.max_ctx), scale);
+  return model_.forward_hidden(StepLayout::view(buf, layout.tok, layout.rows, at::kLong),
+                               StepLayout::view(buf, layout.pos, layout.rows, at::kLong), attention,
+                               /*max_position=*/f.max_ctx - 1, lora);
+}
+
 ForwardOutput ModelRunner::execute(const SchedulerOutput& batch) {
   if (kv_cache_released()) {
     throw std::logic_error("the KV pool is released (colocated hand-over): restore it first");
@@ -250,19 +341,19 @@ ForwardOutput ModelRunner::execute(const SchedulerOutput& batch) {
   // One upload (none on the CPU, where `buf` is the host buffer itself).
   const at::Tensor buf = host.to(at::TensorOptions().device(device), /*non_blocking=*/true);
   out.h2d_bytes = device.is_cpu() ? 0 : host.numel();
-
-  if (layout.pairs > 0) {
-    // Validated on the host by copy_blocks when the cache lives there.
-    kv::copy_blocks(kv_cache_,
-                    StepLayout::view(buf, layout.pair, 2 * layout.pairs, at::kLong).view({-1, 2}));
+  if (!tp_broken_.empty()) {
+    throw std::runtime_error("the tensor-parallel group " + tp_->name() +
+                             " is broken by an earlier failure: " + tp_broken_);
   }
-  if (num_seqs == 0) return out;
+  if (tp_ != nullptr && (layout.pairs > 0 || num_seqs > 0)) {
+    tell_followers({kTpStep, layout.rows, layout.seqs, layout.samples, layout.pairs,
+                    layout.max_blocks, f.max_q, f.max_ctx},
+                   host);
+  }
 
-  const double scale = 1.0 / std::sqrt(static_cast<double>(model_.config().head_dim));
-  PagedKvAttention attention(kv_cache_, layout.metadata(buf, f.max_q, f.max_ctx), scale);
   LoraBatch lora;
   std::vector<int32_t> row_slots;
-  if (lora_ != nullptr && lora_rows(batch, &row_slots)) {
+  if (num_seqs > 0 && lora_ != nullptr && lora_rows(batch, &row_slots)) {
     const bool uniform = std::all_of(row_slots.begin(), row_slots.end(),
                                      [&](int32_t s) { return s == row_slots[0]; });
     if (uniform && !model_.options().deterministic) {
@@ -276,9 +367,16 @@ ForwardOutput ModelRunner::execute(const SchedulerOutput& batch) {
       if (device.is_cpu() && !model_.options().deterministic) lora.runs = lora_row_runs(row_slots);
     }
   }
-  out.hidden = model_.forward_hidden(StepLayout::view(buf, layout.tok, total, at::kLong),
-                                     StepLayout::view(buf, layout.pos, total, at::kLong), attention,
-                                     /*max_position=*/f.max_ctx - 1, lora);
+  try {
+    out.hidden = run_packed(layout, f, buf, lora);
+  } catch (const std::exception& e) {
+    // The followers may be inside this step's collectives: the group cannot take another step.
+    if (tp_ != nullptr) {
+      tp_broken_ = e.what();
+      tp_->abort();
+    }
+    throw;
+  }
   if (num_samples > 0) {
     out.sample_hidden =
         out.hidden.index_select(0, StepLayout::view(buf, layout.sample, num_samples, at::kLong));

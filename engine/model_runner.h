@@ -15,12 +15,17 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "engine/model/transformer.h"
 #include "engine/scheduler.h"
+#include "sync/tp_group.h"
 
 namespace crl::engine {
+
+struct StepLayout;
+struct Filled;
 
 struct ForwardOutput {
   at::Tensor hidden;  // [T, hidden]: final-normed hidden state of every scheduled token
@@ -79,12 +84,33 @@ class ModelRunner {
   // takes its own product instead (rounding differs, to cuBLAS's tolerance).
   void set_lora_slots(const LoraSlots* slots) { lora_ = slots; }
 
+  // Tensor parallelism (docs/design.md §4): `group` (not owned; it outlives the runner) holds the
+  // runners of the other shards of this runner's model, which all-reduces over it. The leader
+  // (group rank 0) runs as without it and broadcasts each step's packed inputs, and each release
+  // and restore of the pool, to the others; they run follow(). Steps run eagerly (no decode
+  // graphs) and without LoRA slots. Set once, before the first step, on every rank.
+  // (vLLM's driver worker broadcasting the scheduler's output, with the step already packed.)
+  void set_tensor_parallel(sync::TpGroup* group);
+  // A follower's loop: runs the leader's steps, releases and restores until the leader's
+  // stop_followers(). Throws what a collective throws (a leader gone: the group's deadline, naming
+  // the op, the group, the ranks and the bytes).
+  void follow();
+  // The leader: ends the followers' loops (once; the destructor does it too, errors swallowed).
+  void stop_followers();
+  bool tensor_parallel() const { return tp_ != nullptr; }
+
  private:
   struct DecodeGraph;
   DecodeGraph* graph_for(const SchedulerOutput& batch);
   void allocate_kv_cache();
   void capture_cuda_graphs(bool lora);
   ForwardOutput execute_graph(const SchedulerOutput& batch, DecodeGraph& graph);
+  // The forward of a packed step (on the model's device), copy-on-write copies first.
+  at::Tensor run_packed(const StepLayout& layout, const Filled& filled, const at::Tensor& buf,
+                        const LoraBatch& lora);
+  // The leader's word to its followers: a command and its numbers, and for a step the packed
+  // inputs (host bytes).
+  void tell_followers(const std::vector<int64_t>& words, const at::Tensor& payload = {});
 
   const Transformer& model_;
   int32_t block_size_;
@@ -98,6 +124,9 @@ class ModelRunner {
       lora_graphs_;  // the same, for batches with adapted rows
   int64_t graph_captures_ = 0;
   const LoraSlots* lora_ = nullptr;
+  sync::TpGroup* tp_ = nullptr;
+  bool followers_stopped_ = false;
+  std::string tp_broken_;  // a failed step's error: the group takes no further step
 };
 
 }  // namespace crl::engine

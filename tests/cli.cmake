@@ -105,3 +105,11 @@ add_test(NAME cli.mistakes_get_one_line_naming_the_flag_and_a_suggestion
                  ${CMAKE_CURRENT_BINARY_DIR}/cli-errors)
 set_tests_properties(cli.mistakes_get_one_line_naming_the_flag_and_a_suggestion PROPERTIES
                      LABELS unit ENVIRONMENT "${CRL_CLI_ENV}" TIMEOUT 120)
+
+# A tensor-parallel engine (--tp 2: the default model's 4 heads and 2 KV heads split over two
+# ranks, threads of the one process) generates the unsplit engine's greedy and seeded tokens.
+add_test(NAME cli.generate_tensor_parallel_equals_one_rank
+         COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/app/tensor_parallel_generate.sh
+                 $<TARGET_FILE:colocated-rl>)
+set_tests_properties(cli.generate_tensor_parallel_equals_one_rank PROPERTIES LABELS unit
+                     ENVIRONMENT "${CRL_CLI_ENV}" TIMEOUT 120)

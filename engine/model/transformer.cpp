@@ -97,6 +97,17 @@ Transformer Transformer::load(const std::string& dir, TransformerOptions options
   return Transformer(std::move(config), std::move(weights), options);
 }
 
+Transformer Transformer::load(const std::string& dir, TransformerOptions options,
+                              const TpShard& shard) {
+  const ModelConfig full = load_model_config(dir);
+  ModelConfig local = tp_local_config(full, shard);
+  NamedTensors weights = load_checkpoint(dir, model_param_specs(full), options.dtype,
+                                         [&](const std::string& name, const at::Tensor& whole) {
+                                           return tp_slice(name, whole, shard);
+                                         });
+  return Transformer(std::move(local), std::move(weights), options);
+}
+
 void Transformer::bind_parameters() {
   std::unordered_map<std::string, at::Tensor> by_name;
   for (auto& [name, t] : params_) by_name[name] = t;
@@ -375,11 +386,15 @@ at::Tensor Transformer::layer_forward(int64_t li, const at::Tensor& h, const Rop
   }
   auto attn =
       attention.attend(li, q.contiguous(), k.contiguous(), v.contiguous()).reshape({t, q_dim});
-  auto h2 = h + adapted_linear(li, LoraTarget::kO, attn, l.o_proj, {}, m);
+  auto o = adapted_linear(li, LoraTarget::kO, attn, l.o_proj, {}, m);
+  if (row_reduce_) row_reduce_(o);
+  auto h2 = h + o;
   auto n2 = rms_norm(h2, l.post_norm);
   auto gate = adapted_linear(li, LoraTarget::kGate, n2, l.gate_proj, {}, m);
   auto up = adapted_linear(li, LoraTarget::kUp, n2, l.up_proj, {}, m);
-  return h2 + adapted_linear(li, LoraTarget::kDown, silu_mul(gate, up), l.down_proj, {}, m);
+  auto down = adapted_linear(li, LoraTarget::kDown, silu_mul(gate, up), l.down_proj, {}, m);
+  if (row_reduce_) row_reduce_(down);
+  return h2 + down;
 }
 
 at::Tensor Transformer::forward_hidden(const at::Tensor& tokens, const at::Tensor& positions,

@@ -27,6 +27,7 @@
 #include "engine/model/attention.h"
 #include "engine/model/config.h"
 #include "engine/model/lora.h"
+#include "engine/model/tensor_parallel.h"
 #include "engine/model/weight_loader.h"
 
 namespace crl::engine {
@@ -56,6 +57,10 @@ class Transformer {
   Transformer(ModelConfig config, NamedTensors weights, TransformerOptions options);
   // Loads config.json and the safetensors checkpoint from a Hugging Face directory.
   static Transformer load(const std::string& dir, TransformerOptions options);
+  // The same, keeping tensor-parallel shard `shard` of it (engine/model/tensor_parallel.h): its
+  // config() is the shard's local one. Its forward needs set_row_parallel_reduce() when
+  // shard.size > 1.
+  static Transformer load(const std::string& dir, TransformerOptions options, const TpShard& shard);
 
   // tokens, positions: [T] int64 on the model's device; `max_position`: the largest of
   // `positions`, known to the caller on the host (checked against max_position_embeddings, so the
@@ -100,6 +105,10 @@ class Transformer {
   using LayerRunner =
       std::function<at::Tensor(int64_t index, const at::Tensor& h, std::shared_ptr<LayerFn> layer)>;
   void set_layer_runner(LayerRunner runner) { layer_runner_ = std::move(runner); }
+  // Tensor parallelism: called in place on o_proj's and down_proj's partial outputs [T, hidden]
+  // before each residual add (the group's sum); empty = none.
+  using RowParallelReduce = std::function<void(const at::Tensor&)>;
+  void set_row_parallel_reduce(RowParallelReduce reduce) { row_reduce_ = std::move(reduce); }
   // The LoRA adapters forward_hidden's `lora` selects from (nullptr = none); not owned.
   void set_lora_slots(const LoraSlots* slots) { lora_ = slots; }
   // A trainable adapter on every row (the trainer's LoRA; nullptr = none; not owned): each target
@@ -151,6 +160,7 @@ class Transformer {
   std::vector<Layer> layers_;
   at::Tensor rope_cos_, rope_sin_;  // [max_positions, head_dim / 2] float32
   LayerRunner layer_runner_;
+  RowParallelReduce row_reduce_;
   const LoraSlots* lora_ = nullptr;
   const LoraAdapter* adapter_ = nullptr;
   double adapter_dropout_ = 0;

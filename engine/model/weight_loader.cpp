@@ -109,7 +109,7 @@ int64_t layer_index(const std::string& name) {
 }  // namespace
 
 NamedTensors load_checkpoint(const std::string& dir, const std::vector<ParamSpec>& specs,
-                             at::ScalarType dtype) {
+                             at::ScalarType dtype, const PartFn& part) {
   const std::string single_path = (fs::path(dir) / kSingleFile).string();
   const std::string index_path = (fs::path(dir) / kIndexFile).string();
 
@@ -173,7 +173,7 @@ NamedTensors load_checkpoint(const std::string& dir, const std::vector<ParamSpec
                                (std::isnan(t.flatten()[bad].item<double>()) ? "NaN" : "infinite") +
                                " values (the first at element " + std::to_string(bad) + ")");
     }
-    out.emplace_back(spec.name, std::move(t));
+    out.emplace_back(spec.name, part ? part(spec.name, t) : std::move(t));
   }
   // Layers the checkpoint has past the config's: a num_hidden_layers that does not match the
   // weights (the model would run on a truncated stack, silently).

@@ -41,6 +41,11 @@ std::string test_model_dir(const std::string& variant) {
     c.model_type = "qwen3";  // Qwen3-0.6B's attention geometry in small: head_dim 64, GQA group 2
     c.qk_norm = true;
     c.head_dim = 64;
+  } else if (variant == "tp4") {
+    c.model_type = "qwen2";  // four KV heads (no GQA) and qkv bias: a tensor-parallel group of 4
+    c.attention_bias = true;
+    c.tie_word_embeddings = false;
+    c.num_kv_heads = 4;
   } else if (variant != "llama") {
     throw std::invalid_argument("unknown test model variant " + variant);
   }

@@ -12,7 +12,8 @@ namespace crl::test {
 //   "qwen2"  — qkv bias, untied lm_head, rope_theta 1e6;
 //   "llama3" — untied, llama3 rope scaling, GQA 6/2 heads;
 //   "qwen3"  — per-head q/k RMSNorm, head_dim 48 != hidden / heads, tied;
-//   "qwen3-hd64" — the same with head_dim 64 (GQA 4/2: a shape FlashInfer's decode kernel takes).
+//   "qwen3-hd64" — the same with head_dim 64 (GQA 4/2: a shape FlashInfer's decode kernel takes);
+//   "tp4"    — qkv bias, untied, 4 heads and 4 KV heads (splits over a tensor-parallel group of 4).
 // Weights are scaled up from the usual init so logits are well separated (greedy ties would make
 // token-exact comparisons fragile). Created once; concurrent processes publish atomically.
 std::string test_model_dir(const std::string& variant = "llama");

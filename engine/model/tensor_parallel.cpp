@@ -1,0 +1,63 @@
+#include "engine/model/tensor_parallel.h"
+
+#include <stdexcept>
+
+namespace crl::engine {
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+int64_t divided(const char* what, int64_t value, const TpShard& shard) {
+  if (value % shard.size != 0) {
+    throw std::invalid_argument("tensor parallelism: the model's " + std::string(what) + " (" +
+                                std::to_string(value) + ") is not divisible by the group size " +
+                                std::to_string(shard.size) + " (--tp)");
+  }
+  return value / shard.size;
+}
+
+}  // namespace
+
+ModelConfig tp_local_config(const ModelConfig& full, const TpShard& shard) {
+  if (shard.size < 1 || shard.rank < 0 || shard.rank >= shard.size) {
+    throw std::invalid_argument("tensor parallelism: rank " + std::to_string(shard.rank) +
+                                " of a group of " + std::to_string(shard.size));
+  }
+  ModelConfig c = full;
+  c.num_heads = divided("num_attention_heads", full.num_heads, shard);
+  c.num_kv_heads = divided("num_key_value_heads", full.num_kv_heads, shard);
+  c.intermediate_size = divided("intermediate_size", full.intermediate_size, shard);
+  return c;
+}
+
+int tp_split_dim(const std::string& name) {
+  for (const char* rows :
+       {".q_proj.weight", ".q_proj.bias", ".k_proj.weight", ".k_proj.bias", ".v_proj.weight",
+        ".v_proj.bias", ".gate_proj.weight", ".up_proj.weight"}) {
+    if (ends_with(name, rows)) return 0;
+  }
+  for (const char* cols : {".o_proj.weight", ".down_proj.weight"}) {
+    if (ends_with(name, cols)) return 1;
+  }
+  return -1;
+}
+
+at::Tensor tp_slice(const std::string& name, const at::Tensor& full, const TpShard& shard) {
+  const int dim = tp_split_dim(name);
+  if (dim < 0 || shard.size == 1) return full;
+  const int64_t n = full.size(dim);
+  if (n % shard.size != 0) {
+    throw std::invalid_argument("tensor parallelism: '" + name + "' has " + std::to_string(n) +
+                                " along dimension " + std::to_string(dim) +
+                                ", not divisible by the group size " + std::to_string(shard.size));
+  }
+  const int64_t part = n / shard.size;
+  // A copy: a view (rows are contiguous already) would keep the whole tensor's memory alive.
+  return full.narrow(dim, shard.rank * part, part).clone(at::MemoryFormat::Contiguous);
+}
+
+}  // namespace crl::engine

@@ -1,0 +1,312 @@
+// Tensor-parallel engines (docs/design.md §4): a model split over a group of ranks against the
+// whole model: the shard math, logits within fp32 tolerance, greedy and seeded tokens identical,
+// the KV pool's hand-over through the leader, a rank that cannot build its shard, and the refusals.
+// The ranks are threads of this process, standing in for GPUs: either as separate processes would
+// be (each with a Gloo communicator, the leader's commands as broadcasts) or as an engine's own
+// in-process group (commands and sums through memory).
+#include "engine/model/tensor_parallel.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "engine/llm_engine.h"
+#include "engine/model/attention.h"
+#include "engine/model/transformer.h"
+#include "sync/communicator.h"
+#include "sync/tp_group.h"
+#include "tests/engine/test_model.h"
+#include "tests/test_utils.h"
+
+namespace crl::engine {
+namespace {
+
+using std::chrono::milliseconds;
+
+TEST(TensorParallelShardTest, SplitsHeadsKvHeadsAndTheIntermediateAndRefusesWhatDoesNotDivide) {
+  const ModelConfig full = load_model_config(test::test_model_dir("llama"));  // 4 heads, 2 KV
+  const ModelConfig half = tp_local_config(full, {1, 2});
+  EXPECT_EQ(half.num_heads, full.num_heads / 2);
+  EXPECT_EQ(half.num_kv_heads, full.num_kv_heads / 2);
+  EXPECT_EQ(half.intermediate_size, full.intermediate_size / 2);
+  EXPECT_EQ(half.head_dim, full.head_dim);
+  EXPECT_EQ(half.hidden_size, full.hidden_size);
+  try {
+    tp_local_config(full, {0, 4});
+    FAIL() << "4 ranks cannot split 2 KV heads";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("num_key_value_heads (2)"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--tp"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(tp_local_config(full, {2, 2}), std::invalid_argument);
+
+  EXPECT_EQ(tp_split_dim("model.layers.0.self_attn.q_proj.weight"), 0);
+  EXPECT_EQ(tp_split_dim("model.layers.0.self_attn.k_proj.bias"), 0);
+  EXPECT_EQ(tp_split_dim("model.layers.3.mlp.up_proj.weight"), 0);
+  EXPECT_EQ(tp_split_dim("model.layers.0.self_attn.o_proj.weight"), 1);
+  EXPECT_EQ(tp_split_dim("model.layers.0.mlp.down_proj.weight"), 1);
+  EXPECT_EQ(tp_split_dim("model.layers.0.self_attn.q_norm.weight"), -1);
+  EXPECT_EQ(tp_split_dim("model.embed_tokens.weight"), -1);
+  EXPECT_EQ(tp_split_dim("lm_head.weight"), -1);
+
+  // Rank r's rows (or columns) are the r-th part, in order.
+  const at::Tensor w = at::arange(24, at::kFloat).view({4, 6});
+  EXPECT_TRUE(tp_slice("x.q_proj.weight", w, {1, 2}).equal(w.narrow(0, 2, 2)));
+  EXPECT_TRUE(tp_slice("x.o_proj.weight", w, {2, 3}).equal(w.narrow(1, 4, 2)));
+  EXPECT_TRUE(tp_slice("x.o_proj.weight", w, {2, 3}).is_contiguous());
+  EXPECT_TRUE(tp_slice("model.norm.weight", w, {1, 2}).equal(w));
+}
+
+// Each rank's shard of `variant`, summing over the group: forward_packed's logits against the whole
+// model's.
+void expect_shards_match_the_whole_model(const std::string& variant, int tp) {
+  const std::string dir = test::test_model_dir(variant);
+  const Transformer whole = Transformer::load(dir, {});
+  const std::vector<int64_t> lens = {7, 3, 12};
+  const at::Tensor tokens = at::randint(0, whole.config().vocab_size, {22}, at::kLong);
+  const at::Tensor want = whole.forward_packed(tokens, lens);
+  const auto errors =
+      test::run_ranks(tp, milliseconds(20000), [&](int r, auto& comm, const sync::StorePtr&) {
+        const auto group = sync::make_tp_group(*comm, at::kCPU);
+        Transformer shard = Transformer::load(dir, {}, TpShard{r, tp});
+        EXPECT_EQ(shard.config().num_heads, whole.config().num_heads / tp);
+        shard.set_row_parallel_reduce([&](const at::Tensor& t) { group->all_reduce_sum(t); });
+        test::expect_tensor_near(shard.forward_packed(tokens, lens), want, 1e-4, 1e-4);
+      });
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+}
+
+TEST(TensorParallelShardTest, ShardsSummedOverTheGroupGiveTheWholeModelsLogits) {
+  expect_shards_match_the_whole_model("llama", 2);  // GQA, tied embeddings
+  expect_shards_match_the_whole_model("qwen3", 2);  // per-head q/k norms, head_dim != hidden/heads
+  expect_shards_match_the_whole_model("tp4", 4);    // qkv bias, one KV head a rank
+}
+
+// Requests that take every path of a step: prompts of several lengths in one batch (chunked under
+// the token budget), n = 2 samples sharing the prompt's blocks (copy-on-write), a prompt repeated
+// (prefix-cache hits), sampled tokens with a seed.
+std::vector<GenerateRequest> mixed_requests(int64_t vocab) {
+  std::vector<GenerateRequest> out;
+  const std::vector<std::vector<int32_t>> prompts = {
+      {5, 9, 14, 3, 8, 21, 7, 30, 2},
+      {11, 4},
+      {5, 9, 14, 3, 8, 21, 7, 30, 2, 6, 6, 1, 40, 3, 19},
+      {static_cast<int32_t>(vocab - 1), 17, 23, 29}};
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    GenerateRequest r;
+    r.request_id = "greedy-" + std::to_string(i);
+    r.prompt_token_ids = prompts[i];
+    r.params.temperature = 0;
+    r.params.max_tokens = 12;
+    r.params.ignore_eos = true;
+    r.params.logprobs = 0;
+    out.push_back(r);
+  }
+  GenerateRequest s;
+  s.request_id = "sampled";
+  s.prompt_token_ids = prompts[0];
+  s.params.n = 2;
+  s.params.seed = 7;
+  s.params.max_tokens = 10;
+  s.params.ignore_eos = true;
+  out.push_back(s);
+  return out;
+}
+
+struct Generated {
+  std::map<std::string, std::vector<std::vector<int32_t>>> tokens;
+  std::map<std::string, std::vector<std::vector<float>>> logprobs;
+};
+
+Generated collect(const std::vector<RequestOutput>& outputs) {
+  Generated g;
+  for (const RequestOutput& o : outputs) {
+    EXPECT_EQ(o.error, "") << o.request_id;
+    for (const CompletionOutput& c : o.outputs) {
+      g.tokens[o.request_id].push_back(c.token_ids);
+      g.logprobs[o.request_id].push_back(c.raw_logprobs);
+    }
+  }
+  return g;
+}
+
+// Generates `requests` twice on `engine`, the KV pool released and taken back between the runs (as
+// in the colocated hand-over, which tells the followers too).
+void generate_twice(LlmEngine& engine, const std::vector<GenerateRequest>& requests,
+                    std::vector<Generated>* runs) {
+  runs->push_back(collect(engine.generate(requests)));
+  engine.release_kv_cache();
+  EXPECT_TRUE(engine.kv_cache_released());
+  runs->push_back(collect(engine.generate(requests)));
+  EXPECT_FALSE(engine.kv_cache_released());
+}
+
+// A group of `tp` ranks as in separate processes (each its own communicator; the leader's commands
+// are broadcasts): rank 0 an LlmEngine, the others LlmEngine::follow.
+std::vector<Generated> generate_over_communicators(const EngineConfig& config, int tp,
+                                                   const std::vector<GenerateRequest>& requests) {
+  std::vector<Generated> runs;
+  const auto errors =
+      test::run_ranks(tp, milliseconds(30000), [&](int r, auto& comm, const sync::StorePtr&) {
+        const auto group = sync::make_tp_group(*comm, at::kCPU);
+        if (r != 0) {
+          LlmEngine::follow(config, *group);
+          return;
+        }
+        LlmEngine engine(config, group.get());
+        EXPECT_EQ(engine.model_config().num_kv_heads * tp,
+                  load_model_config(config.model_dir).num_kv_heads);
+        generate_twice(engine, requests, &runs);
+      });
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+  return runs;
+}
+
+// The same group as threads the engine starts itself (EngineConfig::tensor_parallel_size).
+std::vector<Generated> generate_in_process(EngineConfig config, int tp,
+                                           const std::vector<GenerateRequest>& requests) {
+  config.tensor_parallel_size = tp;
+  std::vector<Generated> runs;
+  LlmEngine engine(config);
+  EXPECT_EQ(engine.model_config().num_heads * tp, load_model_config(config.model_dir).num_heads);
+  EXPECT_TRUE(engine.runner().tensor_parallel());
+  generate_twice(engine, requests, &runs);
+  return runs;
+}
+
+void expect_tensor_parallel_engine_matches(const std::string& variant, int tp, bool in_process) {
+  SCOPED_TRACE(variant + " at tp " + std::to_string(tp) + (in_process ? " in one process" : ""));
+  EngineConfig config = test::test_engine_config(variant);
+  config.max_batched_tokens = 16;  // the long prompts run in chunks
+  config.num_kv_blocks = 64;
+  const auto requests = mixed_requests(load_model_config(config.model_dir).vocab_size);
+  Generated want;
+  {
+    LlmEngine whole(config);
+    want = collect(whole.generate(requests));
+  }
+  const std::vector<Generated> runs = in_process
+                                          ? generate_in_process(config, tp, requests)
+                                          : generate_over_communicators(config, tp, requests);
+  ASSERT_EQ(runs.size(), 2u);
+  for (const Generated& got : runs) {
+    EXPECT_EQ(got.tokens, want.tokens);
+    for (const auto& [id, samples] : want.logprobs) {
+      ASSERT_EQ(got.logprobs.at(id).size(), samples.size()) << id;
+      for (size_t i = 0; i < samples.size(); ++i) {
+        const std::vector<float>& a = got.logprobs.at(id)[i];
+        ASSERT_EQ(a.size(), samples[i].size()) << id;
+        for (size_t k = 0; k < a.size(); ++k) EXPECT_NEAR(a[k], samples[i][k], 1e-3) << id;
+      }
+    }
+  }
+}
+
+TEST(TensorParallelEngineTest, GreedyAndSeededTokensEqualTheWholeModelsAtTwoAndFourRanks) {
+  expect_tensor_parallel_engine_matches("llama", 2, /*in_process=*/false);
+  expect_tensor_parallel_engine_matches("tp4", 4, /*in_process=*/false);
+  expect_tensor_parallel_engine_matches("llama", 2, /*in_process=*/true);
+  expect_tensor_parallel_engine_matches("qwen3", 2, /*in_process=*/true);
+  expect_tensor_parallel_engine_matches("tp4", 4, /*in_process=*/true);
+}
+
+TEST(TensorParallelEngineTest, AnInProcessGroupEndsWithItsEngineAndRefusesWhatDoesNotSplit) {
+  EngineConfig config = test::test_engine_config("llama");  // 2 KV heads
+  config.tensor_parallel_size = 4;
+  try {
+    LlmEngine engine(config);
+    FAIL() << "4 ranks took a model of 2 KV heads";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("num_key_value_heads"), std::string::npos) << e.what();
+  }
+  // The followers of an engine destroyed mid-generation end with it (its destructor would hang
+  // on a thread that did not).
+  config.tensor_parallel_size = 2;
+  for (int i = 0; i < 3; ++i) {
+    LlmEngine engine(config);
+    GenerateRequest r;
+    r.prompt_token_ids = {4, 8, 15, 16, 23, 42};
+    r.params.max_tokens = 50;
+    r.params.ignore_eos = true;
+    engine.add_request(r);
+    for (int s = 0; s < i; ++s) engine.step();
+  }
+}
+
+TEST(TensorParallelEngineTest, RefusesWhatItDoesNotServeYet) {
+  const auto errors =
+      test::run_ranks(2, milliseconds(20000), [&](int r, auto& comm, const sync::StorePtr&) {
+        const auto group = sync::make_tp_group(*comm, at::kCPU);
+        EngineConfig config = test::test_engine_config("llama");
+        if (r == 1) {
+          EXPECT_THROW(LlmEngine(config, group.get()), std::logic_error);  // rank 1 follows
+          // Rank 0's refusal (LoRA) ends this rank's start too: the group agrees after building.
+          try {
+            LlmEngine::follow(config, *group);
+            ADD_FAILURE() << "a follower started beside a leader that refused its settings";
+          } catch (const std::runtime_error& e) {
+            EXPECT_NE(std::string(e.what()).find("rank(s) 0 could not build"), std::string::npos)
+                << e.what();
+          }
+          LlmEngine::follow(config, *group);
+          return;
+        }
+        EXPECT_THROW(LlmEngine::follow(config, *group), std::logic_error);  // rank 0 leads
+        EngineConfig with_lora = config;
+        with_lora.max_loras = 1;
+        EXPECT_THROW(LlmEngine(with_lora, group.get()), std::invalid_argument);
+        LlmEngine engine(config, group.get());
+        try {
+          engine.attach_weight_buffers(1 << 20);
+          ADD_FAILURE() << "a tensor-parallel engine took whole-model weight buckets";
+        } catch (const std::invalid_argument& e) {
+          EXPECT_NE(std::string(e.what()).find("shard-aware"), std::string::npos) << e.what();
+        }
+      });
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+}
+
+TEST(TensorParallelEngineTest, ARankThatCannotBuildItsShardEndsTheGroupBeforeAnyStep) {
+  const auto errors =
+      test::run_ranks(2, milliseconds(20000), [&](int r, auto& comm, const sync::StorePtr&) {
+        const auto group = sync::make_tp_group(*comm, at::kCPU);
+        EngineConfig config = test::test_engine_config("llama");
+        // 1. Rank 1 alone cannot load (no checkpoint where its flags point).
+        EngineConfig broken = config;
+        broken.model_dir = ::testing::TempDir() + "/no-such-model";
+        if (r == 1) {
+          EXPECT_ANY_THROW(LlmEngine::follow(broken, *group));
+        } else {
+          try {
+            LlmEngine engine(config, group.get());
+            ADD_FAILURE() << "the leader started beside a rank without its shard";
+          } catch (const std::runtime_error& e) {
+            EXPECT_NE(std::string(e.what()).find("rank(s) 1 could not build"), std::string::npos)
+                << e.what();
+          }
+        }
+        // 2. Pools that differ: the leader's block tables would index past a follower's pool.
+        EngineConfig fewer = config;
+        fewer.num_kv_blocks = config.num_kv_blocks / 2;
+        if (r == 1) {
+          EXPECT_THROW(LlmEngine::follow(fewer, *group), std::invalid_argument);
+        } else {
+          try {
+            LlmEngine engine(config, group.get());
+            ADD_FAILURE() << "the leader started with a follower of half its KV pool";
+          } catch (const std::invalid_argument& e) {
+            EXPECT_NE(std::string(e.what()).find(
+                          "rank 1 has " + std::to_string(fewer.num_kv_blocks) + " KV blocks"),
+                      std::string::npos)
+                << e.what();
+          }
+        }
+      });
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+}
+
+}  // namespace
+}  // namespace crl::engine
