@@ -84,7 +84,13 @@ struct Cell {
   std::string kernels = "libtorch";
   int64_t lora = 0;  // LoRA rank (0: full fine-tuning)
   int64_t logits_chunk = 0;
+  bool prefetch = true;  // stage 3: the next layer's gather while this one computes
 };
+
+// The zero column: the stage, "3np" for stage 3 without the gather prefetch.
+std::string zero_label(const Cell& c) {
+  return c.stage == 3 && !c.prefetch ? "3np" : std::to_string(c.stage);
+}
 
 }  // namespace
 
@@ -97,6 +103,9 @@ void add_train_bench_flags(CLI::App& cmd, TrainBenchOptions& o) {
                "add activation-checkpointing cells (one rank, and the most ranks at stage 2)");
   cmd.add_flag("--offload-optimizer", o.offload_optimizer,
                "add optimizer-offload cells (the most ranks at stage 2)");
+  cmd.add_flag("--zero3-no-prefetch", o.zero3_no_prefetch,
+               "run every stage-3 cell again without the next layer's gather prefetch (zero "
+               "column 3np)");
   cmd.add_option("--dtype", o.dtype, "compute dtype: float32 or bfloat16")->capture_default_str();
   cmd.add_option("--seq-tokens", o.seq_tokens, "tokens per micro-batch (one packed sequence)")
       ->capture_default_str();
@@ -141,6 +150,15 @@ int run_train_bench(const TrainBenchOptions& o) {
     if (most > 1) cells.push_back({most, 2, true, false});
   }
   if (o.offload_optimizer) cells.push_back({most, most > 1 ? 2 : 0, false, true});
+  if (o.zero3_no_prefetch) {
+    const size_t n = cells.size();
+    for (size_t i = 0; i < n; ++i) {
+      if (cells[i].stage != 3) continue;
+      Cell c = cells[i];
+      c.prefetch = false;
+      cells.push_back(c);
+    }
+  }
   {
     const auto chunks = int_list(o.logits_chunk_tokens, "--logits-chunk-tokens");
     std::vector<Cell> each;
@@ -227,6 +245,7 @@ int run_train_bench(const TrainBenchOptions& o) {
           to.dtype = o.dtype;
           to.group = comm.get();
           to.zero_stage = c.stage;
+          to.zero3_prefetch = c.prefetch;
           to.activation_checkpointing = c.ac;
           to.offload_optimizer = c.offload;
           to.cpu_kernels = c.kernels;
@@ -288,7 +307,7 @@ int run_train_bench(const TrainBenchOptions& o) {
           "ranks {} zero {} ac {} offload {} ({}): LoRA rank {} state {:.2f} MiB vs full {:.2f} "
           "MiB "
           "({:.2f}%; the frozen base adds {:.1f} MiB in {}), tokens/s {:.0f} vs {:.0f} ({:.2f}x)",
-          c.ranks, c.stage, c.ac ? "on" : "off", c.offload ? "on" : "off", c.kernels, c.lora,
+          c.ranks, zero_label(c), c.ac ? "on" : "off", c.offload ? "on" : "off", c.kernels, c.lora,
           bytes.total() / 1048576.0, full_state / 1048576.0, 100.0 * bytes.total() / full_state,
           params * static_cast<double>(c10::elementSize(dt)) / 1048576.0, o.dtype, tps, full_tps,
           tps / full_tps));
@@ -296,7 +315,7 @@ int run_train_bench(const TrainBenchOptions& o) {
     const double activ = static_cast<double>(rss_samples.at(0) - rss_before) / c.ranks;
     {
       const std::string key =
-          fmt::format("ranks {} zero {} ac {} offload {} ({}, lora {})", c.ranks, c.stage,
+          fmt::format("ranks {} zero {} ac {} offload {} ({}, lora {})", c.ranks, zero_label(c),
                       c.ac ? "on" : "off", c.offload ? "on" : "off", c.kernels, c.lora);
       auto first = first_chunk.find(key);
       if (first == first_chunk.end()) {
@@ -312,8 +331,8 @@ int run_train_bench(const TrainBenchOptions& o) {
     if (c.kernels == "project" && c.lora == 0) project_tps = tps;
     if (c.kernels == "libtorch" && c.lora == 0 && project_tps > 0) {
       project_over_libtorch.emplace_back(
-          fmt::format("ranks {} zero {} ac {} offload {}", c.ranks, c.stage, c.ac ? "on" : "off",
-                      c.offload ? "on" : "off"),
+          fmt::format("ranks {} zero {} ac {} offload {}", c.ranks, zero_label(c),
+                      c.ac ? "on" : "off", c.offload ? "on" : "off"),
           project_tps / tps);
       project_tps = 0;
     }
@@ -327,7 +346,7 @@ int run_train_bench(const TrainBenchOptions& o) {
         "{:>8} {:>4} {:>5} {:>4} {:>3} {:>7} {:>6} | {:>9} {:>9} {:>9} {:>9} {:>9} {:>6.3f} | "
         "{:>9} "
         "| {:>8.0f} {:>6.2f}x {:>5.1f}%\n",
-        c.kernels, c.lora, c.ranks, c.stage, c.ac ? "on" : "off", c.offload ? "on" : "off",
+        c.kernels, c.lora, c.ranks, zero_label(c), c.ac ? "on" : "off", c.offload ? "on" : "off",
         c.logits_chunk == 0 ? std::string("auto") : std::to_string(c.logits_chunk),
         mib(bytes.parameters), mib(bytes.gradients), mib(bytes.optimizer), mib(bytes.total()),
         mib(ideal), bytes.total() / ideal, mib(activ), tps, vs0, 100 * mm_share);
@@ -338,6 +357,7 @@ int run_train_bench(const TrainBenchOptions& o) {
                             {"cpu", engine::kernels::cpu_model_name()},
                             {"ranks", c.ranks},
                             {"zero", c.stage},
+                            {"zero3_prefetch", c.stage == 3 && c.prefetch},
                             {"lora_rank", c.lora},
                             {"activation_checkpointing", c.ac},
                             {"offload_optimizer", c.offload},

@@ -27,6 +27,7 @@ struct TrainBenchOptions {
   std::string train_ranks = "1,2";
   bool activation_checkpointing = false;  // add checkpointing cells
   bool offload_optimizer = false;         // add offload cells
+  bool zero3_no_prefetch = false;         // every stage-3 cell again without the gather prefetch
   std::string dtype = "float32";          // compute dtype
   std::string cpu_kernels = "libtorch";   // TrainerOptions::cpu_kernels values, comma-separated
   int64_t seq_tokens = 512;

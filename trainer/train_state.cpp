@@ -156,6 +156,8 @@ TrainState::TrainState(const engine::NamedTensors& weights, TrainStateOptions op
   holds_.assign(nb, 0);
   idle_.assign(nb, false);
   cap_.assign(nb, 0);
+  gathering_.resize(nb);
+  gathering_into_.assign(nb, at::Tensor());
   set_parameter_groups(std::vector<int>(weights.size(), 0));
 }
 
@@ -164,8 +166,11 @@ TrainState::~TrainState() {
   if (!sync::Communicator::process_failed()) {
     try {
       wait_pending();
+      for (size_t b = 0; b < gathering_.size(); ++b) settle(static_cast<int64_t>(b));
     } catch (...) {
     }
+  } else {
+    for (auto& w : gathering_) (void)w.release();  // abandoned with the group (never waited)
   }
 }
 
@@ -201,13 +206,7 @@ void TrainState::set_parameter_groups(const std::vector<int>& group_of_param) {
   backward_hold_.assign(groups, false);
 }
 
-void TrainState::hold(int64_t b) {
-  if (holds_[b]++ > 0) return;
-  if (idle_[b]) {  // still gathered since its last release: parameters change only at step()
-    idle_[b] = false;
-    return;
-  }
-  at::NoGradGuard no_grad;
+at::Tensor TrainState::gather_target(int64_t b) {
   const at::Tensor& full = param_full_[b];
   const int64_t nbytes = full.numel() * static_cast<int64_t>(full.element_size());
   auto best = spare_.end();  // the smallest spare buffer that fits
@@ -223,9 +222,39 @@ void TrainState::hold(int64_t b) {
     cap_[b] = nbytes;
     give_storage(full, allocate_on(full.device(), nbytes), nbytes);
   }
-  group_->all_gather(param_shard_[b], unversioned_alias(full));
   gathered_bytes_ += cap_[b];
   gathered_peak_ = std::max(gathered_peak_, gathered_bytes_ + spare_bytes_);
+  return unversioned_alias(full);
+}
+
+void TrainState::settle(int64_t b) {
+  if (!gathering_[b]) return;
+  const std::unique_ptr<sync::Work> work = std::move(gathering_[b]);
+  work->wait();
+  gathering_into_[b] = at::Tensor();
+  idle_[b] = true;
+}
+
+void TrainState::prefetch(int g) {
+  if (!sharded_ || !prefetch_on_ || g < 0 || g >= static_cast<int>(group_buckets_.size())) return;
+  at::NoGradGuard no_grad;
+  for (int64_t b : group_buckets_[g]) {
+    if (holds_[b] > 0 || idle_[b] || gathering_[b]) continue;  // resident or on its way
+    gathering_into_[b] = gather_target(b);
+    gathering_[b] = group_->all_gather_async(param_shard_[b], gathering_into_[b]);
+    ++prefetched_;
+  }
+}
+
+void TrainState::hold(int64_t b) {
+  settle(b);
+  if (holds_[b]++ > 0) return;
+  if (idle_[b]) {  // still gathered since its last release: parameters change only at step()
+    idle_[b] = false;
+    return;
+  }
+  at::NoGradGuard no_grad;
+  group_->all_gather(param_shard_[b], gather_target(b));
 }
 
 void TrainState::unhold(int64_t b) {
@@ -246,6 +275,7 @@ void TrainState::evict(int64_t b) {
 
 void TrainState::evict_idle(const std::vector<int64_t>& except) {
   for (int64_t b = 0; b < static_cast<int64_t>(idle_.size()); ++b) {
+    if (gathering_[b] && std::find(except.begin(), except.end(), b) == except.end()) settle(b);
     if (idle_[b] && std::find(except.begin(), except.end(), b) == except.end()) evict(b);
   }
 }

@@ -101,6 +101,12 @@ class TrainState {
   void acquire_for_backward(int group);
   // Drops the backward holds still taken (end_micro_batch() does; a backward that threw).
   void release_backward_holds();
+  // Starts gathering `group`'s buckets that are not resident, without waiting (FSDP2's prefetch:
+  // the next layer's gather runs while this one computes); its acquire() then waits for them. Every
+  // rank calls it at the same points. No-op unless sharded or when set_prefetch(false).
+  void prefetch(int group);
+  void set_prefetch(bool on) { prefetch_on_ = on; }
+  int64_t prefetched_buckets() const { return prefetched_; }  // over the state's life
   // A hold on the buckets keep(b) says, gathering every bucket not resident in order (a
   // collective per bucket: every rank calls it, whatever its `keep`); release_kept() drops it.
   void acquire_buckets(const std::function<bool(int64_t)>& keep);
@@ -151,6 +157,10 @@ class TrainState {
   void unhold(int64_t bucket);  // leaves it idle (gathered) when no holder is left
   void evict(int64_t bucket);   // frees an idle bucket's buffer (into the spares)
   void evict_idle(const std::vector<int64_t>& except);
+  // Stage 3: gives bucket b gathering memory (a spare that fits, else new) and returns its full
+  // buffer's alias for the all-gather.
+  at::Tensor gather_target(int64_t bucket);
+  void settle(int64_t bucket);  // waits for a prefetched bucket's gather: it is then idle
 
   TrainStateOptions o_;
   sync::Communicator* group_;
@@ -171,6 +181,11 @@ class TrainState {
   // Idle: gathered with no holder, until an acquire that does not need it (parameters change only
   // at the step); a buffer's allocated bytes; freed buffers kept for the next gathers.
   std::vector<bool> idle_;
+  // Prefetched: a gather in flight (its Work; the full buffer's alias it writes); idle once waited.
+  std::vector<std::unique_ptr<sync::Work>> gathering_;
+  std::vector<at::Tensor> gathering_into_;
+  bool prefetch_on_ = true;
+  int64_t prefetched_ = 0;
   std::vector<int64_t> cap_;
   std::vector<std::pair<at::DataPtr, int64_t>> spare_;
   int64_t spare_bytes_ = 0;

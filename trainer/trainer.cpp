@@ -138,7 +138,9 @@ struct GatherForBackward : public torch::autograd::Function<GatherForBackward> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto* state = reinterpret_cast<TrainState*>(ctx->saved_data["state"].toInt());
-    state->acquire_for_backward(static_cast<int>(ctx->saved_data["group"].toInt()));
+    const int group = static_cast<int>(ctx->saved_data["group"].toInt());
+    state->acquire_for_backward(group);
+    state->prefetch(group - 1);  // backward's next layer (group 0, the root, is held already)
     return {grads[0], at::Tensor(), at::Tensor()};
   }
 };
@@ -313,6 +315,7 @@ void Trainer::init(engine::ModelConfig config, engine::NamedTensors weights,
     const bool sharded = so.zero_stage == 3 && options_.group && options_.group->size() > 1;
     for (auto& [name, w] : weights) w = w.detach().to(sharded ? at::kCPU : s.device, at::kFloat);
     s.state = std::make_unique<TrainState>(weights, so, options_.group);
+    s.state->set_prefetch(options_.zero3_prefetch);
     weights.clear();
     // Validates names and shapes against the config.
     s.model = std::make_unique<engine::Transformer>(config, s.state->parameters(), topts);
@@ -343,6 +346,7 @@ void Trainer::init(engine::ModelConfig config, engine::NamedTensors weights,
     const bool grad = at::GradMode::is_enabled();
     const int group = 1 + static_cast<int>(li);
     GroupHold hold(*s.state, group);  // ZeRO-3: the layer's parameters for its forward
+    s.state->prefetch(group + 1);     // and the next layer's, gathered while this one computes
     if (grad && !s.lora) s.bind_sinks_from(s.layer_first[li], s.layer_first[li + 1]);
     at::Tensor out =
         grad && checkpoint ? LayerCheckpoint::apply(h, s.anchor, std::move(layer))[0] : (*layer)(h);
@@ -379,6 +383,7 @@ const engine::NamedTensors& Trainer::parameters() const { return impl_->state->p
 const std::vector<at::Tensor>& Trainer::buckets() const { return impl_->state->buckets(); }
 const sync::WeightLayout& Trainer::layout() const { return impl_->state->layout(); }
 StateBytes Trainer::state_bytes() const { return impl_->state->bytes(); }
+int64_t Trainer::prefetched_buckets() const { return impl_->state->prefetched_buckets(); }
 void Trainer::gather_buckets(const std::function<bool(int64_t)>& keep) {
   impl_->state->acquire_buckets(keep);
 }

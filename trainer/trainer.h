@@ -107,6 +107,9 @@ struct TrainerOptions {
   // backward; the embedding, final norm and head for the whole micro-batch);
   // -1: 2 with more than one rank in the group, else 0 (resolved by the Trainer).
   int zero_stage = -1;
+  // Stage 3: gather the next decoder layer's parameters while the current one computes (forward
+  // and backward; FSDP2's prefetch of one). Off: each layer's gather waits when it is needed.
+  bool zero3_prefetch = true;
   // Recompute each decoder layer's activations in backward (peak ~ one layer's per micro-batch).
   bool activation_checkpointing = false;
   // fp32 masters and Adam moments in host memory; AdamW steps there.
@@ -185,6 +188,8 @@ class Trainer {
   const sync::WeightLayout& layout() const;
   // Persistent training-state bytes of this rank by kind.
   StateBytes state_bytes() const;
+  // Stage 3: buckets whose gather was started ahead of their layer (zero3_prefetch), so far.
+  int64_t prefetched_buckets() const;
   // Bytes the KL reference holds beyond the trainer's own tensors (0 without one): a full copy
   // for full fine-tuning, only the adapter's frozen copy where a LoRA reference shares the base
   // (also a resumed LoRA run whose reference_model_dir is the base it adapts).

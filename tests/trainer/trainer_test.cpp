@@ -426,10 +426,11 @@ struct StageThreeRun {
   std::vector<double> grad_norms;
   engine::NamedTensors weights;
   StateBytes bytes;
+  int64_t prefetched = 0;
 };
 
 StageThreeRun run_eight_layers(const std::vector<MicroBatch>& mbs, int stage, bool checkpointing,
-                               double max_norm, bool rank1_idle = false) {
+                               double max_norm, bool rank1_idle = false, bool prefetch = true) {
   engine::ModelConfig c = engine::load_model_config(test::test_engine_config().model_dir);
   c.num_layers = 8;
   const engine::NamedTensors init = engine::random_init_weights(c, 11, at::kFloat);
@@ -442,6 +443,7 @@ StageThreeRun run_eight_layers(const std::vector<MicroBatch>& mbs, int stage, bo
         o.deterministic = true;
         o.max_grad_norm = max_norm;
         o.activation_checkpointing = checkpointing;
+        o.zero3_prefetch = prefetch;
         o.grad_bucket_bytes = 64 * 1024;
         engine::NamedTensors w;
         for (const auto& [name, t] : init) w.emplace_back(name, t.clone());
@@ -463,6 +465,7 @@ StageThreeRun run_eight_layers(const std::vector<MicroBatch>& mbs, int stage, bo
         if (r == 0) {
           out.weights = std::move(weights);
           out.bytes = t.state_bytes();
+          out.prefetched = t.prefetched_buckets();
         }
       });
   for (const auto& e : errors) EXPECT_EQ(e, "");
@@ -493,8 +496,14 @@ TEST(ZeroTest, StageThreeGathersALayerAtATimeAndTrainsBitForBitAsStagesTwoAndZer
   const StageThreeRun z2 = run_eight_layers(mbs, 2, false, 0.5);
   const StageThreeRun z3 = run_eight_layers(mbs, 3, false, 0.5);
   const StageThreeRun z3_ckpt = run_eight_layers(mbs, 3, true, 0.5);
+  const StageThreeRun z3_waiting = run_eight_layers(mbs, 3, false, 0.5, false, /*prefetch=*/false);
   expect_bitwise(z3, z2, "stage 3 vs stage 2");
   expect_bitwise(z3_ckpt, z2, "stage 3 with activation checkpointing vs stage 2");
+  expect_bitwise(z3_waiting, z2, "stage 3 without the gather prefetch vs stage 2");
+  // The next layer's gather starts while a layer computes, forward and backward (the first
+  // layer's, and each layer's sharing a bucket with its neighbour, are not prefetched).
+  EXPECT_GE(z3.prefetched, 3 * 2 * 4) << "3 steps x 2 micro-batches, at least 4 a micro-batch";
+  EXPECT_EQ(z3_waiting.prefetched, 0);
   EXPECT_GT(z2.grad_norms[0], 0.5) << "the test should exercise clipping";
   expect_bitwise(run_eight_layers(mbs, 3, false, 0), run_eight_layers(mbs, 0, false, 0),
                  "stage 3 vs stage 0, no clipping", /*same_norm_sums=*/false);
@@ -511,7 +520,7 @@ TEST(ZeroTest, StageThreeGathersALayerAtATimeAndTrainsBitForBitAsStagesTwoAndZer
   }
   ASSERT_LT(root, 2 * layer) << "the bound below would not tell one layer from all";
   const int64_t slack = 2 * 64 * 1024 + 64 * 4 * 2 * 40;  // bucket boundaries, slice padding
-  for (const StageThreeRun* r : {&z3, &z3_ckpt}) {
+  for (const StageThreeRun* r : {&z3, &z3_ckpt, &z3_waiting}) {
     EXPECT_LE(r->bytes.parameters, all / 2 + root + 2 * layer + slack);
     EXPECT_GE(r->bytes.parameters, all / 2 + layer);
   }
