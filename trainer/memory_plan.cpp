@@ -64,14 +64,17 @@ int64_t trainer_state_bytes(const engine::ModelConfig& config, const TrainerOpti
   if (trainer.lora.enabled()) bytes += trainable * c;  // the adapter's compute-dtype copy
   if (stage == 3 && !trainer.lora.enabled()) {         // (the trainer refuses LoRA at stage 3)
     // The own slices, and what is gathered at most: the embedding, final norm and head for the
-    // micro-batch, two decoder layers (one's backward, the next's gather) and a bucket at each
-    // group boundary.
+    // micro-batch, two decoder layers (one's backward, the next's gather), a third with the
+    // prefetch (the layer after the one running), and a bucket at each group boundary (two more
+    // with the prefetch: the spans of two groups, and spare buffers larger than a bucket).
     const int64_t root =
         config.vocab_size * config.hidden_size * (config.tie_word_embeddings ? 1 : 2) +
         config.hidden_size;
     const int64_t layer = (all - root) / std::max<int64_t>(config.num_layers, 1);
-    bytes =
-        all * c / shard + (root + 2 * layer) * c + std::min(all * c, 2 * trainer.grad_bucket_bytes);
+    const int64_t layers = trainer.zero3_prefetch ? 3 : 2;
+    const int64_t edges = trainer.zero3_prefetch ? 4 : 2;
+    bytes = all * c / shard + (root + layers * layer) * c +
+            std::min(all * c, edges * trainer.grad_bucket_bytes);
   }
   if (stage >= 2) {
     // The own slice, and the pool of full-bucket buffers gradients are reduce-scattered from.

@@ -166,11 +166,21 @@ TrainState::~TrainState() {
   if (!sync::Communicator::process_failed()) {
     try {
       wait_pending();
-      for (size_t b = 0; b < gathering_.size(); ++b) settle(static_cast<int64_t>(b));
     } catch (...) {
     }
-  } else {
-    for (auto& w : gathering_) (void)w.release();  // abandoned with the group (never waited)
+    for (size_t b = 0; b < gathering_.size(); ++b) {
+      try {
+        settle(static_cast<int64_t>(b));
+      } catch (...) {
+      }
+    }
+  }
+  // Gathers never completed (a failed group): their Work and target memory are leaked, not freed
+  // under a transfer that may still write into them.
+  for (size_t b = 0; b < gathering_.size(); ++b) {
+    if (!gathering_[b]) continue;
+    (void)gathering_[b].release();
+    (void)take_storage(param_full_[b]).release_context();
   }
 }
 
@@ -227,12 +237,13 @@ at::Tensor TrainState::gather_target(int64_t b) {
   return unversioned_alias(full);
 }
 
-void TrainState::settle(int64_t b) {
-  if (!gathering_[b]) return;
-  const std::unique_ptr<sync::Work> work = std::move(gathering_[b]);
-  work->wait();
+bool TrainState::settle(int64_t b) {
+  if (!gathering_[b]) return false;
+  gathering_[b]->wait();  // on a failure the bucket stays in flight (abandoned with the group)
+  gathering_[b].reset();
   gathering_into_[b] = at::Tensor();
   idle_[b] = true;
+  return true;
 }
 
 void TrainState::prefetch(int g) {
@@ -247,7 +258,7 @@ void TrainState::prefetch(int g) {
 }
 
 void TrainState::hold(int64_t b) {
-  settle(b);
+  if (settle(b)) ++prefetch_used_;
   if (holds_[b]++ > 0) return;
   if (idle_[b]) {  // still gathered since its last release: parameters change only at step()
     idle_[b] = false;

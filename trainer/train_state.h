@@ -36,7 +36,8 @@
 // only when every higher bucket was launched, so every rank issues the same collectives in the
 // same order.
 //
-// Thread safety: one thread (plus the autograd engine calling add_grad during backward()).
+// Thread safety: one thread (plus the autograd engine calling add_grad, and at stage 3
+// acquire_for_backward and prefetch, during backward(), while that thread waits in it).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -107,6 +108,7 @@ class TrainState {
   void prefetch(int group);
   void set_prefetch(bool on) { prefetch_on_ = on; }
   int64_t prefetched_buckets() const { return prefetched_; }  // over the state's life
+  int64_t prefetches_used() const { return prefetch_used_; }  // of those, found in flight by hold
   // A hold on the buckets keep(b) says, gathering every bucket not resident in order (a
   // collective per bucket: every rank calls it, whatever its `keep`); release_kept() drops it.
   void acquire_buckets(const std::function<bool(int64_t)>& keep);
@@ -160,7 +162,8 @@ class TrainState {
   // Stage 3: gives bucket b gathering memory (a spare that fits, else new) and returns its full
   // buffer's alias for the all-gather.
   at::Tensor gather_target(int64_t bucket);
-  void settle(int64_t bucket);  // waits for a prefetched bucket's gather: it is then idle
+  // Waits for a prefetched bucket's gather (it is then idle); false when none was in flight.
+  bool settle(int64_t bucket);
 
   TrainStateOptions o_;
   sync::Communicator* group_;
@@ -185,7 +188,7 @@ class TrainState {
   std::vector<std::unique_ptr<sync::Work>> gathering_;
   std::vector<at::Tensor> gathering_into_;
   bool prefetch_on_ = true;
-  int64_t prefetched_ = 0;
+  int64_t prefetched_ = 0, prefetch_used_ = 0;
   std::vector<int64_t> cap_;
   std::vector<std::pair<at::DataPtr, int64_t>> spare_;
   int64_t spare_bytes_ = 0;

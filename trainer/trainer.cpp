@@ -384,6 +384,7 @@ const std::vector<at::Tensor>& Trainer::buckets() const { return impl_->state->b
 const sync::WeightLayout& Trainer::layout() const { return impl_->state->layout(); }
 StateBytes Trainer::state_bytes() const { return impl_->state->bytes(); }
 int64_t Trainer::prefetched_buckets() const { return impl_->state->prefetched_buckets(); }
+int64_t Trainer::prefetches_used() const { return impl_->state->prefetches_used(); }
 void Trainer::gather_buckets(const std::function<bool(int64_t)>& keep) {
   impl_->state->acquire_buckets(keep);
 }

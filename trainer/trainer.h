@@ -188,8 +188,10 @@ class Trainer {
   const sync::WeightLayout& layout() const;
   // Persistent training-state bytes of this rank by kind.
   StateBytes state_bytes() const;
-  // Stage 3: buckets whose gather was started ahead of their layer (zero3_prefetch), so far.
+  // Stage 3: buckets whose gather was started ahead of their layer (zero3_prefetch), so far, and
+  // of those the ones their layer found still in flight or done (not gathered again).
   int64_t prefetched_buckets() const;
+  int64_t prefetches_used() const;
   // Bytes the KL reference holds beyond the trainer's own tensors (0 without one): a full copy
   // for full fine-tuning, only the adapter's frozen copy where a LoRA reference shares the base
   // (also a resumed LoRA run whose reference_model_dir is the base it adapts).

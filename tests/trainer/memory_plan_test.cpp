@@ -31,11 +31,15 @@ TEST(MemoryPlanTest, TrainerStateIsBytesPerParameterByStageDtypeAndSharding) {
   // ZeRO-2 over 8: the gradients too.
   EXPECT_EQ(trainer_state_bytes(c, trainer_options("bfloat16", 2), 8), 2 * p + 16 * p / 8);
   // ZeRO-3 over 8: the parameters too, plus what is gathered at once: the embedding (tied head)
-  // and final norm, and two decoder layers.
+  // and final norm, and three decoder layers (one's backward, the next's gather, the prefetched
+  // one); two without the prefetch.
   const int64_t root = c.vocab_size * c.hidden_size + c.hidden_size;
   const int64_t layer = (p - root) / c.num_layers;
   EXPECT_EQ(trainer_state_bytes(c, trainer_options("bfloat16", 3), 8),
-            2 * p / 8 + 2 * (root + 2 * layer) + 16 * p / 8);
+            2 * p / 8 + 2 * (root + 3 * layer) + 16 * p / 8);
+  TrainerOptions waiting = trainer_options("bfloat16", 3);
+  waiting.zero3_prefetch = false;
+  EXPECT_EQ(trainer_state_bytes(c, waiting, 8), 2 * p / 8 + 2 * (root + 2 * layer) + 16 * p / 8);
   // The default stage is 2 with more than one rank.
   EXPECT_EQ(trainer_state_bytes(c, trainer_options("bfloat16", -1), 8),
             trainer_state_bytes(c, trainer_options("bfloat16", 2), 8));

@@ -426,7 +426,7 @@ struct StageThreeRun {
   std::vector<double> grad_norms;
   engine::NamedTensors weights;
   StateBytes bytes;
-  int64_t prefetched = 0;
+  int64_t prefetched = 0, prefetches_used = 0, collectives = 0;
 };
 
 StageThreeRun run_eight_layers(const std::vector<MicroBatch>& mbs, int stage, bool checkpointing,
@@ -466,6 +466,8 @@ StageThreeRun run_eight_layers(const std::vector<MicroBatch>& mbs, int stage, bo
           out.weights = std::move(weights);
           out.bytes = t.state_bytes();
           out.prefetched = t.prefetched_buckets();
+          out.prefetches_used = t.prefetches_used();
+          out.collectives = comm->op_count();
         }
       });
   for (const auto& e : errors) EXPECT_EQ(e, "");
@@ -503,6 +505,8 @@ TEST(ZeroTest, StageThreeGathersALayerAtATimeAndTrainsBitForBitAsStagesTwoAndZer
   // The next layer's gather starts while a layer computes, forward and backward (the first
   // layer's, and each layer's sharing a bucket with its neighbour, are not prefetched).
   EXPECT_GE(z3.prefetched, 3 * 2 * 4) << "3 steps x 2 micro-batches, at least 4 a micro-batch";
+  EXPECT_EQ(z3.prefetches_used, z3.prefetched) << "a prefetched bucket was gathered again";
+  EXPECT_EQ(z3.collectives, z3_waiting.collectives) << "the same gathers, only earlier";
   EXPECT_EQ(z3_waiting.prefetched, 0);
   EXPECT_GT(z2.grad_norms[0], 0.5) << "the test should exercise clipping";
   expect_bitwise(run_eight_layers(mbs, 3, false, 0), run_eight_layers(mbs, 0, false, 0),
@@ -524,6 +528,8 @@ TEST(ZeroTest, StageThreeGathersALayerAtATimeAndTrainsBitForBitAsStagesTwoAndZer
     EXPECT_LE(r->bytes.parameters, all / 2 + root + 2 * layer + slack);
     EXPECT_GE(r->bytes.parameters, all / 2 + layer);
   }
+  // The prefetch holds one layer more at most (and the buckets its two groups span).
+  EXPECT_LE(z3.bytes.parameters, z3_waiting.bytes.parameters + layer + 2 * 64 * 1024);
   EXPECT_GE(z2.bytes.parameters, all);
 }
 
