@@ -31,6 +31,8 @@
 
 namespace crl::engine {
 
+class LocalTpFollowers;
+
 struct GenerateRequest {
   // Unique id; empty = the engine assigns one.
   std::string request_id;
@@ -238,8 +240,7 @@ class LlmEngine {
   void abort_now(const std::string& id);
 
   EngineConfig config_;
-  struct LocalTp;
-  std::unique_ptr<LocalTp> local_tp_;  // the follower threads; outlives runner_ (declared first)
+  std::unique_ptr<LocalTpFollowers> local_tp_;  // the follower threads; outlives runner_ (first)
   std::unique_ptr<Transformer> model_;
   std::unique_ptr<text::Tokenizer> tokenizer_;
   std::unique_ptr<StopChecker> stop_;
