@@ -207,9 +207,11 @@ int run_sync_check_rank(const sync::RankEnv& env, const SyncJobOptions& o) {
         coord.publish_result("checksums", fmt::format("v{}", v), sums.dump());
       }
       bool flat = !trainer_buckets.empty() && o.sync.mode == sync::SyncMode::kBucket;
+      ws.wait_requested(v, Clock::now() + o.timeout);  // the job's handshake
       auto st = flat ? ws.send_buckets(trainer_buckets, v) : ws.send(masters, v);
       row = stats_json(st);
     } else {
+      ws.request(v);  // between two engine steps, as the RL job's engines ask
       generate_until_ready(*eng, ws, v, o.timeout, /*keep_busy=*/true);
       reset_rss_high_water();
       int64_t rss0 = current_rss_bytes();

@@ -212,16 +212,13 @@ Communicator& WeightSync::root_group(int t) const {
 }
 
 void WeightSync::announce(int64_t version, const char* how) {
-  int t = groups_.topo.role_index(groups_.world_rank);
-  // Receivers passed ready(version - 1) before this sender could finish version - 1, and they
-  // verified version - 2 before posting version - 1: those keys can go (not version - 1's
-  // checksums, which a receiver may still be reading).
-  store_->deleteKey(key(fmt::format("v{}/ready/{}", version - 1, t)));
-  for (const auto& b : layout_.buckets()) {
-    if (sends(b.index))
-      store_->deleteKey(key(fmt::format("v{}/sum/{}/{}", version - 2, t, b.index)));
-  }
-  store_set(store_, key(fmt::format("v{}/ready/{}", version, t)), how);
+  // Nothing older is withdrawn here: a collective can end on the sender before a receiver entered
+  // it (a tree broadcast's inner rank, or buckets that fit the transport's buffers), so a slow
+  // engine may still be looking for version - 1. wait_requested() withdraws what every receiver
+  // is known to be past.
+  store_set(store_,
+            key(fmt::format("v{}/ready/{}", version, groups_.topo.role_index(groups_.world_rank))),
+            how);
 }
 
 void WeightSync::request(int64_t version) {
@@ -242,6 +239,15 @@ void WeightSync::wait_requested(int64_t version, Clock::time_point deadline) con
         fmt::format("the engines of node {} never asked for weights version "
                     "{} (missing: {})",
                     groups_.node, version, fmt::join(missing, ", ")));
+  }
+  // Every receiver asks for `version` once it applied version - 1 (announced, received and
+  // verified): this sender's announcement of version - 1 and its checksums of version - 2 can go
+  // (not version - 1's, which a receiver that asked early may still be reading).
+  const int t = groups_.topo.role_index(groups_.world_rank);
+  store_->deleteKey(key(fmt::format("v{}/ready/{}", version - 1, t)));
+  for (const auto& b : layout_.buckets()) {
+    if (sends(b.index))
+      store_->deleteKey(key(fmt::format("v{}/sum/{}/{}", version - 2, t, b.index)));
   }
 }
 

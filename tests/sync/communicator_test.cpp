@@ -215,9 +215,6 @@ TEST(WeightSyncTest, ChecksumSeesEveryByte) {
   EXPECT_NE(checksum_bytes(t.narrow(0, 0, 999)), base);
 }
 
-}  // namespace
-}  // namespace crl::sync
-
 namespace crl::sync {
 namespace {
 
@@ -271,6 +268,56 @@ TEST(CommBackendTest, NcclWithoutADeviceIsAClearError) {
   } catch (const CollectiveError& e) {
     EXPECT_NE(std::string(e.what()).find("NCCL"), std::string::npos) << e.what();
   }
+}
+
+}  // namespace
+}  // namespace crl::sync
+
+// A collective can end on the sender before a receiver enters it (small buckets fit the
+// transport's buffers), so a sender can post versions 2 and 3 before a slow engine looks for 1:
+// every version it missed must still be announced and verifiable, in order. Without the
+// request/wait_requested handshake nothing of an older version may be withdrawn.
+TEST(WeightSyncTest, AReceiverThatFallsVersionsBehindStillFindsEachOne) {
+  using Clock = std::chrono::steady_clock;
+  std::vector<TensorSpec> specs = {{"a", {16, 8}, at::kFloat}, {"b", {40}, at::kFloat}};
+  auto layout = WeightLayout::plan(specs, 256);
+  ASSERT_GE(layout.buckets().size(), 2u);
+  auto masters_of = [&](int64_t v) {
+    std::vector<at::Tensor> m;
+    for (const auto& s : specs) m.push_back(at::full(s.shape, static_cast<float>(v), at::kFloat));
+    return m;
+  };
+  const int64_t versions = 3;
+  Topology topo{1, 3, 1};
+  auto errors = run_ranks(4, milliseconds(8000), [&](int r, auto& comm, const StorePtr& store) {
+    Groups g = make_groups(std::move(comm), topo);
+    WeightSyncOptions o;
+    o.verify = true;
+    WeightSync ws(g, store, layout, o);
+    if (g.role == Role::kTrain) {
+      for (int64_t v = 1; v <= versions; ++v) ws.send(masters_of(v), v);
+      return;
+    }
+    auto buckets = layout.allocate_buckets(at::TensorOptions());
+    if (topo.role_index(r) == 2) {
+      // The late engine: starts once the sender is past version 1 (or after a while, if the
+      // transport made the sender wait for it).
+      auto until = Clock::now() + milliseconds(1500);
+      while (!ws.ready(2) && Clock::now() < until) std::this_thread::sleep_for(milliseconds(5));
+    }
+    for (int64_t v = 1; v <= versions; ++v) {
+      auto until = Clock::now() + milliseconds(3000);
+      while (!ws.ready(v)) {
+        ASSERT_LT(Clock::now(), until) << "version " << v << " never announced";
+        std::this_thread::sleep_for(milliseconds(1));
+      }
+      auto st = ws.receive(buckets, v);
+      EXPECT_TRUE(st.verified);
+      auto views = layout.views(buckets);
+      for (size_t i = 0; i < views.size(); ++i) EXPECT_TRUE(views[i].equal(masters_of(v)[i]));
+    }
+  });
+  for (const auto& e : errors) EXPECT_EQ(e, "");
 }
 
 }  // namespace
