@@ -67,13 +67,27 @@ struct TrainState::Pending {
 
 TrainState::TrainState(const engine::NamedTensors& weights, TrainStateOptions options,
                        sync::Communicator* group)
+    : TrainState(
+          [&] {
+            std::vector<engine::ParamSpec> specs;
+            for (const auto& [name, w] : weights) {
+              specs.push_back({name, std::vector<int64_t>(w.sizes().begin(), w.sizes().end())});
+            }
+            return specs;
+          }(),
+          [&weights](size_t i, int64_t from, int64_t count) {
+            return weights[i].second.reshape({-1}).narrow(0, from, count);
+          },
+          options, group) {}
+
+TrainState::TrainState(const std::vector<engine::ParamSpec>& specs, const ReadFn& read,
+                       TrainStateOptions options, sync::Communicator* group)
     : o_(options), group_(group), layout_([&] {
-        std::vector<sync::TensorSpec> specs;
-        for (const auto& [name, w] : weights) {
-          specs.push_back({name, std::vector<int64_t>(w.sizes().begin(), w.sizes().end()),
-                           options.compute_dtype});
+        std::vector<sync::TensorSpec> layout_specs;
+        for (const auto& spec : specs) {
+          layout_specs.push_back({spec.name, spec.shape, options.compute_dtype});
         }
-        return sync::WeightLayout::plan(std::move(specs), options.bucket_bytes);
+        return sync::WeightLayout::plan(std::move(layout_specs), options.bucket_bytes);
       }()) {
   at::NoGradGuard no_grad;
   CRL_CHECK(o_.zero_stage >= 0 && o_.zero_stage <= 3, "zero stage ", o_.zero_stage,
@@ -93,55 +107,46 @@ TrainState::TrainState(const engine::NamedTensors& weights, TrainStateOptions op
 
   const auto& buckets = layout_.buckets();
   const int64_t nb = static_cast<int64_t>(buckets.size());
-  where_.assign(weights.size(), {0, 0});
-  std::vector<at::Tensor> views(weights.size());
+  where_.assign(specs.size(), {0, 0});
+  std::vector<at::Tensor> views(specs.size());
+  // Each tensor's part in this rank's slice of its bucket, read once in fp32 (the exact masters
+  // come from it, not from the compute-dtype copy): at stage 3 nothing else of the model is read.
+  std::vector<at::Tensor> masters;
   for (const auto& b : buckets) {
     const int64_t elems = b.nbytes / esize;
     const int64_t slice = round_up((elems + shards_ - 1) / shards_, kSliceAlign);
     slice_.push_back(slice);
     expected_.push_back(static_cast<int64_t>(b.entries.size()));
-    at::Tensor full = at::zeros({slice * shards_}, dev.dtype(o_.compute_dtype));
+    at::Tensor full = sharded_ ? at::empty({slice * shards_}, dev.dtype(o_.compute_dtype))
+                               : at::zeros({slice * shards_}, dev.dtype(o_.compute_dtype));
     param_full_.push_back(full);
     bucket_bytes_views_.push_back(full.view(at::kByte).narrow(0, 0, b.nbytes));
+    at::Tensor shard = sharded_ ? at::zeros({slice}, dev.dtype(o_.compute_dtype)) : at::Tensor();
+    at::Tensor master = master_aliased_ ? at::Tensor() : at::zeros({slice}, state_opts);
     std::vector<std::pair<int64_t, int64_t>> decay;
     for (const auto& e : b.entries) {
-      const int64_t off = e.offset / esize;
+      const auto& shape = specs[e.tensor].shape;
+      const int64_t off = e.offset / esize, numel = e.nbytes / esize;
       where_[e.tensor] = {b.index, off};
-      if (weights[e.tensor].second.dim() >= 2) {
-        const Overlap o = overlap(off, e.nbytes / esize, shard_rank_ * slice, slice);
-        if (o.count > 0) decay.emplace_back(o.at, o.count);
-      }
+      views[e.tensor] = full.narrow(0, off, numel).view(shape);
+      const Overlap o = overlap(off, numel, shard_rank_ * slice, slice);
+      if (shape.size() >= 2 && o.count > 0) decay.emplace_back(o.at, o.count);
+      if (!sharded_) views[e.tensor].copy_(read(e.tensor, 0, numel).view(shape));
+      if (o.count == 0 || (!sharded_ && master_aliased_)) continue;
+      const at::Tensor part = read(e.tensor, o.from, o.count);
+      if (sharded_) shard.narrow(0, o.at, o.count).copy_(part);
+      if (!master_aliased_) master.narrow(0, o.at, o.count).copy_(part);
     }
     decay_.push_back(std::move(decay));
-    for (const auto& e : b.entries) {
-      const at::Tensor& w = weights[e.tensor].second;
-      views[e.tensor] = full.narrow(0, e.offset / esize, w.numel()).view(w.sizes());
-      views[e.tensor].copy_(w);
-    }
     if (sharded_) {
-      // One bucket whole at a time: the slice is kept, the full buffer's memory given back.
-      param_shard_.push_back(slice_of(full, b.index).clone());
-      take_storage(full);
+      param_shard_.push_back(shard);
+      take_storage(full);  // a bucket's full buffer exists only while gathered
     }
+    masters.push_back(master);
   }
-  for (size_t i = 0; i < weights.size(); ++i) params_.emplace_back(weights[i].first, views[i]);
+  for (size_t i = 0; i < specs.size(); ++i) params_.emplace_back(specs[i].name, views[i]);
   for (int64_t b = 0; b < nb; ++b) {
-    at::Tensor own = own_params(b);
-    if (master_aliased_) {
-      master_.push_back(own);
-    } else {
-      // Exact fp32 masters: from the fp32 weights, not from the compute-dtype copy.
-      at::Tensor m = at::zeros({slice_[b]}, state_opts);
-      for (const auto& e : buckets[b].entries) {
-        const Overlap o =
-            overlap(e.offset / esize, e.nbytes / esize, shard_rank_ * slice_[b], slice_[b]);
-        if (o.count > 0) {
-          m.narrow(0, o.at, o.count)
-              .copy_(weights[e.tensor].second.reshape({-1}).narrow(0, o.from, o.count));
-        }
-      }
-      master_.push_back(m);
-    }
+    master_.push_back(master_aliased_ ? own_params(b) : masters[b]);
     exp_avg_.push_back(at::zeros({slice_[b]}, state_opts));
     exp_avg_sq_.push_back(at::zeros({slice_[b]}, state_opts));
     if (o_.zero_stage >= 2) {
@@ -158,7 +163,7 @@ TrainState::TrainState(const engine::NamedTensors& weights, TrainStateOptions op
   cap_.assign(nb, 0);
   gathering_.resize(nb);
   gathering_into_.assign(nb, at::Tensor());
-  set_parameter_groups(std::vector<int>(weights.size(), 0));
+  set_parameter_groups(std::vector<int>(specs.size(), 0));
 }
 
 TrainState::~TrainState() {

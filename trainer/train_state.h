@@ -80,6 +80,12 @@ class TrainState {
   // `weights`: full fp32 (model_param_specs order). `group`: the train group (nullptr = one rank).
   TrainState(const engine::NamedTensors& weights, TrainStateOptions options,
              sync::Communicator* group);
+  // The same from `read(i, from, count)`: elements [from, from + count) of spec i, row-major, as a
+  // 1-D floating tensor (fp32 for exact masters; any device). Stage 3 over several ranks reads only
+  // this rank's slices (e.g. engine::CheckpointReader::load_range: no rank holds the whole model).
+  using ReadFn = std::function<at::Tensor(size_t i, int64_t from, int64_t count)>;
+  TrainState(const std::vector<engine::ParamSpec>& specs, const ReadFn& read,
+             TrainStateOptions options, sync::Communicator* group);
   ~TrainState();
 
   // Compute-dtype parameters, views into the flat buffers (model_param_specs order).

@@ -180,6 +180,8 @@ struct Trainer::Impl {
   at::Device device = at::kCPU;
   at::ScalarType compute_dtype = at::kFloat;
   std::unique_ptr<TrainState> state;
+  // While init() runs from a checkpoint at stage 3 over several ranks: read by each rank's slices.
+  std::unique_ptr<engine::CheckpointReader> reader;
   std::unique_ptr<engine::Transformer> model;  // computes on state->parameters()
   std::unique_ptr<engine::Transformer> reference;
   at::Tensor anchor;  // the sinks' graph anchor
@@ -250,6 +252,15 @@ Trainer::Trainer(const std::string& model_dir, TrainerOptions options)
     : options_(std::move(options)), impl_(std::make_unique<Impl>()) {
   options_.validate();
   engine::ModelConfig config = engine::load_model_config(model_dir);
+  if (options_.zero_stage == 3 && options_.group && options_.group->size() > 1 &&
+      !options_.lora.enabled()) {
+    // Each rank reads only its slices of the (mapped) checkpoint: no rank holds the whole model.
+    impl_->reader =
+        std::make_unique<engine::CheckpointReader>(model_dir, engine::model_param_specs(config));
+    init(std::move(config), {});
+    impl_->reader.reset();
+    return;
+  }
   engine::NamedTensors weights =
       engine::load_checkpoint(model_dir, engine::model_param_specs(config), at::kFloat);
   // A LoRA run whose KL reference is the very base it adapts (a resumed run: it started from a zero
@@ -313,8 +324,18 @@ void Trainer::init(engine::ModelConfig config, engine::NamedTensors weights,
     // ZeRO-3 fills its buckets from the host one at a time: the whole model never lands on the
     // device.
     const bool sharded = so.zero_stage == 3 && options_.group && options_.group->size() > 1;
-    for (auto& [name, w] : weights) w = w.detach().to(sharded ? at::kCPU : s.device, at::kFloat);
-    s.state = std::make_unique<TrainState>(weights, so, options_.group);
+    if (s.reader) {
+      const engine::CheckpointReader& reader = *s.reader;
+      s.state = std::make_unique<TrainState>(
+          reader.specs(),
+          [&reader](size_t i, int64_t from, int64_t count) {
+            return reader.load_range(i, from, count, at::kFloat);
+          },
+          so, options_.group);
+    } else {
+      for (auto& [name, w] : weights) w = w.detach().to(sharded ? at::kCPU : s.device, at::kFloat);
+      s.state = std::make_unique<TrainState>(weights, so, options_.group);
+    }
     s.state->set_prefetch(options_.zero3_prefetch);
     weights.clear();
     // Validates names and shapes against the config.

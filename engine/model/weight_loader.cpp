@@ -108,8 +108,8 @@ int64_t layer_index(const std::string& name) {
 
 }  // namespace
 
-NamedTensors load_checkpoint(const std::string& dir, const std::vector<ParamSpec>& specs,
-                             at::ScalarType dtype, const PartFn& part) {
+CheckpointReader::CheckpointReader(const std::string& dir, std::vector<ParamSpec> specs)
+    : specs_(std::move(specs)) {
   const std::string single_path = (fs::path(dir) / kSingleFile).string();
   const std::string index_path = (fs::path(dir) / kIndexFile).string();
 
@@ -131,16 +131,14 @@ NamedTensors load_checkpoint(const std::string& dir, const std::vector<ParamSpec
     }
   }
 
-  std::map<std::string, std::unique_ptr<SafetensorsFile>> open_files;
-  auto get_file = [&](const std::string& path) -> const SafetensorsFile& {
-    auto& f = open_files[path];
-    if (!f) f = SafetensorsFile::open(path);
-    return *f;
+  std::map<std::string, size_t> open_files;  // path -> index into files_
+  auto get_file = [&](const std::string& path) -> size_t {
+    auto [it, added] = open_files.emplace(path, files_.size());
+    if (added) files_.push_back(SafetensorsFile::open(path));
+    return it->second;
   };
 
-  NamedTensors out;
-  out.reserve(specs.size());
-  for (const ParamSpec& spec : specs) {
+  for (const ParamSpec& spec : specs_) {
     std::string path;
     if (single) {
       path = single_path;
@@ -156,9 +154,9 @@ NamedTensors load_checkpoint(const std::string& dir, const std::vector<ParamSpec
       }
       path = it->second;
     }
-    const SafetensorsFile& file = get_file(path);
-    auto info = file.tensors().find(spec.name);
-    if (info == file.tensors().end()) {
+    const size_t f = get_file(path);
+    auto info = files_[f]->tensors().find(spec.name);
+    if (info == files_[f]->tensors().end()) {
       throw std::runtime_error("checkpoint is missing tensor '" + spec.name + "' (searched " +
                                path + (single ? "" : ", named by " + index_path) + ")");
     }
@@ -167,21 +165,15 @@ NamedTensors load_checkpoint(const std::string& dir, const std::vector<ParamSpec
                                shape_str(info->second.shape) + ", expected " +
                                shape_str(spec.shape));
     }
-    at::Tensor t = file.load(spec.name, dtype);
-    if (const int64_t bad = first_non_finite(t); bad >= 0) {
-      throw std::runtime_error("tensor '" + spec.name + "' in " + path + " holds " +
-                               (std::isnan(t.flatten()[bad].item<double>()) ? "NaN" : "infinite") +
-                               " values (the first at element " + std::to_string(bad) + ")");
-    }
-    out.emplace_back(spec.name, part ? part(spec.name, t) : std::move(t));
+    file_of_.push_back(f);
   }
   // Layers the checkpoint has past the config's: a num_hidden_layers that does not match the
   // weights (the model would run on a truncated stack, silently).
   int64_t layers = 0;
-  for (const ParamSpec& spec : specs) layers = std::max(layers, layer_index(spec.name) + 1);
+  for (const ParamSpec& spec : specs_) layers = std::max(layers, layer_index(spec.name) + 1);
   std::vector<std::string> names;
   if (single) {
-    for (const auto& kv : get_file(single_path).tensors()) names.push_back(kv.first);
+    for (const auto& kv : files_[get_file(single_path)]->tensors()) names.push_back(kv.first);
   } else {
     for (const auto& kv : weight_map) names.push_back(kv.first);
   }
@@ -198,6 +190,39 @@ NamedTensors load_checkpoint(const std::string& dir, const std::vector<ParamSpec
     throw std::runtime_error("checkpoint in " + dir + " has weights of " +
                              std::to_string(extra_layers + 1) + " layers (e.g. '" + example +
                              "') but config.json's num_hidden_layers is " + std::to_string(layers));
+  }
+}
+
+CheckpointReader::~CheckpointReader() = default;
+
+at::Tensor CheckpointReader::checked(size_t i, at::Tensor t, int64_t from) const {
+  if (const int64_t bad = first_non_finite(t); bad >= 0) {
+    throw std::runtime_error("tensor '" + specs_[i].name + "' in " + files_[file_of_[i]]->path() +
+                             " holds " +
+                             (std::isnan(t.flatten()[bad].item<double>()) ? "NaN" : "infinite") +
+                             " values (the first at element " + std::to_string(from + bad) + ")");
+  }
+  elements_read_ += t.numel();
+  return t;
+}
+
+at::Tensor CheckpointReader::load(size_t i, at::ScalarType dtype) const {
+  return checked(i, files_[file_of_.at(i)]->load(specs_[i].name, dtype), 0);
+}
+
+at::Tensor CheckpointReader::load_range(size_t i, int64_t from, int64_t count,
+                                        at::ScalarType dtype) const {
+  return checked(i, files_[file_of_.at(i)]->load_range(specs_[i].name, from, count, dtype), from);
+}
+
+NamedTensors load_checkpoint(const std::string& dir, const std::vector<ParamSpec>& specs,
+                             at::ScalarType dtype, const PartFn& part) {
+  const CheckpointReader reader(dir, specs);
+  NamedTensors out;
+  out.reserve(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    at::Tensor t = reader.load(i, dtype);
+    out.emplace_back(specs[i].name, part ? part(specs[i].name, t) : std::move(t));
   }
   return out;
 }

@@ -261,5 +261,46 @@ TEST(WeightLoaderTest, ReportsCorruptShardAndUnconvertibleDtype) {
                      dir.file("model.safetensors"));
 }
 
+// A sharded reader (a ZeRO-3 rank) takes element ranges: the same bits as the whole tensor's, in
+// shards too, only what it asked for counted as read, and a NaN found in a range named by its
+// element in the whole tensor. The structure is checked when the reader opens, before any read.
+TEST(WeightLoaderTest, ReaderTakesElementRangesWithTheWholeLoadsBitsAndChecks) {
+  const auto specs = model_param_specs(tiny_config());
+  NamedTensors weights = make_weights(specs);
+  weights[2].second.view(-1)[40] = std::nanf("");
+  for (int64_t shard_bytes : {int64_t{0}, int64_t{4096}}) {
+    SCOPED_TRACE(shard_bytes == 0 ? "one file" : "shards");
+    test::TempDir dir;
+    save_checkpoint(dir.path(), weights, shard_bytes);
+    const CheckpointReader reader(dir.path(), specs);
+    EXPECT_EQ(reader.elements_read(), 0);
+    int64_t asked = 0;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      if (i == 2) continue;
+      const at::Tensor whole = weights[i].second.reshape({-1});
+      const int64_t n = whole.numel(), from = n / 3, count = n / 2;
+      test::expect_tensor_equal(reader.load_range(i, from, count, at::kFloat),
+                                whole.narrow(0, from, count));
+      test::expect_tensor_equal(reader.load_range(i, 0, 0, at::kFloat), whole.narrow(0, 0, 0));
+      asked += count;
+    }
+    EXPECT_EQ(reader.elements_read(), asked);
+    test::expect_tensor_equal(reader.load_range(2, 0, 40, at::kFloat),
+                              weights[2].second.reshape({-1}).narrow(0, 0, 40));
+    ASSERT_THROWS_WITH(reader.load_range(2, 30, 20, at::kBFloat16), std::runtime_error,
+                       "tensor '" + weights[2].first + "' in ");
+    ASSERT_THROWS_WITH(reader.load_range(2, 30, 20, at::kFloat), std::runtime_error,
+                       "holds NaN values (the first at element 40)");
+    ASSERT_THROWS_WITH(reader.load(2, at::kFloat), std::runtime_error,
+                       "holds NaN values (the first at element 40)");
+  }
+  ModelConfig four = tiny_config();
+  four.num_layers = 4;
+  test::TempDir dir;
+  save_checkpoint(dir.path(), make_weights(model_param_specs(four)));
+  ASSERT_THROWS_WITH(CheckpointReader(dir.path(), specs), std::runtime_error,
+                     "has weights of 4 layers");
+}
+
 }  // namespace
 }  // namespace crl::engine

@@ -366,6 +366,49 @@ TEST(ZeroTest, ACheckpointOfTwoShardedRanksResumesAtOneAndThreeRanks) {
   EXPECT_NEAR(at3.grad_norms.back(), straight.grad_norms.back(), 1e-5 * straight.grad_norms.back());
 }
 
+// Stage 3 from a checkpoint: each rank reads only its slices (no rank holds the whole model, the
+// ranks together read it once), and the fp32 masters gathered are the checkpoint's bits.
+TEST(ZeroTest, StageThreeRanksReadOnlyTheirSlicesOfTheCheckpoint) {
+  const std::string dir = test::test_engine_config().model_dir;
+  const auto specs = engine::model_param_specs(engine::load_model_config(dir));
+  const engine::NamedTensors want = engine::load_checkpoint(dir, specs, at::kFloat);
+  int64_t total = 0;
+  for (const auto& [name, t] : want) total += t.numel();
+  const int ranks = 3;
+  std::vector<int64_t> read(ranks, 0);
+  size_t buckets = 0;
+  auto errors = test::run_ranks(
+      ranks, std::chrono::milliseconds(30000), [&](int r, auto& comm, const sync::StorePtr&) {
+        const engine::CheckpointReader reader(dir, specs);
+        TrainStateOptions o;
+        o.zero_stage = 3;
+        o.compute_dtype = at::kBFloat16;  // the masters come from the reads, not the bf16 copy
+        o.bucket_bytes = 64 * 1024;
+        TrainState state(
+            specs,
+            [&reader](size_t i, int64_t from, int64_t count) {
+              return reader.load_range(i, from, count, at::kFloat);
+            },
+            o, comm.get());
+        read[r] = reader.elements_read();
+        buckets = state.layout().buckets().size();
+        engine::NamedTensors masters = state.gather(0, r == 0);
+        if (r != 0) return;
+        ASSERT_EQ(masters.size(), want.size());
+        for (size_t i = 0; i < want.size(); ++i) {
+          test::expect_tensor_equal(masters[i].second.cpu(), want[i].second);
+        }
+      });
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+  ASSERT_GT(buckets, 2u);
+  int64_t sum = 0;
+  for (int r = 0; r < ranks; ++r) {
+    EXPECT_LE(read[r], total / ranks + static_cast<int64_t>(buckets) * 64) << "rank " << r;
+    sum += read[r];
+  }
+  EXPECT_EQ(sum, total);
+}
+
 TEST(ZeroTest, ActivationCheckpointingGivesTheSameGradientsAndWeights) {
   const std::string dir = test::test_engine_config().model_dir;
   auto mbs = six_micro_batches(dir);
