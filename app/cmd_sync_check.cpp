@@ -36,8 +36,9 @@ Runner register_sync_check(CLI::App& app) {
     o.engine = f->engine.resolve();
     if (o.engine.tensor_parallel_size > 1) {
       throw std::invalid_argument(
-          "--tp: sync-check sends whole-model weight updates, which a tensor-parallel engine does "
-          "not take yet (its shard-aware sync is not built)");
+          "--tp: sync-check checks engine buckets bit for bit against the trainer's, and a "
+          "tensor-parallel engine keeps slices, not buckets (the RL job's --infer-tp runs its "
+          "weight updates; tests/engine/tensor_parallel_test.cpp checks them)");
     }
     o.infer_per_node = f->dist.infer;
     o.train_per_node = f->dist.train;

@@ -86,6 +86,12 @@ void add_model_and_task_flags(CLI::App* cmd, TrainFlags* f) {
   cmd->add_option("--train-dtype", f->train_dtype,
                   "trainer compute dtype (masters stay fp32; default: the engine's)");
   cmd->add_option("--kv-memory", f->kv_memory, "KV cache pool per engine")->capture_default_str();
+  cmd->add_option("--infer-tp", o.infer_tp,
+                  "split each engine's heads and MLP over N tensor-parallel ranks (threads of its "
+                  "process; with --device cuda, engine i on GPUs i*N.. and the trainers after): "
+                  "--gpus-infer counts engines")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
   cmd->add_flag("--deterministic", o.deterministic,
                 "batch-invariant engine and matching trainer: log-prob gap exactly 0");
   cmd->add_option("--cpu-kernels", o.cpu_kernels,
@@ -480,6 +486,10 @@ RlJobOptions resolve_train_flags(const TrainFlags& flags) {
   // Placement errors (no CUDA device, a bad --device-map, GPU sharing NCCL cannot serve) fail
   // here, in the launcher, before any rank starts.
   o.validate();
+  if (o.infer_tp > 1) {
+    const engine::ModelConfig model = engine::load_model_config(o.model_dir);
+    o.check_infer_tp(&model);
+  }
   check_nccl_usable(o);
   // A GPU that cannot hold what the placement puts on it: refused here, before any rank loads
   // anything (the ZeRO shards counted over every node's train ranks, the node count from the
@@ -581,6 +591,7 @@ int run_plan(const TrainFlags& f, const PlanFlags& p) {
   o.kv_memory_bytes = parse_bytes(f.kv_memory);
   o.trainer.dtype = f.train_dtype.empty() ? o.engine_dtype : f.train_dtype;
   o.trainer.validate();
+  o.check_infer_tp(&config);
   o.bucket_bytes = f.dist.bucket_bytes();
   o.device_map = sync::parse_device_map(f.device_map);
   o.comm_backend = f.dist.backend;
@@ -590,7 +601,7 @@ int run_plan(const TrainFlags& f, const PlanFlags& p) {
   if (gpus == 0 && !o.device_map.empty()) {
     gpus = *std::max_element(o.device_map.begin(), o.device_map.end()) + 1;
   }
-  if (gpus == 0) gpus = o.infer_per_node + o.train_per_node;
+  if (gpus == 0) gpus = o.infer_per_node * o.infer_tp + o.train_per_node;
   o.cuda_device_count = gpus;
   const sync::Placement where = sync::plan_placement(
       sync::Topology{p.nnodes, o.infer_per_node, o.train_per_node}, o.placement_request());
@@ -601,12 +612,14 @@ int run_plan(const TrainFlags& f, const PlanFlags& p) {
   const int stage = o.trainer.zero_stage >= 0 ? o.trainer.zero_stage : (train_ranks > 1 ? 2 : 0);
   fmt::print(
       "plan: {} ({:.2f} B parameters), {} node{} x {} GPUs of {}; per node {} engine{} ({}, KV "
-      "pool {}) and {} trainer{} ({}, ZeRO-{} over {} train rank{}{}{}, micro-batches of {} "
+      "pool {}{}) and {} trainer{} ({}, ZeRO-{} over {} train rank{}{}{}, micro-batches of {} "
       "tokens{}{}); {}\n",
       model, config.num_params() / 1e9, p.nnodes, p.nnodes > 1 ? "s" : "", gpus,
       format_bytes(capacity), o.infer_per_node, o.infer_per_node > 1 ? "s" : "", o.engine_dtype,
-      format_bytes(o.kv_memory_bytes), o.train_per_node, o.train_per_node > 1 ? "s" : "",
-      o.trainer.dtype, stage, train_ranks, train_ranks > 1 ? "s" : "",
+      format_bytes(o.kv_memory_bytes),
+      o.infer_tp > 1 ? fmt::format(" a GPU, tensor-parallel over {} GPUs", o.infer_tp) : "",
+      o.train_per_node, o.train_per_node > 1 ? "s" : "", o.trainer.dtype, stage, train_ranks,
+      train_ranks > 1 ? "s" : "",
       o.trainer.lora.enabled() ? fmt::format(", LoRA rank {}", o.trainer.lora.rank) : "",
       o.trainer.offload_optimizer ? ", optimizer on the host" : "", o.trainer.micro_batch_tokens,
       o.trainer.activation_checkpointing ? ", activation checkpointing" : "",

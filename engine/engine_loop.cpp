@@ -238,8 +238,8 @@ bool EngineLoop::take_weight_update(sync::WeightSource& source, InflightPolicy p
   try {
     if (!source.ready(next)) return false;
     const auto t0 = Clock::now();
-    source.receive(engine_->update_buckets(), next);  // the model's, or the LoRA policy's
-    engine_->apply_weight_update(next, policy);
+    // Into the model's buckets, the LoRA policy's, or staged onto a tensor-parallel group.
+    engine_->receive_weight_update(source, next, policy);
     seconds = seconds_between(t0, Clock::now());
   } catch (const std::exception& e) {
     error = fmt::format("weight update to version {} failed: {}", next, e.what());

@@ -195,7 +195,7 @@ void LlmEngine::follow(const EngineConfig& config, sync::TpGroup& tp) {
     failed = std::current_exception();
   }
   agree_on_group(tp, failed, runner.get(), c.model_dir);
-  runner->set_tensor_parallel(&tp);
+  runner->set_tensor_parallel(&tp, load_model_config(c.model_dir));
   runner->follow();
 }
 

@@ -105,7 +105,8 @@ LlmEngine::LlmEngine(const EngineConfig& config, sync::TpGroup* tp)
   }
   if (tensor_parallel(tp)) {
     agree_on_group(*tp, failed, runner_.get(), config_.model_dir);
-    runner_->set_tensor_parallel(tp);  // only now: the runner stops its followers when destroyed
+    // Only now: the runner stops its followers when destroyed.
+    runner_->set_tensor_parallel(tp, load_model_config(config_.model_dir));
   }
   const ModelConfig& mc = model_->config();
   std::unique_ptr<LoraSlots> lora_slots;
@@ -542,14 +543,38 @@ std::vector<RequestOutput> LlmEngine::generate(std::vector<GenerateRequest> requ
 WeightBuffers& LlmEngine::attach_weight_buffers(int64_t bucket_bytes) {
   if (runner_->tensor_parallel()) {
     CRL_INVALID(
-        "weight updates into a tensor-parallel engine need the shard-aware sync, not yet "
-        "built: a tensor-parallel engine serves the weights it loaded");
+        "a tensor-parallel engine's shards are not sync buckets: attach_weight_layout stages "
+        "each bucket and lands every rank's slices");
   }
   if (!weight_buffers_) {
     weight_buffers_ = std::make_unique<WeightBuffers>(*model_, bucket_bytes);
     runner_->reset_cuda_graphs();  // they read the weights' old storage
   }
   return *weight_buffers_;
+}
+
+const sync::WeightLayout& LlmEngine::attach_weight_layout(int64_t bucket_bytes) {
+  if (!runner_->tensor_parallel()) return attach_weight_buffers(bucket_bytes).layout();
+  const sync::WeightLayout& layout = runner_->attach_tp_weights(bucket_bytes);
+  if (!weight_staging_.defined()) {
+    weight_staging_ = at::empty({std::max<int64_t>(layout.max_bucket_nbytes(), 1)},
+                                at::TensorOptions(at::kByte).device(model_->options().device));
+  }
+  return layout;
+}
+
+sync::SyncStats LlmEngine::receive_weight_update(sync::WeightSource& source, int64_t v,
+                                                 InflightPolicy policy) {
+  sync::SyncStats st;
+  if (weight_staging_.defined()) {
+    st = source.receive_staged(v, weight_staging_, [this](int64_t bucket, const at::Tensor& bytes) {
+      runner_->land_weights(bucket, bytes);
+    });
+  } else {
+    st = source.receive(update_buckets(), v);
+  }
+  apply_weight_update(v, policy);
+  return st;
 }
 
 std::vector<at::Tensor>& LlmEngine::update_buckets() {

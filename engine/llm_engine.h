@@ -27,6 +27,7 @@
 #include "engine/sequence.h"
 #include "engine/stop_checker.h"
 #include "engine/weight_buffers.h"
+#include "sync/weight_source.h"
 #include "text/tokenizer.h"
 
 namespace crl::engine {
@@ -119,8 +120,8 @@ class LlmEngine {
   // starts N - 1 follower threads, each loading its shard on its own device and running follow()
   // over an in-process group, and stops them when destroyed. Or `tp` (not owned; it outlives the
   // engine): a group of ranks in other processes whose rank 0 this engine is, the others running
-  // follow(). Refused with LoRA adapters, CUDA graphs forced on, and later attach_weight_buffers
-  // (the shard-aware weight sync is not built yet).
+  // follow(). Refused with LoRA adapters and CUDA graphs forced on; its weight updates go through
+  // attach_weight_layout (not attach_weight_buffers: the shards are not the sync buckets).
   explicit LlmEngine(const EngineConfig& config, sync::TpGroup* tp = nullptr);
   ~LlmEngine();
   LlmEngine(const LlmEngine&) = delete;
@@ -174,6 +175,16 @@ class LlmEngine {
   // engine); see WeightBuffers for the write contract. EngineLoop receives into them.
   WeightBuffers& attach_weight_buffers(int64_t bucket_bytes);
   WeightBuffers* weight_buffers() { return weight_buffers_.get(); }
+  // The whole model's sync layout over `bucket_bytes` (once; later calls return the same): a
+  // whole engine's weights move into sync buckets (attach_weight_buffers); a tensor-parallel
+  // engine's shards stay as loaded, and each update's buckets are staged one at a time on this
+  // rank, every rank of the group copying its slices out (TpWeightLanding). Engine thread only.
+  const sync::WeightLayout& attach_weight_layout(int64_t bucket_bytes);
+  // Receives version `v` from `source` (into update_buckets(), or staged and landed on the
+  // tensor-parallel group), then apply_weight_update(v, policy). What EngineLoop does between two
+  // steps. Throws what the receive throws. Engine thread only.
+  sync::SyncStats receive_weight_update(sync::WeightSource& source, int64_t v,
+                                        InflightPolicy policy = InflightPolicy::kKeep);
   // Where a weight update is received: the policy adapter's buckets (RL with LoRA,
   // LoraRegistry::attach_policy), else the model's (attach_weight_buffers). Throws
   // std::logic_error when neither is attached. Engine thread only.
@@ -248,6 +259,7 @@ class LlmEngine {
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<LoraRegistry> loras_;
   std::unique_ptr<WeightBuffers> weight_buffers_;
+  at::Tensor weight_staging_;  // tensor-parallel: one bucket, reused (attach_weight_layout)
   std::vector<int32_t> eos_ids_;
   int64_t max_model_len_ = 0;
   int64_t weight_version_ = 0;

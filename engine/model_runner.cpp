@@ -1,5 +1,7 @@
 #include "engine/model_runner.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -15,7 +17,14 @@ namespace crl::engine {
 namespace {
 
 // What a tensor-parallel leader tells its followers (the first word of its header).
-enum TpCommand : int64_t { kTpStop = 0, kTpStep = 1, kTpRelease = 2, kTpRestore = 3 };
+enum TpCommand : int64_t {
+  kTpStop = 0,
+  kTpStep = 1,
+  kTpRelease = 2,
+  kTpRestore = 3,
+  kTpPlanWeights = 4,  // bucket_bytes
+  kTpLandWeights = 5,  // bucket; payload: its bytes
+};
 constexpr size_t kTpStepWords = 8;  // command, rows, seqs, samples, pairs, max_blocks, max_q,
                                     // max_ctx
 
@@ -239,12 +248,58 @@ ForwardOutput ModelRunner::execute_graph(const SchedulerOutput& batch, DecodeGra
   return out;
 }
 
-void ModelRunner::set_tensor_parallel(sync::TpGroup* group) {
+void ModelRunner::set_tensor_parallel(sync::TpGroup* group, const ModelConfig& full) {
   if (group != nullptr && group->size() > 1) {
     if (!graph_buckets_.empty()) {
       CRL_INVALID("a tensor-parallel engine runs its steps eagerly: CUDA graphs are not supported");
     }
     tp_ = group;
+    tp_full_ = full;
+  }
+}
+
+void ModelRunner::plan_tp_landing(int64_t bucket_bytes) {
+  tp_landing_ = std::make_unique<TpWeightLanding>(model_, tp_full_,
+                                                  TpShard{tp_->rank(), tp_->size()}, bucket_bytes);
+}
+
+void ModelRunner::land_and_wait(int64_t bucket, const at::Tensor& bytes) {
+  tp_landing_->land(bucket, bytes);
+  // Every rank has its slices: the leader may reuse the buffer (in one process the followers
+  // read the leader's own bytes).
+  tp_->all_reduce_sum(at::zeros({1}, at::TensorOptions().device(tp_->device())));
+}
+
+const sync::WeightLayout& ModelRunner::attach_tp_weights(int64_t bucket_bytes) {
+  CRL_CHECK(tp_ != nullptr && tp_->rank() == 0, "attach_tp_weights: not a tensor-parallel leader");
+  if (!tp_landing_) {
+    plan_tp_landing(bucket_bytes);
+    tell_followers({kTpPlanWeights, bucket_bytes});
+  }
+  return tp_landing_->layout();
+}
+
+void ModelRunner::land_weights(int64_t bucket, const at::Tensor& bytes) {
+  CRL_CHECK(tp_ != nullptr && tp_->rank() == 0, "land_weights: not a tensor-parallel leader");
+  if (!tp_broken_.empty()) {
+    throw std::runtime_error("the tensor-parallel group " + tp_->name() +
+                             " is broken by an earlier failure: " + tp_broken_);
+  }
+  CRL_CHECK(tp_landing_, "land_weights before attach_tp_weights");
+  const sync::Bucket& b = tp_landing_->layout().buckets().at(bucket);
+  try {
+    tell_followers({kTpLandWeights, bucket}, bytes.narrow(0, 0, b.nbytes));
+    land_and_wait(bucket, bytes);
+  } catch (const std::exception& e) {
+    // The followers may be inside the wait: end the group (on the CPU they fail at once, over
+    // NCCL at the collective's deadline) and take no further step.
+    tp_broken_ = e.what();
+    tp_->abort();
+    const auto& specs = tp_landing_->layout().specs();
+    throw std::runtime_error(fmt::format(
+        "landing weight bucket {} ({} bytes, tensors {} .. {}) on the tensor-parallel group {}: {}",
+        bucket, b.nbytes, specs[b.entries.front().tensor].name, specs[b.entries.back().tensor].name,
+        tp_->name(), e.what()));
   }
 }
 
@@ -275,6 +330,22 @@ void ModelRunner::follow() {
         break;
       case kTpRestore:
         restore_kv_cache();
+        break;
+      case kTpPlanWeights:
+      case kTpLandWeights:
+        try {
+          if (h[0] == kTpPlanWeights) {
+            plan_tp_landing(h.at(1));
+          } else {
+            CRL_CHECK(payload.defined(), "a weight bucket command without its bytes");
+            land_and_wait(h.at(1), payload.to(device));
+          }
+        } catch (...) {
+          // The leader waits for this rank: on the CPU it fails at once, over NCCL at the
+          // collective's deadline.
+          tp_->abort();
+          throw;
+        }
         break;
       case kTpStep: {
         CRL_CHECK(h.size() == kTpStepWords, "a step command has ", kTpStepWords, " words");

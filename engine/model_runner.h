@@ -20,6 +20,7 @@
 
 #include "engine/model/transformer.h"
 #include "engine/scheduler.h"
+#include "engine/weight_buffers.h"
 #include "sync/tp_group.h"
 
 namespace crl::engine {
@@ -90,7 +91,8 @@ class ModelRunner {
   // and restore of the pool, to the others; they run follow(). Steps run eagerly (no decode
   // graphs) and without LoRA slots. Set once, before the first step, on every rank.
   // (vLLM's driver worker broadcasting the scheduler's output, with the step already packed.)
-  void set_tensor_parallel(sync::TpGroup* group);
+  // `full`: the whole model's config (the shard's weight updates are laid out by it).
+  void set_tensor_parallel(sync::TpGroup* group, const ModelConfig& full);
   // A follower's loop: runs the leader's steps, releases and restores until the leader's
   // stop_followers(). Throws what a collective throws (a leader gone: the group's deadline, naming
   // the op, the group, the ranks and the bytes).
@@ -98,6 +100,13 @@ class ModelRunner {
   // The leader: ends the followers' loops (once; the destructor does it too, errors swallowed).
   void stop_followers();
   bool tensor_parallel() const { return tp_ != nullptr; }
+  // Weight updates into the group (TpWeightLanding), on the leader: attach_tp_weights() plans the
+  // whole model's sync layout over `bucket_bytes` on every rank (once); land_weights() hands a
+  // received bucket's bytes to every rank, which copies its slices of the bucket's tensors into
+  // its shard, and returns once every rank has (the caller may then reuse `bytes`). Between two
+  // steps, on the engine thread. A rank that fails ends the group as a failed step does.
+  const sync::WeightLayout& attach_tp_weights(int64_t bucket_bytes);
+  void land_weights(int64_t bucket, const at::Tensor& bytes);
 
  private:
   struct DecodeGraph;
@@ -108,6 +117,10 @@ class ModelRunner {
   // The forward of a packed step (on the model's device), copy-on-write copies first.
   at::Tensor run_packed(const StepLayout& layout, const Filled& filled, const at::Tensor& buf,
                         const LoraBatch& lora);
+  // Plans this rank's TpWeightLanding; lands bucket `bucket` from `bytes`, then waits for the
+  // group (every rank calls both, the followers on the leader's commands).
+  void plan_tp_landing(int64_t bucket_bytes);
+  void land_and_wait(int64_t bucket, const at::Tensor& bytes);
   // The leader's word to its followers: a command and its numbers, and for a step the packed
   // inputs (host bytes).
   void tell_followers(const std::vector<int64_t>& words, const at::Tensor& payload = {});
@@ -125,6 +138,8 @@ class ModelRunner {
   int64_t graph_captures_ = 0;
   const LoraSlots* lora_ = nullptr;
   sync::TpGroup* tp_ = nullptr;
+  ModelConfig tp_full_;
+  std::unique_ptr<TpWeightLanding> tp_landing_;
   bool followers_stopped_ = false;
   std::string tp_broken_;  // a failed step's error: the group takes no further step
 };

@@ -1,5 +1,6 @@
 #include "engine/weight_buffers.h"
 
+#include "common/check.h"
 #include "engine/model/transformer.h"
 
 namespace crl::engine {
@@ -35,6 +36,46 @@ WeightBuffers::WeightBuffers(Transformer& model, int64_t bucket_bytes)
     rebound.emplace_back(layout_.specs()[i].name, views[i]);
   }
   model.set_parameters(rebound);
+}
+
+TpWeightLanding::TpWeightLanding(const Transformer& shard, const ModelConfig& full, TpShard where,
+                                 int64_t bucket_bytes)
+    : layout_([&] {
+        const at::ScalarType dtype = shard.options().dtype;
+        std::vector<sync::TensorSpec> specs;
+        for (const ParamSpec& p : model_param_specs(full))
+          specs.push_back({p.name, p.shape, dtype});
+        return sync::WeightLayout::plan(std::move(specs), bucket_bytes);
+      }()),
+      where_(where) {
+  const NamedTensors& mine = shard.named_parameters();
+  if (mine.size() != layout_.specs().size()) {
+    CRL_INVALID("tensor-parallel weight updates: the shard has ", mine.size(),
+                " parameters, the whole model ", layout_.specs().size());
+  }
+  for (size_t i = 0; i < mine.size(); ++i) {
+    const sync::TensorSpec& spec = layout_.specs()[i];
+    std::vector<int64_t> want = spec.shape;
+    if (const int dim = tp_split_dim(spec.name); dim >= 0) want[dim] /= where.size;
+    if (mine[i].first != spec.name || mine[i].second.sizes() != at::IntArrayRef(want)) {
+      CRL_INVALID("tensor-parallel weight updates: shard parameter ", i, " is '", mine[i].first,
+                  "' ", mine[i].second.sizes(), ", expected '", spec.name, "' ",
+                  at::IntArrayRef(want), " (rank ", where.rank, " of ", where.size, ")");
+    }
+    params_.push_back(mine[i].second);
+  }
+}
+
+void TpWeightLanding::land(int64_t bucket, const at::Tensor& bytes) const {
+  const sync::Bucket& b = layout_.buckets().at(bucket);
+  CRL_CHECK(bytes.is_contiguous() && bytes.scalar_type() == at::kByte && bytes.numel() >= b.nbytes,
+            "tensor-parallel weight updates: bucket ", bucket, " needs ", b.nbytes,
+            " contiguous bytes");
+  for (const auto& e : b.entries) {
+    const sync::TensorSpec& spec = layout_.specs()[e.tensor];
+    const at::Tensor whole = bytes.narrow(0, e.offset, e.nbytes).view(spec.dtype).view(spec.shape);
+    params_[e.tensor].copy_(tp_slice_view(spec.name, whole, where_));
+  }
 }
 
 std::vector<sync::TensorSpec> tensor_specs(const NamedTensors& tensors, at::ScalarType dtype) {

@@ -16,7 +16,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/model/config.h"
 #include "engine/model/lora.h"
+#include "engine/model/tensor_parallel.h"
 #include "sync/weight_layout.h"
 
 namespace crl::engine {
@@ -37,6 +39,35 @@ class WeightBuffers {
  private:
   sync::WeightLayout layout_;
   std::vector<at::Tensor> buckets_;
+};
+
+// TpWeightLanding: weight updates into one shard of a tensor-parallel engine (docs/design.md §4).
+// The sync layout is the whole model's (names, whole shapes, the engine's dtype: what every
+// trainer sends, one collective per bucket as for a whole engine), so the trainers need not know
+// how the engines split. Each bucket arrives whole in a staging buffer on the group's leader
+// (WeightSource::receive_staged) and every rank of the group copies its slice of each tensor in it
+// (tp_slice: q/k/v and gate/up rows, o/down columns; embedding, norms and head whole) into its
+// shard's parameters, in place. The shard's memory never holds the whole model; the staging buffer
+// is one bucket. Same write contract as WeightBuffers.
+class TpWeightLanding {
+ public:
+  // REQUIRES: `shard` (this rank's model) outlives this object. `full`: the whole model's config.
+  // Throws std::invalid_argument naming the tensor when the shard's parameters are not `where`'s
+  // slices of `full`'s.
+  TpWeightLanding(const Transformer& shard, const ModelConfig& full, TpShard where,
+                  int64_t bucket_bytes);
+  TpWeightLanding(const TpWeightLanding&) = delete;
+  TpWeightLanding& operator=(const TpWeightLanding&) = delete;
+
+  const sync::WeightLayout& layout() const { return layout_; }
+  // Bucket `bucket`'s bytes (contiguous uint8 of at least its nbytes, on any device) into the
+  // shard's parameters.
+  void land(int64_t bucket, const at::Tensor& bytes) const;
+
+ private:
+  sync::WeightLayout layout_;
+  std::vector<at::Tensor> params_;  // the shard's parameter of each layout spec
+  TpShard where_;
 };
 
 // LoraBuffers: a LoRA adapter's receive buckets, for RL that trains and syncs the adapter alone

@@ -125,6 +125,7 @@ Placement plan_placement(const Topology& topo, const PlacementRequest& req) {
   p.kind = req.kind;
   p.device_count = req.device_count;
   p.from_map = !req.device_map.empty();
+  p.infer_tp = req.infer_tp;
   const int per_node = topo.ranks_per_node();
   const int T = topo.train_per_node;
   if (req.kind == DeviceKind::kCpu) {
@@ -141,6 +142,22 @@ Placement plan_placement(const Topology& topo, const PlacementRequest& req) {
         "--device cuda: no CUDA device is usable here (a libtorch built without CUDA, no "
         "GPU, or CUDA_VISIBLE_DEVICES hides them); use --device cpu");
   }
+  const int N = req.infer_tp;
+  if (N > 1) {
+    if (p.from_map) {
+      CRL_INVALID("--device-map with --infer-tp ", N,
+                  ": tensor-parallel engines take their GPUs in order (engine i on GPUs i*", N,
+                  ".., then the trainers); drop --device-map");
+    }
+    const int need = topo.infer_per_node * N + T;
+    if (need > req.device_count) {
+      CRL_INVALID("--gpus-infer ", topo.infer_per_node, " engines x --infer-tp ", N,
+                  " GPUs each + --gpus-train ", T, " = ", need, " GPUs, but this node has ",
+                  req.device_count, " (a tensor-parallel engine shares no GPU)");
+    }
+    for (int i = 0; i < topo.infer_per_node; ++i) p.gpu_of_local.push_back(i * N);
+    for (int t = 0; t < T; ++t) p.gpu_of_local.push_back(topo.infer_per_node * N + t);
+  }
   if (p.from_map) {
     if (static_cast<int>(req.device_map.size()) != per_node) {
       CRL_INVALID("--device-map has ", req.device_map.size(), " entries but --gpus-infer ",
@@ -156,7 +173,7 @@ Placement plan_placement(const Topology& topo, const PlacementRequest& req) {
       }
     }
     p.gpu_of_local = req.device_map;
-  } else {
+  } else if (N == 1) {
     for (int l = 0; l < per_node; ++l) p.gpu_of_local.push_back(l % req.device_count);
   }
   p.topo.paired = colocate_pairs(req.colocate, topo, p.gpu_of_local);
@@ -214,8 +231,11 @@ std::string Placement::table() const {
                   topo.infer_per_node, topo.train_per_node, device_kind_name(kind));
   if (kind == DeviceKind::kCuda) {
     out += from_map ? fmt::format(" --device-map {}", fmt::join(gpu_of_local, ","))
-                    : fmt::format(" ({} GPU(s) per node, GPU = local rank mod {})", device_count,
-                                  device_count);
+           : infer_tp > 1
+               ? fmt::format(" ({} GPU(s) per node, engine i on GPUs i*{}.., the trainers after)",
+                             device_count, infer_tp)
+               : fmt::format(" ({} GPU(s) per node, GPU = local rank mod {})", device_count,
+                             device_count);
   }
   out += "\n| rank | role | device | train group | sync_root groups |\n|---|---|---|---|---|\n";
   auto backend_label = [&](const std::string& b, bool shared) {
@@ -231,8 +251,13 @@ std::string Placement::table() const {
           gpu_of_local[topo.infer_per_node + t] == gpu_of_local[topo.receivers_of(t).front()];
       roots.push_back(fmt::format("root{} {}", t, backend_label(rp.sync_root_backends[t], shared)));
     }
+    std::string device = rp.device;
+    if (rp.role == Role::kInfer && infer_tp > 1) {
+      device = kind == DeviceKind::kCuda ? fmt::format("cuda:{}-{}", rp.gpu, rp.gpu + infer_tp - 1)
+                                         : fmt::format("cpu x {}", infer_tp);
+    }
     out += fmt::format("| {} | {} {} | {} | {} | {} |\n", r, role_name(rp.role), topo.role_index(r),
-                       rp.device, rp.train_backend.empty() ? "-" : rp.train_backend,
+                       device, rp.train_backend.empty() ? "-" : rp.train_backend,
                        fmt::join(roots, ", "));
   }
   if (topo.nnodes > 1) {
@@ -241,6 +266,12 @@ std::string Placement::table() const {
   out += topo.paired ? "weight sync: paired (engine i gets every bucket from train rank i)\n"
                      : "weight sync: fan-out (train rank t sends buckets b with b mod T == t to "
                        "every engine of its node)\n";
+  if (infer_tp > 1) {
+    out += fmt::format(
+        "engines: tensor-parallel over {} ranks each (threads of the infer rank's process; one "
+        "scheduler; each update's buckets land on the leader and every rank copies its slices)\n",
+        infer_tp);
+  }
   out += "world, infer and sync groups (control, prompts, rollouts): gloo\n";
   return out;
 }

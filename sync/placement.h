@@ -56,6 +56,10 @@ struct PlacementRequest {
   std::string comm_backend = "auto";
   // --colocate: auto, on or off.
   std::string colocate = "auto";
+  // --infer-tp: the ranks of each engine's tensor-parallel group (threads of the infer rank's
+  // process). On CUDA infer rank i's engine spans GPUs [i·N, (i+1)·N) (its group's leader on the
+  // first) and train rank t runs on GPU I·N + t: no GPU holds two of them, and no --device-map.
+  int infer_tp = 1;
 };
 
 // One rank's share of a placement.
@@ -75,7 +79,8 @@ struct Placement {
   DeviceKind kind = DeviceKind::kCpu;
   int device_count = 0;           // as requested (CUDA)
   bool from_map = false;          // --device-map given
-  std::vector<int> gpu_of_local;  // by local rank; empty on CPU
+  std::vector<int> gpu_of_local;  // by local rank; empty on CPU (infer: its engine's first GPU)
+  int infer_tp = 1;               // ranks of each engine's tensor-parallel group
   // "gloo" or "nccl": the train group, and the sync_root group of train rank t on every node
   // (every node has the same layout).
   std::string train_backend = "gloo";

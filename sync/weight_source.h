@@ -7,6 +7,8 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <functional>
+#include <stdexcept>
 #include <vector>
 
 namespace crl::sync {
@@ -32,6 +34,17 @@ class WeightSource {
   // tensor per bucket of the layout both sides agreed on) in place. Throws on any failure, with an
   // error naming the op; the buckets' contents are then undefined.
   virtual SyncStats receive(std::vector<at::Tensor>& buckets, int64_t version) = 0;
+  // For an engine whose weights are not the buckets (a tensor-parallel engine keeps a slice of
+  // each tensor): receives `version` one bucket at a time into `staging` (contiguous uint8 of at
+  // least the largest bucket's bytes, reused for every bucket) and calls `land(bucket, bytes)`
+  // once each has arrived, in bucket order. The same collectives as receive(). Throws as
+  // receive(); a source that cannot stage throws std::logic_error.
+  using LandFn = std::function<void(int64_t bucket, const at::Tensor& bytes)>;
+  virtual SyncStats receive_staged(int64_t version, const at::Tensor& staging, const LandFn& land);
 };
+
+inline SyncStats WeightSource::receive_staged(int64_t, const at::Tensor&, const LandFn&) {
+  throw std::logic_error("this weight source receives into whole buckets only");
+}
 
 }  // namespace crl::sync

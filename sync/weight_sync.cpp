@@ -269,25 +269,69 @@ void WeightSync::publish_checksum(int64_t version, int64_t bucket, const at::Ten
             std::to_string(checksum_bytes(bytes)));
 }
 
+void WeightSync::verify_bucket(int64_t version, int64_t bucket, const at::Tensor& bytes,
+                               Clock::time_point deadline) {
+  const auto& b = layout_.buckets()[bucket];
+  std::string want =
+      store_get(store_, key(fmt::format("v{}/sum/{}/{}", version, sender_of(b.index), b.index)),
+                deadline, fmt::format("--sync-verify of version {}", version));
+  auto got = checksum_bytes(bytes.narrow(0, 0, b.nbytes));
+  if (std::to_string(got) != want) {
+    const auto& first = layout_.specs()[b.entries.front().tensor];
+    const auto& last = layout_.specs()[b.entries.back().tensor];
+    throw std::runtime_error(fmt::format(
+        "--sync-verify: version {} bucket {} ({} bytes, tensors {} .. {}) received on {} "
+        "differs from what train rank {} of node {} sent (checksum {:x} vs {})",
+        version, b.index, b.nbytes, first.name, last.name,
+        groups_.topo.describe(groups_.world_rank), sender_of(b.index), groups_.node, got, want));
+  }
+}
+
 void WeightSync::verify_buckets(int64_t version, const std::vector<at::Tensor>& buckets,
                                 SyncStats& stats) {
   auto deadline = Clock::now() + groups_.sync->timeout();
-  for (const auto& b : layout_.buckets()) {
-    std::string want =
-        store_get(store_, key(fmt::format("v{}/sum/{}/{}", version, sender_of(b.index), b.index)),
-                  deadline, fmt::format("--sync-verify of version {}", version));
-    auto got = checksum_bytes(buckets[b.index].narrow(0, 0, b.nbytes));
-    if (std::to_string(got) != want) {
-      const auto& first = layout_.specs()[b.entries.front().tensor];
-      const auto& last = layout_.specs()[b.entries.back().tensor];
-      throw std::runtime_error(fmt::format(
-          "--sync-verify: version {} bucket {} ({} bytes, tensors {} .. {}) received on {} "
-          "differs from what train rank {} of node {} sent (checksum {:x} vs {})",
-          version, b.index, b.nbytes, first.name, last.name,
-          groups_.topo.describe(groups_.world_rank), sender_of(b.index), groups_.node, got, want));
-    }
-  }
+  for (const auto& b : layout_.buckets())
+    verify_bucket(version, b.index, buckets[b.index], deadline);
   stats.verified = true;
+}
+
+SyncStats WeightSync::receive_staged(int64_t version, const at::Tensor& staging,
+                                     const LandFn& land) {
+  CRL_CHECK(groups_.role == Role::kInfer, "receive_staged() on a train rank");
+  if (options_.mode != SyncMode::kBucket) {
+    CRL_INVALID("weight sync: a staged receive (a tensor-parallel engine) takes bucket mode, not ",
+                sync_mode_name(options_.mode));
+  }
+  if (!staging.is_contiguous() || staging.scalar_type() != at::kByte ||
+      staging.numel() < layout_.max_bucket_nbytes()) {
+    CRL_INVALID("weight sync: the staging buffer must be contiguous uint8 of at least ",
+                layout_.max_bucket_nbytes(), " bytes");
+  }
+  SyncStats st;
+  st.version = version;
+  st.extra_bytes = layout_.max_bucket_nbytes();
+  const int64_t ops0 = total_ops(groups_);
+  const auto t0 = Clock::now();
+  const auto deadline = t0 + groups_.sync->timeout();
+  for (const auto& b : layout_.buckets()) {
+    if (transport(sender_of(b.index)) == SyncTransport::kIpc) {
+      CRL_INVALID(
+          "weight sync: a staged receive (a tensor-parallel engine) goes over a "
+          "communicator, not CUDA IPC (bucket ",
+          b.index, " from train rank ", sender_of(b.index), ")");
+    }
+    at::Tensor bytes = staging.narrow(0, 0, b.nbytes);
+    root_group(sender_of(b.index)).broadcast(bytes, 0);
+    st.bytes += b.nbytes;
+    if (options_.verify) verify_bucket(version, b.index, bytes, deadline);
+    const auto l0 = Clock::now();
+    land(b.index, bytes);
+    st.load_s += seconds_since(l0);
+  }
+  st.transfer_s = seconds_since(t0) - st.load_s;
+  st.collectives = total_ops(groups_) - ops0;
+  st.verified = options_.verify;
+  return st;
 }
 
 SyncStats WeightSync::send(const std::vector<at::Tensor>& tensors, int64_t version) {

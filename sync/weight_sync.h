@@ -146,6 +146,9 @@ class WeightSync : public WeightSource {
     return receive(buckets, version, LoadFn());
   }
   SyncStats receive(std::vector<at::Tensor>& buckets, int64_t version, const LoadFn& load);
+  // Bucket mode over a communicator (not CUDA IPC): each bucket's broadcast into `staging`, its
+  // --sync-verify checksum, then land(bucket, its bytes).
+  SyncStats receive_staged(int64_t version, const at::Tensor& staging, const LandFn& land) override;
 
   // Benchmark baseline kRaw, both sides: one broadcast of `flat` (layout total bytes) from the
   // node's first train rank.
@@ -160,6 +163,8 @@ class WeightSync : public WeightSource {
   void announce(int64_t version, const char* how = "1");
   void publish_checksum(int64_t version, int64_t bucket, const at::Tensor& bytes);
   void verify_buckets(int64_t version, const std::vector<at::Tensor>& buckets, SyncStats& stats);
+  void verify_bucket(int64_t version, int64_t bucket, const at::Tensor& bytes,
+                     Clock::time_point deadline);
   std::string key(const std::string& what) const;
   void choose_transports(Clock::time_point deadline);
 

@@ -58,6 +58,20 @@ crl_job_test(rl.colocated_pairs_deterministic_gap_exactly_0 pass 120
              "weight sync: paired ;; step 1/[0-9]+ .* gap 0\\.0e\\+00 \\| ;; step 3/[0-9]+ .* gap 0\\.0e\\+00 \\| ;; summary: 1 node\\(s\\) x \\(2 infer \\+ 2 train ranks\\), 3 GRPO steps"
              --gpus-infer 2 --gpus-train 2 --colocate on --deterministic --sync-verify --steps 3
              --sft-steps 4 --prompts-per-step 8 --n-samples 4 --eval-every 0 --timeout 60 --max-staleness 0)
+# Tensor-parallel engines in the RL job (issue 55, items 3 and 4): each engine two ranks, the
+# trainers' whole-model buckets staged on its leader and sliced onto both, verified; the engines'
+# log-probs stay the trainer's (fp32) after every update. What a split engine cannot do is refused.
+set(CRL_GAP_SMALL "gap ([0-9]\\.[0-9]e-(0[5-9]|[1-9][0-9])|0\\.0e\\+00) \\|")
+crl_job_test(rl.tensor_parallel_engines_take_every_update_gap_below_1e-4 pass 120
+             "\\| 1 \\| infer 1 \\| cpu x 2 \\| ;; engines: tensor-parallel over 2 ranks each ;; step 1/[0-9]+ .* ${CRL_GAP_SMALL} ;; step 3/[0-9]+ .* ${CRL_GAP_SMALL} ;; summary: 1 node\\(s\\) x \\(2 infer \\+ 2 train ranks\\), 3 GRPO steps"
+             --gpus-infer 2 --gpus-train 2 --infer-tp 2 --sync-verify --steps 3 --sft-steps 5
+             --prompts-per-step 8 --n-samples 4 --eval-every 0 --timeout 60 --max-staleness 0)
+crl_job_test(rl.tensor_parallel_engines_refuse_deterministic_mode fail 20
+             "--infer-tp with --deterministic: a tensor-parallel engine sums its ranks' partial outputs"
+             --gpus-infer 1 --gpus-train 1 --infer-tp 2 --deterministic --steps 1)
+crl_job_test(rl.tensor_parallel_engines_that_do_not_split_the_model_are_refused_before_launch fail 20
+             "num_key_value_heads \\(2\\) is not divisible by the group size 4 \\(--tp; --infer-tp in the RL job\\)"
+             --gpus-infer 1 --gpus-train 1 --infer-tp 4 --steps 1)
 # Asynchronous RL (issue 13): with K = 1 no trained token is older than one version (the train
 # ranks fail the step otherwise), nothing is dropped, and each in-flight update policy runs.
 foreach(policy keep recompute abort)

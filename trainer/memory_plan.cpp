@@ -10,7 +10,9 @@
 
 #include "common/units.h"
 #include "engine/model/lora.h"
+#include "engine/model/tensor_parallel.h"
 #include "sync/cuda_ipc.h"
+#include "sync/weight_layout.h"
 #include "trainer/loss.h"
 
 namespace crl::trainer {
@@ -122,7 +124,21 @@ MemoryPlan plan_memory(const engine::ModelConfig& config, const RlOptions& o,
   TrainerOptions trainer = o.trainer;
   trainer.device = cuda ? "cuda" : "cpu";
   trainer.grad_bucket_bytes = o.bucket_bytes;  // as the RL job's trainers get it
-  int64_t engine_weights = config.num_params() * dtype_bytes(o.engine_dtype);
+  // A tensor-parallel engine's rank holds its shard (split tensors / N, the rest whole), and a
+  // weight update's largest bucket in flight: the leader's staging buffer, on a GPU each other
+  // rank's copy of it too (on the CPU they read the leader's). Its KV pool is --kv-memory a rank.
+  const int tp = std::max(1, o.infer_tp);
+  int64_t engine_weights = 0;
+  std::vector<sync::TensorSpec> specs;
+  for (const engine::ParamSpec& spec : engine::model_param_specs(config)) {
+    int64_t n = 1;
+    for (int64_t d : spec.shape) n *= d;
+    engine_weights +=
+        (engine::tp_split_dim(spec.name) >= 0 ? n / tp : n) * dtype_bytes(o.engine_dtype);
+    specs.push_back({spec.name, spec.shape, engine::parse_dtype(o.engine_dtype)});
+  }
+  const int64_t staging =
+      tp > 1 ? sync::WeightLayout::plan(std::move(specs), o.bucket_bytes).max_bucket_nbytes() : 0;
   if (o.trainer.lora.enabled()) {  // the adapter's versions in the engine's slots
     engine_weights +=
         (o.max_staleness + 1) * lora_params(config, o.trainer.lora) * dtype_bytes(o.engine_dtype);
@@ -137,9 +153,17 @@ MemoryPlan plan_memory(const engine::ModelConfig& config, const RlOptions& o,
     DeviceMemory& d = by_device[dev];
     d.device = dev;
     if (topo.role_of(l) == sync::Role::kInfer) {
-      ++d.engines;
-      d.engine_weights += engine_weights;
-      d.kv_pools += o.kv_memory_bytes;
+      for (int r = 0; r < tp; ++r) {  // on CUDA rank r of the engine's group on GPU gpu + r
+        const std::string rdev =
+            cuda ? fmt::format("cuda:{}", placement.gpu_of_local.at(l) + r) : "cpu";
+        if (!by_device.count(rdev)) order.push_back(rdev);
+        DeviceMemory& e = by_device[rdev];
+        e.device = rdev;
+        if (r == 0 || cuda) ++e.engines;  // on a GPU: a shard of one
+        e.engine_weights += engine_weights + (r == 0 || cuda ? staging : 0);
+        e.kv_pools += o.kv_memory_bytes;
+        if (cuda && r > 0) e.contexts += kCudaContextBytes;
+      }
     } else {
       ++d.trainers;
       d.trainer_state += state;

@@ -8,6 +8,7 @@
 #include "common/check.h"
 #include "engine/kernels/cpu_isa.h"
 #include "engine/model/config.h"
+#include "engine/model/tensor_parallel.h"
 #include "sync/nccl_communicator.h"
 #include "trainer/checkpoint.h"
 #include "trainer/memory_plan.h"
@@ -26,10 +27,37 @@ sync::PlacementRequest RlOptions::placement_request() const {
   r.device_count = cuda_device_count;
   r.comm_backend = comm_backend;
   r.colocate = colocate;
+  r.infer_tp = infer_tp;
   return r;
 }
 
+void RlOptions::check_infer_tp(const engine::ModelConfig* model) const {
+  if (infer_tp < 1) {
+    throw std::invalid_argument(fmt::format("--infer-tp must be >= 1, got {}", infer_tp));
+  }
+  if (infer_tp == 1) return;
+  // What a tensor-parallel engine does not do (yet), named before any rank starts.
+  if (trainer.lora.enabled()) {
+    throw std::invalid_argument(
+        "--infer-tp with --lora-rank: a tensor-parallel engine has no LoRA slots yet (use "
+        "--infer-tp 1, or full fine-tuning)");
+  }
+  if (deterministic) {
+    throw std::invalid_argument(
+        "--infer-tp with --deterministic: a tensor-parallel engine sums its ranks' partial "
+        "outputs, so its log-probs are not the trainer's bits (use --infer-tp 1)");
+  }
+  if (colocate == "on") {
+    throw std::invalid_argument(
+        "--infer-tp with --colocate on: a tensor-parallel engine spans several GPUs, so it pairs "
+        "with no single trainer (use --colocate auto)");
+  }
+  // Heads, KV heads and the MLP must split (the error names the number that does not divide).
+  if (model != nullptr) engine::tp_local_config(*model, {0, infer_tp});
+}
+
 void RlOptions::validate() {
+  check_infer_tp(nullptr);
   // One node's placement: every error a placement can have (flags, GPU sharing) shows on one node.
   const sync::PlacementRequest where = placement_request();
   sync::plan_placement(sync::Topology{1, infer_per_node, train_per_node}, where);

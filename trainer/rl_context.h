@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "engine/engine_config.h"
+#include "engine/model/config.h"
 #include "sync/coordinator.h"
 #include "sync/dist_env.h"
 #include "sync/groups.h"
@@ -58,6 +59,10 @@ struct RlOptions {
   // memory before it sends the new weights.
   bool kv_handover = false;
 
+  // --infer-tp: each engine (infer rank) a tensor-parallel group of this many ranks, threads of its
+  // process (on CUDA: GPUs i*N .., sync/placement.h); the trainers send the whole model's buckets
+  // to each engine's leader, which lands every rank's slices (engine::TpWeightLanding).
+  int infer_tp = 1;
   std::string engine_dtype = "float32";
   bool deterministic = false;
   std::string cpu_kernels = "auto";  // the engines' CPU linear layers (EngineConfig::cpu_kernels)
@@ -143,6 +148,9 @@ struct RlOptions {
   // too (--device, --device-map, --comm-backend; --device cuda without a CUDA device, and
   // --deterministic on CUDA, are errors), so the launcher refuses a bad one before any rank starts.
   void validate();
+  // --infer-tp's own refusals (validate() calls it without a model); with `model`, also that its
+  // heads, KV heads and MLP divide by it. std::invalid_argument naming the flags.
+  void check_infer_tp(const engine::ModelConfig* model) const;
   // The placement request these options make (sync/placement.h).
   sync::PlacementRequest placement_request() const;
 };

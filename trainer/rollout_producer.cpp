@@ -63,6 +63,7 @@ engine::EngineConfig rollout_engine_config(const RlOptions& o, const sync::RankP
   ec.cpu_kernels = o.cpu_kernels;
   ec.seed = o.seed;
   ec.kv_memory_bytes = o.kv_memory_bytes;
+  ec.tensor_parallel_size = o.infer_tp;
   // Room for K + 1 steps' sequences: the next steps are admitted while the last ones finish.
   ec.max_seqs = std::max<int32_t>(
       256, static_cast<int32_t>(o.prompts_per_step * o.samples_per_prompt * (o.max_staleness + 1)));
@@ -98,8 +99,9 @@ RolloutProducer::RolloutProducer(RlContext& ctx) : c_(ctx), o_(ctx.o) {
                            static_cast<int32_t>(o_.max_staleness + 1), eng->weight_version())
             .layout());
   } else {
-    layout_ =
-        std::make_unique<sync::WeightLayout>(eng->attach_weight_buffers(o_.bucket_bytes).layout());
+    // The whole model's layout: into the engine's own buckets, or (tensor-parallel) staged a
+    // bucket at a time and sliced onto its ranks.
+    layout_ = std::make_unique<sync::WeightLayout>(eng->attach_weight_layout(o_.bucket_bytes));
   }
   followed_ = requested_ = c_.versions.start_step();  // the checkpoint's version on resume, else 0
   eng->set_weight_version(followed_);

@@ -15,7 +15,7 @@ int64_t divided(const char* what, int64_t value, const TpShard& shard) {
   if (value % shard.size != 0) {
     throw std::invalid_argument("tensor parallelism: the model's " + std::string(what) + " (" +
                                 std::to_string(value) + ") is not divisible by the group size " +
-                                std::to_string(shard.size) + " (--tp)");
+                                std::to_string(shard.size) + " (--tp; --infer-tp in the RL job)");
   }
   return value / shard.size;
 }
@@ -47,6 +47,12 @@ int tp_split_dim(const std::string& name) {
 }
 
 at::Tensor tp_slice(const std::string& name, const at::Tensor& full, const TpShard& shard) {
+  const at::Tensor part = tp_slice_view(name, full, shard);
+  // A copy: a view (rows are contiguous already) would keep the whole tensor's memory alive.
+  return part.is_same(full) ? full : part.clone(at::MemoryFormat::Contiguous);
+}
+
+at::Tensor tp_slice_view(const std::string& name, const at::Tensor& full, const TpShard& shard) {
   const int dim = tp_split_dim(name);
   if (dim < 0 || shard.size == 1) return full;
   const int64_t n = full.size(dim);
@@ -56,8 +62,7 @@ at::Tensor tp_slice(const std::string& name, const at::Tensor& full, const TpSha
                                 ", not divisible by the group size " + std::to_string(shard.size));
   }
   const int64_t part = n / shard.size;
-  // A copy: a view (rows are contiguous already) would keep the whole tensor's memory alive.
-  return full.narrow(dim, shard.rank * part, part).clone(at::MemoryFormat::Contiguous);
+  return full.narrow(dim, shard.rank * part, part);
 }
 
 }  // namespace crl::engine

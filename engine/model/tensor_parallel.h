@@ -33,7 +33,8 @@ ModelConfig tp_local_config(const ModelConfig& full, const TpShard& shard);
 int tp_split_dim(const std::string& name);
 
 // `full` (the whole parameter) narrowed to `shard`'s part, contiguous; the tensor itself when the
-// parameter is whole on every rank.
+// parameter is whole on every rank. tp_slice_view: the same part as a view of `full` (no copy).
 at::Tensor tp_slice(const std::string& name, const at::Tensor& full, const TpShard& shard);
+at::Tensor tp_slice_view(const std::string& name, const at::Tensor& full, const TpShard& shard);
 
 }  // namespace crl::engine

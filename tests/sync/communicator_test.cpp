@@ -320,5 +320,51 @@ TEST(WeightSyncTest, AReceiverThatFallsVersionsBehindStillFindsEachOne) {
   for (const auto& e : errors) EXPECT_EQ(e, "");
 }
 
+// A staged receive (a tensor-parallel engine's): the same collectives as a whole receive, one
+// bucket at a time through one reused buffer, each verified before it lands, in bucket order.
+TEST(WeightSyncTest, AStagedReceiveLandsEveryBucketInOrderThroughOneBuffer) {
+  std::vector<TensorSpec> specs;
+  for (int i = 0; i < 7; ++i)
+    specs.push_back({"w" + std::to_string(i), {29, 13 + i}, at::kBFloat16});
+  auto layout = WeightLayout::plan(specs, 2048);
+  ASSERT_GE(layout.buckets().size(), 4u);
+  std::vector<at::Tensor> masters;
+  for (const auto& spec : specs) masters.push_back(at::randn(spec.shape, at::kFloat));
+  Topology topo{1, 2, 1};
+  auto errors = run_ranks(3, milliseconds(10000), [&](int r, auto& comm, const StorePtr& store) {
+    Groups g = make_groups(std::move(comm), topo);
+    WeightSyncOptions o;
+    o.verify = true;
+    WeightSync ws(g, store, layout, o);
+    if (g.role == Role::kTrain) {
+      ws.send(masters, 1);
+      return;
+    }
+    auto buckets = layout.allocate_buckets(at::TensorOptions());
+    const int64_t nb = static_cast<int64_t>(layout.buckets().size());
+    SyncStats st;
+    if (topo.role_index(r) == 0) {
+      st = ws.receive(buckets, 1);
+    } else {
+      at::Tensor staging = at::empty({layout.max_bucket_nbytes()}, at::kByte);
+      int64_t next = 0;
+      st = ws.receive_staged(1, staging, [&](int64_t b, const at::Tensor& bytes) {
+        EXPECT_EQ(b, next++);
+        EXPECT_EQ(bytes.data_ptr(), staging.data_ptr());
+        buckets[b].copy_(bytes.narrow(0, 0, layout.buckets()[b].nbytes));
+      });
+      EXPECT_EQ(next, nb);
+      EXPECT_EQ(st.extra_bytes, layout.max_bucket_nbytes());
+    }
+    EXPECT_TRUE(st.verified);
+    EXPECT_EQ(st.collectives, nb);
+    auto views = layout.views(buckets);
+    for (size_t i = 0; i < views.size(); ++i) {
+      EXPECT_TRUE(views[i].equal(masters[i].to(at::kBFloat16))) << specs[i].name;
+    }
+  });
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+}
+
 }  // namespace
 }  // namespace crl::sync

@@ -142,6 +142,34 @@ TEST(PlacementTest, OneEngineTwoTrainersSplitsBackendsPerGroup) {
                      "--device cuda (GPU = local rank mod 2): the sync_root group of train rank 0");
 }
 
+// --infer-tp N: engine i spans GPUs [i*N, (i+1)*N) (the rank's device is its group leader's), the
+// trainers come after, no GPU shared; so the sync_root groups are NCCL and nothing pairs. Too few
+// GPUs, or a map, is refused naming the counts.
+TEST(PlacementTest, TensorParallelEnginesTakeTheirGpusInOrderThenTheTrainers) {
+  PlacementRequest req = cuda(6);
+  req.infer_tp = 2;
+  Placement p = plan_placement(Topology{1, 2, 2}, req);
+  EXPECT_EQ(p.gpu_of_local, (std::vector<int>{0, 2, 4, 5}));
+  EXPECT_EQ(devices_of(p), (std::vector<std::string>{"cuda:0", "cuda:2", "cuda:4", "cuda:5"}));
+  EXPECT_FALSE(p.topo.paired);
+  EXPECT_EQ(p.train_backend, "nccl");
+  EXPECT_EQ(p.sync_root_backends, std::vector<std::string>(2, "nccl"));
+  EXPECT_NE(p.table().find("| 1 | infer 1 | cuda:2-3 |"), std::string::npos) << p.table();
+  EXPECT_NE(p.table().find("engines: tensor-parallel over 2 ranks each"), std::string::npos);
+  req.device_count = 5;
+  ASSERT_THROWS_WITH(plan_placement(Topology{1, 2, 2}, req), std::invalid_argument,
+                     "--gpus-infer 2 engines x --infer-tp 2 GPUs each + --gpus-train 2 = 6 GPUs, "
+                     "but this node has 5");
+  req = cuda(8, "0,2,4,5");
+  req.infer_tp = 2;
+  ASSERT_THROWS_WITH(plan_placement(Topology{1, 2, 2}, req), std::invalid_argument,
+                     "--device-map with --infer-tp 2");
+  PlacementRequest on_cpu;
+  on_cpu.infer_tp = 4;
+  EXPECT_NE(plan_placement(Topology{1, 1, 1}, on_cpu).table().find("| 0 | infer 0 | cpu x 4 |"),
+            std::string::npos);
+}
+
 TEST(PlacementTest, RanksOnOtherNodesNeverShareAGpu) {
   // Two nodes of 1 + 1 on one GPU each: the train group spans the nodes (distinct GPUs: NCCL).
   Placement p = plan_placement(Topology{2, 1, 1}, cuda(1));
@@ -309,6 +337,7 @@ TEST(PlacementGroupsTest, GroupsOfTheirOwnMatchTheSplitOnesAndRun) {
         }
         EXPECT_EQ(g.sync->backend(), "gloo");
         EXPECT_EQ(g.infer != nullptr, g.role == Role::kInfer);
+        g.world->barrier();  // as below
       });
   for (const auto& e : errors2) ASSERT_EQ(e, "");
   for (int r = 0; r < 4; ++r) {
@@ -338,6 +367,9 @@ TEST(PlacementGroupsTest, GroupsOfTheirOwnMatchTheSplitOnesAndRun) {
         Groups g = make_groups(std::move(comm), paired, GroupBackends{"nccl", {"nccl", "nccl"}},
                                store, gloo);
         for (const auto& c : g.sync_roots) record(c.get(), own_paired[r]);
+        // No rank closes its groups while a peer may still be connecting to it (a closed pair
+        // during another member's connect fails that connect).
+        g.world->barrier();
       });
   for (const auto& e : errors3) ASSERT_EQ(e, "");
   EXPECT_EQ(made_paired[0], (std::vector<std::string>{"sync.node0.root0"}));

@@ -156,6 +156,35 @@ TEST(MemoryPlanTest, TwoPairsOnOneGpuCountEverythingAtOnce) {
   EXPECT_EQ(d.peak(true), d.peak(false));
 }
 
+// --infer-tp 2: each of the engine's GPUs holds its shard (the split tensors halved, embedding,
+// norms and head whole) and a KV pool; the leader's also one staging bucket for weight updates.
+TEST(MemoryPlanTest, ATensorParallelEngineHoldsAShardOnEachOfItsGpus) {
+  const engine::ModelConfig c = engine::preset_config("qwen2-0.5b");
+  RlOptions o = job(1);
+  o.infer_tp = 2;
+  o.cuda_device_count = 3;
+  const MemoryPlan plan =
+      plan_memory(c, o, sync::plan_placement(sync::Topology{1, 1, 1}, o.placement_request()));
+  ASSERT_EQ(plan.devices.size(), 3u);
+  const DeviceMemory& leader = plan.devices[0];
+  const DeviceMemory& follower = plan.devices[1];
+  EXPECT_EQ(leader.device, "cuda:0");
+  EXPECT_EQ(follower.device, "cuda:1");
+  EXPECT_EQ(plan.devices[2].trainers, 1);
+  EXPECT_EQ(follower.engines, 1);
+  EXPECT_EQ(follower.kv_pools, o.kv_memory_bytes);
+  EXPECT_EQ(leader.kv_pools, o.kv_memory_bytes);
+  // On GPUs every rank holds the bucket in flight, the largest one (qwen2-0.5b's embedding, past
+  // the bucket cap, is a bucket of its own).
+  EXPECT_EQ(leader.engine_weights, follower.engine_weights);
+  const int64_t embedding = 2 * c.vocab_size * c.hidden_size;
+  ASSERT_GT(embedding, o.bucket_bytes);
+  const int64_t whole = 2 * c.num_params();
+  const int64_t whole_tensors = embedding * (c.tie_word_embeddings ? 1 : 2);
+  EXPECT_LT(follower.engine_weights, whole / 2 + whole_tensors + embedding + 4096);
+  EXPECT_GT(follower.engine_weights, whole / 2 + embedding);
+}
+
 TEST(MemoryPlanTest, TheCpuIsOneDeviceForEveryRank) {
   const engine::ModelConfig c = engine::preset_config("default");
   RlOptions o;
