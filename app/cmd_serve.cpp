@@ -86,13 +86,15 @@ Runner register_serve(CLI::App& app) {
     engine::EngineConfig config = f->engine.resolve();
     f->server.version = version_string();
     server::Server srv(config, f->server);
-    std::signal(SIGINT, on_stop_signal);
-    std::signal(SIGTERM, on_stop_signal);
     // The model first, then the port: a model that does not load fails before anything listens,
     // and "listening" means requests are served.
     spdlog::info("loading {}", config.model_dir);
     srv.engine_loop().start();
     srv.engine_loop().wait_ready();
+    // Only now: a signal while the model loads ends the process at once (nothing is served or
+    // held yet), instead of being noted until the load is done.
+    std::signal(SIGINT, on_stop_signal);
+    std::signal(SIGTERM, on_stop_signal);
     spdlog::info("model loaded: {} (KV pool {} blocks x {} tokens{})", srv.model_name(),
                  srv.engine_loop().engine().runner().num_blocks(), config.block_size,
                  tensor_parallel_note(srv.engine_loop().engine()));

@@ -25,6 +25,8 @@ enum TpCommand : int64_t {
   kTpPlanWeights = 4,  // bucket_bytes
   kTpLandWeights = 5,  // bucket; payload: its bytes
 };
+constexpr const char* kTpNoGraphs =
+    "a tensor-parallel engine runs its steps eagerly: CUDA graphs are not supported";
 constexpr size_t kTpStepWords = 8;  // command, rows, seqs, samples, pairs, max_blocks, max_q,
                                     // max_ctx
 
@@ -114,7 +116,7 @@ void ModelRunner::enable_cuda_graphs(std::vector<int64_t> buckets, int64_t max_m
     CRL_INVALID("CUDA graphs need the model on a CUDA device, not ", kv_cache_.device());
   }
   if (tp_ != nullptr) {
-    CRL_INVALID("a tensor-parallel engine runs its steps eagerly: CUDA graphs are not supported");
+    CRL_INVALID(kTpNoGraphs);
   }
   std::sort(buckets.begin(), buckets.end());
   graph_buckets_ = std::move(buckets);
@@ -251,10 +253,17 @@ ForwardOutput ModelRunner::execute_graph(const SchedulerOutput& batch, DecodeGra
 void ModelRunner::set_tensor_parallel(sync::TpGroup* group, const ModelConfig& full) {
   if (group != nullptr && group->size() > 1) {
     if (!graph_buckets_.empty()) {
-      CRL_INVALID("a tensor-parallel engine runs its steps eagerly: CUDA graphs are not supported");
+      CRL_INVALID(kTpNoGraphs);
     }
     tp_ = group;
     tp_full_ = full;
+  }
+}
+
+void ModelRunner::throw_if_group_broken() const {
+  if (!tp_broken_.empty()) {
+    throw std::runtime_error("the tensor-parallel group " + tp_->name() +
+                             " is broken by an earlier failure: " + tp_broken_);
   }
 }
 
@@ -281,10 +290,7 @@ const sync::WeightLayout& ModelRunner::attach_tp_weights(int64_t bucket_bytes) {
 
 void ModelRunner::land_weights(int64_t bucket, const at::Tensor& bytes) {
   CRL_CHECK(tp_ != nullptr && tp_->rank() == 0, "land_weights: not a tensor-parallel leader");
-  if (!tp_broken_.empty()) {
-    throw std::runtime_error("the tensor-parallel group " + tp_->name() +
-                             " is broken by an earlier failure: " + tp_broken_);
-  }
+  throw_if_group_broken();
   CRL_CHECK(tp_landing_, "land_weights before attach_tp_weights");
   const sync::Bucket& b = tp_landing_->layout().buckets().at(bucket);
   try {
@@ -389,6 +395,7 @@ ForwardOutput ModelRunner::execute(const SchedulerOutput& batch) {
   if (kv_cache_released()) {
     throw std::logic_error("the KV pool is released (colocated hand-over): restore it first");
   }
+  throw_if_group_broken();
   if (DecodeGraph* g = graph_for(batch)) return execute_graph(batch, *g);
   ForwardOutput out;
   const int64_t num_seqs = static_cast<int64_t>(batch.seqs.size());
@@ -412,10 +419,6 @@ ForwardOutput ModelRunner::execute(const SchedulerOutput& batch) {
   // One upload (none on the CPU, where `buf` is the host buffer itself).
   const at::Tensor buf = host.to(at::TensorOptions().device(device), /*non_blocking=*/true);
   out.h2d_bytes = device.is_cpu() ? 0 : host.numel();
-  if (!tp_broken_.empty()) {
-    throw std::runtime_error("the tensor-parallel group " + tp_->name() +
-                             " is broken by an earlier failure: " + tp_broken_);
-  }
   if (tp_ != nullptr && (layout.pairs > 0 || num_seqs > 0)) {
     tell_followers({kTpStep, layout.rows, layout.seqs, layout.samples, layout.pairs,
                     layout.max_blocks, f.max_q, f.max_ctx},

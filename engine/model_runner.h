@@ -120,6 +120,9 @@ class ModelRunner {
   // Plans this rank's TpWeightLanding; lands bucket `bucket` from `bytes`, then waits for the
   // group (every rank calls both, the followers on the leader's commands).
   void plan_tp_landing(int64_t bucket_bytes);
+  // After a failed step or landing the group takes no further one (the followers may be inside
+  // its collectives): std::runtime_error naming the group and the failure.
+  void throw_if_group_broken() const;
   void land_and_wait(int64_t bucket, const at::Tensor& bytes);
   // The leader's word to its followers: a command and its numbers, and for a step the packed
   // inputs (host bytes).
