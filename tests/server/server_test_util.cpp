@@ -4,6 +4,8 @@
 #include <sstream>
 #include <thread>
 
+#include "tests/engine/test_model.h"
+
 namespace crl::test {
 
 namespace {
@@ -42,6 +44,12 @@ std::pair<int, std::string> ServedModel::post_raw(const std::string& path,
   auto res = c->Post(path.c_str(), body, "application/json");
   if (!res) return {-1, httplib::to_string(res.error())};
   return {res->status, res->body};
+}
+
+engine::EngineConfig server_test_config() {
+  engine::EngineConfig c = test_engine_config("llama");
+  c.deterministic = true;
+  return c;
 }
 
 std::vector<std::string> sse_payloads(const std::string& body) {

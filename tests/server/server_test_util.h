@@ -33,6 +33,11 @@ struct ServedModel {
   int port = 0;
 };
 
+// The test model (llama) in deterministic mode: logits do not depend on batching or prefix-cache
+// hits, so the server's engine and a separate reference engine sample the same tokens for the same
+// seed.
+engine::EngineConfig server_test_config();
+
 // Splits an SSE body into its "data: " payloads.
 std::vector<std::string> sse_payloads(const std::string& body);
 
