@@ -165,7 +165,6 @@ void WeightSync::wait_ipc_acks(int64_t version, const IpcBatch& batch) {
 
 SyncStats WeightSync::send_ipc(const std::vector<at::Tensor>* tensors,
                                const std::vector<at::Tensor>* buckets, int64_t version) {
-  const int t = groups_.topo.role_index(groups_.world_rank);
   SyncStats st;
   st.version = version;
   bool announced = false;
