@@ -266,7 +266,7 @@ void LlmEngine::abort_now(const std::string& id) {
   }
 }
 
-void LlmEngine::compute_prompt_logprobs(const ScheduledSeq& s, const at::Tensor& hidden,
+void LlmEngine::compute_prompt_logprobs(const ScheduledSeq& s, const ForwardOutput& fwd,
                                         int64_t row) {
   Request* req = s.seq->request;
   const int64_t prompt_len = s.seq->prompt_len();
@@ -278,7 +278,7 @@ void LlmEngine::compute_prompt_logprobs(const ScheduledSeq& s, const at::Tensor&
   constexpr int64_t kTile = 64;  // never materialise full-vocabulary logits for a whole prompt
   for (int64_t p = begin; p < end; p += kTile) {
     const int64_t n = std::min(kTile, end - p);
-    auto logits = to_host(model_->compute_logits(hidden.narrow(0, row + (p - s.start), n)));
+    auto logits = to_host(runner_->row_logits(fwd, row + (p - s.start), n));
     std::vector<int32_t> targets(req->prompt.begin() + p + 1, req->prompt.begin() + p + 1 + n);
     auto lp = token_logprobs(logits.contiguous(), targets, *req->params.prompt_logprobs);
     for (auto& [value, top] : lp) {
@@ -362,12 +362,12 @@ LlmEngine::BatchLogits LlmEngine::run(const SchedulerOutput& batch) {
     stats_.prompt_tokens_computed += prompt_part;
     record_.prefill_tokens += prompt_part;
     if (s.seq->request->params.prompt_logprobs && s.start < s.seq->prompt_len() - 1) {
-      compute_prompt_logprobs(s, fwd.hidden, fwd.row_start[i]);
+      compute_prompt_logprobs(s, fwd, fwd.row_start[i]);
     }
     if (s.sample) out.seqs.push_back(s.seq);
   }
   if (!out.seqs.empty()) {
-    out.logits = model_->compute_logits(fwd.sample_hidden);
+    out.logits = runner_->sample_logits(fwd);
     if (!tensor_sampler_) out.logits = to_host(out.logits).contiguous();
   }
   return out;

@@ -244,7 +244,7 @@ class LlmEngine {
   void fail_batch(const SchedulerOutput& batch, const std::string& what,
                   std::unordered_set<Request*>& touched);
   void admit(GenerateRequest&& request);
-  void compute_prompt_logprobs(const ScheduledSeq& s, const at::Tensor& hidden, int64_t row);
+  void compute_prompt_logprobs(const ScheduledSeq& s, const ForwardOutput& fwd, int64_t row);
   RequestOutput make_output(const Request& req) const;
   // `t` on the host, counting the bytes when it comes from a device.
   at::Tensor to_host(const at::Tensor& t);

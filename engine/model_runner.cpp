@@ -24,7 +24,9 @@ enum TpCommand : int64_t {
   kTpRestore = 3,
   kTpPlanWeights = 4,  // bucket_bytes
   kTpLandWeights = 5,  // bucket; payload: its bytes
+  kTpLogits = 6,       // rows (kTpSampleRows, or the first of `count` hidden rows), count
 };
+constexpr int64_t kTpSampleRows = -1;
 constexpr const char* kTpNoGraphs =
     "a tensor-parallel engine runs its steps eagerly: CUDA graphs are not supported";
 constexpr size_t kTpStepWords = 8;  // command, rows, seqs, samples, pairs, max_blocks, max_q,
@@ -309,6 +311,36 @@ void ModelRunner::land_weights(int64_t bucket, const at::Tensor& bytes) {
   }
 }
 
+at::Tensor ModelRunner::sample_logits(const ForwardOutput& fwd) {
+  return lead_logits(fwd.sample_hidden, kTpSampleRows);
+}
+
+at::Tensor ModelRunner::row_logits(const ForwardOutput& fwd, int64_t first, int64_t count) {
+  return lead_logits(fwd.hidden.narrow(0, first, count), first);
+}
+
+at::Tensor ModelRunner::lead_logits(const at::Tensor& rows, int64_t which) {
+  if (tp_ == nullptr || !model_.splits_vocab()) return model_.compute_logits(rows);
+  throw_if_group_broken();
+  try {
+    tell_followers({kTpLogits, which, rows.size(0)});
+    return gather_logits(rows);
+  } catch (const std::exception& e) {
+    tp_broken_ = e.what();  // the followers may be inside the gather
+    tp_->abort();
+    throw;
+  }
+}
+
+at::Tensor ModelRunner::gather_logits(const at::Tensor& rows) {
+  const at::Tensor part = model_.compute_logits(rows).contiguous();  // [R, V / n]
+  const int64_t n = tp_->size();
+  at::Tensor all = at::empty({n, part.size(0), part.size(1)}, part.options());
+  tp_->all_gather(part, all);
+  // [n, R, V / n] -> [R, V]: rank r's columns are the vocabulary's r-th part.
+  return all.permute({1, 0, 2}).reshape({part.size(0), n * part.size(1)});
+}
+
 void ModelRunner::tell_followers(const std::vector<int64_t>& words, const at::Tensor& payload) {
   if (tp_ == nullptr || tp_->rank() != 0 || followers_stopped_) return;
   tp_->lead(words, payload);
@@ -362,13 +394,35 @@ void ModelRunner::follow() {
         f.max_q = h[6];
         f.max_ctx = h[7];
         try {
-          run_packed(layout, f, payload.to(device), LoraBatch{});
+          const at::Tensor buf = payload.to(device);
+          followed_ = ForwardOutput{};
+          const at::Tensor hidden = run_packed(layout, f, buf, LoraBatch{});
+          if (model_.splits_vocab()) {  // the leader's logits commands come next
+            followed_.hidden = hidden;
+            if (layout.samples > 0) {
+              followed_.sample_hidden = hidden.index_select(
+                  0, StepLayout::view(buf, layout.sample, layout.samples, at::kLong));
+            }
+          }
         } catch (...) {
           tp_->abort();  // the leader and the other ranks fail now, not at their deadline
           throw;
         }
         break;
       }
+      case kTpLogits:
+        try {
+          CRL_CHECK(h.size() == 3, "a logits command has 3 words");
+          const at::Tensor& rows = h[1] == kTpSampleRows ? followed_.sample_hidden
+                                                         : followed_.hidden.narrow(0, h[1], h[2]);
+          CRL_CHECK(rows.defined() && rows.size(0) == h[2], "logits of ", h[2],
+                    " rows the last step does not have");
+          gather_logits(rows);
+        } catch (...) {
+          tp_->abort();
+          throw;
+        }
+        break;
       default:
         throw std::runtime_error("tensor-parallel group " + tp_->name() + ": unknown command " +
                                  std::to_string(h[0]) + " from the leader");

@@ -49,6 +49,15 @@ class ModelRunner {
 
   ForwardOutput execute(const SchedulerOutput& batch);
 
+  // The logits [R, vocab] float32 of `fwd` (the last execute()'s output): of its sample rows
+  // (sample_logits), or of rows [first, first + count) of its hidden states (row_logits). A
+  // tensor-parallel group whose shards split the vocabulary computes them together: the leader
+  // tells the others which rows, each rank takes its part of the vocabulary from its own copy of
+  // the step's hidden states (the group's sums give every rank the same), and the parts are
+  // all-gathered. Else the model's compute_logits.
+  at::Tensor sample_logits(const ForwardOutput& fwd);
+  at::Tensor row_logits(const ForwardOutput& fwd, int64_t first, int64_t count);
+
   // Decode steps (one token per sequence, every sequence sampling) of up to the largest bucket
   // replay a CUDA graph captured for the smallest bucket that holds them, padded; other steps run
   // as before. Captured at the first such step, after the weights have their final storage:
@@ -124,6 +133,11 @@ class ModelRunner {
   // its collectives): std::runtime_error naming the group and the failure.
   void throw_if_group_broken() const;
   void land_and_wait(int64_t bucket, const at::Tensor& bytes);
+  // The leader: the logits of `rows` (`which`: the first of the step's hidden rows, or its sample
+  // rows), the followers told. gather_logits (every rank): this rank's part of the logits of
+  // `rows`, all-gathered into the whole vocabulary's.
+  at::Tensor lead_logits(const at::Tensor& rows, int64_t which);
+  at::Tensor gather_logits(const at::Tensor& rows);
   // The leader's word to its followers: a command and its numbers, and for a step the packed
   // inputs (host bytes).
   void tell_followers(const std::vector<int64_t>& words, const at::Tensor& payload = {});
@@ -144,7 +158,8 @@ class ModelRunner {
   ModelConfig tp_full_;
   std::unique_ptr<TpWeightLanding> tp_landing_;
   bool followers_stopped_ = false;
-  std::string tp_broken_;  // a failed step's error: the group takes no further step
+  std::string tp_broken_;   // a failed step's error: the group takes no further step
+  ForwardOutput followed_;  // a follower: the hidden states and sample rows of the last step
 };
 
 }  // namespace crl::engine

@@ -56,7 +56,8 @@ TpWeightLanding::TpWeightLanding(const Transformer& shard, const ModelConfig& fu
   for (size_t i = 0; i < mine.size(); ++i) {
     const sync::TensorSpec& spec = layout_.specs()[i];
     std::vector<int64_t> want = spec.shape;
-    if (const int dim = tp_split_dim(spec.name); dim >= 0) want[dim] /= where.size;
+    if (const int dim = tp_split_dim(spec.name, full, where.size); dim >= 0)
+      want[dim] /= where.size;
     if (mine[i].first != spec.name || mine[i].second.sizes() != at::IntArrayRef(want)) {
       CRL_INVALID("tensor-parallel weight updates: shard parameter ", i, " is '", mine[i].first,
                   "' ", mine[i].second.sizes(), ", expected '", spec.name, "' ",

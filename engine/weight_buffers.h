@@ -46,7 +46,8 @@ class WeightBuffers {
 // trainer sends, one collective per bucket as for a whole engine), so the trainers need not know
 // how the engines split. Each bucket arrives whole in a staging buffer on the group's leader
 // (WeightSource::receive_staged) and every rank of the group copies its slice of each tensor in it
-// (tp_slice: q/k/v and gate/up rows, o/down columns; embedding, norms and head whole) into its
+// (tp_slice: q/k/v and gate/up rows, o/down columns, embedding and head vocabulary rows where
+// the group divides them; norms whole) into its
 // shard's parameters, in place. The shard's memory never holds the whole model; the staging buffer
 // is one bucket. Same write contract as WeightBuffers.
 class TpWeightLanding {

@@ -38,6 +38,9 @@ class CommunicatorTpGroup : public TpGroup {
   at::Device device() const override { return device_; }
   const std::string& name() const override { return comm_.name(); }
   void all_reduce_sum(const at::Tensor& t) override { comm_.all_reduce(t, ReduceOp::kSum); }
+  void all_gather(const at::Tensor& in, const at::Tensor& out) override {
+    comm_.all_gather(in, out);
+  }
   void abort() override {}
 
   void lead(const std::vector<int64_t>& words, const at::Tensor& payload) override {
@@ -149,7 +152,7 @@ class LocalTpGroup : public TpGroup {
       std::lock_guard<std::mutex> lock(r.mu);
       r.inputs[rank_] = t;
     }
-    barrier(t);
+    barrier("all_reduce", t);
     at::Tensor sum;
     try {
       sum = r.inputs[0].clone();
@@ -158,8 +161,37 @@ class LocalTpGroup : public TpGroup {
       abort();  // the others are on their way to the second barrier
       throw;
     }
-    barrier(t);  // nobody reads the inputs any more
+    barrier("all_reduce", t);  // nobody reads the inputs any more
     t.copy_(sum);
+  }
+
+  void all_gather(const at::Tensor& in, const at::Tensor& out) override {
+    if (comm_) {
+      const c10::DeviceGuard guard(device_);
+      comm_->all_gather(in, out);
+      return;
+    }
+    if (!out.is_contiguous() || out.numel() != in.numel() * size_ ||
+        out.scalar_type() != in.scalar_type()) {
+      throw CollectiveError("all_gather on group tp (in-process, rank " + std::to_string(rank_) +
+                            "): the output must be contiguous, " + std::to_string(size_) +
+                            " times the input's " + std::to_string(in.numel()) +
+                            " elements and of its dtype");
+    }
+    LocalTpHub::Reducer& r = *reducer_;
+    {
+      std::lock_guard<std::mutex> lock(r.mu);
+      r.inputs[rank_] = in;
+    }
+    barrier("all_gather", in);
+    try {
+      const at::Tensor chunks = out.view({size_, -1});
+      for (int i = 0; i < size_; ++i) chunks[i].copy_(r.inputs[i].reshape({-1}));
+    } catch (...) {
+      abort();
+      throw;
+    }
+    barrier("all_gather", in);
   }
 
   void abort() override { close_channels(channels_, *reducer_); }
@@ -192,7 +224,7 @@ class LocalTpGroup : public TpGroup {
   }
 
  private:
-  void barrier(const at::Tensor& t) {
+  void barrier(const char* op, const at::Tensor& t) {
     LocalTpHub::Reducer& r = *reducer_;
     std::unique_lock<std::mutex> lock(r.mu);
     const int64_t gen = r.generation;
@@ -207,8 +239,8 @@ class LocalTpGroup : public TpGroup {
       r.broken = true;
       r.cv.notify_all();
       throw CollectiveError(
-          "all_reduce failed on group tp (in-process, rank " + std::to_string(rank_) + " of " +
-          std::to_string(size_) + ", " + std::to_string(t.numel() * t.element_size()) +
+          std::string(op) + " failed on group tp (in-process, rank " + std::to_string(rank_) +
+          " of " + std::to_string(size_) + ", " + std::to_string(t.numel() * t.element_size()) +
           " bytes): " + std::to_string(size_ - r.arrived) + " rank(s) did not arrive within " +
           std::to_string(timeout_.count() / 1000.0) + " s (or one failed)");
     }

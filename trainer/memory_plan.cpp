@@ -133,8 +133,8 @@ MemoryPlan plan_memory(const engine::ModelConfig& config, const RlOptions& o,
   for (const engine::ParamSpec& spec : engine::model_param_specs(config)) {
     int64_t n = 1;
     for (int64_t d : spec.shape) n *= d;
-    engine_weights +=
-        (engine::tp_split_dim(spec.name) >= 0 ? n / tp : n) * dtype_bytes(o.engine_dtype);
+    engine_weights += (engine::tp_split_dim(spec.name, config, tp) >= 0 ? n / tp : n) *
+                      dtype_bytes(o.engine_dtype);
     specs.push_back({spec.name, spec.shape, engine::parse_dtype(o.engine_dtype)});
   }
   const int64_t staging =

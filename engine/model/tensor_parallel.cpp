@@ -34,7 +34,15 @@ ModelConfig tp_local_config(const ModelConfig& full, const TpShard& shard) {
   return c;
 }
 
-int tp_split_dim(const std::string& name) {
+namespace {
+
+bool is_vocab_param(const std::string& name) {
+  return name == "model.embed_tokens.weight" || name == "lm_head.weight";
+}
+
+// The split of `name`, whose vocabulary (for the embedding and head) has `vocab` rows.
+int split_dim(const std::string& name, int64_t vocab, int64_t group_size) {
+  if (is_vocab_param(name)) return tp_splits_vocab(vocab, group_size) ? 0 : -1;
   for (const char* rows :
        {".q_proj.weight", ".q_proj.bias", ".k_proj.weight", ".k_proj.bias", ".v_proj.weight",
         ".v_proj.bias", ".gate_proj.weight", ".up_proj.weight"}) {
@@ -46,6 +54,22 @@ int tp_split_dim(const std::string& name) {
   return -1;
 }
 
+}  // namespace
+
+bool tp_splits_vocab(int64_t vocab_size, int64_t group_size) {
+  return group_size > 1 && vocab_size % group_size == 0;
+}
+
+VocabRange tp_vocab_range(const ModelConfig& full, const TpShard& shard) {
+  if (!tp_splits_vocab(full.vocab_size, shard.size)) return {0, full.vocab_size};
+  const int64_t rows = full.vocab_size / shard.size;
+  return {shard.rank * rows, rows};
+}
+
+int tp_split_dim(const std::string& name, const ModelConfig& full, int64_t group_size) {
+  return split_dim(name, full.vocab_size, group_size);
+}
+
 at::Tensor tp_slice(const std::string& name, const at::Tensor& full, const TpShard& shard) {
   const at::Tensor part = tp_slice_view(name, full, shard);
   // A copy: a view (rows are contiguous already) would keep the whole tensor's memory alive.
@@ -53,8 +77,9 @@ at::Tensor tp_slice(const std::string& name, const at::Tensor& full, const TpSha
 }
 
 at::Tensor tp_slice_view(const std::string& name, const at::Tensor& full, const TpShard& shard) {
-  const int dim = tp_split_dim(name);
-  if (dim < 0 || shard.size == 1) return full;
+  if (shard.size == 1) return full;
+  const int dim = split_dim(name, full.dim() > 0 ? full.size(0) : 0, shard.size);
+  if (dim < 0) return full;
   const int64_t n = full.size(dim);
   if (n % shard.size != 0) {
     throw std::invalid_argument("tensor parallelism: '" + name + "' has " + std::to_string(n) +

@@ -38,15 +38,27 @@ at::Tensor rope_inv_freq(const ModelConfig& c) {
   return inv_freq.to(at::kFloat);
 }
 
-Transformer::Transformer(ModelConfig config, NamedTensors weights, TransformerOptions options)
-    : config_(std::move(config)), options_(options), params_(std::move(weights)) {
+Transformer::Transformer(ModelConfig config, NamedTensors weights, TransformerOptions options,
+                         VocabRange vocab)
+    : config_(std::move(config)), options_(options), vocab_(vocab), params_(std::move(weights)) {
   config_.validate();
+  if (vocab_.rows == 0) vocab_ = {0, config_.vocab_size};
+  if (vocab_.start < 0 || vocab_.rows < 0 || vocab_.start + vocab_.rows > config_.vocab_size) {
+    throw std::invalid_argument("vocabulary rows [" + std::to_string(vocab_.start) + ", " +
+                                std::to_string(vocab_.start + vocab_.rows) + ") of " +
+                                std::to_string(config_.vocab_size));
+  }
   set_deterministic(options_.deterministic);
   if (options_.dtype != at::kFloat && options_.dtype != at::kBFloat16) {
     throw std::invalid_argument("model compute dtype must be float32 or bfloat16, got " +
                                 dtype_name(options_.dtype));
   }
   auto specs = model_param_specs(config_);
+  for (auto& spec : specs) {  // a shard's part of the vocabulary
+    if (spec.name == "model.embed_tokens.weight" || spec.name == "lm_head.weight") {
+      spec.shape[0] = vocab_.rows;
+    }
+  }
   if (specs.size() != params_.size()) {
     throw std::invalid_argument("model expects " + std::to_string(specs.size()) + " weights, got " +
                                 std::to_string(params_.size()));
@@ -105,7 +117,7 @@ Transformer Transformer::load(const std::string& dir, TransformerOptions options
                                          [&](const std::string& name, const at::Tensor& whole) {
                                            return tp_slice(name, whole, shard);
                                          });
-  return Transformer(std::move(local), std::move(weights), options);
+  return Transformer(std::move(local), std::move(weights), options, tp_vocab_range(full, shard));
 }
 
 void Transformer::bind_parameters() {
@@ -406,7 +418,19 @@ at::Tensor Transformer::forward_hidden(const at::Tensor& tokens, const at::Tenso
                                 " exceeds max_position_embeddings " +
                                 std::to_string(c.max_position_embeddings));
   }
-  auto h = embed_.index_select(0, tokens);  // [T, hidden]
+  at::Tensor h;  // [T, hidden]
+  if (!splits_vocab()) {
+    h = embed_.index_select(0, tokens);
+  } else {
+    // This shard's rows; zeros for the other shards' tokens, whose rows the group's sum adds (a sum
+    // of one row and zeros: the whole embedding's bits).
+    CRL_CHECK(row_reduce_, "forward_hidden: a split vocabulary needs set_row_parallel_reduce");
+    const at::Tensor local = tokens - vocab_.start;
+    const at::Tensor outside = local.lt(0).logical_or_(local.ge(vocab_.rows));
+    h = embed_.index_select(0, local.clamp(0, vocab_.rows - 1));
+    h.masked_fill_(outside.unsqueeze(1), 0);
+    row_reduce_(h);
+  }
   if (lora.active()) {
     CRL_CHECK(lora_ != nullptr, "forward_hidden: LoRA rows without LoRA slots");
     CRL_CHECK(lora.slot < lora_->num_slots(), "forward_hidden: LoRA slot ", lora.slot, " of ",

@@ -53,8 +53,10 @@ struct TransformerOptions {
 class Transformer {
  public:
   // `weights` must match model_param_specs(config) in names and shapes (checked, naming the
-  // tensor).
-  Transformer(ModelConfig config, NamedTensors weights, TransformerOptions options);
+  // tensor). `vocab`: the rows of the vocabulary the embedding and LM head hold (a tensor-parallel
+  // shard's, tp_vocab_range); default (rows 0): all of them.
+  Transformer(ModelConfig config, NamedTensors weights, TransformerOptions options,
+              VocabRange vocab = {});
   // Loads config.json and the safetensors checkpoint from a Hugging Face directory.
   static Transformer load(const std::string& dir, TransformerOptions options);
   // The same, keeping tensor-parallel shard `shard` of it (engine/model/tensor_parallel.h): its
@@ -65,11 +67,13 @@ class Transformer {
   // tokens, positions: [T] int64 on the model's device; `max_position`: the largest of
   // `positions`, known to the caller on the host (checked against max_position_embeddings, so the
   // forward never reads device memory back). Returns the final-normed hidden states [T, hidden]
-  // (compute dtype). `lora`: the rows' LoRA slots (of set_lora_slots); default: none.
+  // (compute dtype). `lora`: the rows' LoRA slots (of set_lora_slots); default: none. With a split
+  // vocabulary the embedding's rows are summed over the group (set_row_parallel_reduce).
   at::Tensor forward_hidden(const at::Tensor& tokens, const at::Tensor& positions,
                             AttentionBackend& attention, int64_t max_position,
                             const LoraBatch& lora = {}) const;
-  // hidden: [R, hidden] -> logits [R, vocab] float32.
+  // hidden: [R, hidden] -> logits [R, vocab] float32; with a split vocabulary this shard's columns
+  // [vocab_range().start, + rows) of them (ModelRunner gathers the group's).
   at::Tensor compute_logits(const at::Tensor& hidden) const;
   // The same through `lm_head` [vocab, hidden] in place of the bound head (e.g. a leaf that
   // collects the head's gradient over chunks of rows).
@@ -83,6 +87,10 @@ class Transformer {
   at::Tensor forward_packed(const at::Tensor& tokens, const std::vector<int64_t>& seq_lens) const;
 
   const ModelConfig& config() const { return config_; }
+  // The vocabulary rows of the embedding and the LM head: [0, vocab_size) unless a tensor-parallel
+  // shard splits it (splits_vocab()).
+  const VocabRange& vocab_range() const { return vocab_; }
+  bool splits_vocab() const { return vocab_.rows != config_.vocab_size; }
   const TransformerOptions& options() const { return options_; }
   // Parameters in model_param_specs order (embedding first; lm_head last unless tied).
   const NamedTensors& named_parameters() const { return params_; }
@@ -155,6 +163,7 @@ class Transformer {
 
   ModelConfig config_;
   TransformerOptions options_;
+  VocabRange vocab_;
   NamedTensors params_;
   at::Tensor embed_, final_norm_, lm_head_;
   std::vector<Layer> layers_;

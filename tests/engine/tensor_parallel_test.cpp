@@ -44,14 +44,27 @@ TEST(TensorParallelShardTest, SplitsHeadsKvHeadsAndTheIntermediateAndRefusesWhat
   }
   EXPECT_THROW(tp_local_config(full, {2, 2}), std::invalid_argument);
 
-  EXPECT_EQ(tp_split_dim("model.layers.0.self_attn.q_proj.weight"), 0);
-  EXPECT_EQ(tp_split_dim("model.layers.0.self_attn.k_proj.bias"), 0);
-  EXPECT_EQ(tp_split_dim("model.layers.3.mlp.up_proj.weight"), 0);
-  EXPECT_EQ(tp_split_dim("model.layers.0.self_attn.o_proj.weight"), 1);
-  EXPECT_EQ(tp_split_dim("model.layers.0.mlp.down_proj.weight"), 1);
-  EXPECT_EQ(tp_split_dim("model.layers.0.self_attn.q_norm.weight"), -1);
-  EXPECT_EQ(tp_split_dim("model.embed_tokens.weight"), -1);
-  EXPECT_EQ(tp_split_dim("lm_head.weight"), -1);
+  EXPECT_EQ(tp_split_dim("model.layers.0.self_attn.q_proj.weight", full, 2), 0);
+  EXPECT_EQ(tp_split_dim("model.layers.0.self_attn.k_proj.bias", full, 2), 0);
+  EXPECT_EQ(tp_split_dim("model.layers.3.mlp.up_proj.weight", full, 2), 0);
+  EXPECT_EQ(tp_split_dim("model.layers.0.self_attn.o_proj.weight", full, 2), 1);
+  EXPECT_EQ(tp_split_dim("model.layers.0.mlp.down_proj.weight", full, 2), 1);
+  EXPECT_EQ(tp_split_dim("model.layers.0.self_attn.q_norm.weight", full, 2), -1);
+  EXPECT_EQ(tp_split_dim("model.norm.weight", full, 2), -1);
+  // The vocabulary rows, where the group divides them.
+  ModelConfig odd = full;
+  odd.vocab_size = 514;
+  EXPECT_EQ(tp_split_dim("model.embed_tokens.weight", full, 2), 0);
+  EXPECT_EQ(tp_split_dim("lm_head.weight", full, 4), 0);
+  EXPECT_EQ(tp_split_dim("model.embed_tokens.weight", odd, 2), 0);
+  EXPECT_EQ(tp_split_dim("model.embed_tokens.weight", odd, 4), -1);
+  EXPECT_EQ(tp_split_dim("lm_head.weight", odd, 4), -1);
+  EXPECT_EQ(tp_split_dim("model.embed_tokens.weight", full, 1), -1);
+  const VocabRange second = tp_vocab_range(full, {1, 4});
+  EXPECT_EQ(second.start, full.vocab_size / 4);
+  EXPECT_EQ(second.rows, full.vocab_size / 4);
+  EXPECT_EQ(tp_vocab_range(odd, {3, 4}).start, 0);
+  EXPECT_EQ(tp_vocab_range(odd, {3, 4}).rows, 514);
 
   // Rank r's rows (or columns) are the r-th part, in order.
   const at::Tensor w = at::arange(24, at::kFloat).view({4, 6});
@@ -59,11 +72,14 @@ TEST(TensorParallelShardTest, SplitsHeadsKvHeadsAndTheIntermediateAndRefusesWhat
   EXPECT_TRUE(tp_slice("x.o_proj.weight", w, {2, 3}).equal(w.narrow(1, 4, 2)));
   EXPECT_TRUE(tp_slice("x.o_proj.weight", w, {2, 3}).is_contiguous());
   EXPECT_TRUE(tp_slice("model.norm.weight", w, {1, 2}).equal(w));
+  EXPECT_TRUE(tp_slice("model.embed_tokens.weight", w, {1, 2}).equal(w.narrow(0, 2, 2)));
+  EXPECT_TRUE(tp_slice("lm_head.weight", w, {3, 4}).equal(w.narrow(0, 3, 1)));
+  EXPECT_TRUE(tp_slice("lm_head.weight", w, {1, 3}).equal(w));  // 4 rows: whole at 3
 }
 
 // Each rank's shard of `variant`, summing over the group: forward_packed's logits against the whole
-// model's.
-void expect_shards_match_the_whole_model(const std::string& variant, int tp) {
+// model's (a shard that splits the vocabulary: its columns of them).
+void expect_shards_match_the_whole_model(const std::string& variant, int tp, bool splits_vocab) {
   const std::string dir = test::test_model_dir(variant);
   const Transformer whole = Transformer::load(dir, {});
   const std::vector<int64_t> lens = {7, 3, 12};
@@ -74,16 +90,27 @@ void expect_shards_match_the_whole_model(const std::string& variant, int tp) {
         const auto group = sync::make_tp_group(*comm, at::kCPU);
         Transformer shard = Transformer::load(dir, {}, TpShard{r, tp});
         EXPECT_EQ(shard.config().num_heads, whole.config().num_heads / tp);
+        EXPECT_EQ(shard.config().vocab_size, whole.config().vocab_size);
+        EXPECT_EQ(shard.splits_vocab(), splits_vocab);
+        const VocabRange v = shard.vocab_range();
+        const int64_t rows =
+            splits_vocab ? whole.config().vocab_size / tp : whole.config().vocab_size;
+        EXPECT_EQ(v.start, splits_vocab ? r * rows : 0);
+        EXPECT_EQ(v.rows, rows);
+        EXPECT_EQ(shard.named_parameters().front().second.size(0), rows);  // the embedding
         shard.set_row_parallel_reduce([&](const at::Tensor& t) { group->all_reduce_sum(t); });
-        test::expect_tensor_near(shard.forward_packed(tokens, lens), want, 1e-4, 1e-4);
+        test::expect_tensor_near(shard.forward_packed(tokens, lens), want.narrow(1, v.start, rows),
+                                 1e-4, 1e-4);
       });
   for (const auto& e : errors) EXPECT_EQ(e, "");
 }
 
 TEST(TensorParallelShardTest, ShardsSummedOverTheGroupGiveTheWholeModelsLogits) {
-  expect_shards_match_the_whole_model("llama", 2);  // GQA, tied embeddings
-  expect_shards_match_the_whole_model("qwen3", 2);  // per-head q/k norms, head_dim != hidden/heads
-  expect_shards_match_the_whole_model("tp4", 4);    // qkv bias, one KV head a rank
+  expect_shards_match_the_whole_model("llama", 2, true);  // GQA, tied embeddings
+  expect_shards_match_the_whole_model("qwen3", 2, true);  // q/k norms, head_dim != hidden/heads
+  expect_shards_match_the_whole_model("tp4", 4, true);    // qkv bias, one KV head a rank, untied
+  expect_shards_match_the_whole_model("tp4-vocab514", 4, false);  // the vocabulary whole
+  expect_shards_match_the_whole_model("tp4-vocab514", 2, true);
 }
 
 // Requests that take every path of a step: prompts of several lengths in one batch (chunked under
@@ -104,6 +131,7 @@ std::vector<GenerateRequest> mixed_requests(int64_t vocab) {
     r.params.max_tokens = 12;
     r.params.ignore_eos = true;
     r.params.logprobs = 0;
+    if (i == 2) r.params.prompt_logprobs = 0;  // the chunked prompt: rows of several steps
     out.push_back(r);
   }
   GenerateRequest s;
@@ -119,13 +147,14 @@ std::vector<GenerateRequest> mixed_requests(int64_t vocab) {
 
 struct Generated {
   std::map<std::string, std::vector<std::vector<int32_t>>> tokens;
-  std::map<std::string, std::vector<std::vector<float>>> logprobs;
+  std::map<std::string, std::vector<std::vector<float>>> logprobs;  // prompt's as "<id>/prompt"
 };
 
 Generated collect(const std::vector<RequestOutput>& outputs) {
   Generated g;
   for (const RequestOutput& o : outputs) {
     EXPECT_EQ(o.error, "") << o.request_id;
+    if (!o.prompt_logprobs.empty()) g.logprobs[o.request_id + "/prompt"] = {o.prompt_logprobs};
     for (const CompletionOutput& c : o.outputs) {
       g.tokens[o.request_id].push_back(c.token_ids);
       g.logprobs[o.request_id].push_back(c.raw_logprobs);
@@ -189,6 +218,7 @@ void expect_tensor_parallel_engine_matches(const std::string& variant, int tp, b
     LlmEngine whole(config);
     want = collect(whole.generate(requests));
   }
+  ASSERT_EQ(want.logprobs.at("greedy-2/prompt").at(0).size(), 14u);  // 15 prompt tokens
   const std::vector<Generated> runs = in_process
                                           ? generate_in_process(config, tp, requests)
                                           : generate_over_communicators(config, tp, requests);
@@ -212,6 +242,7 @@ TEST(TensorParallelEngineTest, GreedyAndSeededTokensEqualTheWholeModelsAtTwoAndF
   expect_tensor_parallel_engine_matches("llama", 2, /*in_process=*/true);
   expect_tensor_parallel_engine_matches("qwen3", 2, /*in_process=*/true);
   expect_tensor_parallel_engine_matches("tp4", 4, /*in_process=*/true);
+  expect_tensor_parallel_engine_matches("tp4-vocab514", 4, /*in_process=*/true);  // whole vocab
 }
 
 // Version 1 of the weights held in memory, offered as WeightSync's broadcasts would land it: whole

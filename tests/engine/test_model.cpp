@@ -46,6 +46,12 @@ std::string test_model_dir(const std::string& variant) {
     c.attention_bias = true;
     c.tie_word_embeddings = false;
     c.num_kv_heads = 4;
+  } else if (variant == "tp4-vocab514") {
+    c.model_type = "qwen2";  // tp4 with a vocabulary 4 does not divide (2 does)
+    c.attention_bias = true;
+    c.tie_word_embeddings = false;
+    c.num_kv_heads = 4;
+    c.vocab_size = 514;
   } else if (variant != "llama") {
     throw std::invalid_argument("unknown test model variant " + variant);
   }

@@ -14,6 +14,7 @@ namespace crl::test {
 //   "qwen3"  — per-head q/k RMSNorm, head_dim 48 != hidden / heads, tied;
 //   "qwen3-hd64" — the same with head_dim 64 (GQA 4/2: a shape FlashInfer's decode kernel takes);
 //   "tp4"    — qkv bias, untied, 4 heads and 4 KV heads (splits over a tensor-parallel group of 4).
+//   "tp4-vocab514" — tp4 with 514 vocabulary entries (a group of 4 keeps the vocabulary whole).
 // Weights are scaled up from the usual init so logits are well separated (greedy ties would make
 // token-exact comparisons fragile). Created once; concurrent processes publish atomically.
 std::string test_model_dir(const std::string& variant = "llama");

@@ -156,8 +156,8 @@ TEST(MemoryPlanTest, TwoPairsOnOneGpuCountEverythingAtOnce) {
   EXPECT_EQ(d.peak(true), d.peak(false));
 }
 
-// --infer-tp 2: each of the engine's GPUs holds its shard (the split tensors halved, embedding,
-// norms and head whole) and a KV pool; the leader's also one staging bucket for weight updates.
+// --infer-tp 2: each of the engine's GPUs holds its shard (the split tensors halved, the
+// vocabulary's rows too; the norms whole) and a KV pool, and one staging bucket for weight updates.
 TEST(MemoryPlanTest, ATensorParallelEngineHoldsAShardOnEachOfItsGpus) {
   const engine::ModelConfig c = engine::preset_config("qwen2-0.5b");
   RlOptions o = job(1);
@@ -180,9 +180,9 @@ TEST(MemoryPlanTest, ATensorParallelEngineHoldsAShardOnEachOfItsGpus) {
   const int64_t embedding = 2 * c.vocab_size * c.hidden_size;
   ASSERT_GT(embedding, o.bucket_bytes);
   const int64_t whole = 2 * c.num_params();
-  const int64_t whole_tensors = embedding * (c.tie_word_embeddings ? 1 : 2);
-  EXPECT_LT(follower.engine_weights, whole / 2 + whole_tensors + embedding + 4096);
-  EXPECT_GT(follower.engine_weights, whole / 2 + embedding);
+  // The shard: half the model and its norms (issue 55: at most 1/TP of the model + 1%).
+  EXPECT_LT(follower.engine_weights, whole / 2 + whole / 100 + embedding);
+  EXPECT_GE(follower.engine_weights, whole / 2 + embedding);
 }
 
 TEST(MemoryPlanTest, TheCpuIsOneDeviceForEveryRank) {
