@@ -324,7 +324,9 @@ at::Tensor ModelRunner::lead_logits(const at::Tensor& rows, int64_t which) {
   throw_if_group_broken();
   try {
     tell_followers({kTpLogits, which, rows.size(0)});
-    return gather_logits(rows);
+    const at::Tensor all = gather_logits(rows);  // [n, R, V / n]
+    // Rank r's columns are the vocabulary's r-th part.
+    return all.permute({1, 0, 2}).reshape({all.size(1), all.size(0) * all.size(2)});
   } catch (const std::exception& e) {
     tp_broken_ = e.what();  // the followers may be inside the gather
     tp_->abort();
@@ -333,12 +335,11 @@ at::Tensor ModelRunner::lead_logits(const at::Tensor& rows, int64_t which) {
 }
 
 at::Tensor ModelRunner::gather_logits(const at::Tensor& rows) {
-  const at::Tensor part = model_.compute_logits(rows).contiguous();  // [R, V / n]
-  const int64_t n = tp_->size();
-  at::Tensor all = at::empty({n, part.size(0), part.size(1)}, part.options());
+  // [R, V / n], where the group's collectives run (the CPU for a Gloo group of GPU shards).
+  const at::Tensor part = model_.compute_logits(rows).to(tp_->device()).contiguous();
+  at::Tensor all = at::empty({tp_->size(), part.size(0), part.size(1)}, part.options());
   tp_->all_gather(part, all);
-  // [n, R, V / n] -> [R, V]: rank r's columns are the vocabulary's r-th part.
-  return all.permute({1, 0, 2}).reshape({part.size(0), n * part.size(1)});
+  return all.to(rows.device());
 }
 
 void ModelRunner::tell_followers(const std::vector<int64_t>& words, const at::Tensor& payload) {
@@ -364,6 +365,7 @@ void ModelRunner::follow() {
     if (h.empty() || h[0] == kTpStop) return;  // empty: the leader gave up
     switch (h[0]) {
       case kTpRelease:
+        followed_ = ForwardOutput{};  // no logits before the next step: its memory goes too
         release_kv_cache();
         break;
       case kTpRestore:

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/llm_engine.h"
@@ -291,9 +292,13 @@ std::vector<at::Tensor> new_weights(const EngineConfig& config) {
 // the leader and sliced by every rank; afterwards the group generates what the whole engine does
 // from the same update, in both kinds of group.
 TEST(TensorParallelEngineTest, AWeightUpdateLandsEachRanksSlicesAndGeneratesAsTheWholeEngine) {
-  for (const bool in_process : {true, false}) {
-    SCOPED_TRACE(in_process ? "in one process" : "over communicators");
-    EngineConfig config = test::test_engine_config("llama");
+  // llama: a tied head; tp4: an untied one, its own rows landed.
+  for (const auto& run : std::vector<std::pair<std::string, bool>>{
+           {"llama", true}, {"llama", false}, {"tp4", true}}) {
+    const std::string& variant = run.first;
+    const bool in_process = run.second;
+    SCOPED_TRACE(variant + (in_process ? " in one process" : " over communicators"));
+    EngineConfig config = test::test_engine_config(variant);
     config.num_kv_blocks = 64;
     const int64_t bucket_bytes = 24 << 10;  // several buckets
     const auto requests = mixed_requests(load_model_config(config.model_dir).vocab_size);
