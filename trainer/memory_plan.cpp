@@ -48,10 +48,11 @@ std::string ranks_label(const DeviceMemory& d) {
 
 int64_t DeviceMemory::peak(bool handover) const {
   const int64_t rest = engine_weights + trainer_state + contexts;
+  const int64_t between = std::max(activations, sync_gathered);  // a step's, or a weight update's
   // Turns are taken pair by pair: with more than one pair on a device one trainer may train while
   // another pair's engine still holds its pool.
   const bool turns = handover && engines <= 1 && trainers <= 1;
-  return turns ? rest + std::max(kv_pools, activations) : rest + kv_pools + activations;
+  return turns ? rest + std::max(kv_pools, between) : rest + kv_pools + between;
 }
 
 int64_t trainer_state_bytes(const engine::ModelConfig& config, const TrainerOptions& trainer,
@@ -145,6 +146,28 @@ MemoryPlan plan_memory(const engine::ModelConfig& config, const RlOptions& o,
   }
   const int64_t state = trainer_state_bytes(config, trainer, train_ranks);
   const int64_t act = activation_bytes(config, trainer);
+  // ZeRO-3 (RolloutConsumer::send): every train rank takes part in gathering each bucket and keeps
+  // the ones it sends: fan-out, train rank t of a node the buckets b with b mod T == t; paired,
+  // every bucket; every bucket too where its own buffers are not the sync's (another dtype, or the
+  // per-tensor modes).
+  const int stage = trainer.zero_stage >= 0 ? trainer.zero_stage : (train_ranks > 1 ? 2 : 0);
+  std::vector<int64_t> gathered(topo.train_per_node, 0);
+  if (stage == 3 && !trainer.lora.enabled() && train_ranks > 1) {
+    std::vector<sync::TensorSpec> train_specs;
+    const at::ScalarType train_dtype = engine::parse_dtype(trainer.dtype);
+    for (const engine::ParamSpec& spec : engine::model_param_specs(config)) {
+      train_specs.push_back({spec.name, spec.shape, train_dtype});
+    }
+    const sync::WeightLayout layout =
+        sync::WeightLayout::plan(std::move(train_specs), trainer.grad_bucket_bytes);
+    const bool own_buffers = o.sync.mode == sync::SyncMode::kBucket &&
+                             train_dtype == engine::parse_dtype(o.engine_dtype);
+    for (int t = 0; t < topo.train_per_node; ++t) {
+      for (const sync::Bucket& b : layout.buckets()) {
+        if (!own_buffers || topo.sends(t, b.index)) gathered[t] += b.nbytes;
+      }
+    }
+  }
   std::map<std::string, DeviceMemory> by_device;
   std::vector<std::string> order;
   for (int l = 0; l < topo.ranks_per_node(); ++l) {
@@ -168,6 +191,7 @@ MemoryPlan plan_memory(const engine::ModelConfig& config, const RlOptions& o,
       ++d.trainers;
       d.trainer_state += state;
       d.activations += act;
+      d.sync_gathered += gathered.at(topo.role_index(l));
     }
     if (cuda) d.contexts += kCudaContextBytes;
   }
@@ -196,6 +220,17 @@ std::vector<int64_t> device_capacities(const MemoryPlan& plan) {
   return out;
 }
 
+namespace {
+
+// The activations, and where a ZeRO-3 weight update gathers buckets in their place, those.
+std::string between_steps(const DeviceMemory& d) {
+  if (d.sync_gathered == 0) return format_bytes(d.activations);
+  return fmt::format("{} (weight update: {} gathered)", format_bytes(d.activations),
+                     format_bytes(d.sync_gathered));
+}
+
+}  // namespace
+
 std::string MemoryPlan::table(const std::vector<int64_t>& capacity) const {
   std::string out = fmt::format(
       "memory plan per device (estimates from config.json and the flags; peak = {}):\n"
@@ -208,7 +243,7 @@ std::string MemoryPlan::table(const std::vector<int64_t>& capacity) const {
     const int64_t cap = k < capacity.size() ? capacity[k] : 0;
     out += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", d.device, ranks_label(d),
                        format_bytes(d.engine_weights), format_bytes(d.kv_pools),
-                       format_bytes(d.trainer_state), format_bytes(d.activations),
+                       format_bytes(d.trainer_state), between_steps(d),
                        d.contexts > 0 ? format_bytes(d.contexts) : "-",
                        format_bytes(d.peak(handover)), cap > 0 ? format_bytes(cap) : "?");
   }
@@ -226,7 +261,7 @@ void MemoryPlan::check_fits(const std::vector<int64_t>& capacity) const {
         "(--lora-rank), or spread the ranks over more GPUs (--device-map)",
         d.device, ranks_label(d), format_bytes(d.peak(handover)), format_bytes(capacity[k]),
         format_bytes(d.engine_weights), format_bytes(d.kv_pools), format_bytes(d.trainer_state),
-        format_bytes(d.activations),
+        between_steps(d),
         d.contexts > 0 ? fmt::format(" + CUDA contexts {}", format_bytes(d.contexts)) : "",
         handover ? " (the KV pools and the activations taking turns: the larger counts)" : ""));
   }
