@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <numeric>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "common/check.h"
@@ -33,10 +34,28 @@ std::vector<int> Topology::senders_of(int i) const {
   return out;
 }
 
-bool Topology::sends(int t, int64_t bucket) const { return paired || bucket % train_per_node == t; }
+bool Topology::sends(int t, int64_t bucket, const std::vector<int>& senders) const {
+  return paired || senders.at(bucket) == t;
+}
 
-int Topology::sender_of(int64_t bucket, int i) const {
-  return paired ? i : static_cast<int>(bucket % train_per_node);
+int Topology::sender_of(int64_t bucket, int i, const std::vector<int>& senders) const {
+  return paired ? i : senders.at(bucket);
+}
+
+std::vector<int> fan_out_senders(const std::vector<int64_t>& bucket_bytes, int train_ranks) {
+  CRL_CHECK(train_ranks >= 1, "fan_out_senders: ", train_ranks, " train ranks");
+  std::vector<int64_t> order(bucket_bytes.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return bucket_bytes[a] > bucket_bytes[b]; });
+  std::vector<int64_t> load(train_ranks, 0);
+  std::vector<int> out(bucket_bytes.size(), 0);
+  for (int64_t b : order) {
+    const int t = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    out[b] = t;
+    load[t] += bucket_bytes[b];
+  }
+  return out;
 }
 
 void Topology::check_layout() const {

@@ -264,8 +264,8 @@ std::string Placement::table() const {
     out += fmt::format("nodes 1..{}: the same devices by local rank\n", topo.nnodes - 1);
   }
   out += topo.paired ? "weight sync: paired (engine i gets every bucket from train rank i)\n"
-                     : "weight sync: fan-out (train rank t sends buckets b with b mod T == t to "
-                       "every engine of its node)\n";
+                     : "weight sync: fan-out (each train rank sends its share of the buckets, "
+                       "about 1/T of the bytes, to every engine of its node)\n";
   if (infer_tp > 1) {
     out += fmt::format(
         "engines: tensor-parallel over {} ranks each (threads of the infer rank's process; one "

@@ -117,6 +117,9 @@ WeightSync::WeightSync(Groups& groups, const StorePtr& store, const WeightLayout
                        WeightSyncOptions options)
     : groups_(groups), store_(store), layout_(layout), options_(options) {
   if (options_.inflight < 1) CRL_INVALID("sync in-flight buffers must be >= 1");
+  std::vector<int64_t> bytes;
+  for (const auto& b : layout_.buckets()) bytes.push_back(b.nbytes);
+  senders_ = fan_out_senders(bytes, groups_.topo.train_per_node);
   Communicator& sync = *groups_.sync;
   // Agree on the layout once: every member publishes it and compares every other's hash.
   store_set(store_, key(fmt::format("layout/{}", sync.rank())), layout_to_json(layout_));
@@ -194,11 +197,11 @@ std::string WeightSync::key(const std::string& what) const {
 }
 
 int WeightSync::sender_of(int64_t bucket) const {
-  return groups_.topo.sender_of(bucket, groups_.topo.role_index(groups_.world_rank));
+  return groups_.topo.sender_of(bucket, groups_.topo.role_index(groups_.world_rank), senders_);
 }
 
 bool WeightSync::sends(int64_t bucket) const {
-  return groups_.topo.sends(groups_.topo.role_index(groups_.world_rank), bucket);
+  return groups_.topo.sends(groups_.topo.role_index(groups_.world_rank), bucket, senders_);
 }
 
 int WeightSync::baseline_sender() const {

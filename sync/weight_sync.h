@@ -3,7 +3,8 @@
 // Setup (constructor, collective over the node's sync group through the store): every member
 // publishes its WeightLayout; a hash mismatch fails on every member with an error naming the first
 // differing tensor. After that one sync of version v is, per bucket b, one broadcast rooted at the
-// node's train rank b mod T (group sync_roots[b mod T]) straight into the engine's bucket buffers;
+// node's train rank that sends b (fan_out_senders: about 1/T of the bytes each; its group
+// sync_roots[t]) straight into the engine's bucket buffers;
 // in the paired layout (sync/groups.h) train rank t sends every bucket to infer rank t alone.
 //
 //   sender (train rank t)  fills a send buffer per bucket (casting from the trainer's tensors)
@@ -189,6 +190,7 @@ class WeightSync : public WeightSource {
   Groups& groups_;
   StorePtr store_;
   const WeightLayout& layout_;
+  std::vector<int> senders_;  // fan-out: each bucket's train rank (fan_out_senders)
   WeightSyncOptions options_;
   std::vector<at::Tensor> send_buffers_;
   std::vector<SyncTransport> transports_;  // per sync_root group t

@@ -147,7 +147,7 @@ MemoryPlan plan_memory(const engine::ModelConfig& config, const RlOptions& o,
   const int64_t state = trainer_state_bytes(config, trainer, train_ranks);
   const int64_t act = activation_bytes(config, trainer);
   // ZeRO-3 (RolloutConsumer::send): every train rank takes part in gathering each bucket and keeps
-  // the ones it sends: fan-out, train rank t of a node the buckets b with b mod T == t; paired,
+  // the ones it sends: fan-out, its share (sync::fan_out_senders); paired,
   // every bucket; every bucket too where its own buffers are not the sync's (another dtype, or the
   // per-tensor modes).
   const int stage = trainer.zero_stage >= 0 ? trainer.zero_stage : (train_ranks > 1 ? 2 : 0);
@@ -162,9 +162,12 @@ MemoryPlan plan_memory(const engine::ModelConfig& config, const RlOptions& o,
         sync::WeightLayout::plan(std::move(train_specs), trainer.grad_bucket_bytes);
     const bool own_buffers = o.sync.mode == sync::SyncMode::kBucket &&
                              train_dtype == engine::parse_dtype(o.engine_dtype);
+    std::vector<int64_t> bytes;
+    for (const sync::Bucket& b : layout.buckets()) bytes.push_back(b.nbytes);
+    const std::vector<int> senders = sync::fan_out_senders(bytes, topo.train_per_node);
     for (int t = 0; t < topo.train_per_node; ++t) {
       for (const sync::Bucket& b : layout.buckets()) {
-        if (!own_buffers || topo.sends(t, b.index)) gathered[t] += b.nbytes;
+        if (!own_buffers || topo.sends(t, b.index, senders)) gathered[t] += b.nbytes;
       }
     }
   }

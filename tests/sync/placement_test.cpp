@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <string>
@@ -288,6 +289,52 @@ TEST(PlacementTest, ColocateOnOffAndWhereAutoDoesNotPair) {
 
 // The groups make_groups creates on their own (NCCL in the job) have exactly the members, order and
 // names the split gives: the same job split both ways, with Gloo standing in for NCCL.
+// The fan-out layout's senders: each train rank gets about 1/T of the bytes, whatever the order of
+// large and small buckets; the same answer from the same sizes; paired routing ignores it.
+TEST(PlacementTest, FanOutSendersShareTheBytesWithinOneBucket) {
+  // A 32B layer's shape at 256 MiB buckets: its attention in one small bucket, three MLP matrices
+  // in one each, 64 layers. Round robin at T = 4 gave one rank every attention bucket.
+  std::vector<int64_t> bytes;
+  for (int layer = 0; layer < 64; ++layer) {
+    for (int64_t b : {125, 270, 270, 270}) bytes.push_back(b << 20);
+  }
+  bytes.insert(bytes.begin(), int64_t{1485} << 20);  // the embedding
+  bytes.push_back(int64_t{1485} << 20);              // the head
+  for (int T : {1, 2, 3, 4, 8}) {
+    SCOPED_TRACE(T);
+    const std::vector<int> senders = fan_out_senders(bytes, T);
+    ASSERT_EQ(senders.size(), bytes.size());
+    EXPECT_EQ(senders, fan_out_senders(bytes, T));
+    std::vector<int64_t> share(T, 0);
+    for (size_t b = 0; b < bytes.size(); ++b) {
+      ASSERT_GE(senders[b], 0);
+      ASSERT_LT(senders[b], T);
+      share[senders[b]] += bytes[b];
+    }
+    const auto [lo, hi] = std::minmax_element(share.begin(), share.end());
+    EXPECT_LE(*hi - *lo, int64_t{1485} << 20);  // within the largest bucket
+    int64_t total = 0;
+    for (int64_t b : bytes) total += b;
+    EXPECT_LE(*hi, total / T + (int64_t{1485} << 20));
+  }
+  // Many equal buckets: shares equal to one bucket.
+  const std::vector<int> even = fan_out_senders(std::vector<int64_t>(10, 8), 4);
+  std::vector<int> count(4, 0);
+  for (int t : even) ++count[t];
+  EXPECT_EQ(
+      *std::max_element(count.begin(), count.end()) - *std::min_element(count.begin(), count.end()),
+      1);
+  // Routing: fan-out by the table, paired to the engine's own trainer.
+  Topology fan{1, 2, 4};
+  const std::vector<int> s = fan_out_senders(bytes, 4);
+  EXPECT_EQ(fan.sender_of(7, 1, s), s[7]);
+  EXPECT_TRUE(fan.sends(s[7], 7, s));
+  EXPECT_FALSE(fan.sends((s[7] + 1) % 4, 7, s));
+  Topology paired{1, 4, 4, true};
+  EXPECT_EQ(paired.sender_of(7, 2, s), 2);
+  EXPECT_TRUE(paired.sends(3, 7, s));
+}
+
 TEST(PlacementGroupsTest, GroupsOfTheirOwnMatchTheSplitOnesAndRun) {
   const Topology topo{1, 2, 2};
   struct Seen {
