@@ -262,10 +262,18 @@ double RolloutConsumer::send(Trainer& tr, int64_t version) {
   // ZeRO-3: the buckets are gathered over the train group, each rank keeping the ones it sends
   // (the trainer's own buffers; every bucket where the parameters are packed per tensor).
   tr.gather_buckets([&](int64_t b) { return !own_buffers || ws_->sends(b); });
+  // Colocated, the gathered buckets' memory goes back to the device before the engine beside this
+  // trainer takes its KV pool again (the caching allocator would keep it; the memory plan counts
+  // the gather in turn with the pool).
   struct Release {
+    RolloutConsumer& rc;
     Trainer& tr;
-    ~Release() { tr.release_buckets(); }
-  } release{tr};
+    bool handover;
+    ~Release() {
+      tr.release_buckets();
+      if (handover && tr.parameters_sharded()) rc.release_device_memory();
+    }
+  } release{*this, tr, o_.kv_handover};
   if (own_buffers) return ws_->send_buckets(tr.buckets(), version).transfer_s;
   std::vector<at::Tensor> params;
   for (const auto& [name, t] : tr.parameters()) params.push_back(t);

@@ -287,8 +287,6 @@ TEST(PlacementTest, ColocateOnOffAndWhereAutoDoesNotPair) {
                      "some members share a GPU and others do not");
 }
 
-// The groups make_groups creates on their own (NCCL in the job) have exactly the members, order and
-// names the split gives: the same job split both ways, with Gloo standing in for NCCL.
 // The fan-out layout's senders: each train rank gets about 1/T of the bytes, whatever the order of
 // large and small buckets; the same answer from the same sizes; paired routing ignores it.
 TEST(PlacementTest, FanOutSendersShareTheBytesWithinOneBucket) {
@@ -335,6 +333,8 @@ TEST(PlacementTest, FanOutSendersShareTheBytesWithinOneBucket) {
   EXPECT_TRUE(paired.sends(3, 7, s));
 }
 
+// The groups make_groups creates on their own (NCCL in the job) have exactly the members, order and
+// names the split gives: the same job split both ways, with Gloo standing in for NCCL.
 TEST(PlacementGroupsTest, GroupsOfTheirOwnMatchTheSplitOnesAndRun) {
   const Topology topo{1, 2, 2};
   struct Seen {
