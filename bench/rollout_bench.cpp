@@ -180,7 +180,7 @@ double measure_device_copy_gbs(const at::Device& device, int64_t bytes) {
 // engine step, and every decode step's KV of the tokens before it (each sequence: prompt p, then
 // o outputs read p + 1 .. p + o tokens of K and V).
 double workload_floor_bytes(const Workload& w, int32_t n, const engine::ModelConfig& mc,
-                            at::ScalarType dtype, int64_t steps) {
+                            at::ScalarType dtype, int64_t steps, double weight_params) {
   const double elt = static_cast<double>(c10::elementSize(dtype));
   const double kv_per_token = 2.0 * mc.num_layers * mc.num_kv_heads * mc.head_dim * elt;
   double kv_tokens = 0;
@@ -188,7 +188,20 @@ double workload_floor_bytes(const Workload& w, int32_t n, const engine::ModelCon
     const double p = static_cast<double>(w.prompts[i].size()), o = w.output_lens[i];
     kv_tokens += n * (o * p + o * (o + 1) / 2);
   }
-  return static_cast<double>(steps) * mc.num_params() * elt + kv_tokens * kv_per_token;
+  return static_cast<double>(steps) * weight_params * elt + kv_tokens * kv_per_token;
+}
+
+// The parameters one rank of `eng` reads a step: a tensor-parallel shard's config counts its own
+// heads and MLP columns, and every vocabulary row unless the group splits them.
+double rank_params(const engine::LlmEngine& eng) {
+  const engine::ModelConfig& mc = eng.model_config();
+  const int tp = eng.config().tensor_parallel_size;
+  double p = static_cast<double>(mc.num_params());
+  if (engine::tp_splits_vocab(mc.vocab_size, tp)) {
+    p -= (1.0 - 1.0 / tp) * static_cast<double>(mc.vocab_size) * mc.hidden_size *
+         (mc.tie_word_embeddings ? 1 : 2);
+  }
+  return p;
 }
 
 // Matmul GFLOP/s over the model's linear shapes at `rows` rows (what decode at that batch runs).
@@ -491,7 +504,8 @@ int run_rollout_bench(const RolloutBenchOptions& o) {
     const double copy_gbs = measure_device_copy_gbs(at::Device(o.device), int64_t{1} << 31);
     std::vector<double> shares;
     for (const RunStats& r : m.runs) {
-      const double floor_s = workload_floor_bytes(m.w, o.n, mc, dt, r.steps) / (copy_gbs * 1e9);
+      const double floor_s =
+          workload_floor_bytes(m.w, o.n, mc, dt, r.steps, rank_params(*m.eng)) / (copy_gbs * 1e9);
       shares.push_back(floor_s / r.seconds);
     }
     const double steps = median([&] {
@@ -502,7 +516,8 @@ int run_rollout_bench(const RolloutBenchOptions& o) {
     result["roofline"] = {
         {"mode", m.mode},
         {"device_copy_gbs", copy_gbs},
-        {"floor_bytes", workload_floor_bytes(m.w, o.n, mc, dt, static_cast<int64_t>(steps))},
+        {"floor_bytes",
+         workload_floor_bytes(m.w, o.n, mc, dt, static_cast<int64_t>(steps), rank_params(*m.eng))},
         {"share_of_roofline", median(shares)}};
     std::cout << fmt::format(
         "{}: {:.1f}% of the memory roofline (device copy {:.0f} GB/s; weights "
