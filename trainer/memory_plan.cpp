@@ -44,6 +44,11 @@ std::string ranks_label(const DeviceMemory& d) {
   return out;
 }
 
+// The ZeRO stage a trainer runs: the one asked for, else 2 over several ranks (TrainerOptions).
+int zero_stage_of(const TrainerOptions& trainer, int train_ranks) {
+  return trainer.zero_stage >= 0 ? trainer.zero_stage : (train_ranks > 1 ? 2 : 0);
+}
+
 }  // namespace
 
 int64_t DeviceMemory::peak(bool handover) const {
@@ -60,7 +65,7 @@ int64_t trainer_state_bytes(const engine::ModelConfig& config, const TrainerOpti
   const int64_t c = dtype_bytes(trainer.dtype);
   const int64_t all = config.num_params();
   const int64_t trainable = trainer.lora.enabled() ? lora_params(config, trainer.lora) : all;
-  const int stage = trainer.zero_stage >= 0 ? trainer.zero_stage : (train_ranks > 1 ? 2 : 0);
+  const int stage = zero_stage_of(trainer, train_ranks);
   const int64_t shard = stage >= 1 ? train_ranks : 1;
   const bool on_device = !trainer.offload_optimizer || trainer.device == "cpu";
   int64_t bytes = all * c;                             // parameters (LoRA: the frozen base)
@@ -150,7 +155,7 @@ MemoryPlan plan_memory(const engine::ModelConfig& config, const RlOptions& o,
   // the ones it sends: fan-out, its share (sync::fan_out_senders); paired,
   // every bucket; every bucket too where its own buffers are not the sync's (another dtype, or the
   // per-tensor modes).
-  const int stage = trainer.zero_stage >= 0 ? trainer.zero_stage : (train_ranks > 1 ? 2 : 0);
+  const int stage = zero_stage_of(trainer, train_ranks);
   std::vector<int64_t> gathered(topo.train_per_node, 0);
   if (stage == 3 && !trainer.lora.enabled() && train_ranks > 1) {
     std::vector<sync::TensorSpec> train_specs;
