@@ -1,5 +1,6 @@
 #include "tests/engine/test_model.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -56,10 +57,13 @@ std::string test_model_dir(const std::string& variant) {
     throw std::invalid_argument("unknown test model variant " + variant);
   }
   auto weights = engine::random_init_weights(c, /*seed=*/42, at::kFloat);
+  // Its own generator: the model is a function of the variant alone, whichever test process
+  // creates it first (the global generator's state depends on what that process ran before).
+  at::Generator gen = at::detail::createCPUGenerator(/*seed_in=*/4242);
   for (auto& [name, t] : weights) {
-    if (t.dim() == 2) t.mul_(4.0);                                             // sharper logits
-    if (name.find(".bias") != std::string::npos) t.normal_(0.0, 0.5);          // non-zero biases
-    if (name.find("_norm.weight") != std::string::npos) t.uniform_(0.5, 1.5);  // not all ones
+    if (t.dim() == 2) t.mul_(4.0);                                          // sharper logits
+    if (name.find(".bias") != std::string::npos) t.normal_(0.0, 0.5, gen);  // non-zero biases
+    if (name.find("_norm.weight") != std::string::npos) t.uniform_(0.5, 1.5, gen);  // not all ones
   }
   const std::string tmp = dir + ".tmp." + std::to_string(::getpid());
   fs::remove_all(tmp);
