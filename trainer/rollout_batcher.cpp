@@ -33,6 +33,10 @@ bool RolloutBatcher::add(SampleGroup group, Advantages advantages) {
     pending_tokens_ += static_cast<int64_t>(prompt + s.completion_ids.size());
   }
   if (advantages == Advantages::kGroup) compute_group_advantages(group);
+  ++kept_;
+  bool signal = false;
+  for (const Sample& s : group.samples) signal = signal || s.advantage != 0;
+  without_signal_ += !signal;
   if (observe_) observe_(group, false);
   pending_.push_back(std::move(group));
   if (pending_tokens_ >= micro_batch_tokens_) {

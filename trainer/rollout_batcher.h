@@ -37,6 +37,10 @@ class RolloutBatcher {
   int64_t finish();
 
   int64_t groups_dropped() const { return dropped_; }
+  // Groups queued (not dropped, with samples), and of them those whose advantages are all 0:
+  // every sample scored the same, so GRPO learns nothing from them (TRL's frac_reward_zero_std).
+  int64_t groups_kept() const { return kept_; }
+  int64_t groups_without_signal() const { return without_signal_; }
 
   // Sees every finished group once: after its advantages, or (dropped = true) when dropped as
   // too old (its advantages then unset). --traces writes them.
@@ -55,6 +59,8 @@ class RolloutBatcher {
   int64_t pending_tokens_ = 0;
   int64_t sent_bytes_ = 0;
   int64_t dropped_ = 0;
+  int64_t kept_ = 0;
+  int64_t without_signal_ = 0;
 };
 
 }  // namespace crl::trainer

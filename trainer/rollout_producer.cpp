@@ -460,6 +460,8 @@ InferReport RolloutProducer::rollout(int64_t step) {
   r.rollout_bytes = out.finish();
   r.reward_mean = r.reward_sum / std::max<double>(1, static_cast<double>(r.samples));
   r.groups_dropped = out.groups_dropped();
+  r.groups = out.groups_kept();
+  r.groups_without_signal = out.groups_without_signal();
   return r;
 }
 

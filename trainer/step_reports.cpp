@@ -41,7 +41,9 @@ void to_json(json& j, const InferReport& r) {
        {"model_tokens", r.model_tokens},
        {"lora_slot_reuses", r.lora_slot_reuses},
        {"reward_requests", r.reward_requests},
-       {"reward_errors", r.reward_errors}};
+       {"reward_errors", r.reward_errors},
+       {"groups", r.groups},
+       {"groups_without_signal", r.groups_without_signal}};
   json extra = json::object();
   for (const auto& [key, sc] : r.reward_extra) extra[key] = {sc.first, sc.second};
   j["reward_extra"] = std::move(extra);
@@ -57,6 +59,8 @@ void from_json(const json& j, InferReport& r) {
   j.at("lora_slot_reuses").get_to(r.lora_slot_reuses);
   r.reward_requests = j.value("reward_requests", int64_t{0});  // absent from builds before them
   r.reward_errors = j.value("reward_errors", int64_t{0});
+  r.groups = j.value("groups", int64_t{0});
+  r.groups_without_signal = j.value("groups_without_signal", int64_t{0});
   if (auto it = j.find("reward_extra"); it != j.end() && it->is_object()) {
     for (const auto& [key, sc] : it->items()) {
       r.reward_extra[key] = {sc.at(0).get<double>(), sc.at(1).get<int64_t>()};
@@ -203,6 +207,8 @@ StepTotals combine(const std::vector<RankReport>& reports, const std::vector<dou
       t.lora_slot_reuses += static_cast<double>(x->lora_slot_reuses);
       t.reward_requests += static_cast<double>(x->reward_requests);
       t.reward_errors += static_cast<double>(x->reward_errors);
+      t.groups += static_cast<double>(x->groups);
+      t.groups_without_signal += static_cast<double>(x->groups_without_signal);
       for (const auto& [key, sc] : x->reward_extra) {
         t.reward_extra[key].first += sc.first;
         t.reward_extra[key].second += sc.second;
@@ -326,6 +332,7 @@ const MetricField kMetricFields[] = {
     CRL_METRIC("crl/masked_token_share", false, masked_token_share),
     CRL_METRIC("crl/lora_slot_reuses", true, lora_slot_reuses),
     CRL_METRIC("crl/reward_errors", true, reward_errors),
+    CRL_METRIC("crl/frac_reward_zero_std", false, frac_reward_zero_std),
 };
 
 // A reward program's extra metric `key` (RlMetricsRow::reward_extra) in a row's "data".
@@ -359,7 +366,10 @@ RlMetricsRow parse_metrics_file_row(const json& j) {
   for (const MetricField& f : kMetricFields) {
     auto it = data.find(f.name);
     // Names added after the format was first written: a file from before them reads as 0.
-    if (it == data.end() && std::string(f.name) == "crl/reward_errors") continue;
+    if (it == data.end() && (std::string(f.name) == "crl/reward_errors" ||
+                             std::string(f.name) == "crl/frac_reward_zero_std")) {
+      continue;
+    }
     if (it == data.end() || !it->is_number()) {
       throw std::invalid_argument(fmt::format("metrics row of step {}: no number '{}'",
                                               j.value("step", int64_t{-1}), f.name));
@@ -467,6 +477,7 @@ RlMetricsRow make_metrics_row(const StepTotals& t) {
   row.tool_errors = t.tool_errors;
   row.env_errors = t.env_errors;
   row.reward_errors = t.reward_errors;
+  row.frac_reward_zero_std = t.groups > 0 ? t.groups_without_signal / t.groups : 0;
   for (const auto& [key, sc] : t.reward_extra) {
     if (sc.second > 0) row.reward_extra[key] = sc.first / static_cast<double>(sc.second);
   }

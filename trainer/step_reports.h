@@ -34,10 +34,12 @@ struct InferReport {
   int64_t rollout_bytes = 0;   // packed micro-batches sent
   double reward_mean = 0;      // reward_sum / samples
   int64_t groups_dropped = 0;  // groups with a token older than --max-staleness allows
-  int64_t stale_tokens = 0;    // tokens sampled by weights older than the step trains
-  double gate_wait_s = 0;      // waiting for weights no older than the step allows
-  double sync_s = 0;           // the engine taking weight versions since the last report
-  double busy_s = 0;           // rollout and eval requests in flight since the last report
+  int64_t groups = 0;          // groups trained on (RolloutBatcher::groups_kept)
+  int64_t groups_without_signal = 0;  // of them, every sample scored the same (advantages 0)
+  int64_t stale_tokens = 0;           // tokens sampled by weights older than the step trains
+  double gate_wait_s = 0;             // waiting for weights no older than the step allows
+  double sync_s = 0;                  // the engine taking weight versions since the last report
+  double busy_s = 0;                  // rollout and eval requests in flight since the last report
   double switch_s = 0;  // colocated hand-over: freeing the KV pool now + taking it back since
                         // the last report (0 without the hand-over)
   int64_t engine_version = 0;  // the engine's weights at the report
@@ -120,6 +122,7 @@ struct StepTotals {
   double episodes = 0, turns = 0, tool_errors = 0, env_errors = 0, env_tokens = 0, model_tokens = 0;
   double lora_slot_reuses = 0;
   double reward_requests = 0, reward_errors = 0;
+  double groups = 0, groups_without_signal = 0;
   std::map<std::string, std::pair<double, int64_t>> reward_extra;  // summed over infer ranks
   double infer_busy = 0, infer_span = 0, train_idle = 0, train_span = 0;
   double zero_rounds = 0,
@@ -190,6 +193,9 @@ struct RlMetricsRow {
   // completions that gave it (written as reward_extra/<key>/mean).
   double reward_errors = 0;
   std::map<std::string, double> reward_extra;
+  // The share of the step's groups whose samples all scored the same (no GRPO signal; TRL's
+  // frac_reward_zero_std).
+  double frac_reward_zero_std = 0;
 };
 // The --metrics file (JSONL) in the form of verl's file logger, {"step": N, "data": {...}},
 // with verl's metric names wherever the quantity is the same (critic/score/mean, actor/pg_loss,

@@ -180,6 +180,30 @@ TEST(RlReportsTest, RewardProgramErrorsAndExtraMetricsTravelToTheRow) {
   EXPECT_EQ(r.reward_errors, 2);
 }
 
+// The share of groups GRPO cannot learn from (every sample scored the same: TRL's
+// frac_reward_zero_std) is over every infer rank's groups, and reads back from the row.
+TEST(RlReportsTest, TheShareOfGroupsWithoutSignalIsOverEveryInferRank) {
+  InferReport a = infer_report(8, 1.0, 5.0);
+  a.groups = 4;
+  a.groups_without_signal = 3;
+  InferReport b = infer_report(8, 1.0, 5.0);
+  b.groups = 12;
+  b.groups_without_signal = 1;
+  const InferReport back = json(a).get<InferReport>();
+  EXPECT_EQ(back.groups, 4);
+  EXPECT_EQ(back.groups_without_signal, 3);
+  const RlMetricsRow row = make_metrics_row(combine({a, json(b).get<InferReport>()}, {1.0, 1.0}));
+  EXPECT_DOUBLE_EQ(row.frac_reward_zero_std, 4.0 / 16);
+  const json j = json::parse(metrics_file_row(row).dump());
+  EXPECT_DOUBLE_EQ(j["data"]["crl/frac_reward_zero_std"].get<double>(), 0.25);
+  EXPECT_DOUBLE_EQ(parse_metrics_file_row(j).frac_reward_zero_std, 0.25);
+  json older = j;  // a file from before the metric
+  older["data"].erase("crl/frac_reward_zero_std");
+  EXPECT_EQ(parse_metrics_file_row(older).frac_reward_zero_std, 0);
+  EXPECT_EQ(make_metrics_row(combine({infer_report(8, 1.0, 5.0)}, {1.0})).frac_reward_zero_std,
+            0);  // no groups: 0, not NaN
+}
+
 TEST(RlReportsTest, SftStepsTravelThroughTheCoordinatorToTheirRows) {
   sync::Coordinator coord(sync::host_store(0, std::chrono::milliseconds(5000)), "rl/");
   publish_sft_steps(coord, {{1, 3.5, 2.0, 1e-4}, {2, 3.25, 1.5, 2e-4}});

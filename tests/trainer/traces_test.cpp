@@ -43,6 +43,34 @@ SampleGroup group_of(int64_t prompt_index, const text::Tokenizer& tok) {
   return g;
 }
 
+// The batcher counts the groups it keeps and, of them, those whose samples all scored the same
+// (their advantages all 0: nothing for GRPO to learn); a dropped group counts in neither.
+TEST(TracesTest, TheBatcherCountsTheGroupsWithoutSignal) {
+  text::Tokenizer tok(test::test_model_dir());
+  RolloutBatcher b(
+      /*oldest_allowed=*/3, /*micro_batch_tokens=*/1 << 20,
+      [](std::vector<SampleGroup>& g) {
+        g.clear();
+        return int64_t{0};
+      },
+      [] {});
+  EXPECT_TRUE(b.add(group_of(1, tok), RolloutBatcher::Advantages::kGroup));  // rewards 1, 0
+  SampleGroup same = group_of(2, tok);
+  same.samples[1].reward = 1.0;
+  EXPECT_TRUE(b.add(same, RolloutBatcher::Advantages::kGroup));
+  SampleGroup given = group_of(3, tok);  // multi-turn: the advantages come with the samples
+  for (Sample& s : given.samples) s.advantage = 0;
+  EXPECT_TRUE(b.add(given, RolloutBatcher::Advantages::kAsGiven));
+  SampleGroup stale = group_of(4, tok);
+  stale.samples[0].versions[0] = 2;
+  stale.samples[1].reward = 1.0;
+  EXPECT_FALSE(b.add(stale, RolloutBatcher::Advantages::kGroup));
+  b.finish();
+  EXPECT_EQ(b.groups_kept(), 3);
+  EXPECT_EQ(b.groups_without_signal(), 2);
+  EXPECT_EQ(b.groups_dropped(), 1);
+}
+
 // Every sample of a traced group is one line with its text, ids, reward, the advantage it
 // trained with and its per-token log-probs and versions; a dropped group says so.
 TEST(TracesTest, TheBatchersGroupsBecomeOneLinePerSampleWithTheirAdvantages) {
