@@ -64,6 +64,9 @@ def run_one(binary, seed, k, path, threads, flags):
     evals = [float(x) for x in
              re.findall(r"^eval after step \d+/\d+: held-out accuracy ([0-9.]+)", out, re.M)]
     windows = [statistics.mean(rewards[i:i + 10]) for i in range(0, len(rewards), 10)]
+    # The summary's share of groups without GRPO signal (every sample scored the same), first and
+    # last 10 steps; absent from builds before the metric.
+    no_signal = re.findall(r"\(no GRPO signal\): (\d+)% -> (\d+)%", out)
     row = {"seed": seed, "k": k, "path": path, "threads": threads, "rc": proc.returncode,
            "seconds": round(seconds, 2), "sft_accuracy": float(sft[-1]) if sft else None,
            "sft_last_grad_norm": float(gnorm[-1]) if gnorm else None,
@@ -72,6 +75,8 @@ def run_one(binary, seed, k, path, threads, flags):
            "reward_windows": [round(w, 4) for w in windows],
            # The largest fall of one 10-step window's mean sampled reward below the one before.
            "reward_window_drop": max([0.0] + [a - b for a, b in zip(windows, windows[1:])]),
+           "no_signal_first_last": [int(x) / 100 for x in no_signal[-1]] if no_signal else None,
+           "warned_little_signal": "so GRPO has little to learn from" in out,
            "flags": flags, "cpu": cpu_model()}
     if proc.returncode != 0 or row["final_accuracy"] is None:
         row["tail"] = out.splitlines()[-5:]

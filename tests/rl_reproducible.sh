@@ -34,7 +34,8 @@ keys = ["training/global_step", "actor/pg_loss", "actor/kl_loss", "actor/pg_clip
         "rollout_corr/kl", "rollout_corr/k3_kl", "response_length/mean", "crl/generated_tokens",
         "actor/entropy", "response_length/max", "response_length/min",
         "perf/total_num_tokens", "crl/is_weight_mean", "crl/is_weight_max", "crl/staleness_mean",
-        "crl/staleness_max", "crl/groups_dropped", "crl/weight_version", "crl/engine_version"]
+        "crl/staleness_max", "crl/groups_dropped", "crl/weight_version", "crl/engine_version",
+        "crl/frac_reward_zero_std"]
 runs = [[r["data"] for r in map(json.loads, open(p)) if not ({"config", "eval", "phase"} & r.keys())]
         for p in sys.argv[1:]]
 if len(runs[0]) != len(runs[1]) or not runs[0]:

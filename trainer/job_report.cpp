@@ -329,23 +329,22 @@ class JobReport {
     std::fflush(stdout);
   }
 
-  // After GRPO's first kSignalWindow steps: when most groups scored the same on every sample and
-  // the sampled reward is low, GRPO has little to learn from (on two --data tasks after short
-  // warm-ups, every run whose first 10 steps sampled a reward >= 0.1 raised held-out accuracy, 27
-  // of 27; of the 7 below, 4 lowered it: docs/rl-job.md "A task of one's own").
+  // After this run's first kSignalWindow GRPO steps (a resumed run's first since the resume):
+  // whether they gave GRPO little to learn from (little_grpo_signal).
   void warn_if_little_signal() const {
     double reward = 0, none = 0;
     for (size_t i = 0; i < kSignalWindow; ++i) {
       reward += rewards_[i] / kSignalWindow;
       none += zero_std_[i] / kSignalWindow;
     }
-    if (none < 0.5 || reward >= 0.1) return;
+    if (!little_grpo_signal(none, reward)) return;
+    const int64_t first = j_.versions.start_step() + 1;
     spdlog::warn(
-        "GRPO's first {} steps: {:.0f}% of the groups scored the same on every sample (sampled "
-        "reward {:.3f}), so GRPO has little to learn from: it learns only where a group's samples "
+        "GRPO steps {}-{}: {:.0f}% of the groups scored the same on every sample (sampled reward "
+        "{:.3f}), so GRPO has little to learn from: it learns only where a group's samples "
         "differ. A longer warm-up (--sft-steps), a reward with partial credit, or more samples a "
         "prompt (--n-samples) give it more (docs/rl-job.md, \"A task of one's own\")",
-        kSignalWindow, none * 100, reward);
+        first, first + static_cast<int64_t>(kSignalWindow) - 1, none * 100, reward);
   }
 
   // Who added what: held-out accuracy at the start, after the warm-up and after GRPO, and the

@@ -1,5 +1,6 @@
 #include "trainer/micro_batch.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -23,6 +24,15 @@ SampleGroup sft_group(std::vector<int32_t> prompt_ids, const std::vector<int32_t
 void compute_group_advantages(SampleGroup& g, double eps) {
   const size_t n = g.samples.size();
   if (n < 2) {
+    for (auto& s : g.samples) s.advantage = 0;
+    return;
+  }
+  const double first = g.samples[0].reward;
+  bool equal = true;
+  for (const auto& s : g.samples) {
+    equal = equal && std::abs(s.reward - first) <= 1e-9 * std::max(1.0, std::abs(first));
+  }
+  if (equal) {
     for (auto& s : g.samples) s.advantage = 0;
     return;
   }

@@ -45,7 +45,9 @@ struct SampleGroup {
 };
 
 // Sets each sample's advantage to (r - mean) / (std + eps) over its group, std with Bessel's
-// correction (as TRL's GRPO); a group of one sample, or of equal rewards, gets advantage 0.
+// correction (as TRL's GRPO); a group of one sample, or of equal rewards, gets advantage 0
+// exactly. Equal: no reward further than 1e-9 (relative, at least absolute) from the first, so
+// eight partial-credit scores of 0.1, whose computed spread is rounding (~1e-17), are equal too.
 void compute_group_advantages(SampleGroup& group, double eps = 1e-4);
 void compute_group_advantages(std::vector<SampleGroup>& groups, double eps = 1e-4);
 

@@ -427,6 +427,10 @@ json sft_metrics_file_row(const SftStepReport& s) {
           {"data", {{"sft/loss", s.loss}, {"sft/grad_norm", s.grad_norm}, {"sft/lr", s.lr}}}};
 }
 
+bool little_grpo_signal(double no_signal_share, double reward_mean) {
+  return no_signal_share >= 0.5 && reward_mean < 0.1;
+}
+
 RlMetricsRow make_metrics_row(const StepTotals& t) {
   RlMetricsRow row;
   StepMetrics& m = row.m;

@@ -33,6 +33,21 @@ TEST(MicroBatchTest, GroupAdvantagesAreNormalisedPerGroup) {
   EXPECT_EQ(groups[2].samples[0].advantage, 0.0);  // a group of one
 }
 
+// Equal partial-credit rewards are equal: eight scores of 0.1 (whose computed mean and spread
+// are rounding: std ~1e-17, advantages ~1e-13 without the check) get advantage 0 exactly, as
+// eight 0s do; rewards that differ by a real amount still get theirs.
+TEST(MicroBatchTest, EqualPartialCreditRewardsGiveNoAdvantage) {
+  for (double r : {0.1, 0.2, 0.7, 1.1, 123.4}) {
+    SampleGroup g =
+        group({1}, std::vector<std::vector<int32_t>>(8, {5}), std::vector<double>(8, r));
+    compute_group_advantages(g);
+    for (const Sample& s : g.samples) EXPECT_EQ(s.advantage, 0.0) << r;
+  }
+  SampleGroup g = group({1}, {{5}, {6}}, {0.1, 0.1 + 1e-6});
+  compute_group_advantages(g, 0.0);
+  EXPECT_NEAR(g.samples[1].advantage, 1 / std::sqrt(2.0), 1e-6);
+}
+
 TEST(MicroBatchTest, PackerConcatenatesWholeSequencesUnderTheTokenCap) {
   std::vector<SampleGroup> groups = {group({1, 2, 3}, {{10, 11}, {12, 13, 14}}, {1, 0}),
                                      group({4, 5}, {{20}, {}, {21, 22, 23, 24}}, {0, 1, 1})};

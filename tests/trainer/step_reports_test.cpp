@@ -204,6 +204,16 @@ TEST(RlReportsTest, TheShareOfGroupsWithoutSignalIsOverEveryInferRank) {
             0);  // no groups: 0, not NaN
 }
 
+// The job's warning after its first 10 GRPO steps: half or more of the groups without signal
+// and a sampled reward below 0.1, both.
+TEST(RlReportsTest, LittleGrpoSignalNeedsMostGroupsFlatAndALowReward) {
+  EXPECT_TRUE(little_grpo_signal(0.5, 0.099));
+  EXPECT_TRUE(little_grpo_signal(1.0, 0.0));
+  EXPECT_FALSE(little_grpo_signal(0.49, 0.0));    // most groups teach something
+  EXPECT_FALSE(little_grpo_signal(1.0, 0.1));     // mostly right: the task is learned
+  EXPECT_FALSE(little_grpo_signal(0.31, 0.224));  // the main job's first 10 steps
+}
+
 TEST(RlReportsTest, SftStepsTravelThroughTheCoordinatorToTheirRows) {
   sync::Coordinator coord(sync::host_store(0, std::chrono::milliseconds(5000)), "rl/");
   publish_sft_steps(coord, {{1, 3.5, 2.0, 1e-4}, {2, 3.25, 1.5, 2e-4}});
