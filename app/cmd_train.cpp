@@ -449,8 +449,7 @@ RlJobOptions resolve_train_flags(const TrainFlags& flags) {
     if (f->sft_target_opt->count() == 0) o.sft_on_answers = true;
     // GRPO keeps LoRA's own 60 steps without warmup: with full fine-tuning's 90 and a 10-step
     // warmup its held-out accuracy fell from 1.000 to 0.969 (0.945 at step 40, seed 1); with these
-    // it held 1.000 at every eval. Its rollouts at temperature 0.3 are sampled off the policy the
-    // loss's log-probs describe (T = 1), so more GRPO steps drift rather than help.
+    // it held 1.000 at every eval.
     if (f->steps_opt->count() == 0) o.steps = 60;
     if (f->warmup_opt->count() == 0) o.trainer.schedule.warmup_steps = 0;
   }

@@ -54,6 +54,12 @@ struct CompletionOutput {
   std::vector<float> processed_logprobs;
   std::vector<std::vector<std::pair<int32_t, float>>> top_logprobs;
   std::vector<int64_t> token_versions;  // weight version that sampled each token
+  // The log-probs of the distribution a request with only a `temperature` (no penalty or top_k /
+  // top_p / min_p) drew its tokens from, an RL loss's behaviour policy: the raw ones at 1 (and
+  // greedy), the processed ones otherwise (engine::tempered_logprobs recomputes them at T > 0).
+  const std::vector<float>& sampled_logprobs(double temperature) const {
+    return temperature == 1.0 || temperature == 0.0 ? raw_logprobs : processed_logprobs;
+  }
   FinishReason finish_reason = FinishReason::kNone;
   std::optional<int32_t> stop_token;
   std::optional<std::string> stop_string;

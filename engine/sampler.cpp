@@ -517,4 +517,43 @@ std::vector<std::pair<float, std::vector<std::pair<int32_t, float>>>> token_logp
   return out;
 }
 
+std::vector<float> tempered_logprobs(const at::Tensor& logits, const std::vector<int32_t>& tokens,
+                                     double temperature) {
+  CRL_CHECK(temperature > 0 && std::isfinite(temperature), "tempered_logprobs: temperature ",
+            temperature, " must be > 0");
+  std::vector<float> out;
+  out.reserve(tokens.size());
+  if (temperature == 1.0) {
+    for (const auto& r : token_logprobs(logits, tokens, 0)) out.push_back(r.first);
+    return out;
+  }
+  check_logits(logits);
+  const at::Tensor x = logits.contiguous();
+  const int64_t num_rows = x.size(0);
+  const int64_t v = x.size(1);
+  CRL_CHECK(static_cast<int64_t>(tokens.size()) == num_rows, "tempered_logprobs: ", tokens.size(),
+            " tokens for ", num_rows, " rows");
+  for (int32_t t : tokens) CRL_CHECK(t >= 0 && t < v, "token ", t, " outside vocabulary of ", v);
+  out.resize(num_rows);
+  // sample_row's processed arithmetic: q = exp((x - max) * scale) summed by exp_pass, then
+  // (x[t] - max) / T - log(sum q), at most 0.
+  const double inv_t = 1.0 / temperature;
+  const float scale =
+      static_cast<float>(std::min<double>(inv_t, std::numeric_limits<float>::max()));
+  const float* data = x.data_ptr<float>();
+  at::parallel_for(0, num_rows, 1, [&](int64_t begin, int64_t end) {
+    Scratch& s = scratch();
+    s.block_max.resize((v + kBlock - 1) / kBlock);
+    for (int64_t r = begin; r < end; ++r) {
+      const float* row = data + r * v;
+      const MaxScan scan = scan_max(row, v, s.block_max.data());
+      check_row(scan, r);
+      const double mass = exp_pass(row, v, scan.max, scale, nullptr, nullptr);
+      const double logp = (static_cast<double>(row[tokens[r]]) - scan.max) * inv_t - std::log(mass);
+      out[r] = static_cast<float>(std::min(0.0, logp));
+    }
+  });
+  return out;
+}
+
 }  // namespace crl::engine

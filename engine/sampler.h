@@ -75,4 +75,11 @@ double sample_uniform(uint64_t seed, int32_t sample_index, int64_t position);
 std::vector<std::pair<float, std::vector<std::pair<int32_t, float>>>> token_logprobs(
     const at::Tensor& logits, const std::vector<int32_t>& tokens, int32_t k);
 
+// Log-probs of `tokens` under each row of `logits` ([R, V] float32) at `temperature` (> 0), the
+// distribution softmax(logits / T): at 1 the raw log-prob (token_logprobs'), otherwise the
+// processed log-prob sample_tokens reports for a row sampled at that temperature with no
+// penalty, banned id or top_k / top_p / min_p filter, bit for bit (an RL trainer's `old`).
+std::vector<float> tempered_logprobs(const at::Tensor& logits, const std::vector<int32_t>& tokens,
+                                     double temperature);
+
 }  // namespace crl::engine

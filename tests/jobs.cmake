@@ -66,6 +66,9 @@ crl_job_test(rl.tensor_parallel_engines_take_every_update_gap_below_1e-4 pass 12
              "\\| 1 \\| infer 1 \\| cpu x 2 \\| ;; engines: tensor-parallel over 2 ranks each ;; step 1/[0-9]+ .* ${CRL_GAP_SMALL} ;; step 3/[0-9]+ .* ${CRL_GAP_SMALL} ;; summary: 1 node\\(s\\) x \\(2 infer \\+ 2 train ranks\\), 3 GRPO steps"
              --gpus-infer 2 --gpus-train 2 --infer-tp 2 --sync-verify --steps 3 --sft-steps 5
              --prompts-per-step 8 --n-samples 4 --eval-every 0 --timeout 60 --max-staleness 0)
+crl_job_test(rl.greedy_rollouts_are_refused fail 20
+             "--temperature 0 must be > 0: GRPO learns from the differences between a prompt's samples"
+             --gpus-infer 1 --gpus-train 1 --temperature 0 --steps 1)
 crl_job_test(rl.tensor_parallel_engines_refuse_deterministic_mode fail 20
              "--infer-tp with --deterministic: a tensor-parallel engine sums its ranks' partial outputs"
              --gpus-infer 1 --gpus-train 1 --infer-tp 2 --deterministic --steps 1)
@@ -83,7 +86,8 @@ endforeach()
 # LoRA RL (issue 29): the adapter alone trains and syncs (304 KiB: the rank-8 all-linear adapter of
 # the embedded model). Two engines and two trainers, deterministic and synchronous: a first log-prob
 # gap of exactly 0 at every step means each engine serves the trainers' adapter bit for bit, and
-# --sync-verify's per-bucket checksums agree after every sync.
+# that the trainers score the rollouts at LoRA's sampling temperature (0.3) as the engines sampled
+# them; --sync-verify's per-bucket checksums agree after every sync.
 crl_job_test(rl.lora_two_infer_two_train_sync_only_the_adapter_gap_exactly_0 pass 120
              "weight sync: 1 bucket\\(s\\) of 304\\.00 KiB per version ;; step 1/[0-9]+ .* gap 0\\.0e\\+00 \\| ;; step 3/[0-9]+ .* gap 0\\.0e\\+00 \\|"
              --gpus-infer 2 --gpus-train 2 --deterministic --lora-rank 8 --steps 3 --sft-steps 4

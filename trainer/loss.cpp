@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,9 @@ void GrpoOptions::validate() const {
   if (!(clip_high >= 0)) bad("clip_high", clip_high, "must be >= 0");
   if (!(kl_coef >= 0)) bad("kl_coef", kl_coef, "must be >= 0");
   if (!(tis_cap >= 0)) bad("tis_cap", tis_cap, "must be >= 0 (0 = off)");
+  if (!(temperature > 0 && std::isfinite(temperature))) {
+    bad("temperature", temperature, "must be > 0: the rollouts' sampling temperature");
+  }
 }
 
 namespace {
@@ -142,10 +146,11 @@ at::Tensor loss_token_rows(const at::Tensor& loss_mask) {
 }
 
 at::Tensor target_logprobs(const at::Tensor& logits, const at::Tensor& targets, bool match_engine,
-                           double* entropy_sum) {
+                           double* entropy_sum, double temperature) {
   CRL_CHECK(logits.dim() == 2 && targets.dim() == 1 && logits.size(0) == targets.size(0),
             "target_logprobs: logits ", logits.sizes(), " targets ", targets.sizes());
-  const at::Tensor lsm = at::log_softmax(logits, -1);
+  CRL_CHECK(temperature > 0, "target_logprobs: temperature ", temperature, " must be > 0");
+  const at::Tensor lsm = at::log_softmax(temperature == 1.0 ? logits : logits / temperature, -1);
   auto ls = lsm.gather(1, targets.unsqueeze(1)).squeeze(1);
   if (entropy_sum != nullptr && logits.size(0) > 0) {
     // In row chunks: the temporaries stay ~64 MiB at a 150k vocabulary, not 2 x [N, V].
@@ -164,11 +169,9 @@ at::Tensor target_logprobs(const at::Tensor& logits, const at::Tensor& targets, 
     at::NoGradGuard no_grad;
     auto t64 = targets.to(at::kLong).contiguous();
     std::vector<int32_t> ids(t64.data_ptr<int64_t>(), t64.data_ptr<int64_t>() + t64.size(0));
-    auto rows = engine::token_logprobs(logits.detach().to(at::kFloat).contiguous(), ids, 0);
-    std::vector<float> values;
-    values.reserve(rows.size());
-    for (const auto& r : rows) values.push_back(r.first);
-    exact = at::tensor(values, at::kFloat);
+    exact = at::tensor(
+        engine::tempered_logprobs(logits.detach().to(at::kFloat).contiguous(), ids, temperature),
+        at::kFloat);
   }
   // Exactly `exact` in value (x - x == 0), log_softmax's gradient.
   return exact + (ls - ls.detach());
@@ -183,12 +186,13 @@ namespace {
 
 at::Tensor logprobs_by_chunk(const engine::Transformer& model, const at::Tensor& hidden,
                              const at::Tensor& head, const at::Tensor& targets, int64_t chunk_rows,
-                             bool match_engine, double* entropy_sum) {
+                             bool match_engine, double* entropy_sum, double temperature) {
   std::vector<at::Tensor> parts;
   for (int64_t r = 0; r < hidden.size(0); r += chunk_rows) {
     const int64_t n = std::min(chunk_rows, hidden.size(0) - r);
     parts.push_back(target_logprobs(model.compute_logits(hidden.narrow(0, r, n), head),
-                                    targets.narrow(0, r, n), match_engine, entropy_sum));
+                                    targets.narrow(0, r, n), match_engine, entropy_sum,
+                                    temperature));
   }
   return at::cat(parts, 0);
 }
@@ -199,18 +203,20 @@ struct ChunkedHeadLogprobs : torch::autograd::Function<ChunkedHeadLogprobs> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden,
                             const at::Tensor& head, const at::Tensor& targets,
                             const engine::Transformer* model, int64_t chunk_rows, bool match_engine,
-                            double* entropy_sum) {
+                            double* entropy_sum, double temperature) {
     ctx->save_for_backward({hidden, head, targets});
     ctx->saved_data["model"] = reinterpret_cast<int64_t>(model);
     ctx->saved_data["chunk_rows"] = chunk_rows;
+    ctx->saved_data["temperature"] = temperature;
     // Grad mode is off inside a custom forward.
-    return logprobs_by_chunk(*model, hidden, head, targets, chunk_rows, match_engine, entropy_sum);
+    return logprobs_by_chunk(*model, hidden, head, targets, chunk_rows, match_engine, entropy_sum,
+                             temperature);
   }
 
-  // Per chunk: the logits again (the forward's kernel, no graph), d ls / d logits = g (onehot -
-  // softmax) in place of their softmax, then the head's two products by hand: d hidden = dz W and
-  // d head += dz^T hidden, summed in fp32 (fp32 compute: one addmm into the sum; bf16: a chunk's
-  // [V, H] product in bf16, as the whole head's would be, added to it).
+  // Per chunk: the logits z again (the forward's kernel, no graph), d ls / d z = (g / T) (onehot -
+  // softmax(z / T)) in place of their softmax, then the head's two products by hand: d hidden = dz
+  // W and d head += dz^T hidden, summed in fp32 (fp32 compute: one addmm into the sum; bf16: a
+  // chunk's [V, H] product in bf16, as the whole head's would be, added to it).
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
@@ -220,6 +226,7 @@ struct ChunkedHeadLogprobs : torch::autograd::Function<ChunkedHeadLogprobs> {
     const auto* model =
         reinterpret_cast<const engine::Transformer*>(ctx->saved_data["model"].toInt());
     const int64_t chunk_rows = ctx->saved_data["chunk_rows"].toInt();
+    const double temperature = ctx->saved_data["temperature"].toDouble();
     const bool want_hidden = ctx->needs_input_grad(0), want_head = ctx->needs_input_grad(1);
     const bool fp32 = head.scalar_type() == at::kFloat;
     at::NoGradGuard no_grad;
@@ -229,8 +236,12 @@ struct ChunkedHeadLogprobs : torch::autograd::Function<ChunkedHeadLogprobs> {
     for (int64_t r = 0; r < hidden.size(0); r += chunk_rows) {
       const int64_t n = std::min(chunk_rows, hidden.size(0) - r);
       const at::Tensor h = hidden.narrow(0, r, n);
-      const at::Tensor g = grads[0].narrow(0, r, n).to(at::kFloat).unsqueeze(1);
+      at::Tensor g = grads[0].narrow(0, r, n).to(at::kFloat).unsqueeze(1);
       at::Tensor dz = model->compute_logits(h, head);  // fp32 [n, V], ours
+      if (temperature != 1.0) {
+        dz.div_(temperature);
+        g = g / temperature;
+      }
       dz.sub_(dz.logsumexp(-1, /*keepdim=*/true)).exp_().mul_(-g);
       dz.scatter_add_(1, targets.narrow(0, r, n).unsqueeze(1), g);
       if (!fp32) dz = dz.to(head.scalar_type());
@@ -248,7 +259,7 @@ struct ChunkedHeadLogprobs : torch::autograd::Function<ChunkedHeadLogprobs> {
     }
     if (want_head) grad_head = grad_head.to(head.scalar_type());
     return {grad_hidden,  grad_head,    at::Tensor(), at::Tensor(),
-            at::Tensor(), at::Tensor(), at::Tensor()};
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -256,19 +267,21 @@ struct ChunkedHeadLogprobs : torch::autograd::Function<ChunkedHeadLogprobs> {
 
 at::Tensor head_target_logprobs(const engine::Transformer& model, const at::Tensor& hidden,
                                 const at::Tensor& targets, int64_t chunk_rows, bool match_engine,
-                                double* entropy_sum) {
+                                double* entropy_sum, double temperature) {
   CRL_CHECK(hidden.dim() == 2 && targets.dim() == 1 && hidden.size(0) == targets.size(0),
             "head_target_logprobs: hidden ", hidden.sizes(), " targets ", targets.sizes());
   CRL_CHECK(chunk_rows > 0, "head_target_logprobs: chunk_rows ", chunk_rows, " must be > 0");
   if (hidden.size(0) <= chunk_rows) {
-    return target_logprobs(model.compute_logits(hidden), targets, match_engine, entropy_sum);
+    return target_logprobs(model.compute_logits(hidden), targets, match_engine, entropy_sum,
+                           temperature);
   }
   const at::Tensor& head = model.lm_head();
   if (at::GradMode::is_enabled() && (hidden.requires_grad() || head.requires_grad())) {
     return ChunkedHeadLogprobs::apply(hidden, head, targets, &model, chunk_rows, match_engine,
-                                      entropy_sum);
+                                      entropy_sum, temperature);
   }
-  return logprobs_by_chunk(model, hidden, head, targets, chunk_rows, match_engine, entropy_sum);
+  return logprobs_by_chunk(model, hidden, head, targets, chunk_rows, match_engine, entropy_sum,
+                           temperature);
 }
 
 }  // namespace crl::trainer

@@ -305,7 +305,8 @@ void EpisodeRunner::Play::on_turn(size_t i, const engine::RequestOutput& out) {
   const ojson message = parsed.message();
   l.traj->append_completion(c.token_ids, message);
   l.messages.push_back(message);
-  l.ep.logprobs.insert(l.ep.logprobs.end(), c.raw_logprobs.begin(), c.raw_logprobs.end());
+  const std::vector<float>& logprobs = c.sampled_logprobs(specs_[i].temperature);
+  l.ep.logprobs.insert(l.ep.logprobs.end(), logprobs.begin(), logprobs.end());
   l.ep.versions.insert(l.ep.versions.end(), c.token_versions.begin(), c.token_versions.end());
   ++l.ep.turns;
   l.ep.tool_calls += static_cast<int32_t>(parsed.calls.size());

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstdio>
 #include <stdexcept>
 
@@ -137,6 +138,12 @@ void RlOptions::validate() {
           "--reproducible is not supported with --env: episodes finish in "
           "the order their environment answers");
     }
+  }
+  if (!(temperature > 0 && std::isfinite(temperature))) {
+    throw std::invalid_argument(fmt::format(
+        "--temperature {} must be > 0: GRPO learns from the differences between a prompt's "
+        "samples, and greedy ones (0) are all the same",
+        temperature));
   }
   if (steps < 0 || prompts_per_step < 1 || samples_per_prompt < 1 || max_tokens < 1) {
     throw std::invalid_argument(

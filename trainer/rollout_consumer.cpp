@@ -63,6 +63,8 @@ TrainerOptions rollout_trainer_options(const RlOptions& o, const sync::RankPlace
   topts.device = self.device;
   topts.deterministic = o.deterministic;
   topts.group = train_group;
+  // GRPO scores the tokens under the distribution the engines sampled them from.
+  topts.grpo.temperature = o.temperature;
   // The trainer's buckets are the weight sync's: same cap (and, with equal dtypes, same layout).
   topts.grad_bucket_bytes = o.bucket_bytes;
   return topts;

@@ -436,7 +436,7 @@ InferReport RolloutProducer::rollout(int64_t step) {
           const RewardResult& rr = scored.results[k];
           Sample smp;
           smp.completion_ids = c.token_ids;
-          smp.logprobs = c.raw_logprobs;
+          smp.logprobs = c.sampled_logprobs(o_.temperature);
           smp.versions = c.token_versions;
           smp.reward = rr.reward;
           for (int64_t v : c.token_versions) r.stale_tokens += v < c_.versions.version_at(step);

@@ -452,7 +452,7 @@ const engine::NamedTensors& Trainer::model_weights() const {
 void Trainer::zero_grad() { impl_->state->zero_grad(); }
 
 at::Tensor Trainer::forward_logprobs(const engine::Transformer& model, const MicroBatch& b,
-                                     double* entropy_sum) const {
+                                     double temperature, double* entropy_sum) const {
   const at::Device dev = impl_->device;
   std::vector<at::Tensor> pos;
   pos.reserve(b.seq_lens.size());
@@ -475,7 +475,7 @@ at::Tensor Trainer::forward_logprobs(const engine::Transformer& model, const Mic
   return head_target_logprobs(
       model, hidden.index_select(0, rows - 1), tokens.index_select(0, rows),
       logits_chunk_rows(options_.logits_chunk_tokens, impl_->config.vocab_size),
-      /*match_engine=*/true, entropy_sum);
+      /*match_engine=*/true, entropy_sum, temperature);
 }
 
 LossMetrics Trainer::accumulate(const MicroBatch& b, LossKind kind, double scale, bool last) {
@@ -499,8 +499,10 @@ LossMetrics Trainer::accumulate(const MicroBatch& b, LossKind kind, double scale
       }
     } unbind{s};
     double entropy_sum = 0;  // GRPO's metrics only
-    at::Tensor lp = forward_logprobs(*s.model, b, kind == LossKind::kSft ? nullptr : &entropy_sum);
-    if (kind == LossKind::kSft) {
+    const bool sft = kind == LossKind::kSft;
+    const double temperature = sft ? 1.0 : options_.grpo.temperature;
+    at::Tensor lp = forward_logprobs(*s.model, b, temperature, sft ? nullptr : &entropy_sum);
+    if (sft) {
       out = sft_loss(lp, at::Tensor());
     } else {
       at::Tensor old = b.old_logprobs.index_select(0, rows).to(s.device);
@@ -508,7 +510,7 @@ LossMetrics Trainer::accumulate(const MicroBatch& b, LossKind kind, double scale
       at::Tensor ref;
       if (s.reference) {
         at::NoGradGuard no_grad;
-        ref = forward_logprobs(*s.reference, b);
+        ref = forward_logprobs(*s.reference, b, temperature);
       }
       out = grpo_loss(lp, old, adv, ref, options_.grpo);
     }
@@ -582,7 +584,7 @@ at::Tensor Trainer::compute_logprobs(const MicroBatch& b) const {
   b.validate();
   at::NoGradGuard no_grad;
   GroupHold root(*impl_->state, 0);
-  return forward_logprobs(*impl_->model, b).detach();
+  return forward_logprobs(*impl_->model, b, options_.grpo.temperature).detach();
 }
 
 void Trainer::copy_weights_to(engine::Transformer& model) const {

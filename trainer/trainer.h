@@ -167,7 +167,8 @@ class Trainer {
   // Reduce, scale, clip, LR, AdamW step, all-gather. Returns step, lr and grad_norm.
   StepStats finish_step();
 
-  // Trainer log-probs [N] of the batch's loss tokens at the current weights (no grad).
+  // Trainer log-probs [N] of the batch's loss tokens at the current weights (no grad), at the
+  // GRPO scoring temperature (options().grpo.temperature).
   at::Tensor compute_logprobs(const MicroBatch& batch) const;
 
   // Writes the current parameters into `model`'s in place (cast to its dtype), so views into sync
@@ -231,10 +232,11 @@ class Trainer {
   struct Impl;
   void init(engine::ModelConfig config, engine::NamedTensors weights,
             bool reference_is_base = false);
-  // Rows' hidden states -> logits -> log-probs of the loss tokens, through `model`.
-  // With entropy_sum: adds the loss rows' summed entropies (target_logprobs).
+  // Rows' hidden states -> logits -> log-probs of the loss tokens under softmax(logits /
+  // temperature), through `model`. With entropy_sum: adds the loss rows' summed entropies
+  // (target_logprobs).
   at::Tensor forward_logprobs(const engine::Transformer& model, const MicroBatch& batch,
-                              double* entropy_sum = nullptr) const;
+                              double temperature, double* entropy_sum = nullptr) const;
 
   TrainerOptions options_;
   std::unique_ptr<Impl> impl_;

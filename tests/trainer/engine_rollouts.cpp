@@ -9,7 +9,7 @@ using trainer::SampleGroup;
 
 std::vector<trainer::MicroBatch> engine_rollouts(engine::LlmEngine& eng, int prompts, int n,
                                                  int max_tokens, int64_t cap, uint64_t seed,
-                                                 int reward_mod) {
+                                                 int reward_mod, double temperature) {
   std::mt19937 rng(seed);
   std::uniform_int_distribution<int> tok(4, 500), len(3, 12);
   std::vector<engine::GenerateRequest> reqs;
@@ -17,7 +17,7 @@ std::vector<trainer::MicroBatch> engine_rollouts(engine::LlmEngine& eng, int pro
     engine::GenerateRequest r;
     for (int j = len(rng); j > 0; --j) r.prompt_token_ids.push_back(tok(rng));
     r.params.n = n;
-    r.params.temperature = 1.0;
+    r.params.temperature = temperature;
     r.params.max_tokens = max_tokens;
     r.params.ignore_eos = true;
     r.params.seed = seed + i;
@@ -30,7 +30,7 @@ std::vector<trainer::MicroBatch> engine_rollouts(engine::LlmEngine& eng, int pro
     for (auto& c : out.outputs) {
       Sample s;
       s.completion_ids = c.token_ids;
-      s.logprobs = c.raw_logprobs;
+      s.logprobs = c.sampled_logprobs(temperature);
       s.reward = static_cast<double>(c.token_ids[0] % reward_mod);
       g.samples.push_back(s);
     }

@@ -132,6 +132,46 @@ TEST(GrpoLossTest, TargetLogprobsMatchTheEngineSamplerBitForBitWithLogSoftmaxGra
   test::expect_tensor_equal(g_match, logits.grad());
 }
 
+// GRPO at a rollout temperature T scores under softmax(logits / T), the distribution the engine
+// sampled from: the values are the sampler's processed log-probs of its own draws, bit for bit,
+// and the gradient is log_softmax(logits / T)'s (1/T times the softmax's at T).
+TEST(GrpoLossTest, AtARolloutTemperatureTheLogprobsAreTheSamplersProcessedOnesBitForBit) {
+  at::manual_seed(4);
+  auto logits = (at::randn({6, 300}) * 4).requires_grad_(true);
+  for (double t : {0.3, 0.7, 1.6}) {
+    SCOPED_TRACE("temperature " + std::to_string(t));
+    engine::SamplingParams p;
+    p.temperature = t;
+    std::vector<engine::SampleRow> rows;
+    for (int r = 0; r < 6; ++r) rows.push_back(engine::SampleRow{r, &p, 11, 0, r, nullptr});
+    const auto drawn = engine::sample_tokens(logits.detach(), rows);
+    std::vector<int64_t> ids;
+    for (const auto& d : drawn) ids.push_back(d.token);
+    const auto targets = at::tensor(ids, at::kLong);
+    auto lp = target_logprobs(logits, targets, /*match_engine=*/true, nullptr, t);
+    for (int r = 0; r < 6; ++r) EXPECT_EQ(lp[r].item<float>(), drawn[r].processed_logprob) << r;
+    // Not the raw (temperature 1) log-probs.
+    EXPECT_GT((lp - target_logprobs(logits, targets, true)).abs().max().item<float>(), 1e-2);
+    auto ref = at::log_softmax(logits / t, -1).gather(1, targets.unsqueeze(1)).squeeze(1);
+    test::expect_tensor_near(lp.detach(), ref.detach(), 1e-5);
+    logits.mutable_grad() = at::Tensor();
+    (lp * at::arange(6, at::kFloat)).sum().backward();
+    auto g = logits.grad().clone();
+    logits.mutable_grad() = at::Tensor();
+    (ref * at::arange(6, at::kFloat)).sum().backward();
+    test::expect_tensor_near(g, logits.grad(), 1e-6, 1e-5);
+  }
+  // At 1 the tempered log-probs are token_logprobs' raw ones.
+  const auto raw = engine::token_logprobs(logits.detach(), {1, 2, 3, 4, 5, 6}, 0);
+  const auto one = engine::tempered_logprobs(logits.detach(), {1, 2, 3, 4, 5, 6}, 1.0);
+  for (int r = 0; r < 6; ++r) EXPECT_EQ(one[r], raw[r].first) << r;
+  ASSERT_THROWS_WITH(target_logprobs(logits, at::zeros({6}, at::kLong), true, nullptr, 0.0),
+                     std::logic_error, "temperature 0 must be > 0");
+  GrpoOptions bad;
+  bad.temperature = 0;
+  ASSERT_THROWS_WITH(bad.validate(), std::invalid_argument, "'temperature': 0");
+}
+
 TEST(LrScheduleTest, WarmupThenCosineToTheFloor) {
   LrSchedule s;
   s.lr = 1.0;
@@ -234,13 +274,13 @@ class ChunkedHeadTest : public ::testing::TestWithParam<std::string> {
   }
 
   // The log-probs, their summed entropy and the gradients of sum(weights * log-probs).
-  HeadRun run(int64_t chunk_rows, bool head_grad) {
+  HeadRun run(int64_t chunk_rows, bool head_grad, double temperature = 1.0) {
     at::Tensor head = model_->lm_head().detach().clone().requires_grad_(head_grad);
     model_->set_parameter(head_name_, head);
     at::Tensor h = hidden_.clone().requires_grad_(true);
     HeadRun out;
-    at::Tensor lp =
-        head_target_logprobs(*model_, h, targets_, chunk_rows, /*match_engine=*/true, &out.entropy);
+    at::Tensor lp = head_target_logprobs(*model_, h, targets_, chunk_rows, /*match_engine=*/true,
+                                         &out.entropy, temperature);
     out.node = lp.grad_fn() ? lp.grad_fn()->name() : "";
     (lp * weights_).sum().backward();
     out.logprobs = lp.detach();
@@ -271,6 +311,21 @@ TEST_P(ChunkedHeadTest, ChunksGiveTheWholeHeadsLogprobsEntropyAndGradients) {
   // Not vacuous: other weights give other gradients.
   weights_ = -weights_;
   EXPECT_FALSE(at::allclose(run(4, true).grad_head, whole.grad_head));
+}
+
+// At a rollout temperature the chunks' backward differentiates log_softmax(logits / T) too.
+TEST_P(ChunkedHeadTest, AtATemperatureChunksGiveTheWholeHeadsLogprobsAndGradients) {
+  const HeadRun whole = run(13, true, 0.6);
+  const HeadRun c = run(4, true, 0.6);
+  EXPECT_NE(c.node.find("ChunkedHeadLogprobs"), std::string::npos) << c.node;
+  test::expect_tensor_equal(c.logprobs, whole.logprobs);
+  EXPECT_NEAR(c.entropy, whole.entropy, 1e-6 * whole.entropy);
+  test::expect_tensor_near(c.grad_hidden, whole.grad_hidden, 1e-6, 1e-5);
+  test::expect_tensor_near(c.grad_head, whole.grad_head, 1e-6, 1e-5);
+  // Not temperature 1's.
+  const HeadRun one = run(4, true);
+  EXPECT_FALSE(at::allclose(one.logprobs, c.logprobs));
+  EXPECT_FALSE(at::allclose(one.grad_head, c.grad_head));
 }
 
 TEST_P(ChunkedHeadTest, AFrozenHeadGetsNoGradientAndTheRowsTheirs) {

@@ -81,6 +81,29 @@ TEST(TrainerTest, LogprobGapIsExactlyZeroWhenEngineAndTrainerAreDeterministic) {
   EXPECT_GT(st.grad_norm, 0.0);
 }
 
+// Rollouts at temperature 0.6: the trainer scores them under softmax(logits / 0.6), the
+// distribution the engine drew them from, so `old` (the engine's processed log-probs) is again its
+// own value bit for bit; at temperature 1 the same rollouts would be scored off by up to nats.
+TEST(TrainerTest, AtARolloutTemperatureTheLogprobGapIsExactlyZeroToo) {
+  engine::EngineConfig cfg = test::test_engine_config();
+  cfg.deterministic = true;
+  engine::LlmEngine eng(cfg);
+  TrainerOptions o;
+  o.deterministic = true;
+  o.grpo.temperature = 0.6;
+  Trainer trainer(cfg.model_dir, o);
+  auto mbs = engine_rollouts(eng, 4, 3, 10, 1 << 20, 12, 7, 0.6);
+  ASSERT_EQ(mbs.size(), 1u);
+  test::expect_tensor_equal(trainer.compute_logprobs(mbs[0]), loss_old(mbs[0]));
+  StepStats st = trainer.train_step(mbs, LossKind::kGrpo);
+  EXPECT_EQ(st.loss.logprob_gap_max, 0.0);
+  EXPECT_EQ(st.loss.clip_fraction, 0.0);
+  TrainerOptions at_one = o;
+  at_one.grpo.temperature = 1.0;
+  Trainer t1(cfg.model_dir, at_one);
+  EXPECT_GT((t1.compute_logprobs(mbs[0]) - loss_old(mbs[0])).abs().max().item<float>(), 0.05);
+}
+
 // The CUDA path (ctest label `gpu`): engine and trainer both on the device in fp32; their
 // log-probs of the engine's samples agree to cuBLAS's shape-dependent rounding, and a step trains.
 TEST(CudaTrainerTest, TrainerLogprobsMatchTheEngineOnCuda) {
