@@ -1,9 +1,7 @@
 // Sampler: turns one row of logits per sample into a token, with RL-grade log-probs.
 //
 // For each row it computes
-//   raw log-prob:       log_softmax(logits)[token] at temperature 1 over the full vocabulary (what
-//   a
-//                       trainer computes for the same token);
+//   raw log-prob:       log_softmax(logits)[token] at temperature 1 over the full vocabulary;
 //   processed log-prob: log p(token) under the distribution actually sampled from, i.e. after
 //                       the penalties, banned ids (min_tokens), temperature, top_k, top_p and
 //                       min_p, renormalised (0 for greedy);

@@ -80,8 +80,8 @@ struct LossOutput {
   LossMetrics metrics;
 };
 
-// logprobs: trainer log-probs (with grad); old_logprobs: engine raw log-probs; advantages: per
-// token; ref_logprobs: reference model log-probs, undefined when kl_coef == 0.
+// logprobs: trainer log-probs (with grad); old_logprobs: the engine's (behaviour) log-probs;
+// advantages: per token; ref_logprobs: reference model log-probs, undefined when kl_coef == 0.
 LossOutput grpo_loss(const at::Tensor& logprobs, const at::Tensor& old_logprobs,
                      const at::Tensor& advantages, const at::Tensor& ref_logprobs,
                      const GrpoOptions& options);

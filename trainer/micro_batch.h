@@ -1,7 +1,7 @@
 // Rollout samples and the packed micro-batch the trainer consumes (docs/design.md §5 step 3).
 //
 // A finished rollout is a SampleGroup: one prompt, its n completions, their rewards and the
-// engine's raw log-probs. The packer concatenates prompt + completion of every sample, then packs
+// engine's log-probs. The packer concatenates prompt + completion of every sample, then packs
 // whole sequences, in order, into MicroBatches of at most `micro_batch_tokens` tokens: nothing is
 // padded, sequences are delimited by seq_lens (cu_seqlens), and a sequence never splits.
 //
@@ -25,7 +25,7 @@ namespace crl::trainer {
 // One finished completion of a prompt.
 struct Sample {
   std::vector<int32_t> completion_ids;  // generated tokens (EOS included when it stopped on EOS)
-  std::vector<float> logprobs;          // engine raw log-prob of each completion token
+  std::vector<float> logprobs;          // engine log-prob of each completion token (behaviour)
   std::vector<int64_t> versions;        // weight version that sampled each token (empty: the
                                         // version given to pack_micro_batches)
   double reward = 0;                    // verifiable reward
@@ -60,7 +60,7 @@ struct MicroBatch {
   at::Tensor tokens;              // [T] int64: prompt + completion of each sequence, concatenated
   std::vector<int64_t> seq_lens;  // [S]: tokens per sequence, sum == T
   at::Tensor loss_mask;           // [T] float32: 1 on completion tokens, else 0
-  at::Tensor old_logprobs;        // [T] float32: engine raw log-prob of the token (0 off the mask)
+  at::Tensor old_logprobs;        // [T] float32: engine log-prob of the token (0 off the mask)
   at::Tensor advantages;          // [T] float32: the sequence's advantage on its completion tokens
   at::Tensor versions;            // [T] int64: weight version that sampled the token (-1 on prompt
                                   // tokens); undefined = weight_version everywhere

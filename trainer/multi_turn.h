@@ -6,7 +6,7 @@
 //   trajectory's ids (prompt = the current segment: earlier turns come from the prefix cache);
 //   the turn ends at the tool-call syntax (text::tool_call_stop_strings) or at the end of turn;
 //   its text is parsed for tool calls (text::parse_tool_calls); the sampled ids are appended as
-//   they are (never re-encoded; loss mask 1, with their raw log-probs and weight versions); the
+//   they are (never re-encoded; loss mask 1, with their sampled log-probs and weight versions); the
 //   environment answers and its messages are appended as the template renders them (mask 0).
 //   A call that does not parse is answered by the runner with an error tool message (counted in
 //   tool_errors), without the environment.
@@ -77,7 +77,7 @@ struct EpisodeSpec {
 struct Episode {
   std::vector<int32_t> ids;       // every segment, in order
   std::vector<uint8_t> mask;      // 1: sampled by the model; 0: prompt, tool and environment text
-  std::vector<float> logprobs;    // the engine's raw log-prob on sampled ids, 0 elsewhere
+  std::vector<float> logprobs;    // the engine's log-prob on sampled ids (sampled_logprobs), else 0
   std::vector<int64_t> versions;  // the weights that sampled each id, -1 elsewhere
   std::vector<size_t> segments;   // where each segment starts in ids
   double reward = 0;

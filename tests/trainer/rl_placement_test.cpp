@@ -27,6 +27,7 @@ struct RankView {
   std::string trainer_device;  // rollout_trainer_options (train ranks)
   std::string sync_device;     // rl_sync_options: where the weight sync says its buckets live
   bool trainer_reduces_over_train_group = false;
+  double trainer_temperature = 0;     // rollout_trainer_options: GRPO's scoring temperature
   std::vector<std::string> made_own;  // groups made by the NCCL factory, in order
   std::vector<std::string> split;     // train / sync_root groups split from the Gloo world
 };
@@ -71,6 +72,7 @@ std::vector<RankView> run_job_ranks(const RlOptions& o) {
           TrainerOptions t = rollout_trainer_options(o, ranks.self, ranks.g.train.get());
           v.trainer_device = t.device;
           v.trainer_reduces_over_train_group = t.group == ranks.g.train.get() && t.group != nullptr;
+          v.trainer_temperature = t.grpo.temperature;
           EXPECT_THROW(rollout_engine_config(o, ranks.self, false), std::logic_error);
         }
         // Nobody closes its groups while a peer may still use them (as PlacementGroupsTest: this
@@ -95,7 +97,10 @@ RlOptions job(int infer, int train, const std::string& device, int gpus,
 using Names = std::vector<std::string>;
 
 TEST(RlPlacementTest, CpuJobRunsEveryRoleOnTheCpuOverGlooSplits) {
-  auto v = run_job_ranks(job(1, 1, "cpu", 0));
+  RlOptions o = job(1, 1, "cpu", 0);
+  o.temperature = 0.7;  // the trainers score the rollouts at the engines' temperature
+  auto v = run_job_ranks(o);
+  EXPECT_EQ(v[1].trainer_temperature, 0.7);
   EXPECT_EQ(v[0].device, "cpu");
   EXPECT_EQ(v[0].engine_device, "cpu");
   EXPECT_EQ(v[1].trainer_device, "cpu");
