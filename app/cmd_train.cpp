@@ -178,8 +178,11 @@ void add_schedule_flags(CLI::App* cmd, TrainFlags* f) {
   cmd->add_option("--max-tokens", o.max_tokens, "generated tokens per sample at most")
       ->capture_default_str()
       ->check(at_least(1));
-  f->lr_opt = cmd->add_option("--lr", f->lr, "GRPO peak learning rate (1e-4 with --lora-rank)")
-                  ->capture_default_str();
+  f->lr_opt =
+      cmd->add_option(
+             "--lr", f->lr,
+             "GRPO peak learning rate (2e-4 after a warm-up on the answers, 1e-4 with --lora-rank)")
+          ->capture_default_str();
   f->warmup_opt = cmd->add_option("--warmup-steps", o.trainer.schedule.warmup_steps,
                                   "GRPO linear warmup steps (0 with --lora-rank)")
                       ->capture_default_str();
@@ -418,6 +421,24 @@ void resolve_colocated_schedule(const sync::Placement& where, bool staleness_giv
   o->kv_handover = share && o->max_staleness == 0 && o->serve_port < 0;
 }
 
+// Bad data, and a held-out split the data cannot give, fail here, in the launcher, once, before
+// any rank starts. Returns whether a training row has a demonstration of its own (the built-in
+// task's: the format without the answer).
+bool check_task_data(const RlJobOptions& o) {
+  auto rows = o.data_path.empty() ? trainer::default_task_rows(o.default_task_rows, o.seed)
+                                  : trainer::load_task_jsonl(o.data_path, o.reward, o.model_dir,
+                                                             o.split_special_tokens);
+  const trainer::TaskSplit split = trainer::split_task(std::move(rows), o.eval_rows, o.seed);
+  if (split.train.empty()) {
+    throw std::invalid_argument(
+        fmt::format("the task has no training rows after the held-out split ({} held out, {} "
+                    "more left out: their prompt is a held-out row's)",
+                    split.eval.size(), split.dropped_train_rows));
+  }
+  return std::any_of(split.train.begin(), split.train.end(),
+                     [](const trainer::TaskRow& r) { return !r.demonstration.empty(); });
+}
+
 // The job's options from the flags; what fails here fails in the launcher, before any rank starts.
 RlJobOptions resolve_train_flags(const TrainFlags& flags) {
   const TrainFlags* f = &flags;
@@ -431,6 +452,7 @@ RlJobOptions resolve_train_flags(const TrainFlags& flags) {
   }
   o.kv_memory_bytes = parse_bytes(f->kv_memory);
   resolve_reward(*f, &o);
+  const bool demonstrations = check_task_data(o);
   o.trainer.dtype = f->train_dtype.empty() ? o.engine_dtype : f->train_dtype;
   double grpo_lr = f->lr;
   if (o.trainer.lora.enabled()) {
@@ -454,6 +476,18 @@ RlJobOptions resolve_train_flags(const TrainFlags& flags) {
     if (f->warmup_opt->count() == 0) o.trainer.schedule.warmup_steps = 0;
   }
   if (f->sft_target_opt->count() > 0) o.sft_on_answers = f->sft_target == "answer";
+  // A warm-up on the answers (a --data task's rows without demonstrations, or --sft-target
+  // answer) leaves GRPO a model that partly solves the task, often mid-way through its SFT
+  // transition: GRPO refines it at 2e-4. At the built-in recipe's 3e-4 it lowered 2 of 8 seeds of
+  // examples/reverse_words.jsonl after 350 warm-up steps (K = 0: -10.2, -2.3 points); at 2e-4
+  // all 32 runs of that and examples/count_words.jsonl (60 steps) with room rose, K = 0 and 1; at
+  // 1e-4 one count run fell 0.8 (docs/rl-job.md "A task of one's own"). After a format-only
+  // warm-up (the built-in task's demonstrations) GRPO learns the task itself and keeps 3e-4.
+  const bool refines_answers = o.sft_on_answers || !demonstrations;
+  if (!o.trainer.lora.enabled() && f->lr_opt->count() == 0 && o.env.empty() && o.sft_steps > 0 &&
+      refines_answers) {
+    grpo_lr = 2e-4;
+  }
   o.trainer.schedule.lr = grpo_lr;
   o.trainer.schedule.min_lr = f->min_lr >= 0 ? f->min_lr : grpo_lr / 10;
   o.trainer.schedule.total_steps = o.steps;
@@ -506,20 +540,6 @@ RlJobOptions resolve_train_flags(const TrainFlags& flags) {
         sync::plan_placement(sync::Topology{nnodes, o.infer_per_node, o.train_per_node},
                              o.placement_request()));
     plan.check_fits(trainer::device_capacities(plan));
-  }
-  // Bad data, and a held-out split the data cannot give, fail here, in the launcher, once,
-  // before any rank starts.
-  {
-    auto rows = o.data_path.empty() ? trainer::default_task_rows(o.default_task_rows, o.seed)
-                                    : trainer::load_task_jsonl(o.data_path, o.reward, o.model_dir,
-                                                               o.split_special_tokens);
-    const trainer::TaskSplit split = trainer::split_task(std::move(rows), o.eval_rows, o.seed);
-    if (split.train.empty()) {
-      throw std::invalid_argument(
-          fmt::format("the task has no training rows after the held-out split ({} held out, {} "
-                      "more left out: their prompt is a held-out row's)",
-                      split.eval.size(), split.dropped_train_rows));
-    }
   }
   return o;
 }

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -174,7 +175,31 @@ class JobReport {
         "held-out eval: greedy (temperature 0), each row right or wrong by the reward ({});\n"
         "  the training reward: the same judge on rollouts sampled at temperature {:g}\n",
         o_.env.empty() ? describe_reward(o_.reward) : "the environment's", o_.temperature);
+    print_recipe();
     std::fflush(stdout);
+  }
+
+  // A learning rate as people write it: 3e-4, 2.5e-4.
+  static std::string rate(double lr) {
+    if (!(lr > 0)) return fmt::format("{:g}", lr);
+    const int e = static_cast<int>(std::floor(std::log10(lr)));
+    return fmt::format("{:g}e{}", std::round(lr / std::pow(10.0, e) * 100) / 100, e);
+  }
+
+  // What the warm-up trains on and the two peak rates (the defaults depend on it: app/cmd_train).
+  void print_recipe() const {
+    const auto& train = j_.data.split().train;
+    const bool demonstrations = !o_.sft_on_answers && o_.env.empty() &&
+                                std::any_of(train.begin(), train.end(), [](const TaskRow& r) {
+                                  return !r.demonstration.empty();
+                                });
+    const std::string warmup =
+        o_.sft_steps == 0
+            ? std::string("no SFT warm-up")
+            : fmt::format("SFT warm-up {} steps at peak lr {} on the {}", o_.sft_steps,
+                          rate(o_.sft_schedule.lr), demonstrations ? "demonstrations" : "answers");
+    fmt::print("recipe: {}; GRPO {} steps at peak lr {}, {} prompts x {} samples\n", warmup,
+               o_.steps, rate(o_.trainer.schedule.lr), o_.prompts_per_step, o_.samples_per_prompt);
   }
 
   // The evaluations before GRPO: at the start, and after the SFT warm-up when there is one.
