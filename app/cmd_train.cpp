@@ -178,11 +178,10 @@ void add_schedule_flags(CLI::App* cmd, TrainFlags* f) {
   cmd->add_option("--max-tokens", o.max_tokens, "generated tokens per sample at most")
       ->capture_default_str()
       ->check(at_least(1));
-  f->lr_opt =
-      cmd->add_option(
-             "--lr", f->lr,
-             "GRPO peak learning rate (2e-4 after a warm-up on the answers, 1e-4 with --lora-rank)")
-          ->capture_default_str();
+  f->lr_opt = cmd->add_option("--lr", f->lr,
+                              "GRPO peak learning rate (2e-4 with --data or --sft-target answer, "
+                              "1e-4 with --lora-rank)")
+                  ->capture_default_str();
   f->warmup_opt = cmd->add_option("--warmup-steps", o.trainer.schedule.warmup_steps,
                                   "GRPO linear warmup steps (0 with --lora-rank)")
                       ->capture_default_str();
@@ -422,9 +421,8 @@ void resolve_colocated_schedule(const sync::Placement& where, bool staleness_giv
 }
 
 // Bad data, and a held-out split the data cannot give, fail here, in the launcher, once, before
-// any rank starts. Returns whether a training row has a demonstration of its own (the built-in
-// task's: the format without the answer).
-bool check_task_data(const RlJobOptions& o) {
+// any rank starts.
+void check_task_data(const RlJobOptions& o) {
   auto rows = o.data_path.empty() ? trainer::default_task_rows(o.default_task_rows, o.seed)
                                   : trainer::load_task_jsonl(o.data_path, o.reward, o.model_dir,
                                                              o.split_special_tokens);
@@ -435,8 +433,6 @@ bool check_task_data(const RlJobOptions& o) {
                     "more left out: their prompt is a held-out row's)",
                     split.eval.size(), split.dropped_train_rows));
   }
-  return std::any_of(split.train.begin(), split.train.end(),
-                     [](const trainer::TaskRow& r) { return !r.demonstration.empty(); });
 }
 
 // The job's options from the flags; what fails here fails in the launcher, before any rank starts.
@@ -452,7 +448,7 @@ RlJobOptions resolve_train_flags(const TrainFlags& flags) {
   }
   o.kv_memory_bytes = parse_bytes(f->kv_memory);
   resolve_reward(*f, &o);
-  const bool demonstrations = check_task_data(o);
+  check_task_data(o);
   o.trainer.dtype = f->train_dtype.empty() ? o.engine_dtype : f->train_dtype;
   double grpo_lr = f->lr;
   if (o.trainer.lora.enabled()) {
@@ -476,16 +472,16 @@ RlJobOptions resolve_train_flags(const TrainFlags& flags) {
     if (f->warmup_opt->count() == 0) o.trainer.schedule.warmup_steps = 0;
   }
   if (f->sft_target_opt->count() > 0) o.sft_on_answers = f->sft_target == "answer";
-  // A warm-up on the answers (a --data task's rows without demonstrations, or --sft-target
-  // answer) leaves GRPO a model that partly solves the task, often mid-way through its SFT
-  // transition: GRPO refines it at 2e-4. At the built-in recipe's 3e-4 it lowered 2 of 8 seeds of
-  // examples/reverse_words.jsonl after 350 warm-up steps (K = 0: -10.2, -2.3 points); at 2e-4
-  // all 32 runs of that and examples/count_words.jsonl (60 steps) with room rose, K = 0 and 1; at
-  // 1e-4 one count run fell 0.8 (docs/rl-job.md "A task of one's own"). After a format-only
-  // warm-up (the built-in task's demonstrations) GRPO learns the task itself and keeps 3e-4.
-  const bool refines_answers = o.sft_on_answers || !demonstrations;
-  if (!o.trainer.lora.enabled() && f->lr_opt->count() == 0 && o.env.empty() && o.sft_steps > 0 &&
-      refines_answers) {
+  // A warm-up on answers or worked solutions (a --data task's, or --sft-target answer) leaves GRPO
+  // a model that partly solves the task, often mid-way through its SFT transition: GRPO refines
+  // it at 2e-4. At the built-in recipe's 3e-4 it lowered 2 of 8 seeds of
+  // examples/reverse_words.jsonl after 350 warm-up steps (K = 0: -10.2, -2.3 points); at 2e-4 all
+  // 28 runs of that and examples/count_words.jsonl (60 steps) with room rose, K = 0 and 1; at 1e-4
+  // one count run fell 0.8 (docs/rl-job.md "A task of one's own"). After the built-in task's
+  // format-only warm-up GRPO learns the task itself and keeps 3e-4. (Not by --sft-steps: a run
+  // resumed with --sft-steps 0 keeps its rate.)
+  if (!o.trainer.lora.enabled() && f->lr_opt->count() == 0 && o.env.empty() &&
+      (o.sft_on_answers || !o.data_path.empty())) {
     grpo_lr = 2e-4;
   }
   o.trainer.schedule.lr = grpo_lr;
@@ -553,7 +549,8 @@ Runner register_train(CLI::App& app) {
   o.trainer.micro_batch_tokens = 2048;
   o.trainer.max_grad_norm = 1.0;
   // The GRPO recipe (docs/rl-job.md): 90 steps, a 10-step warmup to 3e-4 (without it, Adam's
-  // first full-size steps at 5e-4 undid the warm-up's format on one seed of two), cosine to 3e-5.
+  // first full-size steps at 5e-4 undid the warm-up's format on one seed of two), cosine to 3e-5;
+  // 2e-4 after a warm-up on answers (resolve_train_flags).
   o.trainer.schedule.warmup_steps = 10;
   auto* cmd = app.add_subcommand("train",
                                  "GRPO post-training with colocated engines (the default command: "

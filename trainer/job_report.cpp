@@ -66,6 +66,7 @@ class JobReport {
     open_metrics();
     open_tensorboard();
     if (!j_.versions.resumed()) print_data();
+    print_recipe();  // a resumed run's too: its rates may not be the first run's
     wait_first_evals();
     std::map<int, double> prev_elapsed;  // per rank: when its previous step's metrics were written
     for (int64_t step = j_.versions.start_step(); step < o_.steps; ++step)
@@ -175,31 +176,42 @@ class JobReport {
         "held-out eval: greedy (temperature 0), each row right or wrong by the reward ({});\n"
         "  the training reward: the same judge on rollouts sampled at temperature {:g}\n",
         o_.env.empty() ? describe_reward(o_.reward) : "the environment's", o_.temperature);
-    print_recipe();
     std::fflush(stdout);
   }
 
-  // A learning rate as people write it: 3e-4, 2.5e-4.
+  // A learning rate as people write it: 3e-4, 2.5e-4, 3.125e-5.
   static std::string rate(double lr) {
-    if (!(lr > 0)) return fmt::format("{:g}", lr);
-    const int e = static_cast<int>(std::floor(std::log10(lr)));
-    return fmt::format("{:g}e{}", std::round(lr / std::pow(10.0, e) * 100) / 100, e);
+    if (!(lr > 0) || !std::isfinite(lr)) return fmt::format("{:g}", lr);
+    int e = static_cast<int>(std::floor(std::log10(lr)));
+    double m = lr / std::pow(10.0, e);
+    if (std::stod(fmt::format("{:.6g}", m)) >= 10) m /= 10, ++e;  // 9.9999999e-5 is 1e-4
+    return fmt::format("{:.6g}e{}", m, e);
   }
 
-  // What the warm-up trains on and the two peak rates (the defaults depend on it: app/cmd_train).
+  // What the warm-up trains on and the two peak rates (the defaults depend on them: app/cmd_train).
   void print_recipe() const {
     const auto& train = j_.data.split().train;
-    const bool demonstrations = !o_.sft_on_answers && o_.env.empty() &&
-                                std::any_of(train.begin(), train.end(), [](const TaskRow& r) {
-                                  return !r.demonstration.empty();
-                                });
-    const std::string warmup =
-        o_.sft_steps == 0
-            ? std::string("no SFT warm-up")
-            : fmt::format("SFT warm-up {} steps at peak lr {} on the {}", o_.sft_steps,
-                          rate(o_.sft_schedule.lr), demonstrations ? "demonstrations" : "answers");
-    fmt::print("recipe: {}; GRPO {} steps at peak lr {}, {} prompts x {} samples\n", warmup,
-               o_.steps, rate(o_.trainer.schedule.lr), o_.prompts_per_step, o_.samples_per_prompt);
+    std::string source = "the answers";
+    if (!o_.env.empty()) {
+      source = "the environment's demonstrations";
+    } else if (!o_.sft_on_answers && o_.data_path.empty()) {
+      source = "the demonstrations (the format, not the task)";
+    } else if (!o_.sft_on_answers && std::any_of(train.begin(), train.end(), [](const TaskRow& r) {
+                 return !r.demonstration.empty();
+               })) {
+      source = "each row's demonstration, else its answer";
+    }
+    const std::string warmup = o_.sft_steps == 0
+                                   ? std::string("no SFT warm-up")
+                                   : fmt::format("SFT warm-up {} steps at peak lr {} on {}",
+                                                 o_.sft_steps, rate(o_.sft_schedule.lr), source);
+    const std::string grpo =
+        o_.steps == 0
+            ? std::string("no GRPO steps")
+            : fmt::format("GRPO {} steps at peak lr {}, {} prompts x {} samples", o_.steps,
+                          rate(o_.trainer.schedule.lr), o_.prompts_per_step, o_.samples_per_prompt);
+    fmt::print("recipe: {}; {}\n", warmup, grpo);
+    std::fflush(stdout);
   }
 
   // The evaluations before GRPO: at the start, and after the SFT warm-up when there is one.
