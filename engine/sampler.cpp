@@ -490,18 +490,21 @@ std::vector<SampleResult> sample_tokens(const at::Tensor& logits,
   return out;
 }
 
-std::vector<std::pair<float, std::vector<std::pair<int32_t, float>>>> token_logprobs(
-    const at::Tensor& logits, const std::vector<int32_t>& tokens, int32_t k) {
+namespace {
+
+// Each row of `logits` ([R, V] float32) with its token, checked, its max scanned (the block maxima
+// in s.block_max), rows in parallel: fn(r, row, v, scan, s).
+template <typename Fn>
+void for_each_token_row(const at::Tensor& logits, const std::vector<int32_t>& tokens,
+                        const char* what, Fn fn) {
   check_logits(logits);
   const at::Tensor x = logits.contiguous();
   const int64_t num_rows = x.size(0);
   const int64_t v = x.size(1);
-  CRL_CHECK(static_cast<int64_t>(tokens.size()) == num_rows, "token_logprobs: ", tokens.size(),
+  CRL_CHECK(static_cast<int64_t>(tokens.size()) == num_rows, what, ": ", tokens.size(),
             " tokens for ", num_rows, " rows");
-  CRL_CHECK(k >= 0, "token_logprobs: k ", k);
   for (int32_t t : tokens) CRL_CHECK(t >= 0 && t < v, "token ", t, " outside vocabulary of ", v);
   const float* data = x.data_ptr<float>();
-  std::vector<std::pair<float, std::vector<std::pair<int32_t, float>>>> out(num_rows);
   at::parallel_for(0, num_rows, 1, [&](int64_t begin, int64_t end) {
     Scratch& s = scratch();
     s.block_max.resize((v + kBlock - 1) / kBlock);
@@ -509,11 +512,24 @@ std::vector<std::pair<float, std::vector<std::pair<int32_t, float>>>> token_logp
       const float* row = data + r * v;
       const MaxScan scan = scan_max(row, v, s.block_max.data());
       check_row(scan, r);
-      const double lse = scan.max + std::log(exp_pass(row, v, scan.max, 1.0f, nullptr, nullptr));
-      out[r].first = static_cast<float>(static_cast<double>(row[tokens[r]]) - lse);
-      out[r].second = top_raw(row, v, s.block_max.data(), lse, k, s);
+      fn(r, row, v, scan, s);
     }
   });
+}
+
+}  // namespace
+
+std::vector<std::pair<float, std::vector<std::pair<int32_t, float>>>> token_logprobs(
+    const at::Tensor& logits, const std::vector<int32_t>& tokens, int32_t k) {
+  CRL_CHECK(k >= 0, "token_logprobs: k ", k);
+  std::vector<std::pair<float, std::vector<std::pair<int32_t, float>>>> out(tokens.size());
+  for_each_token_row(logits, tokens, "token_logprobs",
+                     [&](int64_t r, const float* row, int64_t v, const MaxScan& scan, Scratch& s) {
+                       const double lse =
+                           scan.max + std::log(exp_pass(row, v, scan.max, 1.0f, nullptr, nullptr));
+                       out[r].first = static_cast<float>(static_cast<double>(row[tokens[r]]) - lse);
+                       out[r].second = top_raw(row, v, s.block_max.data(), lse, k, s);
+                     });
   return out;
 }
 
@@ -521,38 +537,25 @@ std::vector<float> tempered_logprobs(const at::Tensor& logits, const std::vector
                                      double temperature) {
   CRL_CHECK(temperature > 0 && std::isfinite(temperature), "tempered_logprobs: temperature ",
             temperature, " must be > 0");
-  std::vector<float> out;
-  out.reserve(tokens.size());
+  std::vector<float> out(tokens.size());
   if (temperature == 1.0) {
-    for (const auto& r : token_logprobs(logits, tokens, 0)) out.push_back(r.first);
+    const auto raw = token_logprobs(logits, tokens, 0);
+    for (size_t i = 0; i < raw.size(); ++i) out[i] = raw[i].first;
     return out;
   }
-  check_logits(logits);
-  const at::Tensor x = logits.contiguous();
-  const int64_t num_rows = x.size(0);
-  const int64_t v = x.size(1);
-  CRL_CHECK(static_cast<int64_t>(tokens.size()) == num_rows, "tempered_logprobs: ", tokens.size(),
-            " tokens for ", num_rows, " rows");
-  for (int32_t t : tokens) CRL_CHECK(t >= 0 && t < v, "token ", t, " outside vocabulary of ", v);
-  out.resize(num_rows);
   // sample_row's processed arithmetic: q = exp((x - max) * scale) summed by exp_pass, then
   // (x[t] - max) / T - log(sum q), at most 0.
   const double inv_t = 1.0 / temperature;
   const float scale =
       static_cast<float>(std::min<double>(inv_t, std::numeric_limits<float>::max()));
-  const float* data = x.data_ptr<float>();
-  at::parallel_for(0, num_rows, 1, [&](int64_t begin, int64_t end) {
-    Scratch& s = scratch();
-    s.block_max.resize((v + kBlock - 1) / kBlock);
-    for (int64_t r = begin; r < end; ++r) {
-      const float* row = data + r * v;
-      const MaxScan scan = scan_max(row, v, s.block_max.data());
-      check_row(scan, r);
-      const double mass = exp_pass(row, v, scan.max, scale, nullptr, nullptr);
-      const double logp = (static_cast<double>(row[tokens[r]]) - scan.max) * inv_t - std::log(mass);
-      out[r] = static_cast<float>(std::min(0.0, logp));
-    }
-  });
+  for_each_token_row(logits, tokens, "tempered_logprobs",
+                     [&](int64_t r, const float* row, int64_t v, const MaxScan& scan, Scratch&) {
+                       const double mass = exp_pass(row, v, scan.max, scale, nullptr, nullptr);
+                       const double logp =
+                           (static_cast<double>(row[tokens[r]]) - scan.max) * inv_t -
+                           std::log(mass);
+                       out[r] = static_cast<float>(std::min(0.0, logp));
+                     });
   return out;
 }
 
