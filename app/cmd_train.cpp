@@ -452,14 +452,10 @@ RlJobOptions resolve_train_flags(const TrainFlags& flags) {
   o.trainer.dtype = f->train_dtype.empty() ? o.engine_dtype : f->train_dtype;
   double grpo_lr = f->lr;
   if (o.trainer.lora.enabled()) {
-    // LoRA's recipe where the flags are not given (README "LoRA RL": the rank x learning-rate
-    // sweep on the embedded random-init model): the warm-up must teach the task through the
-    // adapters (400 steps at 2e-3), and adapters cannot sharpen that model's output distribution
-    // (its final norm and tied embeddings stay frozen), so rollouts at temperature 1 all score 0
-    // and GRPO gets no signal; at 0.3 they score ~0.6. GRPO at 1e-4 (1e-3 undid the warm-up on
-    // one seed of two). The warm-up trains on the answers: after one on the built-in task's
-    // shuffled demonstrations, GRPO through rank-8 adapters did not learn the order (held-out
-    // 0.34 -> 0.28 at 1e-4, 0.20 at 1e-3, 80 steps, seed 1).
+    // LoRA's recipe where the flags are not given (docs/lora.md): the warm-up teaches the task
+    // through the adapters (400 steps at 2e-3, on the answers: after the shuffled demonstrations
+    // GRPO did not learn the order); adapters cannot sharpen the random-init model's output, so
+    // rollouts at temperature 1 all score 0 (at 0.3 ~0.6); GRPO at 1e-4 (1e-3 undid the warm-up).
     if (f->sft_lr_opt->count() == 0) o.sft_schedule.lr = 2e-3;
     if (f->sft_steps_opt->count() == 0) o.sft_steps = 400;
     if (f->temperature_opt->count() == 0) o.temperature = 0.3;
@@ -472,14 +468,10 @@ RlJobOptions resolve_train_flags(const TrainFlags& flags) {
     if (f->warmup_opt->count() == 0) o.trainer.schedule.warmup_steps = 0;
   }
   if (f->sft_target_opt->count() > 0) o.sft_on_answers = f->sft_target == "answer";
-  // A warm-up on answers or worked solutions (a --data task's, or --sft-target answer) leaves GRPO
-  // a model that partly solves the task, often mid-way through its SFT transition: GRPO refines
-  // it at 2e-4. At the built-in recipe's 3e-4 it lowered 2 of 8 seeds of
-  // examples/reverse_words.jsonl after 350 warm-up steps (K = 0: -10.2, -2.3 points); at 2e-4 all
-  // 28 runs of that and examples/count_words.jsonl (60 steps) with room rose, K = 0 and 1; at 1e-4
-  // one count run fell 0.8 (docs/rl-job.md "A task of one's own"). After the built-in task's
-  // format-only warm-up GRPO learns the task itself and keeps 3e-4. (Not by --sft-steps: a run
-  // resumed with --sft-steps 0 keeps its rate.)
+  // A warm-up on answers or worked solutions (--data, --sft-target answer) leaves a model that
+  // partly solves the task, often mid-transition: GRPO refines it at 2e-4 (3e-4 lowered 2 of 8
+  // reverse_words seeds; 2e-4 raised all 28 runs with room of both example tasks: docs/rl-job.md
+  // "A task of one's own"). The built-in task's format-only warm-up keeps 3e-4.
   if (!o.trainer.lora.enabled() && f->lr_opt->count() == 0 && o.env.empty() &&
       (o.sft_on_answers || !o.data_path.empty())) {
     grpo_lr = 2e-4;
