@@ -46,6 +46,8 @@ void check_nccl_usable(const RlJobOptions& o) {
 }
 
 struct TrainFlags {
+  // GRPO's recipe for single-turn full fine-tuning (docs/rl-job.md): 110 steps at 2e-4.
+  TrainFlags() { o.steps = 110; }
   RlJobOptions o;
   DistFlags dist;
   std::string kv_memory = "64MiB";
@@ -54,7 +56,7 @@ struct TrainFlags {
   double reward_timeout_s = 30;
   CLI::Option* extract_opt = nullptr;
   std::string train_dtype;
-  double lr = 3e-4;
+  double lr = 2e-4;
   double rollout_timeout_s = 1800;
   double env_timeout_s = 30;
   double min_lr = -1;      // unset: lr / 10
@@ -163,9 +165,10 @@ void add_schedule_flags(CLI::App* cmd, TrainFlags* f) {
   cmd->add_option("--sft-min-lr", f->sft_min_lr,
                   "SFT cosine floor: after warmup the lr decays from --sft-lr to this over "
                   "--sft-steps (default: --sft-lr / 10; equal to --sft-lr: constant)");
-  f->steps_opt = cmd->add_option("--steps", o.steps, "GRPO steps (60 with --lora-rank)")
-                     ->capture_default_str()
-                     ->check(at_least(0));
+  f->steps_opt =
+      cmd->add_option("--steps", o.steps, "GRPO steps (60 with --lora-rank, 90 with --env)")
+          ->capture_default_str()
+          ->check(at_least(0));
   cmd->add_option("--prompts-per-step", o.prompts_per_step, "prompts per GRPO step (all engines)")
       ->capture_default_str()
       ->check(at_least(1));
@@ -179,8 +182,7 @@ void add_schedule_flags(CLI::App* cmd, TrainFlags* f) {
       ->capture_default_str()
       ->check(at_least(1));
   f->lr_opt = cmd->add_option("--lr", f->lr,
-                              "GRPO peak learning rate (2e-4 with --data or --sft-target answer, "
-                              "1e-4 with --lora-rank)")
+                              "GRPO peak learning rate (1e-4 with --lora-rank, 3e-4 with --env)")
                   ->capture_default_str();
   f->warmup_opt = cmd->add_option("--warmup-steps", o.trainer.schedule.warmup_steps,
                                   "GRPO linear warmup steps (0 with --lora-rank)")
@@ -461,20 +463,18 @@ RlJobOptions resolve_train_flags(const TrainFlags& flags) {
     if (f->temperature_opt->count() == 0) o.temperature = 0.3;
     if (f->lr_opt->count() == 0) grpo_lr = 1e-4;
     if (f->sft_target_opt->count() == 0) o.sft_on_answers = true;
-    // GRPO keeps LoRA's own 60 steps without warmup: with full fine-tuning's 90 and a 10-step
-    // warmup its held-out accuracy fell from 1.000 to 0.969 (0.945 at step 40, seed 1); with these
-    // it held 1.000 at every eval.
+    // GRPO keeps LoRA's own 60 steps without warmup: with 90 (full fine-tuning's then) and a
+    // 10-step warmup its held-out accuracy fell from 1.000 to 0.969 (0.945 at step 40, seed 1);
+    // with these it held 1.000 at every eval.
     if (f->steps_opt->count() == 0) o.steps = 60;
     if (f->warmup_opt->count() == 0) o.trainer.schedule.warmup_steps = 0;
   }
   if (f->sft_target_opt->count() > 0) o.sft_on_answers = f->sft_target == "answer";
-  // A warm-up on answers or worked solutions (--data, --sft-target answer) leaves a model that
-  // partly solves the task, often mid-transition: GRPO refines it at 2e-4 (3e-4 lowered 2 of 8
-  // reverse_words seeds; 2e-4 raised all 28 runs with room of both example tasks: docs/rl-job.md
-  // "A task of one's own"). The built-in task's format-only warm-up keeps 3e-4.
-  if (!o.trainer.lora.enabled() && f->lr_opt->count() == 0 && o.env.empty() &&
-      (o.sft_on_answers || !o.data_path.empty())) {
-    grpo_lr = 2e-4;
+  // The multi-turn calculator job keeps its earlier defaults, 90 steps at 3e-4: the single-turn
+  // recipe's 110 at 2e-4 (register_train) was not measured there.
+  if (!o.env.empty() && !o.trainer.lora.enabled()) {
+    if (f->lr_opt->count() == 0) grpo_lr = 3e-4;
+    if (f->steps_opt->count() == 0) o.steps = 90;
   }
   o.trainer.schedule.lr = grpo_lr;
   o.trainer.schedule.min_lr = f->min_lr >= 0 ? f->min_lr : grpo_lr / 10;
@@ -540,9 +540,9 @@ Runner register_train(CLI::App& app) {
   auto& o = f->o;
   o.trainer.micro_batch_tokens = 2048;
   o.trainer.max_grad_norm = 1.0;
-  // The GRPO recipe (docs/rl-job.md): 90 steps, a 10-step warmup to 3e-4 (without it, Adam's
-  // first full-size steps at 5e-4 undid the warm-up's format on one seed of two), cosine to 3e-5;
-  // 2e-4 after a warm-up on answers (resolve_train_flags).
+  // The GRPO recipe (docs/rl-job.md): 110 steps, a 10-step warmup to 2e-4 (without it, Adam's
+  // first full-size steps at 5e-4 undid the warm-up's format on one seed of two), cosine to 2e-5.
+  // 90 steps at 3e-4 left a tail at K = 0 (3 of 32 runs ended at 0.914-0.945, below 0.95).
   o.trainer.schedule.warmup_steps = 10;
   auto* cmd = app.add_subcommand("train",
                                  "GRPO post-training with colocated engines (the default command: "

@@ -80,7 +80,7 @@ struct RlOptions {
   // (total_steps is taken from sft_steps).
   trainer::LrSchedule sft_schedule{1e-3, 10, 0, 1e-4};
 
-  int64_t steps = 90;
+  int64_t steps = 90;  // the CLI's default is 110 (90 with --env, 60 with LoRA): app/cmd_train.cpp
   int32_t prompts_per_step = 16;
   int32_t samples_per_prompt = 8;
   double temperature = 1.0;
