@@ -258,6 +258,28 @@ if want rl; then
     > "$OUT/rl_shared_gpu.log" 2>&1
   note rl_shared_gpu "{\"rc\": $?}"
   tail -3 "$OUT/rl_shared_gpu.log" | cut -c1-300
+  # The same with --zero 3 (issue 55): parameters sharded over the two trainers, gathered for
+  # each layer group's forward and backward, over Gloo with CUDA tensors.
+  timeout 200 "$BIN" --gpus-infer 1 --gpus-train 2 --device cuda --device-map 0,0,0 --zero 3 \
+    --steps 2 --sft-steps 2 --prompts-per-step 8 --n-samples 4 --eval-every 0 --timeout 60 \
+    > "$OUT/rl_zero3_shared_gpu.log" 2>&1
+  note rl_zero3_shared_gpu "{\"rc\": $?}"
+  grep -E "ZeRO|rror" "$OUT/rl_zero3_shared_gpu.log" | head -3 | cut -c1-300; tail -2 "$OUT/rl_zero3_shared_gpu.log" | cut -c1-300
+  # The hand-over at Qwen2-0.5B's shape (issue 54's target: <= 50 ms each way): random bf16
+  # weights, a 16 GiB KV pool freed for every train phase and taken back (decode graphs captured
+  # again), fp32 masters cast into the engine's buckets over CUDA IPC (push) each step.
+  model=$CRL_CACHE_DIR/bench-qwen2-0.5b-bf16
+  [ -f "$model/config.json" ] || "$BIN" make-model --shape qwen2-0.5b --dtype bfloat16 --out "$model" > /dev/null
+  timeout 240 "$BIN" --gpus-infer 1 --gpus-train 1 --device cuda --model "$model" --dtype bfloat16 \
+    --sft-steps 0 --steps "${CRL_GPU_HANDOVER_STEPS:-6}" --eval-every 0 --kv-memory 16GiB \
+    --timeout 120 --verbose --metrics "$OUT/rl_handover_qwen2.jsonl" > "$OUT/rl_handover_qwen2.log" 2>&1
+  note rl_handover_qwen2 "{\"rc\": $?}"
+  grep -E "^plan|^\| cuda|transport|^step [0-9]+/|rror" "$OUT/rl_handover_qwen2.log" | cut -c1-400 | head -16
+  sed -n '/phase (mean per step)/,/memory hand-over: trainer/p' "$OUT/rl_handover_qwen2.log"
+  # Tensor parallelism needs a GPU a rank: refused on one, naming the GPU it lacks.
+  out=$("$BIN" --gpus-infer 1 --gpus-train 1 --device cuda --infer-tp 2 --steps 1 2>&1)
+  grep -qE -- 'needs GPU 1|GPU' <<< "$out"; note rl_tp_on_one_gpu "{\"rc\": $?}"
+  tail -2 <<< "$out" | cut -c1-300
   # Refused at start, naming the flag.
   out=$("$BIN" --gpus-infer 1 --gpus-train 1 --device cuda --deterministic 2>&1)
   grep -q -- '--deterministic needs --device cpu' <<< "$out"

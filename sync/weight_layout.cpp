@@ -1,5 +1,7 @@
 #include "sync/weight_layout.h"
 
+#include <torch/version.h>
+
 #include <algorithm>
 #include <sstream>
 #include <stdexcept>
@@ -68,6 +70,21 @@ void check_buffer(const at::Tensor& t, int64_t nbytes, int64_t alignment, const 
 at::Tensor view_entry(const at::Tensor& buffer, const BucketEntry& e, const TensorSpec& spec) {
   return buffer.narrow(0, e.offset, e.nbytes).view(spec.dtype).view(spec.shape);
 }
+
+// ATen's multi-tensor copy (one kernel for a list, casting where the dtypes differ; a list it
+// cannot take, e.g. mixed source dtypes, falls back to one copy_ each inside ATen). libtorch 2.x
+// only: Debian's 1.13 has neither op, and its build never packs on a GPU.
+#if defined(TORCH_VERSION_MAJOR) && TORCH_VERSION_MAJOR >= 2
+constexpr bool kForeachCopy = true;
+void foreach_copy(std::vector<at::Tensor>& dst, const std::vector<at::Tensor>& src) {
+  at::_foreach_copy_(dst, src);
+}
+void foreach_zero(std::vector<at::Tensor>& t) { at::_foreach_zero_(t); }
+#else
+constexpr bool kForeachCopy = false;
+void foreach_copy(std::vector<at::Tensor>&, const std::vector<at::Tensor>&) {}
+void foreach_zero(std::vector<at::Tensor>&) {}
+#endif
 
 }  // namespace
 
@@ -206,6 +223,10 @@ void WeightLayout::pack(const std::vector<at::Tensor>& tensors, int64_t bucket,
   }
   const Bucket& b = buckets_[bucket];
   check_buffer(dst, b.nbytes, alignment_, "send buffer", bucket);
+  // On a GPU one launch per bucket instead of one per tensor and gap: a cast bucket of a 0.5B
+  // model is ~290 copies, and their launches, not the bytes, set the time.
+  const bool batched = kForeachCopy && dst.is_cuda() && b.entries.size() > 1;
+  std::vector<at::Tensor> outs, ins, gaps;
   int64_t end = 0;  // end of the previous entry: [end, e.offset) is padding
   for (const BucketEntry& e : b.entries) {
     const TensorSpec& spec = specs_[e.tensor];
@@ -214,11 +235,37 @@ void WeightLayout::pack(const std::vector<at::Tensor>& tensors, int64_t bucket,
       CRL_INVALID("WeightLayout::pack: tensor ", e.tensor, " should be ", describe(spec), ", got ",
                   src.defined() ? shape_str(src.sizes().vec()) : std::string("undefined"));
     }
-    if (e.offset > end) dst.narrow(0, end, e.offset - end).zero_();
-    view_entry(dst, e, spec).copy_(src);
+    if (e.offset > end) gaps.push_back(dst.narrow(0, end, e.offset - end));
+    outs.push_back(view_entry(dst, e, spec));
+    ins.push_back(src);
     end = e.offset + e.nbytes;
   }
-  if (b.nbytes > end) dst.narrow(0, end, b.nbytes - end).zero_();
+  if (b.nbytes > end) gaps.push_back(dst.narrow(0, end, b.nbytes - end));
+  if (!batched) {
+    for (auto& g : gaps) g.zero_();
+    for (size_t i = 0; i < outs.size(); ++i) outs[i].copy_(ins[i]);
+    return;
+  }
+  // ATen batches a list only when every destination shares a dtype, every source too, and their
+  // strides match: one list per (destination, source) dtype pair; a strided or off-device source
+  // is copied alone.
+  std::vector<std::pair<std::pair<at::ScalarType, at::ScalarType>,
+                        std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>>>>
+      lists;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    if (!ins[i].is_contiguous() || ins[i].device() != dst.device()) {
+      outs[i].copy_(ins[i]);
+      continue;
+    }
+    const auto key = std::make_pair(outs[i].scalar_type(), ins[i].scalar_type());
+    auto it =
+        std::find_if(lists.begin(), lists.end(), [&](const auto& l) { return l.first == key; });
+    if (it == lists.end()) it = lists.insert(lists.end(), {key, {}});
+    it->second.first.push_back(outs[i]);
+    it->second.second.push_back(ins[i]);
+  }
+  for (auto& [key, l] : lists) foreach_copy(l.first, l.second);
+  if (!gaps.empty()) foreach_zero(gaps);
 }
 
 }  // namespace crl::sync

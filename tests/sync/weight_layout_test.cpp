@@ -301,6 +301,35 @@ TEST(WeightLayoutTest, PackThenViewsRoundTripsBitExactly) {
   }
 }
 
+// On a GPU pack() batches each bucket's copies and casts (one ATen multi-tensor kernel per dtype
+// pair, one for the gaps); its bytes must be the CPU pack's, padding included.
+TEST(CudaWeightLayoutTest, GpuPackWritesTheCpuPacksBytes) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  std::vector<TensorSpec> specs = llama_specs(at::kBFloat16, 3);
+  for (TensorSpec& s : specs) {
+    if (s.name.find("post_attention_layernorm") != std::string::npos) s.dtype = at::kFloat;
+  }
+  specs.push_back({"scale", {}, at::kFloat});
+  specs.push_back({"empty", {0, 8}, at::kBFloat16});
+  WeightLayout l = WeightLayout::plan(specs, 40000, 256);
+  ASSERT_GT(l.buckets().size(), 1u);
+  at::manual_seed(3);
+  std::vector<at::Tensor> cpu, gpu;
+  for (const TensorSpec& s : specs) cpu.push_back(at::randn(s.shape));
+  cpu[3] = at::randn({cpu[3].size(1), cpu[3].size(0)}).t();  // a strided source
+  cpu[5] = cpu[5].to(at::kBFloat16);                         // a bf16 source among fp32 ones
+  for (const at::Tensor& t : cpu) gpu.push_back(t.to(at::kCUDA));
+  at::Tensor on_cpu = at::full({l.max_bucket_nbytes()}, 0xAB, at::kByte);
+  at::Tensor on_gpu = on_cpu.to(at::kCUDA);
+  for (const Bucket& b : l.buckets()) {
+    SCOPED_TRACE("bucket " + std::to_string(b.index));
+    l.pack(cpu, b.index, on_cpu);
+    l.pack(gpu, b.index, on_gpu);
+    EXPECT_EQ(bytes_of(on_gpu.narrow(0, 0, b.nbytes).cpu()),
+              bytes_of(on_cpu.narrow(0, 0, b.nbytes)));
+  }
+}
+
 TEST(WeightLayoutTest, RejectsBadInputs) {
   const std::vector<TensorSpec> ok{{"a", {4}, at::kFloat}, {"b", {2, 2}, at::kFloat}};
   ASSERT_THROWS_WITH(WeightLayout::plan(ok, 0), std::invalid_argument, "bucket_bytes");
