@@ -5,6 +5,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <random>
 
 #include "engine/llm_engine.h"
@@ -128,8 +130,10 @@ TEST(CudaFusedOpsTest, EnginesWithAndWithoutTheFusedOpsAgree) {
 
 // FlashInfer's decode attention inside whole bf16 engines (kv::CudaAttentionKernel::kFlashInfer):
 // replayed in CUDA graphs it gives the eager engine's tokens and log-probs; against the project's
-// v4 kernel (another summation order, bf16 rounding) the same greedy tokens up to a first
-// difference, with log-probs to bf16's tolerance, over at least 90% of the tokens.
+// v4 kernel (another summation order, bf16 rounding) vLLM's rule for two kernels: the same greedy
+// tokens with log-probs to bf16's tolerance up to a first difference, where each run's token is
+// among the other's top 5 (a near-tie that rounding flipped, not a wrong attention). A share of
+// tokens before the first difference is no rule: a random model's near-ties decide it.
 TEST(CudaEngineTest, FlashInferDecodeAttentionInGraphsMatchesTheEagerEngineAndV4) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
   if (!kv::cuda_attention_kernel_built(kv::CudaAttentionKernel::kFlashInfer)) {
@@ -140,7 +144,8 @@ TEST(CudaEngineTest, FlashInferDecodeAttentionInGraphsMatchesTheEagerEngineAndV4
   cfg.dtype = "bfloat16";
   cfg.block_size = 16;
   cfg.max_batched_tokens = 512;
-  const std::vector<GenerateRequest> reqs = greedy_requests(10, 3, 23, 16, 13);
+  std::vector<GenerateRequest> reqs = greedy_requests(10, 3, 23, 16, 13);
+  for (auto& r : reqs) r.params.logprobs = 5;
   const kv::CudaAttentionKernel before = kv::cuda_attention_kernel();
   auto run = [&](kv::CudaAttentionKernel kernel, const char* graphs) {
     kv::set_cuda_attention_kernel(kernel);
@@ -155,6 +160,9 @@ TEST(CudaEngineTest, FlashInferDecodeAttentionInGraphsMatchesTheEagerEngineAndV4
   const auto v4 = run(kv::CudaAttentionKernel::kFlash, "auto");
   kv::set_cuda_attention_kernel(before);
   size_t total = 0, common = 0;
+  auto in_top = [](const auto& top, int32_t id) {
+    return std::any_of(top.begin(), top.end(), [&](const auto& p) { return p.first == id; });
+  };
   for (size_t i = 0; i < reqs.size(); ++i) {
     SCOPED_TRACE(reqs[i].request_id);
     const auto& g = graphed[i].outputs[0];
@@ -169,10 +177,16 @@ TEST(CudaEngineTest, FlashInferDecodeAttentionInGraphsMatchesTheEagerEngineAndV4
          ++t) {
       EXPECT_NEAR(g.raw_logprobs[t], o.raw_logprobs[t], 5e-2) << "@" << t;
     }
+    if (t < g.token_ids.size() && t < o.token_ids.size()) {
+      ASSERT_EQ(g.top_logprobs.size(), g.token_ids.size());
+      ASSERT_EQ(o.top_logprobs.size(), o.token_ids.size());
+      EXPECT_TRUE(in_top(o.top_logprobs[t], g.token_ids[t])) << "v4's top 5 lack token @" << t;
+      EXPECT_TRUE(in_top(g.top_logprobs[t], o.token_ids[t])) << "FlashInfer's top 5 lack @" << t;
+    }
     total += g.token_ids.size();
     common += t;
   }
-  EXPECT_GE(common * 10, total * 9) << common << " of " << total << " tokens before a difference";
+  std::printf("FlashInfer and v4: %zu of %zu tokens before a first difference\n", common, total);
 }
 
 }  // namespace
