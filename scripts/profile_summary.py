@@ -13,6 +13,7 @@ import statistics
 
 
 def short(name):
+    name = name.replace("(anonymous namespace)::", "")  # else cut as an argument list
     name = re.sub(r"\(.*", "", name)          # argument lists
     name = re.sub(r"<.*>", "<>", name)         # template arguments
     return name[:90]
