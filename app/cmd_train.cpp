@@ -18,7 +18,6 @@
 #include "engine/model/config.h"
 #include "engine/model/model_cache.h"
 #include "sync/dist_env.h"
-#include "sync/nccl_communicator.h"
 #include "sync/placement.h"
 #include "trainer/memory_plan.h"
 
@@ -28,21 +27,6 @@ namespace {
 // CUDA devices this process sees (0 with a libtorch built without CUDA).
 int visible_cuda_devices() {
   return at::hasCUDA() ? static_cast<int>(torch::cuda::device_count()) : 0;
-}
-
-// A placement with NCCL groups needs libnccl and libcudart at run time: refused here rather than
-// by every rank at its first NCCL group.
-void check_nccl_usable(const RlJobOptions& o) {
-  if (o.device != "cuda") return;
-  const sync::Placement p = sync::plan_placement(
-      sync::Topology{1, o.infer_per_node, o.train_per_node}, o.placement_request());
-  std::string why;
-  if (p.any_nccl() && !sync::nccl_available(&why)) {
-    throw std::invalid_argument(fmt::format(
-        "--device cuda: the train or sync_root groups have their members on distinct GPUs and so "
-        "run on NCCL (--comm-backend {}), which is not usable here: {}; use --comm-backend gloo",
-        o.comm_backend, why));
-  }
 }
 
 struct TrainFlags {
@@ -68,6 +52,7 @@ struct TrainFlags {
   CLI::Option *lr_opt = nullptr, *sft_target_opt = nullptr, *steps_opt = nullptr,
               *warmup_opt = nullptr, *staleness_opt = nullptr;
   std::string sft_target = "demonstration";
+  std::string sft_trains = "auto";
 };
 
 // The model, where it runs, and the task.
@@ -140,9 +125,10 @@ void add_schedule_flags(CLI::App* cmd, TrainFlags* f) {
   RlJobOptions& o = f->o;
   cmd->option_defaults()->group(kGroupRl);
   f->sft_steps_opt =
-      cmd->add_option("--sft-steps", o.sft_steps,
-                      "SFT warm-up steps before GRPO (0 = none; 400 with --lora-rank, 0 with a "
-                      "--reward COMMAND)")
+      cmd->add_option(
+             "--sft-steps", o.sft_steps,
+             "SFT warm-up steps before GRPO (0 = none; 400 with --sft-trains adapter, 0 with a "
+             "--reward COMMAND)")
           ->check(at_least(0))
           ->capture_default_str();
   cmd->add_option("--sft-rows", o.sft_rows_per_step, "rows per SFT step")
@@ -153,11 +139,18 @@ void add_schedule_flags(CLI::App* cmd, TrainFlags* f) {
                       "what the SFT warm-up trains on: each row's demonstration (the built-in "
                       "task's: its words in a random order, the format without the order; a --data "
                       "row's \"demonstration\", else its answer) or its answer (answer with "
-                      "--lora-rank)")
+                      "--sft-trains adapter)")
           ->check(CLI::IsMember({"demonstration", "answer"}))
           ->capture_default_str();
+  cmd->add_option(
+         "--sft-trains", f->sft_trains,
+         "with --lora-rank, what the warm-up trains: the whole model (at full fine-tuning's "
+         "memory; GRPO's adapter then adapts it), the adapter alone, or auto (model on "
+         "the embedded model, adapter on a --model or with --env)")
+      ->check(CLI::IsMember({"auto", "model", "adapter"}))
+      ->capture_default_str();
   f->sft_lr_opt = cmd->add_option("--sft-lr", o.sft_schedule.lr,
-                                  "SFT peak learning rate (2e-3 with --lora-rank)")
+                                  "SFT peak learning rate (2e-3 with --sft-trains adapter)")
                       ->capture_default_str();
   cmd->add_option("--sft-warmup-steps", o.sft_schedule.warmup_steps,
                   "SFT linear warmup steps (to --sft-lr)")
@@ -165,27 +158,30 @@ void add_schedule_flags(CLI::App* cmd, TrainFlags* f) {
   cmd->add_option("--sft-min-lr", f->sft_min_lr,
                   "SFT cosine floor: after warmup the lr decays from --sft-lr to this over "
                   "--sft-steps (default: --sft-lr / 10; equal to --sft-lr: constant)");
-  f->steps_opt =
-      cmd->add_option("--steps", o.steps, "GRPO steps (60 with --lora-rank, 90 with --env)")
-          ->capture_default_str()
-          ->check(at_least(0));
+  f->steps_opt = cmd->add_option("--steps", o.steps,
+                                 "GRPO steps (60 with --sft-trains adapter, 90 with --env)")
+                     ->capture_default_str()
+                     ->check(at_least(0));
   cmd->add_option("--prompts-per-step", o.prompts_per_step, "prompts per GRPO step (all engines)")
       ->capture_default_str()
       ->check(at_least(1));
   cmd->add_option("--n-samples", o.samples_per_prompt, "samples per prompt (a GRPO group)")
       ->capture_default_str()
       ->check(at_least(1));
-  f->temperature_opt = cmd->add_option("--temperature", o.temperature,
-                                       "rollout sampling temperature (0.3 with --lora-rank)")
-                           ->capture_default_str();
+  f->temperature_opt =
+      cmd->add_option("--temperature", o.temperature,
+                      "rollout sampling temperature (0.3 with --sft-trains adapter)")
+          ->capture_default_str();
   cmd->add_option("--max-tokens", o.max_tokens, "generated tokens per sample at most")
       ->capture_default_str()
       ->check(at_least(1));
-  f->lr_opt = cmd->add_option("--lr", f->lr,
-                              "GRPO peak learning rate (1e-4 with --lora-rank, 3e-4 with --env)")
-                  ->capture_default_str();
+  f->lr_opt =
+      cmd->add_option("--lr", f->lr,
+                      "GRPO peak learning rate (2e-3 with --sft-trains model, 1e-4 with adapter, "
+                      "3e-4 with --env)")
+          ->capture_default_str();
   f->warmup_opt = cmd->add_option("--warmup-steps", o.trainer.schedule.warmup_steps,
-                                  "GRPO linear warmup steps (0 with --lora-rank)")
+                                  "GRPO linear warmup steps (0 with --sft-trains adapter)")
                       ->capture_default_str();
   cmd->add_option("--min-lr", f->min_lr,
                   "GRPO cosine floor: after warmup the lr decays from --lr to this over --steps "
@@ -410,18 +406,6 @@ void resolve_reward(const TrainFlags& f, RlJobOptions* o) {
       std::chrono::milliseconds(static_cast<int64_t>(f.reward_timeout_s * 1000));
 }
 
-// Colocated pairs sharing a GPU (or --colocate on on the CPU) take turns: synchronous steps unless
-// --max-staleness was given, and the KV pool handed to the trainer (not while an API server
-// shares the engines).
-void resolve_colocated_schedule(const sync::Placement& where, bool staleness_given,
-                                RlJobOptions* o) {
-  const bool share =
-      where.topo.paired && (where.kind == sync::DeviceKind::kCpu ||
-                            sync::colocate_pairs("auto", where.topo, where.gpu_of_local));
-  if (share && !staleness_given) o->max_staleness = 0;
-  o->kv_handover = share && o->max_staleness == 0 && o->serve_port < 0;
-}
-
 // Bad data, and a held-out split the data cannot give, fail here, in the launcher, once, before
 // any rank starts.
 void check_task_data(const RlJobOptions& o) {
@@ -453,25 +437,28 @@ RlJobOptions resolve_train_flags(const TrainFlags& flags) {
   check_task_data(o);
   o.trainer.dtype = f->train_dtype.empty() ? o.engine_dtype : f->train_dtype;
   double grpo_lr = f->lr;
-  if (o.trainer.lora.enabled()) {
-    // LoRA's recipe where the flags are not given (docs/lora.md): the warm-up teaches the task
-    // through the adapters (400 steps at 2e-3, on the answers: after the shuffled demonstrations
-    // GRPO did not learn the order); adapters cannot sharpen the random-init model's output, so
-    // rollouts at temperature 1 all score 0 (at 0.3 ~0.6); GRPO at 1e-4 (1e-3 undid the warm-up).
+  o.sft_trains_model = o.trainer.lora.enabled() && o.sft_steps > 0 &&
+                       (f->sft_trains == "model" ||
+                        (f->sft_trains == "auto" && f->o.model_dir.empty() && o.env.empty()));
+  if (o.sft_trains_model) {
+    // LoRA on a warmed-up model (docs/lora.md): the warm-up, the full job's, stands in for
+    // pretraining; GRPO trains the adapter at 2e-3 (seeds 1-5: 0.31-0.38 -> 0.98-1.00).
+    if (f->lr_opt->count() == 0) grpo_lr = 2e-3;
+    if (!o.save_dir.empty()) o.save_merged = true;  // the warmed-up base is not in an adapter
+  } else if (o.trainer.lora.enabled()) {
+    // The adapter alone learns the task in its warm-up (400 steps at 2e-3 on the answers; through
+    // adapters the random-init model's output stays flat: rollouts at temperature 0.3, GRPO 60
+    // steps at 1e-4 without warmup; docs/lora.md).
     if (f->sft_lr_opt->count() == 0) o.sft_schedule.lr = 2e-3;
     if (f->sft_steps_opt->count() == 0) o.sft_steps = 400;
     if (f->temperature_opt->count() == 0) o.temperature = 0.3;
     if (f->lr_opt->count() == 0) grpo_lr = 1e-4;
     if (f->sft_target_opt->count() == 0) o.sft_on_answers = true;
-    // GRPO keeps LoRA's own 60 steps without warmup: with 90 (full fine-tuning's then) and a
-    // 10-step warmup its held-out accuracy fell from 1.000 to 0.969 (0.945 at step 40, seed 1);
-    // with these it held 1.000 at every eval.
     if (f->steps_opt->count() == 0) o.steps = 60;
     if (f->warmup_opt->count() == 0) o.trainer.schedule.warmup_steps = 0;
   }
   if (f->sft_target_opt->count() > 0) o.sft_on_answers = f->sft_target == "answer";
-  // The multi-turn calculator job keeps its earlier defaults, 90 steps at 3e-4: the single-turn
-  // recipe's 110 at 2e-4 (register_train) was not measured there.
+  // The multi-turn calculator job keeps 90 steps at 3e-4 (110 at 2e-4 was not measured there).
   if (!o.env.empty() && !o.trainer.lora.enabled()) {
     if (f->lr_opt->count() == 0) grpo_lr = 3e-4;
     if (f->steps_opt->count() == 0) o.steps = 90;
@@ -495,15 +482,11 @@ RlJobOptions resolve_train_flags(const TrainFlags& flags) {
   o.colocate = f->dist.colocate;
   // Counted only when asked for: a CPU job never touches CUDA.
   if (o.device == "cuda") o.cuda_device_count = visible_cuda_devices();
-  // Colocated pairs (--colocate; docs/design.md §5) take turns on their GPU: synchronous steps
-  // unless --max-staleness says otherwise, and then each engine hands its KV pool's memory to its
-  // trainer while that trains (not while an API server shares the engines).
-  // That is, pairs sharing a GPU (one pair a GPU), or --colocate on on the CPU (how the tests stand
-  // in for GPUs); pairs on GPUs of their own (--colocate on, 4 + 4 on 8 GPUs) have nothing to
-  // share and keep the asynchronous default.
+  // Pairs on GPUs of their own (--colocate on, 4 + 4 on 8 GPUs) share nothing and stay
+  // asynchronous.
   const sync::Placement where = sync::plan_placement(
       sync::Topology{1, o.infer_per_node, o.train_per_node}, o.placement_request());
-  resolve_colocated_schedule(where, f->staleness_opt->count() > 0, &o);
+  trainer::resolve_colocated_schedule(where, f->staleness_opt->count() > 0, &o);
   // Placement errors (no CUDA device, a bad --device-map, GPU sharing NCCL cannot serve) fail
   // here, in the launcher, before any rank starts.
   o.validate();
@@ -511,11 +494,9 @@ RlJobOptions resolve_train_flags(const TrainFlags& flags) {
     const engine::ModelConfig model = engine::load_model_config(o.model_dir);
     o.check_infer_tp(&model);
   }
-  check_nccl_usable(o);
-  // A GPU that cannot hold what the placement puts on it: refused here, before any rank loads
-  // anything (the ZeRO shards counted over every node's train ranks, the node count from the
-  // environment the launcher reads; a contradiction there is named by the launcher). On the CPU
-  // the plan is only printed (world rank 0, with the placement).
+  trainer::check_nccl_usable(o);
+  // A GPU that cannot hold what the placement puts on it: refused before any rank loads anything
+  // (ZeRO shards over every node's train ranks). On the CPU the plan is only printed.
   if (o.device == "cuda") {
     int nnodes = 1;
     try {
@@ -540,9 +521,8 @@ Runner register_train(CLI::App& app) {
   auto& o = f->o;
   o.trainer.micro_batch_tokens = 2048;
   o.trainer.max_grad_norm = 1.0;
-  // The GRPO recipe (docs/rl-job.md): 110 steps, a 10-step warmup to 2e-4 (without it, Adam's
-  // first full-size steps at 5e-4 undid the warm-up's format on one seed of two), cosine to 2e-5.
-  // 90 steps at 3e-4 left a tail at K = 0 (3 of 32 runs ended at 0.914-0.945, below 0.95).
+  // GRPO (docs/rl-job.md): 110 steps, a 10-step warmup to 2e-4 (without it Adam's first full-size
+  // steps undid the warm-up's format on one seed of two), cosine to 2e-5.
   o.trainer.schedule.warmup_steps = 10;
   auto* cmd = app.add_subcommand("train",
                                  "GRPO post-training with colocated engines (the default command: "
@@ -613,7 +593,7 @@ int run_plan(const TrainFlags& f, const PlanFlags& p) {
   o.cuda_device_count = gpus;
   const sync::Placement where = sync::plan_placement(
       sync::Topology{p.nnodes, o.infer_per_node, o.train_per_node}, o.placement_request());
-  resolve_colocated_schedule(where, f.staleness_opt->count() > 0, &o);
+  trainer::resolve_colocated_schedule(where, f.staleness_opt->count() > 0, &o);
   const int64_t capacity = parse_bytes(p.gpu_memory);
   const trainer::MemoryPlan plan = trainer::plan_memory(config, o, where);
   const int train_ranks = p.nnodes * o.train_per_node;

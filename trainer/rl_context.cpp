@@ -99,6 +99,14 @@ void RlOptions::validate() {
   // A checkpoint of the other kind, or another adapter shape: said before any rank loads it.
   if (!resume_dir.empty())
     check_resume_shape(read_checkpoint_state(resume_dir), resume_dir, trainer.lora);
+  if (sft_trains_model && trainer.lora.enabled() && !resume_dir.empty()) {
+    throw std::invalid_argument(
+        "--resume with --lora-rank after a warm-up of the whole model (--sft-trains model, the "
+        "default on the embedded model): the checkpoint holds the adapter, not the warmed-up "
+        "base, so such a run does not resume: continue from its merged/ (the base with the "
+        "adapter merged) as --model with --sft-steps 0 and a new adapter, or train with "
+        "--sft-trains adapter");
+  }
   if (save_merged && (!trainer.lora.enabled() || save_dir.empty())) {
     throw std::invalid_argument(
         "--save-merged needs --lora-rank > 0 and --save-dir (a full fine-tuning "
@@ -264,6 +272,45 @@ sync::WeightSyncOptions rl_sync_options(const RlOptions& o, const sync::RankPlac
   sync::WeightSyncOptions so = o.sync;
   so.device = at::Device(self.device);
   return so;
+}
+
+// A placement with NCCL groups needs libnccl and libcudart at run time: refused here rather than
+// by every rank at its first NCCL group.
+void check_nccl_usable(const RlOptions& o) {
+  if (o.device != "cuda") return;
+  const sync::Placement p = sync::plan_placement(
+      sync::Topology{1, o.infer_per_node, o.train_per_node}, o.placement_request());
+  std::string why;
+  if (p.any_nccl() && !sync::nccl_available(&why)) {
+    throw std::invalid_argument(fmt::format(
+        "--device cuda: the train or sync_root groups have their members on distinct GPUs and so "
+        "run on NCCL (--comm-backend {}), which is not usable here: {}; use --comm-backend gloo",
+        o.comm_backend, why));
+  }
+}
+
+// Colocated pairs sharing a GPU (or --colocate on on the CPU, standing in for GPUs; docs/design.md
+// §5) take turns: synchronous steps unless --max-staleness was given, and the KV pool handed to
+// the trainer (not while an API server shares the engines).
+void resolve_colocated_schedule(const sync::Placement& where, bool staleness_given, RlOptions* o) {
+  const bool share =
+      where.topo.paired && (where.kind == sync::DeviceKind::kCpu ||
+                            sync::colocate_pairs("auto", where.topo, where.gpu_of_local));
+  if (share && !staleness_given) o->max_staleness = 0;
+  o->kv_handover = share && o->max_staleness == 0 && o->serve_port < 0;
+}
+
+bool hands_over_warmed_base(const RlOptions& o, bool runs_sft) {
+  return o.sft_trains_model && o.trainer.lora.enabled() && runs_sft;
+}
+
+sync::WeightLayout warmed_base_layout(const engine::ModelConfig& config, const RlOptions& o) {
+  const at::ScalarType dtype = engine::parse_dtype(o.engine_dtype);
+  std::vector<sync::TensorSpec> specs;
+  for (const engine::ParamSpec& p : engine::model_param_specs(config)) {
+    specs.push_back({p.name, p.shape, dtype});
+  }
+  return sync::WeightLayout::plan(specs, o.bucket_bytes);
 }
 
 std::string kv_released_key(int node, const std::string& phase, int i) {

@@ -76,6 +76,10 @@ struct RlOptions {
   // true: the warm-up trains on each row's answer; false: on its demonstration when it has one
   // (TaskRow::demonstration: the built-in task's show the format only, leaving GRPO the task).
   bool sft_on_answers = false;
+  // With LoRA: true, the warm-up trains the whole model, which then is the frozen base that GRPO's
+  // adapter adapts (the engines receive the warmed-up base once, then the adapter's versions);
+  // false, the warm-up trains the adapter alone (app/cmd_train.cpp: --sft-trains).
+  bool sft_trains_model = false;
   // Its schedule: linear warmup to lr, then cosine down to min_lr at the end of the warm-up
   // (total_steps is taken from sft_steps).
   trainer::LrSchedule sft_schedule{1e-3, 10, 0, 1e-4};
@@ -177,6 +181,17 @@ RlRanks make_rl_ranks(sync::World& world, const RlOptions& o,
 // The weight sync's options for this rank: --sync-* with the device its buckets live on (the
 // engine's or the trainer's), so WeightSync picks CUDA IPC where a sync_root group shares a GPU.
 sync::WeightSyncOptions rl_sync_options(const RlOptions& o, const sync::RankPlacement& self);
+// A placement with NCCL groups needs libnccl and libcudart at run time: refused in the launcher
+// rather than by every rank at its first NCCL group.
+void check_nccl_usable(const RlOptions& o);
+// Colocated pairs sharing a GPU (or --colocate on on the CPU) take turns: max_staleness 0 unless
+// it was given, and kv_handover (not while an API server shares the engines).
+void resolve_colocated_schedule(const sync::Placement& where, bool staleness_given, RlOptions* o);
+// A LoRA run whose warm-up trains the whole model (RlOptions::sft_trains_model) hands the
+// engines the warmed-up base once, before the adapter's first version: the whole model's layout
+// (engine::model_param_specs order, the engines' dtype), synced under the scope "base".
+bool hands_over_warmed_base(const RlOptions& o, bool runs_sft);
+sync::WeightLayout warmed_base_layout(const engine::ModelConfig& config, const RlOptions& o);
 
 // The weight-version arithmetic every rank agrees on (see the top of this file): a value, computed
 // from the options and the step the job starts at, the same on every rank.

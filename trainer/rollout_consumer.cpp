@@ -97,6 +97,12 @@ void RolloutConsumer::run() {
   layout_ = std::make_unique<sync::WeightLayout>(sync::WeightLayout::plan(specs, o_.bucket_bytes));
   ws_ = std::make_unique<sync::WeightSync>(c_.ranks.g, c_.coord->store(), *layout_,
                                            rl_sync_options(o_, c_.ranks.self));
+  if (hands_over_warmed_base(o_, c_.versions.runs_sft())) {
+    base_layout_ = std::make_unique<sync::WeightLayout>(warmed_base_layout(tr->config(), o_));
+    sync::WeightSyncOptions bo = rl_sync_options(o_, c_.ranks.self);
+    bo.scope = "base";
+    base_ws_ = std::make_unique<sync::WeightSync>(c_.ranks.g, c_.coord->store(), *base_layout_, bo);
+  }
   // What loading left cached goes back before the engine beside this trainer generates.
   if (o_.kv_handover) release_device_memory();
 
@@ -104,6 +110,7 @@ void RolloutConsumer::run() {
     if (o_.kv_handover) wait_kv_released("sft");
     tr = sft(std::move(tr), topts);
     if (o_.kv_handover) release_device_memory();
+    if (base_ws_) send_warmed_base(c_.versions.first_grpo_version());
     send(*tr, c_.versions.first_grpo_version());
   }
   tr->set_grad_scale(grad_scale());
@@ -282,9 +289,23 @@ double RolloutConsumer::send(Trainer& tr, int64_t version) {
   return ws_->send(params, version).transfer_s;
 }
 
+void RolloutConsumer::send_warmed_base(int64_t version) {
+  base_ws_->wait_requested(version, c_.rollout_deadline());
+  std::vector<at::Tensor> tensors;
+  for (const sync::TensorSpec& spec : base_layout_->specs()) {
+    auto it = std::find_if(warmed_base_.begin(), warmed_base_.end(),
+                           [&](const auto& p) { return p.first == spec.name; });
+    CRL_CHECK(it != warmed_base_.end(), "the warmed-up base has no weight named ", spec.name);
+    tensors.push_back(it->second);
+  }
+  base_ws_->send(tensors, version);
+  warmed_base_.clear();
+}
+
 std::unique_ptr<Trainer> RolloutConsumer::sft(std::unique_ptr<Trainer> tr,
                                               const TrainerOptions& topts) {
   TrainerOptions so = topts;
+  if (base_ws_) so.lora = LoraTrainOptions{};  // the whole model; GRPO's adapter comes after
   so.schedule = o_.sft_schedule;
   so.schedule.total_steps = o_.sft_steps;
   so.grpo.kl_coef = 0;
@@ -369,6 +390,11 @@ std::unique_ptr<Trainer> RolloutConsumer::sft(std::unique_ptr<Trainer> tr,
   if (c_.ranks.role_global == 0) publish_sft_steps(*c_.coord, reports);
   engine::NamedTensors w = sft->master_weights();  // gathered on every train rank
   auto config = sft->config();
+  if (base_ws_) {  // the warmed-up model is the frozen base of a new adapter (B = 0)
+    sft.reset();
+    warmed_base_ = w;
+    return std::make_unique<Trainer>(config, std::move(w), topts);
+  }
   if (topts.lora.enabled()) {  // the same frozen base, the warmed-up adapter
     engine::NamedTensors base = sft->model_weights();
     sft.reset();

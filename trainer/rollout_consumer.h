@@ -95,6 +95,8 @@ class RolloutConsumer {
   bool run_rounds(Trainer& tr, Rounds& r, std::vector<LossMetrics>& parts);
   void barrier(const std::string& name);
   double send(Trainer& tr, int64_t version);
+  // Sends warmed_base_ to the engines (scope "base"), then lets it go.
+  void send_warmed_base(int64_t version);
   // Writes DIR/step-N (all train ranks; the group's rank 0 writes) and returns the directory.
   std::string checkpoint(Trainer& tr, int64_t step, const char* phase);
   std::unique_ptr<Trainer> sft(std::unique_ptr<Trainer> tr, const TrainerOptions& topts);
@@ -115,6 +117,10 @@ class RolloutConsumer {
   const RlOptions& o_;
   std::unique_ptr<sync::WeightLayout> layout_;
   std::unique_ptr<sync::WeightSync> ws_;
+  // A LoRA run's whole-model warm-up (hands_over_warmed_base): its weights, sent once.
+  std::unique_ptr<sync::WeightLayout> base_layout_;
+  std::unique_ptr<sync::WeightSync> base_ws_;
+  engine::NamedTensors warmed_base_;
   std::unique_ptr<sync::RolloutReceiver> receiver_;
   int64_t local_loss_tokens_ = 0;
   std::string last_barrier_;

@@ -107,6 +107,13 @@ RolloutProducer::RolloutProducer(RlContext& ctx) : c_(ctx), o_(ctx.o) {
   eng->set_weight_version(followed_);
   ws_ = std::make_shared<sync::WeightSync>(c_.ranks.g, c_.coord->store(), *layout_,
                                            rl_sync_options(o_, c_.ranks.self));
+  if (hands_over_warmed_base(o_, c_.versions.runs_sft())) {
+    base_layout_ =
+        std::make_unique<sync::WeightLayout>(warmed_base_layout(eng->model_config(), o_));
+    sync::WeightSyncOptions bo = rl_sync_options(o_, c_.ranks.self);
+    bo.scope = "base";
+    base_ws_ = std::make_unique<sync::WeightSync>(c_.ranks.g, c_.coord->store(), *base_layout_, bo);
+  }
   if (c_.ranks.env.rank == 0) {
     fmt::print("weight sync: {} bucket(s) of {} per version, node 0 transport {}\n",
                layout_->buckets().size(), format_bytes(static_cast<double>(layout_->total_bytes())),
@@ -121,10 +128,11 @@ RolloutProducer::RolloutProducer(RlContext& ctx) : c_(ctx), o_(ctx.o) {
       const LoraTrainOptions& lo = o_.trainer.lora;
       fmt::print(
           "LoRA: rank {}, alpha {}, targets {}: {} adapter parameters trained and synced, the "
-          "base frozen, {} versions held; warm-up {} steps at {:g}, GRPO at {:g}, rollouts at "
+          "base frozen, {} versions held; warm-up {} steps {}at {:g}, GRPO at {:g}, rollouts at "
           "temperature {:g}\n",
-          lo.rank, lo.alpha, lo.targets, n, o_.max_staleness + 1, o_.sft_steps, o_.sft_schedule.lr,
-          o_.trainer.schedule.lr, o_.temperature);
+          lo.rank, lo.alpha, lo.targets, n, o_.max_staleness + 1, o_.sft_steps,
+          base_ws_ ? "of the whole model (the engines receive it once) " : "of the adapter ",
+          o_.sft_schedule.lr, o_.trainer.schedule.lr, o_.temperature);
     }
     std::fflush(stdout);
   }
@@ -270,6 +278,38 @@ void RolloutProducer::wait_weights() {
   follow_updates();
 }
 
+void RolloutProducer::receive_warmed_base() {
+  const int64_t v = c_.versions.first_grpo_version();
+  base_ws_->request(v);
+  const auto deadline = c_.rollout_deadline();
+  while (!base_ws_->ready(v)) {  // the train ranks are warming up
+    if (Clock::now() > deadline) {
+      throw std::runtime_error(fmt::format(
+          "waited {} s for the train ranks to send the warmed-up base (the whole-model warm-up "
+          "of a LoRA run)",
+          o_.rollout_timeout.count() / 1000));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  loop_
+      ->post([this, v](engine::LlmEngine& e) {
+        std::vector<at::Tensor> buckets =
+            base_layout_->allocate_buckets(at::TensorOptions().device(e.model().options().device));
+        base_ws_->receive(buckets, v);
+        const std::vector<at::Tensor> views = base_layout_->views(buckets);
+        const engine::NamedTensors& params = e.model().named_parameters();
+        for (size_t i = 0; i < views.size(); ++i) {
+          const std::string& name = base_layout_->specs()[i].name;
+          auto it = std::find_if(params.begin(), params.end(),
+                                 [&](const auto& p) { return p.first == name; });
+          CRL_CHECK(it != params.end(), "the engine has no weight named ", name);
+          it->second.copy_(views[i]);
+        }
+        e.reset_prefix_cache();
+      })
+      .get();
+}
+
 double RolloutProducer::run_requests(
     std::vector<engine::GenerateRequest> reqs, bool follow, bool in_order,
     const std::function<void(size_t, const engine::RequestOutput&)>& on_finished) {
@@ -315,6 +355,7 @@ void RolloutProducer::run() {
   if (!o_.reproducible) request_next();
   if (c_.versions.runs_sft()) {
     if (o_.kv_handover) hand_over_kv("sft");
+    if (base_ws_) receive_warmed_base();
     wait_weights();  // the warm-up's weights; evaluated on arrival
   }
   Fault fault = parse_fault(o_.fault);

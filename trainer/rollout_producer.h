@@ -93,6 +93,9 @@ class RolloutProducer {
   void after_update(int64_t v);
   // Asks for the next version (if not yet asked), waits until the engine took it, follows it up.
   void wait_weights();
+  // Takes the warmed-up base into the engine's weights, in place (its CUDA graphs stay valid), and
+  // forgets the prefix cache the old weights filled.
+  void receive_warmed_base();
   // Asks the train ranks for version followed_ + 1 (once).
   void request_next();
   // The colocated hand-over (RlOptions::kv_handover): frees the engine's KV pool, nothing being in
@@ -123,6 +126,9 @@ class RolloutProducer {
   std::unique_ptr<TraceWriter> traces_;  // --traces (the engine's tokenizer outlives it)
   std::unique_ptr<sync::WeightLayout> layout_;
   std::shared_ptr<sync::WeightSync> ws_;  // the engine loop's weight source; request() only here
+  // A LoRA run's whole-model warm-up (hands_over_warmed_base): its weights, received once.
+  std::unique_ptr<sync::WeightLayout> base_layout_;
+  std::unique_ptr<sync::WeightSync> base_ws_;
   std::unique_ptr<sync::RolloutSender> sender_;
   // --env: the model's chat template, the environment and the episode runner over the engine.
   std::unique_ptr<text::ChatTemplate> chat_;
