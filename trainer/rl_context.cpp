@@ -313,6 +313,12 @@ sync::WeightLayout warmed_base_layout(const engine::ModelConfig& config, const R
   return sync::WeightLayout::plan(specs, o.bucket_bytes);
 }
 
+std::unique_ptr<sync::WeightSync> warmed_base_sync(RlContext& c, const sync::WeightLayout& layout) {
+  sync::WeightSyncOptions bo = rl_sync_options(c.o, c.ranks.self);
+  bo.scope = "base";
+  return std::make_unique<sync::WeightSync>(c.ranks.g, c.coord->store(), layout, bo);
+}
+
 std::string kv_released_key(int node, const std::string& phase, int i) {
   return fmt::format("colo/node{}/{}/kv-released/{}", node, phase, i);
 }

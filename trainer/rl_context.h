@@ -277,6 +277,10 @@ struct RlContext {
   RlContext(sync::World world, const RlOptions& options, const Start& start);
 };
 
+// The warmed-up base's WeightSync (hands_over_warmed_base): `layout` under the scope "base", made
+// by the train and infer ranks at start as the job's own WeightSync is.
+std::unique_ptr<sync::WeightSync> warmed_base_sync(RlContext& c, const sync::WeightLayout& layout);
+
 // Tests only: --inject-fault die-at-step:RANK:STEP (the rank kills itself at that step), or
 // hold-kv:RANK (that infer rank never hands its KV pool over in the colocated mode).
 struct Fault {

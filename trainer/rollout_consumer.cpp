@@ -99,9 +99,7 @@ void RolloutConsumer::run() {
                                            rl_sync_options(o_, c_.ranks.self));
   if (hands_over_warmed_base(o_, c_.versions.runs_sft())) {
     base_layout_ = std::make_unique<sync::WeightLayout>(warmed_base_layout(tr->config(), o_));
-    sync::WeightSyncOptions bo = rl_sync_options(o_, c_.ranks.self);
-    bo.scope = "base";
-    base_ws_ = std::make_unique<sync::WeightSync>(c_.ranks.g, c_.coord->store(), *base_layout_, bo);
+    base_ws_ = warmed_base_sync(c_, *base_layout_);
   }
   // What loading left cached goes back before the engine beside this trainer generates.
   if (o_.kv_handover) release_device_memory();

@@ -110,9 +110,7 @@ RolloutProducer::RolloutProducer(RlContext& ctx) : c_(ctx), o_(ctx.o) {
   if (hands_over_warmed_base(o_, c_.versions.runs_sft())) {
     base_layout_ =
         std::make_unique<sync::WeightLayout>(warmed_base_layout(eng->model_config(), o_));
-    sync::WeightSyncOptions bo = rl_sync_options(o_, c_.ranks.self);
-    bo.scope = "base";
-    base_ws_ = std::make_unique<sync::WeightSync>(c_.ranks.g, c_.coord->store(), *base_layout_, bo);
+    base_ws_ = warmed_base_sync(c_, *base_layout_);
   }
   if (c_.ranks.env.rank == 0) {
     fmt::print("weight sync: {} bucket(s) of {} per version, node 0 transport {}\n",
