@@ -444,7 +444,6 @@ RlJobOptions resolve_train_flags(const TrainFlags& flags) {
     // LoRA on a warmed-up model (docs/lora.md): the warm-up, the full job's, stands in for
     // pretraining; GRPO trains the adapter at 2e-3 (seeds 1-5: 0.31-0.38 -> 0.98-1.00).
     if (f->lr_opt->count() == 0) grpo_lr = 2e-3;
-    if (!o.save_dir.empty()) o.save_merged = true;  // the warmed-up base is not in an adapter
   } else if (o.trainer.lora.enabled()) {
     // The adapter alone learns the task in its warm-up (400 steps at 2e-3 on the answers; through
     // adapters the random-init model's output stays flat: rollouts at temperature 0.3, GRPO 60

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <stdexcept>
 
 #include "common/check.h"
@@ -97,15 +98,24 @@ void RlOptions::validate() {
   sft_schedule.validate();
   trainer.validate();
   // A checkpoint of the other kind, or another adapter shape: said before any rank loads it.
-  if (!resume_dir.empty())
-    check_resume_shape(read_checkpoint_state(resume_dir), resume_dir, trainer.lora);
-  if (sft_trains_model && trainer.lora.enabled() && !resume_dir.empty()) {
+  if (!resume_dir.empty()) {
+    const CheckpointState st = read_checkpoint_state(resume_dir);
+    check_resume_shape(st, resume_dir, trainer.lora);
+    // An adapter trained on a warmed-up base (--sft-trains model) resumes on that base alone.
+    const std::string base = st.extra.value("warmed_base", std::string());
+    namespace fs = std::filesystem;
+    if (!base.empty() && fs::weakly_canonical(base) != fs::weakly_canonical(model_dir)) {
+      throw std::invalid_argument(fmt::format(
+          "--resume {}: its adapter was trained on the warmed-up base in {} (the run's warm-up "
+          "trained the whole model); resume with --model {} --sft-steps 0",
+          resume_dir, base, base));
+    }
+  }
+  if (sft_trains_model && trainer.lora.enabled() && serve_port >= 0) {
     throw std::invalid_argument(
-        "--resume with --lora-rank after a warm-up of the whole model (--sft-trains model, the "
-        "default on the embedded model): the checkpoint holds the adapter, not the warmed-up "
-        "base, so such a run does not resume: continue from its merged/ (the base with the "
-        "adapter merged) as --model with --sft-steps 0 and a new adapter, or train with "
-        "--sft-trains adapter");
+        "--serve-port with --lora-rank after a warm-up of the whole model (--sft-trains model, "
+        "the default on the embedded model): the engines' base changes under the requests "
+        "served; use --sft-trains adapter, or serve after training");
   }
   if (save_merged && (!trainer.lora.enabled() || save_dir.empty())) {
     throw std::invalid_argument(

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <limits>
 #include <thread>
 
@@ -15,6 +16,7 @@
 #include "common/units.h"
 #include "engine/cuda_graph.h"
 #include "engine/model/config.h"
+#include "engine/model/model_writer.h"
 #include "sync/rollout_transport.h"
 #include "sync/store.h"
 #include "sync/weight_layout.h"
@@ -31,6 +33,7 @@
 #include "trainer/step_reports.h"
 
 namespace crl::trainer {
+namespace fs = std::filesystem;
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -108,8 +111,11 @@ void RolloutConsumer::run() {
     if (o_.kv_handover) wait_kv_released("sft");
     tr = sft(std::move(tr), topts);
     if (o_.kv_handover) release_device_memory();
-    if (base_ws_) send_warmed_base(c_.versions.first_grpo_version());
+    if (base_ws_) send_warmed_base(*tr, c_.versions.first_grpo_version());
     send(*tr, c_.versions.first_grpo_version());
+    // The engines took the base before they asked for this version: its sync can go.
+    base_ws_.reset();
+    base_layout_.reset();
   }
   tr->set_grad_scale(grad_scale());
   Fault fault = parse_fault(o_.fault);
@@ -151,8 +157,9 @@ void RolloutConsumer::run() {
 std::string RolloutConsumer::checkpoint(Trainer& tr, int64_t step, const char* phase) {
   // Every train rank takes part (the sharded state is gathered); the group's rank 0 writes.
   std::string dir = fmt::format("{}/step-{}", o_.save_dir, step);
-  save_checkpoint(tr, dir, o_.model_dir, {{"rows_drawn", c_.data.drawn()}, {"phase", phase}},
-                  o_.save_merged);
+  nlohmann::json extra = {{"rows_drawn", c_.data.drawn()}, {"phase", phase}};
+  if (!base_dir_.empty()) extra["warmed_base"] = base_dir_;
+  save_checkpoint(tr, dir, base_dir_.empty() ? o_.model_dir : base_dir_, extra, o_.save_merged);
   barrier(fmt::format("checkpoint-s{}", step));  // a slow write is not a dead rank
   return dir;
 }
@@ -287,7 +294,26 @@ double RolloutConsumer::send(Trainer& tr, int64_t version) {
   return ws_->send(params, version).transfer_s;
 }
 
-void RolloutConsumer::send_warmed_base(int64_t version) {
+void RolloutConsumer::send_warmed_base(Trainer& tr, int64_t version) {
+  // With --save-dir the warmed-up base becomes DIR/base, a model directory: the adapters of every
+  // checkpoint name it as their base (merged/ and --resume read it from there).
+  if (!o_.save_dir.empty()) {
+    base_dir_ = fs::absolute(o_.save_dir + "/base").string();
+    if (tr.is_group_leader()) {
+      engine::NamedTensors weights;
+      for (const auto& [name, t] : warmed_base_)
+        weights.emplace_back(name, t.to(at::kCPU, at::kFloat));
+      engine::ModelConfig config = tr.config();
+      config.torch_dtype = "float32";
+      const std::string tmp = base_dir_ + ".tmp";
+      fs::remove_all(tmp);
+      engine::write_model_dir(tmp, config, weights, o_.model_dir);
+      fs::remove_all(base_dir_);
+      fs::rename(tmp, base_dir_);
+      spdlog::info("the warmed-up base (the adapter's frozen model): {}", base_dir_);
+    }
+    barrier("warmed-base");
+  }
   base_ws_->wait_requested(version, c_.rollout_deadline());
   std::vector<at::Tensor> tensors;
   for (const sync::TensorSpec& spec : base_layout_->specs()) {

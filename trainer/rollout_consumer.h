@@ -95,8 +95,9 @@ class RolloutConsumer {
   bool run_rounds(Trainer& tr, Rounds& r, std::vector<LossMetrics>& parts);
   void barrier(const std::string& name);
   double send(Trainer& tr, int64_t version);
-  // Sends warmed_base_ to the engines (scope "base"), then lets it go.
-  void send_warmed_base(int64_t version);
+  // Sends warmed_base_ to the engines (scope "base"), then lets it go; with --save-dir first
+  // writes it as DIR/base (base_dir_), the base every later checkpoint names.
+  void send_warmed_base(Trainer& tr, int64_t version);
   // Writes DIR/step-N (all train ranks; the group's rank 0 writes) and returns the directory.
   std::string checkpoint(Trainer& tr, int64_t step, const char* phase);
   std::unique_ptr<Trainer> sft(std::unique_ptr<Trainer> tr, const TrainerOptions& topts);
@@ -121,6 +122,7 @@ class RolloutConsumer {
   std::unique_ptr<sync::WeightLayout> base_layout_;
   std::unique_ptr<sync::WeightSync> base_ws_;
   engine::NamedTensors warmed_base_;
+  std::string base_dir_;
   std::unique_ptr<sync::RolloutReceiver> receiver_;
   int64_t local_loss_tokens_ = 0;
   std::string last_barrier_;

@@ -306,6 +306,8 @@ void RolloutProducer::receive_warmed_base() {
         e.reset_prefix_cache();
       })
       .get();
+  base_ws_.reset();
+  base_layout_.reset();
 }
 
 double RolloutProducer::run_requests(
@@ -350,7 +352,8 @@ double RolloutProducer::run_requests(
 void RolloutProducer::run() {
   EvalReport start{evaluate(), seconds_since(c_.t0)};
   if (c_.ranks.env.rank == 0) publish_eval(*c_.coord, EvalPoint::start(), start);
-  if (!o_.reproducible) request_next();
+  // Asked early, version 1 would race the warmed-up base on the same groups: asked after it.
+  if (!o_.reproducible && !base_ws_) request_next();
   if (c_.versions.runs_sft()) {
     if (o_.kv_handover) hand_over_kv("sft");
     if (base_ws_) receive_warmed_base();
