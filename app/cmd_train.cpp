@@ -137,9 +137,10 @@ void add_schedule_flags(CLI::App* cmd, TrainFlags* f) {
   f->sft_target_opt =
       cmd->add_option("--sft-target", f->sft_target,
                       "what the SFT warm-up trains on: each row's demonstration (the built-in "
-                      "task's: its words in a random order, the format without the order; a --data "
-                      "row's \"demonstration\", else its answer) or its answer (answer with "
-                      "--sft-trains adapter)")
+                      "task's: its words in a random order, the format without the order; the "
+                      "calculator's: the right calls, then a number of the conversation at random; "
+                      "a --data row's \"demonstration\", else its answer) or its answer (answer "
+                      "with --sft-trains adapter)")
           ->check(CLI::IsMember({"demonstration", "answer"}))
           ->capture_default_str();
   cmd->add_option(
@@ -457,6 +458,7 @@ RlJobOptions resolve_train_flags(const TrainFlags& flags) {
     if (f->warmup_opt->count() == 0) o.trainer.schedule.warmup_steps = 0;
   }
   if (f->sft_target_opt->count() > 0) o.sft_on_answers = f->sft_target == "answer";
+  o.env_options.calculator_demo_any_number = !o.sft_on_answers;
   // The multi-turn calculator job keeps 90 steps at 3e-4 (110 at 2e-4 was not measured there).
   if (!o.env.empty() && !o.trainer.lora.enabled()) {
     if (f->lr_opt->count() == 0) grpo_lr = 3e-4;

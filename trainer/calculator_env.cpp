@@ -69,7 +69,8 @@ ojson tool_message(const ojson& call, const std::string& content) {
 CalculatorEnv::CalculatorEnv(const EnvOptions& options)
     : seed_(options.seed),
       digits_(options.calculator_digits),
-      num_operands_(options.calculator_operands) {
+      num_operands_(options.calculator_operands),
+      demo_any_number_(options.calculator_demo_any_number) {
   if (digits_ < 1 || digits_ > 9) {
     throw std::invalid_argument("calculator digits must be in [1, 9], got " +
                                 std::to_string(digits_));
@@ -92,6 +93,19 @@ std::vector<int64_t> CalculatorEnv::operands(EnvSplit split, int64_t index) cons
     h = splitmix(h);
   }
   return out;
+}
+
+int64_t CalculatorEnv::demonstration_answer(EnvSplit split, int64_t index) const {
+  const std::vector<int64_t> v = operands(split, index);
+  int64_t sum = 0;
+  for (int64_t x : v) sum += x;
+  if (!demo_any_number_) return sum;
+  // A stream of its own (not the operands'): which number a task's demonstration answers with.
+  const uint64_t h =
+      splitmix(splitmix(seed_ ^ 0x64656d6f616e7377ULL) + (split == EnvSplit::kEval ? 1 : 0) +
+               2 * static_cast<uint64_t>(index));
+  const int64_t candidates[3] = {v.front(), v.back(), sum};
+  return candidates[h % 3];
 }
 
 std::string CalculatorEnv::question(const std::vector<int64_t>& operands) {
@@ -193,7 +207,8 @@ ojson CalculatorEnv::demonstration(EnvSplit split, int64_t index, const ojson& /
                         {"name", "add"},
                         {"content", std::to_string(sum)}});
   }
-  messages.push_back({{"role", "assistant"}, {"content", std::to_string(sum)}});
+  messages.push_back(
+      {{"role", "assistant"}, {"content", std::to_string(demonstration_answer(split, index))}});
   return {{"messages", std::move(messages)}, {"tools", tools()}};
 }
 

@@ -8,7 +8,9 @@
 // strings are accepted): each call is answered with a tool message holding the sum, or an error
 // text for an unknown tool or bad arguments (the episode goes on). An assistant message without
 // tool calls is the final answer: the episode ends with reward 1 when its first integer is the
-// sum, else 0. The demonstration adds one operand a turn (N - 1 calls, then the answer: N turns).
+// sum, else 0. The demonstration adds one operand a turn (N - 1 calls, then the answer: N turns);
+// its answer is the sum, or with `calculator_demo_any_number` one of the question's first and last
+// operands and the sum, picked per task from a stream of its own (the calls stay right).
 //
 // Thread safety: all methods may be called concurrently (episodes are kept under a mutex).
 #pragma once
@@ -40,11 +42,14 @@ class CalculatorEnv : public Environment {
   // The opening user message of a task, and the tool schemas.
   static std::string question(const std::vector<int64_t>& operands);
   static nlohmann::ordered_json tools();
+  // The final answer of task `index`'s demonstration.
+  int64_t demonstration_answer(EnvSplit split, int64_t index) const;
 
  private:
   uint64_t seed_;
   int32_t digits_;
   int32_t num_operands_;
+  bool demo_any_number_;
   std::mutex mu_;
   std::map<std::string, int64_t> episodes_;  // the sum of each open episode; guarded by mu_
 };

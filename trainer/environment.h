@@ -99,6 +99,11 @@ struct EnvOptions {
   int32_t calculator_digits = 4;
   // The built-in calculator: operands of each task (N: N - 1 tool calls, N turns).
   int32_t calculator_operands = 2;
+  // The built-in calculator's demonstrations: their final answer is the sum (false), or one of
+  // three numbers of the conversation picked per task (the question's first and last operands, the
+  // tool's last result): the format without the answer, which GRPO then learns from the reward
+  // (`--sft-target demonstration`, the job's default).
+  bool calculator_demo_any_number = false;
   // Injected latency of every step, uniform in [min, max] ms, seeded by the task index and the
   // step count, so two runs of the same tasks wait the same (`bench multi-turn`: tools that take
   // time); 0, 0: none.

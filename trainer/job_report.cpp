@@ -193,7 +193,9 @@ class JobReport {
     const auto& train = j_.data.split().train;
     std::string source = "the answers";
     if (!o_.env.empty()) {
-      source = "the environment's demonstrations";
+      source = o_.env_options.calculator_demo_any_number && o_.env == "calculator"
+                   ? "the calculator's demonstrations (the calls, not the answer)"
+                   : "the environment's demonstrations";
     } else if (!o_.sft_on_answers && o_.data_path.empty()) {
       source = "the demonstrations (the format, not the task)";
     } else if (!o_.sft_on_answers && std::any_of(train.begin(), train.end(), [](const TaskRow& r) {

@@ -120,6 +120,49 @@ TEST(CalculatorEnvTest, ThreeOperandsTakeTwoCallsAndThreeTurns) {
   EXPECT_THROW(CalculatorEnv bad(o), std::invalid_argument);
 }
 
+// The format-only demonstrations (`--sft-target demonstration`): the same calls and tool results,
+// and a final answer that is the question's first or last operand or the sum, each for about a
+// third of the tasks, fixed per task; the sum's demonstration is the whole episode as before.
+TEST(CalculatorEnvTest, FormatOnlyDemonstrationsAnswerWithOneOfTheConversationsNumbers) {
+  EnvOptions o;
+  o.seed = 3;
+  o.calculator_operands = 3;
+  CalculatorEnv right(o);
+  o.calculator_demo_any_number = true;
+  CalculatorEnv env(o);
+  int first = 0, last = 0, sum = 0;
+  for (int64_t i = 0; i < 300; ++i) {
+    const std::vector<int64_t> v = env.operands(EnvSplit::kTrain, i);
+    ASSERT_EQ(v, right.operands(EnvSplit::kTrain, i));
+    const ojson demo = env.demonstration(EnvSplit::kTrain, i);
+    const ojson want = right.demonstration(EnvSplit::kTrain, i);
+    ASSERT_EQ(demo["messages"].size(), want["messages"].size());
+    for (size_t m = 0; m + 1 < want["messages"].size(); ++m)
+      ASSERT_EQ(demo["messages"][m], want["messages"][m]) << i;
+    const int64_t answer = std::stoll(demo["messages"].back()["content"].get<std::string>());
+    EXPECT_EQ(answer, env.demonstration_answer(EnvSplit::kTrain, i));
+    EXPECT_EQ(env.demonstration(EnvSplit::kTrain, i), demo);  // fixed per task
+    const int64_t total = v[0] + v[1] + v[2];
+    ASSERT_TRUE(answer == v[0] || answer == v[2] || answer == total) << answer;
+    first += answer == v[0];
+    last += answer == v[2];
+    sum += answer == total;
+  }
+  for (int n : {first, last, sum}) {
+    EXPECT_GT(n, 70);
+    EXPECT_LT(n, 130);
+  }
+  // Played as an episode, a demonstration scores by its answer.
+  for (int64_t i = 0; i < 6; ++i) {
+    const ojson demo = env.demonstration(EnvSplit::kTrain, i);
+    env.reset("e", EnvSplit::kTrain, i);
+    for (size_t m : {1u, 3u}) ASSERT_FALSE(env.step("e", demo["messages"][m]).done);
+    const EnvReply r = env.step("e", demo["messages"][5]);
+    const std::vector<int64_t> v = env.operands(EnvSplit::kTrain, i);
+    EXPECT_EQ(r.correct, env.demonstration_answer(EnvSplit::kTrain, i) == v[0] + v[1] + v[2]);
+  }
+}
+
 // Injected latency is keyed by the task and the step, not the episode's id or the words: the
 // bench's two modes wait the same at each step of a task; a step sleeps at least its latency.
 TEST(DelayedEnvTest, ATasksStepsWaitTheSameInEveryRun) {
