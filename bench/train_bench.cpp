@@ -2,6 +2,7 @@
 
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
+#include <malloc.h>
 
 #include <algorithm>
 #include <chrono>
@@ -18,6 +19,7 @@
 #include "engine/model/config.h"
 #include "engine/model/model_cache.h"
 #include "sync/local_ranks.h"
+#include "trainer/memory_plan.h"
 #include "trainer/micro_batch.h"
 #include "trainer/trainer.h"
 
@@ -217,7 +219,7 @@ int run_train_bench(const TrainBenchOptions& o) {
       "{:>8} {:>4} {:>5} {:>4} {:>3} {:>7} {:>6} | {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} | {:>9} | "
       "{:>8} {:>7} {:>6}\n",
       "kernels", "lora", "ranks", "zero", "ac", "offload", "chunk", "params", "grads", "optim",
-      "state", "ideal-z2", "ratio", "activ", "tok/s", "vs z0", "mm %");
+      "state", "ideal-z2", "ratio", "activ", "planned", "tok/s", "vs z0", "mm %");
   std::ofstream jsonl;
   if (!o.results.empty()) jsonl.open(o.results, std::ios::app);
   std::map<std::pair<int, std::string>, double> z0_tps;
@@ -269,6 +271,10 @@ int run_train_bench(const TrainBenchOptions& o) {
           tr.train_step(mbs, trainer::LossKind::kSft);  // warm-up: allocations, pools
           comm->barrier();
           if (r == 0) {
+            // The warm-up step's freed memory stays mapped (app/main.cpp's malloc settings keep up
+            // to 1 GiB): returned first, so the steps' activations fault in fresh pages and the
+            // peak counts them instead of reusing what the baseline already holds.
+            malloc_trim(0);
             reset_peak_rss();
             rss_before = proc_status_bytes("VmRSS");
           }
@@ -313,6 +319,15 @@ int run_train_bench(const TrainBenchOptions& o) {
           tps / full_tps));
     }
     const double activ = static_cast<double>(rss_samples.at(0) - rss_before) / c.ranks;
+    // The memory plan's estimate of the same (trainer/memory_plan.h): one sequence of
+    // --seq-tokens a micro-batch.
+    trainer::TrainerOptions planned_to;
+    planned_to.dtype = o.dtype;
+    planned_to.activation_checkpointing = c.ac;
+    planned_to.micro_batch_tokens = o.seq_tokens;
+    planned_to.lora.rank = c.lora;
+    planned_to.logits_chunk_tokens = c.logits_chunk;
+    const int64_t planned = trainer::activation_bytes(cfg, planned_to, o.seq_tokens);
     {
       const std::string key =
           fmt::format("ranks {} zero {} ac {} offload {} ({}, lora {})", c.ranks, zero_label(c),
@@ -344,12 +359,13 @@ int run_train_bench(const TrainBenchOptions& o) {
     auto mib = [](double b) { return fmt::format("{:.1f}M", b / (1 << 20)); };
     fmt::print(
         "{:>8} {:>4} {:>5} {:>4} {:>3} {:>7} {:>6} | {:>9} {:>9} {:>9} {:>9} {:>9} {:>6.3f} | "
-        "{:>9} "
+        "{:>9} {:>9} "
         "| {:>8.0f} {:>6.2f}x {:>5.1f}%\n",
         c.kernels, c.lora, c.ranks, zero_label(c), c.ac ? "on" : "off", c.offload ? "on" : "off",
         c.logits_chunk == 0 ? std::string("auto") : std::to_string(c.logits_chunk),
         mib(bytes.parameters), mib(bytes.gradients), mib(bytes.optimizer), mib(bytes.total()),
-        mib(ideal), bytes.total() / ideal, mib(activ), tps, vs0, 100 * mm_share);
+        mib(ideal), bytes.total() / ideal, mib(activ), mib(static_cast<double>(planned)), tps, vs0,
+        100 * mm_share);
     if (jsonl) {
       nlohmann::json row = {{"shape", o.shape},
                             {"dtype", o.dtype},
@@ -367,6 +383,7 @@ int run_train_bench(const TrainBenchOptions& o) {
                             {"optimizer_bytes", bytes.optimizer},
                             {"stage2_ideal_bytes", ideal},
                             {"activation_bytes", activ},
+                            {"planned_activation_bytes", planned},
                             {"tokens_per_s", tps},
                             {"vs_stage0", vs0},
                             {"matmul_share", mm_share},

@@ -98,17 +98,30 @@ int64_t trainer_state_bytes(const engine::ModelConfig& config, const TrainerOpti
   return bytes;
 }
 
-int64_t activation_bytes(const engine::ModelConfig& config, const TrainerOptions& trainer) {
+int64_t activation_bytes(const engine::ModelConfig& config, const TrainerOptions& trainer,
+                         int64_t longest_sample) {
   const int64_t c = dtype_bytes(trainer.dtype);
   const int64_t m = trainer.micro_batch_tokens;
   const int64_t h = config.hidden_size, q = config.num_heads * config.head_dim;
   const int64_t kv = config.num_kv_heads * config.head_dim, i = config.intermediate_size;
   // Saved per token by one decoder layer: the norms' inputs and outputs, q, k, v, the attention
   // output, gate, up, their product and the down projection's input.
-  const int64_t layer = (3 * h + 2 * q + 2 * kv + 4 * i) * c;
+  int64_t layer = (3 * h + 2 * q + 2 * kv + 4 * i) * c;
+  // Off CUDA the trainer's attention is dense (engine::DenseCausalAttention): each sequence's
+  // fp32 softmax probabilities [heads, L, L] are saved, at most m x L a micro-batch of sequences
+  // of L tokens at most; and its fp32 q (unless the compute dtype is fp32) and the k, v widened to
+  // every head (unless they are the fp32 k, v themselves). On CUDA, SDPA saves only q, k, v and
+  // the output.
+  int64_t dense = 0;
+  if (trainer.device.rfind("cuda", 0) != 0) {
+    const int64_t longest = longest_sample > 0 ? std::min(m, longest_sample) : m;
+    const bool grouped = config.num_kv_heads != config.num_heads;
+    layer += (c != 4 ? q * 4 : 0) + (grouped || c != 4 ? 2 * q * 4 : 0);
+    dense = config.num_heads * longest * 4;  // a token's share of the probabilities
+  }
   const int64_t layers = trainer.activation_checkpointing
-                             ? config.num_layers * h * c + layer  // layer inputs + one layer
-                             : config.num_layers * layer;
+                             ? config.num_layers * h * c + layer + dense  // inputs + one layer
+                             : config.num_layers * (layer + dense);
   // fp32 logits, their log-softmax and its gradient, for one chunk of loss rows at most; chunked,
   // backward sums the trained head's gradient in fp32 ([V, H]), and in bf16 also holds a chunk's.
   const int64_t rows =
@@ -150,7 +163,11 @@ MemoryPlan plan_memory(const engine::ModelConfig& config, const RlOptions& o,
         (o.max_staleness + 1) * lora_params(config, o.trainer.lora) * dtype_bytes(o.engine_dtype);
   }
   const int64_t state = trainer_state_bytes(config, trainer, train_ranks);
-  const int64_t act = activation_bytes(config, trainer);
+  // The longest sample a micro-batch can hold: the model's context (the engines'), an episode's
+  // cap.
+  int64_t longest = config.max_position_embeddings;
+  if (!o.env.empty()) longest = std::min<int64_t>(longest, o.multi_turn.max_episode_tokens);
+  const int64_t act = activation_bytes(config, trainer, longest);
   // ZeRO-3 (RolloutConsumer::send): every train rank takes part in gathering each bucket and keeps
   // the ones it sends: fan-out, its share (sync::fan_out_senders); paired,
   // every bucket; every bucket too where its own buffers are not the sync's (another dtype, or the

@@ -13,7 +13,9 @@
 //                   reference's copy.
 //                   LoRA: the base in the compute dtype, the state of the adapter alone.
 //   activations     one micro-batch's saved activations (--micro-batch-tokens; one layer's with
-//                   activation checkpointing) and the fp32 logits, log-probs and their gradient
+//                   activation checkpointing; on the CPU also the dense attention's fp32
+//                   probabilities, sequences as long as the context or --max-episode-tokens
+//                   allow) and the fp32 logits, log-probs and their gradient
 //                   of one chunk of its loss rows (--logits-chunk-tokens; chunked, the trained
 //                   head's gradient sum in fp32 and a chunk's in the compute dtype) (held during
 //                   training): an estimate, not a measurement
@@ -76,8 +78,11 @@ std::vector<PlanFix> plan_fixes(const engine::ModelConfig& config, const RlOptio
 // group's size (every node's train ranks).
 int64_t trainer_state_bytes(const engine::ModelConfig& config, const TrainerOptions& trainer,
                             int train_ranks);
-// Bytes of one micro-batch's activations (an estimate; see above).
-int64_t activation_bytes(const engine::ModelConfig& config, const TrainerOptions& trainer);
+// Bytes of one micro-batch's activations (an estimate; see above). Off CUDA the trainer's
+// attention is dense and keeps each sequence's [heads, L, L] probabilities: `longest_sample`
+// bounds L (<= 0: the micro-batch, a micro-batch of one sequence).
+int64_t activation_bytes(const engine::ModelConfig& config, const TrainerOptions& trainer,
+                         int64_t longest_sample = 0);
 
 MemoryPlan plan_memory(const engine::ModelConfig& config, const RlOptions& options,
                        const sync::Placement& placement);

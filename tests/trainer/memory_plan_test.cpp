@@ -64,6 +64,7 @@ TEST(MemoryPlanTest, TrainerStateIsBytesPerParameterByStageDtypeAndSharding) {
 TEST(MemoryPlanTest, ActivationsShrinkWithCheckpointingAndChunkedLogitsAndGrowWithTheMicroBatch) {
   const engine::ModelConfig c = engine::preset_config("qwen2-0.5b");
   TrainerOptions t = trainer_options("bfloat16", 0);
+  t.device = "cuda";  // SDPA's attention: linear in the micro-batch (the CPU's: the next test)
   // The fp32 logits, their log-softmax and its gradient: 12 bytes a row and vocabulary entry, for
   // one chunk of rows (here 256 rows; by default 1 GiB of logits: 1766 rows at Qwen2's 151,936);
   // chunked, backward also holds the head's gradient sum in fp32 and a chunk's in bf16.
@@ -84,6 +85,52 @@ TEST(MemoryPlanTest, ActivationsShrinkWithCheckpointingAndChunkedLogitsAndGrowWi
   t.activation_checkpointing = true;
   EXPECT_LT(activation_bytes(c, t), 2 * layers + chunk + head);
   EXPECT_GT(activation_bytes(c, t), chunk + head);
+}
+
+// Off CUDA the trainer's attention is dense: each layer also keeps the fp32 softmax probabilities,
+// heads x m x L for a micro-batch of m tokens in sequences of L at most (bounded by the micro-batch
+// and by `longest_sample`), and the fp32 q, k, v at every head where they are copies (a compute
+// dtype other than fp32, or grouped k, v).
+TEST(MemoryPlanTest, DenseAttentionOnTheCpuKeepsEachSequencesProbabilities) {
+  const engine::ModelConfig c = engine::preset_config("qwen2-0.5b");  // 14 heads over 2 kv heads
+  const int64_t heads = c.num_heads, q = c.num_heads * c.head_dim, layers = c.num_layers;
+  for (const std::string dtype : {"float32", "bfloat16"}) {
+    TrainerOptions cuda = trainer_options(dtype, 0);
+    cuda.device = "cuda";
+    cuda.micro_batch_tokens = 1024;
+    TrainerOptions cpu = cuda;
+    cpu.device = "cpu";
+    const int64_t copies = dtype == "float32" ? 2 * q * 4 : 3 * q * 4;  // per token and layer
+    const int64_t m = 1024;
+    EXPECT_EQ(activation_bytes(c, cpu) - activation_bytes(c, cuda),
+              layers * m * (copies + heads * m * 4))
+        << dtype;
+    EXPECT_EQ(activation_bytes(c, cpu, 256) - activation_bytes(c, cuda),
+              layers * m * (copies + heads * 256 * 4))
+        << dtype;
+    EXPECT_EQ(activation_bytes(c, cpu, 1 << 20), activation_bytes(c, cpu)) << dtype;
+    cpu.activation_checkpointing = cuda.activation_checkpointing = true;  // one layer's worth
+    EXPECT_EQ(activation_bytes(c, cpu, 256) - activation_bytes(c, cuda),
+              m * (copies + heads * 256 * 4))
+        << dtype;
+  }
+  // The RL job's plan bounds a sample by the model's context, and an episode by its token cap.
+  RlOptions o;
+  o.trainer = trainer_options("float32", 0);
+  o.trainer.micro_batch_tokens = 4096;
+  const sync::Placement where =
+      sync::plan_placement(sync::Topology{1, 1, 1}, sync::PlacementRequest{});
+  engine::ModelConfig small = c;
+  small.max_position_embeddings = 512;
+  const auto train_activations = [&](const engine::ModelConfig& config) {
+    for (const DeviceMemory& d : plan_memory(config, o, where).devices)
+      if (d.trainers > 0) return d.activations;
+    return int64_t{0};
+  };
+  EXPECT_EQ(train_activations(small), activation_bytes(small, o.trainer, 512));
+  o.env = "calculator";
+  o.multi_turn.max_episode_tokens = 384;
+  EXPECT_EQ(train_activations(small), activation_bytes(small, o.trainer, 384));
 }
 
 RlOptions job(int n) {
