@@ -582,6 +582,7 @@ int run_plan(const TrainFlags& f, const PlanFlags& p) {
   o.trainer.validate();
   o.check_infer_tp(&config);
   o.bucket_bytes = f.dist.bucket_bytes();
+  o.sync = f.dist.sync_options();
   o.device_map = sync::parse_device_map(f.device_map);
   o.comm_backend = f.dist.backend;
   o.colocate = f.dist.colocate;

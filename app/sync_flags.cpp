@@ -1,6 +1,7 @@
 #include "app/sync_flags.h"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 
 #include "app/cli_style.h"
 #include "common/check.h"
@@ -25,6 +26,10 @@ sync::WeightSyncOptions DistFlags::sync_options() const {
   o.mode = sync::parse_sync_mode(sync_mode);
   o.inflight = inflight;
   o.verify = verify;
+  if (!(chunk_mb >= 0)) CRL_INVALID("--sync-chunk-mb must be >= 0, got ", chunk_mb);
+  // A positive size is at least a byte (0 alone means the whole model first).
+  o.stream_chunk_bytes =
+      chunk_mb > 0 ? std::max<int64_t>(1, static_cast<int64_t>(chunk_mb * (1 << 20))) : 0;
   o.transport = sync::parse_sync_transport(transport);
   if (inflight < 1) CRL_INVALID("--sync-inflight must be >= 1, got ", inflight);
   if (ipc != "push" && ipc != "pull")
@@ -70,6 +75,11 @@ void add_dist_flags_in_group(CLI::App& cmd, DistFlags& f, bool with_sync) {
       ->capture_default_str();
   if (!with_sync) return;
   cmd.add_option("--sync-bucket-mb", f.bucket_mb, "weight-sync bucket cap in MiB")
+      ->capture_default_str();
+  cmd.add_option("--sync-chunk-mb", f.chunk_mb,
+                 "ZeRO-3: a weight update gathers the parameters and sends them this many MiB of "
+                 "buckets at a time, each train rank holding only its share of one run (0: "
+                 "gather the whole model first)")
       ->capture_default_str();
   cmd.add_option("--sync-mode", f.sync_mode,
                  "bucket, or per-tensor (the OpenRLHF-style baseline, for benchmarks)")

@@ -19,6 +19,7 @@ struct DistFlags {
   int train = 1;
   double timeout_s = 60;
   double bucket_mb = 256;
+  double chunk_mb = 1024;
   std::string sync_mode = "bucket";
   int inflight = 2;
   bool verify = false;
@@ -32,8 +33,8 @@ struct DistFlags {
   sync::WeightSyncOptions sync_options() const;
 };
 
-// --gpus-infer, --gpus-train, --timeout; with_sync adds --sync-bucket-mb, --sync-mode,
-// --sync-inflight, --sync-verify, --sync-transport, --sync-ipc.
+// --gpus-infer, --gpus-train, --timeout; with_sync adds --sync-bucket-mb, --sync-chunk-mb,
+// --sync-mode, --sync-inflight, --sync-verify, --sync-transport, --sync-ipc.
 void add_dist_flags(CLI::App& cmd, DistFlags& flags, bool with_sync);
 // --colocate (the commands whose placement pairs engines with trainers: train, sync-check).
 void add_colocate_flag(CLI::App& cmd, DistFlags& flags);

@@ -185,6 +185,22 @@ std::optional<std::string> WeightLayout::first_difference(const WeightLayout& ot
   return std::nullopt;
 }
 
+std::vector<std::pair<int64_t, int64_t>> WeightLayout::chunks(int64_t chunk_bytes) const {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  const int64_t n = static_cast<int64_t>(buckets_.size());
+  int64_t first = 0, bytes = 0;
+  for (int64_t b = 0; b < n; ++b) {
+    if (b > first && chunk_bytes > 0 && bytes + buckets_[b].nbytes > chunk_bytes) {
+      out.emplace_back(first, b);
+      first = b;
+      bytes = 0;
+    }
+    bytes += buckets_[b].nbytes;
+  }
+  if (n > 0) out.emplace_back(first, n);
+  return out;
+}
+
 std::vector<at::Tensor> WeightLayout::allocate_buckets(at::TensorOptions options) const {
   std::vector<at::Tensor> out;
   out.reserve(buckets_.size());

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace crl::sync {
@@ -68,6 +69,10 @@ class WeightLayout {
   int64_t alignment() const { return alignment_; }
   // The largest bucket's nbytes (0 without buckets): enough for one reusable send buffer.
   int64_t max_bucket_nbytes() const { return max_bucket_nbytes_; }
+  // The buckets cut into runs of consecutive ones, each [first, end) of at most `chunk_bytes` (a
+  // bucket larger than that alone), in order and covering every bucket; chunk_bytes <= 0: one run.
+  // A streamed send (WeightSync) goes through them one at a time.
+  std::vector<std::pair<int64_t, int64_t>> chunks(int64_t chunk_bytes) const;
 
   // 64-bit FNV-1a over the names, shapes, dtypes (by name), bucket_bytes, alignment and the
   // resulting offsets. Equal inputs give equal hashes on every rank, build and run.

@@ -337,7 +337,41 @@ SyncStats WeightSync::receive_staged(int64_t version, const at::Tensor& staging,
   return st;
 }
 
-SyncStats WeightSync::send(const std::vector<at::Tensor>& tensors, int64_t version) {
+namespace {
+
+// The runs a send goes through: the stream's (every train rank the same), else one.
+std::vector<std::pair<int64_t, int64_t>> send_runs(const WeightLayout& layout,
+                                                   const SendStream* stream, int64_t chunk_bytes) {
+  return layout.chunks(stream ? chunk_bytes : 0);
+}
+
+// Gathers a stream whole before the first send (over CUDA IPC, in the baselines, and on a node
+// where any sender uses CUDA IPC).
+void gather_whole(const WeightLayout& layout, const SendStream* stream) {
+  const auto n = static_cast<int64_t>(layout.buckets().size());
+  if (stream && n > 0) stream->gather(0, n);
+}
+
+// Where a stream goes run by run: only where every sender of the node broadcasts. A sender over
+// CUDA IPC announces the version after its whole gather, and an engine waits for every
+// announcement before it receives, so a broadcasting sender that waited for its run's receivers
+// would wait in the next run's gather for the IPC sender forever. Returns the stream to follow
+// (nullptr: gathered whole here).
+const SendStream* run_by_run(const WeightLayout& layout, const SendStream* stream,
+                             const std::vector<SyncTransport>& transports) {
+  for (SyncTransport t : transports) {
+    if (t != SyncTransport::kCommunicator) {
+      gather_whole(layout, stream);
+      return nullptr;
+    }
+  }
+  return stream;
+}
+
+}  // namespace
+
+SyncStats WeightSync::send(const std::vector<at::Tensor>& tensors, int64_t version,
+                           const SendStream* stream) {
   CRL_CHECK(groups_.role == Role::kTrain, "send() on an infer rank");
   if (tensors.size() != layout_.specs().size()) {
     CRL_INVALID("weight sync: ", tensors.size(), " tensors for a layout of ",
@@ -349,6 +383,7 @@ SyncStats WeightSync::send(const std::vector<at::Tensor>& tensors, int64_t versi
   int64_t ops0 = total_ops(groups_);
 
   if (options_.mode == SyncMode::kPerTensor) {
+    gather_whole(layout_, stream);  // every train rank, before the baseline's other ranks return
     // The baseline sends everything from the node's first train rank (paired: each from its own).
     if (t != baseline_sender()) return st;
     announce(version);
@@ -367,6 +402,7 @@ SyncStats WeightSync::send(const std::vector<at::Tensor>& tensors, int64_t versi
     return st;
   }
   CRL_CHECK(options_.mode == SyncMode::kBucket, "use raw_broadcast() for the raw baseline");
+  stream = run_by_run(layout_, stream, transports_);
   if (transport(t) == SyncTransport::kIpc) return send_ipc(&tensors, nullptr, version);
 
   announce(version);
@@ -375,27 +411,33 @@ SyncStats WeightSync::send(const std::vector<at::Tensor>& tensors, int64_t versi
   std::deque<std::unique_ptr<Work>> inflight;
   int k = 0;
   auto t0 = Clock::now();
-  for (const auto& b : layout_.buckets()) {
-    if (!sends(b.index)) continue;
-    if (static_cast<int>(inflight.size()) == n) {
-      inflight.front()->wait();
-      inflight.pop_front();
+  for (const auto& [first, end] : send_runs(layout_, stream, options_.stream_chunk_bytes)) {
+    // pack() has copied the runs before into the send buffers (on a GPU, ordered before the
+    // gather's writes on the device), so gather() may reuse their memory.
+    if (stream) stream->gather(first, end);
+    for (int64_t bi = first; bi < end; ++bi) {
+      const Bucket& b = layout_.buckets()[bi];
+      if (!sends(b.index)) continue;
+      if (static_cast<int>(inflight.size()) == n) {
+        inflight.front()->wait();
+        inflight.pop_front();
+      }
+      at::Tensor& buf = send_buffers_[k % n];
+      if (!buf.defined() || buf.numel() < b.nbytes) {
+        // On the trainer's device: casting happens there, and NCCL sends from it.
+        buf = at::empty({layout_.max_bucket_nbytes()},
+                        at::TensorOptions().dtype(at::kByte).device(tensors.front().device()));
+      }
+      auto p0 = Clock::now();
+      layout_.pack(tensors, b.index, buf);
+      st.pack_s += seconds_since(p0);
+      at::Tensor dst = buf.narrow(0, 0, b.nbytes);
+      if (options_.verify) publish_checksum(version, b.index, dst);
+      inflight.push_back(root_group(t).broadcast_async(dst, 0));
+      if (options_.on_bucket_posted) options_.on_bucket_posted(b.index);
+      st.bytes += b.nbytes;
+      ++k;
     }
-    at::Tensor& buf = send_buffers_[k % n];
-    if (!buf.defined() || buf.numel() < b.nbytes) {
-      // On the trainer's device: casting happens there, and NCCL sends from it.
-      buf = at::empty({layout_.max_bucket_nbytes()},
-                      at::TensorOptions().dtype(at::kByte).device(tensors.front().device()));
-    }
-    auto p0 = Clock::now();
-    layout_.pack(tensors, b.index, buf);
-    st.pack_s += seconds_since(p0);
-    at::Tensor dst = buf.narrow(0, 0, b.nbytes);
-    if (options_.verify) publish_checksum(version, b.index, dst);
-    inflight.push_back(root_group(t).broadcast_async(dst, 0));
-    if (options_.on_bucket_posted) options_.on_bucket_posted(b.index);
-    st.bytes += b.nbytes;
-    ++k;
   }
   while (!inflight.empty()) {
     inflight.front()->wait();
@@ -409,7 +451,8 @@ SyncStats WeightSync::send(const std::vector<at::Tensor>& tensors, int64_t versi
   return st;
 }
 
-SyncStats WeightSync::send_buckets(const std::vector<at::Tensor>& buckets, int64_t version) {
+SyncStats WeightSync::send_buckets(const std::vector<at::Tensor>& buckets, int64_t version,
+                                   const SendStream* stream) {
   CRL_CHECK(groups_.role == Role::kTrain, "send_buckets() on an infer rank");
   CRL_CHECK(options_.mode == SyncMode::kBucket, "send_buckets() is bucket mode only");
   if (buckets.size() != layout_.buckets().size()) {
@@ -417,6 +460,7 @@ SyncStats WeightSync::send_buckets(const std::vector<at::Tensor>& buckets, int64
                 layout_.buckets().size());
   }
   int t = groups_.topo.role_index(groups_.world_rank);
+  stream = run_by_run(layout_, stream, transports_);
   if (transport(t) == SyncTransport::kIpc) return send_ipc(nullptr, &buckets, version);
   SyncStats st;
   st.version = version;
@@ -424,13 +468,23 @@ SyncStats WeightSync::send_buckets(const std::vector<at::Tensor>& buckets, int64
   announce(version);
   std::vector<std::unique_ptr<Work>> works;
   auto t0 = Clock::now();
-  for (const auto& b : layout_.buckets()) {
-    if (!sends(b.index)) continue;
-    at::Tensor src = buckets[b.index].narrow(0, 0, b.nbytes);
-    if (options_.verify) publish_checksum(version, b.index, src);
-    works.push_back(root_group(t).broadcast_async(src, 0));
-    if (options_.on_bucket_posted) options_.on_bucket_posted(b.index);
-    st.bytes += b.nbytes;
+  for (const auto& [first, end] : send_runs(layout_, stream, options_.stream_chunk_bytes)) {
+    if (stream) {
+      // The broadcasts read the buckets themselves: the run before is sent before gather() may
+      // reuse its memory. The senders of one run still send at once.
+      wait_all(works);
+      works.clear();
+      stream->gather(first, end);
+    }
+    for (int64_t bi = first; bi < end; ++bi) {
+      const Bucket& b = layout_.buckets()[bi];
+      if (!sends(b.index)) continue;
+      at::Tensor src = buckets[b.index].narrow(0, 0, b.nbytes);
+      if (options_.verify) publish_checksum(version, b.index, src);
+      works.push_back(root_group(t).broadcast_async(src, 0));
+      if (options_.on_bucket_posted) options_.on_bucket_posted(b.index);
+      st.bytes += b.nbytes;
+    }
   }
   wait_all(works);
   st.transfer_s = seconds_since(t0);

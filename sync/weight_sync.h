@@ -94,8 +94,22 @@ struct WeightSyncOptions {
   // Store keys of this sync live under wsync/node<n>/<scope>: two WeightSyncs with different
   // layouts on the same groups (bench sync's model and LoRA rows) need different scopes.
   std::string scope;
+  // A streamed send (SendStream): the layout's buckets a run of at most this many bytes at a time
+  // (WeightLayout::chunks; <= 0: every bucket in one run).
+  int64_t stream_chunk_bytes = int64_t{1} << 30;
   // Fault-injection hook for tests: called by a sender after it posted each bucket.
   std::function<void(int64_t bucket)> on_bucket_posted;
+};
+
+// A sender whose weights exist a run of buckets at a time (a ZeRO-3 trainer gathers its
+// parameters for the update): send() and send_buckets() call gather(first, end) before they read
+// any of buckets [first, end), for every run of layout().chunks(options().stream_chunk_bytes) in
+// order, whether this rank sends a bucket of it or not (so a collective inside gather() runs on
+// every train rank in the same order), and only once every read of the runs before has completed:
+// gather() may free what they held. In the baseline modes, and on a node where any sender uses
+// CUDA IPC, the stream is gathered whole (one gather() of every bucket) before the first send.
+struct SendStream {
+  std::function<void(int64_t first, int64_t end)> gather;
 };
 
 // Called by a per-tensor receiver with each received tensor (the "load_weights" call).
@@ -125,12 +139,15 @@ class WeightSync : public WeightSource {
 
   // Train ranks. `tensors`: one per spec in spec order, spec shapes, any floating dtype (cast to
   // the layout's dtype while packing).
-  SyncStats send(const std::vector<at::Tensor>& tensors, int64_t version);
+  // With `stream`, the tensors hold their values only inside its gather() runs.
+  SyncStats send(const std::vector<at::Tensor>& tensors, int64_t version,
+                 const SendStream* stream = nullptr);
   // Train ranks, dtypes already equal: `buckets` are the layout's flat buffers (as from
   // allocate_buckets, e.g. the trainer's parameters live in them); sent without a copy.
   // REQUIRES with CUDA IPC: the same buffers every version, kept allocated while this object
   // lives (receivers keep each exported allocation open; freeing it under them is undefined).
-  SyncStats send_buckets(const std::vector<at::Tensor>& buckets, int64_t version);
+  SyncStats send_buckets(const std::vector<at::Tensor>& buckets, int64_t version,
+                         const SendStream* stream = nullptr);
 
   // The version handshake, so a broadcast's deadline never covers an engine still busy: an infer
   // rank request()s `version` once it can take it between two engine steps; the train ranks

@@ -19,6 +19,14 @@ add_test(NAME cli.plan_an_8b_full_fine_tune_on_4_plus_4_gpus
 set_tests_properties(cli.plan_an_8b_full_fine_tune_on_4_plus_4_gpus PROPERTIES LABELS unit
                      ENVIRONMENT "${CRL_CLI_ENV}"
                      PASS_REGULAR_EXPRESSION "llama3.1-8b \\(8.03 B parameters\\), 1 node x 8 GPUs.*\\| cuda:4 \\| 1 trainer \\|.*fits: the largest peak is [0-9.]+ GiB \\(cuda:4\\).*rc=0.*does not fit: cuda:4 needs about.*  --zero 2 +largest peak.*  --offload-optimizer +largest peak.*rc=1.*is for planning.*rc=[1-9]")
+# A 32B full fine-tune on 2 nodes of 4 + 4 at ZeRO-3 (issue 55): its weight updates streamed a run
+# of buckets at a time (the default --sync-chunk-mb), the trainers fit with the optimizer on the
+# GPU; gathered whole first (--sync-chunk-mb 0) they do not, and the plan names the offload.
+add_test(NAME cli.plan_a_32b_zero3_fits_when_its_weight_updates_stream
+         COMMAND sh -c "for c in 1024 0; do $<TARGET_FILE:colocated-rl> plan --shape qwen2.5-32b --nnodes 2 --gpus-infer 4 --gpus-train 4 --dtype bfloat16 --zero 3 --activation-checkpointing --micro-batch-tokens 1024 --kv-memory 16GiB --sync-chunk-mb $c; echo rc=$?; done")
+set_tests_properties(cli.plan_a_32b_zero3_fits_when_its_weight_updates_stream PROPERTIES
+                     LABELS unit ENVIRONMENT "${CRL_CLI_ENV}"
+                     PASS_REGULAR_EXPRESSION "\\| cuda:4 \\| 1 trainer \\|[^\n]*\\(weight update: 1\\.[0-9]+ GiB gathered\\).*fits: the largest peak.*rc=0.*\\(weight update: 1[5-9]\\.[0-9]+ GiB gathered\\).*does not fit: cuda:[0-9]+ needs.*--offload-optimizer.*rc=1")
 # Log-prob tokens and bytes through the official OpenAI SDK (npm, pinned with the tokenizer
 # fixtures) against `serve` over a model with Qwen3's real tokenizer.
 set(CRL_TOKENIZER_FIXTURES ${CMAKE_CURRENT_BINARY_DIR}/test-cache/tokenizer-fixtures)

@@ -427,7 +427,8 @@ set_tests_properties(rl.colocated_handover_learns_exactly_as_the_fan_out PROPERT
                      PASS_REGULAR_EXPRESSION "colocated: .*--max-staleness 0: the engine frees its KV pool.*memory hand-over: engine.*ok: 4 steps"
                      FAIL_REGULAR_EXPRESSION "FAILED")
 # ZeRO-3 in the RL job (issue 55): the SFT warm-up and GRPO in collective rounds (empty ones when a
-# rank runs out of micro-batches), the weight sync gathering the buckets each trainer sends; in
+# rank runs out of micro-batches), the weight sync gathering the buckets each trainer sends a run
+# at a time (the 3.7 MB model in 15 buckets and runs of 2, checksums on); in
 # deterministic mode every learning figure of every step equals stage 2's, bit for bit (150 SFT
 # steps leave GRPO rewards that vary, so its steps have gradients: 0.00 -> ~0.27 -> ~0.38;
 # --reproducible: without it, which trainer gets which micro-batch follows arrival, and two runs
@@ -437,11 +438,13 @@ add_test(NAME rl.zero3_learns_exactly_as_zero2
                  ${CMAKE_CURRENT_SOURCE_DIR}/rl_reproducible.sh $<TARGET_FILE:colocated-rl>
                  --gpus-infer 2 --gpus-train 2 --deterministic --reproducible --seed 3 --steps 4
                  --sft-steps 150 --prompts-per-step 8 --n-samples 4 --micro-batch-tokens 64
-                 --eval-every 2 --timeout 60 --max-staleness 0)
+                 --eval-every 2 --timeout 60 --max-staleness 0 --sync-bucket-mb 0.25
+                 --sync-chunk-mb 0.5 --sync-verify)
 set_tests_properties(rl.zero3_learns_exactly_as_zero2 PROPERTIES
                      LABELS multiprocess ENVIRONMENT "${CRL_CLI_ENV}" TIMEOUT 200
                      RESOURCE_LOCK multiprocess_cores
-                     PASS_REGULAR_EXPRESSION "ok: 4 steps" FAIL_REGULAR_EXPRESSION "FAILED")
+                     PASS_REGULAR_EXPRESSION "ZeRO-3 weight updates held at most [0-9.]+ KiB of gathered parameters a trainer \\(--sync-chunk-mb 0.5\\).*ok: 4 steps"
+                     FAIL_REGULAR_EXPRESSION "FAILED")
 # An engine that never hands its KV pool over fails its trainer at --rollout-timeout, naming it.
 crl_job_test(rl.colocated_engine_that_keeps_its_kv_pool_fails_the_job_naming_it fail 60
              "colocated hand-over: rank 0 \\(node 0, infer 0\\) did not free its KV pool for step 1 within 3 s"

@@ -18,7 +18,7 @@ for run in 1 2; do
     cat "$dir/run$run.log"
     exit 1
   fi
-  grep -E '^summary:|^weight sync: (paired|fan-out)|^colocated:|memory hand-over|held-out accuracy [0-9.]+ ->' "$dir/run$run.log"
+  grep -E '^summary:|^weight sync: (paired|fan-out)|^colocated:|memory hand-over|held-out accuracy [0-9.]+ ->|^ZeRO-3 weight updates' "$dir/run$run.log"
   grep -E 'held-out accuracy' "$dir/run$run.log" | sed -E 's/ \([0-9.]* s\)$//; s/, [0-9.]* s\)$/)/' >"$dir/evals$run.txt"
 done
 if ! diff "$dir/evals1.txt" "$dir/evals2.txt"; then

@@ -28,7 +28,8 @@ struct JobTotals {
   double infer_busy = 0, infer_span = 0, train_idle = 0, train_span = 0, stale_max = 0;
   double store_ops = 0, store_bytes = 0, last_elapsed = 0;
   int64_t total_gen_tokens = 0, peak_train_rss = 0, steps_done = 0;
-  double episodes = 0, env_errors = 0;            // multi-turn (--env) only
+  int64_t update_gathered = 0;          // ZeRO-3: the most parameter bytes a weight update gathered
+  double episodes = 0, env_errors = 0;  // multi-turn (--env) only
   double reward_requests = 0, reward_errors = 0;  // --reward COMMAND only
 
   void add(const StepTotals& t, double elapsed_s) {
@@ -52,6 +53,7 @@ struct JobTotals {
     store_ops += t.store_ops;
     store_bytes += t.store_bytes;
     peak_train_rss = std::max(peak_train_rss, t.peak_rss);
+    update_gathered = std::max(update_gathered, t.update_gathered);
     last_elapsed = elapsed_s;
     total_gen_tokens += static_cast<int64_t>(t.gen_tokens);
     ++steps_done;
@@ -363,6 +365,13 @@ class JobReport {
       fmt::print(
           "generated {} tokens; log-prob gap at the first step {:.2e}; peak train-rank RSS {}\n",
           s.total_gen_tokens, s.max_gap0, format_bytes(static_cast<double>(s.peak_train_rss)));
+      if (s.update_gathered > 0) {
+        fmt::print(
+            "ZeRO-3 weight updates held at most {} of gathered parameters a trainer "
+            "(--sync-chunk-mb {:g})\n",
+            format_bytes(static_cast<double>(s.update_gathered)),
+            static_cast<double>(o_.sync.stream_chunk_bytes) / (1 << 20));
+      }
     }
     print_gains();
     std::fflush(stdout);

@@ -49,6 +49,64 @@ int zero_stage_of(const TrainerOptions& trainer, int train_ranks) {
   return trainer.zero_stage >= 0 ? trainer.zero_stage : (train_ranks > 1 ? 2 : 0);
 }
 
+// The most bytes a ZeRO-3 trainer holds while it streams a weight update over `runs` of the sync
+// layout's buckets: TrainState::acquire_parameters and gather_target, in bytes. A run gathers
+// (in order, once each) the trainer's buckets holding its parameters, keeping those keep(b) says
+// until a later run no longer needs them; a buffer let go is kept for reuse (at most two, the
+// smallest that fits taken first), else a new one is allocated.
+int64_t streamed_update_peak(const sync::WeightLayout& own, const sync::WeightLayout& sync_layout,
+                             const std::vector<std::pair<int64_t, int64_t>>& runs,
+                             const std::function<bool(int64_t)>& keep) {
+  std::vector<int64_t> bucket_of(own.specs().size());
+  for (const sync::Bucket& b : own.buckets())
+    for (const sync::BucketEntry& e : b.entries) bucket_of[e.tensor] = b.index;
+  std::vector<int64_t> spare;
+  std::vector<std::pair<int64_t, int64_t>> kept;  // (bucket, its buffer's bytes)
+  int64_t held = 0, spare_bytes = 0, next = 0, peak = 0;
+  auto let_go = [&](int64_t cap) {
+    held -= cap;
+    if (spare.size() < 2) {
+      spare.push_back(cap);
+      spare_bytes += cap;
+    }
+  };
+  for (const auto& [first, end] : runs) {
+    const int64_t p0 = sync_layout.buckets()[first].entries.front().tensor;
+    const int64_t p1 = sync_layout.buckets()[end - 1].entries.back().tensor;
+    std::vector<std::pair<int64_t, int64_t>> still;
+    for (const auto& [b, cap] : kept) {
+      if (own.buckets()[b].entries.back().tensor < p0) {
+        let_go(cap);
+      } else {
+        still.emplace_back(b, cap);
+      }
+    }
+    kept = std::move(still);
+    for (int64_t b = std::max(next, bucket_of[p0]); b <= bucket_of[p1]; ++b) {
+      const int64_t need = own.buckets()[b].nbytes;
+      auto best = spare.end();
+      for (auto it = spare.begin(); it != spare.end(); ++it) {
+        if (*it >= need && (best == spare.end() || *it < *best)) best = it;
+      }
+      int64_t cap = need;
+      if (best != spare.end()) {
+        cap = *best;
+        spare_bytes -= cap;
+        spare.erase(best);
+      }
+      held += cap;
+      peak = std::max(peak, held + spare_bytes);
+      if (keep(b)) {
+        kept.emplace_back(b, cap);
+      } else {
+        let_go(cap);
+      }
+    }
+    next = std::max(next, bucket_of[p1] + 1);
+  }
+  return peak;
+}
+
 }  // namespace
 
 int64_t DeviceMemory::peak(bool handover) const {
@@ -168,29 +226,49 @@ MemoryPlan plan_memory(const engine::ModelConfig& config, const RlOptions& o,
   int64_t longest = config.max_position_embeddings;
   if (!o.env.empty()) longest = std::min<int64_t>(longest, o.multi_turn.max_episode_tokens);
   const int64_t act = activation_bytes(config, trainer, longest);
-  // ZeRO-3 (RolloutConsumer::send): every train rank takes part in gathering each bucket and keeps
-  // the ones it sends: fan-out, its share (sync::fan_out_senders); paired,
-  // every bucket; every bucket too where its own buffers are not the sync's (another dtype, or the
-  // per-tensor modes).
+  // ZeRO-3 (RolloutConsumer::send): every train rank takes part in gathering each bucket, a run of
+  // the sync's buckets at a time (--sync-chunk-mb, WeightLayout::chunks; where a sender of the
+  // node uses CUDA IPC, the whole model at once), and keeps until a later run the ones it needs:
+  // fan-out, those it sends (sync::fan_out_senders); paired, every bucket; where its own buffers
+  // are not the sync's (another dtype, or the per-tensor modes), every one of its buckets holding a
+  // parameter of the run.
   const int stage = zero_stage_of(trainer, train_ranks);
   std::vector<int64_t> gathered(topo.train_per_node, 0);
   if (stage == 3 && !trainer.lora.enabled() && train_ranks > 1) {
-    std::vector<sync::TensorSpec> train_specs;
+    std::vector<sync::TensorSpec> train_specs, sync_specs;
     const at::ScalarType train_dtype = engine::parse_dtype(trainer.dtype);
     for (const engine::ParamSpec& spec : engine::model_param_specs(config)) {
       train_specs.push_back({spec.name, spec.shape, train_dtype});
+      sync_specs.push_back({spec.name, spec.shape, engine::parse_dtype(o.engine_dtype)});
     }
     const sync::WeightLayout layout =
         sync::WeightLayout::plan(std::move(train_specs), trainer.grad_bucket_bytes);
+    const sync::WeightLayout sync_layout =
+        sync::WeightLayout::plan(std::move(sync_specs), o.bucket_bytes);
     const bool own_buffers = o.sync.mode == sync::SyncMode::kBucket &&
                              train_dtype == engine::parse_dtype(o.engine_dtype);
+    // CUDA IPC: a sync_root group all on one GPU.
+    auto over_ipc = [&](int t) {
+      if (o.sync.transport != sync::SyncTransport::kAuto) {
+        return o.sync.transport == sync::SyncTransport::kIpc;
+      }
+      if (!cuda) return false;
+      const int gpu = placement.gpu_of_local.at(topo.infer_per_node + t);
+      for (int i : topo.receivers_of(t)) {
+        if (placement.gpu_of_local.at(i) != gpu) return false;
+      }
+      return true;
+    };
     std::vector<int64_t> bytes;
     for (const sync::Bucket& b : layout.buckets()) bytes.push_back(b.nbytes);
     const std::vector<int> senders = sync::fan_out_senders(bytes, topo.train_per_node);
+    // Run by run only where every sender of the node broadcasts (sync::SendStream).
+    bool streamed = o.sync.mode == sync::SyncMode::kBucket;
+    for (int t = 0; t < topo.train_per_node; ++t) streamed = streamed && !over_ipc(t);
     for (int t = 0; t < topo.train_per_node; ++t) {
-      for (const sync::Bucket& b : layout.buckets()) {
-        if (!own_buffers || topo.sends(t, b.index, senders)) gathered[t] += b.nbytes;
-      }
+      gathered[t] = streamed_update_peak(
+          layout, sync_layout, sync_layout.chunks(streamed ? o.sync.stream_chunk_bytes : 0),
+          [&](int64_t b) { return !own_buffers || topo.sends(t, b, senders); });
     }
   }
   std::map<std::string, DeviceMemory> by_device;

@@ -39,8 +39,9 @@ struct DeviceMemory {
   std::string device;  // "cuda:N" or "cpu"
   int engines = 0, trainers = 0;
   int64_t engine_weights = 0, kv_pools = 0, trainer_state = 0, activations = 0, contexts = 0;
-  // ZeRO-3: the buckets a trainer gathers for a weight update and holds until sent (between
-  // steps, so in place of its activations, not beside them).
+  // ZeRO-3: the most bytes a trainer gathers for a weight update and holds until sent: one run of
+  // --sync-chunk-mb's buckets it keeps, and up to two buffers more (between steps, so in place of
+  // its activations, not beside them).
   int64_t sync_gathered = 0;
   int64_t peak(bool handover) const;
 };

@@ -128,6 +128,7 @@ void RolloutConsumer::run() {
     TrainReport m = train_step(*tr, step);
     auto s0 = Clock::now();
     m.sync_send_s = send(*tr, c_.versions.version_at(step) + 1);
+    m.update_gathered = tr->update_gathered_peak();
     m.send_wait_s = seconds_since(s0) - m.sync_send_s;
     bool save = !o_.save_dir.empty() &&
                 ((o_.save_every > 0 && (step + 1) % o_.save_every == 0) || step + 1 == o_.steps);
@@ -273,9 +274,17 @@ double RolloutConsumer::send(Trainer& tr, int64_t version) {
   ws_->wait_requested(version, c_.rollout_deadline());
   const bool own_buffers =
       o_.sync.mode == sync::SyncMode::kBucket && tr.layout().hash() == layout_->hash();
-  // ZeRO-3: the buckets are gathered over the train group, each rank keeping the ones it sends
-  // (the trainer's own buffers; every bucket where the parameters are packed per tensor).
-  tr.gather_buckets([&](int64_t b) { return !own_buffers || ws_->sends(b); });
+  // ZeRO-3: the buckets are gathered over the train group a run at a time (--sync-chunk-mb), each
+  // rank keeping the ones it sends (the trainer's own buffers; every bucket holding a parameter of
+  // the run where they are cast into the sync's layout) until the next run's gather.
+  const sync::WeightLayout& layout = ws_->layout();
+  sync::SendStream stream;
+  stream.gather = [&](int64_t first, int64_t end) {
+    tr.gather_parameters(layout.buckets()[first].entries.front().tensor,
+                         layout.buckets()[end - 1].entries.back().tensor + 1,
+                         [&](int64_t b) { return !own_buffers || ws_->sends(b); });
+  };
+  const sync::SendStream* streamed = tr.parameters_sharded() ? &stream : nullptr;
   // Colocated, the gathered buckets' memory goes back to the device before the engine beside this
   // trainer takes its KV pool again (the caching allocator would keep it; the memory plan counts
   // the gather in turn with the pool).
@@ -288,10 +297,10 @@ double RolloutConsumer::send(Trainer& tr, int64_t version) {
       if (handover && tr.parameters_sharded()) rc.release_device_memory();
     }
   } release{*this, tr, o_.kv_handover};
-  if (own_buffers) return ws_->send_buckets(tr.buckets(), version).transfer_s;
+  if (own_buffers) return ws_->send_buckets(tr.buckets(), version, streamed).transfer_s;
   std::vector<at::Tensor> params;
   for (const auto& [name, t] : tr.parameters()) params.push_back(t);
-  return ws_->send(params, version).transfer_s;
+  return ws_->send(params, version, streamed).transfer_s;
 }
 
 void RolloutConsumer::send_warmed_base(Trainer& tr, int64_t version) {

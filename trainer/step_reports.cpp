@@ -117,6 +117,7 @@ void to_json(json& j, const TrainReport& r) {
        {"elapsed_s", r.elapsed_s},
        {"peak_rss", r.peak_rss},
        {"sync_send_s", r.sync_send_s},
+       {"update_gathered", r.update_gathered},
        {"send_wait_s", r.send_wait_s},
        {"switch_s", r.switch_s},
        {"store_ops", r.store_ops},
@@ -154,6 +155,7 @@ void from_json(const json& j, TrainReport& r) {
   j.at("elapsed_s").get_to(r.elapsed_s);
   j.at("peak_rss").get_to(r.peak_rss);
   j.at("sync_send_s").get_to(r.sync_send_s);
+  r.update_gathered = j.value("update_gathered", int64_t{0});
   j.at("send_wait_s").get_to(r.send_wait_s);
   j.at("switch_s").get_to(r.switch_s);
   j.at("store_ops").get_to(r.store_ops);
@@ -230,7 +232,8 @@ StepTotals combine(const std::vector<RankReport>& reports, const std::vector<dou
     t.train_span += span;
     t.zero_rounds += static_cast<double>(x.zero_rounds);
     t.zero_rounds_while_receiving += static_cast<double>(x.zero_rounds_while_receiving);
-    if (x.micro_batches == 0) continue;  // nothing to average
+    t.update_gathered = std::max(t.update_gathered, x.update_gathered);  // idle ranks gather too
+    if (x.micro_batches == 0) continue;                                  // nothing to average
     const double lt = static_cast<double>(x.loss_tokens);
     ++t.trains;
     t.loss += x.loss;

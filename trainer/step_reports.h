@@ -94,8 +94,9 @@ struct TrainReport {
   double train_s = 0;                       // forward, backward and optimizer
   double elapsed_s = 0;                     // since the job started
   int64_t peak_rss = 0;                     // bytes
-  double sync_send_s = 0;                   // sending the new weights
-  double send_wait_s = 0;                   // waiting for the engines to ask for them
+  double sync_send_s = 0;                   // sending the new weights (ZeRO-3: gathering them too)
+  int64_t update_gathered = 0;  // ZeRO-3: the most gathered parameter bytes the send held
+  double send_wait_s = 0;       // waiting for the engines to ask for them
   double switch_s = 0;      // colocated hand-over: returning cached device memory (0 without it)
   std::string checkpoint;   // the checkpoint written this step ("": none)
   double checkpoint_s = 0;  // its write time
@@ -128,6 +129,7 @@ struct StepTotals {
   double zero_rounds = 0,
          zero_rounds_while_receiving = 0;  // ZeRO-2 rounds, summed over train ranks
   int64_t engine_version = 0, peak_rss = 0;
+  int64_t update_gathered = 0;  // the largest of the train ranks'
   int trains = 0;
 };
 // Whether GRPO's first steps gave it little to learn from: at least half of the groups scored the

@@ -239,6 +239,7 @@ at::Tensor TrainState::gather_target(int64_t b) {
   }
   gathered_bytes_ += cap_[b];
   gathered_peak_ = std::max(gathered_peak_, gathered_bytes_ + spare_bytes_);
+  if (updating_) update_peak_ = std::max(update_peak_, gathered_bytes_ + spare_bytes_);
   return unversioned_alias(full);
 }
 
@@ -316,8 +317,10 @@ void TrainState::acquire_for_backward(int g) {
 
 void TrainState::acquire_buckets(const std::function<bool(int64_t)>& keep) {
   if (!sharded_) return;
-  CRL_CHECK(kept_.empty(), "acquire_buckets: the previous buckets were not released");
+  CRL_CHECK(!updating_, "acquire_buckets: the previous buckets were not released");
   evict_idle({});
+  updating_ = true;
+  update_peak_ = gathered_bytes_ + spare_bytes_;
   for (int64_t b = 0; b < static_cast<int64_t>(param_full_.size()); ++b) {
     hold(b);
     if (keep(b)) {
@@ -329,9 +332,53 @@ void TrainState::acquire_buckets(const std::function<bool(int64_t)>& keep) {
   }
 }
 
+void TrainState::acquire_parameters(int64_t first, int64_t end,
+                                    const std::function<bool(int64_t)>& keep) {
+  if (!sharded_) return;
+  const auto params = static_cast<int64_t>(where_.size());
+  CRL_CHECK(0 <= first && first <= end && end <= params, "acquire_parameters: [", first, ", ", end,
+            ") is not a range of the ", params, " parameters");
+  if (!updating_) {
+    evict_idle({});
+    updating_ = true;
+    update_next_ = 0;
+    update_peak_ = gathered_bytes_ + spare_bytes_;
+  }
+  std::vector<int64_t> still;
+  for (int64_t b : kept_) {
+    if (layout_.buckets()[b].entries.back().tensor < first) {
+      unhold(b);
+      evict(b);
+    } else {
+      still.push_back(b);
+    }
+  }
+  kept_ = std::move(still);
+  if (first == end) return;
+  const int64_t last = where_[end - 1].first;
+  // Buckets before update_next_ are gathered once an update: those it needs again must be kept.
+  for (int64_t b = where_[first].first; b < std::min(update_next_, last + 1); ++b) {
+    CRL_CHECK(std::find(kept_.begin(), kept_.end(), b) != kept_.end(),
+              "acquire_parameters: parameters [", first, ", ", end, ") need bucket ", b,
+              ", which this update already dropped");
+  }
+  for (int64_t b = std::max(update_next_, where_[first].first); b <= last; ++b) {
+    hold(b);
+    if (keep(b)) {
+      kept_.push_back(b);
+    } else {
+      unhold(b);
+      evict(b);
+    }
+  }
+  update_next_ = std::max(update_next_, last + 1);
+}
+
 void TrainState::release_kept() {
   for (int64_t b : kept_) unhold(b);
   kept_.clear();
+  updating_ = false;
+  update_next_ = 0;
   evict_idle({});  // none stays gathered outside a micro-batch (the engine beside may need it)
   spare_.clear();
   spare_bytes_ = 0;

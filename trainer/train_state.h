@@ -118,7 +118,16 @@ class TrainState {
   // A hold on the buckets keep(b) says, gathering every bucket not resident in order (a
   // collective per bucket: every rank calls it, whatever its `keep`); release_kept() drops it.
   void acquire_buckets(const std::function<bool(int64_t)>& keep);
+  // The same a run at a time (a streamed weight update, sync::SendStream): drops the kept buckets
+  // with no parameter at or after `first`, then holds every bucket with a parameter in
+  // [first, end) that this stream has not gathered yet, in order (a collective per bucket, the
+  // same on every rank whatever its `keep`), keeping those keep(b) says. Runs go forward:
+  // `first` never below an earlier call's. release_kept() ends the stream.
+  void acquire_parameters(int64_t first, int64_t end, const std::function<bool(int64_t)>& keep);
   void release_kept();
+  // The most gathered bytes (buckets and spare buffers) between the last acquire_buckets() or
+  // first acquire_parameters() and release_kept(): what a weight update held.
+  int64_t update_gathered_peak() const { return update_peak_; }
 
   void zero_grad();
   // A micro-batch's backward begins; with `launch` (stage 2 always, else the step's last one)
@@ -204,6 +213,9 @@ class TrainState {
   std::vector<bool> backward_hold_;
   int64_t gathered_bytes_ = 0, gathered_peak_ = 0;
   std::vector<int64_t> kept_;
+  bool updating_ = false;    // between acquire_buckets()/acquire_parameters() and release_kept()
+  int64_t update_next_ = 0;  // the next bucket acquire_parameters() gathers
+  int64_t update_peak_ = 0;
   std::vector<at::Tensor> bucket_bytes_views_;
   engine::NamedTensors params_;
   std::vector<at::Tensor> master_, exp_avg_, exp_avg_sq_;  // fp32 [slice]

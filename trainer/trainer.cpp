@@ -409,7 +409,12 @@ int64_t Trainer::prefetches_used() const { return impl_->state->prefetches_used(
 void Trainer::gather_buckets(const std::function<bool(int64_t)>& keep) {
   impl_->state->acquire_buckets(keep);
 }
+void Trainer::gather_parameters(int64_t first, int64_t end,
+                                const std::function<bool(int64_t)>& keep) {
+  impl_->state->acquire_parameters(first, end, keep);
+}
 void Trainer::release_buckets() { impl_->state->release_kept(); }
+int64_t Trainer::update_gathered_peak() const { return impl_->state->update_gathered_peak(); }
 bool Trainer::parameters_sharded() const { return impl_->state->sharded_parameters(); }
 
 int64_t Trainer::reference_bytes() const {

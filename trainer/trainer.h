@@ -184,7 +184,13 @@ class Trainer {
   // keeps those keep(b) says until release_buckets(), one bucket at a time beyond them. No-ops at
   // stages 0-2, whose buckets are always whole.
   void gather_buckets(const std::function<bool(int64_t)>& keep);
+  // The same a run of parameters at a time (a streamed weight update, sync::SendStream): gathers
+  // the buckets holding parameters [first, end) (model_param_specs order) not gathered yet and
+  // drops the kept ones whose parameters all lie before `first` (TrainState::acquire_parameters).
+  void gather_parameters(int64_t first, int64_t end, const std::function<bool(int64_t)>& keep);
   void release_buckets();
+  // Stage 3: the most bytes of gathered parameters the last weight update held (0 otherwise).
+  int64_t update_gathered_peak() const;
   bool parameters_sharded() const;
   const sync::WeightLayout& layout() const;
   // Persistent training-state bytes of this rank by kind.

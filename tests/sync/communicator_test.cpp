@@ -180,6 +180,78 @@ TEST(WeightSyncTest, BucketSyncIsBitIdenticalAndOneCollectivePerBucket) {
   for (const auto& e : errors) EXPECT_EQ(e, "");
 }
 
+// A streamed send (a ZeRO-3 trainer's): the senders' weights exist one run of buckets at a time,
+// and every run before is wiped when the next is gathered. Every train rank gathers the same runs
+// in order (a collective inside gather(), as the trainer's all-gather), and the engines still get
+// every byte: send() (casting, fp32 -> bf16) and send_buckets() (the buckets themselves), fan-out
+// over 2 senders with the checksums on. Over IPC (host memory here) the stream is one gather of
+// every bucket before the first hand-over.
+TEST(WeightSyncTest, AStreamedSendReadsEachRunOnlyWhileItIsGathered) {
+  for (int mode = 0; mode < 3; ++mode) {
+    const at::ScalarType dtype = mode == 0 ? at::kBFloat16 : at::kFloat;
+    const bool ipc = mode == 2;
+    SCOPED_TRACE(mode == 0 ? "send" : ipc ? "send_buckets over ipc" : "send_buckets");
+    std::vector<TensorSpec> specs;
+    for (int i = 0; i < 11; ++i) specs.push_back({"w" + std::to_string(i), {37, 19 + i}, dtype});
+    auto layout = WeightLayout::plan(specs, 6000);
+    const int64_t chunk = 9000;
+    ASSERT_GE(layout.chunks(chunk).size(), 3u);
+    const auto runs =
+        ipc ? layout.chunks(0) : layout.chunks(chunk);  // IPC: one gather of the whole model
+    std::vector<at::Tensor> masters;
+    for (const auto& spec : specs) masters.push_back(at::randn(spec.shape, at::kFloat));
+    Topology topo{1, 2, 2};
+    auto errors = run_ranks(4, milliseconds(20000), [&](int, auto& comm, const StorePtr& store) {
+      Groups g = make_groups(std::move(comm), topo);
+      WeightSyncOptions o;
+      o.verify = true;
+      o.stream_chunk_bytes = chunk;
+      if (ipc) o.transport = SyncTransport::kIpc;
+      WeightSync ws(g, store, layout, o);
+      if (g.role == Role::kInfer) {
+        auto buckets = layout.allocate_buckets(at::TensorOptions());
+        EXPECT_TRUE(ws.receive(buckets, 1).verified);
+        auto views = layout.views(buckets);
+        for (size_t i = 0; i < views.size(); ++i) {
+          EXPECT_TRUE(views[i].equal(masters[i].to(dtype))) << specs[i].name;
+        }
+        return;
+      }
+      // The sender's storage: every tensor wiped outside the run gathered now.
+      std::vector<at::Tensor> buckets = layout.allocate_buckets(at::TensorOptions());
+      std::vector<at::Tensor> tensors = layout.views(buckets);
+      std::vector<std::pair<int64_t, int64_t>> seen;
+      SendStream stream;
+      stream.gather = [&](int64_t first, int64_t end) {
+        at::Tensor probe = at::full({1}, static_cast<float>(first));
+        g.train->all_reduce(probe);  // both train ranks gather the same run at once
+        EXPECT_EQ(probe.item<float>(), 2.0f * static_cast<float>(first));
+        seen.emplace_back(first, end);
+        for (auto& b : buckets) b.zero_();
+        for (int64_t b = first; b < end; ++b) {
+          for (const BucketEntry& e : layout.buckets()[b].entries)
+            tensors[e.tensor].copy_(masters[e.tensor]);
+        }
+      };
+      if (dtype == at::kFloat) {
+        ws.send_buckets(buckets, 1, &stream);
+      } else {
+        // Cast from tensors of the trainer's own (fp32), alive only inside the runs too.
+        std::vector<at::Tensor> fp32;
+        for (const auto& t : tensors) fp32.push_back(at::zeros(t.sizes(), at::kFloat));
+        SendStream cast;
+        cast.gather = [&](int64_t first, int64_t end) {
+          stream.gather(first, end);
+          for (size_t i = 0; i < fp32.size(); ++i) fp32[i].copy_(tensors[i]);
+        };
+        ws.send(fp32, 1, &cast);
+      }
+      EXPECT_EQ(seen, runs);
+    });
+    for (const auto& e : errors) EXPECT_EQ(e, "");
+  }
+}
+
 TEST(WeightSyncTest, LayoutMismatchNamesTheFirstDifferingTensor) {
   std::vector<TensorSpec> a = {{"x", {4, 4}, at::kFloat}, {"y", {8}, at::kFloat}};
   std::vector<TensorSpec> b = {{"x", {4, 4}, at::kFloat}, {"y", {9}, at::kFloat}};

@@ -130,6 +130,38 @@ TEST(WeightLayoutTest, GivesAnOversizeTensorABucketOfItsOwn) {
   EXPECT_EQ(l.max_bucket_nbytes(), 4096);
 }
 
+// A streamed send's runs: consecutive buckets, in order, every bucket once, none over the cap
+// unless it is one bucket alone, each as long as the cap allows.
+TEST(WeightLayoutTest, ChunksAreConsecutiveRunsOfBucketsUpToTheCap) {
+  auto layout = WeightLayout::plan(llama_specs(at::kFloat, 4), 40000);
+  const auto& buckets = layout.buckets();
+  const auto n = static_cast<int64_t>(buckets.size());
+  ASSERT_GE(n, 6);
+  for (int64_t cap : {int64_t{1}, int64_t{40000}, int64_t{90000}, int64_t{250000}}) {
+    SCOPED_TRACE(cap);
+    auto runs = layout.chunks(cap);
+    ASSERT_FALSE(runs.empty());
+    int64_t next = 0;
+    for (size_t r = 0; r < runs.size(); ++r) {
+      const auto [first, end] = runs[r];
+      EXPECT_EQ(first, next);
+      ASSERT_LT(first, end);
+      int64_t bytes = 0;
+      for (int64_t b = first; b < end; ++b) bytes += buckets[b].nbytes;
+      if (end - first > 1) EXPECT_LE(bytes, cap);
+      // Greedy: the next run's first bucket would not have fit into this one.
+      if (end < n) EXPECT_GT(bytes + buckets[end].nbytes, cap);
+      next = end;
+    }
+    EXPECT_EQ(next, n);
+  }
+  EXPECT_EQ(layout.chunks(1).size(), static_cast<size_t>(n));  // each bucket alone
+  for (int64_t whole : {int64_t{0}, int64_t{-1}, layout.total_bytes()}) {
+    ASSERT_EQ(layout.chunks(whole).size(), 1u);
+    EXPECT_EQ(layout.chunks(whole)[0], std::make_pair(int64_t{0}, n));
+  }
+}
+
 TEST(WeightLayoutTest, AlignsOffsetsWithoutOverlap) {
   for (int64_t align : {1, 64, 256, 4096}) {
     SCOPED_TRACE(align);

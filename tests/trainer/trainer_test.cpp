@@ -432,6 +432,81 @@ TEST(ZeroTest, StageThreeRanksReadOnlyTheirSlicesOfTheCheckpoint) {
   EXPECT_EQ(sum, total);
 }
 
+// A streamed weight update (RolloutConsumer::send): stage 3 gathers the buckets a run of
+// parameters needs, drops the runs before, and so holds about one run at a time -- here runs of a
+// bf16 sync layout whose buckets straddle the trainer's fp32 ones (the cast path), and runs of
+// the trainer's own buckets keeping every other one (fan-out over own buffers). Each run's
+// parameters are the model's; the peak is a run's buckets and one buffer more, far below the
+// whole gather's.
+TEST(ZeroTest, StageThreeStreamsAWeightUpdateARunOfParametersAtATime) {
+  const std::string dir = test::test_engine_config().model_dir;
+  const auto specs = engine::model_param_specs(engine::load_model_config(dir));
+  const engine::NamedTensors want = engine::load_checkpoint(dir, specs, at::kFloat);
+  std::vector<sync::TensorSpec> bf16;
+  for (const auto& spec : specs) bf16.push_back({spec.name, spec.shape, at::kBFloat16});
+  const sync::WeightLayout sync_layout = sync::WeightLayout::plan(bf16, 40 * 1024);
+  auto errors = test::run_ranks(
+      2, std::chrono::milliseconds(30000), [&](int r, auto& comm, const sync::StorePtr&) {
+        TrainStateOptions o;
+        o.zero_stage = 3;
+        o.bucket_bytes = 64 * 1024;
+        TrainState state(want, o, comm.get());
+        const sync::WeightLayout& own = state.layout();
+        ASSERT_GT(own.buckets().size(), 6u);
+        std::vector<int64_t> bucket_of(want.size());
+        for (const auto& b : own.buckets())
+          for (const auto& e : b.entries) bucket_of[e.tensor] = b.index;
+        auto check = [&](int64_t first, int64_t end, const std::function<bool(int64_t)>& keep) {
+          for (int64_t i = first; i < end; ++i) {
+            if (!keep(bucket_of[i])) continue;
+            test::expect_tensor_equal(state.parameters()[i].second, want[i].second);
+          }
+        };
+        // The whole gather, for scale.
+        state.acquire_buckets([](int64_t) { return true; });
+        state.release_kept();
+        const int64_t whole = state.update_gathered_peak();
+        EXPECT_GE(whole, own.total_bytes());
+
+        // The cast path: runs of the bf16 layout (chunks of 80 KiB), every bucket kept.
+        int64_t most = 0;
+        for (const auto& [first, end] : sync_layout.chunks(80 * 1024)) {
+          const int64_t p0 = sync_layout.buckets()[first].entries.front().tensor;
+          const int64_t p1 = sync_layout.buckets()[end - 1].entries.back().tensor + 1;
+          state.acquire_parameters(p0, p1, [](int64_t) { return true; });
+          check(p0, p1, [](int64_t) { return true; });
+          int64_t run = 0;
+          for (int64_t b = bucket_of[p0]; b <= bucket_of[p1 - 1]; ++b)
+            run += own.buckets()[b].nbytes;
+          most = std::max(most, run);
+        }
+        state.release_kept();
+        const int64_t cast_peak = state.update_gathered_peak();
+        EXPECT_LE(cast_peak, most + 2 * own.max_bucket_nbytes());
+        EXPECT_LT(cast_peak, whole / 2);
+
+        // Own buffers: runs of two of the trainer's buckets, rank r keeping buckets b % 2 == r.
+        auto mine = [r](int64_t b) { return b % 2 == r; };
+        for (const auto& [first, end] : own.chunks(2 * own.max_bucket_nbytes())) {
+          const int64_t p0 = own.buckets()[first].entries.front().tensor;
+          const int64_t p1 = own.buckets()[end - 1].entries.back().tensor + 1;
+          state.acquire_parameters(p0, p1, mine);
+          check(p0, p1, mine);
+        }
+        state.release_kept();
+        EXPECT_LE(state.update_gathered_peak(), 3 * own.max_bucket_nbytes());
+        // Runs go forward only, and a bucket dropped is not read again.
+        state.acquire_parameters(static_cast<int64_t>(want.size()) - 1,
+                                 static_cast<int64_t>(want.size()), mine);
+        ASSERT_THROWS_WITH(state.acquire_parameters(0, 1, mine), CheckError, "already dropped");
+        state.release_kept();
+        state.acquire_parameters(0, 1, [](int64_t) { return false; });
+        ASSERT_THROWS_WITH(state.acquire_parameters(0, 1, mine), CheckError, "already dropped");
+        state.release_kept();
+      });
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+}
+
 TEST(ZeroTest, ActivationCheckpointingGivesTheSameGradientsAndWeights) {
   const std::string dir = test::test_engine_config().model_dir;
   auto mbs = six_micro_batches(dir);
