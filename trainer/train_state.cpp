@@ -318,18 +318,7 @@ void TrainState::acquire_for_backward(int g) {
 void TrainState::acquire_buckets(const std::function<bool(int64_t)>& keep) {
   if (!sharded_) return;
   CRL_CHECK(!updating_, "acquire_buckets: the previous buckets were not released");
-  evict_idle({});
-  updating_ = true;
-  update_peak_ = gathered_bytes_ + spare_bytes_;
-  for (int64_t b = 0; b < static_cast<int64_t>(param_full_.size()); ++b) {
-    hold(b);
-    if (keep(b)) {
-      kept_.push_back(b);
-    } else {
-      unhold(b);
-      evict(b);
-    }
-  }
+  acquire_parameters(0, static_cast<int64_t>(where_.size()), keep);
 }
 
 void TrainState::acquire_parameters(int64_t first, int64_t end,
