@@ -412,9 +412,17 @@ SyncStats WeightSync::send(const std::vector<at::Tensor>& tensors, int64_t versi
   int k = 0;
   auto t0 = Clock::now();
   for (const auto& [first, end] : send_runs(layout_, stream, options_.stream_chunk_bytes)) {
-    // pack() has copied the runs before into the send buffers (on a GPU, ordered before the
-    // gather's writes on the device), so gather() may reuse their memory.
-    if (stream) stream->gather(first, end);
+    if (stream) {
+      // pack() has copied the runs before into the send buffers (on a GPU, ordered before the
+      // gather's writes on the device), so gather() may reuse their memory. Their broadcasts
+      // finish first all the same: the train group's all-gather never runs beside this rank's
+      // sync broadcasts (concurrent NCCL communicators on one GPU can deadlock).
+      while (!inflight.empty()) {
+        inflight.front()->wait();
+        inflight.pop_front();
+      }
+      stream->gather(first, end);
+    }
     for (int64_t bi = first; bi < end; ++bi) {
       const Bucket& b = layout_.buckets()[bi];
       if (!sends(b.index)) continue;
@@ -471,7 +479,8 @@ SyncStats WeightSync::send_buckets(const std::vector<at::Tensor>& buckets, int64
   for (const auto& [first, end] : send_runs(layout_, stream, options_.stream_chunk_bytes)) {
     if (stream) {
       // The broadcasts read the buckets themselves: the run before is sent before gather() may
-      // reuse its memory. The senders of one run still send at once.
+      // reuse its memory (and the train group's all-gather never runs beside this rank's sync
+      // broadcasts). The senders of one run still send at once.
       wait_all(works);
       works.clear();
       stream->gather(first, end);

@@ -105,9 +105,10 @@ struct WeightSyncOptions {
 // parameters for the update): send() and send_buckets() call gather(first, end) before they read
 // any of buckets [first, end), for every run of layout().chunks(options().stream_chunk_bytes) in
 // order, whether this rank sends a bucket of it or not (so a collective inside gather() runs on
-// every train rank in the same order), and only once every read of the runs before has completed:
-// gather() may free what they held. In the baseline modes, and on a node where any sender uses
-// CUDA IPC, the stream is gathered whole (one gather() of every bucket) before the first send.
+// every train rank in the same order), and only once this rank's sends of the runs before have
+// completed: gather() may free what they held, and its collective never runs beside them. In the
+// baseline modes, and on a node where any sender uses CUDA IPC, the stream is gathered whole (one
+// gather() of every bucket) before the first send.
 struct SendStream {
   std::function<void(int64_t first, int64_t end)> gather;
 };
