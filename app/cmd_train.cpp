@@ -50,7 +50,7 @@ struct TrainFlags {
   // Given on the command line (else --lora-rank picks its own defaults).
   CLI::Option *sft_lr_opt = nullptr, *sft_steps_opt = nullptr, *temperature_opt = nullptr;
   CLI::Option *lr_opt = nullptr, *sft_target_opt = nullptr, *steps_opt = nullptr,
-              *warmup_opt = nullptr, *staleness_opt = nullptr;
+              *warmup_opt = nullptr, *staleness_opt = nullptr, *max_tokens_opt = nullptr;
   std::string sft_target = "demonstration";
   std::string sft_trains = "auto";
 };
@@ -127,8 +127,8 @@ void add_schedule_flags(CLI::App* cmd, TrainFlags* f) {
   f->sft_steps_opt =
       cmd->add_option(
              "--sft-steps", o.sft_steps,
-             "SFT warm-up steps before GRPO (0 = none; 400 with --sft-trains adapter, 0 with a "
-             "--reward COMMAND)")
+             "SFT warm-up steps before GRPO (0 = none; 400 with --sft-trains adapter, 800 with "
+             "--env calculator on the embedded model, 0 with a --reward COMMAND)")
           ->check(at_least(0))
           ->capture_default_str();
   cmd->add_option("--sft-rows", o.sft_rows_per_step, "rows per SFT step")
@@ -160,7 +160,8 @@ void add_schedule_flags(CLI::App* cmd, TrainFlags* f) {
                   "SFT cosine floor: after warmup the lr decays from --sft-lr to this over "
                   "--sft-steps (default: --sft-lr / 10; equal to --sft-lr: constant)");
   f->steps_opt = cmd->add_option("--steps", o.steps,
-                                 "GRPO steps (60 with --sft-trains adapter, 90 with --env)")
+                                 "GRPO steps (60 with --sft-trains adapter, 40 with --env "
+                                 "calculator on the embedded model, 90 with --env otherwise)")
                      ->capture_default_str()
                      ->check(at_least(0));
   cmd->add_option("--prompts-per-step", o.prompts_per_step, "prompts per GRPO step (all engines)")
@@ -173,9 +174,12 @@ void add_schedule_flags(CLI::App* cmd, TrainFlags* f) {
       cmd->add_option("--temperature", o.temperature,
                       "rollout sampling temperature (0.3 with --sft-trains adapter)")
           ->capture_default_str();
-  cmd->add_option("--max-tokens", o.max_tokens, "generated tokens per sample at most")
-      ->capture_default_str()
-      ->check(at_least(1));
+  f->max_tokens_opt =
+      cmd->add_option("--max-tokens", o.max_tokens,
+                      "generated tokens per sample at most (64 with --env calculator on the "
+                      "embedded model)")
+          ->capture_default_str()
+          ->check(at_least(1));
   f->lr_opt =
       cmd->add_option("--lr", f->lr,
                       "GRPO peak learning rate (1e-3 with --sft-trains model, 1e-4 with adapter, "
@@ -459,10 +463,18 @@ RlJobOptions resolve_train_flags(const TrainFlags& flags) {
   }
   if (f->sft_target_opt->count() > 0) o.sft_on_answers = f->sft_target == "answer";
   o.env_options.calculator_demo_any_number = !o.sft_on_answers;
-  // The multi-turn calculator job keeps 90 steps at 3e-4 (110 at 2e-4 was not measured there).
+  // Multi-turn jobs keep 90 steps at 3e-4 (110 at 2e-4 was not measured there). The built-in
+  // calculator on the embedded model has its measured recipe (16 runs:
+  // docs/results/2026-11-30-calculator-split.md): 800 warm-up steps (its format is not learned in
+  // 500), 40 GRPO steps, 64 tokens a turn.
   if (!o.env.empty() && !o.trainer.lora.enabled()) {
+    const bool calculator_job = o.env == "calculator" && f->o.model_dir.empty();
     if (f->lr_opt->count() == 0) grpo_lr = 3e-4;
-    if (f->steps_opt->count() == 0) o.steps = 90;
+    if (f->steps_opt->count() == 0) o.steps = calculator_job ? 40 : 90;
+    if (calculator_job) {
+      if (f->sft_steps_opt->count() == 0) o.sft_steps = 800;
+      if (f->max_tokens_opt->count() == 0) o.max_tokens = 64;
+    }
   }
   o.trainer.schedule.lr = grpo_lr;
   o.trainer.schedule.min_lr = f->min_lr >= 0 ? f->min_lr : grpo_lr / 10;
