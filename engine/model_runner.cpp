@@ -337,8 +337,12 @@ at::Tensor ModelRunner::lead_logits(const at::Tensor& rows, int64_t which) {
 at::Tensor ModelRunner::gather_logits(const at::Tensor& rows) {
   // [R, V / n], where the group's collectives run (the CPU for a Gloo group of GPU shards).
   const at::Tensor part = model_.compute_logits(rows).to(tp_->device()).contiguous();
+  if (tp_->rank() != 0) {
+    tp_->gather_to_leader(part, at::Tensor());  // only the leader samples
+    return at::Tensor();
+  }
   at::Tensor all = at::empty({tp_->size(), part.size(0), part.size(1)}, part.options());
-  tp_->all_gather(part, all);
+  tp_->gather_to_leader(part, all);
   return all.to(rows.device());
 }
 

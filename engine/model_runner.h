@@ -54,7 +54,7 @@ class ModelRunner {
   // tensor-parallel group whose shards split the vocabulary computes them together: the leader
   // tells the others which rows, each rank takes its part of the vocabulary from its own copy of
   // the step's hidden states (the group's sums give every rank the same), and the parts are
-  // all-gathered. Else the model's compute_logits.
+  // gathered to the leader (only it samples). Else the model's compute_logits.
   // REQUIRES: `fwd` is the last execute()'s (the followers answer with their last step's rows).
   at::Tensor sample_logits(const ForwardOutput& fwd);
   at::Tensor row_logits(const ForwardOutput& fwd, int64_t first, int64_t count);
@@ -136,7 +136,7 @@ class ModelRunner {
   void land_and_wait(int64_t bucket, const at::Tensor& bytes);
   // The leader: the logits of `rows` (`which`: the first of the step's hidden rows, or its sample
   // rows), the followers told. gather_logits (every rank): this rank's part of the logits of
-  // `rows`, all-gathered: [n, R, V / n] on `rows`' device.
+  // `rows`, gathered to the leader: [n, R, V / n] on `rows`' device there, undefined elsewhere.
   at::Tensor lead_logits(const at::Tensor& rows, int64_t which);
   at::Tensor gather_logits(const at::Tensor& rows);
   // The leader's word to its followers: a command and its numbers, and for a step the packed

@@ -26,6 +26,34 @@ void check_words(const std::vector<int64_t>& words) {
   }
 }
 
+void check_gather_output(const TpGroup& g, const at::Tensor& in, const at::Tensor& out) {
+  const bool leader = g.rank() == 0;
+  if (leader != out.defined() ||
+      (leader && (!out.is_contiguous() || out.numel() != in.numel() * g.size() ||
+                  out.scalar_type() != in.scalar_type() || out.device() != in.device()))) {
+    throw CollectiveError(
+        "gather_to_leader on group " + g.name() + " (rank " + std::to_string(g.rank()) + " of " +
+        std::to_string(g.size()) + ", " + std::to_string(in.numel() * in.element_size()) +
+        " bytes a rank): the leader's output must be contiguous, " + std::to_string(g.size()) +
+        " times the input's elements, of its dtype and device; the other ranks pass none");
+  }
+}
+
+// Point to point: every other rank sends its part to rank 0, which receives each into its chunk
+// (Gloo and NCCL alike; nothing reaches the other ranks, where an all-gather sends them all).
+void gather_over(Communicator& comm, const at::Tensor& in, const at::Tensor& out) {
+  const at::Tensor part = in.contiguous();
+  if (comm.rank() != 0) {
+    comm.send(part, 0);
+    return;
+  }
+  const at::Tensor chunks = out.view({comm.size(), -1});
+  chunks[0].copy_(part.view({-1}));
+  std::vector<std::unique_ptr<Work>> works;
+  for (int r = 1; r < comm.size(); ++r) works.push_back(comm.recv_async(chunks[r], r));
+  wait_all(works);
+}
+
 // Commands as broadcasts from group rank 0: a fixed header [count, words..., payload bytes], then
 // the payload.
 class CommunicatorTpGroup : public TpGroup {
@@ -38,8 +66,9 @@ class CommunicatorTpGroup : public TpGroup {
   at::Device device() const override { return device_; }
   const std::string& name() const override { return comm_.name(); }
   void all_reduce_sum(const at::Tensor& t) override { comm_.all_reduce(t, ReduceOp::kSum); }
-  void all_gather(const at::Tensor& in, const at::Tensor& out) override {
-    comm_.all_gather(in, out);
+  void gather_to_leader(const at::Tensor& in, const at::Tensor& out) override {
+    check_gather_output(*this, in, out);
+    gather_over(comm_, in, out);
   }
   void abort() override {}
 
@@ -165,33 +194,29 @@ class LocalTpGroup : public TpGroup {
     t.copy_(sum);
   }
 
-  void all_gather(const at::Tensor& in, const at::Tensor& out) override {
+  void gather_to_leader(const at::Tensor& in, const at::Tensor& out) override {
+    check_gather_output(*this, in, out);
     if (comm_) {
       const c10::DeviceGuard guard(device_);
-      comm_->all_gather(in, out);
+      gather_over(*comm_, in, out);
       return;
-    }
-    if (!out.is_contiguous() || out.numel() != in.numel() * size_ ||
-        out.scalar_type() != in.scalar_type()) {
-      throw CollectiveError("all_gather on group tp (in-process, rank " + std::to_string(rank_) +
-                            "): the output must be contiguous, " + std::to_string(size_) +
-                            " times the input's " + std::to_string(in.numel()) +
-                            " elements and of its dtype");
     }
     LocalTpHub::Reducer& r = *reducer_;
     {
       std::lock_guard<std::mutex> lock(r.mu);
       r.inputs[rank_] = in;
     }
-    barrier("all_gather", in);
-    try {
-      const at::Tensor chunks = out.view({size_, -1});
-      for (int i = 0; i < size_; ++i) chunks[i].copy_(r.inputs[i].reshape({-1}));
-    } catch (...) {
-      abort();
-      throw;
+    barrier("gather_to_leader", in);
+    if (rank_ == 0) {
+      try {
+        const at::Tensor chunks = out.view({size_, -1});
+        for (int i = 0; i < size_; ++i) chunks[i].copy_(r.inputs[i].reshape({-1}));
+      } catch (...) {
+        abort();
+        throw;
+      }
     }
-    barrier("all_gather", in);
+    barrier("gather_to_leader", in);  // the followers' inputs are read
   }
 
   void abort() override { close_channels(channels_, *reducer_); }

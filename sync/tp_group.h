@@ -7,7 +7,7 @@
 //   broadcasts, so a follower's wait for the next one has the communicator's deadline;
 // - in one process (LocalTpHub): one thread per rank; commands go through memory and a follower
 //   waits for the next one without a deadline (an idle server's engine sends nothing); the
-//   all-reduces and all-gathers go through memory on the CPU (every rank sums the ranks' tensors in
+//   all-reduces and gathers go through memory on the CPU (every rank sums the ranks' tensors in
 //   rank order: the same bits on each; ~1 ms a call less than Gloo over the loopback device) and
 //   over each rank's NCCL communicator on a GPU.
 // Every collective keeps its communicator's deadline and the error naming the op, the group, the
@@ -38,8 +38,10 @@ class TpGroup {
   virtual const std::string& name() const = 0;
   // In place: the element-wise sum over the group.
   virtual void all_reduce_sum(const at::Tensor& t) = 0;
-  // `out` (contiguous, size() times `in`'s elements, on device()): chunk r becomes rank r's `in`.
-  virtual void all_gather(const at::Tensor& in, const at::Tensor& out) = 0;
+  // The leader's `out` (contiguous, size() times `in`'s elements, on device()): chunk r becomes
+  // rank r's `in`. The other ranks pass an undefined `out` and receive nothing (only the leader
+  // samples from the logits).
+  virtual void gather_to_leader(const at::Tensor& in, const at::Tensor& out) = 0;
   // The leader: sends `words` (at most kMaxWords) and `payload` (uint8 bytes on the CPU, or
   // undefined) to every other rank.
   virtual void lead(const std::vector<int64_t>& words, const at::Tensor& payload) = 0;
