@@ -293,7 +293,7 @@ void add_rollout_flags(CLI::App& cmd, RolloutBenchOptions& o) {
          "with ATen's ops), host-sampler, eager, lora-1 and lora-4 (continuous with 1 or 4 "
          "LoRA adapters of --lora-rank, requests taking them in turn), tp2 and tp4 (continuous "
          "with the model split over 2 or 4 tensor-parallel ranks: threads, on GPUs "
-         "--device..+N-1)")
+         "--device..+N-1), merged (continuous with q/k/v and gate/up as one product each)")
       ->delimiter(',')
       ->capture_default_str();
   cmd.add_option("--lora-rank", o.lora_rank, "rank of the lora-k modes' adapters (all-linear)")
@@ -366,11 +366,11 @@ int run_rollout_bench(const RolloutBenchOptions& o) {
   for (const auto& mode : o.modes) {
     if (mode != "continuous" && mode != "static" && mode != "no-share" && mode != "deterministic" &&
         mode != "libtorch" && mode != "host-sampler" && mode != "eager" && mode != "lora-1" &&
-        mode != "lora-4" && mode != "tp2" && mode != "tp4") {
+        mode != "lora-4" && mode != "tp2" && mode != "tp4" && mode != "merged") {
       throw std::invalid_argument(
           "unknown bench mode '" + mode +
           "' (expected continuous, static, no-share, deterministic, libtorch, "
-          "host-sampler, eager, lora-1, lora-4, tp2 or tp4)");
+          "host-sampler, eager, lora-1, lora-4, tp2, tp4 or merged)");
     }
     engine::EngineConfig c = engine_config(o, model_dir);
     if (mode == "libtorch") {  // continuous, with at::linear and ATen's ops everywhere
@@ -379,6 +379,9 @@ int run_rollout_bench(const RolloutBenchOptions& o) {
     }
     if (mode == "host-sampler") c.sampler = "cpu";  // continuous, logits copied to the host
     if (mode == "eager") c.cuda_graphs = "off";     // continuous without CUDA graphs
+    if (mode == "merged" || mode == "unmerged") {   // q/k/v and gate/up as one product each, or not
+      c.merge_projections = mode == "merged" ? "on" : "off";
+    }
     if (mode == "tp2" || mode == "tp4") c.tensor_parallel_size = mode == "tp2" ? 2 : 4;
     c.static_batching = mode == "static";
     c.deterministic = mode == "deterministic";
@@ -485,7 +488,8 @@ int run_rollout_bench(const RolloutBenchOptions& o) {
       {"lora_1_vs_continuous", {"lora-1", "continuous"}},
       {"lora_4_vs_continuous", {"lora-4", "continuous"}},
       {"tp2_vs_continuous", {"tp2", "continuous"}},
-      {"tp4_vs_continuous", {"tp4", "continuous"}}};
+      {"tp4_vs_continuous", {"tp4", "continuous"}},
+      {"merged_vs_continuous", {"merged", "continuous"}}};
   for (const auto& [key, pair] : ratios) {
     if (auto r = paired_ratio(pair.first, pair.second)) {
       result[key] = *r;

@@ -46,6 +46,12 @@ struct EngineConfig {
   // kernel for one), bfloat16 ones from 3 tokens on AVX512-BF16 CPUs, RMSNorm and the SiLU gate;
   // "libtorch" runs at::linear (OpenBLAS / oneDNN) and ATen's ops as before.
   std::string cpu_kernels = "auto";
+  // Outside deterministic mode, q/k/v and gate/up run as one product each
+  // (TransformerOptions::merge_projections; `bench rollout`'s mode "merged"). Off: on the CPU it
+  // measured level with five products a layer within the machine's noise
+  // (docs/results/2026-11-30-merged-projections-cpu.md); on GPUs, where fewer and larger GEMMs are
+  // expected to pay, it has not run yet.
+  bool merge_projections = false;
   // GPU kernels: "auto" runs RMSNorm, RoPE, the SiLU gate and the tensor sampler's plain rows as
   // the project's fused CUDA kernels (engine/kernels/cuda_ops.h) on a CUDA device; "libtorch" runs
   // ATen's composition of them.

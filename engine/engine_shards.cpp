@@ -23,6 +23,7 @@ TransformerOptions engine_model_options(const EngineConfig& config) {
   opts.deterministic = config.deterministic;
   opts.project_linear = config.cpu_kernels == "auto";
   opts.cuda_fused = config.gpu_kernels == "auto";
+  opts.merge_projections = config.merge_projections && !opts.deterministic;
   return opts;
 }
 

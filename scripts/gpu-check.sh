@@ -187,7 +187,7 @@ if want bench; then
     [ -f "$model/config.json" ] || "$BIN" make-model --shape "$shape" --dtype bfloat16 --out "$model" > /dev/null
     modes=continuous profile=""
     if [ $first = 1 ]; then
-      modes=${CRL_GPU_BENCH_MODES:-continuous,eager}
+      modes=${CRL_GPU_BENCH_MODES:-continuous,eager,merged}
       [ -n "${CRL_GPU_PROFILE:-}" ] && profile=1
     fi
     env ${extra:+"$extra"} CRL_PAGED_ATTENTION=$kern CRL_FLASHINFER_WAVES=$waves timeout 300 "$BIN" bench rollout --model "$model" --dtype bfloat16 \
@@ -197,7 +197,7 @@ if want bench; then
       ${profile:+--step-trace "$OUT/steps_$shape.jsonl" --profile "$OUT/prof_$shape" --profile-steps "${CRL_GPU_PROFILE_STEPS:-3:2,60:3,700:3}"} \
       > "$OUT/bench_rollout_${shape}_$tag.log" 2>&1
     note "bench_rc_${shape}_$tag" "$?"
-    grep -E '^(continuous|eager|host-sampler|libtorch) |roofline|time of|attention kernel|rror' "$OUT/bench_rollout_${shape}_$tag.log" | sed "s/^/$shape $tag: /" | cut -c1-300
+    grep -E '^(continuous|eager|merged|host-sampler|libtorch) |roofline|time of|attention kernel|rror' "$OUT/bench_rollout_${shape}_$tag.log" | sed "s/^/$shape $tag: /" | cut -c1-300
     if [ -n "$profile" ]; then
       python3 scripts/profile_summary.py --top "${CRL_GPU_PROFILE_TOP:-22}" --steps "$OUT/steps_$shape.jsonl" "$OUT"/prof_"$shape".*.json \
         > "$OUT/profile_$shape.txt" 2>&1

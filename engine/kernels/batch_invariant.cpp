@@ -361,12 +361,35 @@ at::Tensor bi_silu_mul(const at::Tensor& gate, const at::Tensor& up) {
   check_cpu_dtype(up, "silu_mul", "up");
   CRL_CHECK(gate.sizes() == up.sizes() && gate.scalar_type() == up.scalar_type(), "silu_mul: gate ",
             gate.sizes(), " ", gate.scalar_type(), ", up ", up.sizes(), " ", up.scalar_type());
+  const detail::KernelTable& t = active_table();
+  const bool bf16 = gate.scalar_type() == at::kBFloat16;
+  if (gate.dim() == 2 && gate.stride(1) == 1 && up.stride(1) == 1 &&
+      !(gate.is_contiguous() && up.is_contiguous())) {
+    // Rows read in place (the halves of a merged gate/up product): row by row, no copy.
+    at::Tensor y = at::empty(gate.sizes(), gate.options());
+    const int64_t width = gate.size(1);
+    const int64_t elt = gate.element_size();
+    const auto* g = static_cast<const char*>(gate.data_ptr());
+    const auto* u = static_cast<const char*>(up.data_ptr());
+    auto* out = static_cast<char*>(y.data_ptr());
+    at::parallel_for(0, gate.size(0), std::max<int64_t>(1, 16384 / std::max<int64_t>(width, 1)),
+                     [&](int64_t begin, int64_t end) {
+                       for (int64_t r = begin; r < end; ++r) {
+                         const detail::RowArgs row{g + r * gate.stride(0) * elt,
+                                                   u + r * up.stride(0) * elt,
+                                                   out + r * width * elt,
+                                                   bf16,
+                                                   0,
+                                                   0.0f};
+                         t.silu_mul(row, 0, width);
+                       }
+                     });
+    return y;
+  }
   const at::Tensor g = gate.contiguous();
   const at::Tensor u = up.contiguous();
   at::Tensor y = at::empty_like(g);
-  const detail::RowArgs args{
-      g.data_ptr(), u.data_ptr(), y.data_ptr(), g.scalar_type() == at::kBFloat16, 0, 0.0f};
-  const detail::KernelTable& t = active_table();
+  const detail::RowArgs args{g.data_ptr(), u.data_ptr(), y.data_ptr(), bf16, 0, 0.0f};
   at::parallel_for(0, g.numel(), 16384,
                    [&](int64_t begin, int64_t end) { t.silu_mul(args, begin, end); });
   return y;

@@ -62,7 +62,8 @@ at::Tensor bf16_dot_linear(const at::Tensor& x, const at::Tensor& weight,
 at::Tensor bi_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
 // silu(gate) * up, elementwise (the SwiGLU gate), both rounded to the dtype as at::silu and mul do.
-// gate, up: same shape and dtype.
+// gate, up: same shape and dtype; 2-D ones may have rows apart (the two halves of a merged gate/up
+// product), read in place.
 at::Tensor bi_silu_mul(const at::Tensor& gate, const at::Tensor& up);
 
 }  // namespace crl::engine::kernels

@@ -79,12 +79,16 @@ __global__ void rms_norm_kernel(T* __restrict__ out, const T* __restrict__ x,
 
 template <typename T>
 __global__ void silu_mul_kernel(T* __restrict__ out, const T* __restrict__ gate,
-                                const T* __restrict__ up, int64_t n) {
+                                const T* __restrict__ up, int64_t n, int64_t width,
+                                int64_t gate_stride, int64_t up_stride) {
+  // Row r of gate and up starts r * stride elements in (the halves of a merged gate/up product
+  // are rows apart); out is [n / width, width], contiguous.
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float g = to_f(gate[i]);
+    const int64_t r = i / width, c = i - r * width;
+    const float g = to_f(gate[r * gate_stride + c]);
     const float s = round_to<T>(g / (1.0f + expf(-g)));  // ATen's silu, in float
-    out[i] = from_f<T>(__fmul_rn(s, to_f(up[i])));
+    out[i] = from_f<T>(__fmul_rn(s, to_f(up[r * up_stride + c])));
   }
 }
 
@@ -93,7 +97,8 @@ template <typename T>
 __global__ void rope_kernel(T* __restrict__ q, T* __restrict__ k,
                             const int64_t* __restrict__ positions,
                             const float* __restrict__ cos_table,
-                            const float* __restrict__ sin_table, int hq, int hk, int half) {
+                            const float* __restrict__ sin_table, int hq, int hk, int half,
+                            int64_t q_stride, int64_t k_stride) {
   const int64_t t = blockIdx.x;
   const int64_t p = positions[t];
   const float* ct = cos_table + p * half;
@@ -101,7 +106,9 @@ __global__ void rope_kernel(T* __restrict__ q, T* __restrict__ k,
   const int pairs = (hq + hk) * half;
   for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
     const int head = i / half, j = i % half;
-    T* x = head < hq ? q + (t * hq + head) * 2 * half : k + (t * hk + (head - hq)) * 2 * half;
+    // Token t's heads start t * stride elements in (rows of a merged q/k/v product).
+    T* x =
+        head < hq ? q + t * q_stride + head * 2 * half : k + t * k_stride + (head - hq) * 2 * half;
     const float c = round_to<T>(ct[j]), s = round_to<T>(st[j]);
     const float x1 = to_f(x[j]), x2 = to_f(x[j + half]);
     // cat({x1 * c - x2 * s, x2 * c + x1 * s}): each product and each sum an ATen op.
@@ -321,12 +328,35 @@ __global__ void __launch_bounds__(kSampleThreads)
   }
 }
 
-void check_operand(const at::Tensor& t, const char* what, const at::Tensor& like) {
+// Whether t is contiguous but for its first dimension's stride (rows apart: the parts of a merged
+// projection's output).
+bool rows_contiguous(const at::Tensor& t) {
+  if (t.dim() < 2) return t.is_contiguous();
+  int64_t expected = 1;
+  for (int64_t d = t.dim() - 1; d >= 1; --d) {
+    if (t.size(d) != 1 && t.stride(d) != expected) return false;
+    expected *= t.size(d);
+  }
+  return t.size(0) == 1 || t.stride(0) >= expected;
+}
+
+// Elements between two rows (first-dimension entries) of t.
+int64_t row_stride(const at::Tensor& t) {
+  if (t.dim() < 2) return t.numel();
+  return t.size(0) == 1 ? t.numel() : t.stride(0);
+}
+
+void check_operand(const at::Tensor& t, const char* what, const at::Tensor& like,
+                   bool rows_apart = false) {
   CRL_CHECK(t.defined() && t.is_cuda(), what, " must be a CUDA tensor");
   CRL_CHECK(t.scalar_type() == like.scalar_type(), what, " is ", t.scalar_type(), ", expected ",
             like.scalar_type());
   CRL_CHECK(t.device() == like.device(), what, " is on ", t.device(), ", expected ", like.device());
-  CRL_CHECK(t.is_contiguous(), what, " must be contiguous");
+  if (rows_apart) {
+    CRL_CHECK(rows_contiguous(t), what, " must be contiguous within each row");
+  } else {
+    CRL_CHECK(t.is_contiguous(), what, " must be contiguous");
+  }
 }
 
 void check_dtype(const at::Tensor& t) {
@@ -372,26 +402,32 @@ at::Tensor cuda_rms_norm(const at::Tensor& x, const at::Tensor& weight, double e
 }
 
 at::Tensor cuda_silu_mul(const at::Tensor& gate, const at::Tensor& up) {
-  check_operand(gate, "silu_mul gate", gate);
+  check_operand(gate, "silu_mul gate", gate, /*rows_apart=*/true);
   check_dtype(gate);
-  check_operand(up, "silu_mul up", gate);
+  check_operand(up, "silu_mul up", gate, /*rows_apart=*/true);
   CRL_CHECK(gate.sizes() == up.sizes(), "silu_mul: gate ", gate.sizes(), " and up ", up.sizes(),
             " differ");
-  at::Tensor out = at::empty_like(gate);
+  CRL_CHECK((gate.is_contiguous() && up.is_contiguous()) || gate.dim() == 2,
+            "silu_mul: rows apart only in 2-D, got gate ", gate.sizes());
+  at::Tensor out = at::empty(gate.sizes(), gate.options());
   const int64_t n = gate.numel();
+  const int64_t width = gate.dim() == 2 ? gate.size(1) : std::max<int64_t>(n, 1);
+  const int64_t gate_stride = gate.dim() == 2 ? row_stride(gate) : width;
+  const int64_t up_stride = gate.dim() == 2 ? row_stride(up) : width;
   if (n == 0) return out;
   const c10::cuda::CUDAGuard guard(gate.device());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const int threads = 256;
   const int64_t blocks = std::min<int64_t>((n + threads - 1) / threads, 8192);
   if (gate.scalar_type() == at::kFloat) {
-    silu_mul_kernel<float><<<blocks, threads, 0, stream>>>(
-        out.data_ptr<float>(), gate.data_ptr<float>(), up.data_ptr<float>(), n);
+    silu_mul_kernel<float>
+        <<<blocks, threads, 0, stream>>>(out.data_ptr<float>(), gate.data_ptr<float>(),
+                                         up.data_ptr<float>(), n, width, gate_stride, up_stride);
   } else {
-    silu_mul_kernel<__nv_bfloat16>
-        <<<blocks, threads, 0, stream>>>(reinterpret_cast<__nv_bfloat16*>(out.data_ptr()),
-                                         reinterpret_cast<const __nv_bfloat16*>(gate.data_ptr()),
-                                         reinterpret_cast<const __nv_bfloat16*>(up.data_ptr()), n);
+    silu_mul_kernel<__nv_bfloat16><<<blocks, threads, 0, stream>>>(
+        reinterpret_cast<__nv_bfloat16*>(out.data_ptr()),
+        reinterpret_cast<const __nv_bfloat16*>(gate.data_ptr()),
+        reinterpret_cast<const __nv_bfloat16*>(up.data_ptr()), n, width, gate_stride, up_stride);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
@@ -399,9 +435,9 @@ at::Tensor cuda_silu_mul(const at::Tensor& gate, const at::Tensor& up) {
 
 void cuda_rope_(at::Tensor& q, at::Tensor& k, const at::Tensor& positions,
                 const at::Tensor& cos_table, const at::Tensor& sin_table) {
-  check_operand(q, "rope q", q);
+  check_operand(q, "rope q", q, /*rows_apart=*/true);
   check_dtype(q);
-  check_operand(k, "rope k", q);
+  check_operand(k, "rope k", q, /*rows_apart=*/true);
   CRL_CHECK(q.dim() == 3 && k.dim() == 3 && q.size(0) == k.size(0) && q.size(2) == k.size(2) &&
                 q.size(2) % 2 == 0,
             "rope: q ", q.sizes(), " and k ", k.sizes(),
@@ -424,12 +460,14 @@ void cuda_rope_(at::Tensor& q, at::Tensor& k, const at::Tensor& positions,
   if (q.scalar_type() == at::kFloat) {
     rope_kernel<float><<<tokens, threads, 0, stream>>>(
         q.data_ptr<float>(), k.data_ptr<float>(), positions.data_ptr<int64_t>(),
-        cos_table.data_ptr<float>(), sin_table.data_ptr<float>(), hq, hk, half);
+        cos_table.data_ptr<float>(), sin_table.data_ptr<float>(), hq, hk, half, q.stride(0),
+        k.stride(0));
   } else {
     rope_kernel<__nv_bfloat16><<<tokens, threads, 0, stream>>>(
         reinterpret_cast<__nv_bfloat16*>(q.data_ptr()),
         reinterpret_cast<__nv_bfloat16*>(k.data_ptr()), positions.data_ptr<int64_t>(),
-        cos_table.data_ptr<float>(), sin_table.data_ptr<float>(), hq, hk, half);
+        cos_table.data_ptr<float>(), sin_table.data_ptr<float>(), hq, hk, half, q.stride(0),
+        k.stride(0));
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

@@ -21,12 +21,14 @@ bool cuda_ops_built();
 // x [R, H], weight [H]: (x * rsqrt(mean(x^2) + eps)).to(dtype) * weight, the sum in float32.
 at::Tensor cuda_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
-// gate, up [R, I]: silu(gate) * up.
+// gate, up [R, I]: silu(gate) * up, contiguous [R, I]. Each input's rows may lie apart (the two
+// halves of a merged gate/up product), read in place.
 at::Tensor cuda_silu_mul(const at::Tensor& gate, const at::Tensor& up);
 
 // In place: q [T, Hq, D] and k [T, Hk, D] rotated by RoPE (Hugging Face's rotate_half: the first
 // and second halves of each head are the pair) at `positions` [T] int64, from the float32 tables
 // cos_table, sin_table [P, D / 2] (rounded to the compute dtype first, as the ATen path does).
+// Each token's heads are contiguous; tokens may lie apart (rows of a merged q/k/v product).
 void cuda_rope_(at::Tensor& q, at::Tensor& k, const at::Tensor& positions,
                 const at::Tensor& cos_table, const at::Tensor& sin_table);
 

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <stdexcept>
 #include <unordered_map>
+#include <vector>
 
 #include "common/check.h"
 #include "engine/kernels/batch_invariant.h"
@@ -16,6 +17,43 @@
 #include "engine/model/linear.h"
 
 namespace crl::engine {
+
+namespace {
+
+// `parts` (a layer's q/k/v weights, say) as one tensor over their memory, rows stacked, when they
+// lie back to back in one storage: contiguous, one dtype, the same trailing shape, each starting
+// where the one before ends. Else undefined (an undefined part included).
+at::Tensor adjacent_rows(const std::vector<const at::Tensor*>& parts) {
+  const at::Tensor& first = **parts.begin();
+  if (!first.defined()) return {};
+  const char* next = static_cast<const char*>(first.data_ptr());
+  int64_t rows = 0;
+  for (const at::Tensor* p : parts) {
+    const at::Tensor& t = *p;
+    if (!t.defined() || !t.is_contiguous() || t.scalar_type() != first.scalar_type() ||
+        t.dim() != first.dim() || t.sizes().slice(1) != first.sizes().slice(1) ||
+        !t.storage().is_alias_of(first.storage()) ||
+        static_cast<const char*>(t.data_ptr()) != next) {
+      return {};
+    }
+    next += t.nbytes();
+    rows += t.size(0);
+  }
+  std::vector<int64_t> shape(first.sizes().begin(), first.sizes().end());
+  shape[0] = rows;
+  return first.as_strided(shape, first.strides(), first.storage_offset());
+}
+
+// A layer's groups of parameters that merge, by name suffix after "model.layers.<i>.".
+const std::vector<std::vector<const char*>>& merged_groups() {
+  static const std::vector<std::vector<const char*>> groups = {
+      {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"},
+      {"self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"},
+      {"mlp.gate_proj.weight", "mlp.up_proj.weight"}};
+  return groups;
+}
+
+}  // namespace
 
 at::Tensor rope_inv_freq(const ModelConfig& c) {
   const int64_t half = c.head_dim / 2;
@@ -77,6 +115,7 @@ Transformer::Transformer(ModelConfig config, NamedTensors weights, TransformerOp
       tensor = tensor.to(options_.device, options_.dtype).contiguous();
     }
   }
+  if (options_.merge_projections) pack_merged_projections();
   bind_parameters();
 
   // The RoPE tables [max_pos, head_dim / 2]: the float32 angle pos * inv_freq as HF and vLLM form
@@ -120,6 +159,47 @@ Transformer Transformer::load(const std::string& dir, TransformerOptions options
   return Transformer(std::move(local), std::move(weights), options, tp_vocab_range(full, shard));
 }
 
+void Transformer::pack_merged_projections() {
+  std::unordered_map<std::string, size_t> index;
+  for (size_t i = 0; i < params_.size(); ++i) index[params_[i].first] = i;
+  for (int64_t li = 0; li < config_.num_layers; ++li) {
+    const std::string p = "model.layers." + std::to_string(li) + ".";
+    for (const auto& group : merged_groups()) {
+      std::vector<size_t> members_at;
+      for (const char* suffix : group) {
+        auto it = index.find(p + suffix);
+        if (it != index.end()) members_at.push_back(it->second);
+      }
+      if (members_at.size() != group.size()) continue;  // no biases
+      std::vector<const at::Tensor*> members;
+      for (size_t i : members_at) members.push_back(&params_[i].second);
+      if (adjacent_rows(members).defined()) continue;
+      std::vector<at::Tensor> parts;
+      for (size_t i : members_at) parts.push_back(params_[i].second);
+      const at::Tensor whole = at::cat(parts, 0);
+      int64_t row = 0;
+      for (size_t i : members_at) {
+        const int64_t rows = params_[i].second.size(0);
+        params_[i].second = whole.narrow(0, row, rows);
+        row += rows;
+      }
+    }
+  }
+}
+
+bool Transformer::merges_projections() const {
+  return options_.merge_projections && !options_.deterministic;
+}
+
+int64_t Transformer::merged_layers() const {
+  if (!merges_projections()) return 0;
+  int64_t n = 0;
+  for (const Layer& l : layers_) {
+    n += l.qkv_proj.defined() && l.gate_up_proj.defined();
+  }
+  return n;
+}
+
 void Transformer::bind_parameters() {
   std::unordered_map<std::string, at::Tensor> by_name;
   for (auto& [name, t] : params_) by_name[name] = t;
@@ -148,6 +228,12 @@ void Transformer::bind_parameters() {
     l.gate_proj = get(p + "mlp.gate_proj.weight");
     l.up_proj = get(p + "mlp.up_proj.weight");
     l.down_proj = get(p + "mlp.down_proj.weight");
+    if (options_.merge_projections) {
+      l.qkv_proj = adjacent_rows({&l.q_proj, &l.k_proj, &l.v_proj});
+      l.qkv_bias = adjacent_rows({&l.q_bias, &l.k_bias, &l.v_bias});
+      if (l.q_bias.defined() && !l.qkv_bias.defined()) l.qkv_proj = at::Tensor();
+      l.gate_up_proj = adjacent_rows({&l.gate_proj, &l.up_proj});
+    }
   }
 }
 
@@ -288,8 +374,10 @@ at::Tensor Transformer::rms_norm(const at::Tensor& x, const at::Tensor& weight) 
 
 at::Tensor Transformer::silu_mul(const at::Tensor& gate, const at::Tensor& up) const {
   if (options_.deterministic) return det_silu_mul(gate, up);
-  if (cuda_fused_fits({&gate, &up}))
-    return kernels::cuda_silu_mul(gate.contiguous(), up.contiguous());
+  if (cuda_fused_fits({&gate, &up})) {  // rows apart (a merged gate/up product) read in place
+    const bool rows = gate.dim() == 2 && gate.stride(1) == 1 && up.stride(1) == 1;
+    return kernels::cuda_silu_mul(rows ? gate : gate.contiguous(), rows ? up : up.contiguous());
+  }
   if (options_.project_linear && project_rowwise_fits({&gate, &up}))
     return kernels::bi_silu_mul(gate, up);
   return at::silu(gate) * up;
@@ -369,13 +457,24 @@ at::Tensor Transformer::layer_forward(int64_t li, const at::Tensor& h, const Rop
   const int64_t q_dim = c.num_heads * c.head_dim;
   const Layer& l = layers_[li];
   const LoraBatch& m = rope.lora;
+  const int64_t kv_dim = c.num_kv_heads * c.head_dim;
+  // Merged products (TransformerOptions::merge_projections) where no adapter changes a target.
+  const bool merged = merges_projections() && adapter_ == nullptr && !(lora_ && m.active());
   auto n = rms_norm(h, l.input_norm);
-  auto q = adapted_linear(li, LoraTarget::kQ, n, l.q_proj, l.q_bias, m)
-               .view({t, c.num_heads, c.head_dim});
-  auto k = adapted_linear(li, LoraTarget::kK, n, l.k_proj, l.k_bias, m)
-               .view({t, c.num_kv_heads, c.head_dim});
-  auto v = adapted_linear(li, LoraTarget::kV, n, l.v_proj, l.v_bias, m)
-               .view({t, c.num_kv_heads, c.head_dim});
+  at::Tensor q, k, v;
+  if (merged && l.qkv_proj.defined()) {
+    const at::Tensor qkv = linear(n, l.qkv_proj, l.qkv_bias);  // [t, q_dim + 2 kv_dim]
+    q = qkv.narrow(1, 0, q_dim).view({t, c.num_heads, c.head_dim});
+    k = qkv.narrow(1, q_dim, kv_dim).view({t, c.num_kv_heads, c.head_dim});
+    v = qkv.narrow(1, q_dim + kv_dim, kv_dim).view({t, c.num_kv_heads, c.head_dim});
+  } else {
+    q = adapted_linear(li, LoraTarget::kQ, n, l.q_proj, l.q_bias, m)
+            .view({t, c.num_heads, c.head_dim});
+    k = adapted_linear(li, LoraTarget::kK, n, l.k_proj, l.k_bias, m)
+            .view({t, c.num_kv_heads, c.head_dim});
+    v = adapted_linear(li, LoraTarget::kV, n, l.v_proj, l.v_bias, m)
+            .view({t, c.num_kv_heads, c.head_dim});
+  }
   if (c.qk_norm) {  // Qwen3: each head's q and k normalised over head_dim before RoPE
     q = rms_norm(q.reshape({t * c.num_heads, c.head_dim}), l.q_norm)
             .view({t, c.num_heads, c.head_dim});
@@ -392,8 +491,9 @@ at::Tensor Transformer::layer_forward(int64_t li, const at::Tensor& h, const Rop
     q = apply_rope(q, cos, sin);
     k = apply_rope(k, cos, sin);
   } else {
-    q = q.contiguous();
-    k = k.contiguous();
+    // In place; tokens may lie apart (the rows of a merged q/k/v product), each token's heads not.
+    if (q.stride(2) != 1 || q.stride(1) != c.head_dim) q = q.contiguous();
+    if (k.stride(2) != 1 || k.stride(1) != c.head_dim) k = k.contiguous();
     kernels::cuda_rope_(q, k, rope.positions, rope_cos_, rope_sin_);
   }
   auto attn =
@@ -402,8 +502,16 @@ at::Tensor Transformer::layer_forward(int64_t li, const at::Tensor& h, const Rop
   if (row_reduce_) row_reduce_(o);
   auto h2 = h + o;
   auto n2 = rms_norm(h2, l.post_norm);
-  auto gate = adapted_linear(li, LoraTarget::kGate, n2, l.gate_proj, {}, m);
-  auto up = adapted_linear(li, LoraTarget::kUp, n2, l.up_proj, {}, m);
+  at::Tensor gate, up;
+  if (merged && l.gate_up_proj.defined()) {
+    const at::Tensor gate_up = linear(n2, l.gate_up_proj);  // [t, 2 intermediate]
+    const int64_t inter = l.gate_proj.size(0);
+    gate = gate_up.narrow(1, 0, inter);  // rows strided: silu_mul reads them in place
+    up = gate_up.narrow(1, inter, inter);
+  } else {
+    gate = adapted_linear(li, LoraTarget::kGate, n2, l.gate_proj, {}, m);
+    up = adapted_linear(li, LoraTarget::kUp, n2, l.up_proj, {}, m);
+  }
   auto down = adapted_linear(li, LoraTarget::kDown, silu_mul(gate, up), l.down_proj, {}, m);
   if (row_reduce_) row_reduce_(down);
   return h2 + down;

@@ -48,6 +48,15 @@ struct TransformerOptions {
   // On a CUDA device, RMSNorm, RoPE and the SiLU gate run the project's fused kernels
   // (engine/kernels/cuda_ops.h) where no autograd graph is needed; else ATen's composition.
   bool cuda_fused = true;
+  // The engine (no autograd graph), outside deterministic mode: q/k/v and gate/up run as one
+  // product each (vLLM's merged projections: one pass over the input and one kernel where there
+  // were three and two; the parts are column ranges of its output, which the SiLU gate and the
+  // CUDA RoPE read in place). The weights stay separate named tensors (what the sync layout and the
+  // trainer see), laid out back to back in memory: the constructor packs each group so, and a
+  // layer keeps its merged products while both groups stay adjacent (in the engine's sync buckets
+  // they do where the layout puts them back to back in one bucket: not with q/k/v biases, which
+  // model_param_specs interleaves); a layer whose group lies apart runs five products.
+  bool merge_projections = false;
 };
 
 class Transformer {
@@ -104,6 +113,9 @@ class Transformer {
   void set_parameters(size_t first, const NamedTensors& values);
   // Enables or disables deterministic (batch-invariant) mode (CPU only: throws on another device).
   void set_deterministic(bool on);
+  // Layers whose q/k/v (with their biases) and gate/up each run as one product now
+  // (TransformerOptions::merge_projections; 0 without it).
+  int64_t merged_layers() const;
 
   // One decoder layer of forward_hidden as a function of its input hidden states. It owns what it
   // needs except the AttentionBackend, which must outlive it.
@@ -133,6 +145,9 @@ class Transformer {
     at::Tensor input_norm, q_proj, k_proj, v_proj, o_proj, q_bias, k_bias, v_bias;
     at::Tensor q_norm, k_norm;  // Qwen3: per-head RMSNorm weights [head_dim]
     at::Tensor post_norm, gate_proj, up_proj, down_proj;
+    // Views over the adjacent q/k/v weights (and biases) and gate/up weights; undefined when a
+    // group is not back to back in memory or projections are not merged.
+    at::Tensor qkv_proj, qkv_bias, gate_up_proj;
   };
 
   // A forward's inputs every layer reads: the positions, their RoPE cos and sin rows in the compute
@@ -143,6 +158,10 @@ class Transformer {
   };
 
   void bind_parameters();
+  // merge_projections: copies each layer's q/k/v weights, their biases and gate/up weights that do
+  // not lie back to back into one tensor each, the parameters becoming views of it.
+  void pack_merged_projections();
+  bool merges_projections() const;
   at::Tensor layer_forward(int64_t li, const at::Tensor& h, const Rope& rope,
                            AttentionBackend& attention) const;
   // Whether the fused CUDA kernels may run on `ts` (a CUDA build and device, no autograd graph).

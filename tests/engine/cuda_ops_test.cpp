@@ -85,6 +85,46 @@ TEST(CudaFusedOpsTest, EachOpMatchesTheAtenComposition) {
   EXPECT_THROW(kernels::cuda_rms_norm(x.cpu(), at::ones({8}), 1e-6), std::exception);
 }
 
+// The parts of a merged product (column ranges of one output, rows apart) read in place: the
+// results of the same values made contiguous, bit for bit, and the rotation lands in the product.
+TEST(CudaFusedOpsTest, RowsApartGiveTheContiguousResults) {
+  if (!at::hasCUDA() || !kernels::cuda_ops_built()) GTEST_SKIP() << "no CUDA device or build";
+  at::manual_seed(5);
+  for (at::ScalarType dt : {at::kFloat, at::kBFloat16}) {
+    const auto opts = at::TensorOptions().dtype(dt).device(at::kCUDA);
+    for (int64_t rows : {1, 7, 300}) {
+      const std::string what = std::string(c10::toString(dt)) + " rows " + std::to_string(rows);
+      const at::Tensor gate_up = at::randn({rows, 2 * 608}, opts) * 3;  // [gate | up]
+      const at::Tensor gate = gate_up.narrow(1, 0, 608), up = gate_up.narrow(1, 608, 608);
+      ASSERT_FALSE(gate.is_contiguous());
+      EXPECT_TRUE(at::equal(kernels::cuda_silu_mul(gate, up),
+                            kernels::cuda_silu_mul(gate.contiguous(), up.contiguous())))
+          << "silu_mul " << what;
+      // q/k/v of 14 + 2 + 2 heads of 64: q and k rotated in place inside the product.
+      const at::Tensor qkv = at::randn({rows, 18 * 64}, opts);
+      const at::Tensor pos =
+          at::randint(0, 4096, {rows}, at::TensorOptions().dtype(at::kLong).device(at::kCUDA));
+      const at::Tensor inv = 1.0 / at::pow(1e6, at::arange(0, 32, at::kDouble) * 2.0 / 64);
+      const at::Tensor angle = at::arange(4096, at::kDouble).unsqueeze(1) * inv.unsqueeze(0);
+      const at::Tensor cos_t = angle.cos().to(at::kFloat).to(at::kCUDA);
+      const at::Tensor sin_t = angle.sin().to(at::kFloat).to(at::kCUDA);
+      at::Tensor q_ref = qkv.narrow(1, 0, 14 * 64).contiguous().view({rows, 14, 64});
+      at::Tensor k_ref = qkv.narrow(1, 14 * 64, 2 * 64).contiguous().view({rows, 2, 64});
+      const at::Tensor v_before = qkv.narrow(1, 16 * 64, 2 * 64).clone();
+      kernels::cuda_rope_(q_ref, k_ref, pos, cos_t, sin_t);
+      at::Tensor q = qkv.narrow(1, 0, 14 * 64).view({rows, 14, 64});
+      at::Tensor k = qkv.narrow(1, 14 * 64, 2 * 64).view({rows, 2, 64});
+      kernels::cuda_rope_(q, k, pos, cos_t, sin_t);
+      EXPECT_TRUE(at::equal(q, q_ref)) << "rope q " << what;
+      EXPECT_TRUE(at::equal(k, k_ref)) << "rope k " << what;
+      EXPECT_TRUE(at::equal(qkv.narrow(1, 16 * 64, 2 * 64), v_before)) << "v untouched " << what;
+    }
+  }
+  // A row that is not contiguous inside is refused, not read wrongly.
+  const at::Tensor x = at::randn({8, 4}, at::TensorOptions().device(at::kCUDA));
+  EXPECT_THROW(kernels::cuda_silu_mul(x.t(), x.t()), std::exception);
+}
+
 // `count` greedy requests (EOS ignored) of random ids, prompt i holding first + step * i of them.
 std::vector<GenerateRequest> greedy_requests(int count, int first, int step, int max_tokens,
                                              uint32_t seed) {
@@ -116,6 +156,32 @@ TEST(CudaFusedOpsTest, EnginesWithAndWithoutTheFusedOpsAgree) {
     const auto a = LlmEngine(cfg).generate(reqs);
     cfg.gpu_kernels = "auto";
     const auto b = LlmEngine(cfg).generate(reqs);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(a[i].outputs[0].token_ids, b[i].outputs[0].token_ids) << a[i].request_id;
+      const auto& x = a[i].outputs[0].raw_logprobs;
+      const auto& y = b[i].outputs[0].raw_logprobs;
+      ASSERT_EQ(x.size(), y.size());
+      for (size_t t = 0; t < x.size(); ++t)
+        EXPECT_NEAR(x[t], y[t], 1e-4) << a[i].request_id << " @" << t;
+    }
+  }
+}
+
+// Merged projections on the GPU (fused ops on: RoPE and the SiLU gate read the merged products'
+// parts in place): the five products' tokens and log-probs, eagerly and in decode graphs.
+TEST(CudaFusedOpsTest, EnginesWithMergedProjectionsGiveTheFiveProductsTokens) {
+  if (!at::hasCUDA() || !kernels::cuda_ops_built()) GTEST_SKIP() << "no CUDA device or build";
+  for (const std::string variant : {"llama", "qwen2", "qwen3"}) {
+    SCOPED_TRACE(variant);
+    EngineConfig cfg = test::test_engine_config(variant);
+    cfg.device = "cuda";
+    const std::vector<GenerateRequest> reqs = greedy_requests(6, 5, 9, 12, 13);
+    const auto a = LlmEngine(cfg).generate(reqs);
+    cfg.merge_projections = true;
+    LlmEngine merged(cfg);
+    EXPECT_EQ(merged.model().merged_layers(), merged.model_config().num_layers);
+    const auto b = merged.generate(reqs);
     ASSERT_EQ(a.size(), b.size());
     for (size_t i = 0; i < a.size(); ++i) {
       EXPECT_EQ(a[i].outputs[0].token_ids, b[i].outputs[0].token_ids) << a[i].request_id;
