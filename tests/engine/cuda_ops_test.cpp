@@ -12,6 +12,7 @@
 #include "engine/llm_engine.h"
 #include "engine/model/deterministic_ops.h"
 #include "kv/paged_attention.h"
+#include "tests/engine/engine_requests.h"
 #include "tests/engine/test_model.h"
 
 namespace crl::engine {
@@ -156,15 +157,7 @@ TEST(CudaFusedOpsTest, EnginesWithAndWithoutTheFusedOpsAgree) {
     const auto a = LlmEngine(cfg).generate(reqs);
     cfg.gpu_kernels = "auto";
     const auto b = LlmEngine(cfg).generate(reqs);
-    ASSERT_EQ(a.size(), b.size());
-    for (size_t i = 0; i < a.size(); ++i) {
-      EXPECT_EQ(a[i].outputs[0].token_ids, b[i].outputs[0].token_ids) << a[i].request_id;
-      const auto& x = a[i].outputs[0].raw_logprobs;
-      const auto& y = b[i].outputs[0].raw_logprobs;
-      ASSERT_EQ(x.size(), y.size());
-      for (size_t t = 0; t < x.size(); ++t)
-        EXPECT_NEAR(x[t], y[t], 1e-4) << a[i].request_id << " @" << t;
-    }
+    test::expect_same_outputs(a, b, 1e-4);
   }
 }
 
@@ -182,15 +175,7 @@ TEST(CudaFusedOpsTest, EnginesWithMergedProjectionsGiveTheFiveProductsTokens) {
     LlmEngine merged(cfg);
     EXPECT_EQ(merged.model().merged_layers(), merged.model_config().num_layers);
     const auto b = merged.generate(reqs);
-    ASSERT_EQ(a.size(), b.size());
-    for (size_t i = 0; i < a.size(); ++i) {
-      EXPECT_EQ(a[i].outputs[0].token_ids, b[i].outputs[0].token_ids) << a[i].request_id;
-      const auto& x = a[i].outputs[0].raw_logprobs;
-      const auto& y = b[i].outputs[0].raw_logprobs;
-      ASSERT_EQ(x.size(), y.size());
-      for (size_t t = 0; t < x.size(); ++t)
-        EXPECT_NEAR(x[t], y[t], 1e-4) << a[i].request_id << " @" << t;
-    }
+    test::expect_same_outputs(a, b, 1e-4);
   }
 }
 

@@ -12,6 +12,7 @@
 #include "engine/model/model_writer.h"
 #include "engine/model/transformer.h"
 #include "engine/weight_buffers.h"
+#include "tests/engine/engine_requests.h"
 #include "tests/engine/test_model.h"
 #include "tests/test_utils.h"
 
@@ -35,18 +36,6 @@ std::vector<GenerateRequest> requests() {
   return reqs;
 }
 
-// The same tokens, raw log-probs within float32 rounding of differently blocked products.
-void expect_same_outputs(const std::vector<RequestOutput>& a, const std::vector<RequestOutput>& b) {
-  ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    EXPECT_EQ(a[i].outputs[0].token_ids, b[i].outputs[0].token_ids) << a[i].request_id;
-    const auto& x = a[i].outputs[0].raw_logprobs;
-    const auto& y = b[i].outputs[0].raw_logprobs;
-    ASSERT_EQ(x.size(), y.size());
-    for (size_t t = 0; t < x.size(); ++t) EXPECT_NEAR(x[t], y[t], 1e-4) << a[i].request_id;
-  }
-}
-
 TEST(MergedProjectionsTest, EnginesGiveTheFiveProductsTokensOnEveryModelVariant) {
   for (const std::string variant : {"llama", "qwen2", "qwen3", "llama3"}) {
     SCOPED_TRACE(variant);
@@ -56,7 +45,7 @@ TEST(MergedProjectionsTest, EnginesGiveTheFiveProductsTokensOnEveryModelVariant)
     LlmEngine merged(cfg);
     EXPECT_EQ(apart.model().merged_layers(), 0);
     EXPECT_EQ(merged.model().merged_layers(), merged.model_config().num_layers);
-    expect_same_outputs(merged.generate(requests()), apart.generate(requests()));
+    test::expect_same_outputs(merged.generate(requests()), apart.generate(requests()), 1e-4);
   }
 }
 
@@ -113,7 +102,7 @@ TEST(MergedProjectionsTest, AWeightUpdateInTheSyncBucketsReachesTheMergedProduct
   EngineConfig ref_cfg = test::test_engine_config("llama");
   ref_cfg.model_dir = dir.path();
   LlmEngine ref(ref_cfg);  // the new weights from scratch, five products a layer
-  expect_same_outputs(eng.generate(requests()), ref.generate(requests()));
+  test::expect_same_outputs(eng.generate(requests()), ref.generate(requests()), 1e-4);
 }
 
 }  // namespace
