@@ -43,6 +43,7 @@ struct SyncBenchFlags {
   std::string results = "sync_bench.jsonl";
   std::string device = "cpu";
   int64_t lora_rank = 0;
+  int infer_tp = 1;
   bool matrix_cell = false;  // a cell spawned by the matrix below: append, print nothing
 };
 
@@ -108,6 +109,7 @@ int run_sync_bench(const SyncBenchFlags& f) {
     o.results_file = f.results;
     o.device = f.device;
     o.lora_rank = f.lora_rank;
+    o.infer_tp = f.infer_tp;
     engine::ensure_preset_model(o.shape, "bfloat16");  // once, before the ranks start
     if (!f.matrix_cell) std::remove(f.results.c_str());
     LaunchOptions lo{o.infer_per_node, o.train_per_node, timeout};
@@ -158,6 +160,8 @@ int run_sync_bench(const SyncBenchFlags& f) {
                                          f.results,
                                          "--device",
                                          f.device,
+                                         "--infer-tp",
+                                         std::to_string(f.infer_tp),
                                          "--lora-rank",
                                          std::to_string(f.lora_rank),
                                          "--matrix-cell"};
@@ -213,6 +217,11 @@ Runner register_bench(CLI::App& app) {
                    "also sync an all-linear LoRA adapter of this rank alone (LoRA RL's update) in "
                    "the same run, next to the whole model (0 = no LoRA row)")
       ->check(at_least(0));
+  sync->add_option("--infer-tp", sf->infer_tp,
+                   "each engine a tensor-parallel group of this many ranks (CPU): its update "
+                   "staged on the leader vs over a sync lane per rank, side by side")
+      ->check(in_range(1, 64))
+      ->capture_default_str();
   sync->add_option("--device", sf->device,
                    "cpu (Gloo) or cuda (a GPU per rank: NCCL; ranks sharing a GPU: CUDA IPC, "
                    "measured against the device's own copy)")

@@ -21,6 +21,7 @@
 #include "engine/llm_engine.h"
 #include "engine/model/config.h"
 #include "engine/model/model_cache.h"
+#include "engine/model/tensor_parallel.h"
 #include "engine/model/transformer.h"
 #include "engine/weight_buffers.h"
 #include "sync/coordinator.h"
@@ -58,11 +59,16 @@ int run_sync_bench_rank(const sync::RankEnv& env, const SyncBenchOptions& o) {
   }
   const at::Device device(device_name);
   const auto on_device = at::TensorOptions().device(device);
+  const int tp = o.infer_tp;
+  if (tp > 1 && (cuda || o.lora_rank > 0)) {
+    CRL_INVALID("bench sync --infer-tp runs on the CPU without --lora-rank (sync lanes are Gloo)");
+  }
   sync::World world = sync::join_world(
       env, o.timeout,
       sync::resolve_comm_backend(
           "auto", cuda, cuda && local_ranks_share_gpu(o.infer_per_node + o.train_per_node)));
   sync::Topology topo{env.nnodes, o.infer_per_node, o.train_per_node};
+  topo.lanes = tp;
   sync::Groups groups = sync::make_groups(std::move(world.comm), topo);
   const bool train = groups.role == sync::Role::kTrain;
   const bool first_train = train && topo.role_index(env.rank) == 0;
@@ -73,10 +79,21 @@ int run_sync_bench_rank(const sync::RankEnv& env, const SyncBenchOptions& o) {
   std::unique_ptr<engine::LlmEngine> eng;
   std::unique_ptr<sync::WeightLayout> layout;
   std::vector<at::Tensor> flat_masters;  // the trainer's parameters as bucket storage
+  // Tensor-parallel engines (--infer-tp): the "lanes" row's engine and its layout (one rank's).
+  std::unique_ptr<engine::LlmEngine> lanes_eng;
+  std::unique_ptr<sync::WeightLayout> lane_layout;
   if (train) {
-    std::vector<sync::TensorSpec> specs;
-    for (const auto& p : engine::model_param_specs(cfg)) specs.push_back({p.name, p.shape, edtype});
+    std::vector<sync::TensorSpec> specs, lane_specs;
+    for (const auto& p : engine::model_param_specs(cfg)) {
+      specs.push_back({p.name, p.shape, edtype});
+      lane_specs.push_back(
+          {p.name, engine::tp_slice_shape(p.name, p.shape, engine::TpShard{0, tp}), edtype});
+    }
     layout = std::make_unique<sync::WeightLayout>(sync::WeightLayout::plan(specs, o.bucket_bytes));
+    if (tp > 1) {
+      lane_layout = std::make_unique<sync::WeightLayout>(
+          sync::WeightLayout::plan(lane_specs, o.bucket_bytes));
+    }
     if (edtype == at::kFloat) {
       // Same dtype on both sides: the fp32 masters live in the layout's buckets and are sent
       // from there without a copy.
@@ -99,9 +116,18 @@ int run_sync_bench_rank(const sync::RankEnv& env, const SyncBenchOptions& o) {
       ec.max_loras = 1;
       ec.max_lora_rank = static_cast<int32_t>(o.lora_rank);
     }
+    ec.tensor_parallel_size = tp;
     eng = std::make_unique<engine::LlmEngine>(ec);
-    layout =
-        std::make_unique<sync::WeightLayout>(eng->attach_weight_buffers(o.bucket_bytes).layout());
+    if (tp > 1) {
+      // Two engines, one per way of taking an update (an engine takes one).
+      layout = std::make_unique<sync::WeightLayout>(eng->attach_weight_layout(o.bucket_bytes));
+      lanes_eng = std::make_unique<engine::LlmEngine>(ec);
+      lane_layout =
+          std::make_unique<sync::WeightLayout>(lanes_eng->attach_weight_lanes(o.bucket_bytes));
+    } else {
+      layout =
+          std::make_unique<sync::WeightLayout>(eng->attach_weight_buffers(o.bucket_bytes).layout());
+    }
   }
   // The LoRA row: the adapter's tensors alone, fp32 masters on the train ranks (sent from their
   // flat storage when the dtypes match), the engine's LoRA receive buffers on the infer ranks.
@@ -141,6 +167,13 @@ int run_sync_bench_rank(const sync::RankEnv& env, const SyncBenchOptions& o) {
     lora_opts.scope = "lora";
     ws_lora = std::make_unique<sync::WeightSync>(groups, world.store, *lora_layout, lora_opts);
   }
+  std::unique_ptr<sync::WeightSync> ws_lanes;
+  if (lane_layout) {
+    sync::WeightSyncOptions lane_opts = bucket_opts;
+    lane_opts.lanes = tp;
+    lane_opts.scope = "lanes";
+    ws_lanes = std::make_unique<sync::WeightSync>(groups, world.store, *lane_layout, lane_opts);
+  }
   // Ranks sharing one GPU hand buckets over through CUDA IPC: the per-tensor and raw baselines
   // (communicator broadcasts) give way to the device's own copy bandwidth, measured on each
   // receiver as one plain device-to-device copy of the same bytes.
@@ -159,6 +192,7 @@ int run_sync_bench_rank(const sync::RankEnv& env, const SyncBenchOptions& o) {
     modes.insert(modes.begin() + 1, "bucket-pull");
   }
   if (ws_lora) modes.insert(modes.begin() + 1, lora_mode);
+  if (ws_lanes) modes = {"staged", "lanes"};
   // The baselines' flat buffers exist outside the timed region, on their senders and receivers.
   at::Tensor flat, copy_src;
   if (!train || (first_train && !ipc)) {
@@ -187,6 +221,28 @@ int run_sync_bench_rank(const sync::RankEnv& env, const SyncBenchOptions& o) {
           device_synchronize();
           st.transfer_s = pause = seconds_since(c0);
           st.bytes = layout->total_bytes();
+        }
+      } else if (mode == "staged" || mode == "lanes") {
+        const bool lanes = mode == "lanes";
+        if (train) {
+          const auto& lspecs = lane_layout->specs();
+          const sync::LaneSlicer slice = [&](int lane, int64_t i, const at::Tensor& full) {
+            return engine::tp_slice_view(lspecs[i].name, full, engine::TpShard{lane, tp});
+          };
+          st = lanes                  ? ws_lanes->send_lanes(masters, slice, v)
+               : flat_masters.empty() ? ws.send(masters, v)
+                                      : ws.send_buckets(flat_masters, v);
+        } else {
+          sync::WeightSync& which = lanes ? *ws_lanes : ws;
+          wait_ready_idle(which, v, o.timeout);
+          reset_rss_high_water();
+          const int64_t rss0 = current_rss_bytes();
+          auto p0 = Clock::now();
+          st = (lanes ? *lanes_eng : *eng).receive_weight_update(which, v);
+          pause = seconds_since(p0);
+          extra_rss = std::max<int64_t>(0, rss_high_water_bytes() - rss0);
+          // What the engine rank receiving the most received: the leader all of it when staged.
+          if (lanes) st.bytes = *std::max_element(st.lane_bytes.begin(), st.lane_bytes.end());
         }
       } else if (mode == lora_mode) {
         if (train) {
@@ -282,22 +338,28 @@ int run_sync_bench_rank(const sync::RankEnv& env, const SyncBenchOptions& o) {
                             : mode == "bucket"  ? sync::sync_transport_name(ws.transport(0))
                             : mode == lora_mode ? sync::sync_transport_name(ws_lora->transport(0))
                                                 : "communicator";
-    json cell = {{"shape", o.shape},
-                 {"params", params},
-                 {"dtype", o.engine_dtype},
-                 {"topology", fmt::format("{}->{}", o.train_per_node, o.infer_per_node)},
-                 {"device", device_name},
-                 {"mode", mode},
-                 {"transport", transport},
-                 {"bytes", bytes},
-                 {"buckets", (mode == lora_mode ? *lora_layout : *layout).buckets().size()},
-                 {"collectives", colls},
-                 {"time_ms", tm * 1e3},
-                 {"gb_s", tm > 0 ? bytes / tm / 1e9 : 0},
-                 {"pause_ms", median(pauses) * 1e3},
-                 {"recv_extra", recv_extra},
-                 {"send_extra", send_extra},
-                 {"repeats", o.repeats}};
+    json cell = {
+        {"shape", o.shape},
+        {"params", params},
+        {"dtype", o.engine_dtype},
+        {"topology", tp > 1 ? fmt::format("{}->{} (tp {})", o.train_per_node, o.infer_per_node, tp)
+                            : fmt::format("{}->{}", o.train_per_node, o.infer_per_node)},
+        {"device", device_name},
+        {"mode", mode},
+        {"transport", transport},
+        {"bytes", bytes},
+        {"buckets", (mode == lora_mode ? *lora_layout
+                     : mode == "lanes" ? *lane_layout
+                                       : *layout)
+                        .buckets()
+                        .size()},
+        {"collectives", colls},
+        {"time_ms", tm * 1e3},
+        {"gb_s", tm > 0 ? bytes / tm / 1e9 : 0},
+        {"pause_ms", median(pauses) * 1e3},
+        {"recv_extra", recv_extra},
+        {"send_extra", send_extra},
+        {"repeats", o.repeats}};
     cells.push_back(cell);
   }
   std::string text;
@@ -344,8 +406,12 @@ std::string format_sync_bench_table(const std::string& results_file) {
     double t = r["time_ms"].get<double>();
     bool bucket = r["mode"] == "bucket";
     const bool lora = r["mode"].get<std::string>().rfind("lora", 0) == 0;
-    const json* model = lora ? find(r, "bucket") : nullptr;
-    bool timed_pause = r["mode"] == "bucket" || r["mode"] == "per-tensor" || lora;
+    // The LoRA row against the whole model's, the lanes row against the staged update.
+    const json* model = lora                   ? find(r, "bucket")
+                        : r["mode"] == "lanes" ? find(r, "staged")
+                                               : nullptr;
+    bool timed_pause = r["mode"] == "bucket" || r["mode"] == "per-tensor" || lora ||
+                       r["mode"] == "staged" || r["mode"] == "lanes";
     out += fmt::format(
         "| {} | {:.0f}M | {} | {} | {} | {} | {:.1f} | {} | {:.2f} | {:.2f} | {} | {} | {} | {} | "
         "{} | {} | {} | {} |\n",

@@ -58,6 +58,11 @@ struct SyncBenchOptions {
   // issue 29) into the engine's LoRA receive buffers and loaded into its slot, in the same run as
   // the whole model's bucket sync.
   int64_t lora_rank = 0;
+  // > 1 (CPU): every engine a tensor-parallel group of this many ranks, and the rows are its two
+  // ways to take an update: "staged" (the whole model's buckets on the leader, every rank copying
+  // its slices) and "lanes" (each rank's slices over a sync lane of its own); MB is what the
+  // engine rank receiving the most received.
+  int infer_tp = 1;
 };
 
 // One (shape, dtype, topology) cell: bucket mode, per-tensor baseline and one raw broadcast of the

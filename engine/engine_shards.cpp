@@ -148,18 +148,20 @@ std::unique_ptr<LocalTpFollowers> LocalTpFollowers::start(EngineConfig& config) 
     }
   }
   f->hub_ = std::make_unique<sync::LocalTpHub>(n, kLocalTpTimeout);
+  f->lanes_ = std::make_unique<TpLaneBoard>(n);
   EngineConfig follower = config;
   follower.tensor_parallel_size = 1;  // follow() is given its group
   for (int r = 1; r < n; ++r) {
     sync::LocalTpHub* hub = f->hub_.get();
-    f->threads_.emplace_back([hub, r, follower, device = tp_rank_device(base, r)] {
+    TpLaneBoard* lanes = f->lanes_.get();
+    f->threads_.emplace_back([hub, lanes, r, follower, device = tp_rank_device(base, r)] {
       try {
         const std::unique_ptr<sync::TpGroup> group = hub->join(r, device);
         c10::OptionalDeviceGuard guard;  // the rank's GPU current in its thread
         if (device.is_cuda()) guard.reset_device(device);
         EngineConfig c = follower;
         c.device = device.str();
-        LlmEngine::follow(c, *group);
+        LlmEngine::follow(c, *group, lanes);
       } catch (const std::exception& e) {
         fmt::print(stderr, "tensor-parallel rank {} of {}: {}\n", r, hub->size(), e.what());
         hub->close();  // rank 0 fails at its next collective, not at the deadline
@@ -176,7 +178,7 @@ LocalTpFollowers::~LocalTpFollowers() {
   for (auto& t : threads_) t.join();
 }
 
-void LlmEngine::follow(const EngineConfig& config, sync::TpGroup& tp) {
+void LlmEngine::follow(const EngineConfig& config, sync::TpGroup& tp, TpLaneBoard* lanes) {
   if (tp.rank() == 0) {
     throw std::logic_error("LlmEngine::follow runs on the ranks of a tensor-parallel group past 0");
   }
@@ -197,7 +199,14 @@ void LlmEngine::follow(const EngineConfig& config, sync::TpGroup& tp) {
   }
   agree_on_group(tp, failed, runner.get(), c.model_dir);
   runner->set_tensor_parallel(&tp, load_model_config(c.model_dir));
-  runner->follow();
+  std::unique_ptr<WeightBuffers> buffers;  // with sync lanes: this rank's shard, as the leader's
+  runner->follow([&](int64_t bucket_bytes) {
+    if (lanes == nullptr) {
+      throw std::runtime_error("sync lanes need an in-process tensor-parallel group");
+    }
+    if (!buffers) buffers = std::make_unique<WeightBuffers>(*model, bucket_bytes);
+    lanes->put(tp.rank(), &buffers->buckets());
+  });
 }
 
 }  // namespace crl::engine

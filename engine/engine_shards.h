@@ -61,10 +61,12 @@ class LocalTpFollowers {
   LocalTpFollowers& operator=(const LocalTpFollowers&) = delete;
 
   sync::TpGroup& group() { return *group_; }  // rank 0's
+  TpLaneBoard& lanes() { return *lanes_; }    // every rank's weight buckets, with sync lanes
 
  private:
   LocalTpFollowers() = default;
   std::unique_ptr<sync::LocalTpHub> hub_;
+  std::unique_ptr<TpLaneBoard> lanes_;
   std::unique_ptr<sync::TpGroup> group_;
   std::vector<std::thread> threads_;
 };

@@ -553,8 +553,28 @@ WeightBuffers& LlmEngine::attach_weight_buffers(int64_t bucket_bytes) {
   return *weight_buffers_;
 }
 
+const sync::WeightLayout& LlmEngine::attach_weight_lanes(int64_t bucket_bytes) {
+  if (!local_tp_) {
+    CRL_INVALID(
+        "sync lanes are for an in-process tensor-parallel engine (tensor_parallel_size > 1)");
+  }
+  if (weight_staging_.defined()) {
+    CRL_INVALID("this engine's updates are already staged on its leader (attach_weight_layout)");
+  }
+  if (!weight_buffers_) {
+    weight_buffers_ = std::make_unique<WeightBuffers>(*model_, bucket_bytes);
+    local_tp_->lanes().put(0, &weight_buffers_->buckets());
+    runner_->plan_tp_lanes(bucket_bytes);
+    lane_buckets_ = local_tp_->lanes().all();
+  }
+  return weight_buffers_->layout();
+}
+
 const sync::WeightLayout& LlmEngine::attach_weight_layout(int64_t bucket_bytes) {
   if (!runner_->tensor_parallel()) return attach_weight_buffers(bucket_bytes).layout();
+  if (!lane_buckets_.empty()) {
+    CRL_INVALID("this engine's ranks receive their updates over sync lanes (attach_weight_lanes)");
+  }
   const sync::WeightLayout& layout = runner_->attach_tp_weights(bucket_bytes);
   if (!weight_staging_.defined()) {
     weight_staging_ = at::empty({std::max<int64_t>(layout.max_bucket_nbytes(), 1)},
@@ -566,7 +586,9 @@ const sync::WeightLayout& LlmEngine::attach_weight_layout(int64_t bucket_bytes) 
 sync::SyncStats LlmEngine::receive_weight_update(sync::WeightSource& source, int64_t v,
                                                  InflightPolicy policy) {
   sync::SyncStats st;
-  if (weight_staging_.defined()) {
+  if (!lane_buckets_.empty()) {
+    st = source.receive_lanes(lane_buckets_, v);
+  } else if (weight_staging_.defined()) {
     st = source.receive_staged(v, weight_staging_, [this](int64_t bucket, const at::Tensor& bytes) {
       runner_->land_weights(bucket, bytes);
     });

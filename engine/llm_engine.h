@@ -127,7 +127,9 @@ class LlmEngine {
   // over an in-process group, and stops them when destroyed. Or `tp` (not owned; it outlives the
   // engine): a group of ranks in other processes whose rank 0 this engine is, the others running
   // follow(). Refused with LoRA adapters and CUDA graphs forced on; its weight updates go through
-  // attach_weight_layout (not attach_weight_buffers: the shards are not the sync buckets).
+  // attach_weight_lanes (in-process groups: each rank's shard in sync buckets of its own) or
+  // attach_weight_layout (the whole model's buckets staged on this rank and sliced), not
+  // attach_weight_buffers.
   explicit LlmEngine(const EngineConfig& config, sync::TpGroup* tp = nullptr);
   ~LlmEngine();
   LlmEngine(const LlmEngine&) = delete;
@@ -159,7 +161,9 @@ class LlmEngine {
   // the leader's steps until its engine is destroyed. Throws what building or a collective throws.
   // Over a Communicator each wait for the leader's next command has the communicator's deadline,
   // so a leader idle for longer ends its followers (an in-process group waits without one).
-  static void follow(const EngineConfig& config, sync::TpGroup& tp);
+  // `lanes`: an in-process group's board (LocalTpFollowers), where this rank puts its weight
+  // buckets when the leader attaches sync lanes.
+  static void follow(const EngineConfig& config, sync::TpGroup& tp, TpLaneBoard* lanes = nullptr);
   bool has_unfinished() const;
 
   // Adds the requests (all or none), steps until all of them finished, returns their outputs in
@@ -186,6 +190,13 @@ class LlmEngine {
   // engine's shards stay as loaded, and each update's buckets are staged one at a time on this
   // rank, every rank of the group copying its slices out (TpWeightLanding). Engine thread only.
   const sync::WeightLayout& attach_weight_layout(int64_t bucket_bytes);
+  // An in-process tensor-parallel engine (config.tensor_parallel_size > 1): every rank's shard
+  // moves into sync buckets of its own, laid out by the shard's parameters (the same layout on
+  // every rank, returned; once, later calls return the same), and each update is received into
+  // all of them at once (WeightSource::receive_lanes): no rank receives another's slices.
+  // Engine thread only. Throws std::invalid_argument for another engine, or after
+  // attach_weight_layout.
+  const sync::WeightLayout& attach_weight_lanes(int64_t bucket_bytes);
   // Receives version `v` from `source` (into update_buckets(), or staged and landed on the
   // tensor-parallel group), then apply_weight_update(v, policy). What EngineLoop does between two
   // steps. Throws what the receive throws. Engine thread only.
@@ -266,6 +277,7 @@ class LlmEngine {
   std::unique_ptr<LoraRegistry> loras_;
   std::unique_ptr<WeightBuffers> weight_buffers_;
   at::Tensor weight_staging_;  // tensor-parallel: one bucket, reused (attach_weight_layout)
+  std::vector<std::vector<at::Tensor>*> lane_buckets_;  // by rank (attach_weight_lanes)
   std::vector<int32_t> eos_ids_;
   int64_t max_model_len_ = 0;
   int64_t weight_version_ = 0;

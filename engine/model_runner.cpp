@@ -25,6 +25,7 @@ enum TpCommand : int64_t {
   kTpPlanWeights = 4,  // bucket_bytes
   kTpLandWeights = 5,  // bucket; payload: its bytes
   kTpLogits = 6,       // rows (kTpSampleRows, or the first of `count` hidden rows), count
+  kTpPlanLanes = 7,    // bucket_bytes: each rank's weights into sync buckets of its own
 };
 constexpr int64_t kTpSampleRows = -1;
 constexpr const char* kTpNoGraphs =
@@ -278,7 +279,26 @@ void ModelRunner::land_and_wait(int64_t bucket, const at::Tensor& bytes) {
   tp_landing_->land(bucket, bytes);
   // Every rank has its slices: the leader may reuse the buffer (in one process the followers
   // read the leader's own bytes).
+  wait_for_group();
+}
+
+void ModelRunner::wait_for_group() {
   tp_->all_reduce_sum(at::zeros({1}, at::TensorOptions().device(tp_->device())));
+}
+
+void ModelRunner::plan_tp_lanes(int64_t bucket_bytes) {
+  CRL_CHECK(tp_ != nullptr && tp_->rank() == 0, "plan_tp_lanes: not a tensor-parallel leader");
+  throw_if_group_broken();
+  try {
+    tell_followers({kTpPlanLanes, bucket_bytes});
+    wait_for_group();  // every rank's buckets exist and are registered
+  } catch (const std::exception& e) {
+    tp_broken_ = e.what();
+    tp_->abort();
+    throw std::runtime_error(
+        fmt::format("moving the weights of the tensor-parallel group {} into sync buckets: {}",
+                    tp_->name(), e.what()));
+  }
 }
 
 const sync::WeightLayout& ModelRunner::attach_tp_weights(int64_t bucket_bytes) {
@@ -357,7 +377,7 @@ void ModelRunner::stop_followers() {
   tp_->lead({kTpStop}, at::Tensor());
 }
 
-void ModelRunner::follow() {
+void ModelRunner::follow(const std::function<void(int64_t bucket_bytes)>& plan_lanes) {
   if (tp_ == nullptr || tp_->rank() == 0) {
     throw std::logic_error("ModelRunner::follow: not a tensor-parallel follower");
   }
@@ -374,6 +394,19 @@ void ModelRunner::follow() {
         break;
       case kTpRestore:
         restore_kv_cache();
+        break;
+      case kTpPlanLanes:
+        try {
+          if (!plan_lanes) {
+            throw std::runtime_error(
+                "sync lanes need an in-process tensor-parallel group (this rank has no lane)");
+          }
+          plan_lanes(h.at(1));
+          wait_for_group();
+        } catch (...) {
+          tp_->abort();  // the leader waits for this rank
+          throw;
+        }
         break;
       case kTpPlanWeights:
       case kTpLandWeights:

@@ -14,6 +14,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -106,7 +107,9 @@ class ModelRunner {
   // A follower's loop: runs the leader's steps, releases and restores until the leader's
   // stop_followers(). Throws what a collective throws (a leader gone: the group's deadline, naming
   // the op, the group, the ranks and the bytes).
-  void follow();
+  // `plan_lanes` (in-process groups): moves this rank's weights into sync buckets of its own and
+  // registers them with the leader (the leader's plan_tp_lanes()).
+  void follow(const std::function<void(int64_t bucket_bytes)>& plan_lanes = {});
   // The leader: ends the followers' loops (once; the destructor does it too, errors swallowed).
   void stop_followers();
   bool tensor_parallel() const { return tp_ != nullptr; }
@@ -116,6 +119,9 @@ class ModelRunner {
   // its shard, and returns once every rank has (the caller may then reuse `bytes`). Between two
   // steps, on the engine thread. A rank that fails ends the group as a failed step does.
   const sync::WeightLayout& attach_tp_weights(int64_t bucket_bytes);
+  // Sync lanes instead (LlmEngine::attach_weight_lanes): tells every follower to run its
+  // plan_lanes(bucket_bytes) and returns once every rank has. A rank that fails ends the group.
+  void plan_tp_lanes(int64_t bucket_bytes);
   void land_weights(int64_t bucket, const at::Tensor& bytes);
 
  private:
@@ -134,6 +140,8 @@ class ModelRunner {
   // its collectives): std::runtime_error naming the group and the failure.
   void throw_if_group_broken() const;
   void land_and_wait(int64_t bucket, const at::Tensor& bytes);
+  // A barrier of the group (an all-reduce of one zero): returns once every rank is past its work.
+  void wait_for_group();
   // The leader: the logits of `rows` (`which`: the first of the step's hidden rows, or its sample
   // rows), the followers told. gather_logits (every rank): this rank's part of the logits of
   // `rows`, gathered to the leader: [n, R, V / n] on `rows`' device there, undefined elsewhere.

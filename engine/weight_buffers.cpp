@@ -1,5 +1,8 @@
 #include "engine/weight_buffers.h"
 
+#include <stdexcept>
+#include <string>
+
 #include "common/check.h"
 #include "engine/model/transformer.h"
 
@@ -100,6 +103,22 @@ LoraBuffers::LoraBuffers(const LoraAdapter& initial, at::ScalarType dtype, at::D
   NamedTensors named;
   for (size_t i = 0; i < views.size(); ++i) named.emplace_back(layout_.specs()[i].name, views[i]);
   adapter_ = lora_with_tensors(initial, named);
+}
+
+void TpLaneBoard::put(int rank, std::vector<at::Tensor>* buckets) {
+  std::lock_guard<std::mutex> lock(mu_);
+  buckets_.at(static_cast<size_t>(rank)) = buckets;
+}
+
+std::vector<std::vector<at::Tensor>*> TpLaneBoard::all() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t r = 0; r < buckets_.size(); ++r) {
+    if (buckets_[r] == nullptr) {
+      throw std::logic_error("tensor-parallel rank " + std::to_string(r) +
+                             " has no weight buckets on its sync lane");
+    }
+  }
+  return buckets_;
 }
 
 }  // namespace crl::engine

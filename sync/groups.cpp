@@ -106,6 +106,11 @@ World join_world(const RankEnv& env, std::chrono::milliseconds timeout,
   return w;
 }
 
+Communicator* Groups::sync_root(int t, int lane) const {
+  if (lane == 0) return sync_roots.at(t).get();
+  return lane_roots.at(lane - 1).at(t).get();
+}
+
 const std::string& GroupBackends::sync_root(int t) const {
   static const std::string kWorld;
   return t >= 0 && t < static_cast<int>(sync_roots.size()) ? sync_roots[t] : kWorld;
@@ -179,6 +184,19 @@ Groups make_groups(std::unique_ptr<Communicator> world, const Topology& topo,
     int key = train ? 0 : 1 + local;
     g.sync_roots[t] =
         g.sync->split(member ? 0 : -1, key, fmt::format("sync.node{}.root{}", g.node, t));
+  }
+  if (topo.lanes < 1) CRL_INVALID("sync lanes must be >= 1, got ", topo.lanes);
+  g.lane_roots.resize(topo.lanes - 1);
+  for (int lane = 1; lane < topo.lanes; ++lane) {
+    for (int t = 0; t < topo.train_per_node; ++t) {
+      if (own(backends.sync_root(t))) {
+        CRL_INVALID("tensor-parallel sync lanes are split from the world's ", world->backend(),
+                    " group; the sync_root group of train rank ", t, " is ", backends.sync_root(t));
+      }
+      g.lane_roots[lane - 1].push_back(
+          g.sync->split(is_member(t) ? 0 : -1, train ? 0 : 1 + local,
+                        fmt::format("sync.node{}.root{}.lane{}", g.node, t, lane)));
+    }
   }
   // Then the groups of their own, each created by its members only: the train group (every train
   // rank), then root t (train rank t after the train group, the infer ranks in order of t), so no

@@ -17,6 +17,11 @@
 //                         engine and a trainer sharing a GPU are one pair, its weights never
 //                         leave that GPU, and no pair waits on another.
 //              Either way no weight byte crosses nodes.
+//   lanes      (Topology::lanes N > 1: the engines are tensor-parallel groups of N ranks, threads
+//   of
+//              the infer rank's process) each sync_root group made N times over, lane r feeding
+//              rank r of every engine's group its slices (sync/weight_sync.h), so each engine rank
+//              receives its share of the model and no rank the whole.
 #pragma once
 
 #include <chrono>
@@ -41,6 +46,8 @@ struct Topology {
   int train_per_node = 1;
   // The weight-sync layout above: paired (needs infer_per_node == train_per_node) or fan-out.
   bool paired = false;
+  // Communicators per sync_root group (the lanes above); 1 without tensor-parallel lanes.
+  int lanes = 1;
 
   int ranks_per_node() const { return infer_per_node + train_per_node; }
   int world_size() const { return nnodes * ranks_per_node(); }
@@ -98,6 +105,11 @@ struct Groups {
   std::unique_ptr<Communicator> sync;
   // Index t: the node's sync_root group of train rank t; on a train rank only its own is set.
   std::vector<std::unique_ptr<Communicator>> sync_roots;
+  // Index [lane - 1][t]: lane `lane`'s copy of sync_roots[t] (topo.lanes > 1), set as sync_roots.
+  std::vector<std::vector<std::unique_ptr<Communicator>>> lane_roots;
+
+  // sync_roots[t] for lane 0, else lane_roots[lane - 1][t]; null where this rank is no member.
+  Communicator* sync_root(int t, int lane = 0) const;
 };
 
 // The backend of the groups that may carry CUDA tensors (the train and sync_root groups; see
@@ -128,6 +140,8 @@ GroupInfo sync_root_group_info(const Topology& topo, int node, int t, int world_
 // Splits `world` into the groups above. Collective over the world. Groups whose backend (in
 // `backends`) is not the world's are made afterwards by `make_own` (default: NCCL over `store`):
 // the train group first, then the sync_root groups in train-rank order, each by its members only.
+// Lanes are split from the world's backend only: std::invalid_argument when topo.lanes > 1 and a
+// sync_root group has a backend of its own.
 Groups make_groups(std::unique_ptr<Communicator> world, const Topology& topo,
                    const GroupBackends& backends = {}, const StorePtr& store = StorePtr(),
                    const CommFactory& make_own = nullptr);

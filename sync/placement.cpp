@@ -135,6 +135,9 @@ Placement plan_placement(const Topology& topo, const PlacementRequest& req) {
     if (cb == "nccl") CRL_INVALID("--comm-backend nccl needs --device cuda");
     p.train_backend = "gloo";
     p.sync_root_backends.assign(T, "gloo");
+    // Tensor-parallel engines take their slices over lanes of their own (Gloo). On GPUs they
+    // still take the whole buckets on the leader (a lane per GPU over NCCL is not built).
+    p.topo.lanes = req.infer_tp;
     return p;
   }
   if (req.device_count < 1) {
@@ -266,7 +269,12 @@ std::string Placement::table() const {
   out += topo.paired ? "weight sync: paired (engine i gets every bucket from train rank i)\n"
                      : "weight sync: fan-out (each train rank sends its share of the buckets, "
                        "about 1/T of the bytes, to every engine of its node)\n";
-  if (infer_tp > 1) {
+  if (infer_tp > 1 && topo.lanes == infer_tp) {
+    out += fmt::format(
+        "engines: tensor-parallel over {} ranks each (threads of the infer rank's process; one "
+        "scheduler; each rank receives only its slices, over a sync lane of its own)\n",
+        infer_tp);
+  } else if (infer_tp > 1) {
     out += fmt::format(
         "engines: tensor-parallel over {} ranks each (threads of the infer rank's process; one "
         "scheduler; each update's buckets land on the leader and every rank copies its slices)\n",

@@ -23,6 +23,9 @@ struct SyncStats {
   double load_s = 0;        // per-tensor receiver: the load calls
   int64_t extra_bytes = 0;  // buffers this sync allocated (send buffers, staging)
   bool verified = false;    // checksums compared and equal
+  // Tensor-parallel lanes (receive_lanes, WeightSync::send_lanes): the bytes of each lane, by
+  // lane; empty otherwise.
+  std::vector<int64_t> lane_bytes;
 };
 
 class WeightSource {
@@ -41,10 +44,21 @@ class WeightSource {
   // receive(); a source that cannot stage throws std::logic_error.
   using LandFn = std::function<void(int64_t bucket, const at::Tensor& bytes)>;
   virtual SyncStats receive_staged(int64_t version, const at::Tensor& staging, const LandFn& land);
+  // For a tensor-parallel engine whose ranks keep their slices in weight buckets of their own, all
+  // laid out alike (one shard's layout): receives `version` into every rank's buckets at once,
+  // lanes[r] being rank r's, each rank's slices over a lane of its own (sync/groups.h), so no rank
+  // receives another's bytes. Throws as receive(); a source without lanes throws std::logic_error.
+  virtual SyncStats receive_lanes(const std::vector<std::vector<at::Tensor>*>& lanes,
+                                  int64_t version);
 };
 
 inline SyncStats WeightSource::receive_staged(int64_t, const at::Tensor&, const LandFn&) {
   throw std::logic_error("this weight source receives into whole buckets only");
+}
+
+inline SyncStats WeightSource::receive_lanes(const std::vector<std::vector<at::Tensor>*>&,
+                                             int64_t) {
+  throw std::logic_error("this weight source has no tensor-parallel lanes");
 }
 
 }  // namespace crl::sync

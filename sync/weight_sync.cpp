@@ -31,6 +31,11 @@ int64_t total_ops(const Groups& g) {
   for (const auto& c : g.sync_roots) {
     if (c) n += c->op_count();
   }
+  for (const auto& lane : g.lane_roots) {
+    for (const auto& c : lane) {
+      if (c) n += c->op_count();
+    }
+  }
   return n;
 }
 
@@ -117,12 +122,22 @@ WeightSync::WeightSync(Groups& groups, const StorePtr& store, const WeightLayout
                        WeightSyncOptions options)
     : groups_(groups), store_(store), layout_(layout), options_(options) {
   if (options_.inflight < 1) CRL_INVALID("sync in-flight buffers must be >= 1");
+  if (options_.lanes < 1 || options_.lanes > groups_.topo.lanes) {
+    CRL_INVALID("weight sync: ", options_.lanes, " tensor-parallel lane(s), but the groups have ",
+                groups_.topo.lanes);
+  }
+  if (options_.lanes > 1 && options_.mode != SyncMode::kBucket) {
+    CRL_INVALID("weight sync over tensor-parallel lanes is bucket mode, not ",
+                sync_mode_name(options_.mode));
+  }
   std::vector<int64_t> bytes;
   for (const auto& b : layout_.buckets()) bytes.push_back(b.nbytes);
   senders_ = fan_out_senders(bytes, groups_.topo.train_per_node);
   Communicator& sync = *groups_.sync;
-  // Agree on the layout once: every member publishes it and compares every other's hash.
-  store_set(store_, key(fmt::format("layout/{}", sync.rank())), layout_to_json(layout_));
+  // Agree on the layout once: every member publishes it (after its lane count) and compares every
+  // other's hash and lanes.
+  store_set(store_, key(fmt::format("layout/{}", sync.rank())),
+            fmt::format("{} {}", options_.lanes, layout_to_json(layout_)));
   auto deadline = Clock::now() + sync.timeout();
   for (int r = 0; r < sync.size(); ++r) {
     if (r == sync.rank()) continue;
@@ -131,7 +146,16 @@ WeightSync::WeightSync(Groups& groups, const StorePtr& store, const WeightLayout
         store_, key(fmt::format("layout/{}", r)), deadline,
         fmt::format("weight sync setup: op=layout-exchange group={} rank={} waited for {}",
                     sync.name(), sync.rank(), groups_.topo.describe(world)));
-    WeightLayout other = layout_from_json(other_json);
+    const size_t space = other_json.find(' ');
+    const int other_lanes = std::stoi(other_json.substr(0, space));
+    WeightLayout other = layout_from_json(other_json.substr(space + 1));
+    if (other_lanes != options_.lanes) {
+      throw std::runtime_error(fmt::format(
+          "weight layout mismatch at setup: {} (this) sends or receives over {} tensor-parallel "
+          "lane(s), {} (other) over {}",
+          groups_.topo.describe(groups_.world_rank), options_.lanes, groups_.topo.describe(world),
+          other_lanes));
+    }
     if (other.hash() != layout_.hash()) {
       auto diff = layout_.first_difference(other);
       throw std::runtime_error(
@@ -188,6 +212,16 @@ void WeightSync::choose_transports(Clock::time_point deadline) {
                             : self == t;
     need_ipc |= member && transports_.back() == SyncTransport::kIpc;
   }
+  if (options_.lanes > 1) {
+    for (int t = 0; t < T; ++t) {
+      if (transports_[t] != SyncTransport::kCommunicator) {
+        CRL_INVALID(
+            "weight sync over tensor-parallel lanes goes over the communicator; the "
+            "sync_root group of train rank ",
+            t, " would use ", sync_transport_name(transports_[t]));
+      }
+    }
+  }
   if (need_ipc) ipc_ = mine.is_cuda() ? make_cuda_ipc_memory(mine.index) : make_host_ipc_memory();
 }
 
@@ -208,9 +242,9 @@ int WeightSync::baseline_sender() const {
   return groups_.topo.paired ? groups_.topo.role_index(groups_.world_rank) : 0;
 }
 
-Communicator& WeightSync::root_group(int t) const {
-  const auto& c = groups_.sync_roots.at(t);
-  CRL_CHECK(c, "this rank is not in sync root group ", t);
+Communicator& WeightSync::root_group(int t, int lane) const {
+  Communicator* c = groups_.sync_root(t, lane);
+  CRL_CHECK(c, "this rank is not in sync root group ", t, " (lane ", lane, ")");
   return *c;
 }
 
@@ -249,8 +283,9 @@ void WeightSync::wait_requested(int64_t version, Clock::time_point deadline) con
   const int t = groups_.topo.role_index(groups_.world_rank);
   store_->deleteKey(key(fmt::format("v{}/ready/{}", version - 1, t)));
   for (const auto& b : layout_.buckets()) {
-    if (sends(b.index))
-      store_->deleteKey(key(fmt::format("v{}/sum/{}/{}", version - 2, t, b.index)));
+    if (!sends(b.index)) continue;
+    for (int lane = 0; lane < options_.lanes; ++lane)
+      store_->deleteKey(sum_key(version - 2, t, b.index, lane));
   }
 }
 
@@ -265,42 +300,50 @@ bool WeightSync::ready(int64_t version) const {
   return true;
 }
 
-void WeightSync::publish_checksum(int64_t version, int64_t bucket, const at::Tensor& bytes) {
-  store_set(store_,
-            key(fmt::format("v{}/sum/{}/{}", version, groups_.topo.role_index(groups_.world_rank),
-                            bucket)),
+std::string WeightSync::sum_key(int64_t version, int t, int64_t bucket, int lane) const {
+  if (lane == 0) return key(fmt::format("v{}/sum/{}/{}", version, t, bucket));
+  return key(fmt::format("v{}/sum/{}/{}/lane{}", version, t, bucket, lane));
+}
+
+void WeightSync::publish_checksum(int64_t version, int64_t bucket, const at::Tensor& bytes,
+                                  int lane) {
+  store_set(store_, sum_key(version, groups_.topo.role_index(groups_.world_rank), bucket, lane),
             std::to_string(checksum_bytes(bytes)));
 }
 
 void WeightSync::verify_bucket(int64_t version, int64_t bucket, const at::Tensor& bytes,
-                               Clock::time_point deadline) {
+                               Clock::time_point deadline, int lane) {
   const auto& b = layout_.buckets()[bucket];
-  std::string want =
-      store_get(store_, key(fmt::format("v{}/sum/{}/{}", version, sender_of(b.index), b.index)),
-                deadline, fmt::format("--sync-verify of version {}", version));
+  std::string want = store_get(store_, sum_key(version, sender_of(b.index), b.index, lane),
+                               deadline, fmt::format("--sync-verify of version {}", version));
   auto got = checksum_bytes(bytes.narrow(0, 0, b.nbytes));
   if (std::to_string(got) != want) {
     const auto& first = layout_.specs()[b.entries.front().tensor];
     const auto& last = layout_.specs()[b.entries.back().tensor];
     throw std::runtime_error(fmt::format(
-        "--sync-verify: version {} bucket {} ({} bytes, tensors {} .. {}) received on {} "
+        "--sync-verify: version {} bucket {}{} ({} bytes, tensors {} .. {}) received on {} "
         "differs from what train rank {} of node {} sent (checksum {:x} vs {})",
-        version, b.index, b.nbytes, first.name, last.name,
-        groups_.topo.describe(groups_.world_rank), sender_of(b.index), groups_.node, got, want));
+        version, b.index, options_.lanes > 1 ? fmt::format(" of lane {}", lane) : "", b.nbytes,
+        first.name, last.name, groups_.topo.describe(groups_.world_rank), sender_of(b.index),
+        groups_.node, got, want));
   }
 }
 
 void WeightSync::verify_buckets(int64_t version, const std::vector<at::Tensor>& buckets,
-                                SyncStats& stats) {
+                                SyncStats& stats, int lane) {
   auto deadline = Clock::now() + groups_.sync->timeout();
   for (const auto& b : layout_.buckets())
-    verify_bucket(version, b.index, buckets[b.index], deadline);
+    verify_bucket(version, b.index, buckets[b.index], deadline, lane);
   stats.verified = true;
 }
 
 SyncStats WeightSync::receive_staged(int64_t version, const at::Tensor& staging,
                                      const LandFn& land) {
   CRL_CHECK(groups_.role == Role::kInfer, "receive_staged() on a train rank");
+  if (options_.lanes > 1) {
+    CRL_INVALID("weight sync over ", options_.lanes,
+                " tensor-parallel lanes: receive_lanes() takes every rank's buckets");
+  }
   if (options_.mode != SyncMode::kBucket) {
     CRL_INVALID("weight sync: a staged receive (a tensor-parallel engine) takes bucket mode, not ",
                 sync_mode_name(options_.mode));
@@ -402,6 +445,31 @@ SyncStats WeightSync::send(const std::vector<at::Tensor>& tensors, int64_t versi
     return st;
   }
   CRL_CHECK(options_.mode == SyncMode::kBucket, "use raw_broadcast() for the raw baseline");
+  if (options_.lanes > 1) {
+    CRL_INVALID("weight sync over ", options_.lanes,
+                " tensor-parallel lanes: send_lanes() slices each tensor for its lane");
+  }
+  return send_packed(tensors, nullptr, version, stream);
+}
+
+SyncStats WeightSync::send_lanes(const std::vector<at::Tensor>& tensors, const LaneSlicer& slice,
+                                 int64_t version, const SendStream* stream) {
+  CRL_CHECK(groups_.role == Role::kTrain, "send_lanes() on an infer rank");
+  CRL_CHECK(options_.mode == SyncMode::kBucket, "send_lanes() is bucket mode only");
+  CRL_CHECK(static_cast<bool>(slice), "send_lanes() without a slicer");
+  if (tensors.size() != layout_.specs().size()) {
+    CRL_INVALID("weight sync: ", tensors.size(), " tensors for a layout of ",
+                layout_.specs().size());
+  }
+  return send_packed(tensors, &slice, version, stream);
+}
+
+SyncStats WeightSync::send_packed(const std::vector<at::Tensor>& tensors, const LaneSlicer* slice,
+                                  int64_t version, const SendStream* stream) {
+  SyncStats st;
+  st.version = version;
+  const int t = groups_.topo.role_index(groups_.world_rank);
+  const int64_t ops0 = total_ops(groups_);
   stream = run_by_run(layout_, stream, transports_);
   if (transport(t) == SyncTransport::kIpc) return send_ipc(&tensors, nullptr, version);
 
@@ -409,6 +477,8 @@ SyncStats WeightSync::send(const std::vector<at::Tensor>& tensors, int64_t versi
   int n = options_.inflight;
   if (static_cast<int>(send_buffers_.size()) < n) send_buffers_.resize(n);
   std::deque<std::unique_ptr<Work>> inflight;
+  std::vector<at::Tensor> parts;  // with lanes: the lane's parts of one bucket's tensors
+  if (slice != nullptr) st.lane_bytes.assign(options_.lanes, 0);
   int k = 0;
   auto t0 = Clock::now();
   for (const auto& [first, end] : send_runs(layout_, stream, options_.stream_chunk_bytes)) {
@@ -426,25 +496,37 @@ SyncStats WeightSync::send(const std::vector<at::Tensor>& tensors, int64_t versi
     for (int64_t bi = first; bi < end; ++bi) {
       const Bucket& b = layout_.buckets()[bi];
       if (!sends(b.index)) continue;
-      if (static_cast<int>(inflight.size()) == n) {
-        inflight.front()->wait();
-        inflight.pop_front();
+      for (int lane = 0; lane < options_.lanes; ++lane) {
+        if (static_cast<int>(inflight.size()) == n) {
+          inflight.front()->wait();
+          inflight.pop_front();
+        }
+        at::Tensor& buf = send_buffers_[k % n];
+        if (!buf.defined() || buf.numel() < b.nbytes) {
+          // On the trainer's device: casting happens there, and NCCL sends from it.
+          buf = at::empty({layout_.max_bucket_nbytes()},
+                          at::TensorOptions().dtype(at::kByte).device(tensors.front().device()));
+        }
+        auto p0 = Clock::now();
+        if (slice != nullptr) {
+          // The lane's parts of this bucket's tensors, sliced now (inside the stream's run).
+          parts.assign(tensors.size(), at::Tensor());
+          for (const BucketEntry& e : b.entries) {
+            parts[e.tensor] = (*slice)(lane, e.tensor, tensors[e.tensor]);
+          }
+          layout_.pack(parts, b.index, buf);
+        } else {
+          layout_.pack(tensors, b.index, buf);
+        }
+        st.pack_s += seconds_since(p0);
+        at::Tensor dst = buf.narrow(0, 0, b.nbytes);
+        if (options_.verify) publish_checksum(version, b.index, dst, lane);
+        inflight.push_back(root_group(t, lane).broadcast_async(dst, 0));
+        if (options_.on_bucket_posted) options_.on_bucket_posted(b.index);
+        st.bytes += b.nbytes;
+        if (slice != nullptr) st.lane_bytes.at(lane) += b.nbytes;
+        ++k;
       }
-      at::Tensor& buf = send_buffers_[k % n];
-      if (!buf.defined() || buf.numel() < b.nbytes) {
-        // On the trainer's device: casting happens there, and NCCL sends from it.
-        buf = at::empty({layout_.max_bucket_nbytes()},
-                        at::TensorOptions().dtype(at::kByte).device(tensors.front().device()));
-      }
-      auto p0 = Clock::now();
-      layout_.pack(tensors, b.index, buf);
-      st.pack_s += seconds_since(p0);
-      at::Tensor dst = buf.narrow(0, 0, b.nbytes);
-      if (options_.verify) publish_checksum(version, b.index, dst);
-      inflight.push_back(root_group(t).broadcast_async(dst, 0));
-      if (options_.on_bucket_posted) options_.on_bucket_posted(b.index);
-      st.bytes += b.nbytes;
-      ++k;
     }
   }
   while (!inflight.empty()) {
@@ -463,6 +545,11 @@ SyncStats WeightSync::send_buckets(const std::vector<at::Tensor>& buckets, int64
                                    const SendStream* stream) {
   CRL_CHECK(groups_.role == Role::kTrain, "send_buckets() on an infer rank");
   CRL_CHECK(options_.mode == SyncMode::kBucket, "send_buckets() is bucket mode only");
+  if (options_.lanes > 1) {
+    CRL_INVALID(
+        "weight sync over tensor-parallel lanes: send_lanes() slices the tensors; whole "
+        "buckets are one engine's");
+  }
   if (buckets.size() != layout_.buckets().size()) {
     CRL_INVALID("weight sync: ", buckets.size(), " buckets for a layout of ",
                 layout_.buckets().size());
@@ -504,6 +591,10 @@ SyncStats WeightSync::send_buckets(const std::vector<at::Tensor>& buckets, int64
 SyncStats WeightSync::receive(std::vector<at::Tensor>& buckets, int64_t version,
                               const LoadFn& load) {
   CRL_CHECK(groups_.role == Role::kInfer, "receive() on a train rank");
+  if (options_.lanes > 1) {
+    CRL_INVALID("weight sync over ", options_.lanes,
+                " tensor-parallel lanes: receive_lanes() takes every rank's buckets");
+  }
   if (buckets.size() != layout_.buckets().size()) {
     CRL_INVALID("weight sync: ", buckets.size(), " receive buckets for a layout of ",
                 layout_.buckets().size());
@@ -561,6 +652,47 @@ SyncStats WeightSync::receive(std::vector<at::Tensor>& buckets, int64_t version,
   st.transfer_s = seconds_since(t0);
   st.collectives += total_ops(groups_) - ops0;  // receive_ipc() counted its bucket copies
   if (options_.verify && options_.mode == SyncMode::kBucket) verify_buckets(version, buckets, st);
+  return st;
+}
+
+SyncStats WeightSync::receive_lanes(const std::vector<std::vector<at::Tensor>*>& lanes,
+                                    int64_t version) {
+  CRL_CHECK(groups_.role == Role::kInfer, "receive_lanes() on a train rank");
+  if (static_cast<int>(lanes.size()) != options_.lanes) {
+    CRL_INVALID("weight sync: buckets of ", lanes.size(), " tensor-parallel rank(s) for ",
+                options_.lanes, " lane(s)");
+  }
+  SyncStats st;
+  st.version = version;
+  st.lane_bytes.assign(options_.lanes, 0);
+  const int64_t ops0 = total_ops(groups_);
+  const auto t0 = Clock::now();
+  std::vector<std::unique_ptr<Work>> works;
+  for (int lane = 0; lane < options_.lanes; ++lane) {
+    std::vector<at::Tensor>& buckets = *lanes[lane];
+    if (buckets.size() != layout_.buckets().size()) {
+      CRL_INVALID("weight sync: lane ", lane, " has ", buckets.size(),
+                  " receive buckets for a layout of ", layout_.buckets().size());
+    }
+    for (const auto& b : layout_.buckets()) {
+      at::Tensor& dst = buckets[b.index];
+      if (!dst.is_contiguous() || dst.scalar_type() != at::kByte || dst.numel() < b.nbytes) {
+        CRL_INVALID("weight sync: lane ", lane, " receive bucket ", b.index,
+                    " must be contiguous uint8 of ", b.nbytes, " bytes");
+      }
+      works.push_back(
+          root_group(sender_of(b.index), lane).broadcast_async(dst.narrow(0, 0, b.nbytes), 0));
+      st.bytes += b.nbytes;
+      st.lane_bytes[lane] += b.nbytes;
+    }
+  }
+  wait_all(works);
+  st.transfer_s = seconds_since(t0);
+  st.collectives = total_ops(groups_) - ops0;
+  if (options_.verify) {
+    for (int lane = 0; lane < options_.lanes; ++lane)
+      verify_buckets(version, *lanes[lane], st, lane);
+  }
   return st;
 }
 

@@ -53,6 +53,15 @@
 //
 // --sync-verify: after a sync every sender publishes a checksum per bucket it sent and every
 // receiver compares its received bytes with it; a mismatch names the bucket and its tensors.
+//
+// Tensor-parallel lanes (options.lanes N > 1; the groups' lanes, sync/groups.h): the engines are
+// groups of N ranks, each keeping its slices of every tensor (engine/model/tensor_parallel.h) in
+// weight buckets of its own, all laid out as one shard's `layout` (the layout exchanged and
+// hashed, with N). A sender slices its whole tensors per lane (send_lanes) and sends bucket b of
+// lane r over lane r's copy of its sync_root group; an infer rank receives lane r into rank r's
+// buckets (receive_lanes). Still one collective per bucket and lane, the same senders, the same
+// handshake; each engine rank receives its 1/N of the model, no rank the whole. Bucket mode over
+// the communicator only.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -97,6 +106,8 @@ struct WeightSyncOptions {
   // A streamed send (SendStream): the layout's buckets a run of at most this many bytes at a time
   // (WeightLayout::chunks; <= 0: every bucket in one run).
   int64_t stream_chunk_bytes = int64_t{1} << 30;
+  // Tensor-parallel lanes (above): 1, or the engines' group size (<= the groups' topo.lanes).
+  int lanes = 1;
   // Fault-injection hook for tests: called by a sender after it posted each bucket.
   std::function<void(int64_t bucket)> on_bucket_posted;
 };
@@ -115,6 +126,10 @@ struct SendStream {
 
 // Called by a per-tensor receiver with each received tensor (the "load_weights" call).
 using LoadFn = std::function<void(int64_t tensor_index, const at::Tensor& received)>;
+
+// A lane's part of a whole tensor (send_lanes): `full` is tensor `tensor` of the layout's specs in
+// the sender's whole shape; the result has the spec's shape (a view is fine).
+using LaneSlicer = std::function<at::Tensor(int lane, int64_t tensor, const at::Tensor& full)>;
 
 class IpcMemory;
 
@@ -143,6 +158,11 @@ class WeightSync : public WeightSource {
   // With `stream`, the tensors hold their values only inside its gather() runs.
   SyncStats send(const std::vector<at::Tensor>& tensors, int64_t version,
                  const SendStream* stream = nullptr);
+  // Train ranks, with lanes: `tensors` are the whole tensors (one per spec, in spec order, any
+  // shape `slice` takes), lane r's bucket b packed from slice(r, i, tensors[i]) just before it is
+  // sent (so inside the stream's runs). A streamed send gathers each run once for every lane.
+  SyncStats send_lanes(const std::vector<at::Tensor>& tensors, const LaneSlicer& slice,
+                       int64_t version, const SendStream* stream = nullptr);
   // Train ranks, dtypes already equal: `buckets` are the layout's flat buffers (as from
   // allocate_buckets, e.g. the trainer's parameters live in them); sent without a copy.
   // REQUIRES with CUDA IPC: the same buffers every version, kept allocated while this object
@@ -168,22 +188,32 @@ class WeightSync : public WeightSource {
   // Bucket mode over a communicator (not CUDA IPC): each bucket's broadcast into `staging`, its
   // --sync-verify checksum, then land(bucket, its bytes).
   SyncStats receive_staged(int64_t version, const at::Tensor& staging, const LandFn& land) override;
+  // Infer ranks with lanes: lane r into *lanes[r] (options.lanes entries, each as receive()'s
+  // buckets); every lane's broadcasts posted before any is waited for.
+  SyncStats receive_lanes(const std::vector<std::vector<at::Tensor>*>& lanes,
+                          int64_t version) override;
 
   // Benchmark baseline kRaw, both sides: one broadcast of `flat` (layout total bytes) from the
   // node's first train rank.
   SyncStats raw_broadcast(at::Tensor flat, int64_t version);
 
  private:
-  Communicator& root_group(int t) const;
+  Communicator& root_group(int t, int lane = 0) const;
+  // The bucket-mode send over the communicator: lane r of bucket b packed from `slice`'s parts
+  // (no slice: the tensors themselves, one lane).
+  SyncStats send_packed(const std::vector<at::Tensor>& tensors, const LaneSlicer* slice,
+                        int64_t version, const SendStream* stream);
   // The one train rank the per-tensor and raw baselines send from: the node's first (fan-out), or
   // this rank's pair (paired).
   int baseline_sender() const;
   // how: "1" (the receivers copy), or "push" (the sender writes into the receivers' buckets).
   void announce(int64_t version, const char* how = "1");
-  void publish_checksum(int64_t version, int64_t bucket, const at::Tensor& bytes);
-  void verify_buckets(int64_t version, const std::vector<at::Tensor>& buckets, SyncStats& stats);
+  void publish_checksum(int64_t version, int64_t bucket, const at::Tensor& bytes, int lane = 0);
+  void verify_buckets(int64_t version, const std::vector<at::Tensor>& buckets, SyncStats& stats,
+                      int lane = 0);
   void verify_bucket(int64_t version, int64_t bucket, const at::Tensor& bytes,
-                     Clock::time_point deadline);
+                     Clock::time_point deadline, int lane = 0);
+  std::string sum_key(int64_t version, int t, int64_t bucket, int lane) const;
   std::string key(const std::string& what) const;
   void choose_transports(Clock::time_point deadline);
 

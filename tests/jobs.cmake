@@ -58,12 +58,12 @@ crl_job_test(rl.colocated_pairs_deterministic_gap_exactly_0 pass 120
              "weight sync: paired ;; step 1/[0-9]+ .* gap 0\\.0e\\+00 \\| ;; step 3/[0-9]+ .* gap 0\\.0e\\+00 \\| ;; summary: 1 node\\(s\\) x \\(2 infer \\+ 2 train ranks\\), 3 GRPO steps"
              --gpus-infer 2 --gpus-train 2 --colocate on --deterministic --sync-verify --steps 3
              --sft-steps 4 --prompts-per-step 8 --n-samples 4 --eval-every 0 --timeout 60 --max-staleness 0)
-# Tensor-parallel engines in the RL job (issue 55, items 3 and 4): each engine two ranks, the
-# trainers' whole-model buckets staged on its leader and sliced onto both, verified; the engines'
+# Tensor-parallel engines in the RL job (issue 55, items 3 and 4): each engine two ranks, each
+# rank's slices sent over a sync lane of its own (half the model's bytes), verified; the engines'
 # log-probs stay the trainer's (fp32) after every update. What a split engine cannot do is refused.
 set(CRL_GAP_SMALL "gap ([0-9]\\.[0-9]e-(0[5-9]|[1-9][0-9])|0\\.0e\\+00) \\|")
 crl_job_test(rl.tensor_parallel_engines_take_every_update_gap_below_1e-4 pass 120
-             "\\| 1 \\| infer 1 \\| cpu x 2 \\| ;; engines: tensor-parallel over 2 ranks each ;; step 1/[0-9]+ .* ${CRL_GAP_SMALL} ;; step 3/[0-9]+ .* ${CRL_GAP_SMALL} ;; summary: 1 node\\(s\\) x \\(2 infer \\+ 2 train ranks\\), 3 GRPO steps"
+             "\\| 1 \\| infer 1 \\| cpu x 2 \\| ;; engines: tensor-parallel over 2 ranks each .* over a sync lane of its own ;; weight sync lanes: each of an engine's 2 ranks receives ;; step 1/[0-9]+ .* ${CRL_GAP_SMALL} ;; step 3/[0-9]+ .* ${CRL_GAP_SMALL} ;; summary: 1 node\\(s\\) x \\(2 infer \\+ 2 train ranks\\), 3 GRPO steps"
              --gpus-infer 2 --gpus-train 2 --infer-tp 2 --sync-verify --steps 3 --sft-steps 5
              --prompts-per-step 8 --n-samples 4 --eval-every 0 --timeout 60 --max-staleness 0)
 crl_job_test(rl.greedy_rollouts_are_refused fail 20
@@ -143,6 +143,12 @@ crl_job_test(bench.serve_with_an_api_key_has_no_errors pass 90
              bench serve --concurrency 2 --seconds 2 --max-tokens 8)
 set_tests_properties(bench.serve_with_an_api_key_has_no_errors PROPERTIES
                      ENVIRONMENT "${CRL_CLI_ENV};CRL_API_KEY=sk-bench-test")
+# Tensor-parallel engines (issue 55, item 4): over sync lanes each engine rank receives its half of
+# the model (the norms, whole on both, are the 0.07%), beside the update staged on the leader.
+crl_job_test(bench.sync_lanes_give_each_tensor_parallel_rank_its_share pass 90
+             "\\| 1->1 \\(tp 2\\) \\| staged \\| communicator \\| 3\\.4 \\| ;; \\| 1->1 \\(tp 2\\) \\| lanes \\| communicator \\| 1\\.7 \\| 2 \\| .*, 50\\.[0-9]+% of the bytes \\|"
+             bench sync --shapes default --dtypes float32 --topologies 1-1 --repeats 1 --infer-tp 2
+             --results ${CMAKE_CURRENT_BINARY_DIR}/sync-lanes.jsonl)
 crl_job_test(bench.sync_single_cell_prints_its_table pass 90
              "\\| default \\| .* \\| 1->1 \\| bucket \\| ;; rows also in .*sync-cell.jsonl"
              bench sync --shapes default --dtypes float32 --topologies 1-1 --repeats 1

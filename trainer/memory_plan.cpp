@@ -201,9 +201,10 @@ MemoryPlan plan_memory(const engine::ModelConfig& config, const RlOptions& o,
   TrainerOptions trainer = o.trainer;
   trainer.device = cuda ? "cuda" : "cpu";
   trainer.grad_bucket_bytes = o.bucket_bytes;  // as the RL job's trainers get it
-  // A tensor-parallel engine's rank holds its shard (split tensors / N, the rest whole), and a
-  // weight update's largest bucket in flight: the leader's staging buffer, on a GPU each other
-  // rank's copy of it too (on the CPU they read the leader's). Its KV pool is --kv-memory a rank.
+  // A tensor-parallel engine's rank holds its shard (split tensors / N, the rest whole). Over sync
+  // lanes (the CPU) each receives into its shard in place; staged (GPUs), a weight update's
+  // largest bucket is in flight on the leader, and each other rank's copy of it too. Its KV pool
+  // is --kv-memory a rank.
   const int tp = std::max(1, o.infer_tp);
   int64_t engine_weights = 0;
   std::vector<sync::TensorSpec> specs;
@@ -214,8 +215,9 @@ MemoryPlan plan_memory(const engine::ModelConfig& config, const RlOptions& o,
                       dtype_bytes(o.engine_dtype);
     specs.push_back({spec.name, spec.shape, engine::parse_dtype(o.engine_dtype)});
   }
+  const bool staged = tp > 1 && placement.topo.lanes != tp;
   const int64_t staging =
-      tp > 1 ? sync::WeightLayout::plan(std::move(specs), o.bucket_bytes).max_bucket_nbytes() : 0;
+      staged ? sync::WeightLayout::plan(std::move(specs), o.bucket_bytes).max_bucket_nbytes() : 0;
   if (o.trainer.lora.enabled()) {  // the adapter's versions in the engine's slots
     engine_weights +=
         (o.max_staleness + 1) * lora_params(config, o.trainer.lora) * dtype_bytes(o.engine_dtype);

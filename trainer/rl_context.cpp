@@ -284,6 +284,10 @@ sync::WeightSyncOptions rl_sync_options(const RlOptions& o, const sync::RankPlac
   return so;
 }
 
+int rl_sync_lanes(const RlOptions& o, const sync::Groups& g) {
+  return o.infer_tp > 1 && g.topo.lanes == o.infer_tp ? o.infer_tp : 1;
+}
+
 // A placement with NCCL groups needs libnccl and libcudart at run time: refused here rather than
 // by every rank at its first NCCL group.
 void check_nccl_usable(const RlOptions& o) {

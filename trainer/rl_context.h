@@ -60,8 +60,10 @@ struct RlOptions {
   bool kv_handover = false;
 
   // --infer-tp: each engine (infer rank) a tensor-parallel group of this many ranks, threads of its
-  // process (on CUDA: GPUs i*N .., sync/placement.h); the trainers send the whole model's buckets
-  // to each engine's leader, which lands every rank's slices (engine::TpWeightLanding).
+  // process (on CUDA: GPUs i*N .., sync/placement.h). On the CPU each rank's shard lives in sync
+  // buckets of its own, fed over a sync lane of its own (rl_sync_lanes); on GPUs the trainers send
+  // the whole model's buckets to each engine's leader, which lands every rank's slices
+  // (engine::TpWeightLanding).
   int infer_tp = 1;
   std::string engine_dtype = "float32";
   bool deterministic = false;
@@ -181,6 +183,9 @@ RlRanks make_rl_ranks(sync::World& world, const RlOptions& o,
 // The weight sync's options for this rank: --sync-* with the device its buckets live on (the
 // engine's or the trainer's), so WeightSync picks CUDA IPC where a sync_root group shares a GPU.
 sync::WeightSyncOptions rl_sync_options(const RlOptions& o, const sync::RankPlacement& self);
+// The weight sync's tensor-parallel lanes: --infer-tp where the groups have a lane per engine rank
+// (sync/placement.h decides), else 1 (the leader stages the whole buckets).
+int rl_sync_lanes(const RlOptions& o, const sync::Groups& g);
 // A placement with NCCL groups needs libnccl and libcudart at run time: refused in the launcher
 // rather than by every rank at its first NCCL group.
 void check_nccl_usable(const RlOptions& o);

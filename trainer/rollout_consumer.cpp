@@ -17,6 +17,7 @@
 #include "engine/cuda_graph.h"
 #include "engine/model/config.h"
 #include "engine/model/model_writer.h"
+#include "engine/model/tensor_parallel.h"
 #include "sync/rollout_transport.h"
 #include "sync/store.h"
 #include "sync/weight_layout.h"
@@ -93,13 +94,17 @@ void RolloutConsumer::run() {
   } else {
     tr = std::make_unique<Trainer>(o_.model_dir, topts);
   }
+  // With sync lanes the layout is one engine rank's: its slice of every parameter.
+  sync::WeightSyncOptions so = rl_sync_options(o_, c_.ranks.self);
+  so.lanes = rl_sync_lanes(o_, c_.ranks.g);
   std::vector<sync::TensorSpec> specs;
   for (const auto& [name, t] : tr->parameters()) {
-    specs.push_back({name, std::vector<int64_t>(t.sizes().begin(), t.sizes().end()), edtype});
+    specs.push_back({name,
+                     engine::tp_slice_shape(name, t.sizes().vec(), engine::TpShard{0, so.lanes}),
+                     edtype});
   }
   layout_ = std::make_unique<sync::WeightLayout>(sync::WeightLayout::plan(specs, o_.bucket_bytes));
-  ws_ = std::make_unique<sync::WeightSync>(c_.ranks.g, c_.coord->store(), *layout_,
-                                           rl_sync_options(o_, c_.ranks.self));
+  ws_ = std::make_unique<sync::WeightSync>(c_.ranks.g, c_.coord->store(), *layout_, so);
   if (hands_over_warmed_base(o_, c_.versions.runs_sft())) {
     base_layout_ = std::make_unique<sync::WeightLayout>(warmed_base_layout(tr->config(), o_));
     base_ws_ = warmed_base_sync(c_, *base_layout_);
@@ -300,6 +305,15 @@ double RolloutConsumer::send(Trainer& tr, int64_t version) {
   if (own_buffers) return ws_->send_buckets(tr.buckets(), version, streamed).transfer_s;
   std::vector<at::Tensor> params;
   for (const auto& [name, t] : tr.parameters()) params.push_back(t);
+  const int lanes = ws_->options().lanes;
+  if (lanes > 1) {
+    // Each engine rank's slices (tensor-parallel), cut from the parameters inside their run.
+    const auto& specs = layout.specs();
+    const sync::LaneSlicer slice = [&](int lane, int64_t i, const at::Tensor& full) {
+      return engine::tp_slice_view(specs[i].name, full, engine::TpShard{lane, lanes});
+    };
+    return ws_->send_lanes(params, slice, version, streamed).transfer_s;
+  }
   return ws_->send(params, version, streamed).transfer_s;
 }
 

@@ -98,6 +98,9 @@ RolloutProducer::RolloutProducer(RlContext& ctx) : c_(ctx), o_(ctx.o) {
             .attach_policy("policy", initial, o_.bucket_bytes,
                            static_cast<int32_t>(o_.max_staleness + 1), eng->weight_version())
             .layout());
+  } else if (rl_sync_lanes(o_, c_.ranks.g) > 1) {
+    // Tensor-parallel, a lane per rank: one shard's layout, every rank's buckets its own.
+    layout_ = std::make_unique<sync::WeightLayout>(eng->attach_weight_lanes(o_.bucket_bytes));
   } else {
     // The whole model's layout: into the engine's own buckets, or (tensor-parallel) staged a
     // bucket at a time and sliced onto its ranks.
@@ -105,8 +108,9 @@ RolloutProducer::RolloutProducer(RlContext& ctx) : c_(ctx), o_(ctx.o) {
   }
   followed_ = requested_ = c_.versions.start_step();  // the checkpoint's version on resume, else 0
   eng->set_weight_version(followed_);
-  ws_ = std::make_shared<sync::WeightSync>(c_.ranks.g, c_.coord->store(), *layout_,
-                                           rl_sync_options(o_, c_.ranks.self));
+  sync::WeightSyncOptions so = rl_sync_options(o_, c_.ranks.self);
+  so.lanes = rl_sync_lanes(o_, c_.ranks.g);
+  ws_ = std::make_shared<sync::WeightSync>(c_.ranks.g, c_.coord->store(), *layout_, so);
   if (hands_over_warmed_base(o_, c_.versions.runs_sft())) {
     base_layout_ =
         std::make_unique<sync::WeightLayout>(warmed_base_layout(eng->model_config(), o_));
@@ -116,6 +120,12 @@ RolloutProducer::RolloutProducer(RlContext& ctx) : c_(ctx), o_(ctx.o) {
     fmt::print("weight sync: {} bucket(s) of {} per version, node 0 transport {}\n",
                layout_->buckets().size(), format_bytes(static_cast<double>(layout_->total_bytes())),
                sync::sync_transport_name(ws_->transport(0)));
+    if (so.lanes > 1) {
+      fmt::print(
+          "weight sync lanes: each of an engine's {} ranks receives its {} of the model's "
+          "weights over a lane of its own\n",
+          so.lanes, format_bytes(static_cast<double>(layout_->total_bytes())));
+    }
     if (o_.trainer.lora.enabled()) {
       int64_t n = 0;
       for (const auto& spec : layout_->specs()) {

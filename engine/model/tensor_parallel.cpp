@@ -1,6 +1,7 @@
 #include "engine/model/tensor_parallel.h"
 
 #include <stdexcept>
+#include <utility>
 
 namespace crl::engine {
 
@@ -76,18 +77,37 @@ at::Tensor tp_slice(const std::string& name, const at::Tensor& full, const TpSha
   return part.is_same(full) ? full : part.clone(at::MemoryFormat::Contiguous);
 }
 
-at::Tensor tp_slice_view(const std::string& name, const at::Tensor& full, const TpShard& shard) {
-  if (shard.size == 1) return full;
-  const int dim = split_dim(name, full.dim() > 0 ? full.size(0) : 0, shard.size);
-  if (dim < 0) return full;
-  const int64_t n = full.size(dim);
+namespace {
+
+// The dimension `shard`'s part of parameter `name` (of `shape`) splits and its length there;
+// dim -1: whole.
+std::pair<int, int64_t> slice_of(const std::string& name, at::IntArrayRef shape,
+                                 const TpShard& shard) {
+  if (shard.size == 1) return {-1, 0};
+  const int dim = split_dim(name, shape.empty() ? 0 : shape[0], shard.size);
+  if (dim < 0) return {-1, 0};
+  const int64_t n = shape.at(dim);
   if (n % shard.size != 0) {
     throw std::invalid_argument("tensor parallelism: '" + name + "' has " + std::to_string(n) +
                                 " along dimension " + std::to_string(dim) +
                                 ", not divisible by the group size " + std::to_string(shard.size));
   }
-  const int64_t part = n / shard.size;
+  return {dim, n / shard.size};
+}
+
+}  // namespace
+
+at::Tensor tp_slice_view(const std::string& name, const at::Tensor& full, const TpShard& shard) {
+  const auto [dim, part] = slice_of(name, full.sizes(), shard);
+  if (dim < 0) return full;
   return full.narrow(dim, shard.rank * part, part);
+}
+
+std::vector<int64_t> tp_slice_shape(const std::string& name, std::vector<int64_t> shape,
+                                    const TpShard& shard) {
+  const auto [dim, part] = slice_of(name, shape, shard);
+  if (dim >= 0) shape[dim] = part;
+  return shape;
 }
 
 }  // namespace crl::engine

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "engine/model/config.h"
 
@@ -54,5 +55,8 @@ int tp_split_dim(const std::string& name, const ModelConfig& full, int64_t group
 // rows, the vocabulary). tp_slice_view: the same part as a view of `full` (no copy).
 at::Tensor tp_slice(const std::string& name, const at::Tensor& full, const TpShard& shard);
 at::Tensor tp_slice_view(const std::string& name, const at::Tensor& full, const TpShard& shard);
+// The shape of that part, from the whole parameter's shape alone (no tensor needed).
+std::vector<int64_t> tp_slice_shape(const std::string& name, std::vector<int64_t> shape,
+                                    const TpShard& shard);
 
 }  // namespace crl::engine

@@ -271,6 +271,20 @@ class MemoryWeights : public sync::WeightSource {
     }
     return {version};
   }
+  // Each rank's slices of the new weights into its own buckets (the layout is one shard's).
+  sync::SyncStats receive_lanes(const std::vector<std::vector<at::Tensor>*>& lanes,
+                                int64_t version) override {
+    const auto n = static_cast<int64_t>(lanes.size());
+    for (int64_t r = 0; r < n; ++r) {
+      std::vector<at::Tensor> parts;
+      for (size_t i = 0; i < tensors_.size(); ++i) {
+        parts.push_back(tp_slice_view(layout_.specs()[i].name, tensors_[i], TpShard{r, n}));
+      }
+      for (const auto& b : layout_.buckets()) layout_.pack(parts, b.index, (*lanes[r])[b.index]);
+      landed += static_cast<int64_t>(layout_.buckets().size());
+    }
+    return {version};
+  }
   int64_t landed = 0;
 
  private:
@@ -287,41 +301,63 @@ std::vector<at::Tensor> new_weights(const EngineConfig& config) {
   return out;
 }
 
-// Issue 55, item 4: a weight update into a tensor-parallel engine is the whole model's layout (the
-// same buckets and hash a whole engine has, so the trainers send as before), each bucket staged on
-// the leader and sliced by every rank; afterwards the group generates what the whole engine does
-// from the same update, in both kinds of group.
+// Issue 55, item 4: a weight update into a tensor-parallel engine, two ways. Staged: the whole
+// model's layout (the same buckets and hash a whole engine has, so the trainers send as before),
+// each bucket staged on the leader and sliced by every rank, in both kinds of group. Sync lanes
+// (in one process): every rank's shard in buckets of its own, laid out as one shard (about half
+// the whole model's bytes at two ranks), the update received into all of them at once. Either way
+// the group then generates what the whole engine does from the same update.
 TEST(TensorParallelEngineTest, AWeightUpdateLandsEachRanksSlicesAndGeneratesAsTheWholeEngine) {
+  struct Run {
+    std::string variant;
+    bool in_process;
+    bool lanes;
+  };
   // llama: a tied head; tp4: an untied one, its own rows landed.
-  for (const auto& run : std::vector<std::pair<std::string, bool>>{
-           {"llama", true}, {"llama", false}, {"tp4", true}}) {
-    const std::string& variant = run.first;
-    const bool in_process = run.second;
-    SCOPED_TRACE(variant + (in_process ? " in one process" : " over communicators"));
+  for (const Run& run : std::vector<Run>{{"llama", true, false},
+                                         {"llama", false, false},
+                                         {"tp4", true, false},
+                                         {"llama", true, true},
+                                         {"tp4", true, true}}) {
+    const std::string& variant = run.variant;
+    const bool in_process = run.in_process;
+    SCOPED_TRACE(variant + (in_process ? " in one process" : " over communicators") +
+                 (run.lanes ? ", sync lanes" : ", staged"));
     EngineConfig config = test::test_engine_config(variant);
     config.num_kv_blocks = 64;
     const int64_t bucket_bytes = 24 << 10;  // several buckets
     const auto requests = mixed_requests(load_model_config(config.model_dir).vocab_size);
     Generated before, want;
     uint64_t want_hash = 0;
+    int64_t whole_bytes = 0;
     {
       LlmEngine whole(config);
       before = collect(whole.generate(requests));
       const sync::WeightLayout& layout = whole.attach_weight_layout(bucket_bytes);
       ASSERT_GT(layout.buckets().size(), 3u);
       want_hash = layout.hash();
+      whole_bytes = layout.total_bytes();
       MemoryWeights source(layout, new_weights(config));
       whole.receive_weight_update(source, 1);
       want = collect(whole.generate(requests));
     }
     EXPECT_NE(want.tokens, before.tokens) << "the update should change the tokens";
     auto leader = [&](LlmEngine& engine) {
-      const sync::WeightLayout& layout = engine.attach_weight_layout(bucket_bytes);
-      EXPECT_EQ(layout.hash(), want_hash);
-      EXPECT_EQ(engine.weight_buffers(), nullptr);  // the shards stay as loaded
+      const sync::WeightLayout& layout = run.lanes ? engine.attach_weight_lanes(bucket_bytes)
+                                                   : engine.attach_weight_layout(bucket_bytes);
+      int64_t lanes = 1;
+      if (run.lanes) {
+        lanes = 2;
+        EXPECT_NE(engine.weight_buffers(), nullptr);  // the leader's shard in its buckets
+        EXPECT_LT(layout.total_bytes(), whole_bytes * 6 / 10) << "one rank's share";
+        EXPECT_THROW(engine.attach_weight_layout(bucket_bytes), std::invalid_argument);
+      } else {
+        EXPECT_EQ(layout.hash(), want_hash);
+        EXPECT_EQ(engine.weight_buffers(), nullptr);  // the shards stay as loaded
+      }
       MemoryWeights source(layout, new_weights(config));
       engine.receive_weight_update(source, 1);
-      EXPECT_EQ(source.landed, static_cast<int64_t>(layout.buckets().size()));
+      EXPECT_EQ(source.landed, lanes * static_cast<int64_t>(layout.buckets().size()));
       EXPECT_EQ(engine.weight_version(), 1);
       const Generated got = collect(engine.generate(requests));
       EXPECT_EQ(got.tokens, want.tokens);

@@ -438,5 +438,78 @@ TEST(WeightSyncTest, AStagedReceiveLandsEveryBucketInOrderThroughOneBuffer) {
   for (const auto& e : errors) EXPECT_EQ(e, "");
 }
 
+// Tensor-parallel lanes (issue 55, item 4): engines of two ranks, each keeping its half of every
+// tensor in buckets of its own. Two senders (fan-out) slice each bucket per lane inside their
+// stream's runs, and each lane's bytes go over that lane's own communicators: an engine rank
+// receives its half of the model and nothing else, one collective per bucket and lane, verified.
+// The stream is gathered once for both lanes. A member with another lane count is refused at setup.
+TEST(WeightSyncTest, LanesCarryEachEngineRanksSlicesOverCommunicatorsOfTheirOwn) {
+  constexpr int64_t kRows = 64;  // each lane's rows: 64 x 16 bf16, 2 KiB (no padding)
+  std::vector<TensorSpec> whole_specs, specs;
+  for (int i = 0; i < 7; ++i) {
+    whole_specs.push_back({"w" + std::to_string(i), {2 * kRows, 16}, at::kBFloat16});
+    specs.push_back({"w" + std::to_string(i), {kRows, 16}, at::kBFloat16});
+  }
+  const auto whole = WeightLayout::plan(whole_specs, 8192);
+  const auto layout = WeightLayout::plan(specs, 4096);  // one lane's: 2 tensors a bucket
+  const auto nb = static_cast<int64_t>(layout.buckets().size());
+  ASSERT_EQ(nb, 4);
+  std::vector<at::Tensor> masters;
+  for (const auto& spec : whole_specs) masters.push_back(at::randn(spec.shape, at::kFloat));
+  const LaneSlicer slice = [](int lane, int64_t, const at::Tensor& full) {
+    return full.narrow(0, lane * kRows, kRows);
+  };
+  Topology topo{1, 1, 2};
+  topo.lanes = 2;
+  auto errors = run_ranks(3, milliseconds(10000), [&](int r, auto& comm, const StorePtr& store) {
+    Groups g = make_groups(std::move(comm), topo);
+    WeightSyncOptions o;
+    o.verify = true;
+    o.lanes = 2;
+    o.stream_chunk_bytes = 2 * layout.bucket_bytes();
+    WeightSync ws(g, store, layout, o);
+    if (g.role == Role::kTrain) {
+      std::vector<std::pair<int64_t, int64_t>> runs;
+      SendStream stream{[&](int64_t first, int64_t end) { runs.emplace_back(first, end); }};
+      const SyncStats st = ws.send_lanes(masters, slice, 1, &stream);
+      EXPECT_EQ(runs, layout.chunks(o.stream_chunk_bytes));  // once for both lanes
+      ASSERT_EQ(st.lane_bytes.size(), 2u);
+      EXPECT_EQ(st.lane_bytes[0], st.lane_bytes[1]);
+      EXPECT_EQ(st.bytes, st.lane_bytes[0] + st.lane_bytes[1]);
+      EXPECT_THROW(ws.send(masters, 2), std::invalid_argument);  // whole tensors need a slicer
+      return;
+    }
+    std::vector<at::Tensor> rank0 = layout.allocate_buckets(at::TensorOptions());
+    std::vector<at::Tensor> rank1 = layout.allocate_buckets(at::TensorOptions());
+    const SyncStats st = ws.receive_lanes({&rank0, &rank1}, 1);
+    EXPECT_TRUE(st.verified);
+    EXPECT_EQ(st.collectives, 2 * nb);
+    // Each engine rank received its share: half the whole model's bytes.
+    EXPECT_EQ(st.lane_bytes,
+              (std::vector<int64_t>{whole.total_bytes() / 2, whole.total_bytes() / 2}));
+    for (int lane = 0; lane < 2; ++lane) {
+      int64_t ops = 0;
+      for (int t = 0; t < 2; ++t) ops += g.sync_root(t, lane)->op_count();
+      EXPECT_EQ(ops, nb) << "lane " << lane
+                         << ": one broadcast per bucket, on its own communicators";
+      const auto views = layout.views(lane == 0 ? rank0 : rank1);
+      for (size_t i = 0; i < views.size(); ++i) {
+        EXPECT_TRUE(views[i].equal(slice(lane, 0, masters[i]).to(at::kBFloat16))) << lane << i;
+      }
+    }
+  });
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+
+  errors = run_ranks(3, milliseconds(5000), [&](int, auto& comm, const StorePtr& store) {
+    Groups g = make_groups(std::move(comm), topo);
+    WeightSyncOptions o;
+    o.lanes = g.role == Role::kTrain ? 2 : 1;
+    WeightSync ws(g, store, layout, o);
+  });
+  for (const auto& e : errors) {
+    EXPECT_NE(e.find("tensor-parallel lane(s)"), std::string::npos) << e;
+  }
+}
+
 }  // namespace
 }  // namespace crl::sync

@@ -157,6 +157,7 @@ TEST(PlacementTest, TensorParallelEnginesTakeTheirGpusInOrderThenTheTrainers) {
   EXPECT_EQ(p.sync_root_backends, std::vector<std::string>(2, "nccl"));
   EXPECT_NE(p.table().find("| 1 | infer 1 | cuda:2-3 |"), std::string::npos) << p.table();
   EXPECT_NE(p.table().find("engines: tensor-parallel over 2 ranks each"), std::string::npos);
+  EXPECT_EQ(p.topo.lanes, 1) << "on GPUs the updates are staged on the leader (no NCCL lanes)";
   req.device_count = 5;
   ASSERT_THROWS_WITH(plan_placement(Topology{1, 2, 2}, req), std::invalid_argument,
                      "--gpus-infer 2 engines x --infer-tp 2 GPUs each + --gpus-train 2 = 6 GPUs, "
@@ -167,7 +168,10 @@ TEST(PlacementTest, TensorParallelEnginesTakeTheirGpusInOrderThenTheTrainers) {
                      "--device-map with --infer-tp 2");
   PlacementRequest on_cpu;
   on_cpu.infer_tp = 4;
-  EXPECT_NE(plan_placement(Topology{1, 1, 1}, on_cpu).table().find("| 0 | infer 0 | cpu x 4 |"),
+  const Placement cpu = plan_placement(Topology{1, 1, 1}, on_cpu);
+  EXPECT_NE(cpu.table().find("| 0 | infer 0 | cpu x 4 |"), std::string::npos);
+  EXPECT_EQ(cpu.topo.lanes, 4) << "on the CPU each engine rank has a sync lane of its own";
+  EXPECT_NE(cpu.table().find("each rank receives only its slices, over a sync lane"),
             std::string::npos);
 }
 
