@@ -78,8 +78,8 @@ void add_dist_flags_in_group(CLI::App& cmd, DistFlags& f, bool with_sync) {
       ->capture_default_str();
   cmd.add_option("--sync-chunk-mb", f.chunk_mb,
                  "ZeRO-3: a weight update gathers the parameters and sends them this many MiB of "
-                 "buckets at a time, each train rank holding only its share of one run (0: "
-                 "gather the whole model first)")
+                 "buckets at a time, each train rank holding only its share of one run (over "
+                 "tensor-parallel sync lanes every bucket of it; 0: gather the whole model first)")
       ->capture_default_str();
   cmd.add_option("--sync-mode", f.sync_mode,
                  "bucket, or per-tensor (the OpenRLHF-style baseline, for benchmarks)")

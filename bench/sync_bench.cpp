@@ -161,19 +161,16 @@ int run_sync_bench_rank(const sync::RankEnv& env, const SyncBenchOptions& o) {
   pt_opts.mode = sync::SyncMode::kPerTensor;
   sync::WeightSync ws(groups, world.store, *layout, bucket_opts);
   sync::WeightSync ws_pt(groups, world.store, *layout, pt_opts);
-  std::unique_ptr<sync::WeightSync> ws_lora;
-  if (lora_layout) {
-    sync::WeightSyncOptions lora_opts = bucket_opts;
-    lora_opts.scope = "lora";
-    ws_lora = std::make_unique<sync::WeightSync>(groups, world.store, *lora_layout, lora_opts);
-  }
-  std::unique_ptr<sync::WeightSync> ws_lanes;
-  if (lane_layout) {
-    sync::WeightSyncOptions lane_opts = bucket_opts;
-    lane_opts.lanes = tp;
-    lane_opts.scope = "lanes";
-    ws_lanes = std::make_unique<sync::WeightSync>(groups, world.store, *lane_layout, lane_opts);
-  }
+  // Another sync on the same groups: bucket mode, its own store keys, `lanes` lanes.
+  auto another_sync = [&](const sync::WeightLayout& l, const char* scope, int lanes = 1) {
+    sync::WeightSyncOptions so = bucket_opts;
+    so.scope = scope;
+    so.lanes = lanes;
+    return std::make_unique<sync::WeightSync>(groups, world.store, l, so);
+  };
+  std::unique_ptr<sync::WeightSync> ws_lora, ws_lanes;
+  if (lora_layout) ws_lora = another_sync(*lora_layout, "lora");
+  if (lane_layout) ws_lanes = another_sync(*lane_layout, "lanes", tp);
   // Ranks sharing one GPU hand buckets over through CUDA IPC: the per-tensor and raw baselines
   // (communicator broadcasts) give way to the device's own copy bandwidth, measured on each
   // receiver as one plain device-to-device copy of the same bytes.

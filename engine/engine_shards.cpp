@@ -205,7 +205,7 @@ void LlmEngine::follow(const EngineConfig& config, sync::TpGroup& tp, TpLaneBoar
       throw std::runtime_error("sync lanes need an in-process tensor-parallel group");
     }
     if (!buffers) buffers = std::make_unique<WeightBuffers>(*model, bucket_bytes);
-    lanes->put(tp.rank(), &buffers->buckets());
+    lanes->put(tp.rank(), buffers->buckets());
   });
 }
 

@@ -561,9 +561,10 @@ const sync::WeightLayout& LlmEngine::attach_weight_lanes(int64_t bucket_bytes) {
   if (weight_staging_.defined()) {
     CRL_INVALID("this engine's updates are already staged on its leader (attach_weight_layout)");
   }
+  runner_->throw_if_group_broken();  // also after a failed earlier call
   if (!weight_buffers_) {
     weight_buffers_ = std::make_unique<WeightBuffers>(*model_, bucket_bytes);
-    local_tp_->lanes().put(0, &weight_buffers_->buckets());
+    local_tp_->lanes().put(0, weight_buffers_->buckets());
     runner_->plan_tp_lanes(bucket_bytes);
     lane_buckets_ = local_tp_->lanes().all();
   }
@@ -587,7 +588,12 @@ sync::SyncStats LlmEngine::receive_weight_update(sync::WeightSource& source, int
                                                  InflightPolicy policy) {
   sync::SyncStats st;
   if (!lane_buckets_.empty()) {
-    st = source.receive_lanes(lane_buckets_, v);
+    // Every rank past its last step (and none gone: a broken group throws here), then every
+    // rank's slices straight into its buckets.
+    runner_->quiesce_followers();
+    std::vector<std::vector<at::Tensor>*> lanes;
+    for (auto& buckets : lane_buckets_) lanes.push_back(&buckets);
+    st = source.receive_lanes(lanes, v);
   } else if (weight_staging_.defined()) {
     st = source.receive_staged(v, weight_staging_, [this](int64_t bucket, const at::Tensor& bytes) {
       runner_->land_weights(bucket, bytes);

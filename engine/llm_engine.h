@@ -197,9 +197,9 @@ class LlmEngine {
   // Engine thread only. Throws std::invalid_argument for another engine, or after
   // attach_weight_layout.
   const sync::WeightLayout& attach_weight_lanes(int64_t bucket_bytes);
-  // Receives version `v` from `source` (into update_buckets(), or staged and landed on the
-  // tensor-parallel group), then apply_weight_update(v, policy). What EngineLoop does between two
-  // steps. Throws what the receive throws. Engine thread only.
+  // Receives version `v` from `source` (into update_buckets(); a tensor-parallel group: over its
+  // ranks' sync lanes, or staged and landed), then apply_weight_update(v, policy). What EngineLoop
+  // does between two steps. Throws what the receive throws. Engine thread only.
   sync::SyncStats receive_weight_update(sync::WeightSource& source, int64_t v,
                                         InflightPolicy policy = InflightPolicy::kKeep);
   // Where a weight update is received: the policy adapter's buckets (RL with LoRA,
@@ -277,7 +277,7 @@ class LlmEngine {
   std::unique_ptr<LoraRegistry> loras_;
   std::unique_ptr<WeightBuffers> weight_buffers_;
   at::Tensor weight_staging_;  // tensor-parallel: one bucket, reused (attach_weight_layout)
-  std::vector<std::vector<at::Tensor>*> lane_buckets_;  // by rank (attach_weight_lanes)
+  std::vector<std::vector<at::Tensor>> lane_buckets_;  // by rank (attach_weight_lanes)
   std::vector<int32_t> eos_ids_;
   int64_t max_model_len_ = 0;
   int64_t weight_version_ = 0;

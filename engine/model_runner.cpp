@@ -26,6 +26,7 @@ enum TpCommand : int64_t {
   kTpLandWeights = 5,  // bucket; payload: its bytes
   kTpLogits = 6,       // rows (kTpSampleRows, or the first of `count` hidden rows), count
   kTpPlanLanes = 7,    // bucket_bytes: each rank's weights into sync buckets of its own
+  kTpQuiesce = 8,      // a barrier: the leader is about to write into the ranks' weights
 };
 constexpr int64_t kTpSampleRows = -1;
 constexpr const char* kTpNoGraphs =
@@ -301,6 +302,20 @@ void ModelRunner::plan_tp_lanes(int64_t bucket_bytes) {
   }
 }
 
+void ModelRunner::quiesce_followers() {
+  CRL_CHECK(tp_ != nullptr && tp_->rank() == 0, "quiesce_followers: not a tensor-parallel leader");
+  throw_if_group_broken();
+  try {
+    tell_followers({kTpQuiesce});
+    wait_for_group();
+  } catch (const std::exception& e) {
+    tp_broken_ = e.what();
+    tp_->abort();
+    throw std::runtime_error(fmt::format("the tensor-parallel group {} before a weight update: {}",
+                                         tp_->name(), e.what()));
+  }
+}
+
 const sync::WeightLayout& ModelRunner::attach_tp_weights(int64_t bucket_bytes) {
   CRL_CHECK(tp_ != nullptr && tp_->rank() == 0, "attach_tp_weights: not a tensor-parallel leader");
   if (!tp_landing_) {
@@ -394,6 +409,14 @@ void ModelRunner::follow(const std::function<void(int64_t bucket_bytes)>& plan_l
         break;
       case kTpRestore:
         restore_kv_cache();
+        break;
+      case kTpQuiesce:
+        try {
+          wait_for_group();
+        } catch (...) {
+          tp_->abort();
+          throw;
+        }
         break;
       case kTpPlanLanes:
         try {

@@ -122,6 +122,12 @@ class ModelRunner {
   // Sync lanes instead (LlmEngine::attach_weight_lanes): tells every follower to run its
   // plan_lanes(bucket_bytes) and returns once every rank has. A rank that fails ends the group.
   void plan_tp_lanes(int64_t bucket_bytes);
+  // The leader, before it writes into the followers' weights: returns once every follower has
+  // finished the last step and waits for the next command. Throws (the group broken) as a step.
+  void quiesce_followers();
+  // After a failed step or landing the group takes no further one (the followers may be inside
+  // its collectives): std::runtime_error naming the group and the failure.
+  void throw_if_group_broken() const;
   void land_weights(int64_t bucket, const at::Tensor& bytes);
 
  private:
@@ -136,9 +142,6 @@ class ModelRunner {
   // Plans this rank's TpWeightLanding; lands bucket `bucket` from `bytes`, then waits for the
   // group (every rank calls both, the followers on the leader's commands).
   void plan_tp_landing(int64_t bucket_bytes);
-  // After a failed step or landing the group takes no further one (the followers may be inside
-  // its collectives): std::runtime_error naming the group and the failure.
-  void throw_if_group_broken() const;
   void land_and_wait(int64_t bucket, const at::Tensor& bytes);
   // A barrier of the group (an all-reduce of one zero): returns once every rank is past its work.
   void wait_for_group();

@@ -105,15 +105,15 @@ LoraBuffers::LoraBuffers(const LoraAdapter& initial, at::ScalarType dtype, at::D
   adapter_ = lora_with_tensors(initial, named);
 }
 
-void TpLaneBoard::put(int rank, std::vector<at::Tensor>* buckets) {
+void TpLaneBoard::put(int rank, const std::vector<at::Tensor>& buckets) {
   std::lock_guard<std::mutex> lock(mu_);
   buckets_.at(static_cast<size_t>(rank)) = buckets;
 }
 
-std::vector<std::vector<at::Tensor>*> TpLaneBoard::all() const {
+std::vector<std::vector<at::Tensor>> TpLaneBoard::all() const {
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t r = 0; r < buckets_.size(); ++r) {
-    if (buckets_[r] == nullptr) {
+    if (buckets_[r].empty()) {
       throw std::logic_error("tensor-parallel rank " + std::to_string(r) +
                              " has no weight buckets on its sync lane");
     }

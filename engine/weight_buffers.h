@@ -75,18 +75,19 @@ class TpWeightLanding {
 // TpLaneBoard: where the ranks of an in-process tensor-parallel group put their weight buckets
 // when each keeps its shard in sync buckets of its own (LlmEngine::attach_weight_lanes), so the
 // leader receives every rank's slices over its sync lane (sync::WeightSource::receive_lanes)
-// straight into that rank's memory, between two steps, while the followers wait for a command.
+// straight into that rank's memory, between two steps, once every follower waits for a command
+// (ModelRunner::quiesce_followers).
 class TpLaneBoard {
  public:
-  explicit TpLaneBoard(int size) : buckets_(static_cast<size_t>(size), nullptr) {}
-  // Rank `rank`'s buckets (not owned: they live as long as its engine).
-  void put(int rank, std::vector<at::Tensor>* buckets);
+  explicit TpLaneBoard(int size) : buckets_(static_cast<size_t>(size)) {}
+  // Rank `rank`'s buckets: the handles are shared, so their memory outlives a rank that ends.
+  void put(int rank, const std::vector<at::Tensor>& buckets);
   // Every rank's, by rank. Throws std::logic_error naming a rank that has not put its own.
-  std::vector<std::vector<at::Tensor>*> all() const;
+  std::vector<std::vector<at::Tensor>> all() const;
 
  private:
   mutable std::mutex mu_;
-  std::vector<std::vector<at::Tensor>*> buckets_;
+  std::vector<std::vector<at::Tensor>> buckets_;
 };
 
 // LoraBuffers: a LoRA adapter's receive buckets, for RL that trains and syncs the adapter alone

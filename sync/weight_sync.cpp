@@ -481,7 +481,12 @@ SyncStats WeightSync::send_packed(const std::vector<at::Tensor>& tensors, const 
   if (slice != nullptr) st.lane_bytes.assign(options_.lanes, 0);
   int k = 0;
   auto t0 = Clock::now();
-  for (const auto& [first, end] : send_runs(layout_, stream, options_.stream_chunk_bytes)) {
+  // With lanes a bucket holds 1/lanes of its tensors: runs of chunk / lanes bytes gather about
+  // the chunk's bytes of parameters, as without lanes.
+  const int64_t chunk = options_.stream_chunk_bytes <= 0
+                            ? 0
+                            : std::max<int64_t>(1, options_.stream_chunk_bytes / options_.lanes);
+  for (const auto& [first, end] : send_runs(layout_, stream, chunk)) {
     if (stream) {
       // pack() has copied the runs before into the send buffers (on a GPU, ordered before the
       // gather's writes on the device), so gather() may reuse their memory. Their broadcasts

@@ -160,7 +160,9 @@ class WeightSync : public WeightSource {
                  const SendStream* stream = nullptr);
   // Train ranks, with lanes: `tensors` are the whole tensors (one per spec, in spec order, any
   // shape `slice` takes), lane r's bucket b packed from slice(r, i, tensors[i]) just before it is
-  // sent (so inside the stream's runs). A streamed send gathers each run once for every lane.
+  // sent (so inside the stream's runs). A streamed send gathers each run once for every lane, in
+  // runs of stream_chunk_bytes / lanes of the (sliced) layout: about stream_chunk_bytes of whole
+  // tensors a run.
   SyncStats send_lanes(const std::vector<at::Tensor>& tensors, const LaneSlicer& slice,
                        int64_t version, const SendStream* stream = nullptr);
   // Train ranks, dtypes already equal: `buckets` are the layout's flat buffers (as from

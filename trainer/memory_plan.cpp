@@ -239,15 +239,20 @@ MemoryPlan plan_memory(const engine::ModelConfig& config, const RlOptions& o,
   if (stage == 3 && !trainer.lora.enabled() && train_ranks > 1) {
     std::vector<sync::TensorSpec> train_specs, sync_specs;
     const at::ScalarType train_dtype = engine::parse_dtype(trainer.dtype);
+    // Over sync lanes the layout is one engine rank's (sliced), its runs chunk / lanes bytes, and
+    // a trainer keeps every bucket of a run (it packs every lane's slices).
+    const int lanes = tp > 1 && !staged ? tp : 1;
     for (const engine::ParamSpec& spec : engine::model_param_specs(config)) {
       train_specs.push_back({spec.name, spec.shape, train_dtype});
-      sync_specs.push_back({spec.name, spec.shape, engine::parse_dtype(o.engine_dtype)});
+      sync_specs.push_back(
+          {spec.name, engine::tp_slice_shape(spec.name, spec.shape, engine::TpShard{0, lanes}),
+           engine::parse_dtype(o.engine_dtype)});
     }
     const sync::WeightLayout layout =
         sync::WeightLayout::plan(std::move(train_specs), trainer.grad_bucket_bytes);
     const sync::WeightLayout sync_layout =
         sync::WeightLayout::plan(std::move(sync_specs), o.bucket_bytes);
-    const bool own_buffers = o.sync.mode == sync::SyncMode::kBucket &&
+    const bool own_buffers = o.sync.mode == sync::SyncMode::kBucket && lanes == 1 &&
                              train_dtype == engine::parse_dtype(o.engine_dtype);
     // CUDA IPC: a sync_root group all on one GPU.
     auto over_ipc = [&](int t) {
@@ -268,8 +273,11 @@ MemoryPlan plan_memory(const engine::ModelConfig& config, const RlOptions& o,
     bool streamed = o.sync.mode == sync::SyncMode::kBucket;
     for (int t = 0; t < topo.train_per_node; ++t) streamed = streamed && !over_ipc(t);
     for (int t = 0; t < topo.train_per_node; ++t) {
+      const int64_t chunk = streamed && o.sync.stream_chunk_bytes > 0
+                                ? std::max<int64_t>(1, o.sync.stream_chunk_bytes / lanes)
+                                : 0;
       gathered[t] = streamed_update_peak(
-          layout, sync_layout, sync_layout.chunks(streamed ? o.sync.stream_chunk_bytes : 0),
+          layout, sync_layout, sync_layout.chunks(chunk),
           [&](int64_t b) { return !own_buffers || topo.sends(t, b, senders); });
     }
   }

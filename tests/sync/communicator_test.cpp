@@ -466,13 +466,13 @@ TEST(WeightSyncTest, LanesCarryEachEngineRanksSlicesOverCommunicatorsOfTheirOwn)
     WeightSyncOptions o;
     o.verify = true;
     o.lanes = 2;
-    o.stream_chunk_bytes = 2 * layout.bucket_bytes();
+    o.stream_chunk_bytes = 4 * layout.bucket_bytes();  // runs of 2 buckets a lane: chunk / lanes
     WeightSync ws(g, store, layout, o);
     if (g.role == Role::kTrain) {
       std::vector<std::pair<int64_t, int64_t>> runs;
       SendStream stream{[&](int64_t first, int64_t end) { runs.emplace_back(first, end); }};
       const SyncStats st = ws.send_lanes(masters, slice, 1, &stream);
-      EXPECT_EQ(runs, layout.chunks(o.stream_chunk_bytes));  // once for both lanes
+      EXPECT_EQ(runs, layout.chunks(2 * layout.bucket_bytes()));  // once for both lanes
       ASSERT_EQ(st.lane_bytes.size(), 2u);
       EXPECT_EQ(st.lane_bytes[0], st.lane_bytes[1]);
       EXPECT_EQ(st.bytes, st.lane_bytes[0] + st.lane_bytes[1]);
