@@ -34,11 +34,11 @@ Runner register_sync_check(CLI::App& app) {
   return [f]() {
     bench::SyncJobOptions o;
     o.engine = f->engine.resolve();
-    if (o.engine.tensor_parallel_size > 1) {
+    if (o.engine.tensor_parallel_size > 1 && o.engine.device != "cpu") {
       throw std::invalid_argument(
-          "--tp: sync-check checks engine buckets bit for bit against the trainer's, and a "
-          "tensor-parallel engine keeps slices, not buckets (the RL job's --infer-tp runs its "
-          "weight updates; tests/engine/tensor_parallel_test.cpp checks them)");
+          "--tp with --device " + o.engine.device +
+          ": sync-check checks a tensor-parallel engine's sync lanes, which run on the CPU "
+          "(on GPUs the RL job stages its updates on the leader)");
     }
     o.infer_per_node = f->dist.infer;
     o.train_per_node = f->dist.train;

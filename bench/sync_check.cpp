@@ -15,6 +15,7 @@
 #include "common/units.h"
 #include "engine/llm_engine.h"
 #include "engine/model/config.h"
+#include "engine/model/tensor_parallel.h"
 #include "engine/model/transformer.h"
 #include "engine/weight_buffers.h"
 #include "sync/coordinator.h"
@@ -136,6 +137,9 @@ int run_sync_check_rank(const sync::RankEnv& env, const SyncJobOptions& o) {
   const at::Device device(engine_config.device);
   sync::World world = sync::join_world(env, o.timeout, backend);
   sync::Topology topo{env.nnodes, o.infer_per_node, o.train_per_node};
+  // --tp N: every engine a tensor-parallel group whose ranks take their slices over sync lanes.
+  const int tp = engine_config.tensor_parallel_size;
+  topo.lanes = tp;
   std::vector<int> gpu_of_local;  // local rank mod the device count, as select_cuda_device
   for (int l = 0; cuda && l < topo.ranks_per_node(); ++l) {
     gpu_of_local.push_back(l % sync::cuda_device_count());
@@ -157,11 +161,14 @@ int run_sync_check_rank(const sync::RankEnv& env, const SyncJobOptions& o) {
     trainer =
         std::make_unique<engine::Transformer>(engine::Transformer::load(o.engine.model_dir, to));
     auto specs = engine::weight_specs(*trainer, edtype);
+    for (auto& spec : specs) {  // over lanes: one engine rank's slice of each
+      spec.shape = engine::tp_slice_shape(spec.name, spec.shape, engine::TpShard{0, tp});
+    }
     if (fault.kind == "layout-mismatch" && fault.rank == env.rank) {
       specs.at(2).shape.at(0) += 1;  // as if this rank had loaded a different checkpoint
     }
     layout = std::make_unique<sync::WeightLayout>(sync::WeightLayout::plan(specs, o.bucket_bytes));
-    if (edtype == at::kFloat && fault.kind != "layout-mismatch") {
+    if (edtype == at::kFloat && fault.kind != "layout-mismatch" && tp == 1) {
       // Same dtype on both sides: the trainer's parameters move into the layout's buckets (as
       // the engine's do) and are sent from that flat storage without a copy.
       trainer_buckets = layout->allocate_buckets(at::TensorOptions().device(device));
@@ -176,11 +183,17 @@ int run_sync_check_rank(const sync::RankEnv& env, const SyncJobOptions& o) {
     }
   } else {
     eng = std::make_unique<engine::LlmEngine>(engine_config);
-    layout =
-        std::make_unique<sync::WeightLayout>(eng->attach_weight_buffers(o.bucket_bytes).layout());
+    layout = std::make_unique<sync::WeightLayout>(
+        tp > 1 ? eng->attach_weight_lanes(o.bucket_bytes)
+               : eng->attach_weight_buffers(o.bucket_bytes).layout());
   }
   sync::WeightSyncOptions so = o.sync;
   so.device = device;
+  so.lanes = tp;
+  // Engine rank r's part of a trainer tensor (the tensor itself without lanes).
+  auto slice_of = [&](int lane, int64_t i, const at::Tensor& full) {
+    return engine::tp_slice_view(layout->specs()[i].name, full, engine::TpShard{lane, tp});
+  };
   if (fault.kind == "die-mid-sync" && fault.rank == env.rank) {
     so.on_bucket_posted = [](int64_t) {
       spdlog::warn("fault injection: this rank dies in the middle of a sync");
@@ -200,15 +213,23 @@ int run_sync_check_rank(const sync::RankEnv& env, const SyncJobOptions& o) {
       auto masters = tensors_of(trainer->named_parameters());
       perturb(masters, v);
       if (reporter && groups.node == 0) {
-        json sums = json::array();
-        for (const auto& m : masters) {
-          sums.push_back(std::to_string(sync::checksum_bytes(m.to(edtype).contiguous().cpu())));
+        json sums = json::array();  // lane-major: every lane's slice of every tensor
+        for (int lane = 0; lane < tp; ++lane) {
+          for (size_t i = 0; i < masters.size(); ++i) {
+            sums.push_back(std::to_string(
+                sync::checksum_bytes(slice_of(lane, static_cast<int64_t>(i), masters[i])
+                                         .to(edtype)
+                                         .contiguous()
+                                         .cpu())));
+          }
         }
         coord.publish_result("checksums", fmt::format("v{}", v), sums.dump());
       }
       bool flat = !trainer_buckets.empty() && o.sync.mode == sync::SyncMode::kBucket;
       ws.wait_requested(v, Clock::now() + o.timeout);  // the job's handshake
-      auto st = flat ? ws.send_buckets(trainer_buckets, v) : ws.send(masters, v);
+      auto st = tp > 1 ? ws.send_lanes(masters, slice_of, v)
+                : flat ? ws.send_buckets(trainer_buckets, v)
+                       : ws.send(masters, v);
       row = stats_json(st);
     } else {
       ws.request(v);  // between two engine steps, as the RL job's engines ask
@@ -216,18 +237,26 @@ int run_sync_check_rank(const sync::RankEnv& env, const SyncJobOptions& o) {
       reset_rss_high_water();
       int64_t rss0 = current_rss_bytes();
       auto p0 = Clock::now();
-      auto st = ws.receive(eng->update_buckets(), v);
-      eng->apply_weight_update(eng->weight_version() + 1);
+      auto st = tp > 1 ? eng->receive_weight_update(ws, v) : ws.receive(eng->update_buckets(), v);
+      if (tp == 1) eng->apply_weight_update(eng->weight_version() + 1);
       double pause = seconds_since(p0);
       int64_t extra_rss = std::max<int64_t>(0, rss_high_water_bytes() - rss0);
       // Bit-identity: every engine tensor against the trainer's checksum of the same tensor.
       auto want = json::parse(coord.wait_result("checksums", fmt::format("v{}", v),
                                                 Clock::now() + o.timeout, "trainer checksums"));
-      auto views = layout->views(eng->weight_buffers()->buckets());
+      // Over lanes every engine rank's slices, in lane order (its own buckets).
+      std::vector<at::Tensor> views;
+      for (const auto& rank_buckets :
+           tp > 1 ? eng->lane_buckets()
+                  : std::vector<std::vector<at::Tensor>>{eng->weight_buffers()->buckets()}) {
+        for (const at::Tensor& view : layout->views(rank_buckets)) views.push_back(view);
+      }
       std::vector<std::string> differ;
       for (size_t i = 0; i < views.size(); ++i) {
         if (std::to_string(sync::checksum_bytes(views[i].cpu())) != want[i].get<std::string>()) {
-          differ.push_back(layout->specs()[i].name);
+          const size_t n = layout->specs().size();
+          differ.push_back(tp > 1 ? fmt::format("{} (rank {})", layout->specs()[i % n].name, i / n)
+                                  : layout->specs()[i].name);
         }
       }
       row = stats_json(st);
@@ -268,12 +297,15 @@ int run_sync_check_rank(const sync::RankEnv& env, const SyncJobOptions& o) {
   int64_t max_extra_rss = 0;
   const bool ipc = ws.transport(0) == sync::SyncTransport::kIpc;
   fmt::print(
-      "sync-check: {} node(s) x ({} infer + {} train), {}, mode {}, transport {} ({}), {} "
-      "buckets of <= {}, {} tensors, {}, device {}\n",
-      topo.nnodes, topo.infer_per_node, topo.train_per_node, topo.layout_name(),
-      sync::sync_mode_name(o.sync.mode), sync::sync_transport_name(ws.transport(0)),
+      "sync-check: {} node(s) x ({} infer{} + {} train), {}, mode {}, transport {} ({}), {} "
+      "buckets of <= {}, {} tensors, {}{}, device {}\n",
+      topo.nnodes, topo.infer_per_node,
+      tp > 1 ? fmt::format(" of {} tensor-parallel ranks", tp) : "", topo.train_per_node,
+      topo.layout_name(), sync::sync_mode_name(o.sync.mode),
+      sync::sync_transport_name(ws.transport(0)),
       ipc ? "one device copy per bucket" : groups.world->backend(), buckets,
       format_bytes(o.bucket_bytes), layout->specs().size(), format_bytes(layout->total_bytes()),
+      tp > 1 ? fmt::format(" an engine rank (its slices, over a lane of its own)") : "",
       engine_config.device);
   fmt::print("{:>4} {:>6} {:>5} {:>10} {:>6} {:>11} {:>8} {:>10} {:>10} {:>12}\n", "rank", "role",
              "sync", "bytes", "colls", "transfer ms", "GB/s", "pause ms", "extra RSS", "identical");
@@ -296,7 +328,7 @@ int run_sync_check_rank(const sync::RankEnv& env, const SyncJobOptions& o) {
       if (infer) {
         identical &= s["identical"] == s["tensors"];
         max_extra_rss = std::max(max_extra_rss, s["extra_rss"].get<int64_t>());
-        if (o.sync.mode == sync::SyncMode::kBucket) colls_ok &= s["collectives"] == buckets;
+        if (o.sync.mode == sync::SyncMode::kBucket) colls_ok &= s["collectives"] == tp * buckets;
         if (!s["differ"].empty()) {
           fmt::print("     differing tensors on rank {}: {}\n", r["rank"].get<int>(),
                      s["differ"].dump());
@@ -307,7 +339,7 @@ int run_sync_check_rank(const sync::RankEnv& env, const SyncJobOptions& o) {
     }
     for (int64_t c : train_colls) {
       if (o.sync.mode == sync::SyncMode::kBucket) {
-        colls_ok &= c == (topo.paired ? topo.train_per_node : 1) * buckets;
+        colls_ok &= c == (topo.paired ? topo.train_per_node : 1) * tp * buckets;
       }
     }
   }
@@ -318,8 +350,9 @@ int run_sync_check_rank(const sync::RankEnv& env, const SyncJobOptions& o) {
   bool ok = identical && colls_ok && greedy;
   fmt::print("engine weights bit-identical to the trainer's: {}\n", identical ? "yes" : "NO");
   if (o.sync.mode == sync::SyncMode::kBucket) {
-    fmt::print("{} per sync == buckets ({}) on every rank: {}\n",
-               ipc ? "ipc bucket hand-overs" : "collectives", buckets, colls_ok ? "yes" : "NO");
+    fmt::print("{} per sync == buckets ({}{}) on every rank: {}\n",
+               ipc ? "ipc bucket hand-overs" : "collectives", buckets,
+               tp > 1 ? fmt::format(" x {} lanes", tp) : "", colls_ok ? "yes" : "NO");
   }
   fmt::print("greedy output equal to the trainer model's: {}\n", greedy ? "yes" : "NO");
   // In-place receive: a receiver's resident memory grows by less than one bucket during a sync.

@@ -197,6 +197,9 @@ class LlmEngine {
   // Engine thread only. Throws std::invalid_argument for another engine, or after
   // attach_weight_layout.
   const sync::WeightLayout& attach_weight_lanes(int64_t bucket_bytes);
+  // Every rank's weight buckets, by rank, after attach_weight_lanes (else empty): what sync-check
+  // compares with the trainer's slices.
+  const std::vector<std::vector<at::Tensor>>& lane_buckets() const { return lane_buckets_; }
   // Receives version `v` from `source` (into update_buckets(); a tensor-parallel group: over its
   // ranks' sync lanes, or staged and landed), then apply_weight_update(v, policy). What EngineLoop
   // does between two steps. Throws what the receive throws. Engine thread only.

@@ -7,6 +7,12 @@ crl_job_test(sync.check_2_train_to_2_infer_small_buckets_verified pass 60 "${CRL
              sync-check --gpus-infer 2 --gpus-train 2 --timeout 20 --sync-bucket-mb 0.5 --sync-verify)
 crl_job_test(sync.check_1_train_to_3_infer_bf16 pass 60 "${CRL_PASS}"
              sync-check --gpus-infer 3 --gpus-train 1 --timeout 20 --dtype bfloat16 --sync-bucket-mb 1)
+# Tensor-parallel engines (issue 55, item 4): every engine rank's slices, received over its own
+# sync lane, bit-identical to the trainers' slices (2 engines of 2 ranks: 4 x 38 tensors), bf16.
+crl_job_test(sync.check_tensor_parallel_lanes_bit_identical_per_rank pass 60
+             "76/76 ;; collectives per sync == buckets \\([0-9]+ x 2 lanes\\) on every rank: yes ;; ${CRL_PASS}"
+             sync-check --gpus-infer 2 --gpus-train 2 --tp 2 --dtype bfloat16 --timeout 20
+             --sync-bucket-mb 0.5 --sync-verify)
 crl_job_test(sync.check_per_tensor_baseline pass 60 "${CRL_PASS}"
              sync-check --gpus-infer 1 --gpus-train 2 --timeout 20 --sync-mode per-tensor --syncs 2)
 # Colocated pairs (--colocate on; on GPUs auto pairs N + N on N GPUs): each engine gets every bucket
