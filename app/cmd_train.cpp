@@ -268,6 +268,16 @@ void add_rl_flags(CLI::App* cmd, TrainFlags* f) {
       ->capture_default_str()
       ->check(positive());
   cmd->add_option("--clip", o.trainer.grpo.clip_low, "PPO ratio clip range")->capture_default_str();
+  cmd->add_option("--ppo-mini-batches", o.ppo_mini_batches,
+                  "optimizer updates a GRPO step, each on an even share of its rollouts (verl's "
+                  "ppo_mini_batch_size as a count; after the first the PPO clip acts even at "
+                  "--max-staleness 0)")
+      ->capture_default_str()
+      ->check(at_least(1));
+  cmd->add_option("--ppo-epochs", o.ppo_epochs,
+                  "passes over each GRPO step's rollouts (verl's ppo_epochs)")
+      ->capture_default_str()
+      ->check(at_least(1));
 }
 
 // Evaluation, metrics, checkpoints and the API served during training.

@@ -272,6 +272,21 @@ add_test(NAME rl.traces_hold_every_sample_and_agree_with_the_metrics
 set_tests_properties(rl.traces_hold_every_sample_and_agree_with_the_metrics PROPERTIES
                      LABELS multiprocess ENVIRONMENT "${CRL_CLI_ENV}" TIMEOUT 180
                      RESOURCE_LOCK multiprocess_cores)
+# PPO mini-batches and epochs (--ppo-mini-batches, --ppo-epochs): 2 x 2 optimizer updates a step
+# over ZeRO-2's collective rounds at 2 train ranks. The synchronous job's clip acts only there (at
+# one update a step the ratio is 1); the gap, from the step's first update, stays exactly 0 on
+# every step: each step's engines hold the last update's weights; each step made 4 updates at the
+# learning rate of the same job's one update a step.
+set(CRL_PPO_RUN ${CMAKE_CURRENT_BINARY_DIR}/rl-ppo-updates)
+set(CRL_PPO_FLAGS --gpus-infer 2 --gpus-train 2 --deterministic --zero 2 --steps 3 --sft-steps 120
+                  --prompts-per-step 8 --n-samples 4 --eval-every 0 --timeout 60 --max-staleness 0)
+list(JOIN CRL_PPO_FLAGS " " CRL_PPO_FLAGS)
+set(CRL_PPO_GAPS "step 1/3 .* gap 0\\.0e\\+00 \\| ;; step 2/3 .* gap 0\\.0e\\+00 \\| ;; step 3/3 .* gap 0\\.0e\\+00 \\|")
+add_test(NAME rl.ppo_mini_batches_clip_at_k0_and_keep_the_gap_exactly_0
+         COMMAND sh -c "rm -rf ${CRL_PPO_RUN} && mkdir -p ${CRL_PPO_RUN} && ${CRL_RUN_JOB} pass 60 '${CRL_PPO_GAPS}' -- $<TARGET_FILE:colocated-rl> ${CRL_PPO_FLAGS} --metrics ${CRL_PPO_RUN}/one.jsonl && ${CRL_RUN_JOB} pass 60 '${CRL_PPO_GAPS}' -- $<TARGET_FILE:colocated-rl> ${CRL_PPO_FLAGS} --ppo-mini-batches 2 --ppo-epochs 2 --metrics ${CRL_PPO_RUN}/many.jsonl && python3 ${CMAKE_CURRENT_SOURCE_DIR}/app/ppo_updates_check.py ${CRL_PPO_RUN}/one.jsonl ${CRL_PPO_RUN}/many.jsonl 2 2 3")
+set_tests_properties(rl.ppo_mini_batches_clip_at_k0_and_keep_the_gap_exactly_0 PROPERTIES
+                     LABELS multiprocess ENVIRONMENT "${CRL_CLI_ENV}" TIMEOUT 150
+                     RESOURCE_LOCK multiprocess_cores)
 # A rank killed on node 1 ends the job on both nodes within seconds, every rank naming it (issue
 # 49): node 1's launcher sets the job's failure key in the store, and ranks polling the store fail
 # with it. Before, node 0's train rank waited at a barrier for --rollout-timeout (30 min).

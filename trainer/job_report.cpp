@@ -136,6 +136,8 @@ class JobReport {
             {"clip_high", t.grpo.clip_high},
             {"kl_coef", t.grpo.kl_coef},
             {"tis_cap", t.grpo.tis_cap},
+            {"ppo_mini_batches", o_.ppo_mini_batches},
+            {"ppo_epochs", o_.ppo_epochs},
             {"dtype", t.dtype},
             {"zero_stage", t.zero_stage >= 0 ? t.zero_stage
                            : j_.ranks.g.topo.nnodes * j_.ranks.g.topo.train_per_node > 1 ? 2

@@ -86,6 +86,50 @@ void MicroBatch::validate() const {
   if (sum != t) CRL_INVALID("micro-batch seq_lens add up to ", sum, ", tokens has ", t);
 }
 
+namespace {
+
+// Sequences [first, first + count) of `mb` as a micro-batch of their own.
+MicroBatch slice_sequences(const MicroBatch& mb, int64_t first, int64_t count) {
+  if (first == 0 && count == mb.num_seqs()) return mb;
+  int64_t begin = 0;
+  for (int64_t i = 0; i < first; ++i) begin += mb.seq_lens[i];
+  MicroBatch out;
+  out.seq_lens.assign(mb.seq_lens.begin() + first, mb.seq_lens.begin() + first + count);
+  int64_t len = 0;
+  for (int64_t l : out.seq_lens) len += l;
+  out.tokens = mb.tokens.narrow(0, begin, len);
+  out.loss_mask = mb.loss_mask.narrow(0, begin, len);
+  out.old_logprobs = mb.old_logprobs.narrow(0, begin, len);
+  out.advantages = mb.advantages.narrow(0, begin, len);
+  if (mb.versions.defined()) out.versions = mb.versions.narrow(0, begin, len);
+  out.weight_version = mb.weight_version;  // an upper bound for the slice, as packed
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::vector<MicroBatch>> split_mini_batches(const std::vector<MicroBatch>& held,
+                                                        int64_t count) {
+  if (count < 1) CRL_INVALID("mini-batch count must be >= 1, got ", count);
+  int64_t total = 0;
+  for (const MicroBatch& mb : held) total += mb.num_seqs();
+  std::vector<std::vector<MicroBatch>> runs(count);
+  int64_t seq = 0;  // the first sequence of the current micro-batch, counted over `held`
+  for (const MicroBatch& mb : held) {
+    int64_t i = 0;
+    while (i < mb.num_seqs()) {
+      const int64_t run = (seq + i) * count / total;
+      // The first sequence of the next run: the least j with j * count / total > run.
+      const int64_t next = ((run + 1) * total + count - 1) / count;
+      const int64_t n = std::min(mb.num_seqs() - i, next - (seq + i));
+      runs[run].push_back(slice_sequences(mb, i, n));
+      i += n;
+    }
+    seq += mb.num_seqs();
+  }
+  return runs;
+}
+
 std::vector<MicroBatch> pack_micro_batches(const std::vector<SampleGroup>& groups,
                                            int64_t micro_batch_tokens, int64_t weight_version) {
   if (micro_batch_tokens <= 0)

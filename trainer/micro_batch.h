@@ -85,6 +85,14 @@ struct MicroBatch {
 std::vector<MicroBatch> pack_micro_batches(const std::vector<SampleGroup>& groups,
                                            int64_t micro_batch_tokens, int64_t weight_version = 0);
 
+// PPO mini-batches (verl's ppo_mini_batch_size, as a count): the sequences of `held`, in order,
+// in `count` runs of as equal a number of sequences as can be (sequence i of S goes to run
+// i * count / S), each run the slices of the micro-batches it spans (a slice never grows past
+// its micro-batch, so never past the token cap). Runs may be empty when there are fewer sequences
+// than runs. Throws std::invalid_argument when count < 1.
+std::vector<std::vector<MicroBatch>> split_mini_batches(const std::vector<MicroBatch>& held,
+                                                        int64_t count);
+
 // One contiguous uint8 tensor holding every field of `mb` (format in micro_batch.cpp).
 at::Tensor serialize_micro_batch(const MicroBatch& mb);
 // The inverse of serialize_micro_batch. Throws std::invalid_argument on a malformed buffer

@@ -83,6 +83,19 @@ void RlOptions::validate() {
         "batches, and only batch-invariant engines give a rollout the same logits whatever its "
         "batch");
   }
+  if (ppo_mini_batches < 1 || ppo_epochs < 1) {
+    throw std::invalid_argument(
+        fmt::format("--ppo-mini-batches ({}) and --ppo-epochs ({}) must be >= 1", ppo_mini_batches,
+                    ppo_epochs));
+  }
+  if (trainer.grpo.tis_cap > 0 && (ppo_mini_batches > 1 || ppo_epochs > 1)) {
+    // Decoupled PPO's proximal policy is the trainer's as it scores a micro-batch: after an update
+    // of the step it is no longer the step's start, and the clip would never bind.
+    throw std::invalid_argument(
+        "--tis-cap with --ppo-mini-batches or --ppo-epochs above 1: the proximal policy would be "
+        "each update's own, not the step's start (not built); use --tis-cap 0, whose clip "
+        "binds against the engine's log-probs");
+  }
   if (trainer.schedule.min_lr > lr) {
     throw std::invalid_argument(
         fmt::format("--min-lr {} is above --lr {} (the cosine decays "

@@ -92,6 +92,14 @@ struct RlOptions {
   double temperature = 1.0;
   int32_t max_tokens = 12;
   trainer::TrainerOptions trainer;
+  // PPO mini-batches and epochs (verl's ppo_mini_batch_size, as a count, and ppo_epochs): each
+  // GRPO step's rollouts trained in this many optimizer updates (its sequences in order, split
+  // evenly), the whole pass made this many times, all at the step's learning rate. After the
+  // first update the trainer's policy has moved from the one that sampled, so the PPO clip acts
+  // even at --max-staleness 0. 1 and 1 (the default): one update a step, each micro-batch trained
+  // as it arrives; otherwise a train rank holds its step's micro-batches until they are all in.
+  int32_t ppo_mini_batches = 1;
+  int32_t ppo_epochs = 1;
   int64_t eval_every = 10;
 
   std::string metrics_path;

@@ -229,6 +229,45 @@ std::vector<LossMetrics> RolloutConsumer::accumulate_all(Trainer& tr,
   return parts;
 }
 
+StepStats RolloutConsumer::run_updates(Trainer& tr, const std::vector<MicroBatch>& held,
+                                       std::vector<LossMetrics>& parts, UpdatesReport* out) {
+  // Each rank splits its own sequences; the gradient scale counts every rank's loss tokens of the
+  // update (grad_scale), so uneven shares weigh every token alike, as in one update a step.
+  const auto runs = split_mini_batches(held, o_.ppo_mini_batches);
+  // A mini-batch no rank has a loss token in (fewer sequences than mini-batches) is no update:
+  // AdamW's moments would move the weights on no data. Every rank skips the same ones.
+  std::vector<double> tokens(runs.size(), 0.0);
+  for (size_t m = 0; m < runs.size(); ++m) {
+    for (const MicroBatch& mb : runs[m]) tokens[m] += static_cast<double>(mb.num_loss_tokens());
+    out->loss_tokens += static_cast<int64_t>(tokens[m]);
+  }
+  if (c_.ranks.train_total > 1) {
+    at::Tensor t = at::tensor(tokens, at::kDouble).to(train_group_options().device());
+    c_.ranks.g.train->all_reduce(t);
+    t = t.cpu();
+    for (size_t m = 0; m < runs.size(); ++m) tokens[m] = t[static_cast<int64_t>(m)].item<double>();
+  }
+  std::vector<size_t> live;
+  for (size_t m = 0; m < runs.size(); ++m) {
+    if (tokens[m] > 0) live.push_back(m);
+  }
+  if (live.empty()) live.push_back(runs.size() - 1);  // a step with no tokens: as one update a step
+  StepStats st;
+  for (int32_t epoch = 0; epoch < o_.ppo_epochs; ++epoch) {
+    for (size_t m : live) {
+      const bool first = epoch == 0 && m == live.front();
+      if (!first) tr.zero_grad();
+      local_loss_tokens_ = 0;
+      std::vector<LossMetrics> run = accumulate_all(tr, runs[m], LossKind::kGrpo);
+      if (first) out->before = combine_loss_metrics(run);
+      parts.insert(parts.end(), run.begin(), run.end());
+      st = tr.finish_step(/*advance_schedule=*/epoch + 1 == o_.ppo_epochs && m == live.back());
+      ++out->updates;
+    }
+  }
+  return st;
+}
+
 void RolloutConsumer::count_round(Rounds& r, bool ended) {
   sync::Coordinator& co = *c_.coord;
   if (!ended) {
@@ -531,8 +570,11 @@ TrainReport RolloutConsumer::train_step(Trainer& tr, int64_t step) {
   tr.zero_grad();
   local_loss_tokens_ = 0;
   // Stages 0 and 1 train each micro-batch as it arrives; ZeRO stage 2 trains in collective
-  // rounds, run as soon as every rank can join them (round_runnable).
-  const bool rounds = tr.options().zero_stage >= 2 && c_.ranks.train_total > 1;
+  // rounds, run as soon as every rank can join them (round_runnable). PPO mini-batches or epochs
+  // hold the step's micro-batches until every rank has them all (run_updates).
+  const bool updates = o_.ppo_mini_batches > 1 || o_.ppo_epochs > 1;
+  const bool rounds = !updates && tr.options().zero_stage >= 2 && c_.ranks.train_total > 1;
+  std::vector<MicroBatch> held;
   Rounds rd;
   rd.step = step;
   // Between messages: look again when a held micro-batch waits for its round, backing off from
@@ -558,7 +600,9 @@ TrainReport RolloutConsumer::train_step(Trainer& tr, int64_t step) {
         buf = at::Tensor();
         check_staleness(mb, step, &stale_sum, &stale_max);
         tokens += mb.num_tokens();
-        if (rounds) {
+        if (updates) {
+          held.push_back(std::move(mb));
+        } else if (rounds) {
           rd.held.push_back(std::move(mb));
           count_round(rd, /*ended=*/false);
           rd.next_look = {};  // look now
@@ -598,9 +642,21 @@ TrainReport RolloutConsumer::train_step(Trainer& tr, int64_t step) {
   // Every rank finished its rounds before the barrier: the step's counters can go.
   if (rounds && c_.ranks.g.train->rank() == 0) remove_round_counters(rd);
   auto c0 = Clock::now();
-  auto st = tr.finish_step();
+  UpdatesReport ur;
+  auto st = updates ? run_updates(tr, held, parts, &ur) : tr.finish_step();
   compute_s += seconds_since(c0);
   auto lm = combine_loss_metrics(parts);
+  if (updates) {
+    // The engine-vs-trainer gap measures the sampler against the trainer's policy it sampled
+    // from: after an update of the step it would measure the update.
+    lm.logprob_gap_max = ur.before.logprob_gap_max;
+    lm.logprob_gap_mean = ur.before.logprob_gap_mean;
+    lm.mismatch_kl = ur.before.mismatch_kl;
+    lm.mismatch_k3_kl = ur.before.mismatch_k3_kl;
+    // The step's own tokens, once (the report weighs ranks and staleness by them), not once an
+    // epoch.
+    lm.num_tokens = ur.loss_tokens;
+  }
   TrainReport r;
   if (o_.kv_handover) r.switch_s = release_device_memory();
   r.step = st.step;
@@ -619,6 +675,7 @@ TrainReport RolloutConsumer::train_step(Trainer& tr, int64_t step) {
   r.loss_tokens = lm.num_tokens;
   r.grad_norm = st.grad_norm;
   r.lr = st.lr;
+  r.optimizer_updates = updates ? ur.updates : 1;
   r.micro_batches = static_cast<int64_t>(parts.size());
   r.zero_rounds = rd.done;  // stage 2: collective rounds (empty ones included)
   r.zero_rounds_while_receiving = rd.while_receiving;  // ... run before this rank's stream ended

@@ -102,6 +102,17 @@ class RolloutConsumer {
   std::string checkpoint(Trainer& tr, int64_t step, const char* phase);
   std::unique_ptr<Trainer> sft(std::unique_ptr<Trainer> tr, const TrainerOptions& topts);
   TrainReport train_step(Trainer& tr, int64_t step);
+  // PPO mini-batches and epochs (RlOptions::ppo_mini_batches, ppo_epochs) over the step's `held`
+  // micro-batches, once every rank has its own: an optimizer update per mini-batch some rank has
+  // loss tokens in, the learning rate advancing after the last. Appends every update's metrics to
+  // `parts`. Returns the last update's.
+  struct UpdatesReport {
+    LossMetrics before;       // the first update's metrics, before the policy moved
+    int64_t loss_tokens = 0;  // this rank's loss tokens of the step, counted once
+    int64_t updates = 0;      // optimizer updates made
+  };
+  StepStats run_updates(Trainer& tr, const std::vector<MicroBatch>& held,
+                        std::vector<LossMetrics>& parts, UpdatesReport* out);
   // The colocated hand-over (RlOptions::kv_handover): waits until the engine beside this trainer
   // freed its KV pool before `phase` trains (throws naming it at --rollout-timeout), and returns
   // the seconds waited; release_device_memory() hands the trainer's cached device memory back

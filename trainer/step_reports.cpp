@@ -107,6 +107,7 @@ void to_json(json& j, const TrainReport& r) {
        {"loss_tokens", r.loss_tokens},
        {"grad_norm", r.grad_norm},
        {"lr", r.lr},
+       {"optimizer_updates", r.optimizer_updates},
        {"micro_batches", r.micro_batches},
        {"zero_rounds", r.zero_rounds},
        {"zero_rounds_while_receiving", r.zero_rounds_while_receiving},
@@ -145,6 +146,7 @@ void from_json(const json& j, TrainReport& r) {
   j.at("loss_tokens").get_to(r.loss_tokens);
   j.at("grad_norm").get_to(r.grad_norm);
   j.at("lr").get_to(r.lr);
+  r.optimizer_updates = j.value("optimizer_updates", int64_t{1});  // builds before it made one
   j.at("micro_batches").get_to(r.micro_batches);
   j.at("zero_rounds").get_to(r.zero_rounds);
   j.at("zero_rounds_while_receiving").get_to(r.zero_rounds_while_receiving);
@@ -233,7 +235,8 @@ StepTotals combine(const std::vector<RankReport>& reports, const std::vector<dou
     t.zero_rounds += static_cast<double>(x.zero_rounds);
     t.zero_rounds_while_receiving += static_cast<double>(x.zero_rounds_while_receiving);
     t.update_gathered = std::max(t.update_gathered, x.update_gathered);  // idle ranks gather too
-    if (x.micro_batches == 0) continue;                                  // nothing to average
+    t.updates = std::max(t.updates, static_cast<double>(x.optimizer_updates));
+    if (x.micro_batches == 0) continue;  // nothing to average
     const double lt = static_cast<double>(x.loss_tokens);
     ++t.trains;
     t.loss += x.loss;
@@ -329,6 +332,7 @@ const MetricField kMetricFields[] = {
     CRL_METRIC("crl/store_ops", true, store_ops),
     CRL_METRIC("crl/store_bytes", true, store_bytes),
     CRL_METRIC("crl/zero_rounds_while_receiving_share", false, zero_rounds_while_receiving_share),
+    CRL_METRIC("crl/optimizer_updates", true, optimizer_updates),
     CRL_METRIC("crl/turns_per_episode", false, turns_per_episode),
     CRL_METRIC("crl/tool_errors", true, tool_errors),
     CRL_METRIC("crl/env_errors", true, env_errors),
@@ -477,6 +481,7 @@ RlMetricsRow make_metrics_row(const StepTotals& t) {
   row.engine_version = t.engine_version;
   row.store_ops = t.store_ops;
   row.store_bytes = t.store_bytes;
+  row.optimizer_updates = t.updates;
   row.zero_rounds_while_receiving_share =
       t.zero_rounds > 0 ? t.zero_rounds_while_receiving / t.zero_rounds : 0.0;
   row.turns_per_episode = t.episodes > 0 ? t.turns / t.episodes : 0;

@@ -85,6 +85,8 @@ struct TrainReport {
   int64_t loss_tokens = 0;
   double grad_norm = 0;
   double lr = 0;
+  int64_t optimizer_updates = 0;            // AdamW steps this GRPO step (--ppo-mini-batches x
+                                            // --ppo-epochs, less those no rank had tokens for)
   int64_t micro_batches = 0;                // trained (0: the loss figures mean nothing)
   int64_t zero_rounds = 0;                  // stage 2: collective rounds (empty ones included)
   int64_t zero_rounds_while_receiving = 0;  // ... run before this rank's stream ended
@@ -117,7 +119,7 @@ struct StepTotals {
   double loss = 0, kl = 0, clip = 0, gap_max = 0, gap_mean_w = 0, loss_tokens = 0, tokens = 0;
   double mismatch_kl_w = 0, mismatch_k3_kl_w = 0, entropy_w = 0;
   double isw_mean_w = 0, isw_max = 0, stale_sum = 0, stale_max = 0, dropped = 0;
-  double train_s = 0, wait_s = 0, gnorm = 0, lr = 0, elapsed = 0;
+  double train_s = 0, wait_s = 0, gnorm = 0, lr = 0, elapsed = 0, updates = 0;
   double switch_engine_s = 0, switch_train_s = 0;  // the slowest engine's and trainer's hand-over
   double store_ops = 0, store_bytes = 0;
   double episodes = 0, turns = 0, tool_errors = 0, env_errors = 0, env_tokens = 0, model_tokens = 0;
@@ -189,6 +191,8 @@ struct RlMetricsRow {
   // ZeRO stage 2: the share of collective rounds a train rank ran while its own rollout stream
   // was still open (over all train ranks).
   double zero_rounds_while_receiving_share = 0;
+  // PPO mini-batches: the optimizer updates of the step (the most of any train rank's; they agree).
+  double optimizer_updates = 0;
   // Multi-turn (--env): assistant turns per episode, unparsable tool calls, episodes ended by an
   // environment error, and the share of trajectory ids (after the first model id) with loss
   // weight 0 (tool and environment text).

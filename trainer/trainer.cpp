@@ -545,7 +545,7 @@ void Trainer::accumulate_empty() {
   impl_->state->end_micro_batch();
 }
 
-StepStats Trainer::finish_step() {
+StepStats Trainer::finish_step(bool advance_schedule) {
   Impl& s = *impl_;
   at::NoGradGuard no_grad;
   StepStats st;
@@ -562,7 +562,7 @@ StepStats Trainer::finish_step() {
   a.eps = options_.adam_eps;
   a.weight_decay = options_.weight_decay;
   st.grad_norm = s.state->step(scale, options_.max_grad_norm, a);
-  st.step = ++step_;
+  st.step = advance_schedule ? ++step_ : step_;
   return st;
 }
 

@@ -165,7 +165,9 @@ class Trainer {
   // stage 3 runs a two-token micro-batch whose loss is scaled by 0, so its gathers match too).
   void accumulate_empty();
   // Reduce, scale, clip, LR, AdamW step, all-gather. Returns step, lr and grad_norm.
-  StepStats finish_step();
+  // `advance_schedule` false: an update inside a step (PPO mini-batches) at the same learning rate
+  // as the next, and step() stays (AdamW's own count, for its bias correction, advances always).
+  StepStats finish_step(bool advance_schedule = true);
 
   // Trainer log-probs [N] of the batch's loss tokens at the current weights (no grad), at the
   // GRPO scoring temperature (options().grpo.temperature).

@@ -26,6 +26,8 @@ expect_error "unknown flag --stepz \(did you mean --steps\?\); not understood: -
 expect_error "unknown flag --max-tokenz \(did you mean --max-tokens\?\)" generate --max-tokenz 3
 expect_error "^--gpus-infer: 0 is out of range: give a whole number >= 1" --gpus-infer 0
 expect_error "^--steps: -5 is out of range: give a whole number >= 0" --steps -5
+expect_error "^--ppo-mini-batches: 0 is out of range: give a whole number >= 1" --ppo-mini-batches 0
+expect_error "--tis-cap with --ppo-mini-batches or --ppo-epochs above 1: .*use --tis-cap 0" --ppo-epochs 2 --tis-cap 2
 expect_error "^--reward-timeout: 0 is out of range: give a number from 0.001 to 86400" --reward-timeout 0
 expect_error "--model Qwen/Qwen3-0.6B: no such directory; it looks like a Hugging Face hub id.*huggingface-cli download Qwen/Qwen3-0.6B --local-dir qwen3-0.6b" --model Qwen/Qwen3-0.6B
 expect_error "--model Qwen/Qwen3-0.6B: no such directory; it looks like a Hugging Face hub id" generate --model Qwen/Qwen3-0.6B

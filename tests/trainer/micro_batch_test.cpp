@@ -115,6 +115,63 @@ TEST(MicroBatchTest, SerializationRoundTripsEveryFieldInOneByteTensor) {
   ASSERT_THROWS_WITH(deserialize_micro_batch(bad), std::invalid_argument, "bad magic");
 }
 
+// PPO mini-batches: a step's sequences in order, in runs of equal counts (one more where they do
+// not divide), micro-batches sliced at the runs' edges with every field following its tokens.
+TEST(MicroBatchTest, MiniBatchesSplitTheSequencesEvenlyInOrder) {
+  std::vector<SampleGroup> groups = {
+      group({1, 2}, {{10}, {11, 12}, {13}}, {1, 0, 1}),
+      group({3}, {{20, 21}, {22}, {23, 24, 25}, {26}}, {0, 1, 1, 0})};
+  compute_group_advantages(groups);
+  groups[1].samples[2].versions = {4, 4, 5};
+  // Sequences of 3, 4, 3 | 3, 2, 4, 2 tokens: micro-batches of 10 and 11 under a cap of 11.
+  const auto held = pack_micro_batches(groups, 11, 4);
+  ASSERT_EQ(held.size(), 2u);
+  const MicroBatch whole = pack_micro_batches(groups, 64, 4).at(0);
+  auto seqs = [](const std::vector<MicroBatch>& run) {
+    std::vector<int64_t> lens;
+    for (const MicroBatch& mb : run)
+      lens.insert(lens.end(), mb.seq_lens.begin(), mb.seq_lens.end());
+    return lens;
+  };
+  // Field by field, the runs' tokens laid end to end are the step's.
+  auto joined = [](const std::vector<std::vector<MicroBatch>>& runs, at::Tensor MicroBatch::*f) {
+    std::vector<at::Tensor> parts;
+    for (const auto& run : runs)
+      for (const MicroBatch& mb : run) parts.push_back(mb.*f);
+    return at::cat(parts);
+  };
+  for (int64_t count : {1, 2, 3, 7, 9}) {
+    const auto runs = split_mini_batches(held, count);
+    ASSERT_EQ(static_cast<int64_t>(runs.size()), count);
+    std::vector<int64_t> all;
+    for (const auto& run : runs) {
+      const int64_t n = static_cast<int64_t>(seqs(run).size());
+      // 7 sequences: each run holds floor(7 / count) or one more (none when count > 7 leaves it).
+      EXPECT_TRUE(n == 7 / count || n == 7 / count + 1) << count << ": " << n;
+      for (const MicroBatch& mb : run) {
+        EXPECT_NO_THROW(mb.validate());
+        EXPECT_LE(mb.num_tokens(), 11);
+      }
+      const auto lens = seqs(run);
+      all.insert(all.end(), lens.begin(), lens.end());
+    }
+    EXPECT_EQ(all, whole.seq_lens) << count;
+    for (auto f : {&MicroBatch::tokens, &MicroBatch::loss_mask, &MicroBatch::old_logprobs,
+                   &MicroBatch::advantages, &MicroBatch::versions}) {
+      test::expect_tensor_equal(joined(runs, f), whole.*f);
+    }
+  }
+  // Two runs of 7: 4 and 3 sequences; the second micro-batch's first sequence goes to the first
+  // run.
+  const auto two = split_mini_batches(held, 2);
+  EXPECT_EQ(seqs(two[0]), (std::vector<int64_t>{3, 4, 3, 3}));
+  ASSERT_EQ(two[0].size(), 2u);
+  EXPECT_EQ(two[1].size(), 1u);
+  EXPECT_EQ(seqs(two[1]), (std::vector<int64_t>{2, 4, 2}));
+  EXPECT_TRUE(split_mini_batches({}, 2)[1].empty());
+  ASSERT_THROWS_WITH(split_mini_batches(held, 0), std::invalid_argument, ">= 1");
+}
+
 // ZeRO-2 rounds in the RL step: round i runs once some rank has an i-th micro-batch and every rank
 // has one or ended its stream; a rank still receiving holds the rounds beyond its count back.
 TEST(ZeroRoundsTest, ARoundRunsOnceEveryRankHasItsMicroBatchOrEnded) {

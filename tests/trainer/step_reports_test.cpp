@@ -43,6 +43,7 @@ TrainReport train_report(int64_t micro_batches, int64_t loss_tokens, double gap_
   r.staleness_max = 1;
   r.loss_tokens = loss_tokens;
   r.micro_batches = micro_batches;
+  r.optimizer_updates = 3;
   r.zero_rounds = 4;
   r.zero_rounds_while_receiving = 2;
   r.train_tokens = 2 * loss_tokens;
@@ -69,6 +70,7 @@ TEST(RlReportsTest, InferAndTrainReportsRoundTripTheirJsonWithTheirRole) {
   EXPECT_EQ(tj["checkpoint"], "/ckpt/step-1");
   auto tb = tj.get<TrainReport>();
   EXPECT_EQ(tb.loss_tokens, 30);
+  EXPECT_EQ(tb.optimizer_updates, 3);
   EXPECT_EQ(tb.checkpoint, "/ckpt/step-1");
   EXPECT_FALSE(json(train_report(1, 1, 0)).contains("checkpoint"));  // only when written
 }
@@ -116,11 +118,12 @@ TEST(RlReportsTest, MetricsFileRowUsesVerlNamesCountsAsIntegersAndReadsBack) {
   EXPECT_DOUBLE_EQ(d.at("actor/entropy").get<double>(), 0.75);
   EXPECT_DOUBLE_EQ(d.at("crl/engine_idle_share").get<double>(), 0.8);
   EXPECT_DOUBLE_EQ(d.at("crl/zero_rounds_while_receiving_share").get<double>(), 0.5);
+  EXPECT_EQ(d.at("crl/optimizer_updates").get<int64_t>(), 3);
   EXPECT_DOUBLE_EQ(d.at("timing_s/step").get<double>(), 5.0);
-  for (const char* count :
-       {"training/global_step", "perf/total_num_tokens", "crl/generated_tokens",
-        "crl/weight_version", "crl/staleness_max", "crl/groups_dropped", "crl/store_ops",
-        "crl/lora_slot_reuses", "response_length/max", "response_length/min"}) {
+  for (const char* count : {"training/global_step", "perf/total_num_tokens", "crl/generated_tokens",
+                            "crl/weight_version", "crl/staleness_max", "crl/groups_dropped",
+                            "crl/store_ops", "crl/lora_slot_reuses", "crl/optimizer_updates",
+                            "response_length/max", "response_length/min"}) {
     EXPECT_TRUE(d.at(count).is_number_integer()) << count;
   }
   EXPECT_TRUE(d.at("critic/score/mean").is_number_float());

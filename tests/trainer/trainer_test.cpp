@@ -169,6 +169,38 @@ TEST(TrainerTest, KlToTheFrozenReferenceStartsAtZeroAndGrowsAsThePolicyMoves) {
   EXPECT_GT(later.loss.logprob_gap_max, 1e-3);
 }
 
+// PPO mini-batches (RolloutConsumer::run_updates): an update inside a step moves the weights at
+// the step's learning rate and leaves the schedule's step where it is; the step's last update
+// advances it.
+TEST(TrainerTest, UpdatesInsideAStepKeepTheStepsLearningRate) {
+  engine::EngineConfig cfg = test::test_engine_config();
+  engine::LlmEngine eng(cfg);
+  auto mbs = engine_rollouts(eng, 3, 4, 6, 1 << 20, 31);
+  TrainerOptions o;
+  o.schedule = LrSchedule{1e-3, 4, 0, 0};  // warmup: each step's rate differs
+  Trainer t(cfg.model_dir, o);
+  auto update = [&](bool last) {
+    t.zero_grad();
+    t.accumulate(mbs[0], LossKind::kGrpo, 1.0 / static_cast<double>(mbs[0].num_loss_tokens()));
+    return t.finish_step(last);
+  };
+  const at::Tensor before = t.compute_logprobs(mbs[0]);
+  const StepStats a = update(false);
+  EXPECT_EQ(a.step, 0);
+  EXPECT_EQ(t.step(), 0);
+  const at::Tensor moved = t.compute_logprobs(mbs[0]);
+  EXPECT_GT((moved - before).abs().max().item<float>(), 1e-6) << "the update moved the policy";
+  const StepStats b = update(true);
+  EXPECT_EQ(b.step, 1);
+  EXPECT_EQ(b.lr, a.lr);
+  EXPECT_DOUBLE_EQ(a.lr, lr_at(o.schedule, 0));
+  EXPECT_GT((t.compute_logprobs(mbs[0]) - moved).abs().max().item<float>(), 1e-6);
+  const StepStats c = update(true);
+  EXPECT_EQ(c.step, 2);
+  EXPECT_DOUBLE_EQ(c.lr, lr_at(o.schedule, 1));
+  EXPECT_NE(c.lr, b.lr);
+}
+
 // Issue 28: tool/environment tokens inside a completion (loss mask 0) have no part in the step:
 // NaN log-probs and advantages there give bit-identical gradients and weights, while the same NaN
 // on a model token poisons the step (so the comparison can fail).
