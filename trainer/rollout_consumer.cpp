@@ -251,9 +251,12 @@ StepStats RolloutConsumer::run_updates(Trainer& tr, const std::vector<MicroBatch
   for (size_t m = 0; m < runs.size(); ++m) {
     if (tokens[m] > 0) live.push_back(m);
   }
-  if (live.empty()) live.push_back(runs.size() - 1);  // a step with no tokens: as one update a step
+  // A step with no loss token on any rank makes one update, as one update a step does, not one
+  // an epoch.
+  const int32_t epochs = live.empty() ? 1 : o_.ppo_epochs;
+  if (live.empty()) live.push_back(runs.size() - 1);
   StepStats st;
-  for (int32_t epoch = 0; epoch < o_.ppo_epochs; ++epoch) {
+  for (int32_t epoch = 0; epoch < epochs; ++epoch) {
     for (size_t m : live) {
       const bool first = epoch == 0 && m == live.front();
       if (!first) tr.zero_grad();
@@ -261,7 +264,7 @@ StepStats RolloutConsumer::run_updates(Trainer& tr, const std::vector<MicroBatch
       std::vector<LossMetrics> run = accumulate_all(tr, runs[m], LossKind::kGrpo);
       if (first) out->before = combine_loss_metrics(run);
       parts.insert(parts.end(), run.begin(), run.end());
-      st = tr.finish_step(/*advance_schedule=*/epoch + 1 == o_.ppo_epochs && m == live.back());
+      st = tr.finish_step(/*advance_schedule=*/epoch + 1 == epochs && m == live.back());
       ++out->updates;
     }
   }
