@@ -399,9 +399,10 @@ void ModelRunner::follow(const std::function<void(int64_t bucket_bytes)>& plan_l
   const at::Device device = kv_cache_.device();
   std::vector<int64_t> h;
   at::Tensor payload;
-  for (;;) {
-    tp_->next(&h, &payload);
-    if (h.empty() || h[0] == kTpStop) return;  // empty: the leader gave up
+  // Every command's work below: when it fails here, the group is aborted first, so the leader and
+  // the other ranks fail at once (on the CPU; over NCCL at the collective's deadline) instead of
+  // waiting for this rank.
+  auto run = [&] {
     switch (h[0]) {
       case kTpRelease:
         followed_ = ForwardOutput{};  // no logits before the next step: its memory goes too
@@ -411,41 +412,22 @@ void ModelRunner::follow(const std::function<void(int64_t bucket_bytes)>& plan_l
         restore_kv_cache();
         break;
       case kTpQuiesce:
-        try {
-          wait_for_group();
-        } catch (...) {
-          tp_->abort();
-          throw;
-        }
+        wait_for_group();
         break;
       case kTpPlanLanes:
-        try {
-          if (!plan_lanes) {
-            throw std::runtime_error(
-                "sync lanes need an in-process tensor-parallel group (this rank has no lane)");
-          }
-          plan_lanes(h.at(1));
-          wait_for_group();
-        } catch (...) {
-          tp_->abort();  // the leader waits for this rank
-          throw;
+        if (!plan_lanes) {
+          throw std::runtime_error(
+              "sync lanes need an in-process tensor-parallel group (this rank has no lane)");
         }
+        plan_lanes(h.at(1));
+        wait_for_group();
         break;
       case kTpPlanWeights:
+        plan_tp_landing(h.at(1));
+        break;
       case kTpLandWeights:
-        try {
-          if (h[0] == kTpPlanWeights) {
-            plan_tp_landing(h.at(1));
-          } else {
-            CRL_CHECK(payload.defined(), "a weight bucket command without its bytes");
-            land_and_wait(h.at(1), payload.to(device));
-          }
-        } catch (...) {
-          // The leader waits for this rank: on the CPU it fails at once, over NCCL at the
-          // collective's deadline.
-          tp_->abort();
-          throw;
-        }
+        CRL_CHECK(payload.defined(), "a weight bucket command without its bytes");
+        land_and_wait(h.at(1), payload.to(device));
         break;
       case kTpStep: {
         CRL_CHECK(h.size() == kTpStepWords, "a step command has ", kTpStepWords, " words");
@@ -455,39 +437,40 @@ void ModelRunner::follow(const std::function<void(int64_t bucket_bytes)>& plan_l
         Filled f;
         f.max_q = h[6];
         f.max_ctx = h[7];
-        try {
-          const at::Tensor buf = payload.to(device);
-          followed_ = ForwardOutput{};
-          const at::Tensor hidden = run_packed(layout, f, buf, LoraBatch{});
-          if (model_.splits_vocab()) {  // the leader's logits commands come next
-            followed_.hidden = hidden;
-            if (layout.samples > 0) {
-              followed_.sample_hidden = hidden.index_select(
-                  0, StepLayout::view(buf, layout.sample, layout.samples, at::kLong));
-            }
+        const at::Tensor buf = payload.to(device);
+        followed_ = ForwardOutput{};
+        const at::Tensor hidden = run_packed(layout, f, buf, LoraBatch{});
+        if (model_.splits_vocab()) {  // the leader's logits commands come next
+          followed_.hidden = hidden;
+          if (layout.samples > 0) {
+            followed_.sample_hidden = hidden.index_select(
+                0, StepLayout::view(buf, layout.sample, layout.samples, at::kLong));
           }
-        } catch (...) {
-          tp_->abort();  // the leader and the other ranks fail now, not at their deadline
-          throw;
         }
         break;
       }
-      case kTpLogits:
-        try {
-          CRL_CHECK(h.size() == 3, "a logits command has 3 words");
-          const at::Tensor& rows = h[1] == kTpSampleRows ? followed_.sample_hidden
-                                                         : followed_.hidden.narrow(0, h[1], h[2]);
-          CRL_CHECK(rows.defined() && rows.size(0) == h[2], "logits of ", h[2],
-                    " rows the last step does not have");
-          gather_logits(rows);
-        } catch (...) {
-          tp_->abort();
-          throw;
-        }
+      case kTpLogits: {
+        CRL_CHECK(h.size() == 3, "a logits command has 3 words");
+        const at::Tensor& rows = h[1] == kTpSampleRows ? followed_.sample_hidden
+                                                       : followed_.hidden.narrow(0, h[1], h[2]);
+        CRL_CHECK(rows.defined() && rows.size(0) == h[2], "logits of ", h[2],
+                  " rows the last step does not have");
+        gather_logits(rows);
         break;
+      }
       default:
         throw std::runtime_error("tensor-parallel group " + tp_->name() + ": unknown command " +
                                  std::to_string(h[0]) + " from the leader");
+    }
+  };
+  for (;;) {
+    tp_->next(&h, &payload);
+    if (h.empty() || h[0] == kTpStop) return;  // empty: the leader gave up
+    try {
+      run();
+    } catch (...) {
+      tp_->abort();
+      throw;
     }
   }
 }
